@@ -1,0 +1,1 @@
+//! MPA connection setup (being written).

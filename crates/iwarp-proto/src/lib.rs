@@ -1,0 +1,19 @@
+//! # iwarp-proto: the sans-IO core of a software iWARP stack
+//!
+//! Implements, without sockets, threads or clocks:
+//! - RFC 5044 MPA with RFC 6581 enhanced connection setup ([`wire::mpa`],
+//!   [`handshake`]),
+//! - RFC 5041 DDP ([`wire::ddp`]),
+//! - RFC 5040 RDMAP ([`wire::rdmap`], [`wire::terminate`]),
+//! - the queue-pair engine that ties them together ([`engine`]).
+//!
+//! The layers follow smoltcp's: `wire` holds zero-copy packet views with
+//! `parse`/`emit` representations; `engine` holds the state machine; the
+//! `iwarp` crate is the thin I/O driver and the verbs / connection-manager API.
+#![forbid(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+pub mod engine;
+pub mod handshake;
+pub mod mem;
+pub mod wire;

@@ -1,0 +1,132 @@
+//! The memory-access boundary of the sans-IO engine.
+//!
+//! The engine never touches memory itself. Every check of a remote or local
+//! access, and every byte copied into or out of a registered region, goes
+//! through [`MemoryAccess`]. The `iwarp` crate implements it over real
+//! registered memory (the one `unsafe` edge); tests implement it over plain
+//! vectors.
+//!
+//! STags follow the siw layout (RFC 5040 §2.1 leaves the format to the
+//! implementation): `stag = index << 8 | key`, so a stale or guessed STag fails
+//! the key check. The local key (lkey) and remote key (rkey) of a region are
+//! the same STag, as in siw.
+
+use core::fmt;
+
+/// Protection-domain identifier.
+pub type PdId = u32;
+
+/// Access rights of a memory region (a subset of `ibv_access_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// No rights beyond local read, which every region has.
+    pub const NONE: Access = Access(0);
+    /// `IBV_ACCESS_LOCAL_WRITE`: receive buffers and Read sinks.
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`: target of a peer's RDMA Write.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// `IBV_ACCESS_REMOTE_READ`: source of a peer's RDMA Read.
+    pub const REMOTE_READ: Access = Access(4);
+
+    /// All of the above.
+    pub const ALL: Access = Access(7);
+
+    /// The raw bits.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+    /// Build from raw bits; unknown bits are dropped.
+    pub const fn from_bits_truncate(bits: u8) -> Access {
+        Access(bits & 7)
+    }
+    /// True if every right in `other` is also in `self`.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if self.contains(Access::LOCAL_WRITE) {
+            parts.push("LOCAL_WRITE");
+        }
+        if self.contains(Access::REMOTE_WRITE) {
+            parts.push("REMOTE_WRITE");
+        }
+        if self.contains(Access::REMOTE_READ) {
+            parts.push("REMOTE_READ");
+        }
+        if parts.is_empty() {
+            parts.push("NONE");
+        }
+        write!(f, "Access({})", parts.join("|"))
+    }
+}
+
+/// Why a memory access was refused (siw `siw_check_mem`).
+///
+/// Mapped once to the RDMAP/DDP Terminate codes by
+/// [`crate::engine::term_code_for_tagged`] and friends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemError {
+    /// No region with this STag index, or it was deregistered/invalidated.
+    InvalidStag,
+    /// The index exists but its 8-bit key does not match.
+    KeyMismatch,
+    /// The region belongs to another protection domain.
+    PdMismatch,
+    /// The region lacks the access right the operation needs.
+    AccessRights,
+    /// The range `[to, to + len)` is not inside the region (or overflows).
+    Bounds,
+}
+
+impl fmt::Display for MemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemError::InvalidStag => "invalid STag (not registered, deregistered or invalidated)",
+            MemError::KeyMismatch => "STag key mismatch (stale or guessed STag)",
+            MemError::PdMismatch => "STag belongs to another protection domain",
+            MemError::AccessRights => "memory region lacks the required access right",
+            MemError::Bounds => "access outside the memory region's bounds",
+        })
+    }
+}
+
+impl std::error::Error for MemError {}
+
+/// What the engine needs from registered memory.
+///
+/// Addresses are tagged offsets (TO) in the region's address space: a region
+/// registered at `iova` with length `len` covers `[iova, iova + len)`.
+/// Implementations must bounds-check every call themselves and return an
+/// error rather than panic or touch memory outside the region, even if the
+/// engine has already called [`MemoryAccess::check`].
+pub trait MemoryAccess {
+    /// RFC 5040 §6.4 / siw `siw_check_mem`: may the QP in protection domain
+    /// `pd` access `[to, to + len)` of the region named by `stag` with the
+    /// rights `need`? A zero-length access needs only a valid STag (RFC 5041
+    /// §7.2 still validates the STag of a zero-length tagged segment).
+    fn check(&self, stag: u32, to: u64, len: u32, pd: PdId, need: Access) -> Result<(), MemError>;
+
+    /// Copy `data` into the region at `to`.
+    fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError>;
+
+    /// Call `f` with the bytes of `[to, to + len)` in one or more pieces, in
+    /// order, without copying them (used for the transmit CRC and by tests).
+    fn visit(&self, stag: u32, to: u64, len: u32, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError>;
+
+    /// Invalidate the region (RFC 5040 §5.1 Send with Invalidate, or a local
+    /// invalidate). After this, every check of `stag` fails with `InvalidStag`.
+    fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError>;
+}
