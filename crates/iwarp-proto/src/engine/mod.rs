@@ -162,3 +162,81 @@ impl core::fmt::Display for TermInfo {
         )
     }
 }
+
+/// The queue-pair engine. See the module documentation for the call order.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+}
+
+#[allow(unused_variables)]
+impl Engine {
+    /// A QP in [`QpState::Init`].
+    pub fn new(cfg: EngineConfig) -> Engine {
+        Engine { cfg }
+    }
+    /// The static configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    /// Enter RTS with the negotiated link parameters.
+    pub fn establish(&mut self, link: LinkParams) {
+        unimplemented!()
+    }
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        unimplemented!()
+    }
+    /// Queue a send-queue work request (`ibv_post_send`).
+    pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
+        unimplemented!()
+    }
+    /// Queue a receive (`ibv_post_recv`).
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        unimplemented!()
+    }
+    /// Where the next received bytes should go.
+    pub fn rx_hint(&self) -> RxHint {
+        unimplemented!()
+    }
+    /// Consume received bytes; returns how many were consumed.
+    pub fn handle_input(&mut self, data: &[u8], mem: &dyn MemoryAccess) -> usize {
+        unimplemented!()
+    }
+    /// Report `len` bytes the driver placed at the current [`RxHint::Direct`] target.
+    pub fn handle_direct(&mut self, len: usize, mem: &dyn MemoryAccess) {
+        unimplemented!()
+    }
+    /// True if [`Engine::poll_transmit`] would produce bytes.
+    pub fn has_transmit(&self) -> bool {
+        unimplemented!()
+    }
+    /// Append frames (up to about `max_bytes`) to `frame`. Returns true if anything was added.
+    pub fn poll_transmit(&mut self, frame: &mut TxFrame, max_bytes: usize, mem: &dyn MemoryAccess) -> bool {
+        unimplemented!()
+    }
+    /// Everything handed out by `poll_transmit` so far was written to the socket.
+    pub fn confirm_transmit(&mut self) {
+        unimplemented!()
+    }
+    /// Next work completion.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        unimplemented!()
+    }
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<EngineEvent> {
+        unimplemented!()
+    }
+    /// The peer closed the connection or it broke: flush everything.
+    pub fn on_peer_closed(&mut self) {
+        unimplemented!()
+    }
+    /// Local close: flush everything, accept nothing more.
+    pub fn close(&mut self) {
+        unimplemented!()
+    }
+    /// True once the driver should flush the remaining frames and close the socket.
+    pub fn wants_close(&self) -> bool {
+        unimplemented!()
+    }
+}

@@ -1,0 +1,1 @@
+//! Verbs and CM API (being written).
