@@ -124,9 +124,172 @@ pub trait MemoryAccess {
 
     /// Call `f` with the bytes of `[to, to + len)` in one or more pieces, in
     /// order, without copying them (used for the transmit CRC and by tests).
-    fn visit(&self, stag: u32, to: u64, len: u32, f: &mut dyn FnMut(&[u8])) -> Result<(), MemError>;
+    fn visit(&self, stag: u32, to: u64, len: u32, f: &mut dyn FnMut(&[u8]))
+        -> Result<(), MemError>;
 
     /// Invalidate the region (RFC 5040 §5.1 Send with Invalidate, or a local
     /// invalidate). After this, every check of `stag` fails with `InvalidStag`.
     fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError>;
+}
+
+/// A [`MemoryAccess`] over plain vectors, for tests, fuzzing and
+/// simulation: the same checks as real registered memory (siw
+/// `siw_check_mem`), with no real addresses involved.
+#[derive(Debug, Default)]
+pub struct SimMemory {
+    regions: std::cell::RefCell<Vec<Option<SimRegion>>>,
+    next_key: std::cell::Cell<u8>,
+}
+
+#[derive(Debug)]
+struct SimRegion {
+    stag: u32,
+    pd: PdId,
+    access: Access,
+    iova: u64,
+    data: Vec<u8>,
+    valid: bool,
+}
+
+impl SimMemory {
+    /// No regions.
+    pub fn new() -> SimMemory {
+        SimMemory::default()
+    }
+
+    /// Register `len` zeroed bytes at tagged offset `iova`; returns the STag.
+    pub fn register(&self, pd: PdId, access: Access, iova: u64, len: usize) -> u32 {
+        let mut regions = self.regions.borrow_mut();
+        let index = match regions.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                regions.push(None);
+                regions.len() - 1
+            }
+        };
+        let key = self.next_key.get().wrapping_add(1);
+        self.next_key.set(key);
+        let stag = ((index as u32 + 1) << 8) | key as u32;
+        regions[index] = Some(SimRegion {
+            stag,
+            pd,
+            access,
+            iova,
+            data: vec![0; len],
+            valid: true,
+        });
+        stag
+    }
+
+    /// Deregister; the index may be reused with another key.
+    pub fn deregister(&self, stag: u32) {
+        let mut regions = self.regions.borrow_mut();
+        if let Some(slot) = Self::index(stag).and_then(|i| regions.get_mut(i)) {
+            if slot.as_ref().is_some_and(|r| r.stag == stag) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// A copy of the region's bytes.
+    pub fn contents(&self, stag: u32) -> Vec<u8> {
+        let regions = self.regions.borrow();
+        Self::index(stag)
+            .and_then(|i| regions.get(i))
+            .and_then(|r| r.as_ref())
+            .filter(|r| r.stag == stag)
+            .map(|r| r.data.clone())
+            .unwrap_or_default()
+    }
+
+    /// Overwrite the start of the region with `data` (local CPU access).
+    pub fn fill(&self, stag: u32, data: &[u8]) {
+        let mut regions = self.regions.borrow_mut();
+        if let Some(r) = Self::index(stag)
+            .and_then(|i| regions.get_mut(i))
+            .and_then(|r| r.as_mut())
+            .filter(|r| r.stag == stag)
+        {
+            let n = data.len().min(r.data.len());
+            r.data[..n].copy_from_slice(&data[..n]);
+        }
+    }
+
+    fn index(stag: u32) -> Option<usize> {
+        (stag >> 8).checked_sub(1).map(|i| i as usize)
+    }
+
+    fn with_region<R>(
+        &self,
+        stag: u32,
+        f: impl FnOnce(&mut SimRegion) -> Result<R, MemError>,
+    ) -> Result<R, MemError> {
+        let mut regions = self.regions.borrow_mut();
+        let r = Self::index(stag)
+            .and_then(|i| regions.get_mut(i))
+            .and_then(|r| r.as_mut())
+            .ok_or(MemError::InvalidStag)?;
+        if r.stag != stag {
+            return Err(MemError::KeyMismatch);
+        }
+        if !r.valid {
+            return Err(MemError::InvalidStag);
+        }
+        f(r)
+    }
+
+    fn range(r: &SimRegion, to: u64, len: u32) -> Result<std::ops::Range<usize>, MemError> {
+        let off = to.checked_sub(r.iova).ok_or(MemError::Bounds)?;
+        let end = off.checked_add(len as u64).ok_or(MemError::Bounds)?;
+        if end > r.data.len() as u64 {
+            return Err(MemError::Bounds);
+        }
+        Ok(off as usize..end as usize)
+    }
+}
+
+impl MemoryAccess for SimMemory {
+    fn check(&self, stag: u32, to: u64, len: u32, pd: PdId, need: Access) -> Result<(), MemError> {
+        self.with_region(stag, |r| {
+            if r.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
+            if !r.access.contains(need) {
+                return Err(MemError::AccessRights);
+            }
+            Self::range(r, to, len).map(|_| ())
+        })
+    }
+
+    fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
+        self.with_region(stag, |r| {
+            let range = Self::range(r, to, data.len() as u32)?;
+            r.data[range].copy_from_slice(data);
+            Ok(())
+        })
+    }
+
+    fn visit(
+        &self,
+        stag: u32,
+        to: u64,
+        len: u32,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        self.with_region(stag, |r| {
+            let range = Self::range(r, to, len)?;
+            f(&r.data[range]);
+            Ok(())
+        })
+    }
+
+    fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError> {
+        self.with_region(stag, |r| {
+            if r.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
+            r.valid = false;
+            Ok(())
+        })
+    }
 }

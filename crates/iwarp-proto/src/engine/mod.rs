@@ -33,11 +33,16 @@
 //! [`EngineEvent`], completes the affected request with an error status and
 //! flushes all outstanding work requests with [`WcStatus::WrFlushErr`].
 
+mod rx;
+mod tx;
 pub mod wr;
 
 pub use wr::*;
 
-use crate::mem::{MemoryAccess, PdId};
+use std::collections::VecDeque;
+
+use crate::mem::{MemError, MemoryAccess, PdId};
+use crate::wire::terminate::TermCode;
 
 /// Static configuration of a queue pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,80 +168,422 @@ impl core::fmt::Display for TermInfo {
     }
 }
 
+/// One started send-queue work request, kept until it completes so that
+/// completions leave the send queue in posting order (verbs semantics).
+#[derive(Debug, Clone, Copy)]
+struct SqSlot {
+    seq: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+    byte_len: u32,
+    /// Read Requests of this WR still waiting for their last Read Response.
+    reads_left: u32,
+    /// All bytes handed to the driver; waits for `confirm_transmit`.
+    sent: bool,
+    /// Final status, once known.
+    status: Option<WcStatus>,
+}
+
+/// An outstanding RDMA Read Request we issued (ORQ entry, RFC 5040 §5.2).
+#[derive(Debug, Clone, Copy)]
+struct OrqEntry {
+    seq: u64,
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    placed: u32,
+}
+
+/// An inbound RDMA Read Request waiting for its Read Response (IRQ entry).
+#[derive(Debug, Clone, Copy)]
+struct IrqEntry {
+    sink_stag: u32,
+    sink_to: u64,
+    size: u32,
+    src_stag: u32,
+    src_to: u64,
+    /// The Read Request's MPA length, DDP and RDMAP headers, for the
+    /// Terminate's copied headers if the source turns out invalid.
+    hdr: [u8; rx::MAX_HDR],
+}
+
 /// The queue-pair engine. See the module documentation for the call order.
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
+    link: LinkParams,
+    state: QpState,
+    /// Posted, not yet started send work requests.
+    sq: VecDeque<SendWr>,
+    /// Posted receives, oldest first.
+    rq: VecDeque<RecvWr>,
+    /// Started send work requests, in posting order.
+    sq_slots: VecDeque<SqSlot>,
+    next_seq: u64,
+    /// Slots finished by `poll_transmit`, waiting for `confirm_transmit`.
+    unconfirmed: Vec<u64>,
+    orq: VecDeque<OrqEntry>,
+    irq: VecDeque<IrqEntry>,
+    completions: VecDeque<WorkCompletion>,
+    events: VecDeque<EngineEvent>,
+    rx: rx::Rx,
+    tx: tx::Tx,
 }
 
-#[allow(unused_variables)]
 impl Engine {
     /// A QP in [`QpState::Init`].
     pub fn new(cfg: EngineConfig) -> Engine {
-        Engine { cfg }
+        Engine {
+            cfg,
+            link: LinkParams {
+                crc: false,
+                markers_tx: false,
+                markers_rx: false,
+                mulpdu: 1024,
+                ird: 1,
+                ord: 1,
+            },
+            state: QpState::Init,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            sq_slots: VecDeque::new(),
+            next_seq: 0,
+            unconfirmed: Vec::new(),
+            orq: VecDeque::new(),
+            irq: VecDeque::new(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            rx: rx::Rx::new(),
+            tx: tx::Tx::new(),
+        }
     }
+
     /// The static configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
-    /// Enter RTS with the negotiated link parameters.
-    pub fn establish(&mut self, link: LinkParams) {
-        unimplemented!()
+
+    /// The negotiated link parameters (meaningful after [`Engine::establish`]).
+    pub fn link(&self) -> &LinkParams {
+        &self.link
     }
+
+    /// Enter RTS with the negotiated link parameters. Ignored unless the QP
+    /// is in [`QpState::Init`].
+    pub fn establish(&mut self, link: LinkParams) {
+        if self.state != QpState::Init {
+            return;
+        }
+        let min_mulpdu =
+            (crate::wire::ddp::UNTAGGED_HDR_LEN + crate::wire::rdmap::READ_REQUEST_LEN + 4) as u32;
+        self.link = LinkParams {
+            mulpdu: link.mulpdu.clamp(min_mulpdu, 65535 - 8),
+            ird: link.ird.max(1),
+            ord: link.ord.max(1),
+            ..link
+        };
+        self.state = QpState::Rts;
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
-        unimplemented!()
+        self.state
     }
-    /// Queue a send-queue work request (`ibv_post_send`).
+
+    /// Queue a send-queue work request (`ibv_post_send`). Memory is checked
+    /// when the request is processed; a bad local SGE completes it with
+    /// [`WcStatus::LocProtErr`].
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        unimplemented!()
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            return Err(PostError::QpError { wr_id: wr.wr_id });
+        }
+        if self.sq.len() + self.sq_slots.len() >= self.cfg.sq_depth as usize {
+            return Err(PostError::QueueFull { wr_id: wr.wr_id });
+        }
+        if wr.sgl.total_len() > u32::MAX as u64 {
+            return Err(PostError::InvalidWr {
+                wr_id: wr.wr_id,
+                why: "total SGL length exceeds 2^32 - 1 bytes (RFC 5040 §5.1 message size limit)",
+            });
+        }
+        self.sq.push_back(wr);
+        Ok(())
     }
+
     /// Queue a receive (`ibv_post_recv`).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
-        unimplemented!()
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            return Err(PostError::QpError { wr_id: wr.wr_id });
+        }
+        let busy = self.rq.len() + usize::from(self.rx.has_current_recv());
+        if busy >= self.cfg.rq_depth as usize {
+            return Err(PostError::QueueFull { wr_id: wr.wr_id });
+        }
+        if wr.sgl.total_len() > u32::MAX as u64 {
+            return Err(PostError::InvalidWr {
+                wr_id: wr.wr_id,
+                why: "total SGL length exceeds 2^32 - 1 bytes",
+            });
+        }
+        self.rq.push_back(wr);
+        Ok(())
     }
-    /// Where the next received bytes should go.
-    pub fn rx_hint(&self) -> RxHint {
-        unimplemented!()
+
+    /// Posted receives not yet consumed by an incoming Send.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
     }
-    /// Consume received bytes; returns how many were consumed.
-    pub fn handle_input(&mut self, data: &[u8], mem: &dyn MemoryAccess) -> usize {
-        unimplemented!()
-    }
-    /// Report `len` bytes the driver placed at the current [`RxHint::Direct`] target.
-    pub fn handle_direct(&mut self, len: usize, mem: &dyn MemoryAccess) {
-        unimplemented!()
-    }
-    /// True if [`Engine::poll_transmit`] would produce bytes.
-    pub fn has_transmit(&self) -> bool {
-        unimplemented!()
-    }
-    /// Append frames (up to about `max_bytes`) to `frame`. Returns true if anything was added.
-    pub fn poll_transmit(&mut self, frame: &mut TxFrame, max_bytes: usize, mem: &dyn MemoryAccess) -> bool {
-        unimplemented!()
-    }
-    /// Everything handed out by `poll_transmit` so far was written to the socket.
-    pub fn confirm_transmit(&mut self) {
-        unimplemented!()
-    }
+
     /// Next work completion.
     pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
-        unimplemented!()
+        self.completions.pop_front()
     }
+
     /// Next event.
     pub fn poll_event(&mut self) -> Option<EngineEvent> {
-        unimplemented!()
+        self.events.pop_front()
     }
-    /// The peer closed the connection or it broke: flush everything.
+
+    /// Everything handed out by [`Engine::poll_transmit`] so far is written
+    /// to the socket: release the completions of the requests it finished.
+    pub fn confirm_transmit(&mut self) {
+        for seq in std::mem::take(&mut self.unconfirmed) {
+            if let Some(slot) = self.slot_mut(seq) {
+                slot.sent = true;
+                if slot.reads_left == 0 && slot.status.is_none() {
+                    slot.status = Some(WcStatus::Success);
+                }
+            }
+        }
+        self.drain_sq_completions();
+    }
+
+    /// The peer closed the connection or it broke (EOF, reset, write error):
+    /// the QP moves to the error state and every outstanding work request is
+    /// flushed.
     pub fn on_peer_closed(&mut self) {
-        unimplemented!()
+        match self.state {
+            QpState::Error | QpState::Closed => {}
+            QpState::Init | QpState::Rts => {
+                self.state = QpState::Error;
+                self.events.push_back(EngineEvent::PeerClosed);
+                self.flush_all();
+            }
+        }
     }
-    /// Local close: flush everything, accept nothing more.
+
+    /// Local close (disconnect or destroy): flush everything and accept
+    /// nothing more. No Terminate is sent: this is an orderly close.
     pub fn close(&mut self) {
-        unimplemented!()
+        if self.state != QpState::Closed {
+            self.state = QpState::Closed;
+            self.tx.pending_term = None;
+            self.flush_all();
+        }
     }
-    /// True once the driver should flush the remaining frames and close the socket.
+
+    /// True once the driver should flush the remaining frames and close the
+    /// socket (error or close, and any Terminate already handed out).
     pub fn wants_close(&self) -> bool {
-        unimplemented!()
+        matches!(self.state, QpState::Error | QpState::Closed) && self.tx.pending_term.is_none()
+    }
+
+    fn slot_mut(&mut self, seq: u64) -> Option<&mut SqSlot> {
+        let front = self.sq_slots.front()?.seq;
+        let idx = seq.checked_sub(front)? as usize;
+        self.sq_slots.get_mut(idx)
+    }
+
+    fn new_slot(&mut self, wr: &SendWr, opcode: WcOpcode, byte_len: u32) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq_slots.push_back(SqSlot {
+            seq,
+            wr_id: wr.wr_id,
+            opcode,
+            signaled: wr.signaled,
+            byte_len,
+            reads_left: 0,
+            sent: false,
+            status: None,
+        });
+        seq
+    }
+
+    /// Move finished send-queue slots, in order, to the completion queue.
+    fn drain_sq_completions(&mut self) {
+        while let Some(slot) = self.sq_slots.front() {
+            let Some(status) = slot.status else { break };
+            if status == WcStatus::Success && !slot.sent {
+                break;
+            }
+            let slot = self.sq_slots.pop_front().expect("front exists");
+            if slot.signaled || status != WcStatus::Success {
+                self.completions.push_back(WorkCompletion {
+                    wr_id: slot.wr_id,
+                    status,
+                    opcode: slot.opcode,
+                    queue: WcQueue::Send,
+                    byte_len: if status == WcStatus::Success {
+                        slot.byte_len
+                    } else {
+                        0
+                    },
+                    invalidated_rkey: None,
+                    solicited: false,
+                });
+            }
+        }
+    }
+
+    /// Complete every outstanding work request with `WrFlushErr` (after any
+    /// specific error status already recorded on a slot).
+    fn flush_all(&mut self) {
+        for slot in self.sq_slots.iter_mut() {
+            if slot.status.is_none() || !slot.sent && slot.status == Some(WcStatus::Success) {
+                slot.status = Some(WcStatus::WrFlushErr);
+            }
+            slot.sent = true;
+        }
+        self.unconfirmed.clear();
+        self.orq.clear();
+        self.irq.clear();
+        self.tx.cursor = None;
+        self.drain_sq_completions();
+        while let Some(wr) = self.sq.pop_front() {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: wc_opcode_of(&wr.opcode),
+                queue: WcQueue::Send,
+                byte_len: 0,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        }
+        if let Some(cur) = self.rx.take_current_recv() {
+            self.completions
+                .push_back(recv_wc(cur.wr_id, WcStatus::WrFlushErr, 0));
+        }
+        while let Some(wr) = self.rq.pop_front() {
+            self.completions
+                .push_back(recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0));
+        }
+    }
+
+    /// RFC 5040 §5.4 / §4.8: a fatal error detected here. Queue the
+    /// Terminate carrying `code` (and the offending segment's headers, as
+    /// the RFC's copied-header fields), enter the error state and flush.
+    fn fatal(&mut self, code: TermCode, offending_hdr: Option<&[u8]>) {
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            return;
+        }
+        let (layer, etype, ecode) = code.to_wire();
+        let info = TermInfo {
+            layer,
+            etype,
+            ecode,
+            reason: code.description().to_string(),
+        };
+        self.tx.pending_term = Some(tx::build_terminate(code, offending_hdr));
+        self.rx.kill();
+        self.state = QpState::Error;
+        self.events.push_back(EngineEvent::TerminateSent(info));
+        self.flush_all();
+    }
+
+    /// A Terminate arrived (RFC 5040 §5.4.2): the peer found an error. The
+    /// oldest unfinished send request takes the error status the code
+    /// implies; everything else is flushed.
+    fn on_terminate(&mut self, code: TermCode) {
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            return;
+        }
+        let (layer, etype, ecode) = code.to_wire();
+        let status = status_for_remote(code);
+        if let Some(slot) = self
+            .sq_slots
+            .iter_mut()
+            .find(|s| s.status.is_none() || !s.sent)
+        {
+            slot.status = Some(status);
+            slot.sent = true;
+        }
+        self.state = QpState::Error;
+        self.tx.pending_term = None;
+        self.rx.kill();
+        self.events
+            .push_back(EngineEvent::TerminateReceived(TermInfo {
+                layer,
+                etype,
+                ecode,
+                reason: code.description().to_string(),
+            }));
+        self.flush_all();
+    }
+}
+
+fn wc_opcode_of(op: &WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithInv { .. } => WcOpcode::Send,
+        WrOpcode::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+    }
+}
+
+fn recv_wc(wr_id: u64, status: WcStatus, byte_len: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        status,
+        opcode: WcOpcode::Recv,
+        queue: WcQueue::Recv,
+        byte_len,
+        invalidated_rkey: None,
+        solicited: false,
+    }
+}
+
+/// The error status a Terminate from the peer puts on our request.
+fn status_for_remote(code: TermCode) -> WcStatus {
+    use TermCode::*;
+    match code {
+        RdmapInvalidStag
+        | RdmapBaseBounds
+        | RdmapAccessRights
+        | RdmapStagNotAssociated
+        | RdmapToWrap
+        | DdpTaggedInvalidStag
+        | DdpTaggedBaseBounds
+        | DdpTaggedStagNotAssociated
+        | DdpTaggedToWrap => WcStatus::RemAccessErr,
+        RdmapCannotInvalidate => WcStatus::RemInvReqErr,
+        RdmapCatastrophicStream => WcStatus::RemInvReqErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+/// siw `siw_tagged_error`: a failed check of a tagged placement (RDMA
+/// Write, Read Response) is a DDP tagged-buffer error (RFC 5041 §7.2, §7.3).
+/// RFC 5041 has no code for missing access rights; like siw we report
+/// "invalid STag".
+pub fn term_code_for_tagged(e: MemError) -> TermCode {
+    match e {
+        MemError::InvalidStag | MemError::KeyMismatch | MemError::AccessRights => {
+            TermCode::DdpTaggedInvalidStag
+        }
+        MemError::PdMismatch => TermCode::DdpTaggedStagNotAssociated,
+        MemError::Bounds => TermCode::DdpTaggedBaseBounds,
+    }
+}
+
+/// siw `siw_rdmap_error`: a failed check of an RDMA Read source is an
+/// RDMAP remote-protection error (RFC 5040 §7.1, §5.2).
+pub fn term_code_for_read_source(e: MemError) -> TermCode {
+    match e {
+        MemError::InvalidStag | MemError::KeyMismatch => TermCode::RdmapInvalidStag,
+        MemError::Bounds => TermCode::RdmapBaseBounds,
+        MemError::AccessRights => TermCode::RdmapAccessRights,
+        MemError::PdMismatch => TermCode::RdmapStagNotAssociated,
     }
 }

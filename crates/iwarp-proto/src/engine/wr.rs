@@ -30,7 +30,11 @@ impl SgList {
     pub const fn new() -> SgList {
         SgList {
             len: 0,
-            sges: [Sge { addr: 0, length: 0, lkey: 0 }; MAX_SGE],
+            sges: [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; MAX_SGE],
         }
     }
 

@@ -1,0 +1,681 @@
+//! Receive path: a resumable state machine over the MPA byte stream.
+//!
+//! RFC 5044 §4 (FPDU format: ULPDU length, pad, CRC; markers), RFC 5041
+//! §5-§7 (tagged and untagged placement and their errors), RFC 5040 §5
+//! (RDMAP message semantics). Modeled on siw `siw_qp_rx.c`: the machine
+//! moves from header to payload to trailer, and any split of the input
+//! resumes where it stopped. Markers (when negotiated for this direction)
+//! are removed before the bytes reach the FPDU machine.
+//!
+//! Tagged payload (RDMA Write, Read Response) is validated once per
+//! segment header, then placed straight into the target region: either by
+//! [`MemoryAccess::write`] from the driver's buffer, or by the driver
+//! reading from the socket directly into the region ([`RxHint::Direct`]).
+//! Messages complete only after their last FPDU's CRC has been verified.
+
+use super::*;
+use crate::mem::Access;
+use crate::wire::{crc, ddp, mpa, rdmap, terminate};
+use rdmap::Opcode;
+
+/// ULPDU length field + untagged DDP header + RDMA Read Request header.
+pub(super) const MAX_HDR: usize =
+    mpa::ULPDU_LEN_FIELD + ddp::UNTAGGED_HDR_LEN + rdmap::READ_REQUEST_LEN;
+/// Bytes needed to know the header's full length: ULPDU length, DDP
+/// control byte, RDMAP control byte.
+const CLASSIFY_LEN: usize = 4;
+/// A Terminate's body is at most its 4-byte control, the DDP segment
+/// length, a copied untagged DDP header and a Read Request header.
+const TERM_BODY_MAX: usize = 128;
+/// Markers are part of the FPDU and so covered by its CRC (RFC 5044 §4.4,
+/// "the CRC is computed over the entire FPDU, including markers").
+pub(super) const CRC_COVERS_MARKERS: bool = true;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Header,
+    Payload,
+    Trailer,
+    /// After a fatal error: input is discarded.
+    Dead,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seg {
+    /// Nothing to place (Read Request; zero-length segments).
+    None,
+    /// Tagged placement at `stag`/`to`, advancing as bytes arrive.
+    Tagged { stag: u32, to: u64, read_resp: bool },
+    /// Untagged Send payload into the current receive.
+    Send,
+    /// A Terminate's body, collected for parsing.
+    Terminate,
+}
+
+/// The receive work request an incoming Send is filling.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CurRecv {
+    pub(super) wr_id: u64,
+    sgl: SgList,
+    cap: u32,
+    placed: u32,
+    sge_idx: usize,
+    sge_off: u32,
+    inval_stag: Option<u32>,
+    solicited: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct Rx {
+    phase: Phase,
+    hdr: [u8; MAX_HDR],
+    hdr_have: usize,
+    hdr_need: usize,
+    ulpdu_len: usize,
+    opcode: Opcode,
+    last: bool,
+    seg: Seg,
+    payload_rem: u32,
+    trailer: [u8; 8],
+    trailer_have: usize,
+    trailer_need: usize,
+    crc: u32,
+    /// Bytes of the stream consumed so far, markers included.
+    stream_pos: u64,
+    /// Stream position where the current FPDU starts: its ULPDU length
+    /// field, or a marker placed right before it (RFC 5044 §4.3).
+    fpdu_start: u64,
+    marker: [u8; mpa::MARKER_LEN],
+    marker_have: usize,
+    /// Expected MSN per untagged queue (RFC 5041 §5.1: starts at 1).
+    msn: [u32; 3],
+    cur_recv: Option<CurRecv>,
+    term_body: [u8; TERM_BODY_MAX],
+    term_have: usize,
+}
+
+impl Rx {
+    pub(super) fn new() -> Rx {
+        Rx {
+            phase: Phase::Header,
+            hdr: [0; MAX_HDR],
+            hdr_have: 0,
+            hdr_need: CLASSIFY_LEN,
+            ulpdu_len: 0,
+            opcode: Opcode::Send,
+            last: false,
+            seg: Seg::None,
+            payload_rem: 0,
+            trailer: [0; 8],
+            trailer_have: 0,
+            trailer_need: 0,
+            crc: 0,
+            stream_pos: 0,
+            fpdu_start: 0,
+            marker: [0; mpa::MARKER_LEN],
+            marker_have: 0,
+            msn: [1; 3],
+            cur_recv: None,
+            term_body: [0; TERM_BODY_MAX],
+            term_have: 0,
+        }
+    }
+
+    pub(super) fn has_current_recv(&self) -> bool {
+        self.cur_recv.is_some()
+    }
+
+    pub(super) fn take_current_recv(&mut self) -> Option<CurRecv> {
+        self.cur_recv.take()
+    }
+
+    pub(super) fn kill(&mut self) {
+        self.phase = Phase::Dead;
+    }
+
+    fn reset_fpdu(&mut self) {
+        self.phase = Phase::Header;
+        self.hdr_have = 0;
+        self.hdr_need = CLASSIFY_LEN;
+        self.trailer_have = 0;
+        self.crc = 0;
+        self.seg = Seg::None;
+    }
+
+    fn fold_crc(&mut self, enabled: bool, bytes: &[u8]) {
+        if enabled {
+            self.crc = crc::crc32c_append(self.crc, bytes);
+        }
+    }
+}
+
+impl Engine {
+    /// Where the driver should put the next received bytes.
+    pub fn rx_hint(&self) -> RxHint {
+        let rx = &self.rx;
+        if self.state != QpState::Rts || rx.phase != Phase::Payload || rx.marker_have > 0 {
+            return RxHint::Buffered;
+        }
+        let Seg::Tagged { stag, to, .. } = rx.seg else {
+            return RxHint::Buffered;
+        };
+        let mut len = rx.payload_rem as u64;
+        if self.link.markers_rx {
+            if mpa::is_marker_pos(rx.stream_pos) {
+                return RxHint::Buffered;
+            }
+            len = len.min(mpa::next_marker_pos(rx.stream_pos) - rx.stream_pos);
+        }
+        RxHint::Direct {
+            stag,
+            to,
+            len: len as u32,
+        }
+    }
+
+    /// Report `len` bytes the driver placed at the current
+    /// [`RxHint::Direct`] target. `len` must not exceed the hint's length.
+    pub fn handle_direct(&mut self, len: usize, mem: &dyn MemoryAccess) {
+        let RxHint::Direct { stag, to, len: max } = self.rx_hint() else {
+            // The driver placed bytes the engine did not ask for: a driver
+            // bug, but never a reason to corrupt state. Treat as fatal.
+            self.fatal(TermCode::DdpCatastrophic, None);
+            return;
+        };
+        let len = len.min(max as usize) as u32;
+        if len == 0 {
+            return;
+        }
+        if self.link.crc {
+            let mut c = self.rx.crc;
+            let r = mem.visit(stag, to, len, &mut |b| c = crc::crc32c_append(c, b));
+            if let Err(e) = r {
+                self.fatal(term_code_for_tagged(e), None);
+                return;
+            }
+            self.rx.crc = c;
+        }
+        self.advance_tagged(len);
+        self.rx.stream_pos += len as u64;
+    }
+
+    /// Consume received bytes. Returns how many were consumed: all of them
+    /// once the QP is established (after a fatal error the rest of the
+    /// stream is discarded), none before [`Engine::establish`].
+    pub fn handle_input(&mut self, data: &[u8], mem: &dyn MemoryAccess) -> usize {
+        if self.state == QpState::Init {
+            return 0;
+        }
+        let mut i = 0;
+        while i < data.len() {
+            if self.rx.phase == Phase::Dead || self.state != QpState::Rts {
+                self.rx.phase = Phase::Dead;
+                return data.len();
+            }
+            let avail = &data[i..];
+            let mut limit = avail.len();
+            if self.link.markers_rx {
+                if self.rx.marker_have > 0 || mpa::is_marker_pos(self.rx.stream_pos) {
+                    let n = (mpa::MARKER_LEN - self.rx.marker_have).min(avail.len());
+                    let have = self.rx.marker_have;
+                    self.rx.marker[have..have + n].copy_from_slice(&avail[..n]);
+                    // Covered by the CRC unless it sits inside the CRC field.
+                    let in_crc_field = self.rx.phase == Phase::Trailer
+                        && self.rx.trailer_have > self.rx.trailer_need - mpa::CRC_LEN;
+                    self.rx.fold_crc(
+                        self.link.crc && CRC_COVERS_MARKERS && !in_crc_field,
+                        &avail[..n],
+                    );
+                    self.rx.marker_have += n;
+                    self.rx.stream_pos += n as u64;
+                    i += n;
+                    if self.rx.marker_have == mpa::MARKER_LEN {
+                        self.rx.marker_have = 0;
+                        self.check_marker();
+                    }
+                    continue;
+                }
+                let to_marker = mpa::next_marker_pos(self.rx.stream_pos) - self.rx.stream_pos;
+                limit = limit.min(to_marker as usize);
+            }
+            let n = self.rx_step(&avail[..limit], mem);
+            self.rx.stream_pos += n as u64;
+            i += n;
+            if self.rx.phase == Phase::Header && self.rx.hdr_have == 0 {
+                // The previous FPDU just ended: the next one starts here
+                // (with a marker, if one falls here).
+                self.rx.fpdu_start = self.rx.stream_pos;
+            }
+        }
+        data.len()
+    }
+
+    /// RFC 5044 §4.3: a marker's FPDU pointer gives the distance back to
+    /// the start of the FPDU it sits in (zero when the FPDU starts with the
+    /// marker). A marker that does not point there is a framing error.
+    fn check_marker(&mut self) {
+        let Ok(m) = mpa::Marker::parse(&self.rx.marker) else {
+            self.fatal(TermCode::MpaMarkerError, None);
+            return;
+        };
+        let marker_pos = self.rx.stream_pos - mpa::MARKER_LEN as u64;
+        let expected = marker_pos - self.rx.fpdu_start;
+        if u64::from(m.fpdu_ptr) != expected {
+            self.fatal(TermCode::MpaMarkerError, None);
+        }
+    }
+
+    /// Consume a prefix of `chunk` (which holds no marker bytes).
+    fn rx_step(&mut self, chunk: &[u8], mem: &dyn MemoryAccess) -> usize {
+        match self.rx.phase {
+            Phase::Dead => chunk.len(),
+            Phase::Header => {
+                let have = self.rx.hdr_have;
+                let n = (self.rx.hdr_need - have).min(chunk.len());
+                self.rx.hdr[have..have + n].copy_from_slice(&chunk[..n]);
+                self.rx.fold_crc(self.link.crc, &chunk[..n]);
+                self.rx.hdr_have += n;
+                if self.rx.hdr_have == self.rx.hdr_need && self.rx.hdr_need == CLASSIFY_LEN {
+                    self.rx_classify();
+                }
+                if self.rx.phase == Phase::Header
+                    && self.rx.hdr_have == self.rx.hdr_need
+                    && self.rx.hdr_need > CLASSIFY_LEN
+                {
+                    self.rx_header_done(mem);
+                }
+                n
+            }
+            Phase::Payload => {
+                let n = (self.rx.payload_rem as usize).min(chunk.len());
+                self.rx_payload(&chunk[..n], mem);
+                n
+            }
+            Phase::Trailer => {
+                let have = self.rx.trailer_have;
+                let n = (self.rx.trailer_need - have).min(chunk.len());
+                self.rx.trailer[have..have + n].copy_from_slice(&chunk[..n]);
+                // Pad bytes are covered by the CRC (RFC 5044 §4.4); fold
+                // them now so a marker inside the trailer keeps its order.
+                let pad = self.rx.trailer_need - mpa::CRC_LEN;
+                if have < pad {
+                    let k = (pad - have).min(n);
+                    self.rx.fold_crc(self.link.crc, &chunk[..k]);
+                }
+                self.rx.trailer_have += n;
+                if self.rx.trailer_have == self.rx.trailer_need {
+                    self.rx_trailer_done(mem);
+                }
+                n
+            }
+        }
+    }
+
+    /// The first four bytes of an FPDU are in: check versions and opcode
+    /// and work out the full header length.
+    fn rx_classify(&mut self) {
+        let hdr = self.rx.hdr;
+        let ulpdu_len = u16::from_be_bytes([hdr[0], hdr[1]]) as usize;
+        let d = ddp::Packet::new_unchecked(&hdr[mpa::ULPDU_LEN_FIELD..]);
+        let tagged = d.tagged();
+        // RFC 5041 §7.2 / §7.3: unsupported DDP version.
+        if d.version() != ddp::DDP_VERSION {
+            let code = if tagged {
+                TermCode::DdpTaggedInvalidVersion
+            } else {
+                TermCode::DdpUntaggedInvalidVersion
+            };
+            return self.fatal_rx(code);
+        }
+        let ctrl = d.ulp_ctrl();
+        // RFC 5040 §7.2: unsupported RDMAP version.
+        if rdmap::ctrl_version(ctrl) != rdmap::RDMAP_VERSION {
+            return self.fatal_rx(TermCode::RdmapInvalidVersion);
+        }
+        let opcode = rdmap::ctrl_opcode(ctrl);
+        let hdr_len = match opcode {
+            Opcode::RdmaWrite | Opcode::ReadResponse if tagged => ddp::TAGGED_HDR_LEN,
+            Opcode::Send
+            | Opcode::SendInvalidate
+            | Opcode::SendSe
+            | Opcode::SendSeInvalidate
+            | Opcode::Terminate
+                if !tagged =>
+            {
+                ddp::UNTAGGED_HDR_LEN
+            }
+            Opcode::ReadRequest if !tagged => ddp::UNTAGGED_HDR_LEN + rdmap::READ_REQUEST_LEN,
+            // RFC 5040 §4.3 / §7.2: an opcode we do not know, or one used
+            // with the wrong DDP model (e.g. an untagged RDMA Write).
+            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+        };
+        // RFC 5044 §4.1: the ULPDU length must cover the DDP/RDMAP header.
+        // A Read Request carries no payload (RFC 5040 §4.4); a Terminate's
+        // body is bounded (RFC 5040 §4.8).
+        let bad_len = ulpdu_len < hdr_len
+            || (opcode == Opcode::ReadRequest && ulpdu_len != hdr_len)
+            || (opcode == Opcode::Terminate && ulpdu_len - hdr_len > TERM_BODY_MAX);
+        if bad_len {
+            return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+        }
+        self.rx.ulpdu_len = ulpdu_len;
+        self.rx.opcode = opcode;
+        self.rx.last = d.last();
+        self.rx.hdr_need = mpa::ULPDU_LEN_FIELD + hdr_len;
+    }
+
+    fn fatal_rx(&mut self, code: TermCode) {
+        let have = self.rx.hdr_have;
+        let hdr = self.rx.hdr;
+        self.fatal(code, Some(&hdr[..have]));
+    }
+
+    /// The whole DDP/RDMAP header is in: validate it and set up placement.
+    fn rx_header_done(&mut self, mem: &dyn MemoryAccess) {
+        let hdr_len = self.rx.hdr_need - mpa::ULPDU_LEN_FIELD;
+        let payload_len = (self.rx.ulpdu_len - hdr_len) as u32;
+        let hdr = self.rx.hdr;
+        let d = ddp::Packet::new_unchecked(&hdr[mpa::ULPDU_LEN_FIELD..]);
+        let pd = self.cfg.pd;
+        let last = self.rx.last;
+        let seg = match self.rx.opcode {
+            Opcode::RdmaWrite => {
+                let (stag, to) = (d.stag(), d.to());
+                // RFC 5041 §7.2, RFC 5040 §5.1: the sink STag must be valid,
+                // of this QP's PD, writable remotely, and cover the segment.
+                // A zero-length Write (the RFC 6581 RTR) places nothing and
+                // is not checked, as in siw.
+                if payload_len > 0 {
+                    if let Err(e) = mem.check(stag, to, payload_len, pd, Access::REMOTE_WRITE) {
+                        return self.fatal_rx(term_code_for_tagged(e));
+                    }
+                }
+                Seg::Tagged {
+                    stag,
+                    to,
+                    read_resp: false,
+                }
+            }
+            Opcode::ReadResponse => {
+                let (stag, to) = (d.stag(), d.to());
+                // RFC 5040 §5.2: a Read Response must answer the oldest
+                // outstanding Read Request, in order and within its size.
+                let Some(head) = self.orq.front().copied() else {
+                    return self.fatal_rx(TermCode::RdmapUnexpectedOpcode);
+                };
+                if stag != head.sink_stag {
+                    return self.fatal_rx(TermCode::DdpTaggedInvalidStag);
+                }
+                let end = head.placed as u64 + payload_len as u64;
+                if to != head.sink_to.wrapping_add(head.placed as u64)
+                    || end > head.size as u64
+                    || (last && end != head.size as u64)
+                {
+                    return self.fatal_rx(TermCode::DdpTaggedBaseBounds);
+                }
+                if payload_len > 0 {
+                    if let Err(e) = mem.check(stag, to, payload_len, pd, Access::LOCAL_WRITE) {
+                        if let Some(slot) = self.slot_mut(head.seq) {
+                            slot.status = Some(WcStatus::LocProtErr);
+                            slot.sent = true;
+                        }
+                        return self.fatal_rx(term_code_for_tagged(e));
+                    }
+                }
+                Seg::Tagged {
+                    stag,
+                    to,
+                    read_resp: true,
+                }
+            }
+            op @ (Opcode::Send
+            | Opcode::SendInvalidate
+            | Opcode::SendSe
+            | Opcode::SendSeInvalidate) => {
+                // RFC 5041 §5.1, §7.3: untagged queue 0, in-order MSN and MO.
+                if d.qn() != rdmap::QN_SEND {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                }
+                if d.msn() != self.rx.msn[0] {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                }
+                if self.rx.cur_recv.is_none() {
+                    if d.mo() != 0 {
+                        return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                    }
+                    // RFC 5040 §5.3: a Send needs a posted receive; iWARP
+                    // has no receiver-not-ready retry, so this is fatal.
+                    let Some(wr) = self.rq.pop_front() else {
+                        return self.fatal_rx(TermCode::DdpUntaggedNoBuffer);
+                    };
+                    for sge in wr.sgl.as_slice().iter().filter(|s| s.length > 0) {
+                        if mem
+                            .check(sge.lkey, sge.addr, sge.length, pd, Access::LOCAL_WRITE)
+                            .is_err()
+                        {
+                            self.completions
+                                .push_back(recv_wc(wr.wr_id, WcStatus::LocProtErr, 0));
+                            return self.fatal_rx(TermCode::DdpCatastrophic);
+                        }
+                    }
+                    let inval = matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate);
+                    self.rx.cur_recv = Some(CurRecv {
+                        wr_id: wr.wr_id,
+                        sgl: wr.sgl,
+                        cap: wr.sgl.total_len() as u32,
+                        placed: 0,
+                        sge_idx: 0,
+                        sge_off: 0,
+                        inval_stag: inval.then(|| d.ulp_word()),
+                        solicited: matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate),
+                    });
+                }
+                let cur = self.rx.cur_recv.expect("set above");
+                if d.mo() != cur.placed {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                }
+                if cur.placed as u64 + payload_len as u64 > cur.cap as u64 {
+                    self.rx.cur_recv = None;
+                    self.completions
+                        .push_back(recv_wc(cur.wr_id, WcStatus::LocLenErr, 0));
+                    return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                }
+                Seg::Send
+            }
+            Opcode::ReadRequest => {
+                if d.qn() != rdmap::QN_READ_REQUEST {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                }
+                if d.msn() != self.rx.msn[1] {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                }
+                if d.mo() != 0 || !last {
+                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                }
+                // RFC 5040 §5.2 / RFC 6581 §3: at most IRD Read Requests
+                // outstanding; siw answers an overflow with this code.
+                if self.irq.len() >= self.link.ird as usize {
+                    return self.fatal_rx(TermCode::RdmapCatastrophicStream);
+                }
+                let rr_bytes = &hdr[mpa::ULPDU_LEN_FIELD + ddp::UNTAGGED_HDR_LEN..MAX_HDR];
+                let Ok(rr) =
+                    rdmap::ReadRequestRepr::parse(&rdmap::ReadRequest::new_unchecked(rr_bytes))
+                else {
+                    return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+                };
+                self.irq.push_back(IrqEntry {
+                    sink_stag: rr.sink_stag,
+                    sink_to: rr.sink_to,
+                    size: rr.size,
+                    src_stag: rr.src_stag,
+                    src_to: rr.src_to,
+                    hdr,
+                });
+                self.rx.msn[1] = self.rx.msn[1].wrapping_add(1);
+                Seg::None
+            }
+            Opcode::Terminate => {
+                self.rx.term_have = 0;
+                Seg::Terminate
+            }
+            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+        };
+        self.rx.seg = seg;
+        self.rx.payload_rem = payload_len;
+        self.rx.trailer_need = mpa::pad_len(self.rx.ulpdu_len) + mpa::CRC_LEN;
+        self.rx.phase = if payload_len > 0 {
+            Phase::Payload
+        } else {
+            Phase::Trailer
+        };
+    }
+
+    fn rx_payload(&mut self, bytes: &[u8], mem: &dyn MemoryAccess) {
+        let n = bytes.len() as u32;
+        match self.rx.seg {
+            Seg::Tagged { stag, to, .. } => {
+                if let Err(e) = mem.write(stag, to, bytes) {
+                    return self.fatal_rx(term_code_for_tagged(e));
+                }
+                self.rx.fold_crc(self.link.crc, bytes);
+                self.advance_tagged(n);
+            }
+            Seg::Send => {
+                let Some(mut cur) = self.rx.cur_recv else {
+                    return self.fatal_rx(TermCode::DdpCatastrophic);
+                };
+                let mut rest = bytes;
+                while !rest.is_empty() {
+                    let Some(sge) = cur.sgl.as_slice().get(cur.sge_idx).copied() else {
+                        // Bounded by the capacity check in the header.
+                        return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                    };
+                    let room = (sge.length - cur.sge_off) as usize;
+                    if room == 0 {
+                        cur.sge_idx += 1;
+                        cur.sge_off = 0;
+                        continue;
+                    }
+                    let k = room.min(rest.len());
+                    if mem
+                        .write(sge.lkey, sge.addr + cur.sge_off as u64, &rest[..k])
+                        .is_err()
+                    {
+                        self.rx.cur_recv = None;
+                        self.completions
+                            .push_back(recv_wc(cur.wr_id, WcStatus::LocProtErr, 0));
+                        return self.fatal_rx(TermCode::DdpCatastrophic);
+                    }
+                    cur.sge_off += k as u32;
+                    cur.placed += k as u32;
+                    rest = &rest[k..];
+                }
+                self.rx.cur_recv = Some(cur);
+                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.payload_rem -= n;
+            }
+            Seg::Terminate => {
+                let have = self.rx.term_have;
+                let k = bytes.len().min(TERM_BODY_MAX - have);
+                self.rx.term_body[have..have + k].copy_from_slice(&bytes[..k]);
+                self.rx.term_have += k;
+                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.payload_rem -= n;
+            }
+            Seg::None => {
+                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.payload_rem -= n;
+            }
+        }
+        if self.rx.phase == Phase::Payload && self.rx.payload_rem == 0 {
+            self.rx.phase = Phase::Trailer;
+        }
+    }
+
+    /// `n` tagged payload bytes were placed (and folded into the CRC).
+    fn advance_tagged(&mut self, n: u32) {
+        if let Seg::Tagged {
+            stag,
+            to,
+            read_resp,
+        } = self.rx.seg
+        {
+            self.rx.seg = Seg::Tagged {
+                stag,
+                to: to.wrapping_add(n as u64),
+                read_resp,
+            };
+            if read_resp {
+                if let Some(head) = self.orq.front_mut() {
+                    head.placed += n;
+                }
+            }
+        }
+        self.rx.payload_rem -= n;
+        if self.rx.payload_rem == 0 && self.rx.phase == Phase::Payload {
+            self.rx.phase = Phase::Trailer;
+        }
+    }
+
+    /// Pad and CRC are in: verify the CRC, then finish the message if this
+    /// was its last segment.
+    fn rx_trailer_done(&mut self, mem: &dyn MemoryAccess) {
+        let pad = self.rx.trailer_need - mpa::CRC_LEN;
+        if self.link.crc {
+            let mut wire = [0u8; 4];
+            wire.copy_from_slice(&self.rx.trailer[pad..pad + 4]);
+            // RFC 5044 §4.4, §7.2: a CRC mismatch is a fatal LLP error.
+            if crc::crc_from_wire(wire) != self.rx.crc {
+                return self.fatal_rx(TermCode::MpaCrcError);
+            }
+        }
+        let last = self.rx.last;
+        let seg = self.rx.seg;
+        self.rx.reset_fpdu();
+        match seg {
+            Seg::Tagged {
+                read_resp: true, ..
+            } if last => {
+                if let Some(head) = self.orq.pop_front() {
+                    if let Some(slot) = self.slot_mut(head.seq) {
+                        slot.reads_left = slot.reads_left.saturating_sub(1);
+                        if slot.reads_left == 0 && slot.status.is_none() {
+                            slot.status = Some(WcStatus::Success);
+                        }
+                    }
+                    self.drain_sq_completions();
+                }
+            }
+            Seg::Send if last => {
+                let Some(cur) = self.rx.cur_recv.take() else {
+                    return;
+                };
+                self.rx.msn[0] = self.rx.msn[0].wrapping_add(1);
+                let mut wc = recv_wc(cur.wr_id, WcStatus::Success, cur.placed);
+                wc.solicited = cur.solicited;
+                if let Some(stag) = cur.inval_stag {
+                    // RFC 5040 §5.3: Send with Invalidate invalidates the
+                    // named STag before the receive completes.
+                    if mem.invalidate(stag, self.cfg.pd).is_err() {
+                        self.completions
+                            .push_back(recv_wc(cur.wr_id, WcStatus::RemInvReqErr, 0));
+                        return self.fatal(TermCode::RdmapCannotInvalidate, None);
+                    }
+                    wc.invalidated_rkey = Some(stag);
+                }
+                self.completions.push_back(wc);
+            }
+            Seg::Terminate => {
+                self.rx.msn[2] = self.rx.msn[2].wrapping_add(1);
+                let body = &self.rx.term_body[..self.rx.term_have];
+                let code = terminate::Packet::new_checked(body)
+                    .ok()
+                    .and_then(|p| terminate::TerminateRepr::parse(&p).ok())
+                    .map(|r| r.code)
+                    .unwrap_or(TermCode::RdmapUnspecified);
+                self.on_terminate(code);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,1429 @@
+//! Level 2 and 3 tests of the sans-IO engine: two engines wired back to
+//! back through a simulated TCP stream, with deterministic pseudo-random
+//! segmentation (any split of the byte stream), optional byte corruption
+//! and loss, and both receive paths (buffered and direct placement).
+
+use std::collections::VecDeque;
+
+use iwarp_proto::engine::*;
+use iwarp_proto::mem::{Access, MemoryAccess, SimMemory};
+use iwarp_proto::wire::terminate::TermCode;
+
+const PD: u32 = 7;
+
+/// Deterministic xorshift, so every failure replays.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+struct Peer {
+    eng: Engine,
+    mem: SimMemory,
+    frame: TxFrame,
+    wcs: Vec<WorkCompletion>,
+    events: Vec<EngineEvent>,
+}
+
+impl Peer {
+    fn new() -> Peer {
+        Peer {
+            eng: Engine::new(EngineConfig {
+                pd: PD,
+                sq_depth: 64,
+                rq_depth: 64,
+            }),
+            mem: SimMemory::new(),
+            frame: TxFrame::default(),
+            wcs: Vec::new(),
+            events: Vec::new(),
+        }
+    }
+
+    fn drain(&mut self) {
+        while let Some(wc) = self.eng.poll_completion() {
+            self.wcs.push(wc);
+        }
+        while let Some(ev) = self.eng.poll_event() {
+            self.events.push(ev);
+        }
+    }
+
+    /// Resolve a frame into the bytes a `writev` would send.
+    fn flatten(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.frame.len());
+        for p in &self.frame.pieces {
+            match *p {
+                TxPiece::Inline { start, len } => out
+                    .extend_from_slice(&self.frame.inline[start as usize..(start + len) as usize]),
+                TxPiece::Mem { stag, to, len } => {
+                    self.mem
+                        .visit(stag, to, len, &mut |b| out.extend_from_slice(b))
+                        .expect("frame refers to valid memory");
+                }
+            }
+        }
+        out
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Link {
+    crc: bool,
+    markers: bool,
+    mulpdu: u32,
+    ird: u32,
+    ord: u32,
+}
+
+impl Default for Link {
+    fn default() -> Link {
+        Link {
+            crc: true,
+            markers: false,
+            mulpdu: 1460,
+            ird: 8,
+            ord: 8,
+        }
+    }
+}
+
+struct Pair {
+    a: Peer,
+    b: Peer,
+    rng: Rng,
+    wire_ab: VecDeque<u8>,
+    wire_ba: VecDeque<u8>,
+    max_chunk: u64,
+    /// Place tagged payload through `handle_direct` when offered.
+    direct: bool,
+    /// Bytes sent a->b so far, for fault injection.
+    ab_sent: usize,
+    /// Corrupt (flip) the a->b byte at this offset.
+    corrupt_ab_at: Option<usize>,
+    /// Drop this range of the a->b stream (loss that TCP would not allow:
+    /// the framing must catch it).
+    drop_ab: Option<(usize, usize)>,
+}
+
+impl Pair {
+    fn new(seed: u64, link: Link) -> Pair {
+        let mut a = Peer::new();
+        let mut b = Peer::new();
+        for p in [&mut a, &mut b] {
+            p.eng.establish(LinkParams {
+                crc: link.crc,
+                markers_tx: link.markers,
+                markers_rx: link.markers,
+                mulpdu: link.mulpdu,
+                ird: link.ird,
+                ord: link.ord,
+            });
+        }
+        Pair {
+            a,
+            b,
+            rng: Rng(seed | 1),
+            wire_ab: VecDeque::new(),
+            wire_ba: VecDeque::new(),
+            max_chunk: 3000,
+            direct: seed % 2 == 0,
+            ab_sent: 0,
+            corrupt_ab_at: None,
+            drop_ab: None,
+        }
+    }
+
+    fn transmit(p: &mut Peer, wire: &mut VecDeque<u8>, budget: usize) -> Vec<u8> {
+        p.frame.clear();
+        let _ = wire;
+        if !p.eng.poll_transmit(&mut p.frame, budget, &p.mem) {
+            return Vec::new();
+        }
+        let bytes = p.flatten();
+        p.eng.confirm_transmit();
+        bytes
+    }
+
+    fn deliver(
+        rng: &mut Rng,
+        direct: bool,
+        max_chunk: u64,
+        p: &mut Peer,
+        wire: &mut VecDeque<u8>,
+    ) -> bool {
+        if wire.is_empty() {
+            return false;
+        }
+        let n = (1 + rng.below(max_chunk)) as usize;
+        let n = n.min(wire.len());
+        if direct {
+            if let RxHint::Direct { stag, to, len } = p.eng.rx_hint() {
+                let k = n.min(len as usize);
+                let bytes: Vec<u8> = wire.drain(..k).collect();
+                p.mem
+                    .write(stag, to, &bytes)
+                    .expect("direct target is valid");
+                p.eng.handle_direct(k, &p.mem);
+                p.drain();
+                return true;
+            }
+        }
+        let bytes: Vec<u8> = wire.drain(..n).collect();
+        let used = p.eng.handle_input(&bytes, &p.mem);
+        assert_eq!(
+            used,
+            bytes.len(),
+            "an established engine consumes all input"
+        );
+        p.drain();
+        true
+    }
+
+    /// Run until quiet. Bounded: a livelock fails the test.
+    fn run(&mut self) {
+        for _ in 0..200_000 {
+            let mut progress = false;
+            let budget = 1 + self.rng.below(70_000) as usize;
+            let mut out = Self::transmit(&mut self.a, &mut self.wire_ab, budget);
+            if !out.is_empty() {
+                progress = true;
+                let base = self.ab_sent;
+                self.ab_sent += out.len();
+                if let Some(at) = self.corrupt_ab_at {
+                    if at >= base && at < base + out.len() {
+                        out[at - base] ^= 0x5a;
+                    }
+                }
+                if let Some((lo, hi)) = self.drop_ab {
+                    out = out
+                        .into_iter()
+                        .enumerate()
+                        .filter(|(i, _)| !(lo..hi).contains(&(base + i)))
+                        .map(|(_, b)| b)
+                        .collect();
+                }
+                self.wire_ab.extend(out);
+            }
+            let out = Self::transmit(&mut self.b, &mut self.wire_ba, budget);
+            if !out.is_empty() {
+                progress = true;
+                self.wire_ba.extend(out);
+            }
+            self.a.drain();
+            self.b.drain();
+            progress |= Self::deliver(
+                &mut self.rng,
+                self.direct,
+                self.max_chunk,
+                &mut self.b,
+                &mut self.wire_ab,
+            );
+            progress |= Self::deliver(
+                &mut self.rng,
+                self.direct,
+                self.max_chunk,
+                &mut self.a,
+                &mut self.wire_ba,
+            );
+            if !progress && !self.a.eng.has_transmit() && !self.b.eng.has_transmit() {
+                return;
+            }
+        }
+        panic!("pair did not quiesce");
+    }
+}
+
+/// Compare buffers without printing megabytes on failure.
+#[track_caller]
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {i}: got {:#04x}, want {:#04x}",
+            got[i], want[i]
+        );
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn send_wr(wr_id: u64, opcode: WrOpcode, sgl: &[Sge]) -> SendWr {
+    SendWr {
+        wr_id,
+        opcode,
+        sgl: SgList::from_slice(sgl).unwrap(),
+        signaled: true,
+        solicited: false,
+    }
+}
+
+fn recv_wr(wr_id: u64, sgl: &[Sge]) -> RecvWr {
+    RecvWr {
+        wr_id,
+        sgl: SgList::from_slice(sgl).unwrap(),
+    }
+}
+
+fn term_sent(p: &Peer) -> Option<(u8, u8, u8)> {
+    p.events.iter().find_map(|e| match e {
+        EngineEvent::TerminateSent(t) => Some((t.layer, t.etype, t.ecode)),
+        _ => None,
+    })
+}
+
+fn term_received(p: &Peer) -> Option<(u8, u8, u8)> {
+    p.events.iter().find_map(|e| match e {
+        EngineEvent::TerminateReceived(t) => Some((t.layer, t.etype, t.ecode)),
+        _ => None,
+    })
+}
+
+const LINKS: [Link; 4] = [
+    Link {
+        crc: true,
+        markers: false,
+        mulpdu: 1460,
+        ird: 8,
+        ord: 8,
+    },
+    Link {
+        crc: false,
+        markers: false,
+        mulpdu: 1460,
+        ird: 8,
+        ord: 8,
+    },
+    Link {
+        crc: true,
+        markers: true,
+        mulpdu: 1460,
+        ird: 8,
+        ord: 8,
+    },
+    Link {
+        crc: true,
+        markers: true,
+        mulpdu: 200,
+        ird: 2,
+        ord: 2,
+    },
+];
+
+#[test]
+fn send_multi_sge_across_segmentation() {
+    for (i, link) in LINKS.iter().enumerate() {
+        for seed in [1u64, 2, 99] {
+            let mut p = Pair::new(seed + i as u64 * 1000, *link);
+            let src = p.a.mem.register(PD, Access::NONE, 0x1000, 10_000);
+            p.a.mem.fill(src, &pattern(10_000, 3));
+            let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0x9000, 12_000);
+            p.b.eng
+                .post_recv(recv_wr(
+                    5,
+                    &[
+                        Sge {
+                            addr: 0x9000,
+                            length: 3000,
+                            lkey: dst,
+                        },
+                        Sge {
+                            addr: 0x9000 + 3000,
+                            length: 0,
+                            lkey: dst,
+                        },
+                        Sge {
+                            addr: 0x9000 + 5000,
+                            length: 7000,
+                            lkey: dst,
+                        },
+                    ],
+                ))
+                .unwrap();
+            p.a.eng
+                .post_send(send_wr(
+                    1,
+                    WrOpcode::Send,
+                    &[
+                        Sge {
+                            addr: 0x1000,
+                            length: 4000,
+                            lkey: src,
+                        },
+                        Sge {
+                            addr: 0x1000 + 4000,
+                            length: 6000,
+                            lkey: src,
+                        },
+                    ],
+                ))
+                .unwrap();
+            p.run();
+            assert_eq!(p.a.wcs.len(), 1, "link {i} seed {seed}: {:?}", p.a.events);
+            assert!(
+                p.b.events.is_empty(),
+                "link {i} seed {seed}: {:?}",
+                p.b.events
+            );
+            assert_eq!(p.a.wcs[0].status, WcStatus::Success);
+            assert_eq!(p.a.wcs[0].opcode, WcOpcode::Send);
+            let wc = p.b.wcs[0];
+            assert_eq!(
+                (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+                (5, WcStatus::Success, WcOpcode::Recv, 10_000)
+            );
+            let got = p.b.mem.contents(dst);
+            let want = pattern(10_000, 3);
+            assert_same(&got[..3000], &want[..3000], "first SGE");
+            assert_same(&got[5000..12_000], &want[3000..], "third SGE");
+            assert!(
+                got[3000..5000].iter().all(|&b| b == 0),
+                "gap between SGEs untouched"
+            );
+        }
+    }
+}
+
+#[test]
+fn write_and_read_large_with_any_split() {
+    for (i, link) in LINKS.iter().enumerate() {
+        let mut p = Pair::new(11 + i as u64, *link);
+        let len = 150_000;
+        let a_buf = p.a.mem.register(PD, Access::LOCAL_WRITE, 0x10_0000, len);
+        p.a.mem.fill(a_buf, &pattern(len, 9));
+        let b_buf = p.b.mem.register(
+            PD,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+            0x50_0000,
+            len,
+        );
+        p.a.eng
+            .post_send(send_wr(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: 0x50_0000,
+                    rkey: b_buf,
+                },
+                &[Sge {
+                    addr: 0x10_0000,
+                    length: len as u32,
+                    lkey: a_buf,
+                }],
+            ))
+            .unwrap();
+        p.run();
+        assert!(p.b.events.is_empty(), "link {i}: {:?}", p.b.events);
+        assert_same(
+            &p.b.mem.contents(b_buf),
+            &pattern(len, 9),
+            &format!("link {i}: write placed"),
+        );
+        assert!(
+            p.b.wcs.is_empty(),
+            "an RDMA Write completes nothing at the target"
+        );
+        // Now change the target and read it back into a second region.
+        p.b.mem.fill(b_buf, &pattern(len, 77));
+        let a_sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0x90_0000, len);
+        p.a.eng
+            .post_send(send_wr(
+                2,
+                WrOpcode::RdmaRead {
+                    remote_addr: 0x50_0000,
+                    rkey: b_buf,
+                },
+                &[Sge {
+                    addr: 0x90_0000,
+                    length: len as u32,
+                    lkey: a_sink,
+                }],
+            ))
+            .unwrap();
+        p.run();
+        let ids: Vec<_> =
+            p.a.wcs
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode))
+                .collect();
+        assert_eq!(
+            ids,
+            vec![
+                (1, WcStatus::Success, WcOpcode::RdmaWrite),
+                (2, WcStatus::Success, WcOpcode::RdmaRead)
+            ]
+        );
+        assert_eq!(p.a.wcs[1].byte_len, len as u32);
+        assert_same(
+            &p.a.mem.contents(a_sink),
+            &pattern(len, 77),
+            &format!("link {i}: read placed"),
+        );
+    }
+}
+
+#[test]
+fn reads_beyond_ord_wait_and_complete_in_order() {
+    let link = Link {
+        ord: 2,
+        ird: 2,
+        ..Link::default()
+    };
+    let mut p = Pair::new(5, link);
+    let src = p.b.mem.register(PD, Access::REMOTE_READ, 0, 4096);
+    p.b.mem.fill(src, &pattern(4096, 1));
+    let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 4096 * 8);
+    for k in 0..8u64 {
+        // Interleave writes (which complete on transmit) with reads.
+        p.a.eng
+            .post_send(send_wr(
+                k,
+                WrOpcode::RdmaRead {
+                    remote_addr: 0,
+                    rkey: src,
+                },
+                &[
+                    Sge {
+                        addr: k * 4096,
+                        length: 2048,
+                        lkey: sink,
+                    },
+                    Sge {
+                        addr: k * 4096 + 2048,
+                        length: 2048,
+                        lkey: sink,
+                    },
+                ],
+            ))
+            .unwrap();
+    }
+    p.run();
+    let ids: Vec<u64> = p.a.wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..8).collect::<Vec<_>>());
+    assert!(p
+        .a
+        .wcs
+        .iter()
+        .all(|w| w.status == WcStatus::Success && w.byte_len == 4096));
+    let got = p.a.mem.contents(sink);
+    for k in 0..8 {
+        assert_same(
+            &got[k * 4096..(k + 1) * 4096],
+            &pattern(4096, 1),
+            "read sink",
+        );
+    }
+    assert!(term_sent(&p.b).is_none());
+}
+
+#[test]
+fn send_with_invalidate_and_solicited() {
+    let mut p = Pair::new(3, Link::default());
+    let victim = p.b.mem.register(PD, Access::REMOTE_WRITE, 0x7000, 64);
+    let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 256);
+    for i in 0..3 {
+        p.b.eng
+            .post_recv(recv_wr(
+                10 + i,
+                &[Sge {
+                    addr: i * 64,
+                    length: 64,
+                    lkey: dst,
+                }],
+            ))
+            .unwrap();
+    }
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    let sge = [Sge {
+        addr: 0,
+        length: 16,
+        lkey: src,
+    }];
+    let mut w = send_wr(
+        1,
+        WrOpcode::SendWithInv {
+            invalidate_rkey: victim,
+        },
+        &sge,
+    );
+    w.solicited = true;
+    p.a.eng.post_send(w).unwrap();
+    let mut w = send_wr(2, WrOpcode::Send, &sge);
+    w.solicited = true;
+    p.a.eng.post_send(w).unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            3,
+            WrOpcode::SendWithInv {
+                invalidate_rkey: dst,
+            },
+            &[],
+        ))
+        .unwrap();
+    p.run();
+    let r: Vec<_> =
+        p.b.wcs
+            .iter()
+            .map(|w| {
+                (
+                    w.wr_id,
+                    w.status,
+                    w.invalidated_rkey,
+                    w.solicited,
+                    w.byte_len,
+                )
+            })
+            .collect();
+    assert_eq!(
+        r,
+        vec![
+            (10, WcStatus::Success, Some(victim), true, 16),
+            (11, WcStatus::Success, None, true, 16),
+            (12, WcStatus::Success, Some(dst), false, 0),
+        ]
+    );
+    assert!(
+        p.b.mem.check(victim, 0x7000, 1, PD, Access::NONE).is_err(),
+        "STag invalidated"
+    );
+}
+
+#[test]
+fn zero_length_operations() {
+    let mut p = Pair::new(8, Link::default());
+    let dst = p.b.mem.register(
+        PD,
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        0,
+        16,
+    );
+    p.b.eng
+        .post_recv(recv_wr(
+            1,
+            &[Sge {
+                addr: 0,
+                length: 16,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.a.eng.post_send(send_wr(1, WrOpcode::Send, &[])).unwrap();
+    // RFC 6581 RTR-style zero-length Write and Read with STag 0.
+    p.a.eng
+        .post_send(send_wr(
+            2,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            &[],
+        ))
+        .unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            3,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            &[],
+        ))
+        .unwrap();
+    p.run();
+    let st: Vec<_> = p.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(p.b.wcs[0].byte_len, 0);
+}
+
+#[test]
+fn unsignaled_requests_complete_silently_but_errors_always_complete() {
+    let mut p = Pair::new(4, Link::default());
+    let b_buf = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 64);
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    let mut w = send_wr(
+        1,
+        WrOpcode::RdmaWrite {
+            remote_addr: 0,
+            rkey: b_buf,
+        },
+        &[Sge {
+            addr: 0,
+            length: 64,
+            lkey: src,
+        }],
+    );
+    w.signaled = false;
+    p.a.eng.post_send(w).unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            2,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: b_buf,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(p.a.wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![2]);
+}
+
+/// Run `op` on a fresh pair and return (terminate sent by b, terminate
+/// received by a, a's completions).
+fn remote_violation(
+    setup: impl FnOnce(&mut Pair) -> SendWr,
+) -> (
+    Option<(u8, u8, u8)>,
+    Option<(u8, u8, u8)>,
+    Vec<WorkCompletion>,
+    Pair,
+) {
+    let mut p = Pair::new(21, Link::default());
+    let wr = setup(&mut p);
+    p.a.eng.post_send(wr).unwrap();
+    // A follow-up Read stays outstanding until answered, so it must end in
+    // an error completion, never be lost.
+    let rsrc = p.b.mem.register(PD, Access::REMOTE_READ, 0xbeef_0000, 8);
+    let rsink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0xdead_0000, 8);
+    p.a.eng
+        .post_send(send_wr(
+            99,
+            WrOpcode::RdmaRead {
+                remote_addr: 0xbeef_0000,
+                rkey: rsrc,
+            },
+            &[Sge {
+                addr: 0xdead_0000,
+                length: 8,
+                lkey: rsink,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(p.a.eng.state(), QpState::Error);
+    assert_eq!(p.b.eng.state(), QpState::Error);
+    let (s, r, w) = (term_sent(&p.b), term_received(&p.a), p.a.wcs.clone());
+    (s, r, w, p)
+}
+
+fn code(c: TermCode) -> Option<(u8, u8, u8)> {
+    Some(c.to_wire())
+}
+
+#[test]
+fn write_violations_terminate_with_ddp_tagged_codes() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut Pair) -> SendWr>, TermCode)> = vec![
+        (
+            "invalid stag",
+            Box::new(|p: &mut Pair| {
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: 0x4242_4201,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedInvalidStag,
+        ),
+        (
+            "key mismatch",
+            Box::new(|p: &mut Pair| {
+                let old = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 64);
+                p.b.mem.deregister(old);
+                let _new = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 64);
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: old,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedInvalidStag,
+        ),
+        (
+            "pd mismatch",
+            Box::new(|p: &mut Pair| {
+                let other = p.b.mem.register(PD + 1, Access::REMOTE_WRITE, 0, 64);
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: other,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedStagNotAssociated,
+        ),
+        (
+            "no remote write right",
+            Box::new(|p: &mut Pair| {
+                let ro = p.b.mem.register(PD, Access::REMOTE_READ, 0, 64);
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: 0,
+                        rkey: ro,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedInvalidStag,
+        ),
+        (
+            "out of bounds",
+            Box::new(|p: &mut Pair| {
+                let t = p.b.mem.register(PD, Access::REMOTE_WRITE, 0x1000, 64);
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: 0x1000 + 32,
+                        rkey: t,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedBaseBounds,
+        ),
+        (
+            "offset wraps",
+            Box::new(|p: &mut Pair| {
+                let t = p.b.mem.register(PD, Access::REMOTE_WRITE, 0x1000, 64);
+                let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaWrite {
+                        remote_addr: u64::MAX - 8,
+                        rkey: t,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: src,
+                    }],
+                )
+            }),
+            TermCode::DdpTaggedBaseBounds,
+        ),
+    ];
+    for (name, setup, want) in cases {
+        let (sent, recvd, wcs, p) = remote_violation(setup);
+        assert_eq!(sent, code(want), "{name}: terminate sent by target");
+        assert_eq!(recvd, code(want), "{name}: terminate received by initiator");
+        // The Write itself completed on transmit; the follow-up Send is
+        // either charged with the remote error or flushed.
+        let last = wcs.last().expect("an error completion");
+        assert_eq!(
+            (last.wr_id, last.status),
+            (99, WcStatus::RemAccessErr),
+            "{name}: {wcs:?}"
+        );
+        let _ = p;
+    }
+}
+
+#[test]
+fn read_violations_terminate_with_rdmap_codes_and_fail_the_read() {
+    let cases: Vec<(&str, Box<dyn Fn(&mut Pair) -> SendWr>, TermCode)> = vec![
+        (
+            "invalid stag",
+            Box::new(|p: &mut Pair| {
+                let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaRead {
+                        remote_addr: 0,
+                        rkey: 0x0bad_0001,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: sink,
+                    }],
+                )
+            }),
+            TermCode::RdmapInvalidStag,
+        ),
+        (
+            "no remote read right",
+            Box::new(|p: &mut Pair| {
+                let wo = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 64);
+                let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaRead {
+                        remote_addr: 0,
+                        rkey: wo,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: sink,
+                    }],
+                )
+            }),
+            TermCode::RdmapAccessRights,
+        ),
+        (
+            "pd mismatch",
+            Box::new(|p: &mut Pair| {
+                let other = p.b.mem.register(PD + 3, Access::REMOTE_READ, 0, 64);
+                let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaRead {
+                        remote_addr: 0,
+                        rkey: other,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 64,
+                        lkey: sink,
+                    }],
+                )
+            }),
+            TermCode::RdmapStagNotAssociated,
+        ),
+        (
+            "out of bounds",
+            Box::new(|p: &mut Pair| {
+                let src = p.b.mem.register(PD, Access::REMOTE_READ, 0, 64);
+                let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 128);
+                send_wr(
+                    1,
+                    WrOpcode::RdmaRead {
+                        remote_addr: 0,
+                        rkey: src,
+                    },
+                    &[Sge {
+                        addr: 0,
+                        length: 128,
+                        lkey: sink,
+                    }],
+                )
+            }),
+            TermCode::RdmapBaseBounds,
+        ),
+    ];
+    for (name, setup, want) in cases {
+        let (sent, recvd, wcs, _p) = remote_violation(setup);
+        assert_eq!(sent, code(want), "{name}");
+        assert_eq!(recvd, code(want), "{name}");
+        assert_eq!(wcs[0].wr_id, 1);
+        assert_eq!(
+            wcs[0].status,
+            WcStatus::RemAccessErr,
+            "{name}: the Read fails"
+        );
+        assert_eq!(
+            (wcs[1].wr_id, wcs[1].status),
+            (99, WcStatus::WrFlushErr),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn too_many_outstanding_reads_is_refused() {
+    // The initiator ignores the responder's IRD (as a broken peer would).
+    let mut p = Pair::new(6, Link::default());
+    p.b = Peer::new();
+    p.b.eng.establish(LinkParams {
+        crc: true,
+        markers_tx: false,
+        markers_rx: false,
+        mulpdu: 1460,
+        ird: 1,
+        ord: 1,
+    });
+    let src = p.b.mem.register(PD, Access::REMOTE_READ, 0, 1 << 20);
+    let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 1 << 20);
+    for k in 0..4 {
+        p.a.eng
+            .post_send(send_wr(
+                k,
+                WrOpcode::RdmaRead {
+                    remote_addr: 0,
+                    rkey: src,
+                },
+                &[Sge {
+                    addr: 0,
+                    length: 1 << 18,
+                    lkey: sink,
+                }],
+            ))
+            .unwrap();
+    }
+    // Deliver all four Read Requests before b gets a chance to answer.
+    let mut f = TxFrame::default();
+    assert!(p.a.eng.poll_transmit(&mut f, 1 << 20, &p.a.mem));
+    p.a.frame = f;
+    let bytes = p.a.flatten();
+    p.a.eng.confirm_transmit();
+    p.b.eng.handle_input(&bytes, &p.b.mem);
+    p.b.drain();
+    assert_eq!(term_sent(&p.b), code(TermCode::RdmapCatastrophicStream));
+    p.run();
+    assert_eq!(term_received(&p.a), code(TermCode::RdmapCatastrophicStream));
+    assert_eq!(p.a.wcs.len(), 4);
+    assert_eq!(p.a.wcs[0].status, WcStatus::RemInvReqErr);
+    assert!(p.a.wcs[1..]
+        .iter()
+        .all(|w| w.status == WcStatus::WrFlushErr));
+}
+
+#[test]
+fn send_without_posted_receive_is_fatal() {
+    let mut p = Pair::new(12, Link::default());
+    let src = p.a.mem.register(PD, Access::NONE, 0, 8);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            2,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    let rsrc = p.b.mem.register(PD, Access::REMOTE_READ, 0, 8);
+    let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 8);
+    p.a.eng
+        .post_send(send_wr(
+            3,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: rsrc,
+            },
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: sink,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(term_sent(&p.b), code(TermCode::DdpUntaggedNoBuffer));
+    assert_eq!(term_received(&p.a), code(TermCode::DdpUntaggedNoBuffer));
+    assert_eq!(p.a.eng.state(), QpState::Error);
+    // The Sends completed when handed to TCP; the Read behind them is
+    // charged with the peer's error.
+    let last = p.a.wcs.last().expect("completions");
+    assert_eq!(
+        (last.wr_id, last.status),
+        (3, WcStatus::RemOpErr),
+        "{:?}",
+        p.a.wcs
+    );
+    assert!(matches!(
+        p.a.eng.post_send(send_wr(4, WrOpcode::Send, &[])),
+        Err(PostError::QpError { wr_id: 4 })
+    ));
+}
+
+#[test]
+fn send_longer_than_receive_buffer() {
+    let mut p = Pair::new(13, Link::default());
+    let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 16);
+    p.b.eng
+        .post_recv(recv_wr(
+            1,
+            &[Sge {
+                addr: 0,
+                length: 16,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.b.eng
+        .post_recv(recv_wr(
+            2,
+            &[Sge {
+                addr: 0,
+                length: 16,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(term_sent(&p.b), code(TermCode::DdpUntaggedTooLong));
+    let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
+fn crc_error_is_detected_and_terminates() {
+    let mut p = Pair::new(14, Link::default());
+    let dst = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 4096);
+    let src = p.a.mem.register(PD, Access::NONE, 0, 4096);
+    p.a.mem.fill(src, &pattern(4096, 5));
+    p.corrupt_ab_at = Some(100);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: dst,
+            },
+            &[Sge {
+                addr: 0,
+                length: 4096,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(term_sent(&p.b), code(TermCode::MpaCrcError));
+    assert_eq!(term_received(&p.a), code(TermCode::MpaCrcError));
+}
+
+#[test]
+fn without_crc_a_corrupted_header_is_still_caught_or_harmless() {
+    // With CRC off only header checks protect the stream; corrupting the
+    // ULPDU length must end in an error, never a panic or a hang.
+    for at in [0usize, 1, 3] {
+        let mut p = Pair::new(
+            15,
+            Link {
+                crc: false,
+                ..Link::default()
+            },
+        );
+        let dst = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 4096);
+        let src = p.a.mem.register(PD, Access::NONE, 0, 4096);
+        p.corrupt_ab_at = Some(at);
+        p.a.eng
+            .post_send(send_wr(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: dst,
+                },
+                &[Sge {
+                    addr: 0,
+                    length: 4096,
+                    lkey: src,
+                }],
+            ))
+            .unwrap();
+        p.run();
+        assert_eq!(
+            p.b.eng.state(),
+            QpState::Error,
+            "corruption at byte {at} detected"
+        );
+    }
+}
+
+#[test]
+fn lost_bytes_break_framing_and_are_detected() {
+    for (lo, hi) in [(10usize, 11usize), (1500, 1700), (3, 40)] {
+        let mut p = Pair::new(16, Link::default());
+        let dst = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 20_000);
+        let src = p.a.mem.register(PD, Access::NONE, 0, 20_000);
+        p.drop_ab = Some((lo, hi));
+        p.a.eng
+            .post_send(send_wr(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: dst,
+                },
+                &[Sge {
+                    addr: 0,
+                    length: 20_000,
+                    lkey: src,
+                }],
+            ))
+            .unwrap();
+        p.run();
+        assert_eq!(
+            p.b.eng.state(),
+            QpState::Error,
+            "loss of {lo}..{hi} detected"
+        );
+        assert!(term_sent(&p.b).is_some());
+    }
+}
+
+#[test]
+fn peer_close_flushes_everything() {
+    let mut p = Pair::new(17, Link::default());
+    let dst = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+    p.a.eng
+        .post_recv(recv_wr(
+            1,
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.a.eng
+        .post_recv(recv_wr(
+            2,
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            3,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0x100,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.a.eng.post_send(send_wr(4, WrOpcode::Send, &[])).unwrap();
+    // The Read goes out; then the connection dies before any answer.
+    let mut f = TxFrame::default();
+    p.a.eng.poll_transmit(&mut f, 1, &p.a.mem);
+    p.a.eng.confirm_transmit();
+    p.a.eng.on_peer_closed();
+    p.a.drain();
+    let mut ids: Vec<_> = p.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    ids.sort_by_key(|x| x.0);
+    assert_eq!(
+        ids,
+        vec![
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr)
+        ]
+    );
+    assert!(p.a.events.contains(&EngineEvent::PeerClosed));
+    assert!(p.a.eng.wants_close());
+    assert!(!p.a.eng.has_transmit());
+}
+
+#[test]
+fn local_protection_error_completes_with_loc_prot_err() {
+    let mut p = Pair::new(18, Link::default());
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: 0x999,
+            }],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(
+        (p.a.wcs[0].wr_id, p.a.wcs[0].status),
+        (1, WcStatus::LocProtErr)
+    );
+    assert_eq!(p.a.eng.state(), QpState::Error);
+    assert!(
+        term_received(&p.b).is_some(),
+        "the peer is told the stream is over"
+    );
+}
+
+#[test]
+fn malformed_headers_terminate() {
+    use iwarp_proto::wire::{crc, mpa};
+    // (ulpdu bytes, expected code)
+    let tagged_v2 = {
+        let mut u = vec![0u8; 14];
+        u[0] = 0x80 | 0x40 | 0x02; // T, L, DV=2
+        u[1] = 0x40; // RV=1, Write
+        u
+    };
+    let bad_rdmap_version = {
+        let mut u = vec![0u8; 14];
+        u[0] = 0xc1;
+        u[1] = 0x80; // RV=2
+        u
+    };
+    let unknown_opcode = {
+        let mut u = vec![0u8; 18];
+        u[0] = 0x41;
+        u[1] = 0x4c; // opcode 12
+        u
+    };
+    let untagged_write = {
+        let mut u = vec![0u8; 18];
+        u[0] = 0x41;
+        u[1] = 0x40;
+        u
+    };
+    let cases = [
+        (tagged_v2, TermCode::DdpTaggedInvalidVersion),
+        (bad_rdmap_version, TermCode::RdmapInvalidVersion),
+        (unknown_opcode, TermCode::RdmapUnexpectedOpcode),
+        (untagged_write, TermCode::RdmapUnexpectedOpcode),
+    ];
+    for (ulpdu, want) in cases {
+        let mut b = Peer::new();
+        b.eng.establish(LinkParams {
+            crc: true,
+            markers_tx: false,
+            markers_rx: false,
+            mulpdu: 1460,
+            ird: 1,
+            ord: 1,
+        });
+        let mut fpdu = Vec::new();
+        mpa::emit_fpdu(&ulpdu, true, &mut fpdu);
+        // Feed one byte at a time: the worst split.
+        for byte in &fpdu {
+            b.eng.handle_input(std::slice::from_ref(byte), &b.mem);
+        }
+        b.drain();
+        assert_eq!(term_sent(&b), code(want));
+        let _ = crc::crc32c(&[]);
+    }
+    // A ULPDU length shorter than the header it announces.
+    let mut b = Peer::new();
+    b.eng.establish(LinkParams {
+        crc: false,
+        markers_tx: false,
+        markers_rx: false,
+        mulpdu: 1460,
+        ird: 1,
+        ord: 1,
+    });
+    b.eng
+        .handle_input(&[0x00, 0x05, 0xc1, 0x40, 0, 0, 0, 0], &b.mem);
+    b.drain();
+    assert_eq!(term_sent(&b), code(TermCode::MpaInvalidUlpduLen));
+}
+
+#[test]
+fn terminate_frames_decode_with_copied_headers() {
+    // The Terminate b sends for a bad Write carries the Write's DDP header.
+    let mut p = Pair::new(22, Link::default());
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0x1234,
+                rkey: 0xabcd_ef01,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    let mut f = TxFrame::default();
+    p.a.eng.poll_transmit(&mut f, 1 << 16, &p.a.mem);
+    p.a.frame = f;
+    let bytes = p.a.flatten();
+    p.b.eng.handle_input(&bytes, &p.b.mem);
+    let mut tf = TxFrame::default();
+    assert!(p.b.eng.poll_transmit(&mut tf, 1 << 16, &p.b.mem));
+    p.b.frame = tf;
+    let term = p.b.flatten();
+    use iwarp_proto::wire::{ddp, mpa, rdmap, terminate};
+    let mpa::Deframe::Frame { ulpdu, consumed } = mpa::deframe(&term, true).expect("valid FPDU")
+    else {
+        panic!("complete FPDU expected")
+    };
+    assert_eq!(consumed, term.len());
+    let d = ddp::Packet::new_checked(ulpdu).unwrap();
+    assert_eq!(rdmap::ctrl_opcode(d.ulp_ctrl()), rdmap::Opcode::Terminate);
+    assert_eq!((d.qn(), d.msn(), d.mo(), d.last()), (2, 1, 0, true));
+    let t = terminate::Packet::new_checked(d.payload()).unwrap();
+    let r = terminate::TerminateRepr::parse(&t).unwrap();
+    assert_eq!(r.code, TermCode::DdpTaggedInvalidStag);
+    let copied = ddp::Packet::new_checked(r.ddp_hdr.expect("DDP header copied")).unwrap();
+    assert_eq!((copied.stag(), copied.to()), (0xabcd_ef01, 0x1234));
+    assert!(p.b.eng.wants_close());
+}
