@@ -863,12 +863,17 @@ fn write_violations_terminate_with_ddp_tagged_codes() {
         let (sent, recvd, wcs, p) = remote_violation(setup);
         assert_eq!(sent, code(want), "{name}: terminate sent by target");
         assert_eq!(recvd, code(want), "{name}: terminate received by initiator");
-        // The Write itself completed on transmit; the follow-up Send is
-        // either charged with the remote error or flushed.
+        // The Write completed when it was handed to TCP, before the
+        // Terminate came back; the Read behind it is flushed.
+        assert_eq!(
+            (wcs[0].wr_id, wcs[0].status),
+            (1, WcStatus::Success),
+            "{name}: {wcs:?}"
+        );
         let last = wcs.last().expect("an error completion");
         assert_eq!(
             (last.wr_id, last.status),
-            (99, WcStatus::RemAccessErr),
+            (99, WcStatus::WrFlushErr),
             "{name}: {wcs:?}"
         );
         let _ = p;
@@ -1071,12 +1076,12 @@ fn send_without_posted_receive_is_fatal() {
     assert_eq!(term_sent(&p.b), code(TermCode::DdpUntaggedNoBuffer));
     assert_eq!(term_received(&p.a), code(TermCode::DdpUntaggedNoBuffer));
     assert_eq!(p.a.eng.state(), QpState::Error);
-    // The Sends completed when handed to TCP; the Read behind them is
-    // charged with the peer's error.
+    // The Sends completed when handed to TCP (as in siw: iWARP has no
+    // receiver-not-ready retry); the Read behind them is flushed.
     let last = p.a.wcs.last().expect("completions");
     assert_eq!(
         (last.wr_id, last.status),
-        (3, WcStatus::RemOpErr),
+        (3, WcStatus::WrFlushErr),
         "{:?}",
         p.a.wcs
     );
@@ -1533,4 +1538,43 @@ mod random_traffic {
             prop_assert!(p.b.mem.contents(b_mem) == model, "final target region");
         }
     }
+}
+
+#[test]
+fn terminate_is_charged_to_an_unconfirmed_write() {
+    // If the Terminate arrives before the driver confirmed the Write's
+    // transmission, the Write itself completes with the remote error.
+    let mut p = Pair::new(23, Link::default());
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x0bad_0001,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    let mut f = TxFrame::default();
+    p.a.eng.poll_transmit(&mut f, 1 << 16, &p.a.mem);
+    p.a.frame = f;
+    let bytes = p.a.flatten();
+    p.b.eng.handle_input(&bytes, &p.b.mem);
+    let mut tf = TxFrame::default();
+    p.b.eng.poll_transmit(&mut tf, 1 << 16, &p.b.mem);
+    p.b.frame = tf;
+    let term = p.b.flatten();
+    p.a.eng.handle_input(&term, &p.a.mem);
+    p.a.eng.confirm_transmit();
+    p.a.drain();
+    assert_eq!(p.a.wcs.len(), 1);
+    assert_eq!(
+        (p.a.wcs[0].wr_id, p.a.wcs[0].status),
+        (1, WcStatus::RemAccessErr)
+    );
 }

@@ -1,1 +1,253 @@
-//! Verbs and CM API (being written).
+//! # iwarp: user-space software iWARP over TCP sockets
+//!
+//! The verbs and connection-manager API of a software iWARP stack (RFC 5040
+//! RDMAP, RFC 5041 DDP, RFC 5044 MPA with RFC 6581 enhancements), wire
+//! compatible with Linux soft-iWARP (siw). The protocol lives in the sans-IO
+//! crate [`iwarp_proto`]; this crate is the thin I/O driver around it, in the
+//! way `quinn` drives `quinn-proto`. Names follow libibverbs and librdmacm.
+//!
+//! ```text
+//! Context (device, MR table) ── alloc_pd ──> ProtectionDomain ── reg_mr ──> MemoryRegion
+//!    │                                             └── create_qp ──> QueuePair ── cm::connect / ConnRequest::accept
+//!    └── create_cq ──> CompletionQueue <── completions ── driver threads (rx, tx) ── TCP socket
+//! ```
+//!
+//! # Objects
+//!
+//! - [`Context`]: the "device" (`ibv_context`). It owns the memory-region
+//!   table: a slab indexed by STag (`index << 8 | key`, the key changes
+//!   whenever an index is reused, as in siw).
+//! - [`ProtectionDomain`] (`ibv_pd`): scopes regions and queue pairs.
+//! - [`MemoryRegion`] (`ibv_mr`): registered memory; `reg_mr` allocates a
+//!   zeroed, page-aligned buffer (safe), `reg_mr_raw` registers caller memory
+//!   (unsafe: the caller keeps it valid while registered).
+//! - [`CompletionQueue`] (`ibv_cq`): busy-pollable, blockable, and epoll-able
+//!   through an eventfd.
+//! - [`QueuePair`] (`ibv_qp`): created in [`QpState::Init`] so receives can
+//!   be posted before connecting; connected with [`cm`].
+//!
+//! # Threading model
+//!
+//! All handles are `Send + Sync`; every verb takes `&self`. Per connected QP
+//! there is a receive thread and a transmit thread; `post_send` writes to
+//! the socket itself when it can do so without blocking. The engine is
+//! behind a mutex that is never held across a blocking system call, the
+//! receive thread never writes blocking, and locks are always taken in one
+//! order (transmit state → engine → MR table / CQ / events), which is why
+//! the driver cannot deadlock; [`driver`] has the full argument.
+//!
+//! # `unsafe`
+//!
+//! Only at the memory-registration edge: [`mr`](crate::MemoryRegion)
+//! (copies into and out of registered memory, the page-aligned allocation)
+//! and the `sys` module (`recv` into registered memory, gather `sendmsg`
+//! from it, plus the `eventfd` and `poll` calls std lacks). Each use carries
+//! a `// SAFETY:` comment.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_debug_implementations)]
+
+pub mod cm;
+mod cq;
+pub mod driver;
+mod mr;
+mod qp;
+mod sys;
+
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+pub use iwarp_proto::engine::{
+    PostError, QpState, RecvWr, SendWr, SgList, Sge, TermInfo, WcOpcode, WcQueue, WcStatus,
+    WorkCompletion, WrOpcode, MAX_SGE,
+};
+pub use iwarp_proto::mem::{Access, MemError};
+
+pub use cq::CompletionQueue;
+pub use mr::MemoryRegion;
+pub use qp::{ConnInfo, QpEvent, QpInitAttr, QpStats, QueuePair};
+
+use iwarp_proto::engine::{Engine, EngineConfig};
+use iwarp_proto::mem::PdId;
+use mr::MrTable;
+
+/// Errors of the verbs calls. `Display` names the cause and the fix.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// `reg_mr` with a length of 0.
+    ZeroLength,
+    /// A region larger than this stack can address with one SGE.
+    TooLarge { len: usize },
+    /// The allocator refused the region's buffer.
+    OutOfMemory { len: usize },
+    /// `reg_mr_raw` with a null pointer or a range that wraps around.
+    BadAddress,
+    /// An access combination ibverbs also refuses.
+    InvalidAccess { access: Access },
+    /// All 2^24 STag indices are in use.
+    TooManyRegions,
+    /// `create_cq` with depth 0.
+    ZeroDepth,
+    /// `create_qp` with a zero queue depth.
+    InvalidQpAttr(&'static str),
+    /// The CQ's eventfd could not be created.
+    EventFd(io::Error),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::ZeroLength => f.write_str("cannot register a zero-length memory region: pass a length of at least 1 byte"),
+            Error::TooLarge { len } => write!(f, "memory region of {len} bytes is too large: split it into regions of at most 4 GiB - 1"),
+            Error::OutOfMemory { len } => write!(f, "could not allocate {len} bytes for a memory region: free memory or register a smaller region"),
+            Error::BadAddress => f.write_str("reg_mr_raw: null pointer or address range wraps around: pass a valid buffer"),
+            Error::InvalidAccess { access } => write!(f, "invalid access flags {access:?}: REMOTE_WRITE requires LOCAL_WRITE (as in ibverbs); add Access::LOCAL_WRITE"),
+            Error::TooManyRegions => f.write_str("all 2^24 STag indices are in use: deregister regions you no longer need"),
+            Error::ZeroDepth => f.write_str("cannot create a completion queue of depth 0: pass the number of completions it must hold"),
+            Error::InvalidQpAttr(why) => write!(f, "invalid queue pair attributes: {why}"),
+            Error::EventFd(e) => write!(f, "could not create the completion queue's eventfd ({e}): raise the open-file limit (ulimit -n)"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::EventFd(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+struct ContextInner {
+    mrs: Arc<MrTable>,
+    next_pd: AtomicU32,
+    next_qpn: AtomicU32,
+}
+
+/// The software iWARP "device" (`struct ibv_context`). Cloning yields
+/// another handle to the same device.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("mrs", &self.inner.mrs)
+            .finish()
+    }
+}
+
+impl Context {
+    /// Open the device (`ibv_open_device`).
+    pub fn open() -> Result<Context, Error> {
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                mrs: Arc::new(MrTable::default()),
+                next_pd: AtomicU32::new(1),
+                next_qpn: AtomicU32::new(1),
+            }),
+        })
+    }
+
+    /// Allocate a protection domain (`ibv_alloc_pd`).
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        ProtectionDomain {
+            ctx: self.clone(),
+            id: self.inner.next_pd.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// The device's memory-access checker: the same
+    /// [`MemoryAccess`](iwarp_proto::mem::MemoryAccess) implementation the
+    /// engine uses for every remote and local access (siw `siw_check_mem`
+    /// semantics). Useful for tests and diagnostics.
+    pub fn memory_access(&self) -> &(dyn iwarp_proto::mem::MemoryAccess + Send + Sync) {
+        &*self.inner.mrs
+    }
+
+    /// Create a completion queue holding up to `depth` completions
+    /// (`ibv_create_cq`).
+    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, Error> {
+        CompletionQueue::new(depth)
+    }
+}
+
+/// A protection domain (`struct ibv_pd`). Cloning yields another handle to
+/// the same domain.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    ctx: Context,
+    id: PdId,
+}
+
+impl fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// The domain's identifier.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The device.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Register a new zeroed, page-aligned buffer of `len` bytes
+    /// (`ibv_reg_mr` over memory the region owns).
+    pub fn reg_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, Error> {
+        MemoryRegion::register_owned(&self.ctx.inner.mrs, self.id, len, access)
+    }
+
+    /// Register caller-owned memory (`ibv_reg_mr`). The region's address
+    /// ([`MemoryRegion::addr`]) is `ptr`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid for reads and writes, and must not be
+    /// accessed through Rust references that assume exclusivity, from this
+    /// call until the returned [`MemoryRegion`] has been dropped. (Dropping
+    /// it waits until no driver thread still copies to or from the memory.)
+    pub unsafe fn reg_mr_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, Error> {
+        // SAFETY: forwarded from the caller.
+        unsafe { MemoryRegion::register_raw(&self.ctx.inner.mrs, self.id, ptr, len, access) }
+    }
+
+    /// Create a queue pair in [`QpState::Init`] (`ibv_create_qp`).
+    pub fn create_qp(&self, attr: &QpInitAttr) -> Result<QueuePair, Error> {
+        if attr.max_send_wr == 0 || attr.max_recv_wr == 0 {
+            return Err(Error::InvalidQpAttr(
+                "max_send_wr and max_recv_wr must be at least 1",
+            ));
+        }
+        let engine = Engine::new(EngineConfig {
+            pd: self.id,
+            sq_depth: attr.max_send_wr,
+            rq_depth: attr.max_recv_wr,
+        });
+        let qpn = self.ctx.inner.next_qpn.fetch_add(1, Ordering::Relaxed);
+        Ok(QueuePair::build(
+            qpn,
+            self.id,
+            engine,
+            self.ctx.inner.mrs.clone(),
+            attr.send_cq.clone(),
+            attr.recv_cq.clone(),
+        ))
+    }
+}

@@ -496,16 +496,34 @@ impl Engine {
     /// A Terminate arrived (RFC 5040 §5.4.2): the peer found an error. The
     /// oldest unfinished send request takes the error status the code
     /// implies; everything else is flushed.
-    fn on_terminate(&mut self, code: TermCode) {
+    ///
+    /// `culprit` is the opcode of the failed message, from the Terminate's
+    /// copied DDP header. The error goes to the oldest unfinished request
+    /// of that kind (a Read for a Read Request or Read Response; a Write or
+    /// Send not yet confirmed as written), and to the oldest unfinished
+    /// request of any kind when the peer copied no header. A Write or Send
+    /// that already completed keeps its success (it had been handed to
+    /// TCP, as in siw); the requests behind it are flushed.
+    fn on_terminate(&mut self, code: TermCode, culprit: Option<crate::wire::rdmap::Opcode>) {
+        use crate::wire::rdmap::Opcode;
         if matches!(self.state, QpState::Error | QpState::Closed) {
             return;
         }
         let (layer, etype, ecode) = code.to_wire();
         let status = status_for_remote(code);
+        let kind = match culprit {
+            Some(Opcode::ReadRequest | Opcode::ReadResponse) => Some(WcOpcode::RdmaRead),
+            Some(Opcode::RdmaWrite) => Some(WcOpcode::RdmaWrite),
+            Some(
+                Opcode::Send | Opcode::SendInvalidate | Opcode::SendSe | Opcode::SendSeInvalidate,
+            ) => Some(WcOpcode::Send),
+            _ => None,
+        };
         if let Some(slot) = self
             .sq_slots
             .iter_mut()
-            .find(|s| s.status.is_none() || !s.sent)
+            .filter(|s| s.status.is_none() || !s.sent)
+            .find(|s| kind.is_none_or(|k| s.opcode == k))
         {
             slot.status = Some(status);
             slot.sent = true;

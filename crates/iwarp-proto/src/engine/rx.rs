@@ -668,12 +668,23 @@ impl Engine {
             Seg::Terminate => {
                 self.rx.msn[2] = self.rx.msn[2].wrapping_add(1);
                 let body = &self.rx.term_body[..self.rx.term_have];
-                let code = terminate::Packet::new_checked(body)
-                    .ok()
-                    .and_then(|p| terminate::TerminateRepr::parse(&p).ok())
-                    .map(|r| r.code)
-                    .unwrap_or(TermCode::RdmapUnspecified);
-                self.on_terminate(code);
+                let (code, culprit) =
+                    match terminate::Packet::new_checked(body).ok().and_then(|p| {
+                        terminate::TerminateRepr::parse(&p)
+                            .ok()
+                            .map(|r| (r.code, r.ddp_hdr.map(<[u8]>::to_vec)))
+                    }) {
+                        Some((code, hdr)) => {
+                            // The copied DDP header names the message that
+                            // failed (RFC 5040 §4.8): its RDMAP opcode.
+                            let op = hdr
+                                .filter(|h| h.len() >= 2)
+                                .map(|h| rdmap::ctrl_opcode(h[1]));
+                            (code, op)
+                        }
+                        None => (TermCode::RdmapUnspecified, None),
+                    };
+                self.on_terminate(code, culprit);
             }
             _ => {}
         }

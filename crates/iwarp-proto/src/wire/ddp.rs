@@ -55,6 +55,10 @@ mod field {
 }
 
 /// A read/write view of a DDP segment (header and payload).
+///
+/// After [`Packet::check_len`] every accessor is safe, including those of
+/// the other buffer model: the untagged ones read bytes of a tagged
+/// header's TO (and [`Packet::mo`] reads 0 past its end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
@@ -152,9 +156,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
         be32(self.buffer.as_ref(), field::MSN.start)
     }
 
-    /// Untagged: message offset.
+    /// Untagged: message offset. Reads 0 when the buffer ends before the
+    /// field (a checked tagged header is only 14 bytes long).
     pub fn mo(&self) -> u32 {
-        be32(self.buffer.as_ref(), field::MO.start)
+        self.buffer
+            .as_ref()
+            .get(field::MO)
+            .map_or(0, |b| be32(b, 0))
     }
 
     /// The bytes after the header: the RDMAP header (if any) and payload.
@@ -407,6 +415,14 @@ mod tests {
         let mut t = UNTAGGED;
         t[0] |= FLAG_TAGGED;
         assert!(Packet::new_checked(&t[..14]).is_ok());
+    }
+
+    #[test]
+    fn untagged_accessors_on_short_tagged_header() {
+        let p = Packet::new_checked(&TAGGED[..]).unwrap();
+        assert_eq!(p.mo(), 0);
+        assert_eq!(p.qn(), 0x0000_7ffe);
+        let _ = (p.msn(), p.ulp_word());
     }
 
     #[test]

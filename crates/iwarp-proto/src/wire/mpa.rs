@@ -33,6 +33,10 @@
 //! ends in four zero bytes). [`fpdu_len`] and [`deframe`] therefore count
 //! the 4 bytes whatever `crc` says.
 //!
+//! Pad bytes are not checked on receive: siw does not zero them (in all
+//! three captures, perftest's 2-byte Send carries the pad `00 40`, covered
+//! by a good CRC in `siw-crc.pcap`). [`emit_fpdu`] sends zeros.
+//!
 //! # Markers (RFC 5044 §4.3, §5)
 //!
 //! When a receiver asked for markers (M flag), the sender inserts a 4-byte
@@ -528,7 +532,8 @@ impl Marker {
 /// the first FPDU in this direction, markers included): every multiple of
 /// 512, starting with 0 (RFC 5044 §5).
 pub fn is_marker_pos(stream_pos: u64) -> bool {
-    stream_pos % MARKER_PERIOD == 0
+    // MARKER_PERIOD is a power of two.
+    stream_pos & (MARKER_PERIOD - 1) == 0
 }
 
 /// The first marker position at or after `stream_pos`.
@@ -635,7 +640,7 @@ pub fn emit_fpdu(ulpdu: &[u8], crc: bool, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(ulpdu);
-    out.extend(core::iter::repeat(0u8).take(pad_len(ulpdu.len())));
+    out.resize(out.len() + pad_len(ulpdu.len()), 0);
     let c = if crc { crc::crc32c(&out[start..]) } else { 0 };
     out.extend_from_slice(&crc::crc_to_wire(c));
 }

@@ -1,0 +1,701 @@
+//! Connection management in the style of librdmacm (`rdma_connect`,
+//! `rdma_listen` / `rdma_get_request`, `rdma_accept`, `rdma_reject`).
+//!
+//! Implements the connection setup of RFC 5044 §7 (MPA Request / Reply over
+//! a fresh TCP connection) with the RFC 6581 enhancements (MPA revision 2:
+//! IRD/ORD exchange and the peer-to-peer ready-to-receive message). The
+//! frames themselves are built and checked by [`iwarp_proto::handshake`];
+//! this module does the blocking socket I/O around them, bounded by
+//! timeouts, and then hands the socket to the QP's driver.
+//!
+//! - **Active side**: [`connect`] opens the TCP connection, sends the MPA
+//!   Request with the private data, reads the Reply (exactly the Reply's
+//!   bytes, so no FPDU is swallowed), establishes the QP and starts its
+//!   driver. With RTR negotiated it then posts the zero-length RDMA Write,
+//!   Read or Send that RFC 6581 §3 requires as the first FPDU.
+//! - **Passive side**: [`Listener::get_request`] accepts a TCP connection
+//!   and reads and validates its MPA Request. A malformed request (bad key,
+//!   private data longer than 512 bytes, ...) or one the listener's policy
+//!   cannot satisfy is answered by closing the connection (with a Reject
+//!   frame where the request was well-formed) and returned as an error.
+//!   [`ConnRequest::accept`] sends the Reply and starts the QP;
+//!   [`ConnRequest::reject`] sends a Reject with private data.
+//!
+//! As in siw, the responder goes to RTS as soon as its Reply is sent; the
+//! initiator's RTR message arrives as an ordinary zero-length operation.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use iwarp_proto::engine::{LinkParams, QpState, SendWr, SgList, WrOpcode};
+use iwarp_proto::handshake::{self, Negotiated, Request};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+pub use iwarp_proto::handshake::{HandshakeError, MpaConfig, Policy, Rtr};
+
+use crate::driver::{self, Conn};
+use crate::qp::{ConnInfo, QpEvent, QpShared, QueuePair, RTR_WR_ID};
+
+/// Length of the fixed part of an MPA Request/Reply (RFC 5044 §7.1: 16-byte
+/// key, flags, revision, 2-byte private-data length).
+const MPA_HDR_LEN: usize = 20;
+
+/// How long [`Listener::get_request`] waits for the MPA Request on an
+/// accepted connection when it was called without a timeout.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Parameters of a connect or accept (`struct rdma_conn_param`).
+#[derive(Debug, Clone)]
+pub struct ConnParam {
+    /// Private data carried by the MPA Request or Reply (at most 512 bytes,
+    /// RFC 5044 §7.1).
+    pub private_data: Vec<u8>,
+    /// MPA policy (CRC, markers, revision, IRD/ORD, RTR). On the passive
+    /// side the listener's configuration governs negotiation; see
+    /// [`ConnRequest::accept`].
+    pub mpa: MpaConfig,
+    /// Bound on the whole operation (TCP connect plus MPA exchange).
+    pub timeout: Duration,
+}
+
+impl Default for ConnParam {
+    fn default() -> ConnParam {
+        ConnParam {
+            private_data: Vec::new(),
+            mpa: MpaConfig::default(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Connection-manager errors. `Display` names the cause and the fix.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CmError {
+    /// Nobody listens at the address (TCP RST).
+    Refused { addr: SocketAddr },
+    /// The TCP connection could not be opened.
+    Connect { addr: SocketAddr, source: io::Error },
+    /// The operation did not finish in time.
+    Timeout {
+        addr: SocketAddr,
+        during: &'static str,
+        after: Duration,
+    },
+    /// The peer sent an MPA Reject (with its private data).
+    Rejected {
+        addr: SocketAddr,
+        private_data: Vec<u8>,
+    },
+    /// The MPA exchange failed (malformed frame, policy conflict, ...).
+    Mpa {
+        addr: SocketAddr,
+        error: HandshakeError,
+    },
+    /// The peer closed the TCP connection during the MPA exchange.
+    Closed {
+        addr: SocketAddr,
+        during: &'static str,
+    },
+    /// A socket call failed.
+    Io {
+        during: &'static str,
+        source: io::Error,
+    },
+    /// The QP is not in a state that allows connecting it.
+    InvalidState { state: QpState, connected: bool },
+    /// Binding the listening socket failed.
+    Bind { addr: SocketAddr, source: io::Error },
+    /// Starting the driver threads failed.
+    Driver(io::Error),
+}
+
+fn hex(data: &[u8]) -> String {
+    let shown: String = data.iter().take(32).map(|b| format!("{b:02x}")).collect();
+    if data.len() > 32 {
+        format!("{shown}... ({} bytes)", data.len())
+    } else if data.is_empty() {
+        "none".into()
+    } else {
+        shown
+    }
+}
+
+impl fmt::Display for CmError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CmError::Refused { addr } => write!(f, "connection refused by {addr}: is the server running and listening on that port?"),
+            CmError::Connect { addr, source } => write!(f, "could not connect to {addr}: {source}; check the address and the route"),
+            CmError::Timeout { addr, during, after } => write!(f, "timed out after {after:?} {during} with {addr}: is the peer an iWARP (MPA) endpoint and alive? raise ConnParam::timeout for slow links"),
+            CmError::Rejected { addr, private_data } => write!(f, "peer {addr} rejected the connection (private data: {})", hex(private_data)),
+            CmError::Mpa { addr, error } => write!(f, "MPA negotiation with {addr} failed: {error}"),
+            CmError::Closed { addr, during } => write!(f, "{addr} closed the connection {during}: the peer is not an MPA endpoint or refused our parameters; check its logs"),
+            CmError::Io { during, source } => write!(f, "socket error {during}: {source}"),
+            CmError::InvalidState { state, connected } => {
+                if *connected {
+                    write!(f, "queue pair is already connected (or a connect/accept is in progress): create a new QP for each connection")
+                } else {
+                    write!(f, "queue pair is in state {state:?}, not Init: create a new QP for each connection")
+                }
+            }
+            CmError::Bind { addr, source } => write!(f, "could not listen on {addr}: {source}; is another process using the port?"),
+            CmError::Driver(e) => write!(f, "could not start the queue pair's driver threads: {e}; raise the thread limit"),
+        }
+    }
+}
+
+impl std::error::Error for CmError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CmError::Connect { source, .. }
+            | CmError::Io { source, .. }
+            | CmError::Bind { source, .. } => Some(source),
+            CmError::Driver(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// A deadline-bounded MPA frame exchange on a blocking socket.
+struct Exchange<'a> {
+    sock: &'a Socket,
+    addr: SocketAddr,
+    start: Instant,
+    deadline: Instant,
+}
+
+impl Exchange<'_> {
+    fn left(&self, during: &'static str) -> Result<Duration, CmError> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.timeout(during));
+        }
+        Ok(left)
+    }
+
+    fn timeout(&self, during: &'static str) -> CmError {
+        CmError::Timeout {
+            addr: self.addr,
+            during,
+            after: self.start.elapsed(),
+        }
+    }
+
+    fn io_err(&self, e: io::Error, during: &'static str) -> CmError {
+        if is_timeout(&e) {
+            self.timeout(during)
+        } else if matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::BrokenPipe
+        ) {
+            CmError::Closed {
+                addr: self.addr,
+                during,
+            }
+        } else {
+            CmError::Io { during, source: e }
+        }
+    }
+
+    fn send(&self, frame: &[u8], during: &'static str) -> Result<(), CmError> {
+        let mut sock = self.sock;
+        let mut rest = frame;
+        while !rest.is_empty() {
+            let left = self.left(during)?;
+            self.sock
+                .set_write_timeout(Some(left))
+                .map_err(|e| CmError::Io { during, source: e })?;
+            match sock.write(rest) {
+                Ok(0) => {
+                    return Err(CmError::Closed {
+                        addr: self.addr,
+                        during,
+                    })
+                }
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io_err(e, during)),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_exact(&self, buf: &mut [u8], during: &'static str) -> Result<(), CmError> {
+        let mut sock = self.sock;
+        let mut got = 0;
+        while got < buf.len() {
+            let left = self.left(during)?;
+            self.sock
+                .set_read_timeout(Some(left))
+                .map_err(|e| CmError::Io { during, source: e })?;
+            match sock.read(&mut buf[got..]) {
+                Ok(0) => {
+                    return Err(CmError::Closed {
+                        addr: self.addr,
+                        during,
+                    })
+                }
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.io_err(e, during)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Read one MPA Request/Reply: the fixed header, then exactly the rest
+    /// of the frame (never past it: FPDUs may follow).
+    fn read_frame(&self, during: &'static str) -> Result<Vec<u8>, CmError> {
+        let mut frame = vec![0u8; MPA_HDR_LEN];
+        self.read_exact(&mut frame, during)?;
+        let total = handshake::frame_len(&frame).map_err(|error| CmError::Mpa {
+            addr: self.addr,
+            error,
+        })?;
+        if total > MPA_HDR_LEN {
+            frame.resize(total, 0);
+            self.read_exact(&mut frame[MPA_HDR_LEN..], during)?;
+        }
+        Ok(frame)
+    }
+}
+
+/// Mark `qp` as being connected; fails unless it is a fresh QP in Init.
+fn claim(qp: &QueuePair) -> Result<(), CmError> {
+    let shared = &qp.shared;
+    let state = shared.lock_engine().state();
+    if state != QpState::Init {
+        return Err(CmError::InvalidState {
+            state,
+            connected: shared.conn.get().is_some(),
+        });
+    }
+    if shared
+        .claimed
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        return Err(CmError::InvalidState {
+            state,
+            connected: true,
+        });
+    }
+    Ok(())
+}
+
+fn unclaim(qp: &QueuePair) {
+    qp.shared
+        .claimed
+        .store(false, std::sync::atomic::Ordering::Release);
+}
+
+/// Establish the engine with the negotiated parameters, post the RTR
+/// message if we are the initiator in peer-to-peer mode, and start the
+/// driver.
+fn go_live(qp: &QueuePair, sock: Socket, neg: &Negotiated, initiator: bool) -> Result<(), CmError> {
+    let shared: &QpShared = &qp.shared;
+    driver::tune_socket(&sock);
+    let mss = sock.tcp_mss().unwrap_or(1460);
+    let mulpdu = driver::mulpdu_for_mss(mss, neg.markers_tx);
+    let info = ConnInfo {
+        crc: neg.crc,
+        markers_tx: neg.markers_tx,
+        markers_rx: neg.markers_rx,
+        revision: neg.revision,
+        ird: neg.ird,
+        ord: neg.ord,
+        rtr: neg.rtr,
+        mulpdu,
+    };
+    {
+        let mut eng = shared.lock_engine();
+        if eng.state() != QpState::Init {
+            // Disconnected (or destroyed) while the handshake ran.
+            let state = eng.state();
+            return Err(CmError::InvalidState {
+                state,
+                connected: false,
+            });
+        }
+        eng.establish(LinkParams {
+            crc: neg.crc,
+            markers_tx: neg.markers_tx,
+            markers_rx: neg.markers_rx,
+            mulpdu,
+            ird: u32::from(neg.ird),
+            ord: u32::from(neg.ord),
+        });
+        if let (true, Some(rtr)) = (initiator, neg.rtr) {
+            // RFC 6581 §3: in peer-to-peer mode the initiator's first FPDU
+            // is a zero-length message of the negotiated kind. STag 0 and
+            // offset 0: nothing is accessed.
+            let opcode = match rtr {
+                Rtr::ZeroLengthWrite => WrOpcode::RdmaWrite {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                Rtr::ZeroLengthRead => WrOpcode::RdmaRead {
+                    remote_addr: 0,
+                    rkey: 0,
+                },
+                Rtr::ZeroLengthSend => WrOpcode::Send,
+            };
+            let wr = SendWr {
+                wr_id: RTR_WR_ID,
+                opcode,
+                sgl: SgList::new(),
+                signaled: false,
+                solicited: false,
+            };
+            shared.set_rtr_outstanding();
+            if let Err(e) = eng.post_send(wr) {
+                tracing::warn!(qpn = shared.qpn, error = %e, "could not post the RFC 6581 RTR message");
+            }
+        }
+    }
+    let _ = shared.info.set(info);
+    let conn = Conn::start(&qp.shared, sock).map_err(CmError::Driver)?;
+    let _ = shared.conn.set(conn.clone());
+    shared.push_event(QpEvent::Established);
+    tracing::info!(
+        qpn = shared.qpn,
+        local = %conn.local,
+        peer = %conn.peer,
+        crc = info.crc,
+        markers_tx = info.markers_tx,
+        markers_rx = info.markers_rx,
+        mulpdu,
+        "connection established"
+    );
+    conn.kick(shared);
+    Ok(())
+}
+
+/// Connect `qp` to a listener at `addr` (`rdma_connect`; IPv4 or IPv6).
+/// Returns the private data of the peer's MPA Reply. The whole exchange is
+/// bounded by `param.timeout`. On success the QP is in RTS and
+/// [`QpEvent::Established`] is queued.
+pub fn connect(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
+    claim(qp)?;
+    let r = connect_inner(qp, addr, param);
+    if r.is_err() {
+        unclaim(qp);
+    }
+    r
+}
+
+fn connect_inner(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
+    let start = Instant::now();
+    let deadline = start + param.timeout;
+    let request = handshake::request(&param.mpa, &param.private_data)
+        .map_err(|error| CmError::Mpa { addr, error })?;
+    let sock =
+        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| {
+            CmError::Io {
+                during: "creating the socket",
+                source: e,
+            }
+        })?;
+    sock.set_cloexec(true).map_err(|e| CmError::Io {
+        during: "creating the socket",
+        source: e,
+    })?;
+    match sock.connect_timeout(&SockAddr::from(addr), param.timeout) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            return Err(CmError::Refused { addr })
+        }
+        Err(e) if is_timeout(&e) => {
+            return Err(CmError::Timeout {
+                addr,
+                during: "opening the TCP connection",
+                after: start.elapsed(),
+            })
+        }
+        Err(e) => return Err(CmError::Connect { addr, source: e }),
+    }
+    let _ = sock.set_tcp_nodelay(true);
+    let x = Exchange {
+        sock: &sock,
+        addr,
+        start,
+        deadline,
+    };
+    x.send(&request, "sending the MPA Request")?;
+    let reply = x.read_frame("waiting for the MPA Reply")?;
+    let neg = match handshake::parse_reply(&param.mpa, &reply) {
+        Ok(n) => n,
+        Err(HandshakeError::Rejected { private_data }) => {
+            let _ = sock.shutdown(Shutdown::Both);
+            return Err(CmError::Rejected { addr, private_data });
+        }
+        Err(error) => {
+            let _ = sock.shutdown(Shutdown::Both);
+            return Err(CmError::Mpa { addr, error });
+        }
+    };
+    let peer_pd = neg.peer_private_data.clone();
+    go_live(qp, sock, &neg, true)?;
+    Ok(peer_pd)
+}
+
+/// A listening endpoint (`rdma_listen`).
+pub struct Listener {
+    sock: Socket,
+    local: SocketAddr,
+    mpa: MpaConfig,
+}
+
+impl fmt::Debug for Listener {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("local", &self.local)
+            .field("mpa", &self.mpa)
+            .finish()
+    }
+}
+
+impl Listener {
+    /// Listen on `addr` (IPv4 or IPv6; port 0 picks a free port). `mpa` is
+    /// the policy every incoming request is negotiated against.
+    pub fn bind(addr: SocketAddr, mpa: MpaConfig) -> Result<Listener, CmError> {
+        let bind_err = |e| CmError::Bind { addr, source: e };
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+            .map_err(bind_err)?;
+        sock.set_cloexec(true).map_err(bind_err)?;
+        sock.set_reuse_address(true).map_err(bind_err)?;
+        if addr.is_ipv6() {
+            sock.set_only_v6(true).map_err(bind_err)?;
+        }
+        sock.bind(&SockAddr::from(addr)).map_err(bind_err)?;
+        sock.listen(128).map_err(bind_err)?;
+        let local = sock
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| bind_err(io::Error::other("listening socket has no IP address")))?;
+        tracing::debug!(%local, "listening");
+        Ok(Listener { sock, local, mpa })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The MPA policy of the listener.
+    pub fn mpa(&self) -> &MpaConfig {
+        &self.mpa
+    }
+
+    /// Wait for the next connection request (`rdma_get_request`): accept a
+    /// TCP connection and read its MPA Request. `None` waits for a
+    /// connection without limit; the MPA Request must then arrive within
+    /// [`REQUEST_TIMEOUT`]. A connection whose request is malformed or
+    /// incompatible with the listener's policy is closed and reported as an
+    /// error (call `get_request` again to serve the next one).
+    pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        if let Some(d) = deadline {
+            loop {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(CmError::Timeout {
+                        addr: self.local,
+                        during: "waiting for a connection",
+                        after: start.elapsed(),
+                    });
+                }
+                let ready = crate::sys::poll_one(self.sock.as_raw_fd(), libc::POLLIN, left)
+                    .map_err(|e| CmError::Io {
+                        during: "waiting for a connection",
+                        source: e,
+                    })?;
+                if ready != 0 {
+                    break;
+                }
+            }
+        }
+        let (sock, peer) = self.sock.accept().map_err(|e| CmError::Io {
+            during: "accepting a connection",
+            source: e,
+        })?;
+        let peer = peer.as_socket().ok_or_else(|| CmError::Io {
+            during: "accepting a connection",
+            source: io::Error::other("peer has no IP address"),
+        })?;
+        let _ = sock.set_cloexec(true);
+        let _ = sock.set_tcp_nodelay(true);
+        let x = Exchange {
+            sock: &sock,
+            addr: peer,
+            start: Instant::now(),
+            deadline: deadline.unwrap_or_else(|| Instant::now() + REQUEST_TIMEOUT),
+        };
+        let frame = x.read_frame("waiting for the MPA Request")?;
+        let req = match handshake::parse_request(&frame) {
+            Ok(r) => r,
+            Err(error) => {
+                // RFC 5044 §7.1.1: a bad key or malformed request: close.
+                tracing::warn!(%peer, %error, "bad MPA Request; closing the connection");
+                let _ = sock.shutdown(Shutdown::Both);
+                return Err(CmError::Mpa { addr: peer, error });
+            }
+        };
+        // Negotiate now so that an incompatible request is refused at once
+        // and the request's parameters can be shown before accepting.
+        let neg = match handshake::accept(&self.mpa, &req, &[]) {
+            Ok((_, n)) => n,
+            Err(error) => {
+                tracing::warn!(%peer, %error, "MPA Request incompatible with the listener's policy; rejecting");
+                let reject = handshake::reject(&self.mpa, Some(&req), &[]);
+                let _ = x.send(&reject, "sending the MPA Reject");
+                let _ = sock.shutdown(Shutdown::Both);
+                return Err(CmError::Mpa { addr: peer, error });
+            }
+        };
+        Ok(ConnRequest {
+            sock,
+            peer,
+            req,
+            neg,
+            mpa: self.mpa.clone(),
+        })
+    }
+}
+
+/// An incoming connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`),
+/// already validated against the listener's MPA policy.
+pub struct ConnRequest {
+    sock: Socket,
+    peer: SocketAddr,
+    req: Request,
+    neg: Negotiated,
+    mpa: MpaConfig,
+}
+
+impl fmt::Debug for ConnRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnRequest")
+            .field("peer", &self.peer)
+            .field("private_data", &hex(&self.req.private_data))
+            .field("crc", &self.neg.crc)
+            .field("markers", &self.markers())
+            .field("ird", &self.neg.ird)
+            .field("ord", &self.neg.ord)
+            .finish()
+    }
+}
+
+impl ConnRequest {
+    /// The initiator's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+    /// The private data of the MPA Request.
+    pub fn private_data(&self) -> &[u8] {
+        &self.req.private_data
+    }
+    /// MPA revision the connection will use.
+    pub fn revision(&self) -> u8 {
+        self.neg.revision
+    }
+    /// CRC will be used.
+    pub fn crc(&self) -> bool {
+        self.neg.crc
+    }
+    /// Markers will be used in at least one direction.
+    pub fn markers(&self) -> bool {
+        self.neg.markers_rx || self.neg.markers_tx
+    }
+    /// Our IRD after negotiation.
+    pub fn ird(&self) -> u16 {
+        self.neg.ird
+    }
+    /// Our ORD after negotiation.
+    pub fn ord(&self) -> u16 {
+        self.neg.ord
+    }
+
+    /// Accept the request onto `qp` (`rdma_accept`): send the MPA Reply with
+    /// `param.private_data`, establish the QP and start its driver. The
+    /// listener's [`MpaConfig`] governs the negotiation (it is the policy the
+    /// request was validated against); `param.mpa` is not consulted here.
+    /// The reply must leave within `param.timeout`. Post receives before
+    /// accepting: the peer may send as soon as it has the Reply.
+    pub fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
+        claim(qp)?;
+        let r = self.accept_inner(qp, param);
+        if r.is_err() {
+            unclaim(qp);
+        }
+        r
+    }
+
+    fn accept_inner(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
+        let addr = self.peer;
+        let (reply, neg) =
+            handshake::accept(&self.mpa, &self.req, &param.private_data).map_err(|error| {
+                let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);
+                let start = Instant::now();
+                let x = Exchange {
+                    sock: &self.sock,
+                    addr,
+                    start,
+                    deadline: start + param.timeout,
+                };
+                let _ = x.send(&reject, "sending the MPA Reject");
+                let _ = self.sock.shutdown(Shutdown::Both);
+                CmError::Mpa { addr, error }
+            })?;
+        let start = Instant::now();
+        let x = Exchange {
+            sock: &self.sock,
+            addr,
+            start,
+            deadline: start + param.timeout,
+        };
+        x.send(&reply, "sending the MPA Reply")?;
+        go_live(qp, self.sock, &neg, false)
+    }
+
+    /// Reject the request (`rdma_reject`): send an MPA Reject carrying
+    /// `private_data` (at most 512 bytes) and close the connection.
+    pub fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
+        let addr = self.peer;
+        if private_data.len() > 512 {
+            return Err(CmError::Mpa {
+                addr,
+                error: HandshakeError::PrivateDataTooLong(private_data.len()),
+            });
+        }
+        let frame = handshake::reject(&self.mpa, Some(&self.req), private_data);
+        let start = Instant::now();
+        let x = Exchange {
+            sock: &self.sock,
+            addr,
+            start,
+            deadline: start + Duration::from_secs(5),
+        };
+        let r = x.send(&frame, "sending the MPA Reject");
+        let _ = self.sock.shutdown(Shutdown::Write);
+        // Give the peer a moment to read the Reject before the socket is
+        // closed (an RST could otherwise destroy the unread frame).
+        let _ = self.sock.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut sink = [0u8; 64];
+        let _ = (&self.sock).read(&mut sink);
+        r
+    }
+}

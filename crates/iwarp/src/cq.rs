@@ -1,0 +1,201 @@
+//! Completion queues (`struct ibv_cq`).
+//!
+//! A CQ is a FIFO of [`WorkCompletion`]s filled by the driver threads (and by
+//! application threads that transmit in `post_send`) and drained by the
+//! application.
+//!
+//! - **Busy polling.** [`CompletionQueue::poll`] first reads an atomic count;
+//!   an empty CQ costs one atomic load and no lock.
+//! - **Blocking.** [`CompletionQueue::wait`] sleeps on a condition variable
+//!   until the CQ is non-empty or the timeout expires.
+//! - **Event loops.** [`CompletionQueue::as_raw_fd`] is an `eventfd` that is
+//!   readable exactly while the CQ holds completions (level-triggered, like a
+//!   pipe with data in it). Register it with epoll/poll for `POLLIN`, then
+//!   call `poll` until it returns 0. Do not `read` the fd yourself: the CQ
+//!   clears it when it becomes empty. (This differs from
+//!   `ibv_get_cq_event`, which is edge-triggered and needs re-arming; a
+//!   level-triggered fd cannot lose a wake-up.)
+//!
+//! The eventfd's counter is changed only under the CQ mutex, on the
+//! transitions empty → non-empty (write 1) and non-empty → empty (read),
+//! so its readability always matches the queue.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use iwarp_proto::engine::WorkCompletion;
+
+use crate::sys::EventFd;
+use crate::Error;
+
+struct CqInner {
+    depth: usize,
+    len: AtomicUsize,
+    queue: Mutex<VecDeque<WorkCompletion>>,
+    cond: Condvar,
+    efd: EventFd,
+    overrun_logged: std::sync::atomic::AtomicBool,
+}
+
+/// A completion queue. Cloning yields another handle to the same CQ.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    inner: Arc<CqInner>,
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("depth", &self.inner.depth)
+            .field("len", &self.inner.len.load(Ordering::Relaxed))
+            .field("fd", &self.inner.efd.as_raw_fd())
+            .finish()
+    }
+}
+
+impl CompletionQueue {
+    pub(crate) fn new(depth: usize) -> Result<CompletionQueue, Error> {
+        if depth == 0 {
+            return Err(Error::ZeroDepth);
+        }
+        let efd = EventFd::new().map_err(Error::EventFd)?;
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                depth,
+                len: AtomicUsize::new(0),
+                queue: Mutex::new(VecDeque::with_capacity(depth)),
+                cond: Condvar::new(),
+                efd,
+                overrun_logged: Default::default(),
+            }),
+        })
+    }
+
+    /// The depth the CQ was created with (`cqe`).
+    pub fn depth(&self) -> usize {
+        self.inner.depth
+    }
+
+    /// Number of completions waiting.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// True if no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn push(&self, wc: WorkCompletion) {
+        let inner = &*self.inner;
+        let mut q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= inner.depth && !inner.overrun_logged.swap(true, Ordering::Relaxed) {
+            // ibverbs would raise IBV_EVENT_CQ_ERR; we keep the completion
+            // (losing it would hang the application) and say how to fix it.
+            tracing::error!(
+                depth = inner.depth,
+                "CQ overrun: more completions than the CQ depth; create the CQ with a depth of at least the sum of the queue depths of its QPs"
+            );
+        }
+        let was_empty = q.is_empty();
+        q.push_back(wc);
+        inner.len.store(q.len(), Ordering::Release);
+        if was_empty {
+            self.inner.efd.set();
+            inner.cond.notify_all();
+        }
+    }
+
+    /// Move up to `out.len()` completions into `out`, oldest first; returns
+    /// how many (`ibv_poll_cq`). Never blocks; an empty CQ costs one atomic
+    /// load.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if out.is_empty() || self.inner.len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = wc;
+        }
+        self.inner.len.store(q.len(), Ordering::Release);
+        if n > 0 && q.is_empty() {
+            self.inner.efd.clear();
+        }
+        n
+    }
+
+    /// The oldest completion, if any.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        if self.inner.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let wc = q.pop_front();
+        self.inner.len.store(q.len(), Ordering::Release);
+        if wc.is_some() && q.is_empty() {
+            self.inner.efd.clear();
+        }
+        wc
+    }
+
+    /// Block until the CQ is non-empty (`Ok(true)`) or `timeout` passes
+    /// (`Ok(false)`). Does not remove anything.
+    pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        if self.inner.len.load(Ordering::Acquire) > 0 {
+            return Ok(true);
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if !q.is_empty() {
+                return Ok(true);
+            }
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Ok(false);
+            }
+            q = self
+                .inner
+                .cond
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// An eventfd that is readable (`POLLIN`) exactly while the CQ is
+    /// non-empty (level-triggered); see the module docs. Owned by the CQ:
+    /// do not read from or close it.
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.inner.efd.as_raw_fd()
+    }
+
+    /// Wait up to `timeout` for one completion and return it.
+    pub fn wait_one(&self, timeout: Duration) -> Result<Option<WorkCompletion>, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(wc) = self.poll_one() {
+                return Ok(Some(wc));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !self.wait(left)? {
+                return Ok(self.poll_one());
+            }
+        }
+    }
+}
+
+impl AsRawFd for CompletionQueue {
+    /// See [`CompletionQueue::as_raw_fd`].
+    fn as_raw_fd(&self) -> RawFd {
+        CompletionQueue::as_raw_fd(self)
+    }
+}

@@ -1,0 +1,691 @@
+//! The I/O driver of one connected queue pair: a receive thread, a transmit
+//! thread, and the opportunistic transmit done by `post_send`.
+//!
+//! # Threads and locks
+//!
+//! Per connected QP there is one **receive thread** and one **transmit
+//! thread**. The state they share:
+//!
+//! | lock | guards | held across |
+//! |------|--------|-------------|
+//! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `sendmsg` calls, engine calls, and (transmit thread only) `poll(POLLOUT)` waits of at most 100 ms; every other thread only `try_lock`s it |
+//! | `engine` (`Mutex<Engine>`) | the sans-IO engine | engine calls only; never a system call on the socket |
+//! | MR table (`RwLock`, read side) | region lookup | the lookup only (the region's `Arc` is cloned out) |
+//! | CQ / event queue mutexes | the queues | a push or a pop |
+//!
+//! Lock order is `tx` → `engine` → MR table / CQ / event queue; nothing is
+//! ever acquired in the other direction, so the locks cannot deadlock.
+//!
+//! **Receive thread.** Locks the engine to ask [`Engine::rx_hint`], unlocks,
+//! then reads: large tagged payload (≥ [`DIRECT_MIN`]) goes straight into
+//! the target region with a non-blocking `recv` after waiting for
+//! readability with `poll` (zero-copy placement; the region is held only for
+//! that copy), everything else into a reusable 256 KiB buffer with a
+//! blocking `read` that holds no lock and no region. Buffered reads from an
+//! empty buffer are kept short ([`RX_READ`], or [`HDR_PEEK`] during bulk
+//! tagged traffic) so that segment payloads are left in the socket for the
+//! direct path rather than copied twice. Then it locks the
+//! engine, feeds the bytes ([`Engine::handle_input`] /
+//! [`Engine::handle_direct`]), drains completions into the CQs and events
+//! into the QP's event queue, unlocks, and if the engine has something to
+//! send tries one *non-blocking* transmit pass (or wakes the transmit
+//! thread). The receive thread never blocks on a write, so two peers that
+//! are both sending a lot cannot end up both blocked in `write` with nobody
+//! reading.
+//!
+//! **Transmit path.** Whoever holds `tx` loops: lock the engine,
+//! [`Engine::poll_transmit`] into the shared [`TxFrame`], unlock, write the
+//! frame's pieces with one gather `sendmsg` (inline headers from the frame,
+//! payload straight from registered memory), handle partial writes, and
+//! once the whole frame is out lock the engine and
+//! [`Engine::confirm_transmit`]. An application thread in `post_send` takes
+//! `tx` only with `try_lock` and only writes non-blocking: on `EAGAIN` or
+//! if `tx` is busy it wakes the transmit thread, which is the only one that
+//! waits for socket space (with `poll`, in 100 ms slices so it notices a
+//! stop request). After releasing `tx`, every writer re-checks
+//! [`Engine::has_transmit`] and wakes the transmit thread if work appeared
+//! meanwhile; the wake flag is sticky, so no wake-up is lost.
+//!
+//! **Teardown.** EOF, a read error or a write error calls
+//! [`Engine::on_peer_closed`] (every outstanding work request is flushed
+//! into the CQs at once), queues [`QpEvent::Disconnected`](crate::QpEvent::Disconnected), sets the stop
+//! flag and shuts the socket down, which wakes a thread blocked in `read`
+//! or `poll`. When the engine [`wants_close`](Engine::wants_close) (after a
+//! Terminate, or a local close) the transmit path writes what is left and
+//! shuts down the write side, so the peer sees EOF. `disconnect` and `Drop`
+//! give the last frames up to [`LINGER`] to leave, shut the socket down in
+//! both directions and wait (bounded) for both threads to exit.
+
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use iwarp_proto::engine::{Engine, QpState, RxHint, TxFrame, TxPiece, WcQueue};
+use socket2::{Socket, TcpKeepalive};
+
+use crate::mr::MrInner;
+use crate::qp::QpShared;
+use crate::sys;
+
+/// Tagged payload at least this long is read straight into the region.
+pub const DIRECT_MIN: u32 = 8 * 1024;
+/// Size of the receive thread's buffer (room for any partial FPDU).
+pub const RX_BUF: usize = 256 * 1024;
+/// A buffered read from an empty buffer asks for at most this much, so that
+/// a large tagged segment usually ends up partly unread and its remaining
+/// payload takes the direct path.
+pub const RX_READ: usize = 16 * 1024;
+/// While bulk tagged traffic flows (the previous segment was placed
+/// directly), a buffered read from an empty buffer asks only for this much:
+/// enough for the trailer of one FPDU, the headers of the next and a
+/// marker, so the engine can hint the next payload as direct.
+pub const HDR_PEEK: usize = 64;
+/// Bytes the transmit path asks the engine for per `poll_transmit`.
+pub const TX_BATCH: usize = 256 * 1024;
+/// How long `disconnect` lets queued frames (a Terminate) leave before
+/// shutting the socket down.
+pub const LINGER: Duration = Duration::from_secs(1);
+/// How long `disconnect` waits for the driver threads to exit.
+const JOIN_WAIT: Duration = Duration::from_secs(2);
+/// Slice of the transmit thread's waits, so that it notices `stop`.
+const TICK: Duration = Duration::from_millis(100);
+/// Largest iovec count per `sendmsg` (Linux `IOV_MAX` is 1024).
+const MAX_IOV: usize = 1024;
+
+/// Largest ULPDU we let the engine build: 16-bit MPA length field, rounded
+/// down to a multiple of 4.
+pub const MULPDU_CAP: u32 = 65532;
+
+/// MULPDU (largest DDP segment incl. its header) for a TCP connection with
+/// maximum segment size `mss` (`TCP_MAXSEG`).
+///
+/// RFC 5044 sizes FPDUs to fit the effective MSS (EMSS): an FPDU is the
+/// 2-byte ULPDU length, the ULPDU, 0-3 pad bytes and the 4-byte CRC field
+/// (always present on the wire, zero when CRC is off), plus with markers a
+/// 4-byte marker every 512 bytes of the stream. Hence, as in RFC 5044:
+/// `MULPDU = EMSS - (6 + EMSS mod 4)` without markers and
+/// `MULPDU = EMSS - (6 + 4 * ceil(EMSS / 512) + EMSS mod 4)` with them.
+/// Capped at [`MULPDU_CAP`] (an MSS above 64 KiB, e.g. with large MTUs on
+/// loopback, cannot be used whole) and floored at
+/// 128 bytes so a broken MSS report cannot stall the stream.
+pub fn mulpdu_for_mss(mss: u32, markers: bool) -> u32 {
+    let emss = mss.clamp(256, 1 << 20);
+    let mut overhead = 6 + emss % 4;
+    if markers {
+        overhead += 4 * emss.div_ceil(512);
+    }
+    emss.saturating_sub(overhead).clamp(128, MULPDU_CAP)
+}
+
+/// Apply the data-path socket options. Errors are logged, not fatal: they
+/// only cost performance.
+pub(crate) fn tune_socket(sock: &Socket) {
+    if let Err(e) = sock.set_tcp_nodelay(true) {
+        tracing::warn!(error = %e, "TCP_NODELAY failed; small messages will see Nagle delays");
+    }
+    // Keepalive notices a peer that vanished without FIN/RST (power loss,
+    // cable pulled) within about 45 s. SO_SNDBUF/SO_RCVBUF are left to
+    // Linux autotuning, which sizes them better than a fixed value.
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    if let Err(e) = sock
+        .set_tcp_keepalive(&ka)
+        .and_then(|_| sock.set_keepalive(true))
+    {
+        tracing::warn!(error = %e, "TCP keepalive setup failed");
+    }
+}
+
+/// Bytes of the frame being written and how much of it is out.
+#[derive(Default)]
+pub(crate) struct TxState {
+    frame: TxFrame,
+    frame_len: usize,
+    off: usize,
+}
+
+/// The connection of a QP: its socket and the driver's shared state.
+pub(crate) struct Conn {
+    sock: Socket,
+    pub(crate) local: SocketAddr,
+    pub(crate) peer: SocketAddr,
+    tx: Mutex<TxState>,
+    wake: Mutex<bool>,
+    wake_cond: Condvar,
+    /// Set when the connection is over: threads exit.
+    stop: AtomicBool,
+    /// The engine was told the peer is gone.
+    down: AtomicBool,
+    /// We shut down our write side.
+    write_shut: AtomicBool,
+    live: Mutex<usize>,
+    live_cond: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .field("stop", &self.stop.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Drain completions and events out of the engine (engine lock held).
+pub(crate) fn pump(qp: &QpShared, eng: &mut Engine) {
+    while let Some(wc) = eng.poll_completion() {
+        if wc.queue == WcQueue::Send && qp.take_rtr_completion(&wc) {
+            continue;
+        }
+        match wc.queue {
+            WcQueue::Send => qp.send_cq.push(wc),
+            WcQueue::Recv => qp.recv_cq.push(wc),
+        }
+    }
+    while let Some(ev) = eng.poll_event() {
+        qp.push_engine_event(ev);
+    }
+}
+
+struct LiveGuard<'a>(&'a Conn);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        let mut n = lock(&self.0.live);
+        *n = n.saturating_sub(1);
+        self.0.live_cond.notify_all();
+    }
+}
+
+impl Conn {
+    /// Start the driver threads for `qp` on the connected, handshaken
+    /// socket. The engine must already be established.
+    pub(crate) fn start(qp: &Arc<QpShared>, sock: Socket) -> io::Result<Arc<Conn>> {
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        let local = sock
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("not an IP socket"))?;
+        let peer = sock
+            .peer_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("not an IP socket"))?;
+        let conn = Arc::new(Conn {
+            sock,
+            local,
+            peer,
+            tx: Mutex::new(TxState::default()),
+            wake: Mutex::new(false),
+            wake_cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            write_shut: AtomicBool::new(false),
+            live: Mutex::new(2),
+            live_cond: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let qpn = qp.qpn;
+        let (q, c) = (qp.clone(), conn.clone());
+        let rx = std::thread::Builder::new()
+            .name(format!("iwarp-rx-{qpn}"))
+            .spawn(move || {
+                let _live = LiveGuard(&c);
+                rx_loop(&q, &c);
+            });
+        let rx = match rx {
+            Ok(h) => h,
+            Err(e) => {
+                *lock(&conn.live) = 0;
+                return Err(e);
+            }
+        };
+        let (q, c) = (qp.clone(), conn.clone());
+        let tx = std::thread::Builder::new()
+            .name(format!("iwarp-tx-{qpn}"))
+            .spawn(move || {
+                let _live = LiveGuard(&c);
+                tx_loop(&q, &c);
+            });
+        let tx = match tx {
+            Ok(h) => h,
+            Err(e) => {
+                *lock(&conn.live) -= 1;
+                conn.stop.store(true, Ordering::Release);
+                let _ = conn.sock.shutdown(Shutdown::Both);
+                let _ = rx.join();
+                return Err(e);
+            }
+        };
+        lock(&conn.threads).extend([rx, tx]);
+        tracing::debug!(qpn, %local, %peer, "driver started");
+        Ok(conn)
+    }
+
+    /// Wake the transmit thread.
+    pub(crate) fn wake_tx(&self) {
+        *lock(&self.wake) = true;
+        self.wake_cond.notify_one();
+    }
+
+    /// Transmit what the engine has, from the calling thread if `tx` is free
+    /// and the socket has room, otherwise by waking the transmit thread.
+    /// Never blocks on the network.
+    pub(crate) fn kick(&self, qp: &QpShared) {
+        let guard = match self.tx.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.wake_tx();
+                return;
+            }
+        };
+        let mut tx = guard;
+        let r = flush(qp, self, &mut tx, false);
+        drop(tx);
+        match r {
+            Flush::Done => {
+                if lock(&qp.engine).has_transmit() {
+                    self.wake_tx();
+                }
+            }
+            Flush::WouldBlock => self.wake_tx(),
+            Flush::Closed => {}
+        }
+    }
+
+    /// The connection is over (EOF, error, or local teardown): flush the
+    /// engine, report `Disconnected`, stop the threads.
+    fn connection_lost(&self, qp: &QpShared, why: &str) {
+        if !self.down.swap(true, Ordering::AcqRel) {
+            tracing::debug!(qpn = qp.qpn, peer = %self.peer, why, "connection closed");
+            let mut eng = lock(&qp.engine);
+            eng.on_peer_closed();
+            pump(qp, &mut eng);
+        }
+        self.stop.store(true, Ordering::Release);
+        let _ = self.sock.shutdown(Shutdown::Both);
+        self.wake_tx();
+        qp.report_disconnected();
+    }
+
+    /// Local teardown (`disconnect` / `Drop`), after the engine was closed.
+    pub(crate) fn shutdown(&self, qp: &QpShared) {
+        // Let queued frames (a Terminate, the last responses) leave.
+        self.kick(qp);
+        let deadline = Instant::now() + LINGER;
+        while !self.stop.load(Ordering::Acquire) && Instant::now() < deadline {
+            // Only try_lock: the transmit thread may hold `tx` while it
+            // waits for socket space.
+            let idle = match self.tx.try_lock() {
+                Ok(tx) => tx.off >= tx.frame_len && !lock(&qp.engine).has_transmit(),
+                Err(_) => false,
+            };
+            if idle {
+                break;
+            }
+            self.wake_tx();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.connection_lost(qp, "local disconnect");
+        // Wait (bounded) for both threads.
+        let deadline = Instant::now() + JOIN_WAIT;
+        let mut live = lock(&self.live);
+        while *live > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            live = self
+                .live_cond
+                .wait_timeout(live, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let exited = *live == 0;
+        drop(live);
+        let handles = std::mem::take(&mut *lock(&self.threads));
+        if exited {
+            for h in handles {
+                let _ = h.join();
+            }
+        } else {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "driver threads did not exit in time; detaching them"
+            );
+        }
+    }
+
+    fn shut_write(&self) {
+        if !self.write_shut.swap(true, Ordering::AcqRel) {
+            let _ = self.sock.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// Nothing left to send.
+    Done,
+    /// The socket is full (non-blocking pass only).
+    WouldBlock,
+    /// The connection is gone.
+    Closed,
+}
+
+/// Write one batch of the current frame from `tx.off` on; returns the bytes
+/// written.
+fn write_some(qp: &QpShared, conn: &Conn, tx: &TxState) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(tx.frame.pieces.len().min(MAX_IOV));
+    let mut hold: Vec<Arc<MrInner>> = Vec::new();
+    let mut skip = tx.off;
+    for piece in &tx.frame.pieces {
+        let (plen, ptr): (usize, *const u8) = match *piece {
+            TxPiece::Inline { start, len } => {
+                let (s, l) = (start as usize, len as usize);
+                let bytes = tx.frame.inline.get(s..s + l).ok_or_else(|| {
+                    io::Error::other("engine frame piece outside its inline buffer")
+                })?;
+                (l, bytes.as_ptr())
+            }
+            TxPiece::Mem { stag, to, len } => {
+                if skip >= len as usize {
+                    skip -= len as usize;
+                    continue;
+                }
+                let region = qp.mem.resolve(stag).map_err(|e| {
+                    io::Error::other(format!(
+                        "memory region {stag:#010x} deregistered while a work request was sending from it: {e}"
+                    ))
+                })?;
+                let p = region
+                    .ptr_at(to, len as u64)
+                    .map_err(|e| io::Error::other(format!("transmit from {stag:#010x}: {e}")))?;
+                hold.push(region);
+                (len as usize, p as *const u8)
+            }
+        };
+        if skip >= plen {
+            skip -= plen;
+            continue;
+        }
+        iov.push(libc::iovec {
+            iov_base: ptr.wrapping_add(skip) as *mut libc::c_void,
+            iov_len: plen - skip,
+        });
+        skip = 0;
+        if iov.len() == MAX_IOV {
+            break;
+        }
+    }
+    if iov.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: each iovec points into `tx.frame.inline` (borrowed for this
+    // call) or into a registered region whose `Arc` is in `hold`, so all of
+    // it is readable until the call returns; the call does not block.
+    let n = unsafe { sys::send_iovecs(conn.sock.as_raw_fd(), &iov) };
+    drop(hold);
+    n
+}
+
+/// Write everything the engine has. `blocking` waits for socket space (the
+/// transmit thread); otherwise returns `WouldBlock` when the socket is full.
+fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState, blocking: bool) -> Flush {
+    loop {
+        if conn.stop.load(Ordering::Acquire) {
+            return Flush::Closed;
+        }
+        if tx.off < tx.frame_len {
+            match write_some(qp, conn, tx) {
+                Ok(n) => {
+                    tx.off += n;
+                    qp.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !blocking {
+                        return Flush::WouldBlock;
+                    }
+                    match sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
+                        Ok(_) => {}
+                        Err(e) => {
+                            conn.connection_lost(qp, &format!("poll failed: {e}"));
+                            return Flush::Closed;
+                        }
+                    }
+                }
+                Err(e) => {
+                    conn.connection_lost(qp, &format!("write failed: {e}"));
+                    return Flush::Closed;
+                }
+            }
+            continue;
+        }
+        let mut eng = lock(&qp.engine);
+        if tx.frame_len > 0 {
+            eng.confirm_transmit();
+            tx.frame.clear();
+            tx.frame_len = 0;
+            tx.off = 0;
+            pump(qp, &mut eng);
+        }
+        if eng.has_transmit() && eng.poll_transmit(&mut tx.frame, TX_BATCH, &*qp.mem) {
+            tx.frame_len = tx.frame.len();
+            continue;
+        }
+        let close = eng.wants_close();
+        drop(eng);
+        if close {
+            conn.shut_write();
+        }
+        return Flush::Done;
+    }
+}
+
+fn tx_loop(qp: &QpShared, conn: &Conn) {
+    loop {
+        {
+            let mut woken = lock(&conn.wake);
+            while !*woken && !conn.stop.load(Ordering::Acquire) {
+                woken = conn
+                    .wake_cond
+                    .wait_timeout(woken, TICK)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            *woken = false;
+        }
+        if conn.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let mut tx = lock(&conn.tx);
+        let r = flush(qp, conn, &mut tx, true);
+        drop(tx);
+        if r == Flush::Closed {
+            break;
+        }
+        if lock(&qp.engine).has_transmit() {
+            conn.wake_tx();
+        }
+    }
+    conn.shut_write();
+    tracing::trace!(qpn = qp.qpn, "tx thread exits");
+}
+
+/// Feed buffered bytes to the engine; returns (consumed, engine is stuck).
+fn feed(qp: &QpShared, conn: &Conn, data: &[u8]) -> (usize, bool) {
+    let mut eng = lock(&qp.engine);
+    let n = eng.handle_input(data, &*qp.mem);
+    let stuck = n == 0 && eng.state() != QpState::Rts;
+    pump(qp, &mut eng);
+    let tx = eng.has_transmit() || eng.wants_close();
+    drop(eng);
+    if tx {
+        conn.kick(qp);
+    }
+    (n, stuck)
+}
+
+fn rx_loop(qp: &QpShared, conn: &Conn) {
+    let fd = conn.sock.as_raw_fd();
+    let mut buf = vec![0u8; RX_BUF];
+    let (mut start, mut end) = (0usize, 0usize);
+    // Bulk tagged traffic: keep buffered reads header-sized so that each
+    // segment's payload goes through the direct path.
+    let mut bulk = false;
+    let mut peeked = false;
+    let why: String = loop {
+        if conn.stop.load(Ordering::Acquire) {
+            break "stopped".into();
+        }
+        if start < end {
+            let (n, stuck) = feed(qp, conn, &buf[start..end]);
+            start += n;
+            if stuck {
+                // The QP left RTS (Terminate sent or received): it accepts no
+                // more input. Discard until the peer closes.
+                start = end;
+            }
+            if start == end {
+                (start, end) = (0, 0);
+            } else if n > 0 {
+                continue;
+            } else {
+                // The engine needs more bytes to make progress.
+                buf.copy_within(start..end, 0);
+                end -= start;
+                start = 0;
+                if end == buf.len() {
+                    break format!("engine consumed nothing from a full {RX_BUF}-byte buffer");
+                }
+            }
+        }
+        let hint = if end == 0 {
+            lock(&qp.engine).rx_hint()
+        } else {
+            RxHint::Buffered
+        };
+        if end == 0 && peeked {
+            // Bulk tagged traffic continues while a header-sized read leads
+            // straight into tagged payload again.
+            bulk = matches!(hint, RxHint::Direct { .. });
+        }
+        peeked = false;
+        match hint {
+            // In bulk mode, also finish a segment's shorter remainder directly.
+            RxHint::Direct { stag, to, len } if len >= DIRECT_MIN || bulk => {
+                // Wait for data without holding the region.
+                match sys::poll_one(fd, libc::POLLIN, TICK) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    Err(e) => break format!("poll failed: {e}"),
+                }
+                let Ok(region) = qp.mem.resolve(stag) else {
+                    // Deregistered meanwhile: let the engine see the bytes
+                    // (and fail the access) through the buffered path.
+                    match (&conn.sock).read(&mut buf) {
+                        Ok(0) => break "EOF".into(),
+                        Ok(n) => end = n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => break format!("read failed: {e}"),
+                    }
+                    continue;
+                };
+                // The engine validated the range; check again, we are about
+                // to let the kernel write there.
+                let ptr = match region.ptr_at(to, len as u64) {
+                    Ok(p) => p,
+                    Err(e) => break format!("direct placement outside region {stag:#010x}: {e}"),
+                };
+                // SAFETY: `ptr..ptr + len` lies inside the region (checked
+                // just above) and stays allocated while `region` (an Arc) is
+                // held: owned memory lives in the Arc, raw memory is kept
+                // alive by the `reg_mr_raw` contract and the MemoryRegion's
+                // Drop, which waits for this Arc. The recv does not block.
+                let r = unsafe { sys::recv_into(fd, ptr, len as usize) };
+                drop(region);
+                match r {
+                    Ok(0) => break "EOF".into(),
+                    Ok(n) => {
+                        bulk = true;
+                        qp.counters
+                            .rx_direct_bytes
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        let mut eng = lock(&qp.engine);
+                        eng.handle_direct(n, &*qp.mem);
+                        pump(qp, &mut eng);
+                        let tx = eng.has_transmit() || eng.wants_close();
+                        drop(eng);
+                        if tx {
+                            conn.kick(qp);
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => break format!("read failed: {e}"),
+                }
+            }
+            _ => match (&conn.sock).read({
+                let want = match (end, bulk) {
+                    (0, true) => {
+                        peeked = true;
+                        HDR_PEEK
+                    }
+                    (0, false) => RX_READ,
+                    _ => buf.len() - end,
+                };
+                &mut buf[end..end + want]
+            }) {
+                Ok(0) => break "EOF".into(),
+                Ok(n) => {
+                    end += n;
+                    qp.counters
+                        .rx_buffered_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break format!("read failed: {e}"),
+            },
+        }
+    };
+    conn.connection_lost(qp, &why);
+    tracing::trace!(qpn = qp.qpn, "rx thread exits");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mulpdu_fits_the_mss() {
+        // Ethernet MSS 1460: FPDU = 2 + ULPDU + pad + 4 must fit.
+        let m = mulpdu_for_mss(1460, false);
+        assert_eq!(m, 1460 - 6);
+        assert_eq!(iwarp_proto::wire::mpa::fpdu_len(m as usize, true), 1460);
+        // With markers, 4 bytes per 512 of stream are lost as well.
+        let mk = mulpdu_for_mss(1460, true);
+        assert_eq!(mk, 1460 - (6 + 4 * 3));
+        // 9000-byte jumbo frames, odd MSS.
+        assert_eq!(mulpdu_for_mss(8947, false), 8947 - 6 - 3);
+        assert!(iwarp_proto::wire::mpa::fpdu_len(8938, false) <= 8947);
+        // Loopback MSS (65483) still fits the 16-bit ULPDU length field;
+        // anything larger is capped.
+        assert_eq!(mulpdu_for_mss(65483, false), 65474);
+        assert_eq!(mulpdu_for_mss(200_000, false), MULPDU_CAP);
+        // Nonsense inputs are clamped.
+        assert!(mulpdu_for_mss(0, true) >= 128);
+        assert_eq!(mulpdu_for_mss(u32::MAX, false), MULPDU_CAP);
+    }
+}

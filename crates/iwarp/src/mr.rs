@@ -1,0 +1,577 @@
+//! Memory registration: the MR table and [`MemoryRegion`].
+//!
+//! This module is the crate's one `unsafe` edge (see the crate docs). It
+//! implements [`iwarp_proto::mem::MemoryAccess`] over real memory for the
+//! sans-IO engine, following siw's `siw_mem.c`:
+//!
+//! - The table is a slab of slots behind an `RwLock`. A region's STag is
+//!   `index << 8 | key` (RFC 5040 §2.1 leaves the STag format to the
+//!   implementation; siw uses a 24-bit index and an 8-bit key). Index 0 is
+//!   never handed out, so STag 0 is never valid (siw avoids STag 0 as well).
+//! - The key of a slot changes every time the slot is reused, so a stale STag
+//!   (deregistered, then the index reused) fails with
+//!   [`MemError::KeyMismatch`] and a guessed one almost always does.
+//! - `lkey == rkey`, as in siw.
+//! - [`MemoryAccess::check`] follows siw `siw_check_mem`: STag valid, then
+//!   protection domain, then access rights, then bounds (overflow-safe).
+//!
+//! # Memory lifetime
+//!
+//! Every user of region memory (the engine's copies, the driver's direct
+//! socket reads and vectored writes) first clones the region's `Arc` out of
+//! the table under the read lock and releases the lock. The memory of a
+//! region created by [`ProtectionDomain::reg_mr`](crate::ProtectionDomain::reg_mr)
+//! is owned by that `Arc`, so it outlives a concurrent deregistration. For a
+//! region created by `reg_mr_raw`, whose memory belongs to the caller,
+//! dropping the [`MemoryRegion`] first removes it from the table (no new
+//! users can appear) and then waits until every in-flight user has let go.
+//! The driver only ever holds a region across a *non-blocking* system call
+//! or a memory copy, so that wait is short and bounded.
+
+use std::alloc::Layout;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use iwarp_proto::engine::Sge;
+use iwarp_proto::mem::{Access, MemError, MemoryAccess, PdId};
+
+use crate::Error;
+
+/// Largest STag index (24 bits, as siw `SIW_STAG_MAX_INDEX`).
+const MAX_INDEX: u32 = 0x00ff_ffff;
+
+/// Alignment of buffers allocated by `reg_mr` (one page).
+const PAGE: usize = 4096;
+
+/// A page-aligned, zeroed heap buffer owned by a region.
+struct OwnedBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl OwnedBuf {
+    fn new(len: usize) -> Result<OwnedBuf, Error> {
+        let size = len
+            .checked_next_multiple_of(PAGE)
+            .ok_or(Error::TooLarge { len })?;
+        let layout = Layout::from_size_align(size, PAGE).map_err(|_| Error::TooLarge { len })?;
+        // SAFETY: `layout` has a non-zero size (`len > 0` is checked by the
+        // caller and rounding up keeps it non-zero) and a valid alignment.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::OutOfMemory { len });
+        }
+        Ok(OwnedBuf { ptr, layout })
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` was returned by `alloc_zeroed` with this exact
+        // layout and is freed exactly once, here.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// One registered region: where its memory is and who may touch it.
+pub(crate) struct MrInner {
+    stag: u32,
+    pd: PdId,
+    access: Access,
+    /// Start of the memory; also the region's iova / tagged-offset base.
+    ptr: *mut u8,
+    len: usize,
+    /// False once the peer invalidated the STag (Send with Invalidate).
+    valid: AtomicBool,
+    /// The memory, if the region owns it (`reg_mr`); `None` for `reg_mr_raw`.
+    owned: Option<OwnedBuf>,
+}
+
+// SAFETY: `MrInner` is a descriptor of memory that is valid for the life of
+// the value (owned buffer) or until deregistration (raw, by the caller's
+// contract on `reg_mr_raw`). All access to the memory goes through raw
+// pointer copies whose synchronisation is the RDMA contract: the application
+// does not touch memory that has an outstanding work request or remote
+// access, exactly as with ibverbs. The descriptor fields are immutable or
+// atomic.
+unsafe impl Send for MrInner {}
+// SAFETY: see `Send` above; shared access only reads immutable fields, the
+// atomic `valid` flag, or copies bytes through raw pointers.
+unsafe impl Sync for MrInner {}
+
+impl MrInner {
+    fn iova(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// Byte offset of `[to, to + len)` inside the region, if it lies inside.
+    /// RFC 5040 §6.4 / siw `siw_check_mem`: base-and-bounds, overflow-safe.
+    pub(crate) fn offset_of(&self, to: u64, len: u64) -> Result<usize, MemError> {
+        let off = to.checked_sub(self.iova()).ok_or(MemError::Bounds)?;
+        let end = off.checked_add(len).ok_or(MemError::Bounds)?;
+        if end > self.len as u64 {
+            return Err(MemError::Bounds);
+        }
+        Ok(off as usize)
+    }
+
+    /// Raw pointer to `[to, to + len)`, bounds-checked.
+    pub(crate) fn ptr_at(&self, to: u64, len: u64) -> Result<*mut u8, MemError> {
+        let off = self.offset_of(to, len)?;
+        // `off + len <= self.len`: the result stays inside the allocation
+        // (wrapping_add cannot wrap and needs no `unsafe`).
+        Ok(self.ptr.wrapping_add(off))
+    }
+}
+
+impl fmt::Debug for MrInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MrInner")
+            .field("stag", &format_args!("{:#010x}", self.stag))
+            .field("pd", &self.pd)
+            .field("access", &self.access)
+            .field("addr", &format_args!("{:#x}", self.ptr as usize))
+            .field("len", &self.len)
+            .field("valid", &self.valid.load(Ordering::Relaxed))
+            .field("owned", &self.owned.is_some())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The key the next registration in this slot gets (or the current one).
+    key: u8,
+    region: Option<Arc<MrInner>>,
+}
+
+#[derive(Default)]
+struct Slab {
+    /// `slots[0]` is a placeholder so that index 0 (STag 0) is never used.
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Seed for the key of a fresh slot, so that keys differ across slots.
+    next_key: u8,
+}
+
+/// The device's table of registered regions (one per [`Context`](crate::Context)).
+#[derive(Default)]
+pub(crate) struct MrTable {
+    slab: RwLock<Slab>,
+}
+
+impl fmt::Debug for MrTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
+        let live = slab.slots.iter().filter(|s| s.region.is_some()).count();
+        f.debug_struct("MrTable").field("regions", &live).finish()
+    }
+}
+
+fn split(stag: u32) -> (usize, u8) {
+    ((stag >> 8) as usize, stag as u8)
+}
+
+impl MrTable {
+    fn insert(
+        &self,
+        pd: PdId,
+        access: Access,
+        ptr: *mut u8,
+        len: usize,
+        owned: Option<OwnedBuf>,
+    ) -> Result<Arc<MrInner>, Error> {
+        let mut slab = self.slab.write().unwrap_or_else(|e| e.into_inner());
+        if slab.slots.is_empty() {
+            slab.slots.push(Slot::default());
+        }
+        let index = match slab.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = slab.slots.len() as u32;
+                if i > MAX_INDEX {
+                    return Err(Error::TooManyRegions);
+                }
+                let key = slab.next_key;
+                slab.next_key = slab.next_key.wrapping_add(0x35);
+                slab.slots.push(Slot { key, region: None });
+                i
+            }
+        };
+        let slot = &mut slab.slots[index as usize];
+        let stag = index << 8 | slot.key as u32;
+        let inner = Arc::new(MrInner {
+            stag,
+            pd,
+            access,
+            ptr,
+            len,
+            valid: AtomicBool::new(true),
+            owned,
+        });
+        slot.region = Some(inner.clone());
+        Ok(inner)
+    }
+
+    /// Remove the region `stag` (if it is still the one in its slot) and
+    /// retire its key. Returns the removed region.
+    fn remove(&self, stag: u32) -> Option<Arc<MrInner>> {
+        let (index, key) = split(stag);
+        let mut slab = self.slab.write().unwrap_or_else(|e| e.into_inner());
+        let slot = slab.slots.get_mut(index).filter(|_| index != 0)?;
+        match &slot.region {
+            Some(r) if r.stag == stag => {}
+            _ => return None,
+        }
+        let region = slot.region.take();
+        // siw changes the key on every reuse of an index: a stale STag then
+        // fails the key check instead of reaching the new region.
+        slot.key = key.wrapping_add(1);
+        slab.free.push(index as u32);
+        region
+    }
+
+    /// The region named by `stag` (index and key), whether or not it has
+    /// been invalidated. Used by the driver for its own transmit pieces.
+    pub(crate) fn resolve(&self, stag: u32) -> Result<Arc<MrInner>, MemError> {
+        let (index, key) = split(stag);
+        let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
+        let slot = slab
+            .slots
+            .get(index)
+            .filter(|_| index != 0)
+            .ok_or(MemError::InvalidStag)?;
+        let region = slot.region.as_ref().ok_or(MemError::InvalidStag)?;
+        if region.stag as u8 != key {
+            return Err(MemError::KeyMismatch);
+        }
+        Ok(region.clone())
+    }
+
+    /// The region named by `stag`, which must still be valid.
+    fn resolve_valid(&self, stag: u32) -> Result<Arc<MrInner>, MemError> {
+        let region = self.resolve(stag)?;
+        if !region.valid.load(Ordering::Acquire) {
+            return Err(MemError::InvalidStag);
+        }
+        Ok(region)
+    }
+
+    /// Number of regions currently registered.
+    #[cfg(test)]
+    fn live(&self) -> usize {
+        let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
+        slab.slots.iter().filter(|s| s.region.is_some()).count()
+    }
+}
+
+impl MemoryAccess for MrTable {
+    fn check(&self, stag: u32, to: u64, len: u32, pd: PdId, need: Access) -> Result<(), MemError> {
+        // siw_check_mem order: STag valid, PD, access rights, bounds.
+        let region = self.resolve_valid(stag)?;
+        if region.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        if len == 0 {
+            // RFC 5041 §7.2: a zero-length tagged segment still names a
+            // valid STag, but touches no memory: rights and bounds do not
+            // apply.
+            return Ok(());
+        }
+        if !region.access.contains(need) {
+            return Err(MemError::AccessRights);
+        }
+        region.offset_of(to, len as u64).map(|_| ())
+    }
+
+    fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
+        if data.is_empty() {
+            return self.resolve_valid(stag).map(|_| ());
+        }
+        let region = self.resolve_valid(stag)?;
+        let dst = region.ptr_at(to, data.len() as u64)?;
+        // SAFETY: `dst..dst + data.len()` lies inside the region (checked by
+        // `ptr_at`), whose memory is alive while `region` (an Arc) is held:
+        // owned buffers live in the Arc, raw ones are kept alive by the
+        // `reg_mr_raw` contract until the MemoryRegion's Drop has waited for
+        // this Arc to be released. `data` is a Rust slice that cannot overlap
+        // registered memory handed out only through raw pointers and the
+        // unsafe `as_slice` accessors.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    fn visit(
+        &self,
+        stag: u32,
+        to: u64,
+        len: u32,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), MemError> {
+        // Transmit path: our own region, so an invalidated STag still names
+        // memory we may read (the data was posted before the invalidation).
+        let region = self.resolve(stag)?;
+        let src = region.ptr_at(to, len as u64)?;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: `src..src + len` lies inside the live region (see `write`).
+        // The shared slice exists only for the duration of `f`; per the RDMA
+        // contract the application does not modify memory that an
+        // outstanding work request or a remote Read is transmitting.
+        let bytes = unsafe { std::slice::from_raw_parts(src, len as usize) };
+        f(bytes);
+        Ok(())
+    }
+
+    fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError> {
+        // RFC 5040 §5.1 / §6.7.2: Send with Invalidate names an STag that
+        // must be valid and belong to the QP's protection domain.
+        let region = self.resolve_valid(stag)?;
+        if region.pd != pd {
+            return Err(MemError::PdMismatch);
+        }
+        region.valid.store(false, Ordering::Release);
+        tracing::debug!(stag = format_args!("{stag:#010x}"), "STag invalidated");
+        Ok(())
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`).
+///
+/// Dropping it deregisters it (`ibv_dereg_mr`): its STag is invalid from then
+/// on. Do not drop a region while a work request that uses it is
+/// outstanding; the request would fail with a protection error.
+pub struct MemoryRegion {
+    table: Arc<MrTable>,
+    inner: Arc<MrInner>,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl MemoryRegion {
+    pub(crate) fn register_owned(
+        table: &Arc<MrTable>,
+        pd: PdId,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, Error> {
+        check_reg(len, access)?;
+        let buf = OwnedBuf::new(len)?;
+        let ptr = buf.ptr;
+        let inner = table.insert(pd, access, ptr, len, Some(buf))?;
+        tracing::debug!(
+            stag = format_args!("{:#010x}", inner.stag),
+            len,
+            ?access,
+            "reg_mr"
+        );
+        Ok(MemoryRegion {
+            table: table.clone(),
+            inner,
+        })
+    }
+
+    /// # Safety
+    /// See [`ProtectionDomain::reg_mr_raw`](crate::ProtectionDomain::reg_mr_raw).
+    pub(crate) unsafe fn register_raw(
+        table: &Arc<MrTable>,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, Error> {
+        check_reg(len, access)?;
+        if ptr.is_null() || (ptr as usize).checked_add(len).is_none() {
+            return Err(Error::BadAddress);
+        }
+        let inner = table.insert(pd, access, ptr, len, None)?;
+        tracing::debug!(
+            stag = format_args!("{:#010x}", inner.stag),
+            len,
+            ?access,
+            "reg_mr_raw"
+        );
+        Ok(MemoryRegion {
+            table: table.clone(),
+            inner,
+        })
+    }
+
+    /// Local key: names the region in a local [`Sge`].
+    pub fn lkey(&self) -> u32 {
+        self.inner.stag
+    }
+    /// Remote key: the STag the peer uses for RDMA Write / Read (== lkey).
+    pub fn rkey(&self) -> u32 {
+        self.inner.stag
+    }
+    /// Start address (iova / tagged offset base): the buffer's real address,
+    /// as with ibverbs.
+    pub fn addr(&self) -> u64 {
+        self.inner.iova()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+    /// True for a zero-length region (never: registration refuses them).
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+    /// False once the peer invalidated the STag (Send with Invalidate).
+    pub fn is_valid(&self) -> bool {
+        self.inner.valid.load(Ordering::Acquire)
+    }
+
+    /// A scatter/gather element for `[offset, offset + len)` of the region.
+    ///
+    /// # Panics
+    /// If the range is not inside the region or `len` exceeds `u32::MAX`.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        self.range(offset, len);
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: u32::try_from(len).expect("SGE length exceeds u32::MAX"),
+            lkey: self.lkey(),
+        }
+    }
+
+    fn range(&self, offset: usize, len: usize) -> *mut u8 {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.inner.len => self.inner.ptr.wrapping_add(offset),
+            _ => panic!(
+                "range {offset}+{len} outside memory region of {} bytes",
+                self.inner.len
+            ),
+        }
+    }
+
+    /// Copy `buf.len()` bytes at `offset` out of the region.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) {
+        let src = self.range(offset, buf.len());
+        // SAFETY: the range is inside the region (checked by `range`) and the
+        // memory is alive while `self` is registered.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+    }
+
+    /// Copy `data` into the region at `offset`.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn write_at(&self, offset: usize, data: &[u8]) {
+        let dst = self.range(offset, data.len());
+        // SAFETY: the range is inside the region and alive while registered;
+        // `data` is a Rust slice, so it does not alias the raw region memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    }
+
+    /// Set every byte of the region to `byte`.
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: writes exactly the region's `len` bytes, alive while
+        // registered.
+        unsafe { std::ptr::write_bytes(self.inner.ptr, byte, self.inner.len) };
+    }
+
+    /// A copy of the whole region.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.inner.len];
+        self.read_at(0, &mut v);
+        v
+    }
+
+    /// The region's memory as a slice.
+    ///
+    /// # Safety
+    /// No RDMA operation (a posted receive, a Read sink, or a peer's RDMA
+    /// Write) may modify the region while the slice is alive, and no
+    /// `&mut` from [`MemoryRegion::as_mut_slice`] may coexist with it.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the memory is `len` valid bytes while registered; the
+        // caller guarantees the absence of concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.inner.ptr, self.inner.len) }
+    }
+
+    /// The region's memory as a mutable slice.
+    ///
+    /// # Safety
+    /// No RDMA operation may read or write the region while the slice is
+    /// alive (no outstanding work request names it and the peer does not
+    /// access it), and no other slice of it may exist.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: as above, with exclusivity guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.inner.ptr, self.inner.len) }
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let stag = self.inner.stag;
+        self.table.remove(stag);
+        tracing::debug!(stag = format_args!("{stag:#010x}"), "dereg_mr");
+        if self.inner.owned.is_none() {
+            // The caller may free raw memory as soon as we return: wait until
+            // no driver thread or engine copy still holds the region. New
+            // holders cannot appear (it is gone from the table) and holders
+            // only keep it across a copy or a non-blocking system call.
+            let mut spins = 0u32;
+            while Arc::strong_count(&self.inner) > 1 {
+                spins += 1;
+                if spins < 100 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+    }
+}
+
+fn check_reg(len: usize, access: Access) -> Result<(), Error> {
+    if len == 0 {
+        return Err(Error::ZeroLength);
+    }
+    if len > u32::MAX as usize {
+        // Tagged offsets are 64-bit, but SGE and message lengths are 32-bit;
+        // keep regions addressable by a single SGE.
+        return Err(Error::TooLarge { len });
+    }
+    // ib_core `ib_check_mr_access`: remote write without local write is
+    // invalid.
+    if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::InvalidAccess { access });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_zero_never_used_and_keys_rotate() {
+        let t = Arc::new(MrTable::default());
+        let a = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
+        assert_ne!(a.lkey() >> 8, 0);
+        let stag = a.lkey();
+        drop(a);
+        assert_eq!(t.live(), 0);
+        let b = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
+        assert_eq!(b.lkey() >> 8, stag >> 8, "index reused");
+        assert_ne!(b.lkey(), stag, "key changed");
+    }
+}

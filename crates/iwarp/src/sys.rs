@@ -1,0 +1,114 @@
+//! The few system calls std and socket2 do not offer safely: an eventfd,
+//! `poll(2)` on one descriptor, and the two data-path calls that move bytes
+//! between a socket and registered memory through raw pointers (so no Rust
+//! reference to memory the application or the peer may also touch is ever
+//! created).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// A non-blocking, close-on-exec eventfd used as a level-triggered flag.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<EventFd> {
+        // SAFETY: plain FFI call without pointer arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor owned by nothing else.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Make the fd readable (add 1 to its counter).
+    pub(crate) fn set(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes the 8 bytes of a live local u64 to our own eventfd.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Make the fd unreadable (reset its counter); EAGAIN if already clear.
+    pub(crate) fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live local u64 from our own
+        // non-blocking eventfd.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// `poll(2)` one descriptor for `events` (`libc::POLLIN` / `POLLOUT`).
+/// Returns the returned events, 0 on timeout. EINTR counts as a timeout.
+pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Duration) -> io::Result<i16> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `pfd` is a live local array of one pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(e);
+    }
+    Ok(if rc == 0 { 0 } else { pfd.revents })
+}
+
+/// Non-blocking `recv(2)` of up to `len` bytes straight into `ptr`.
+///
+/// # Safety
+/// `ptr..ptr + len` must be valid for writes for the duration of the call
+/// (registered memory whose region the caller holds).
+pub(crate) unsafe fn recv_into(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    loop {
+        // SAFETY: the caller guarantees `ptr..ptr + len` is writable memory;
+        // MSG_DONTWAIT makes the call return at once, so the memory is held
+        // only for the length of one copy.
+        let rc = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Non-blocking gather write (`sendmsg(2)` with `MSG_DONTWAIT |
+/// MSG_NOSIGNAL`) of the iovecs; returns the bytes written.
+///
+/// # Safety
+/// Every iovec must describe memory valid for reads for the duration of the
+/// call.
+pub(crate) unsafe fn send_iovecs(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty message header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    loop {
+        // SAFETY: `msg` points at `iov`, whose entries the caller guarantees
+        // to be readable; the kernel only reads them. The call does not
+        // block (MSG_DONTWAIT) and raises no SIGPIPE (MSG_NOSIGNAL).
+        let rc = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

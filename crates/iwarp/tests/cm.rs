@@ -1,0 +1,311 @@
+//! Connection manager over loopback: private data, reject, policy
+//! conflicts, IPv6, refused/silent/malformed peers, timeouts.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use iwarp::cm::{self, CmError, ConnParam, Listener};
+use iwarp::{QpEvent, QpState};
+use iwarp_proto::handshake::{HandshakeError, MpaConfig, Policy};
+
+#[test]
+fn connect_accept_with_private_data_both_ways() {
+    let (client, server) = (Host::new(), Host::new());
+    let param = ConnParam {
+        private_data: b"hello from client".to_vec(),
+        timeout: T,
+        ..Default::default()
+    };
+    let (c, s) = connect_with(
+        &client,
+        &server,
+        &param,
+        MpaConfig::default(),
+        b"hello from server",
+    );
+    assert_eq!(c.unwrap(), b"hello from server");
+    assert_eq!(s.unwrap(), b"hello from client");
+    assert_eq!(client.qp.state(), QpState::Rts);
+    assert_eq!(server.qp.state(), QpState::Rts);
+    assert_eq!(client.event(|_| true), QpEvent::Established);
+    assert_eq!(server.event(|_| true), QpEvent::Established);
+    assert_eq!(client.qp.peer_addr(), server.qp.local_addr());
+    assert_eq!(client.qp.local_addr(), server.qp.peer_addr());
+    let (ci, si) = (
+        client.qp.conn_info().unwrap(),
+        server.qp.conn_info().unwrap(),
+    );
+    assert_eq!(ci.crc, si.crc);
+    assert_eq!(ci.markers_tx, si.markers_rx);
+    assert!(ci.mulpdu >= 128 && ci.mulpdu <= iwarp::driver::MULPDU_CAP);
+
+    // A QP connects once.
+    let again = cm::connect(
+        &client.qp,
+        server.qp.local_addr().unwrap(),
+        &ConnParam::default(),
+    );
+    assert!(
+        matches!(again, Err(CmError::InvalidState { .. })),
+        "{again:?}"
+    );
+
+    client.qp.disconnect();
+    assert_eq!(
+        client.event(|e| *e == QpEvent::Disconnected),
+        QpEvent::Disconnected
+    );
+    assert_eq!(
+        server.event(|e| *e == QpEvent::Disconnected),
+        QpEvent::Disconnected
+    );
+    assert_ne!(server.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn reject_with_private_data() {
+    let client = Host::new();
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let addr = listener.local_addr();
+    let srv = std::thread::spawn(move || {
+        let req = listener.get_request(Some(T)).unwrap();
+        assert_eq!(req.private_data(), b"let me in");
+        req.reject(b"go away").unwrap();
+    });
+    let param = ConnParam {
+        private_data: b"let me in".to_vec(),
+        timeout: T,
+        ..Default::default()
+    };
+    let err = cm::connect(&client.qp, addr, &param).unwrap_err();
+    srv.join().unwrap();
+    match &err {
+        CmError::Rejected { private_data, .. } => assert_eq!(private_data, b"go away"),
+        other => panic!("expected Rejected, got {other:?}"),
+    }
+    assert!(err.to_string().contains("rejected"), "{err}");
+    assert_eq!(
+        client.qp.state(),
+        QpState::Init,
+        "a refused connect leaves the QP usable"
+    );
+}
+
+#[test]
+fn crc_policy_conflict_fails_clearly_on_both_sides() {
+    let (client, server) = (Host::new(), Host::new());
+    let required = MpaConfig {
+        crc: Policy::Required,
+        ..Default::default()
+    };
+    let off = MpaConfig {
+        crc: Policy::Off,
+        ..Default::default()
+    };
+    let param = ConnParam {
+        mpa: required,
+        timeout: T,
+        ..Default::default()
+    };
+    let (c, s) = connect_with(&client, &server, &param, off, b"");
+    let (ce, se) = (c.unwrap_err(), s.unwrap_err());
+    match &se {
+        CmError::Mpa {
+            error: HandshakeError::CrcPolicy(_),
+            ..
+        } => {}
+        other => panic!("server: expected a CRC policy error, got {other:?}"),
+    }
+    assert!(se.to_string().contains("MPA negotiation"), "{se}");
+    match &ce {
+        CmError::Mpa { .. } | CmError::Rejected { .. } => {}
+        other => panic!("client: expected an MPA error or a reject, got {other:?}"),
+    }
+    eprintln!("client error: {ce}\nserver error: {se}");
+    assert_eq!(client.qp.state(), QpState::Init);
+    assert_eq!(server.qp.state(), QpState::Init);
+}
+
+#[test]
+fn ipv6_loopback() {
+    let addr: SocketAddr = "[::1]:0".parse().unwrap();
+    let listener = match Listener::bind(addr, MpaConfig::default()) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("skipping: IPv6 loopback unavailable: {e}");
+            return;
+        }
+    };
+    let (client, server) = (Host::new(), Host::new());
+    let addr = listener.local_addr();
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| {
+            let req = listener.get_request(Some(T)).unwrap();
+            assert!(req.peer_addr().is_ipv6());
+            req.accept(&server.qp, &ConnParam::default()).unwrap();
+        });
+        let pd = cm::connect(
+            &client.qp,
+            addr,
+            &ConnParam {
+                timeout: T,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(pd.is_empty());
+        srv.join().unwrap();
+    });
+    assert!(client.qp.peer_addr().unwrap().is_ipv6());
+    assert_eq!(client.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn connect_to_closed_port_is_refused() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let client = Host::new();
+    let err = cm::connect(
+        &client.qp,
+        addr,
+        &ConnParam {
+            timeout: T,
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, CmError::Refused { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("connection refused by 127.0.0.1:{port}")),
+        "{msg}"
+    );
+    assert!(msg.contains("server running"), "{msg}");
+}
+
+#[test]
+fn silent_peer_times_out() {
+    let raw = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = raw.local_addr().unwrap();
+    let holder = std::thread::spawn(move || {
+        let (mut s, _) = raw.accept().unwrap();
+        // Read the request, answer nothing, hold the connection open.
+        let mut buf = [0u8; 1024];
+        let _ = s.read(&mut buf);
+        std::thread::sleep(Duration::from_millis(1500));
+    });
+    let client = Host::new();
+    let t = Instant::now();
+    let timeout = Duration::from_millis(400);
+    let err = cm::connect(
+        &client.qp,
+        addr,
+        &ConnParam {
+            timeout,
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    let el = t.elapsed();
+    assert!(matches!(err, CmError::Timeout { .. }), "{err:?}");
+    assert!(
+        el >= timeout && el < timeout + Duration::from_secs(1),
+        "{el:?}"
+    );
+    assert!(err.to_string().contains("timed out"), "{err}");
+    holder.join().unwrap();
+}
+
+#[test]
+fn get_request_times_out_without_connection() {
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let t = Instant::now();
+    let err = listener
+        .get_request(Some(Duration::from_millis(150)))
+        .unwrap_err();
+    assert!(matches!(err, CmError::Timeout { .. }), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+/// Send `frame` from a raw TCP peer; return the listener's error and
+/// whether the raw peer then saw the connection closed.
+fn raw_request(frame: Vec<u8>) -> (CmError, bool) {
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let addr = listener.local_addr();
+    let peer = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(&frame).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    });
+    let err = listener.get_request(Some(T)).unwrap_err();
+    (err, peer.join().unwrap())
+}
+
+#[test]
+fn bad_key_is_refused_and_closed() {
+    let mut frame = b"MPA ID Bad Frame".to_vec();
+    frame.extend_from_slice(&[0x40, 1, 0, 0]);
+    let (err, closed) = raw_request(frame);
+    assert!(
+        matches!(
+            err,
+            CmError::Mpa {
+                error: HandshakeError::BadKey,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(closed, "the listener closed the connection");
+}
+
+#[test]
+fn private_data_too_long_is_refused_and_closed() {
+    let mut frame = b"MPA ID Req Frame".to_vec();
+    frame.extend_from_slice(&[0x40, 1]);
+    frame.extend_from_slice(&600u16.to_be_bytes());
+    frame.extend_from_slice(&[0u8; 600]);
+    let (err, closed) = raw_request(frame);
+    assert!(
+        matches!(
+            err,
+            CmError::Mpa {
+                error: HandshakeError::PrivateDataTooLong(600),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(closed, "the listener closed the connection");
+}
+
+#[test]
+fn oversized_private_data_refused_locally() {
+    let client = Host::new();
+    let param = ConnParam {
+        private_data: vec![0; 513],
+        timeout: T,
+        ..Default::default()
+    };
+    let err = cm::connect(&client.qp, "127.0.0.1:9".parse().unwrap(), &param).unwrap_err();
+    assert!(
+        matches!(err, CmError::Mpa { error: HandshakeError::PrivateDataTooLong(n), .. } if n >= 513),
+        "{err:?}"
+    );
+}

@@ -1,0 +1,100 @@
+//! Completion queues: polling, blocking wait with timeout, eventfd.
+//!
+//! Completions are produced through a QP that is never connected: posting
+//! receives and then disconnecting flushes them into the CQ.
+
+use std::time::{Duration, Instant};
+
+use iwarp::{Access, Context, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion};
+
+fn readable(fd: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, zero timeout.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc == 1 && pfd.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn wait_times_out_on_empty_cq() {
+    let ctx = Context::open().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let t = Instant::now();
+    assert!(!cq.wait(Duration::from_millis(100)).unwrap());
+    let el = t.elapsed();
+    assert!(
+        el >= Duration::from_millis(95) && el < Duration::from_secs(2),
+        "{el:?}"
+    );
+    assert!(cq.poll_one().is_none());
+    let mut out = [empty(); 4];
+    assert_eq!(cq.poll(&mut out), 0);
+    assert!(!readable(cq.as_raw_fd()));
+}
+
+fn empty() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: iwarp::WcOpcode::Send,
+        queue: iwarp::WcQueue::Send,
+        byte_len: 0,
+        invalidated_rkey: None,
+        solicited: false,
+    }
+}
+
+#[test]
+fn flushed_receives_wake_waiter_and_eventfd() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        })
+        .unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    for id in 1..=3 {
+        qp.post_recv(&RecvWr {
+            wr_id: id,
+            sgl: SgList::single(mr.sge(0, 64)),
+        })
+        .unwrap();
+    }
+    assert!(!readable(cq.as_raw_fd()));
+    let waiter = {
+        let cq = cq.clone();
+        std::thread::spawn(move || cq.wait(Duration::from_secs(5)).unwrap())
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    qp.disconnect();
+    assert!(
+        waiter.join().unwrap(),
+        "wait returned true once completions arrived"
+    );
+    assert!(
+        readable(cq.as_raw_fd()),
+        "eventfd readable while CQ non-empty"
+    );
+    assert_eq!(cq.len(), 3);
+    let mut out = [empty(); 2];
+    assert_eq!(cq.poll(&mut out), 2);
+    assert_eq!((out[0].wr_id, out[1].wr_id), (1, 2), "FIFO order");
+    assert!(out.iter().all(|wc| wc.status == WcStatus::WrFlushErr));
+    assert!(readable(cq.as_raw_fd()), "still one left");
+    let last = cq.poll_one().unwrap();
+    assert_eq!(last.wr_id, 3);
+    assert!(
+        !readable(cq.as_raw_fd()),
+        "eventfd cleared when the CQ drains"
+    );
+    assert!(cq.is_empty());
+    assert!(!cq.wait(Duration::from_millis(10)).unwrap());
+}

@@ -1,0 +1,279 @@
+//! Memory-region table: every `MemError` of `MemoryAccess::check` and the
+//! copy paths (siw `siw_check_mem` semantics).
+
+use iwarp::{Access, Context, Error, MemError};
+
+#[test]
+fn reg_mr_is_zeroed_page_aligned_and_keys_match() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(10_000, Access::ALL).unwrap();
+    assert_eq!(mr.len(), 10_000);
+    assert_eq!(mr.addr() % 4096, 0, "page aligned");
+    assert_eq!(mr.lkey(), mr.rkey(), "lkey == rkey as in siw");
+    assert_ne!(mr.lkey() >> 8, 0, "STag index 0 is never used");
+    assert!(mr.to_vec().iter().all(|&b| b == 0));
+    mr.write_at(100, b"hello");
+    let mut buf = [0u8; 5];
+    mr.read_at(100, &mut buf);
+    assert_eq!(&buf, b"hello");
+    mr.fill(0xab);
+    assert!(mr.to_vec().iter().all(|&b| b == 0xab));
+    let sge = mr.sge(8, 16);
+    assert_eq!(
+        (sge.addr, sge.length, sge.lkey),
+        (mr.addr() + 8, 16, mr.lkey())
+    );
+}
+
+#[test]
+fn registration_errors() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    assert!(matches!(pd.reg_mr(0, Access::ALL), Err(Error::ZeroLength)));
+    let e = pd.reg_mr(64, Access::REMOTE_WRITE).unwrap_err();
+    assert!(matches!(e, Error::InvalidAccess { .. }));
+    assert!(e.to_string().contains("LOCAL_WRITE"), "{e}");
+    // SAFETY: a null pointer is refused before anything is touched.
+    let e = unsafe { pd.reg_mr_raw(std::ptr::null_mut(), 16, Access::ALL) }.unwrap_err();
+    assert!(matches!(e, Error::BadAddress));
+    assert!(matches!(ctx.create_cq(0), Err(Error::ZeroDepth)));
+}
+
+#[test]
+#[should_panic(expected = "outside memory region")]
+fn sge_out_of_range_panics() {
+    let ctx = Context::open().unwrap();
+    let mr = ctx.alloc_pd().reg_mr(64, Access::ALL).unwrap();
+    let _ = mr.sge(60, 8);
+}
+
+#[test]
+fn check_accepts_valid_access() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+    let m = ctx.memory_access();
+    m.check(mr.rkey(), mr.addr(), 4096, pd.id(), Access::REMOTE_WRITE)
+        .unwrap();
+    m.check(mr.rkey(), mr.addr() + 4095, 1, pd.id(), Access::REMOTE_READ)
+        .unwrap();
+    m.check(mr.rkey(), mr.addr() + 4096, 0, pd.id(), Access::REMOTE_READ)
+        .unwrap();
+}
+
+#[test]
+fn invalid_stag_unregistered_and_after_dereg() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let m = ctx.memory_access();
+    assert_eq!(
+        m.check(0, 0, 0, pd.id(), Access::NONE),
+        Err(MemError::InvalidStag)
+    );
+    assert_eq!(
+        m.check(0x1234_5600, 0, 1, pd.id(), Access::NONE),
+        Err(MemError::InvalidStag)
+    );
+    let mr = pd.reg_mr(64, Access::ALL).unwrap();
+    let (stag, addr) = (mr.rkey(), mr.addr());
+    drop(mr);
+    assert_eq!(
+        m.check(stag, addr, 8, pd.id(), Access::REMOTE_READ),
+        Err(MemError::InvalidStag)
+    );
+    assert_eq!(m.write(stag, addr, b"x"), Err(MemError::InvalidStag));
+}
+
+#[test]
+fn stale_stag_after_dereg_and_rereg_of_same_index() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let m = ctx.memory_access();
+    let old = pd.reg_mr(64, Access::ALL).unwrap();
+    let (stag, addr) = (old.rkey(), old.addr());
+    drop(old);
+    let new = pd.reg_mr(64, Access::ALL).unwrap();
+    assert_eq!(new.rkey() >> 8, stag >> 8, "the index is reused");
+    assert_ne!(new.rkey(), stag, "with a new key");
+    assert_eq!(
+        m.check(stag, new.addr(), 8, pd.id(), Access::REMOTE_READ),
+        Err(MemError::KeyMismatch)
+    );
+    assert_eq!(m.write(stag, addr, b"x"), Err(MemError::KeyMismatch));
+    m.check(new.rkey(), new.addr(), 8, pd.id(), Access::REMOTE_READ)
+        .unwrap();
+}
+
+#[test]
+fn guessed_key_mismatch() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(64, Access::ALL).unwrap();
+    let m = ctx.memory_access();
+    for delta in 1..=255u32 {
+        let guess = (mr.rkey() & !0xff) | ((mr.rkey() + delta) & 0xff);
+        assert_eq!(
+            m.check(guess, mr.addr(), 8, pd.id(), Access::REMOTE_READ),
+            Err(MemError::KeyMismatch)
+        );
+    }
+}
+
+#[test]
+fn pd_mismatch() {
+    let ctx = Context::open().unwrap();
+    let (pd1, pd2) = (ctx.alloc_pd(), ctx.alloc_pd());
+    assert_ne!(pd1.id(), pd2.id());
+    let mr = pd1.reg_mr(64, Access::ALL).unwrap();
+    let m = ctx.memory_access();
+    assert_eq!(
+        m.check(mr.rkey(), mr.addr(), 8, pd2.id(), Access::REMOTE_WRITE),
+        Err(MemError::PdMismatch)
+    );
+    assert_eq!(m.invalidate(mr.rkey(), pd2.id()), Err(MemError::PdMismatch));
+    assert!(mr.is_valid());
+}
+
+#[test]
+fn access_rights() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let m = ctx.memory_access();
+    let ro = pd.reg_mr(64, Access::REMOTE_READ).unwrap();
+    assert_eq!(
+        m.check(ro.rkey(), ro.addr(), 8, pd.id(), Access::REMOTE_WRITE),
+        Err(MemError::AccessRights)
+    );
+    assert_eq!(
+        m.check(ro.rkey(), ro.addr(), 8, pd.id(), Access::LOCAL_WRITE),
+        Err(MemError::AccessRights)
+    );
+    m.check(ro.rkey(), ro.addr(), 8, pd.id(), Access::REMOTE_READ)
+        .unwrap();
+    m.check(ro.rkey(), ro.addr(), 8, pd.id(), Access::NONE)
+        .unwrap();
+    let wo = pd
+        .reg_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!(
+        m.check(wo.rkey(), wo.addr(), 8, pd.id(), Access::REMOTE_READ),
+        Err(MemError::AccessRights)
+    );
+}
+
+#[test]
+fn bounds_including_overflow() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+    let m = ctx.memory_access();
+    let (k, a, p) = (mr.rkey(), mr.addr(), pd.id());
+    let need = Access::REMOTE_READ;
+    assert_eq!(
+        m.check(k, a + 4096, 1, p, need),
+        Err(MemError::Bounds),
+        "one past the end"
+    );
+    assert_eq!(
+        m.check(k, a + 4090, 7, p, need),
+        Err(MemError::Bounds),
+        "straddles the end"
+    );
+    assert_eq!(
+        m.check(k, a - 1, 2, p, need),
+        Err(MemError::Bounds),
+        "before the start"
+    );
+    assert_eq!(
+        m.check(k, u64::MAX, 1, p, need),
+        Err(MemError::Bounds),
+        "at u64::MAX"
+    );
+    assert_eq!(
+        m.check(k, u64::MAX - 2, u32::MAX, p, need),
+        Err(MemError::Bounds),
+        "wraps around"
+    );
+    assert_eq!(m.check(k, a, u32::MAX, p, need), Err(MemError::Bounds));
+    assert_eq!(m.write(k, u64::MAX, b"ab"), Err(MemError::Bounds));
+    assert_eq!(m.write(k, a + 4095, b"ab"), Err(MemError::Bounds));
+    let mut seen = 0;
+    assert_eq!(
+        m.visit(k, a + 4000, 200, &mut |b| seen += b.len()),
+        Err(MemError::Bounds)
+    );
+    assert_eq!(seen, 0);
+}
+
+#[test]
+fn write_visit_and_invalidate() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(256, Access::ALL).unwrap();
+    let m = ctx.memory_access();
+    m.write(mr.rkey(), mr.addr() + 10, b"payload").unwrap();
+    let mut got = Vec::new();
+    m.visit(mr.rkey(), mr.addr() + 10, 7, &mut |b| {
+        got.extend_from_slice(b)
+    })
+    .unwrap();
+    assert_eq!(got, b"payload");
+    let mut buf = [0u8; 7];
+    mr.read_at(10, &mut buf);
+    assert_eq!(&buf, b"payload");
+
+    m.invalidate(mr.rkey(), pd.id()).unwrap();
+    assert!(!mr.is_valid());
+    assert_eq!(
+        m.check(mr.rkey(), mr.addr(), 8, pd.id(), Access::REMOTE_READ),
+        Err(MemError::InvalidStag)
+    );
+    assert_eq!(
+        m.write(mr.rkey(), mr.addr(), b"x"),
+        Err(MemError::InvalidStag)
+    );
+    assert_eq!(m.invalidate(mr.rkey(), pd.id()), Err(MemError::InvalidStag));
+}
+
+#[test]
+fn reg_mr_raw_uses_caller_memory() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mut backing = vec![7u8; 128];
+    // SAFETY: `backing` outlives `mr` (dropped first at the end of scope
+    // order below) and is not accessed while registered except via `mr`.
+    let mr = unsafe { pd.reg_mr_raw(backing.as_mut_ptr(), backing.len(), Access::ALL) }.unwrap();
+    assert_eq!(mr.addr(), backing.as_ptr() as u64);
+    ctx.memory_access()
+        .write(mr.rkey(), mr.addr() + 1, b"xy")
+        .unwrap();
+    assert_eq!(&mr.to_vec()[..4], &[7, b'x', b'y', 7]);
+    drop(mr);
+    assert_eq!(&backing[..4], &[7, b'x', b'y', 7]);
+}
+
+#[test]
+fn many_regions_distinct_stags() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mrs: Vec<_> = (0..300)
+        .map(|_| pd.reg_mr(16, Access::ALL).unwrap())
+        .collect();
+    let mut stags: Vec<u32> = mrs.iter().map(|m| m.rkey()).collect();
+    stags.sort_unstable();
+    stags.dedup();
+    assert_eq!(stags.len(), 300);
+}
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Context>();
+    check::<iwarp::ProtectionDomain>();
+    check::<iwarp::MemoryRegion>();
+    check::<iwarp::CompletionQueue>();
+    check::<iwarp::QueuePair>();
+    check::<iwarp::cm::Listener>();
+    check::<iwarp::cm::ConnRequest>();
+}
