@@ -137,7 +137,7 @@ impl Pair {
             wire_ab: VecDeque::new(),
             wire_ba: VecDeque::new(),
             max_chunk: 3000,
-            direct: seed % 2 == 0,
+            direct: seed.is_multiple_of(2),
             ab_sent: 0,
             corrupt_ab_at: None,
             drop_ab: None,
@@ -696,12 +696,7 @@ fn unsignaled_requests_complete_silently_but_errors_always_complete() {
 /// received by a, a's completions).
 fn remote_violation(
     setup: impl FnOnce(&mut Pair) -> SendWr,
-) -> (
-    Option<(u8, u8, u8)>,
-    Option<(u8, u8, u8)>,
-    Vec<WorkCompletion>,
-    Pair,
-) {
+) -> (TermCodes, TermCodes, Vec<WorkCompletion>, Pair) {
     let mut p = Pair::new(21, Link::default());
     let wr = setup(&mut p);
     p.a.eng.post_send(wr).unwrap();
@@ -730,13 +725,17 @@ fn remote_violation(
     (s, r, w, p)
 }
 
+/// A named violation: how to set it up, and the Terminate it must cause.
+type Case = (&'static str, Box<dyn Fn(&mut Pair) -> SendWr>, TermCode);
+type TermCodes = Option<(u8, u8, u8)>;
+
 fn code(c: TermCode) -> Option<(u8, u8, u8)> {
     Some(c.to_wire())
 }
 
 #[test]
 fn write_violations_terminate_with_ddp_tagged_codes() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut Pair) -> SendWr>, TermCode)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "invalid stag",
             Box::new(|p: &mut Pair| {
@@ -882,7 +881,7 @@ fn write_violations_terminate_with_ddp_tagged_codes() {
 
 #[test]
 fn read_violations_terminate_with_rdmap_codes_and_fail_the_read() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut Pair) -> SendWr>, TermCode)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "invalid stag",
             Box::new(|p: &mut Pair| {

@@ -76,7 +76,7 @@ fn check_ulpdu(ulpdu: &[u8]) -> Seen {
     );
     if let Placement::Untagged { qn, msn, mo } = d.placement {
         assert_eq!(Some(qn), op.queue_number());
-        assert!(msn >= 1, "MSNs start at 1 (RFC 5041 §5.1)");
+        assert!(msn >= 1, "MSNs start at 1 (RFC 5041 §4.3)");
         if !op.has_invalidate_stag() {
             assert_eq!(d.ulp_word, 0);
         }
@@ -324,7 +324,7 @@ fn capture_streams_deframe_fully() {
             for s in &seen {
                 opcodes.insert(format!("{:?}", s.opcode));
             }
-            // Untagged MSNs count up per queue from 1 (RFC 5041 §5.1).
+            // Untagged MSNs count up per queue from 1 (RFC 5041 §4.3).
             let mut next = [1u32; 3];
             for s in &seen {
                 if let Placement::Untagged { qn, msn, mo } = s.ddp.placement {

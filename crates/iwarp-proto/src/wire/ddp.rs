@@ -5,12 +5,12 @@
 //! 16 bits to accommodate the MPA header").
 //!
 //! ```text
-//! byte 0: T L rsvd(4) DV(2)      RFC 5041 §4.2 (DDP control field)
-//! byte 1: RsvdULP[0..8]          the RDMAP control byte, RFC 5040 §4.2
-//! tagged (T=1), RFC 5041 §4.3, 14 bytes:
+//! byte 0: T L rsvd(4) DV(2)      RFC 5041 §4.1 (DDP control field)
+//! byte 1: RsvdULP[0..8]          the RDMAP control byte, RFC 5040 §4.1
+//! tagged (T=1), RFC 5041 §4.2, 14 bytes:
 //!   2..6   STag
 //!   6..14  TO (tagged offset)
-//! untagged (T=0), RFC 5041 §4.4, 18 bytes:
+//! untagged (T=0), RFC 5041 §4.3, 18 bytes:
 //!   2..6   RsvdULP[8..40]        RDMAP: Invalidate STag (Send with Invalidate), else 0
 //!   6..10  QN
 //!   10..14 MSN
@@ -30,12 +30,12 @@ pub const UNTAGGED_HDR_LEN: usize = 18;
 /// DDP version of RFC 5041 (DV field).
 pub const DDP_VERSION: u8 = 1;
 
-/// Tagged flag (RFC 5041 §4.2).
+/// Tagged flag (RFC 5041 §4.1).
 pub const FLAG_TAGGED: u8 = 0x80;
-/// Last flag (RFC 5041 §4.2).
+/// Last flag (RFC 5041 §4.1).
 pub const FLAG_LAST: u8 = 0x40;
 /// Reserved bits of the control byte: sent as zero, not checked on
-/// receive (RFC 5041 §4.2).
+/// receive (RFC 5041 §4.1).
 pub const MASK_RESERVED: u8 = 0x3c;
 /// DDP version bits of the control byte.
 pub const MASK_VERSION: u8 = 0x03;
@@ -82,6 +82,9 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// or 18 (untagged) header bytes. After `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();
+        // RFC 5041 §4.1: the control byte (and the ULP byte) come first;
+        // its T bit selects the 14-byte tagged (§4.2) or 18-byte untagged
+        // (§4.3) header.
         if b.len() < 2 {
             return Err(Error::Truncated);
         }
@@ -141,7 +144,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     /// Untagged: the 32-bit RsvdULP word (RDMAP: the Invalidate STag of a
-    /// Send with Invalidate, RFC 5040 §4.3). Meaningless when tagged.
+    /// Send with Invalidate, RFC 5040 §4.1). Meaningless when tagged.
     pub fn ulp_word(&self) -> u32 {
         be32(self.buffer.as_ref(), field::RSVD_ULP.start)
     }
@@ -242,9 +245,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 /// Where a segment's payload goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Placement {
-    /// Tagged buffer model (RFC 5041 §4.3): STag and tagged offset.
+    /// Tagged buffer model (RFC 5041 §4.2): STag and tagged offset.
     Tagged { stag: u32, to: u64 },
-    /// Untagged buffer model (RFC 5041 §4.4): queue, message sequence
+    /// Untagged buffer model (RFC 5041 §4.3): queue, message sequence
     /// number and message offset.
     Untagged { qn: u32, msn: u32, mo: u32 },
 }
@@ -267,7 +270,7 @@ pub struct Repr {
 impl Repr {
     /// Parses a DDP header. Does not reject a version other than
     /// [`DDP_VERSION`] (RFC 5041 §7.2: that is a Terminate, raised by the
-    /// engine) nor non-zero reserved bits (RFC 5041 §4.2: not checked on
+    /// engine) nor non-zero reserved bits (RFC 5041 §4.1: not checked on
     /// receive).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         packet.check_len()?;

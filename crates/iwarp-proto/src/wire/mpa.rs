@@ -175,6 +175,7 @@ impl<T: AsRef<[u8]>> Frame<T> {
     /// limit are checked by [`FrameRepr::parse`].)
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();
+        // RFC 5044 §7.1.1: 20-byte header, then PD_Length bytes.
         if b.len() < HEADER_LEN || b.len() < HEADER_LEN + self.private_data_len() as usize {
             return Err(Error::Truncated);
         }
@@ -556,7 +557,7 @@ pub enum Deframe<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FpduError {
     /// The ULPDU length is below the smallest DDP segment (the 14-byte
-    /// tagged header, RFC 5041 §4.3): the stream cannot be framed.
+    /// tagged header, RFC 5041 §4.2): the stream cannot be framed.
     LengthTooShort,
     /// The CRC field does not match the CRC32C of the FPDU (RFC 5044 §4.4).
     CrcMismatch { expected: u32, received: u32 },

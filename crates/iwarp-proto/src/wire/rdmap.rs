@@ -1,7 +1,7 @@
 //! RDMAP header pieces, RFC 5040 §4.
 //!
 //! RDMAP has no header of its own in front of the DDP header: its control
-//! byte is byte 1 of the DDP header (RFC 5040 §4.2, "RDMAP control field",
+//! byte is byte 1 of the DDP header (RFC 5040 §4.1, "RDMAP control field",
 //! carried in the DDP RsvdULP bits), laid out as
 //!
 //! ```text
@@ -9,11 +9,11 @@
 //! ```
 //!
 //! The untagged RsvdULP word carries the Invalidate STag of a Send with
-//! Invalidate (RFC 5040 §4.3). The RDMA Read Request adds a 28-byte header
+//! Invalidate (RFC 5040 §4.1). The RDMA Read Request adds a 28-byte header
 //! after the 18-byte untagged DDP header (RFC 5040 §4.4, [`ReadRequest`]);
 //! the Terminate message adds its own ([`super::terminate`]).
 //!
-//! Opcodes and queue numbers are those of RFC 5040 §4.2 / §5 and siw
+//! Opcodes and queue numbers are those of RFC 5040 §4.2 and siw
 //! `iwarp.h`:
 //!
 //! | opcode | message            | DDP model | QN |
@@ -32,11 +32,11 @@ use super::{be32, be64, put32, put64, Error, Result};
 /// RDMAP version of RFC 5040 (RV field).
 pub const RDMAP_VERSION: u8 = 1;
 
-/// Untagged queue of Send messages (RFC 5040 §5.1).
+/// Untagged queue of Send messages (RFC 5040 §4.2).
 pub const QN_SEND: u32 = 0;
-/// Untagged queue of RDMA Read Requests (RFC 5040 §5.1).
+/// Untagged queue of RDMA Read Requests (RFC 5040 §4.2).
 pub const QN_READ_REQUEST: u32 = 1;
-/// Untagged queue of Terminate messages (RFC 5040 §5.1).
+/// Untagged queue of Terminate messages (RFC 5040 §4.2).
 pub const QN_TERMINATE: u32 = 2;
 
 /// Length of the RDMA Read Request header that follows the untagged DDP
@@ -55,7 +55,7 @@ pub enum Opcode {
     SendSe,
     SendSeInvalidate,
     Terminate,
-    /// An opcode RFC 5040 does not define (RFC 5040 §7.2: "unexpected
+    /// An opcode RFC 5040 does not define (RFC 5040 §7: "unexpected
     /// opcode" Terminate).
     Unknown(u8),
 }
@@ -104,7 +104,7 @@ impl Opcode {
         }
     }
 
-    /// The untagged queue number the message uses (RFC 5040 §5.1);
+    /// The untagged queue number the message uses (RFC 5040 §4.2);
     /// `None` for tagged and unknown opcodes.
     pub fn queue_number(self) -> Option<u32> {
         match self {
@@ -118,7 +118,7 @@ impl Opcode {
     }
 
     /// Whether the untagged RsvdULP word carries an STag to invalidate
-    /// (RFC 5040 §4.3).
+    /// (RFC 5040 §4.1).
     pub fn has_invalidate_stag(self) -> bool {
         matches!(self, Opcode::SendInvalidate | Opcode::SendSeInvalidate)
     }
@@ -198,6 +198,7 @@ impl<T: AsRef<[u8]>> ReadRequest<T> {
 
     /// Checks the buffer holds the 28-byte header.
     pub fn check_len(&self) -> Result<()> {
+        // RFC 5040 §4.4: the Read Request header is 28 bytes.
         if self.buffer.as_ref().len() < READ_REQUEST_LEN {
             Err(Error::Truncated)
         } else {
