@@ -1577,3 +1577,105 @@ fn terminate_is_charged_to_an_unconfirmed_write() {
         (1, WcStatus::RemAccessErr)
     );
 }
+
+#[test]
+fn a_send_being_written_when_the_qp_fails_completes_once_written() {
+    // b's Send is handed to the driver; before the driver confirms the
+    // write, a Terminate from a arrives. The Send was delivered, so once
+    // the driver confirms, it completes successfully; only later work is
+    // flushed.
+    let mut p = Pair::new(24, Link::default());
+    let src = p.b.mem.register(PD, Access::NONE, 0, 8);
+    let dst = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 8);
+    p.a.eng
+        .post_recv(recv_wr(
+            1,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.b.eng
+        .post_send(send_wr(
+            7,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.b.eng
+        .post_send(send_wr(
+            8,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 1,
+            },
+            &[],
+        ))
+        .unwrap();
+    let mut f = TxFrame::default();
+    assert!(
+        p.b.eng.poll_transmit(&mut f, 1, &p.b.mem),
+        "the Send is handed out"
+    );
+    // a sends a Write to a bad STag; b terminates.
+    let asrc = p.a.mem.register(PD, Access::NONE, 0, 8);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x7777_7701,
+            },
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: asrc,
+            }],
+        ))
+        .unwrap();
+    let mut af = TxFrame::default();
+    p.a.eng.poll_transmit(&mut af, 1 << 16, &p.a.mem);
+    p.a.frame = af;
+    let bytes = p.a.flatten();
+    p.b.eng.handle_input(&bytes, &p.b.mem);
+    p.b.drain();
+    assert_eq!(term_sent(&p.b), code(TermCode::DdpTaggedInvalidStag));
+    assert!(
+        p.b.wcs.is_empty(),
+        "the Send in flight is not flushed: {:?}",
+        p.b.wcs
+    );
+    p.b.eng.confirm_transmit();
+    p.b.drain();
+    let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(7, WcStatus::Success), (8, WcStatus::WrFlushErr)]);
+}
+
+#[test]
+fn a_send_in_flight_is_flushed_if_the_connection_dies() {
+    let mut p = Pair::new(25, Link::default());
+    let src = p.b.mem.register(PD, Access::NONE, 0, 8);
+    p.b.eng
+        .post_send(send_wr(
+            7,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    let mut f = TxFrame::default();
+    assert!(p.b.eng.poll_transmit(&mut f, 1 << 16, &p.b.mem));
+    p.b.eng.on_peer_closed();
+    p.b.drain();
+    let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(7, WcStatus::WrFlushErr)]);
+}

@@ -368,7 +368,7 @@ impl Engine {
             QpState::Init | QpState::Rts => {
                 self.state = QpState::Error;
                 self.events.push_back(EngineEvent::PeerClosed);
-                self.flush_all();
+                self.flush_all(false);
             }
         }
     }
@@ -379,7 +379,7 @@ impl Engine {
         if self.state != QpState::Closed {
             self.state = QpState::Closed;
             self.tx.pending_term = None;
-            self.flush_all();
+            self.flush_all(false);
         }
     }
 
@@ -439,29 +439,37 @@ impl Engine {
 
     /// Complete every outstanding work request with `WrFlushErr` (after any
     /// specific error status already recorded on a slot).
-    fn flush_all(&mut self) {
+    ///
+    /// With `keep_in_flight`, a Send or Write whose last bytes were handed
+    /// to the driver but not yet confirmed is left pending: the driver is
+    /// still writing it (a protocol error does not stop the frame in
+    /// progress), and `confirm_transmit` completes it successfully, or
+    /// `on_peer_closed` flushes it if the write never finishes.
+    fn flush_all(&mut self, keep_in_flight: bool) {
+        let in_flight = if keep_in_flight {
+            std::mem::take(&mut self.unconfirmed)
+        } else {
+            Vec::new()
+        };
+        // Unstarted requests join the started ones so that completions keep
+        // posting order behind a request still in flight.
+        while let Some(wr) = self.sq.pop_front() {
+            self.new_slot(&wr, wc_opcode_of(&wr.opcode), 0);
+        }
         for slot in self.sq_slots.iter_mut() {
+            if slot.status.is_none() && slot.reads_left == 0 && in_flight.contains(&slot.seq) {
+                continue;
+            }
             if slot.status.is_none() || !slot.sent && slot.status == Some(WcStatus::Success) {
                 slot.status = Some(WcStatus::WrFlushErr);
             }
             slot.sent = true;
         }
-        self.unconfirmed.clear();
+        self.unconfirmed = in_flight;
         self.orq.clear();
         self.irq.clear();
         self.tx.cursor = None;
         self.drain_sq_completions();
-        while let Some(wr) = self.sq.pop_front() {
-            self.completions.push_back(WorkCompletion {
-                wr_id: wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: wc_opcode_of(&wr.opcode),
-                queue: WcQueue::Send,
-                byte_len: 0,
-                invalidated_rkey: None,
-                solicited: false,
-            });
-        }
         if let Some(cur) = self.rx.take_current_recv() {
             self.completions
                 .push_back(recv_wc(cur.wr_id, WcStatus::WrFlushErr, 0));
@@ -490,7 +498,7 @@ impl Engine {
         self.rx.kill();
         self.state = QpState::Error;
         self.events.push_back(EngineEvent::TerminateSent(info));
-        self.flush_all();
+        self.flush_all(true);
     }
 
     /// A Terminate arrived (RFC 5040 §5.4.2): the peer found an error. The
@@ -538,7 +546,7 @@ impl Engine {
                 ecode,
                 reason: code.description().to_string(),
             }));
-        self.flush_all();
+        self.flush_all(true);
     }
 }
 

@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# The project's test command: installs what is missing, then runs every check.
+#
+#   scripts/test.sh            everything (what CI runs, via .ci/run)
+#   FAST=1 scripts/test.sh     local iteration: skips the tshark wire check and
+#                              the fuzz smoke run
+#
+# Steps: install prerequisites; cargo fmt --check; cargo clippy -D warnings;
+# ShellCheck lint; release build; cargo test (release, under a timeout); the
+# tshark wire check (scripts/tshark-check.sh); iwarp-ping client against
+# iwarp-ping server on loopback (scripts/ping-loopback.sh); the default
+# iwarp-demo run; a short cargo-fuzz run of every fuzz target (nightly only).
+#
+# Environment:
+#   FAST=1            skip the slow parts (tshark check, fuzz)
+#   SKIP_INSTALL=1    never install anything; fail if a tool is missing
+#   FUZZ_SECONDS=N    seconds per fuzz target (default 15; 0 skips fuzzing)
+#   TEST_TIMEOUT=N    seconds allowed for `cargo test` (default 1200)
+#   CI=true           set by CI; only changes the banner
+#
+# Works on a fresh Debian 12 machine as root (or with sudo): Debian
+# packages come from apt-get, Rust from rustup.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+FAST="${FAST:-0}"
+SKIP_INSTALL="${SKIP_INSTALL:-0}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-15}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-1200}"
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+START_TIME=$SECONDS
+declare -a RESULTS=()
+FAILED=0
+BUILD_OK=1
+
+section() { printf '\n==================== %s ====================\n' "$*"; }
+note() { printf '[test.sh] %s\n' "$*"; }
+
+# run_step NAME COMMAND...: run a step, record PASS/FAIL and its duration.
+run_step() {
+    local name="$1"
+    shift
+    section "$name"
+    printf '$ %s\n' "$*"
+    local t0=$SECONDS rc=0
+    "$@" || rc=$?
+    local dt=$((SECONDS - t0))
+    if ((rc == 0)); then
+        RESULTS+=("PASS  ${name} (${dt}s)")
+    else
+        RESULTS+=("FAIL  ${name} (${dt}s, exit ${rc})")
+        FAILED=$((FAILED + 1))
+    fi
+    return "$rc"
+}
+
+skip_step() {
+    section "$1"
+    note "skipped: $2"
+    RESULTS+=("SKIP  $1 ($2)")
+}
+
+# ---------------------------------------------------------------- install
+
+SUDO=()
+need_root() {
+    if ((EUID != 0)); then
+        if command -v sudo >/dev/null; then
+            SUDO=(sudo)
+        else
+            note "need root (or sudo) to install: $*"
+            return 1
+        fi
+    fi
+}
+
+APT_UPDATED=0
+apt_install() {
+    need_root "$@"
+    if ((!APT_UPDATED)); then
+        "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+        APT_UPDATED=1
+    fi
+    # wireshark-common asks whether non-root users may capture; answer "no"
+    # up front so the install never blocks on a prompt.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" |
+        "${SUDO[@]}" debconf-set-selections
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends "$@"
+}
+
+install_prereqs() {
+    local -a pkgs=()
+    command -v cc >/dev/null && command -v c++ >/dev/null || pkgs+=(build-essential)
+    command -v tshark >/dev/null || pkgs+=(tshark)
+    command -v dumpcap >/dev/null || pkgs+=(wireshark-common)
+    command -v capinfos >/dev/null || pkgs+=(wireshark-common)
+    command -v shellcheck >/dev/null || pkgs+=(shellcheck)
+    command -v timeout >/dev/null || pkgs+=(coreutils)
+    if ! command -v cargo >/dev/null && ! command -v rustup >/dev/null; then
+        command -v curl >/dev/null || pkgs+=(curl)
+        pkgs+=(ca-certificates)
+    fi
+    if ((${#pkgs[@]})); then
+        # De-duplicate while keeping the order.
+        local -a uniq=()
+        local p q seen
+        for p in "${pkgs[@]}"; do
+            seen=0
+            for q in "${uniq[@]}"; do [[ "$p" == "$q" ]] && seen=1; done
+            ((seen)) || uniq+=("$p")
+        done
+        note "installing Debian packages: ${uniq[*]}"
+        apt_install "${uniq[@]}" || return 1
+    else
+        note "Debian packages: all present"
+    fi
+
+    if ! command -v rustup >/dev/null && ! command -v cargo >/dev/null; then
+        note "installing Rust (rustup, stable, minimal profile)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+            sh -s -- -y --profile minimal --default-toolchain stable || return 1
+    fi
+    if command -v rustup >/dev/null; then
+        cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt || return 1
+        cargo clippy --version >/dev/null 2>&1 || rustup component add clippy || return 1
+    fi
+    check_prereqs || return 1
+    note "$(cargo --version), $(rustc --version)"
+    note "$(tshark --version 2>/dev/null | head -1)"
+}
+
+check_prereqs() {
+    local missing=0 t
+    for t in cargo cc tshark dumpcap capinfos timeout; do
+        command -v "$t" >/dev/null || {
+            note "missing: $t"
+            missing=1
+        }
+    done
+    return "$missing"
+}
+
+# ---------------------------------------------------------------- steps
+
+step_shellcheck() {
+    if ! command -v shellcheck >/dev/null; then
+        note "shellcheck not installed"
+        return 1
+    fi
+    shellcheck scripts/*.sh .ci/run
+}
+
+step_cargo_test() {
+    timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release
+}
+
+step_demo() {
+    timeout --kill-after=5 120 target/release/iwarp-demo
+}
+
+fuzz_targets() {
+    (cd fuzz && cargo +nightly fuzz list 2>/dev/null)
+}
+
+step_fuzz() {
+    if ! cargo fuzz --help >/dev/null 2>&1; then
+        note "installing cargo-fuzz"
+        cargo install cargo-fuzz --locked || return 1
+    fi
+    local -a targets
+    mapfile -t targets < <(fuzz_targets)
+    if ((${#targets[@]} == 0)); then
+        note "no fuzz targets found in fuzz/"
+        return 1
+    fi
+    note "fuzz targets: ${targets[*]}"
+    (cd fuzz && timeout --kill-after=30 1200 cargo +nightly fuzz build -O) || return 1
+    local t work rc=0
+    for t in "${targets[@]}"; do
+        # New inputs go to a scratch directory (the first corpus argument);
+        # the committed corpus is only read.
+        work="$(mktemp -d)"
+        local -a corpus=("$work")
+        [[ -d "fuzz/corpus/$t" ]] && corpus+=("corpus/$t")
+        note "fuzz $t for ${FUZZ_SECONDS}s (corpus: ${corpus[*]})"
+        if ! (cd fuzz && timeout --kill-after=30 $((FUZZ_SECONDS + 300)) \
+            cargo +nightly fuzz run -O "$t" "${corpus[@]}" -- \
+            -max_total_time="$FUZZ_SECONDS" -print_final_stats=1); then
+            note "fuzz target $t FAILED (crash artifacts are in fuzz/artifacts/$t)"
+            rc=1
+        fi
+        rm -rf "$work"
+    done
+    return "$rc"
+}
+
+# ---------------------------------------------------------------- main
+
+section "iwarp test.sh ($( [[ "${CI:-}" == true ]] && echo CI || echo local ), FAST=$FAST, FUZZ_SECONDS=$FUZZ_SECONDS)"
+note "repository: $ROOT, cores: $(nproc 2>/dev/null || echo '?')"
+
+if [[ "$SKIP_INSTALL" == 1 ]]; then
+    run_step "prerequisites (check only)" check_prereqs || true
+else
+    run_step "install prerequisites" install_prereqs || true
+fi
+
+run_step "cargo fmt --check" cargo fmt --all -- --check || true
+run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings || true
+run_step "shellcheck" step_shellcheck || true
+run_step "cargo build --release" cargo build --release --workspace || BUILD_OK=0
+
+if ((BUILD_OK)); then
+    run_step "cargo test --release" step_cargo_test || true
+    if [[ "$FAST" == 1 ]]; then
+        skip_step "tshark wire check" "FAST=1"
+    else
+        run_step "tshark wire check" scripts/tshark-check.sh || true
+    fi
+    run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
+    run_step "iwarp-demo" step_demo || true
+else
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo"; do
+        skip_step "$s" "release build failed"
+    done
+fi
+
+if [[ "$FAST" == 1 ]]; then
+    skip_step "fuzz smoke run" "FAST=1"
+elif [[ "$FUZZ_SECONDS" == 0 ]]; then
+    skip_step "fuzz smoke run" "FUZZ_SECONDS=0"
+elif [[ ! -f fuzz/Cargo.toml ]]; then
+    skip_step "fuzz smoke run" "no fuzz/Cargo.toml"
+elif ! command -v rustup >/dev/null || ! rustup toolchain list | grep -q '^nightly'; then
+    skip_step "fuzz smoke run" "no nightly toolchain"
+else
+    run_step "fuzz smoke run (${FUZZ_SECONDS}s per target)" step_fuzz || true
+fi
+
+section "summary"
+printf '%s\n' "${RESULTS[@]}"
+total=${#RESULTS[@]}
+passed=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^PASS' || true)
+skipped=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^SKIP' || true)
+elapsed=$((SECONDS - START_TIME))
+if ((FAILED)); then
+    echo "test.sh: FAILED: ${FAILED} of ${total} steps failed (${passed} passed, ${skipped} skipped) in ${elapsed}s"
+    exit 1
+fi
+echo "test.sh: OK: ${passed} steps passed, ${skipped} skipped, in ${elapsed}s"
