@@ -1,0 +1,509 @@
+//! `iwarp-perf`: perftest-style bandwidth and latency tests (`ib_write_bw`,
+//! `ib_read_lat`, ...) for the user-space software iWARP stack, with an
+//! honest raw-TCP baseline over the same sockets and message pattern.
+//!
+//! - [`params`]: test parameters and the blocks the two ends exchange
+//!   (MPA private data, or the first bytes of a TCP connection).
+//! - [`rdma`]: the iWARP client and server roles of the six tests.
+//! - [`tcp`]: the same patterns over plain TCP.
+//! - [`pattern`]: `--integrity` patterns and checksums.
+//! - [`report`]: statistics, tables, JSON, RSS and CPU accounting.
+
+mod params;
+mod pattern;
+mod rdma;
+mod report;
+mod tcp;
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use iwarp::cm::Listener;
+
+use params::{Params, Test};
+use report::Measurement;
+
+const LONG_ABOUT: &str = "\
+perftest-style bandwidth and latency tests for the software iWARP stack
+(RDMAP/DDP/MPA over TCP, wire-compatible with Linux siw), with a raw-TCP
+baseline that uses the same socket setup and message pattern.
+
+Bandwidth tests (write_bw, read_bw, send_bw) keep --tx-depth operations
+outstanding per QP and signal every depth/4-th one, as perftest does; read_bw
+is also bounded by the negotiated ORD (IRD/ORD = --tx-depth are requested).
+send_bw runs on receive credits (iWARP has no receiver-not-ready retry).
+Each run ends with a DONE/ACK handshake and the clock stops at the ACK, so
+the last byte has been placed at the receiver.
+
+Latency tests are ping-pongs: write_lat polls the last byte of its buffer
+for the peer's RDMA Write (as perftest does), send_lat waits for the echo's
+receive completion; both report half the round trip. read_lat does one
+RDMA Read at a time and reports the full round trip. Latencies are in
+microseconds; MB/s is 10^6 bytes per second.
+
+Two processes: `iwarp-perf --server [-p PORT]` and `iwarp-perf TEST HOST
+[-p PORT] [options]`; the server adopts the client's parameters (iWARP on
+PORT, the TCP baseline on PORT+1). One process: `--loopback`.";
+
+const EXAMPLES: &str = "\
+Examples:
+  iwarp-perf write_bw --loopback -s 1048576 --compare
+  iwarp-perf send_lat --loopback -s 8 --compare --json
+  iwarp-perf write_bw --loopback -a --crc off --json
+  iwarp-perf read_bw --loopback -s 65537 -n 200 --integrity
+  iwarp-perf --server -p 18515            (on host A)
+  iwarp-perf write_bw hostA -p 18515 -q 4  (on host B)";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    fn on(self) -> bool {
+        self == OnOff::On
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "iwarp-perf",
+    version,
+    about = "perftest-style bandwidth/latency tests for software iWARP, with a TCP baseline",
+    long_about = LONG_ABOUT,
+    after_help = EXAMPLES
+)]
+struct Cli {
+    /// The test (required unless --server).
+    #[arg(value_enum)]
+    test: Option<Test>,
+    /// Server to connect to (client mode).
+    host: Option<String>,
+    /// Serve runs for clients: iWARP on PORT, the TCP baseline on PORT+1.
+    #[arg(long)]
+    server: bool,
+    /// Address the server binds to.
+    #[arg(long, default_value = "0.0.0.0")]
+    bind: String,
+    /// Port (iWARP; the TCP baseline uses PORT+1).
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Run both ends in this process over 127.0.0.1.
+    #[arg(long, conflicts_with_all = ["server", "host"])]
+    loopback: bool,
+    /// Message size in bytes [default: 65536 for bandwidth tests, 8 for latency tests].
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Sweep message sizes 2 B .. 8 MiB (powers of two).
+    #[arg(short = 'a', long = "all", conflicts_with = "size")]
+    all: bool,
+    /// Iterations per QP [default: 5000 (at most 4 GiB per QP) for bandwidth, 5000 (at most 1 GiB) for latency].
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Run for SECS seconds instead of a number of iterations.
+    #[arg(short = 'D', long, value_name = "SECS", conflicts_with = "iters")]
+    duration: Option<f64>,
+    /// Outstanding operations per QP (queue depth) [default: 128]; latency tests always use 1.
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<u32>,
+    /// Number of QPs, each on its own connection, driven round-robin by one thread.
+    #[arg(short = 'q', long, default_value_t = 1)]
+    qps: u32,
+    /// MPA CRC32C: `on` requires it, `off` refuses it [client default: on; server default: follow the client].
+    #[arg(long, value_enum)]
+    crc: Option<OnOff>,
+    /// MPA markers: `on` requires them, `off` refuses them [client default: off; server default: follow the client].
+    #[arg(long, value_enum)]
+    markers: Option<OnOff>,
+    /// Run the raw-TCP baseline instead of iWARP.
+    #[arg(long, conflicts_with = "compare")]
+    tcp: bool,
+    /// Run iWARP, then TCP with the same parameters, and print the ratio.
+    #[arg(long)]
+    compare: bool,
+    /// Machine-readable output: one JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Fill every message with a per-iteration pattern and verify a CRC32C
+    /// of every received message; any mismatch fails the run.
+    #[arg(long)]
+    integrity: bool,
+    /// Spin on the CQ (and on polled memory) instead of sleeping in cq.wait.
+    #[arg(long, conflicts_with = "event")]
+    busy_poll: bool,
+    /// Sleep in cq.wait for completions (the default).
+    #[arg(long)]
+    event: bool,
+    /// Bound on every single wait, in seconds.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    timeout: f64,
+    /// Server: exit if no client arrives within SECS seconds.
+    #[arg(long, default_value_t = 600.0, value_name = "SECS")]
+    idle_timeout: f64,
+    /// Self-test of --integrity: the receiver flips one byte of one message.
+    #[arg(long, hide = true)]
+    inject_corruption: bool,
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = Cli::parse();
+    let r = if cli.server { serve(&cli) } else { run(&cli) };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("iwarp-perf: error: {e}");
+            if e.contains("INTEGRITY FAILURE") {
+                ExitCode::from(3)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn secs(v: f64, what: &str) -> Result<Duration, String> {
+    if v.is_finite() && v > 0.0 && v < 1e7 {
+        Ok(Duration::from_secs_f64(v))
+    } else {
+        Err(format!("{what} must be a positive number of seconds, got {v}"))
+    }
+}
+
+/// Default iterations for `size` bytes (per QP).
+fn default_iters(test: Test, size: usize) -> u64 {
+    let cap: u64 = if test.is_bw() { 4 << 30 } else { 1 << 30 };
+    (cap / size as u64).clamp(100, 5000)
+}
+
+fn params_for(cli: &Cli, test: Test, size: usize) -> Result<Params, String> {
+    let depth = if test.is_bw() {
+        cli.tx_depth.unwrap_or(128)
+    } else {
+        1
+    };
+    if depth == 0 || depth > 4096 {
+        return Err(format!("--tx-depth must be 1..=4096, got {depth}"));
+    }
+    if cli.qps == 0 || cli.qps > 256 {
+        return Err(format!("--qps must be 1..=256, got {}", cli.qps));
+    }
+    if !test.is_bw() && cli.qps != 1 {
+        return Err(format!("{test} measures one ping-pong: run it with one QP (-q 1)"));
+    }
+    if size == 0 || size > 1 << 30 {
+        return Err(format!("--size must be 1..=1073741824 bytes, got {size}"));
+    }
+    let duration = cli.duration.map(|d| secs(d, "--duration")).transpose()?;
+    let iters = cli.iters.unwrap_or_else(|| default_iters(test, size));
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    Ok(Params {
+        test,
+        size,
+        iters,
+        duration,
+        depth,
+        qps: cli.qps,
+        integrity: cli.integrity,
+        busy_poll: cli.busy_poll,
+        corrupt: cli.inject_corruption,
+        timeout: secs(cli.timeout, "--timeout")?,
+    })
+}
+
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host} has no address"))
+}
+
+fn test_title(t: Test) -> &'static str {
+    match t {
+        Test::WriteBw => "RDMA Write BW test",
+        Test::ReadBw => "RDMA Read BW test",
+        Test::SendBw => "Send BW test",
+        Test::WriteLat => "RDMA Write latency test",
+        Test::ReadLat => "RDMA Read latency test",
+        Test::SendLat => "Send latency test",
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    let test = cli.test.ok_or(
+        "name a test: write_bw, read_bw, send_bw, write_lat, read_lat or send_lat (see --help)",
+    )?;
+    if !cli.loopback && cli.host.is_none() {
+        return Err("give the server's HOST, or --loopback to run both ends here, or --server".into());
+    }
+    let sizes: Vec<usize> = if cli.all {
+        (1..=23).map(|k| 1usize << k).collect()
+    } else {
+        vec![cli.size.unwrap_or(if test.is_bw() { 65536 } else { 8 })]
+    };
+    let run_iwarp = !cli.tcp;
+    let run_tcp = cli.tcp || cli.compare;
+    let crc = cli.crc.unwrap_or(OnOff::On).on();
+    let markers = cli.markers.unwrap_or(OnOff::Off).on();
+    let remote = match &cli.host {
+        Some(h) => Some((resolve(h, cli.port)?, resolve(h, cli.port.wrapping_add(1))?)),
+        None => None,
+    };
+    let first = params_for(cli, test, sizes[0])?;
+    if !cli.json {
+        println!("{}", "-".repeat(96));
+        println!(
+            " {} (iwarp-perf: software iWARP over TCP{})",
+            test_title(test),
+            if cli.loopback { ", loopback" } else { "" }
+        );
+        println!(
+            " QPs: {}   depth: {}   CRC: {}   markers: {}   mode: {}   integrity: {}   {}",
+            first.qps,
+            first.depth,
+            if crc { "on" } else { "off" },
+            if markers { "on" } else { "off" },
+            if first.busy_poll { "busy-poll" } else { "event" },
+            if first.integrity { "on" } else { "off" },
+            match first.duration {
+                Some(d) => format!("duration: {:.1} s", d.as_secs_f64()),
+                None => "iterations: per size".into(),
+            }
+        );
+        if test == Test::ReadBw && run_iwarp {
+            println!(" (read_bw outstanding Reads are also bounded by the negotiated ORD)");
+        }
+        println!("{}", "-".repeat(96));
+        println!("{}", report::header(test, cli.compare));
+    }
+    let mut failed = None;
+    for (k, &size) in sizes.iter().enumerate() {
+        let p = params_for(cli, test, size)?;
+        let final_size = k + 1 == sizes.len();
+        let iw = if run_iwarp {
+            Some(measure_iwarp(&p, crc, markers, remote.map(|r| r.0), final_size && !run_tcp)?)
+        } else {
+            None
+        };
+        let tc = if run_tcp {
+            Some(measure_tcp(&p, remote.map(|r| r.1), final_size)?)
+        } else {
+            None
+        };
+        match (&iw, &tc) {
+            (Some(a), Some(b)) if cli.compare => {
+                if cli.json {
+                    println!("{}", report::json_compare(a, b));
+                } else {
+                    println!("{}", report::row(a, true));
+                    println!("{}", report::row(b, true));
+                    println!("{}", report::ratio_row(a, b));
+                }
+            }
+            _ => {
+                for m in iw.iter().chain(tc.iter()) {
+                    if cli.json {
+                        println!("{}", report::json_one(m));
+                    } else {
+                        println!("{}", report::row(m, false));
+                    }
+                }
+            }
+        }
+        if p.integrity {
+            for m in iw.iter().chain(tc.iter()) {
+                if m.verified == 0 && failed.is_none() {
+                    failed = Some(format!("{} {}: --integrity verified no message", m.transport, size));
+                }
+                if !cli.json {
+                    eprintln!(
+                        " integrity: {} {} bytes: {} messages verified",
+                        m.transport, size, m.verified
+                    );
+                }
+            }
+        }
+    }
+    if !cli.json {
+        println!("{}", "-".repeat(96));
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Run one iWARP measurement: against `remote`, or in loopback with a
+/// server thread.
+fn measure_iwarp(
+    p: &Params,
+    crc: bool,
+    markers: bool,
+    remote: Option<SocketAddr>,
+    last: bool,
+) -> Result<Measurement, String> {
+    let mpa = rdma::mpa_config(Some(crc), Some(markers), p.depth.max(16));
+    report::reset_peak_rss();
+    let cpu0 = report::cpu_seconds();
+    let client = |addr: SocketAddr| -> Result<(rdma::ClientResult, (bool, bool)), String> {
+        let mut side = rdma::connect(addr, p, &mpa, last)?;
+        let cm = side.crc_markers();
+        let r = rdma::run_client(&mut side)?;
+        Ok((r, cm))
+    };
+    let (r, (crc_neg, markers_neg)) = match remote {
+        Some(addr) => client(addr)?,
+        None => {
+            let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
+            let listener = Listener::bind(loopback, mpa.clone())
+                .map_err(|e| format!("loopback listener: {e}"))?;
+            let addr = listener.local_addr();
+            std::thread::scope(|s| {
+                let srv = s.spawn(|| -> Result<u64, String> {
+                    let (mut side, _) = rdma::accept(&listener, p.timeout)?;
+                    rdma::run_server(&mut side)
+                });
+                let c = client(addr);
+                let sr = srv
+                    .join()
+                    .unwrap_or_else(|_| Err("the server thread panicked".into()));
+                match (c, sr) {
+                    (_, Err(e)) if e.contains("INTEGRITY") => Err(format!("server: {e}")),
+                    (Err(e), _) if e.contains("INTEGRITY") => Err(e),
+                    (Err(e), Err(se)) => Err(format!("{e}\n  server: {se}")),
+                    (Err(e), Ok(_)) => Err(e),
+                    (Ok(_), Err(se)) => Err(format!("server: {se}")),
+                    // The client's count already includes what the server
+                    // verified (reported in its ACK).
+                    (Ok(c), Ok(_)) => Ok(c),
+                }
+            })?
+        }
+    };
+    Ok(Measurement {
+        transport: "iwarp",
+        params: *p,
+        msgs: r.msgs,
+        elapsed: r.elapsed,
+        crc: crc_neg,
+        markers: markers_neg,
+        lat: r.lat,
+        peak_rss_kib: report::peak_rss_kib(),
+        cpu_s: report::cpu_seconds() - cpu0,
+        verified: r.verified,
+    })
+}
+
+/// Run one TCP-baseline measurement.
+fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Measurement, String> {
+    report::reset_peak_rss();
+    let cpu0 = report::cpu_seconds();
+    let r = match remote {
+        Some(addr) => tcp::run_client(addr, p, last)?,
+        None => {
+            let listener = TcpListener::bind(("127.0.0.1", 0))
+                .map_err(|e| format!("TCP loopback listener: {e}"))?;
+            let addr = listener
+                .local_addr()
+                .map_err(|e| format!("TCP loopback listener: {e}"))?;
+            std::thread::scope(|s| {
+                let srv = s.spawn(|| tcp::serve(&listener, p.timeout));
+                let c = tcp::run_client(addr, p, last);
+                let sr = srv
+                    .join()
+                    .unwrap_or_else(|_| Err("the TCP server thread panicked".into()));
+                match (c, sr) {
+                    (_, Err(e)) if e.contains("INTEGRITY") => Err(format!("server: {e}")),
+                    (Err(e), _) => Err(e),
+                    (Ok(_), Err(se)) => Err(format!("server: {se}")),
+                    (Ok(c), Ok(_)) => Ok(c),
+                }
+            })?
+        }
+    };
+    Ok(Measurement {
+        transport: "tcp",
+        params: *p,
+        msgs: r.msgs,
+        elapsed: r.elapsed,
+        crc: false,
+        markers: false,
+        lat: r.lat,
+        peak_rss_kib: report::peak_rss_kib(),
+        cpu_s: report::cpu_seconds() - cpu0,
+        verified: r.verified,
+    })
+}
+
+/// `--server`: serve iWARP runs on PORT and TCP-baseline runs on PORT+1
+/// until a client's last run (or the idle timeout).
+fn serve(cli: &Cli) -> Result<(), String> {
+    let idle = secs(cli.idle_timeout, "--idle-timeout")?;
+    let ip: std::net::IpAddr = cli
+        .bind
+        .parse()
+        .map_err(|e| format!("--bind {}: {e}", cli.bind))?;
+    let mpa = rdma::mpa_config(cli.crc.map(OnOff::on), cli.markers.map(OnOff::on), 1024);
+    let listener = Listener::bind(SocketAddr::new(ip, cli.port), mpa)
+        .map_err(|e| format!("listening on port {}: {e}", cli.port))?;
+    let tport = cli.port.wrapping_add(1);
+    let tlistener = TcpListener::bind(SocketAddr::new(ip, tport))
+        .map_err(|e| format!("listening on TCP port {tport}: {e}"))?;
+    eprintln!(
+        "iwarp-perf: serving iWARP on {} and the TCP baseline on {}:{tport}",
+        listener.local_addr(),
+        ip
+    );
+    std::thread::spawn(move || loop {
+        match tcp::serve(&tlistener, idle) {
+            Ok(req) => {
+                eprintln!("iwarp-perf: TCP {} run done", req.params.test);
+                if req.last {
+                    std::process::exit(0);
+                }
+            }
+            Err(e) => {
+                eprintln!("iwarp-perf: TCP run failed: {e}");
+                if e.contains("no client connected") {
+                    std::process::exit(1);
+                }
+            }
+        }
+    });
+    loop {
+        match rdma::accept(&listener, idle) {
+            Ok((mut side, req)) => {
+                let r = rdma::run_server(&mut side);
+                drop(side);
+                match r {
+                    Ok(v) => eprintln!(
+                        "iwarp-perf: iWARP {} run done ({} bytes{})",
+                        req.params.test,
+                        req.params.size,
+                        if req.params.integrity {
+                            format!(", {v} messages verified")
+                        } else {
+                            String::new()
+                        }
+                    ),
+                    Err(e) => eprintln!("iwarp-perf: iWARP run failed: {e}"),
+                }
+                if req.last {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.contains("waiting for a client") && e.contains("timed out") => {
+                return Err(format!("no client within --idle-timeout: {e}"))
+            }
+            Err(e) => eprintln!("iwarp-perf: {e}"),
+        }
+    }
+}
