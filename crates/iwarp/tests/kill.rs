@@ -1,0 +1,130 @@
+//! A peer process killed mid-transfer (SIGKILL: no goodbye, the kernel
+//! resets the connection): every outstanding work request on the survivor
+//! completes with a flush error within one second, and no thread is left
+//! blocked.
+//!
+//! The test re-runs its own binary as the peer: with `IWARP_KILL_PEER` set,
+//! `peer_process` listens, accepts, serves RDMA Reads and Writes from its
+//! driver threads and otherwise sleeps until it is killed.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use iwarp::cm::{self, ConnParam, Listener, MpaConfig};
+use iwarp::{WcStatus, WrOpcode};
+
+const REGION: usize = 8 << 20;
+
+#[test]
+fn peer_process() {
+    if std::env::var_os("IWARP_KILL_PEER").is_none() {
+        return; // Only meaningful as the child of the test below.
+    }
+    let server = Host::new();
+    let mr = server.mr(REGION);
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    println!("LISTEN {}", listener.local_addr());
+    let req = listener.get_request(Some(T)).unwrap();
+    let mut pdata = mr.addr().to_be_bytes().to_vec();
+    pdata.extend_from_slice(&mr.rkey().to_be_bytes());
+    req.accept(
+        &server.qp,
+        &ConnParam {
+            private_data: pdata,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Serve until killed (bounded so a broken parent cannot leak us).
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn killed_peer_flushes_everything_within_a_second() {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        .env("IWARP_KILL_PEER", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("peer printed its address").unwrap();
+        // libtest may print "test peer_process ... " on the same line.
+        if let Some(at) = line.find("LISTEN ") {
+            break line[at + 7..].trim().parse().unwrap();
+        }
+    };
+    let client = Host::new();
+    let pdata = cm::connect(
+        &client.qp,
+        addr,
+        &ConnParam {
+            timeout: T,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let remote = u64::from_be_bytes(pdata[..8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(pdata[8..12].try_into().unwrap());
+    let local = client.mr(REGION);
+    // Keep the send queue full of large Writes and Reads.
+    let mut posted = 0u64;
+    for i in 0..48u64 {
+        let op = if i % 2 == 0 {
+            WrOpcode::RdmaWrite {
+                remote_addr: remote,
+                rkey,
+            }
+        } else {
+            WrOpcode::RdmaRead {
+                remote_addr: remote,
+                rkey,
+            }
+        };
+        if client
+            .qp
+            .post_send(&wr(i, op, &[local.sge(0, 1 << 20)]))
+            .is_ok()
+        {
+            posted += 1;
+        }
+    }
+    // Let the transfer get going, then kill the peer.
+    let first = wait_wc(&client.scq);
+    assert_eq!(first.status, WcStatus::Success);
+    let mut done = 1u64;
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let mut flushed = 0;
+    while done < posted {
+        let wc = client
+            .scq
+            .wait_one(Duration::from_secs(2))
+            .unwrap()
+            .unwrap_or_else(|| panic!("only {done} of {posted} completions after the kill"));
+        done += 1;
+        if wc.status == WcStatus::WrFlushErr {
+            flushed += 1;
+        } else {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        }
+    }
+    let took = killed.elapsed();
+    child.wait().unwrap();
+    assert!(flushed > 0, "the kill interrupted the transfer");
+    assert!(
+        took < Duration::from_secs(1),
+        "all flushed {took:?} after the kill"
+    );
+    assert_eq!(client.qp.state(), iwarp::QpState::Error);
+    // The QP's driver threads are gone: disconnect returns promptly.
+    let t0 = Instant::now();
+    client.qp.disconnect();
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
