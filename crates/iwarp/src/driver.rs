@@ -84,6 +84,9 @@ pub const RX_READ: usize = 16 * 1024;
 /// enough for the trailer of one FPDU, the headers of the next and a
 /// marker, so the engine can hint the next payload as direct.
 pub const HDR_PEEK: usize = 64;
+/// Bytes read into the buffer behind a direct placement: an FPDU's pad and
+/// CRC (at most 7) and the next tagged header (16), rounded up.
+pub const DIRECT_TAIL: usize = 24;
 /// Bytes the transmit path asks the engine for per `poll_transmit`.
 pub const TX_BATCH: usize = 256 * 1024;
 /// How long `disconnect` lets queued frames (a Terminate) leave before
@@ -587,12 +590,6 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
         match hint {
             // In bulk mode, also finish a segment's shorter remainder directly.
             RxHint::Direct { stag, to, len } if len >= DIRECT_MIN || bulk => {
-                // Wait for data without holding the region.
-                match sys::poll_one(fd, libc::POLLIN, TICK) {
-                    Ok(0) => continue,
-                    Ok(_) => {}
-                    Err(e) => break format!("poll failed: {e}"),
-                }
                 let Ok(region) = qp.mem.resolve(stag) else {
                     // Deregistered meanwhile: let the engine see the bytes
                     // (and fail the access) through the buffered path.
@@ -610,22 +607,43 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
                     Ok(p) => p,
                     Err(e) => break format!("direct placement outside region {stag:#010x}: {e}"),
                 };
-                // SAFETY: `ptr..ptr + len` lies inside the region (checked
-                // just above) and stays allocated while `region` (an Arc) is
-                // held: owned memory lives in the Arc, raw memory is kept
+                // One scatter read takes the payload into the region and the
+                // FPDU's trailer plus the next header into the buffer, so a
+                // bulk stream costs one system call per FPDU.
+                let mut iov = [
+                    libc::iovec {
+                        iov_base: ptr.cast(),
+                        iov_len: len as usize,
+                    },
+                    libc::iovec {
+                        iov_base: buf.as_mut_ptr().cast(),
+                        iov_len: DIRECT_TAIL,
+                    },
+                ];
+                // SAFETY: the first iovec lies inside the region (checked
+                // just above), which stays allocated while `region` (an Arc)
+                // is held: owned memory lives in the Arc, raw memory is kept
                 // alive by the `reg_mr_raw` contract and the MemoryRegion's
-                // Drop, which waits for this Arc. The recv does not block.
-                let r = unsafe { sys::recv_into(fd, ptr, len as usize) };
+                // Drop, which waits for this Arc. The second is the start of
+                // `buf`, which is empty (`end == 0`) and at least
+                // DIRECT_TAIL long. The call does not block, so the region is
+                // held only for one copy.
+                let r = unsafe { sys::recv_iovecs(fd, &mut iov) };
                 drop(region);
                 match r {
                     Ok(0) => break "EOF".into(),
                     Ok(n) => {
                         bulk = true;
+                        let direct = n.min(len as usize);
+                        end = n - direct;
                         qp.counters
                             .rx_direct_bytes
-                            .fetch_add(n as u64, Ordering::Relaxed);
+                            .fetch_add(direct as u64, Ordering::Relaxed);
+                        qp.counters
+                            .rx_buffered_bytes
+                            .fetch_add(end as u64, Ordering::Relaxed);
                         let mut eng = lock(&qp.engine);
-                        eng.handle_direct(n, &*qp.mem);
+                        eng.handle_direct(direct, &*qp.mem);
                         pump(qp, &mut eng);
                         let tx = eng.has_transmit() || eng.wants_close();
                         drop(eng);
@@ -633,7 +651,13 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
                             conn.kick(qp);
                         }
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        // Nothing there yet: wait without holding the region.
+                        match sys::poll_one(fd, libc::POLLIN, TICK) {
+                            Ok(_) => {}
+                            Err(e) => break format!("poll failed: {e}"),
+                        }
+                    }
                     Err(e) => break format!("read failed: {e}"),
                 }
             }

@@ -66,17 +66,23 @@ pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Duration) -> io::Result<
     Ok(if rc == 0 { 0 } else { pfd.revents })
 }
 
-/// Non-blocking `recv(2)` of up to `len` bytes straight into `ptr`.
+/// Non-blocking scatter `recvmsg(2)` into the iovecs, in order; returns the
+/// bytes received.
 ///
 /// # Safety
-/// `ptr..ptr + len` must be valid for writes for the duration of the call
-/// (registered memory whose region the caller holds).
-pub(crate) unsafe fn recv_into(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+/// Every iovec must describe memory valid for writes for the duration of
+/// the call (registered memory whose region the caller holds, or a buffer
+/// it borrows).
+pub(crate) unsafe fn recv_iovecs(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is a valid empty message header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
     loop {
-        // SAFETY: the caller guarantees `ptr..ptr + len` is writable memory;
-        // MSG_DONTWAIT makes the call return at once, so the memory is held
-        // only for the length of one copy.
-        let rc = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
+        // SAFETY: `msg` points at `iov`, whose entries the caller guarantees
+        // to be writable; MSG_DONTWAIT makes the call return at once, so the
+        // memory is held only for the length of one copy.
+        let rc = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
         if rc >= 0 {
             return Ok(rc as usize);
         }
