@@ -174,7 +174,9 @@ fn secs(v: f64, what: &str) -> Result<Duration, String> {
     if v.is_finite() && v > 0.0 && v < 1e7 {
         Ok(Duration::from_secs_f64(v))
     } else {
-        Err(format!("{what} must be a positive number of seconds, got {v}"))
+        Err(format!(
+            "{what} must be a positive number of seconds, got {v}"
+        ))
     }
 }
 
@@ -197,7 +199,9 @@ fn params_for(cli: &Cli, test: Test, size: usize) -> Result<Params, String> {
         return Err(format!("--qps must be 1..=256, got {}", cli.qps));
     }
     if !test.is_bw() && cli.qps != 1 {
-        return Err(format!("{test} measures one ping-pong: run it with one QP (-q 1)"));
+        return Err(format!(
+            "{test} measures one ping-pong: run it with one QP (-q 1)"
+        ));
     }
     if size == 0 || size > 1 << 30 {
         return Err(format!("--size must be 1..=1073741824 bytes, got {size}"));
@@ -245,7 +249,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         "name a test: write_bw, read_bw, send_bw, write_lat, read_lat or send_lat (see --help)",
     )?;
     if !cli.loopback && cli.host.is_none() {
-        return Err("give the server's HOST, or --loopback to run both ends here, or --server".into());
+        return Err(
+            "give the server's HOST, or --loopback to run both ends here, or --server".into(),
+        );
     }
     let sizes: Vec<usize> = if cli.all {
         (1..=23).map(|k| 1usize << k).collect()
@@ -274,7 +280,11 @@ fn run(cli: &Cli) -> Result<(), String> {
             first.depth,
             if crc { "on" } else { "off" },
             if markers { "on" } else { "off" },
-            if first.busy_poll { "busy-poll" } else { "event" },
+            if first.busy_poll {
+                "busy-poll"
+            } else {
+                "event"
+            },
             if first.integrity { "on" } else { "off" },
             match first.duration {
                 Some(d) => format!("duration: {:.1} s", d.as_secs_f64()),
@@ -292,7 +302,13 @@ fn run(cli: &Cli) -> Result<(), String> {
         let p = params_for(cli, test, size)?;
         let final_size = k + 1 == sizes.len();
         let iw = if run_iwarp {
-            Some(measure_iwarp(&p, crc, markers, remote.map(|r| r.0), final_size && !run_tcp)?)
+            Some(measure_iwarp(
+                &p,
+                crc,
+                markers,
+                remote.map(|r| r.0),
+                final_size && !run_tcp,
+            )?)
         } else {
             None
         };
@@ -324,7 +340,10 @@ fn run(cli: &Cli) -> Result<(), String> {
         if p.integrity {
             for m in iw.iter().chain(tc.iter()) {
                 if m.verified == 0 && failed.is_none() {
-                    failed = Some(format!("{} {}: --integrity verified no message", m.transport, size));
+                    failed = Some(format!(
+                        "{} {}: --integrity verified no message",
+                        m.transport, size
+                    ));
                 }
                 if !cli.json {
                     eprintln!(

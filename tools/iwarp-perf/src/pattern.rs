@@ -131,7 +131,8 @@ mod tests {
         *c.last_mut().unwrap() = 7;
         v.check("t", 2, &mut c, seed(0, 0, 1), Some(7)).unwrap();
         let mut v = Verifier::new(true);
-        v.check("t", 0, &mut a.clone(), seed(0, 0, 1), None).unwrap();
+        v.check("t", 0, &mut a.clone(), seed(0, 0, 1), None)
+            .unwrap();
         let e = v.check("t", 1, &mut a, seed(0, 0, 1), None).unwrap_err();
         assert!(e.contains("INTEGRITY FAILURE"), "{e}");
     }

@@ -76,7 +76,11 @@ fn wrid(kind: u64, qp: u32, seq: u64) -> u64 {
 }
 
 fn split_wrid(id: u64) -> (u64, usize, u64) {
-    (id >> 56, ((id >> 40) & 0xffff) as usize, id & ((1 << 40) - 1))
+    (
+        id >> 56,
+        ((id >> 40) & 0xffff) as usize,
+        id & ((1 << 40) - 1),
+    )
 }
 
 /// Warm-up round trips of the latency tests (not recorded).
@@ -166,7 +170,14 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(pd: &ProtectionDomain, scq: &CompletionQueue, rcq: &CompletionQueue, p: &Params, role: Role, idx: u32) -> Result<Conn, String> {
+    fn new(
+        pd: &ProtectionDomain,
+        scq: &CompletionQueue,
+        rcq: &CompletionQueue,
+        p: &Params,
+        role: Role,
+        idx: u32,
+    ) -> Result<Conn, String> {
         let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
         let reg = |len: usize, what: &str| {
             pd.reg_mr(len, acc)
@@ -353,7 +364,7 @@ impl Waiter {
     /// progress.
     fn idle(&mut self, what: &str) -> Result<(), String> {
         self.spins += 1;
-        if self.spins % 1024 == 0 && self.last_progress.elapsed() > self.timeout {
+        if self.spins & 1023 == 0 && self.last_progress.elapsed() > self.timeout {
             return Err(format!(
                 "timed out after {:?} {what}: the peer stopped making progress (raise --timeout for slow links)",
                 self.timeout
@@ -564,7 +575,14 @@ pub fn accept(listener: &Listener, wait: Duration) -> Result<(Side, Request), St
             // client can issue its first Read.
             let mut scratch = Vec::new();
             for s in 0..data_slots(&p) {
-                fill_slot(&c, p.size, s, pattern::seed(c.idx, 1, s as u64), None, &mut scratch);
+                fill_slot(
+                    &c,
+                    p.size,
+                    s,
+                    pattern::seed(c.idx, 1, s as u64),
+                    None,
+                    &mut scratch,
+                );
             }
         }
         creq.accept(
@@ -631,7 +649,14 @@ fn stamp(iter: u64, slots: u64) -> u8 {
 
 /// Fill data slot `slot` of `c` with pattern `seed` (and the stamp);
 /// returns its checksum.
-fn fill_slot(c: &Conn, size: usize, slot: usize, seed: u64, last: Option<u8>, scratch: &mut Vec<u8>) -> u32 {
+fn fill_slot(
+    c: &Conn,
+    size: usize,
+    slot: usize,
+    seed: u64,
+    last: Option<u8>,
+    scratch: &mut Vec<u8>,
+) -> u32 {
     scratch.resize(size, 0);
     pattern::fill(scratch, seed);
     if let (Some(b), Some(l)) = (last, scratch.last_mut()) {
@@ -721,7 +746,14 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
                 };
                 if p.integrity && p.test != Test::ReadBw {
                     let st_byte = (p.test == Test::WriteBw).then(|| stamp(i, slots));
-                    let crc = fill_slot(c, size, slot, pattern::seed(c.idx, 0, i), st_byte, &mut scratch);
+                    let crc = fill_slot(
+                        c,
+                        size,
+                        slot,
+                        pattern::seed(c.idx, 0, i),
+                        st_byte,
+                        &mut scratch,
+                    );
                     s.sent_sum = s.sent_sum.wrapping_add(u64::from(crc));
                 }
                 wrs.push(SendWr {
@@ -734,8 +766,7 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
                 s.posted += 1;
             }
             if !wrs.is_empty() {
-                c.qp
-                    .post_send_list(&wrs)
+                c.qp.post_send_list(&wrs)
                     .map_err(|e| format!("QP {}: post_send: {e}", c.idx))?;
                 progress = true;
             }
@@ -755,7 +786,13 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
                     let slot = (i % slots) as usize;
                     side.scratch.resize(size, 0);
                     c.data.read_at(slot * size, &mut side.scratch);
-                    verifiers[qi].check("RDMA Read", i, &mut side.scratch, pattern::seed(c.idx, 1, slot as u64), None)?;
+                    verifiers[qi].check(
+                        "RDMA Read",
+                        i,
+                        &mut side.scratch,
+                        pattern::seed(c.idx, 1, slot as u64),
+                        None,
+                    )?;
                     s.verified = i + 1;
                 }
             }
@@ -775,8 +812,10 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
             waiter.progress();
             continue;
         }
-        let any_outstanding = st.iter().any(|s| s.posted > s.completed);
-        if credit_blocked && !any_outstanding {
+        // Blocked on credits: they arrive as RDMA Writes into memory, with
+        // no completion here (and the requests still outstanding may all be
+        // unsignaled), so poll the credit word.
+        if credit_blocked {
             waiter.idle("waiting for credits from the receiver")?;
         } else {
             waiter.wait_cq(&side.scq, "waiting for send completions")?;
@@ -825,7 +864,11 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
 
 /// Wait for one control message of `kind` on every connection (data
 /// receives must not arrive meanwhile). Returns (count, sum) per QP.
-fn collect_ctrl(side: &mut Side, kind: u64, waiter: &mut Waiter) -> Result<Vec<(u64, u64)>, String> {
+fn collect_ctrl(
+    side: &mut Side,
+    kind: u64,
+    waiter: &mut Waiter,
+) -> Result<Vec<(u64, u64)>, String> {
     let mut got: Vec<Option<(u64, u64)>> = vec![None; side.conns.len()];
     let mut buf = Vec::new();
     waiter.progress();
@@ -851,12 +894,14 @@ fn collect_ctrl(side: &mut Side, kind: u64, waiter: &mut Waiter) -> Result<Vec<(
                 .ok_or_else(|| format!("completion for unknown QP {qi}"))?;
             c.recv_bytes(seq, wc.byte_len as usize, &mut buf);
             match parse_ctrl(&buf) {
-                Some((k2, count, sum)) if wc.solicited && k2 == kind => got[qi] = Some((count, sum)),
+                Some((k2, count, sum)) if wc.solicited && k2 == kind => {
+                    got[qi] = Some((count, sum))
+                }
                 _ => {
                     return Err(format!(
-                        "QP {qi}: unexpected message of {} bytes while waiting for the final handshake",
-                        wc.byte_len
-                    ))
+                    "QP {qi}: unexpected message of {} bytes while waiting for the final handshake",
+                    wc.byte_len
+                ))
                 }
             }
         }
@@ -941,7 +986,13 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
             }
             if p.integrity {
                 c.recv_bytes(seq, size, &mut buf);
-                verifiers[qi].check("Send", s.expected, &mut buf, pattern::seed(c.idx, 0, s.expected), None)?;
+                verifiers[qi].check(
+                    "Send",
+                    s.expected,
+                    &mut buf,
+                    pattern::seed(c.idx, 0, s.expected),
+                    None,
+                )?;
             }
             s.expected += 1;
             c.post_recv()?;
@@ -962,7 +1013,13 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
                     }
                     buf.resize(size, 0);
                     c.data.read_at(slot * size, &mut buf);
-                    verifiers[qi].check("RDMA Write", i, &mut buf, pattern::seed(c.idx, 0, i), Some(want))?;
+                    verifiers[qi].check(
+                        "RDMA Write",
+                        i,
+                        &mut buf,
+                        pattern::seed(c.idx, 0, i),
+                        Some(want),
+                    )?;
                     s.expected += 1;
                     progress = true;
                 }
@@ -993,7 +1050,9 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
                     s.acked = true;
                     progress = true;
                 } else if seen > count {
-                    return Err(format!("QP {qi}: received {seen} messages, the client sent {count}"));
+                    return Err(format!(
+                        "QP {qi}: received {seen} messages, the client sent {count}"
+                    ));
                 }
             }
         }
@@ -1004,17 +1063,21 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
             waiter.progress();
             continue;
         }
-        let grants_pending = side
-            .conns
-            .iter()
-            .any(|c| c.stage_done < c.stage_posted || (p.test == Test::SendBw && c.granted < c.recv_posted));
+        let grants_pending = side.conns.iter().any(|c| {
+            c.stage_done < c.stage_posted || (p.test == Test::SendBw && c.granted < c.recv_posted)
+        });
         if check_writes || grants_pending {
             waiter.idle("waiting for RDMA Writes or credit Writes to complete")?;
         } else {
             // Passive: wait as long as the client runs (bounded).
             let mut w = Waiter::new(&p);
             if let Err(e) = w.wait_cq(&side.rcq, "waiting for data") {
-                if started.elapsed() > passive_limit || side.conns.iter().any(|c| c.qp.state() != iwarp::QpState::Rts) {
+                if started.elapsed() > passive_limit
+                    || side
+                        .conns
+                        .iter()
+                        .any(|c| c.qp.state() != iwarp::QpState::Rts)
+                {
                     return Err(e);
                 }
             }
@@ -1048,7 +1111,13 @@ fn wait_done_and_ack(side: &mut Side, seen: Option<u64>) -> Result<(), String> {
                 }
                 return drain_sends(side);
             }
-            Err(e) if e.starts_with("timed out") && started.elapsed() < passive_limit(&p) && side.conns.iter().all(|c| c.qp.state() == iwarp::QpState::Rts) => {}
+            Err(e)
+                if e.starts_with("timed out")
+                    && started.elapsed() < passive_limit(&p)
+                    && side
+                        .conns
+                        .iter()
+                        .all(|c| c.qp.state() == iwarp::QpState::Rts) => {}
             Err(e) => return Err(e),
         }
     }
@@ -1100,23 +1169,29 @@ fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> {
         let st = (i % 255 + 1) as u8;
         let c = &side.conns[0];
         if p.integrity {
-            fill_slot(c, size, 0, pattern::seed(c.idx, 0, i), Some(st), &mut scratch);
+            fill_slot(
+                c,
+                size,
+                0,
+                pattern::seed(c.idx, 0, i),
+                Some(st),
+                &mut scratch,
+            );
         } else {
             c.data.write_at(size - 1, &[st]);
         }
         let t0 = Instant::now();
-        c.qp
-            .post_send(&SendWr {
-                wr_id: wrid(K_DATA, 0, i),
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: c.remote.data_addr + size as u64,
-                    rkey: c.remote.data_rkey,
-                },
-                sgl: SgList::single(c.data.sge(0, size)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_DATA, 0, i),
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: c.remote.data_addr + size as u64,
+                rkey: c.remote.data_rkey,
+            },
+            sgl: SgList::single(c.data.sge(0, size)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         outstanding += 1;
         waiter.progress();
         while side.conns[0].peek_data(2 * size - 1) != st {
@@ -1134,7 +1209,13 @@ fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> {
             let c = &side.conns[0];
             scratch.resize(size, 0);
             c.data.read_at(size, &mut scratch);
-            verifier.check("RDMA Write echo", i, &mut scratch, pattern::seed(0, 1, i), Some(st))?;
+            verifier.check(
+                "RDMA Write echo",
+                i,
+                &mut scratch,
+                pattern::seed(0, 1, i),
+                Some(st),
+            )?;
         }
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
@@ -1215,23 +1296,35 @@ fn server_write_lat(side: &mut Side) -> Result<u64, String> {
         if p.integrity {
             scratch.resize(size, 0);
             c.data.read_at(size, &mut scratch);
-            verifier.check("RDMA Write", i, &mut scratch, pattern::seed(0, 0, i), Some(st))?;
-            fill_slot(c, size, 0, pattern::seed(c.idx, 1, i), Some(st), &mut scratch);
+            verifier.check(
+                "RDMA Write",
+                i,
+                &mut scratch,
+                pattern::seed(0, 0, i),
+                Some(st),
+            )?;
+            fill_slot(
+                c,
+                size,
+                0,
+                pattern::seed(c.idx, 1, i),
+                Some(st),
+                &mut scratch,
+            );
         } else {
             c.data.write_at(size - 1, &[st]);
         }
-        c.qp
-            .post_send(&SendWr {
-                wr_id: wrid(K_DATA, 0, i),
-                opcode: WrOpcode::RdmaWrite {
-                    remote_addr: c.remote.data_addr + size as u64,
-                    rkey: c.remote.data_rkey,
-                },
-                sgl: SgList::single(c.data.sge(0, size)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_DATA, 0, i),
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: c.remote.data_addr + size as u64,
+                rkey: c.remote.data_rkey,
+            },
+            sgl: SgList::single(c.data.sge(0, size)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         outstanding += 1;
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
@@ -1263,22 +1356,24 @@ fn client_read_lat(side: &mut Side) -> Result<ClientResult, String> {
         }
         let c = &side.conns[0];
         let t0 = Instant::now();
-        c.qp
-            .post_send(&SendWr {
-                wr_id: wrid(K_DATA, 0, i),
-                opcode: WrOpcode::RdmaRead {
-                    remote_addr: c.remote.data_addr,
-                    rkey: c.remote.data_rkey,
-                },
-                sgl: SgList::single(c.data.sge(0, size)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_DATA, 0, i),
+            opcode: WrOpcode::RdmaRead {
+                remote_addr: c.remote.data_addr,
+                rkey: c.remote.data_rkey,
+            },
+            sgl: SgList::single(c.data.sge(0, size)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         waiter.progress();
         loop {
             let n = side.poll_send()?;
-            if side.wcs[..n].iter().any(|wc| split_wrid(wc.wr_id).0 == K_DATA) {
+            if side.wcs[..n]
+                .iter()
+                .any(|wc| split_wrid(wc.wr_id).0 == K_DATA)
+            {
                 break;
             }
             if n == 0 {
@@ -1331,15 +1426,14 @@ fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
             fill_slot(c, size, 0, pattern::seed(0, 0, i), None, &mut scratch);
         }
         let t0 = Instant::now();
-        c.qp
-            .post_send(&SendWr {
-                wr_id: wrid(K_DATA, 0, i),
-                opcode: WrOpcode::Send,
-                sgl: SgList::single(c.data.sge(0, size)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_DATA, 0, i),
+            opcode: WrOpcode::Send,
+            sgl: SgList::single(c.data.sge(0, size)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         outstanding += 1;
         waiter.progress();
         let wc = loop {
@@ -1360,7 +1454,10 @@ fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
         let (_, _, seq) = split_wrid(wc.wr_id);
         let c = &mut side.conns[0];
         if wc.solicited || wc.byte_len as usize != size {
-            return Err(format!("echo {i}: unexpected message of {} bytes", wc.byte_len));
+            return Err(format!(
+                "echo {i}: unexpected message of {} bytes",
+                wc.byte_len
+            ));
         }
         if p.integrity {
             c.recv_bytes(seq, size, &mut scratch);
@@ -1409,7 +1506,9 @@ fn server_send_lat(side: &mut Side) -> Result<u64, String> {
             match parse_ctrl(&scratch) {
                 Some((DONE, count, _)) if count == i => {}
                 Some((DONE, count, _)) => {
-                    return Err(format!("the client made {count} round trips, we echoed {i}"))
+                    return Err(format!(
+                        "the client made {count} round trips, we echoed {i}"
+                    ))
                 }
                 _ => return Err("malformed control message".into()),
             }
@@ -1418,7 +1517,10 @@ fn server_send_lat(side: &mut Side) -> Result<u64, String> {
             return Ok(verifier.checked);
         }
         if wc.byte_len as usize != size {
-            return Err(format!("message {i}: {} bytes, expected {size}", wc.byte_len));
+            return Err(format!(
+                "message {i}: {} bytes, expected {size}",
+                wc.byte_len
+            ));
         }
         if p.integrity {
             c.recv_bytes(seq, size, &mut scratch);
@@ -1428,15 +1530,14 @@ fn server_send_lat(side: &mut Side) -> Result<u64, String> {
         // Repost before answering: the client's next Send may follow the
         // echo immediately.
         c.post_recv()?;
-        c.qp
-            .post_send(&SendWr {
-                wr_id: wrid(K_DATA, 0, i),
-                opcode: WrOpcode::Send,
-                sgl: SgList::single(c.data.sge(0, size)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_DATA, 0, i),
+            opcode: WrOpcode::Send,
+            sgl: SgList::single(c.data.sge(0, size)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         outstanding += 1;
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;

@@ -32,7 +32,10 @@ use crate::report::LatStats;
 const READ_CHUNK: usize = 256 * 1024;
 
 fn io_err(what: &str, e: io::Error) -> String {
-    if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    ) {
         format!("TCP: timed out {what} (raise --timeout for slow links)")
     } else {
         format!("TCP: {what}: {e}")
@@ -40,7 +43,8 @@ fn io_err(what: &str, e: io::Error) -> String {
 }
 
 fn setup(s: &TcpStream, p: &Params) -> Result<(), String> {
-    s.set_nodelay(true).map_err(|e| io_err("setting TCP_NODELAY", e))?;
+    s.set_nodelay(true)
+        .map_err(|e| io_err("setting TCP_NODELAY", e))?;
     s.set_read_timeout(Some(p.timeout))
         .and_then(|_| s.set_write_timeout(Some(p.timeout)))
         .map_err(|e| io_err("setting socket timeouts", e))
@@ -86,7 +90,8 @@ pub fn serve(listener: &TcpListener, wait: Duration) -> Result<Request, String> 
                 Err(e) => return Err(io_err("accepting", e)),
             }
         };
-        s.set_nonblocking(false).map_err(|e| io_err("accepting", e))?;
+        s.set_nonblocking(false)
+            .map_err(|e| io_err("accepting", e))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| io_err("accepting", e))?;
         let mut b = [0u8; params::REQUEST_LEN];
@@ -112,7 +117,10 @@ pub fn serve(listener: &TcpListener, wait: Duration) -> Result<Request, String> 
             .map(|(s, idx)| sc.spawn(move || serve_conn(s, &p, idx)))
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("TCP server thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("TCP server thread panicked".into()))
+            })
             .collect()
     });
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
@@ -124,7 +132,14 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
     let mut v = Verifier::new(p.corrupt);
     match p.test {
         Test::WriteBw | Test::SendBw => {
-            let mut buf = vec![0u8; if p.integrity { size } else { READ_CHUNK.max(size) }];
+            let mut buf = vec![
+                0u8;
+                if p.integrity {
+                    size
+                } else {
+                    READ_CHUNK.max(size)
+                }
+            ];
             let mut bytes = 0u64;
             if p.integrity {
                 let mut i = 0u64;
@@ -148,13 +163,16 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
                     }
                 }
             }
-            if bytes % size as u64 != 0 {
-                return Err(format!("TCP: received {bytes} bytes, not a multiple of {size}"));
+            if bytes.checked_rem(size as u64) != Some(0) {
+                return Err(format!(
+                    "TCP: received {bytes} bytes, not a multiple of {size}"
+                ));
             }
             let mut ack = [0u8; 16];
             ack[0..8].copy_from_slice(&(bytes / size as u64).to_le_bytes());
             ack[8..16].copy_from_slice(&v.sum.to_le_bytes());
-            s.write_all(&ack).map_err(|e| io_err("sending the ACK", e))?;
+            s.write_all(&ack)
+                .map_err(|e| io_err("sending the ACK", e))?;
         }
         Test::ReadBw | Test::ReadLat => {
             let mut out = vec![0u8; size];
@@ -169,7 +187,8 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
                 if p.integrity {
                     pattern::fill(&mut out, pattern::seed(idx, 1, i));
                 }
-                s.write_all(&out).map_err(|e| io_err("sending a response", e))?;
+                s.write_all(&out)
+                    .map_err(|e| io_err("sending a response", e))?;
             }
         }
         Test::WriteLat | Test::SendLat => {
@@ -226,7 +245,10 @@ pub fn run_client(addr: SocketAddr, p: &Params, last: bool) -> Result<ClientResu
             })
             .collect();
         hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("TCP client thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("TCP client thread panicked".into()))
+            })
             .collect()
     });
     let elapsed = start.elapsed();
@@ -284,7 +306,9 @@ fn client_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<ClientResult, S
             let count = u64::from_le_bytes(ack[0..8].try_into().unwrap_or_default());
             let sum = u64::from_le_bytes(ack[8..16].try_into().unwrap_or_default());
             if count != i {
-                return Err(format!("TCP: the server counted {count} messages, we sent {i}"));
+                return Err(format!(
+                    "TCP: the server counted {count} messages, we sent {i}"
+                ));
             }
             if p.integrity && sum != sent_sum {
                 return Err(format!(
@@ -312,7 +336,8 @@ fn client_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<ClientResult, S
                 reqs.extend_from_slice(&requested.to_le_bytes());
                 requested += 1;
             }
-            s.write_all(&reqs).map_err(|e| io_err("sending requests", e))?;
+            s.write_all(&reqs)
+                .map_err(|e| io_err("sending requests", e))?;
             while got < requested {
                 s.read_exact(&mut buf)
                     .map_err(|e| io_err("reading a response", e))?;

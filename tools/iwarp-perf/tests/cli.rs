@@ -1,0 +1,364 @@
+//! End-to-end tests of the `iwarp-perf` binary: loopback runs with
+//! `--integrity` over iWARP and TCP, JSON output, and the integrity
+//! self-test (a corrupted byte at the receiver must fail the run).
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_iwarp-perf");
+/// Bound on one invocation.
+const LIMIT: Duration = Duration::from_secs(60);
+
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Run the binary with `args`, killing it after [`LIMIT`].
+fn run(args: &[&str]) -> Out {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["--timeout", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn iwarp-perf");
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            break st;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("iwarp-perf {args:?} did not finish within {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Out {
+        code: status.code(),
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+fn json_lines(out: &Out) -> Vec<Value> {
+    out.stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}")))
+        .collect()
+}
+
+fn check_measurement(m: &Value, transport: &str, test: &str, size: u64) {
+    assert_eq!(m["transport"], transport, "{m}");
+    assert_eq!(m["test"], test, "{m}");
+    assert_eq!(m["size"].as_u64(), Some(size), "{m}");
+    for f in ["iters", "depth", "qps", "peak_rss_kib", "verified"] {
+        assert!(m[f].is_u64(), "field {f} missing in {m}");
+    }
+    for f in [
+        "bw_gbit_s",
+        "bw_mb_s",
+        "msg_rate_mmsg_s",
+        "elapsed_s",
+        "cpu_s",
+    ] {
+        assert!(m[f].is_f64() || m[f].is_u64(), "field {f} missing in {m}");
+    }
+    for f in ["crc", "markers", "integrity"] {
+        assert!(m[f].is_boolean(), "field {f} missing in {m}");
+    }
+    assert!(m["iters"].as_u64().unwrap() > 0, "{m}");
+    assert!(
+        m["verified"].as_u64().unwrap() > 0,
+        "--integrity verified nothing: {m}"
+    );
+    assert!(m["peak_rss_kib"].as_u64().unwrap() > 0, "{m}");
+    let lat = ["t_min_us", "t_median_us", "t_p99_us", "t_max_us"];
+    if test.ends_with("_lat") {
+        for f in lat {
+            assert!(m[f].as_f64().is_some_and(|v| v > 0.0), "{f} in {m}");
+        }
+    } else {
+        assert!(m["bw_gbit_s"].as_f64().unwrap() > 0.0, "{m}");
+        for f in lat {
+            assert!(m[f].is_null(), "{f} in {m}");
+        }
+    }
+}
+
+/// `--compare --integrity`: iWARP and TCP both move verified bytes; JSON has
+/// both measurements and the ratios.
+fn compare_ok(test: &str, size: u64, extra: &[&str]) {
+    let s = size.to_string();
+    let mut args = vec![
+        test,
+        "--loopback",
+        "--compare",
+        "--integrity",
+        "--json",
+        "-s",
+        &s,
+        "-n",
+        "40",
+    ];
+    args.extend_from_slice(extra);
+    let out = run(&args);
+    assert_eq!(out.code, Some(0), "{args:?} failed:\n{}", out.stderr);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1, "{}", out.stdout);
+    let v = &lines[0];
+    check_measurement(&v["iwarp"], "iwarp", test, size);
+    check_measurement(&v["tcp"], "tcp", test, size);
+    assert!(v["ratio"]["bw"].as_f64().is_some(), "{v}");
+    assert!(v["ratio"]["msg_rate"].as_f64().is_some(), "{v}");
+    let crc_off = extra.windows(2).any(|w| w == ["--crc", "off"]);
+    assert_eq!(v["iwarp"]["crc"], !crc_off, "CRC is on by default: {v}");
+}
+
+#[test]
+fn write_bw_integrity() {
+    for size in [1, 1000, 4096, 65537] {
+        compare_ok("write_bw", size, &["-t", "8"]);
+    }
+}
+
+#[test]
+fn read_bw_integrity() {
+    for size in [1, 1000, 65537] {
+        compare_ok("read_bw", size, &["-t", "8"]);
+    }
+}
+
+#[test]
+fn send_bw_integrity() {
+    for size in [1, 1000, 65537] {
+        compare_ok("send_bw", size, &["-t", "8"]);
+    }
+}
+
+#[test]
+fn latency_tests_integrity() {
+    for test in ["write_lat", "read_lat", "send_lat"] {
+        for size in [8, 1000] {
+            compare_ok(test, size, &[]);
+        }
+    }
+}
+
+#[test]
+fn several_qps_crc_off_markers_on() {
+    compare_ok("write_bw", 1000, &["-q", "3", "-t", "4", "--crc", "off"]);
+    compare_ok("send_bw", 65537, &["-q", "2", "-t", "4", "--markers", "on"]);
+    let out = run(&[
+        "write_bw",
+        "--loopback",
+        "--json",
+        "-s",
+        "4096",
+        "-n",
+        "20",
+        "--crc",
+        "off",
+        "--markers",
+        "on",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["crc"], false, "{v}");
+    assert_eq!(v["markers"], true, "{v}");
+}
+
+#[test]
+fn tcp_only_and_duration() {
+    let out = run(&[
+        "send_bw",
+        "--loopback",
+        "--tcp",
+        "--integrity",
+        "--json",
+        "-s",
+        "1000",
+        "-n",
+        "50",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1);
+    check_measurement(&lines[0], "tcp", "send_bw", 1000);
+
+    let out = run(&[
+        "write_bw",
+        "--loopback",
+        "--json",
+        "-s",
+        "65536",
+        "-D",
+        "0.3",
+        "-t",
+        "16",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["transport"], "iwarp");
+    assert!(v["iters"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["elapsed_s"].as_f64().unwrap() >= 0.3, "{v}");
+}
+
+#[test]
+fn busy_poll_mode() {
+    let out = run(&[
+        "send_lat",
+        "--loopback",
+        "--busy-poll",
+        "--integrity",
+        "--json",
+        "-n",
+        "200",
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["mode"], "busy_poll");
+    check_measurement(v, "iwarp", "send_lat", 8);
+}
+
+/// The integrity check must be able to fail: a byte flipped at the
+/// receiver before checksumming is reported and the run exits 3.
+#[test]
+fn corrupted_data_fails_the_run() {
+    for test in ["write_bw", "read_bw", "send_bw", "write_lat", "send_lat"] {
+        for transport in [&[][..], &["--tcp"][..]] {
+            let mut args = vec![
+                test,
+                "--loopback",
+                "--integrity",
+                "--inject-corruption",
+                "-s",
+                "1000",
+                "-n",
+                "20",
+                "-t",
+                "4",
+            ];
+            args.extend_from_slice(transport);
+            let out = run(&args);
+            assert_eq!(
+                out.code,
+                Some(3),
+                "{args:?} must fail with exit 3:\n{}",
+                out.stderr
+            );
+            assert!(
+                out.stderr.contains("INTEGRITY FAILURE"),
+                "{args:?}:\n{}",
+                out.stderr
+            );
+        }
+    }
+}
+
+#[test]
+fn clear_errors() {
+    let out = run(&["write_bw"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("--loopback"), "{}", out.stderr);
+    let out = run(&["write_lat", "--loopback", "-q", "2"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("one QP"), "{}", out.stderr);
+    // Nobody listens on port 1.
+    let out = run(&["write_bw", "127.0.0.1", "-p", "1", "-n", "1"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("refused"), "{}", out.stderr);
+    let out = run(&["--help"]);
+    assert_eq!(out.code, Some(0));
+    for word in [
+        "--integrity",
+        "--compare",
+        "--tx-depth",
+        "--busy-poll",
+        "--duration",
+        "write_bw",
+    ] {
+        assert!(out.stdout.contains(word), "--help lacks {word}");
+    }
+}
+
+/// Two processes: `--server` and a client, the way perftest is run.
+#[test]
+fn server_and_client_processes() {
+    let port = 20000 + (std::process::id() % 20000) as u16;
+    let ps = port.to_string();
+    let mut server = Command::new(BIN)
+        .args([
+            "--server",
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "--idle-timeout",
+            "30",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn server");
+    // Give the listener a moment; the client retries are not needed then.
+    std::thread::sleep(Duration::from_millis(300));
+    let out = run(&[
+        "send_bw",
+        "127.0.0.1",
+        "-p",
+        &ps,
+        "--compare",
+        "--integrity",
+        "--json",
+        "-s",
+        "1000",
+        "-n",
+        "30",
+        "-t",
+        "4",
+    ]);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = server.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let _ = server.kill();
+            let _ = server.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut se = String::new();
+    let _ = server.stderr.take().unwrap().read_to_string(&mut se);
+    assert_eq!(
+        out.code,
+        Some(0),
+        "client failed:\n{}\nserver:\n{se}",
+        out.stderr
+    );
+    let v = &json_lines(&out)[0];
+    check_measurement(&v["iwarp"], "iwarp", "send_bw", 1000);
+    check_measurement(&v["tcp"], "tcp", "send_bw", 1000);
+    let status = status.expect("the server did not exit after the client's last run");
+    assert!(status.success(), "server:\n{se}");
+}
