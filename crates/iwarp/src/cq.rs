@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,15 @@ struct CqInner {
     queue: Mutex<VecDeque<WorkCompletion>>,
     cond: Condvar,
     efd: EventFd,
-    overrun_logged: std::sync::atomic::AtomicBool,
+    /// `as_raw_fd` was called: keep the eventfd in step with the queue.
+    /// Until then the eventfd is left alone, which saves two system calls
+    /// per empty/non-empty transition for applications that only poll or
+    /// wait.
+    fd_armed: AtomicBool,
+    /// Threads inside `wait`: `push` signals the condition variable only
+    /// when someone sleeps on it.
+    waiters: AtomicUsize,
+    overrun_logged: AtomicBool,
 }
 
 /// A completion queue. Cloning yields another handle to the same CQ.
@@ -70,6 +78,8 @@ impl CompletionQueue {
                 queue: Mutex::new(VecDeque::with_capacity(depth)),
                 cond: Condvar::new(),
                 efd,
+                fd_armed: AtomicBool::new(false),
+                waiters: AtomicUsize::new(0),
                 overrun_logged: Default::default(),
             }),
         })
@@ -105,8 +115,14 @@ impl CompletionQueue {
         q.push_back(wc);
         inner.len.store(q.len(), Ordering::Release);
         if was_empty {
-            self.inner.efd.set();
-            inner.cond.notify_all();
+            if inner.fd_armed.load(Ordering::Acquire) {
+                inner.efd.set();
+            }
+            // Read under the queue lock: a waiter registers itself before it
+            // takes the lock to check the queue, so none is missed.
+            if inner.waiters.load(Ordering::SeqCst) > 0 {
+                inner.cond.notify_all();
+            }
         }
     }
 
@@ -123,7 +139,7 @@ impl CompletionQueue {
             *slot = wc;
         }
         self.inner.len.store(q.len(), Ordering::Release);
-        if n > 0 && q.is_empty() {
+        if n > 0 && q.is_empty() && self.inner.fd_armed.load(Ordering::Acquire) {
             self.inner.efd.clear();
         }
         n
@@ -137,7 +153,7 @@ impl CompletionQueue {
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let wc = q.pop_front();
         self.inner.len.store(q.len(), Ordering::Release);
-        if wc.is_some() && q.is_empty() {
+        if wc.is_some() && q.is_empty() && self.inner.fd_armed.load(Ordering::Acquire) {
             self.inner.efd.clear();
         }
         wc
@@ -150,6 +166,8 @@ impl CompletionQueue {
             return Ok(true);
         }
         let deadline = Instant::now().checked_add(timeout);
+        self.inner.waiters.fetch_add(1, Ordering::SeqCst);
+        let _registered = WaiterGuard(&self.inner.waiters);
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if !q.is_empty() {
@@ -175,7 +193,15 @@ impl CompletionQueue {
     /// non-empty (level-triggered); see the module docs. Owned by the CQ:
     /// do not read from or close it.
     pub fn as_raw_fd(&self) -> RawFd {
-        self.inner.efd.as_raw_fd()
+        let inner = &*self.inner;
+        if !inner.fd_armed.load(Ordering::Acquire) {
+            // Arm under the queue lock so the fd matches the queue from now on.
+            let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if !inner.fd_armed.swap(true, Ordering::AcqRel) && !q.is_empty() {
+                inner.efd.set();
+            }
+        }
+        inner.efd.as_raw_fd()
     }
 
     /// Wait up to `timeout` for one completion and return it.
@@ -190,6 +216,15 @@ impl CompletionQueue {
                 return Ok(self.poll_one());
             }
         }
+    }
+}
+
+/// Unregisters a waiter when `wait` returns.
+struct WaiterGuard<'a>(&'a AtomicUsize);
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

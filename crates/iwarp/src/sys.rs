@@ -118,3 +118,24 @@ pub(crate) unsafe fn send_iovecs(fd: RawFd, iov: &[libc::iovec]) -> io::Result<u
         }
     }
 }
+
+/// The MSS this end advertised (`tcpi_advmss` of `TCP_INFO`): the path
+/// MTU's MSS, where `TCP_MAXSEG` early in a connection may still be bounded
+/// by half the peer's initial window (32 KiB on loopback).
+pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
+    // SAFETY: an all-zero tcp_info is a valid value of this plain C struct.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is writable for `len` bytes and `len` is passed by
+    // pointer as getsockopt(2) requires; the kernel writes at most `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && info.tcpi_advmss > 0).then_some(info.tcpi_advmss)
+}

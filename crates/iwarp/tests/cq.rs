@@ -98,3 +98,31 @@ fn flushed_receives_wake_waiter_and_eventfd() {
     assert!(cq.is_empty());
     assert!(!cq.wait(Duration::from_millis(10)).unwrap());
 }
+
+#[test]
+fn eventfd_asked_for_late_is_readable_at_once() {
+    // The CQ keeps its eventfd in step only once `as_raw_fd` was called;
+    // asking for it while completions already wait must find it readable.
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        })
+        .unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sgl: SgList::single(mr.sge(0, 64)),
+    })
+    .unwrap();
+    qp.disconnect();
+    assert!(cq.wait(Duration::from_secs(5)).unwrap());
+    assert!(readable(cq.as_raw_fd()), "armed while non-empty");
+    assert_eq!(cq.poll_one().unwrap().wr_id, 9);
+    assert!(!readable(cq.as_raw_fd()), "cleared once drained");
+}
