@@ -65,6 +65,40 @@ pub(super) struct CurRecv {
     solicited: bool,
 }
 
+impl CurRecv {
+    /// The SGE the next byte goes to and the offset in it, skipping
+    /// exhausted and empty SGEs; `None` when the buffer is full.
+    fn next_space(&self) -> Option<(Sge, u32)> {
+        let mut idx = self.sge_idx;
+        let mut off = self.sge_off;
+        while let Some(sge) = self.sgl.as_slice().get(idx) {
+            if off < sge.length {
+                return Some((*sge, off));
+            }
+            idx += 1;
+            off = 0;
+        }
+        None
+    }
+
+    /// `n` bytes were placed at `next_space`.
+    fn advance(&mut self, mut n: u32) {
+        while n > 0 {
+            let Some(sge) = self.sgl.as_slice().get(self.sge_idx) else {
+                return;
+            };
+            let k = (sge.length - self.sge_off).min(n);
+            self.sge_off += k;
+            self.placed += k;
+            n -= k;
+            if self.sge_off == sge.length {
+                self.sge_idx += 1;
+                self.sge_off = 0;
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Rx {
     phase: Phase,
@@ -156,10 +190,23 @@ impl Engine {
         if self.state != QpState::Rts || rx.phase != Phase::Payload || rx.marker_have > 0 {
             return RxHint::Buffered;
         }
-        let Seg::Tagged { stag, to, .. } = rx.seg else {
-            return RxHint::Buffered;
+        let (stag, to, mut len) = match rx.seg {
+            Seg::Tagged { stag, to, .. } => (stag, to, rx.payload_rem as u64),
+            // Send payload goes straight into the posted receive buffer too,
+            // one SGE at a time (validated when the message started).
+            Seg::Send => {
+                let Some((sge, off)) = rx.cur_recv.as_ref().and_then(CurRecv::next_space) else {
+                    return RxHint::Buffered;
+                };
+                let room = (sge.length - off) as u64;
+                (
+                    sge.lkey,
+                    sge.addr.wrapping_add(off as u64),
+                    room.min(rx.payload_rem as u64),
+                )
+            }
+            _ => return RxHint::Buffered,
         };
-        let mut len = rx.payload_rem as u64;
         if self.link.markers_rx {
             if mpa::is_marker_pos(rx.stream_pos) {
                 return RxHint::Buffered;
@@ -195,7 +242,10 @@ impl Engine {
             }
             self.rx.crc = c;
         }
-        self.advance_tagged(len);
+        match self.rx.seg {
+            Seg::Send => self.advance_send(len),
+            _ => self.advance_tagged(len),
+        }
         self.rx.stream_pos += len as u64;
     }
 
@@ -541,24 +591,19 @@ impl Engine {
                 self.advance_tagged(n);
             }
             Seg::Send => {
-                let Some(mut cur) = self.rx.cur_recv else {
+                let Some(cur) = self.rx.cur_recv else {
                     return self.fatal_rx(TermCode::DdpCatastrophic);
                 };
+                let mut probe = cur;
                 let mut rest = bytes;
                 while !rest.is_empty() {
-                    let Some(sge) = cur.sgl.as_slice().get(cur.sge_idx).copied() else {
+                    let Some((sge, off)) = probe.next_space() else {
                         // Bounded by the capacity check in the header.
                         return self.fatal_rx(TermCode::DdpUntaggedTooLong);
                     };
-                    let room = (sge.length - cur.sge_off) as usize;
-                    if room == 0 {
-                        cur.sge_idx += 1;
-                        cur.sge_off = 0;
-                        continue;
-                    }
-                    let k = room.min(rest.len());
+                    let k = ((sge.length - off) as usize).min(rest.len());
                     if mem
-                        .write(sge.lkey, sge.addr + cur.sge_off as u64, &rest[..k])
+                        .write(sge.lkey, sge.addr + off as u64, &rest[..k])
                         .is_err()
                     {
                         self.rx.cur_recv = None;
@@ -566,13 +611,11 @@ impl Engine {
                             .push_back(recv_wc(cur.wr_id, WcStatus::LocProtErr, 0));
                         return self.fatal_rx(TermCode::DdpCatastrophic);
                     }
-                    cur.sge_off += k as u32;
-                    cur.placed += k as u32;
+                    probe.advance(k as u32);
                     rest = &rest[k..];
                 }
-                self.rx.cur_recv = Some(cur);
                 self.rx.fold_crc(self.link.crc, bytes);
-                self.rx.payload_rem -= n;
+                self.advance_send(n);
             }
             Seg::Terminate => {
                 let have = self.rx.term_have;
@@ -610,6 +653,17 @@ impl Engine {
                     head.placed += n;
                 }
             }
+        }
+        self.rx.payload_rem -= n;
+        if self.rx.payload_rem == 0 && self.rx.phase == Phase::Payload {
+            self.rx.phase = Phase::Trailer;
+        }
+    }
+
+    /// `n` bytes of Send payload were placed (and folded into the CRC).
+    fn advance_send(&mut self, n: u32) {
+        if let Some(cur) = self.rx.cur_recv.as_mut() {
+            cur.advance(n);
         }
         self.rx.payload_rem -= n;
         if self.rx.payload_rem == 0 && self.rx.phase == Phase::Payload {
