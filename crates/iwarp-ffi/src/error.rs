@@ -1,0 +1,264 @@
+//! Result codes and the thread-local "last error" message.
+//!
+//! Every failing call returns an [`iwarp_result`] code and stores a sentence
+//! naming the cause and the fix in a thread-local slot, read with
+//! [`iwarp_last_error`] (the `errno` + `strerror` pattern, but with the
+//! detail that only the failing call knows). A successful call leaves the
+//! slot alone, as a successful libc call leaves `errno` alone.
+
+use std::cell::RefCell;
+use std::ffi::c_char;
+
+use iwarp_rs::cm::{CmError, HandshakeError};
+use iwarp_rs::PostError;
+
+/// Result of a call. `IWARP_OK` is 0; every other value names a class of
+/// failure, and `iwarp_last_error` tells the details.
+#[repr(C)]
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum iwarp_result {
+    /// Success.
+    IWARP_OK = 0,
+    /// A required pointer argument was NULL.
+    IWARP_ERR_NULL_ARG = 1,
+    /// An argument is out of range (unknown opcode or flag, zero length or
+    /// depth, too many SGEs, private data over 512 bytes, bad address).
+    IWARP_ERR_INVALID_ARG = 2,
+    /// The operation did not finish within its timeout.
+    IWARP_ERR_TIMEOUT = 3,
+    /// Nobody listens at the address (TCP RST).
+    IWARP_ERR_REFUSED = 4,
+    /// The peer answered with an MPA Reject.
+    IWARP_ERR_REJECTED = 5,
+    /// The MPA negotiation failed (policy conflict, malformed frame, the
+    /// peer closed the connection during the exchange).
+    IWARP_ERR_MPA = 6,
+    /// A socket or system call failed.
+    IWARP_ERR_IO = 7,
+    /// The work queue is full: poll completions first.
+    IWARP_ERR_QUEUE_FULL = 8,
+    /// The QP is in the wrong state (error state, already connected).
+    IWARP_ERR_QP_STATE = 9,
+    /// Memory (or STag indices) exhausted.
+    IWARP_ERR_NO_MEMORY = 10,
+    /// The library panicked (a bug in libiwarp); the call had no effect or
+    /// an unknown part of it. Report it with the `iwarp_last_error` text.
+    IWARP_ERR_PANIC = 11,
+}
+
+use iwarp_result::*;
+
+impl iwarp_result {
+    /// The static description of the code.
+    pub(crate) fn as_cstr(self) -> &'static std::ffi::CStr {
+        match self {
+            IWARP_OK => c"success",
+            IWARP_ERR_NULL_ARG => c"a required pointer argument is NULL",
+            IWARP_ERR_INVALID_ARG => c"invalid argument",
+            IWARP_ERR_TIMEOUT => c"timed out",
+            IWARP_ERR_REFUSED => c"connection refused",
+            IWARP_ERR_REJECTED => c"connection rejected by the peer",
+            IWARP_ERR_MPA => c"MPA negotiation failed",
+            IWARP_ERR_IO => c"I/O error",
+            IWARP_ERR_QUEUE_FULL => c"work queue full",
+            IWARP_ERR_QP_STATE => c"queue pair in the wrong state",
+            IWARP_ERR_NO_MEMORY => c"out of memory",
+            IWARP_ERR_PANIC => c"internal error (panic) in libiwarp",
+        }
+    }
+
+    /// All codes, in numeric order.
+    pub(crate) const ALL: [iwarp_result; 12] = [
+        IWARP_OK,
+        IWARP_ERR_NULL_ARG,
+        IWARP_ERR_INVALID_ARG,
+        IWARP_ERR_TIMEOUT,
+        IWARP_ERR_REFUSED,
+        IWARP_ERR_REJECTED,
+        IWARP_ERR_MPA,
+        IWARP_ERR_IO,
+        IWARP_ERR_QUEUE_FULL,
+        IWARP_ERR_QP_STATE,
+        IWARP_ERR_NO_MEMORY,
+        IWARP_ERR_PANIC,
+    ];
+}
+
+/// A failure on its way to C: the code, and the message for
+/// `iwarp_last_error`.
+#[derive(Debug)]
+pub(crate) struct FfiError {
+    pub(crate) code: iwarp_result,
+    pub(crate) msg: String,
+}
+
+impl FfiError {
+    pub(crate) fn new(code: iwarp_result, msg: impl Into<String>) -> FfiError {
+        FfiError {
+            code,
+            msg: msg.into(),
+        }
+    }
+
+    pub(crate) fn invalid(msg: impl Into<String>) -> FfiError {
+        FfiError::new(IWARP_ERR_INVALID_ARG, msg)
+    }
+
+    pub(crate) fn null(arg: &str) -> FfiError {
+        FfiError::new(
+            IWARP_ERR_NULL_ARG,
+            format!("argument `{arg}` is NULL: pass a valid pointer"),
+        )
+    }
+}
+
+impl From<iwarp_rs::Error> for FfiError {
+    fn from(e: iwarp_rs::Error) -> FfiError {
+        use iwarp_rs::Error as E;
+        let code = match &e {
+            E::OutOfMemory { .. } | E::TooManyRegions => IWARP_ERR_NO_MEMORY,
+            E::EventFd(_) => IWARP_ERR_IO,
+            _ => IWARP_ERR_INVALID_ARG,
+        };
+        FfiError::new(code, e.to_string())
+    }
+}
+
+impl From<PostError> for FfiError {
+    fn from(e: PostError) -> FfiError {
+        let code = match e {
+            PostError::QueueFull { .. } => IWARP_ERR_QUEUE_FULL,
+            PostError::QpError { .. } => IWARP_ERR_QP_STATE,
+            PostError::InvalidWr { .. } => IWARP_ERR_INVALID_ARG,
+        };
+        FfiError::new(code, e.to_string())
+    }
+}
+
+impl From<CmError> for FfiError {
+    fn from(e: CmError) -> FfiError {
+        let code = match &e {
+            CmError::Refused { .. } => IWARP_ERR_REFUSED,
+            CmError::Timeout { .. } => IWARP_ERR_TIMEOUT,
+            CmError::Rejected { .. } => IWARP_ERR_REJECTED,
+            CmError::Mpa {
+                error: HandshakeError::PrivateDataTooLong(_),
+                ..
+            } => IWARP_ERR_INVALID_ARG,
+            CmError::Mpa { .. } | CmError::Closed { .. } => IWARP_ERR_MPA,
+            CmError::InvalidState { .. } => IWARP_ERR_QP_STATE,
+            _ => IWARP_ERR_IO,
+        };
+        FfiError::new(code, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Store `msg` as this thread's last error.
+pub(crate) fn set_last_error(msg: String) {
+    // `try_with`: during thread teardown the slot may be gone; the code
+    // still reaches the caller.
+    let _ = LAST_ERROR.try_with(|s| *s.borrow_mut() = msg);
+}
+
+/// This thread's last error (for tests).
+#[cfg(test)]
+pub(crate) fn last_error() -> String {
+    LAST_ERROR.with(|s| s.borrow().clone())
+}
+
+/// Copy `text` into `buf` (capacity `len`) as a NUL-terminated string,
+/// truncated if needed; returns the length of `text` (without the NUL).
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `len` bytes.
+pub(crate) unsafe fn copy_cstr(text: &str, buf: *mut c_char, len: usize) -> usize {
+    if !buf.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: `buf` is valid for `len` bytes (caller), `n + 1 <= len`,
+        // and a `&str` cannot overlap memory the caller lent us mutably.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len()
+}
+
+/// The static, NUL-terminated description of a result code. Takes an
+/// integer rather than the enum so that any value is safe to pass, including
+/// the negated codes `iwarp_poll_cq` and `iwarp_query_qp_state` return. Never
+/// NULL; unknown values give "unknown iwarp_result".
+#[no_mangle]
+pub extern "C" fn iwarp_result_str(r: i32) -> *const c_char {
+    crate::boundary::guard_value("iwarp_result_str", c"unknown iwarp_result".as_ptr(), || {
+        match iwarp_result::ALL.get(r.unsigned_abs() as usize) {
+            Some(code) => code.as_cstr().as_ptr(),
+            None => c"unknown iwarp_result".as_ptr(),
+        }
+    })
+}
+
+/// Copy the calling thread's last error message (the cause and the fix,
+/// prefixed with the failing function's name) into `buf` as a
+/// NUL-terminated string of at most `len - 1` characters. Returns the full
+/// length of the message without the NUL, like `snprintf`: a return value
+/// `>= len` means it was truncated. Returns 0 if no call on this thread has
+/// failed yet. `buf` may be NULL (with any `len`) to ask for the length.
+///
+/// Only failing calls set the message; successful calls leave it alone.
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_last_error(buf: *mut c_char, len: usize) -> usize {
+    crate::boundary::guard_value("iwarp_last_error", 0, || {
+        LAST_ERROR
+            .try_with(|s| {
+                let s = s.borrow();
+                // SAFETY: forwarded from the caller.
+                unsafe { copy_cstr(&s, buf, len) }
+            })
+            .unwrap_or(0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    #[test]
+    fn result_str_covers_every_code_and_negatives() {
+        for (i, code) in iwarp_result::ALL.iter().enumerate() {
+            assert_eq!(*code as usize, i);
+            let s = unsafe { CStr::from_ptr(iwarp_result_str(i as i32)) };
+            let neg = unsafe { CStr::from_ptr(iwarp_result_str(-(i as i32))) };
+            assert_eq!(s, neg);
+            assert!(!s.to_bytes().is_empty());
+        }
+        let s = unsafe { CStr::from_ptr(iwarp_result_str(1000)) };
+        assert_eq!(s.to_str().unwrap(), "unknown iwarp_result");
+        let s = unsafe { CStr::from_ptr(iwarp_result_str(i32::MIN)) };
+        assert_eq!(s.to_str().unwrap(), "unknown iwarp_result");
+    }
+
+    #[test]
+    fn last_error_truncates_and_reports_length() {
+        set_last_error("abcdef".into());
+        let mut buf = [0x55 as c_char; 4];
+        // SAFETY: `buf` has 4 bytes.
+        let n = unsafe { iwarp_last_error(buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, 6);
+        // SAFETY: NUL-terminated by the call.
+        assert_eq!(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(), b"abc");
+        // SAFETY: NULL buffer: length query.
+        assert_eq!(unsafe { iwarp_last_error(std::ptr::null_mut(), 100) }, 6);
+        // SAFETY: a zero-length buffer is never written.
+        assert_eq!(unsafe { iwarp_last_error(buf.as_mut_ptr(), 0) }, 6);
+    }
+}
