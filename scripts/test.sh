@@ -225,8 +225,9 @@ if ((BUILD_OK)); then
     fi
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     run_step "iwarp-demo" step_demo || true
+    run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)"; do
         skip_step "$s" "release build failed"
     done
 fi
