@@ -32,6 +32,9 @@ use iwarp_proto::engine::WorkCompletion;
 use crate::sys::EventFd;
 use crate::Error;
 
+/// How long `wait` polls before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
 struct CqInner {
     depth: usize,
     len: AtomicUsize,
@@ -164,6 +167,17 @@ impl CompletionQueue {
     pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
         if self.inner.len.load(Ordering::Acquire) > 0 {
             return Ok(true);
+        }
+        // Spin briefly before sleeping: a completion usually follows within
+        // a few microseconds of a request in a ping-pong, and a futex
+        // sleep/wake pair costs more than that. Yielding keeps the driver
+        // threads running on a busy machine.
+        let spin_until = Instant::now() + SPIN.min(timeout);
+        while Instant::now() < spin_until {
+            if self.inner.len.load(Ordering::Acquire) > 0 {
+                return Ok(true);
+            }
+            std::thread::yield_now();
         }
         let deadline = Instant::now().checked_add(timeout);
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);

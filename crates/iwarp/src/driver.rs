@@ -88,7 +88,7 @@ pub const HDR_PEEK: usize = 64;
 /// CRC (at most 7) and the next tagged header (16), rounded up.
 pub const DIRECT_TAIL: usize = 24;
 /// Bytes the transmit path asks the engine for per `poll_transmit`.
-pub const TX_BATCH: usize = 256 * 1024;
+pub const TX_BATCH: usize = 64 * 1024;
 /// How long `disconnect` lets queued frames (a Terminate) leave before
 /// shutting the socket down.
 pub const LINGER: Duration = Duration::from_secs(1);
