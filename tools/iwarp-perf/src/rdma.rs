@@ -92,6 +92,43 @@ pub fn warmup(p: &Params) -> u64 {
     }
 }
 
+/// Iteration control of a latency loop: `warmup` untimed iterations, then
+/// a fixed count or a duration, timed from the end of the warm-up.
+#[derive(Debug)]
+pub struct LatClock {
+    warm: u64,
+    iters: u64,
+    duration: Option<Duration>,
+    from: Instant,
+}
+
+impl LatClock {
+    pub fn new(p: &Params) -> LatClock {
+        LatClock {
+            warm: warmup(p),
+            iters: p.iters,
+            duration: p.duration,
+            from: Instant::now(),
+        }
+    }
+
+    /// Call at the top of iteration `i`; false once the run is over.
+    pub fn keep_going(&mut self, i: u64) -> bool {
+        if i == self.warm {
+            self.from = Instant::now();
+        }
+        match self.duration {
+            Some(d) => i < self.warm || self.from.elapsed() < d,
+            None => i < self.warm + self.iters,
+        }
+    }
+
+    /// Time since the warm-up ended.
+    pub fn elapsed(&self) -> Duration {
+        self.from.elapsed()
+    }
+}
+
 /// Which end a [`Side`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -1153,19 +1190,9 @@ fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> {
     let mut waiter = Waiter::new(&p);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
-    let mut measured_from = Instant::now();
+    let mut clock = LatClock::new(&p);
     let mut i = 0u64;
-    loop {
-        if i == warm {
-            measured_from = Instant::now();
-        }
-        let done = match p.duration {
-            Some(d) => i >= warm && measured_from.elapsed() >= d,
-            None => i >= warm + p.iters,
-        };
-        if done {
-            break;
-        }
+    while clock.keep_going(i) {
         let st = (i % 255 + 1) as u8;
         let c = &side.conns[0];
         if p.integrity {
@@ -1220,7 +1247,7 @@ fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> {
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
     }
-    finish_lat(side, i, samples, measured_from.elapsed(), verifier.checked)
+    finish_lat(side, i, samples, clock.elapsed(), verifier.checked)
 }
 
 /// The client's DONE / ACK exchange after a latency test.
@@ -1341,19 +1368,9 @@ fn client_read_lat(side: &mut Side) -> Result<ClientResult, String> {
     let mut verifier = Verifier::new(p.corrupt);
     let mut waiter = Waiter::new(&p);
     let mut scratch = Vec::new();
-    let mut measured_from = Instant::now();
+    let mut clock = LatClock::new(&p);
     let mut i = 0u64;
-    loop {
-        if i == warm {
-            measured_from = Instant::now();
-        }
-        let done = match p.duration {
-            Some(d) => i >= warm && measured_from.elapsed() >= d,
-            None => i >= warm + p.iters,
-        };
-        if done {
-            break;
-        }
+    while clock.keep_going(i) {
         let c = &side.conns[0];
         let t0 = Instant::now();
         c.qp.post_send(&SendWr {
@@ -1395,7 +1412,7 @@ fn client_read_lat(side: &mut Side) -> Result<ClientResult, String> {
         }
         i += 1;
     }
-    finish_lat(side, i, samples, measured_from.elapsed(), verifier.checked)
+    finish_lat(side, i, samples, clock.elapsed(), verifier.checked)
 }
 
 /// send_lat client: Send, wait for the echo's receive completion.
@@ -1408,19 +1425,9 @@ fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
     let mut waiter = Waiter::new(&p);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
-    let mut measured_from = Instant::now();
+    let mut clock = LatClock::new(&p);
     let mut i = 0u64;
-    loop {
-        if i == warm {
-            measured_from = Instant::now();
-        }
-        let done = match p.duration {
-            Some(d) => i >= warm && measured_from.elapsed() >= d,
-            None => i >= warm + p.iters,
-        };
-        if done {
-            break;
-        }
+    while clock.keep_going(i) {
         let c = &side.conns[0];
         if p.integrity {
             fill_slot(c, size, 0, pattern::seed(0, 0, i), None, &mut scratch);
@@ -1467,7 +1474,7 @@ fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
     }
-    finish_lat(side, i, samples, measured_from.elapsed(), verifier.checked)
+    finish_lat(side, i, samples, clock.elapsed(), verifier.checked)
 }
 
 /// send_lat server: echo every Send; DONE ends the test.

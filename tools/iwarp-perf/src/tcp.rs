@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::params::{self, Params, Remote, Request, Test};
 use crate::pattern::{self, Verifier};
-use crate::rdma::{warmup, ClientResult};
+use crate::rdma::{warmup, ClientResult, LatClock};
 use crate::report::LatStats;
 
 /// Read size of the bandwidth reader.
@@ -365,19 +365,9 @@ fn client_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<ClientResult, S
             let read = p.test == Test::ReadLat;
             let mut rx = vec![0u8; size];
             let mut samples = Vec::new();
-            let mut measured_from = Instant::now();
+            let mut clock = LatClock::new(p);
             let mut i = 0u64;
-            loop {
-                if i == warm {
-                    measured_from = Instant::now();
-                }
-                let done = match p.duration {
-                    Some(d) => i >= warm && measured_from.elapsed() >= d,
-                    None => i >= warm + p.iters,
-                };
-                if done {
-                    break;
-                }
+            while clock.keep_going(i) {
                 if p.integrity && !read {
                     pattern::fill(&mut buf, pattern::seed(idx, 0, i));
                 }
@@ -399,7 +389,7 @@ fn client_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<ClientResult, S
                 }
                 i += 1;
             }
-            let elapsed = measured_from.elapsed();
+            let elapsed = clock.elapsed();
             let _ = s.shutdown(std::net::Shutdown::Write);
             let n = samples.len() as u64;
             Ok(ClientResult {
