@@ -111,6 +111,7 @@ for src in tests/c/test_*.c; do
         "$LIBDIR/libiwarp.a" $PC_STATIC || { fail "compile $name (static)"; continue; }
 done
 # The header must also be valid C++.
+# shellcheck disable=SC2086 # PC_CFLAGS holds several flags on purpose.
 echo '#include "iwarp.h"' | g++ -x c++ -std=c++11 -Wall -Wextra -Werror $PC_CFLAGS \
     -fsyntax-only - 2>/dev/null || { command -v g++ >/dev/null && fail "iwarp.h is not valid C++"; }
 

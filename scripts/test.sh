@@ -101,6 +101,10 @@ install_prereqs() {
     command -v dumpcap >/dev/null || pkgs+=(wireshark-common)
     command -v capinfos >/dev/null || pkgs+=(wireshark-common)
     command -v shellcheck >/dev/null || pkgs+=(shellcheck)
+    # The RFTP tests drive real FTP clients against rftpd.
+    command -v curl >/dev/null || pkgs+=(curl)
+    command -v lftp >/dev/null || pkgs+=(lftp)
+    command -v valgrind >/dev/null || pkgs+=(valgrind)
     command -v timeout >/dev/null || pkgs+=(coreutils)
     if ! command -v cargo >/dev/null && ! command -v rustup >/dev/null; then
         command -v curl >/dev/null || pkgs+=(curl)
@@ -226,8 +230,9 @@ if ((BUILD_OK)); then
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
+    run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)"; do
         skip_step "$s" "release build failed"
     done
 fi

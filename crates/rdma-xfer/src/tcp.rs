@@ -1,0 +1,484 @@
+//! The plain-TCP transport: the same [`Transport`] over N TCP
+//! connections, for comparison with RDMA and for peers without it.
+//!
+//! Setup: the first connection carries `Hello` (magic, token, proposal)
+//! and the reply (magic, session ID, grant); the other streams open with
+//! (magic, session ID, index). Then each block travels as a frame on
+//! stream `seq % N`:
+//!
+//! ```text
+//! kind u32 | len u32 | seq u64 | payload (len bytes)
+//! ```
+//!
+//! `End` (seq = blocks, then 8 bytes of total length) closes the transfer
+//! on every stream; the sink answers `Fin` (seq = bytes) or `Abort`
+//! (payload = reason) on stream 0.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::io::{BlockSink, BlockSource};
+use crate::progress::Logger;
+use crate::{negotiate, Config, Error, Mode, ProgressFn, Reorder, Stats, Transport};
+
+const MAGIC: &[u8; 4] = b"RFTT";
+const F_BLOCK: u32 = 1;
+const F_END: u32 = 2;
+const F_FIN: u32 = 3;
+const F_ABORT: u32 = 4;
+const HDR: usize = 16;
+
+/// A TCP transfer session.
+pub struct TcpSession {
+    streams: Vec<TcpStream>,
+    cfg: Config,
+    session: u64,
+    logger: Logger,
+    broken: Option<String>,
+}
+
+impl fmt::Debug for TcpSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TcpSession")
+            .field("session", &format_args!("{:016x}", self.session))
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
+
+fn setup_err(what: &str, e: io::Error) -> Error {
+    Error::Setup(format!("{what}: {e}"))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_be_bytes(a)
+}
+
+fn prep(s: &TcpStream, cfg: &Config) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(cfg.timeout))?;
+    s.set_write_timeout(Some(cfg.timeout))
+}
+
+fn frame(kind: u32, len: u32, seq: u64) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[..4].copy_from_slice(&kind.to_be_bytes());
+    h[4..8].copy_from_slice(&len.to_be_bytes());
+    h[8..].copy_from_slice(&seq.to_be_bytes());
+    h
+}
+
+fn io_err(e: io::Error, what: &'static str, timeout: Duration) -> Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout {
+            waiting_for: what,
+            after: timeout,
+        },
+        io::ErrorKind::UnexpectedEof => {
+            Error::Disconnected("the peer closed the connection".into())
+        }
+        _ => Error::Disconnected(format!("{what}: {e}")),
+    }
+}
+
+impl TcpSession {
+    /// The active side.
+    pub fn connect(addr: SocketAddr, token: u64, cfg: &Config) -> Result<TcpSession, Error> {
+        let open = || -> Result<TcpStream, Error> {
+            let s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
+                .map_err(|e| setup_err(&format!("connecting to {addr}"), e))?;
+            prep(&s, cfg).map_err(|e| setup_err("socket options", e))?;
+            Ok(s)
+        };
+        let mut first = open()?;
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&token.to_be_bytes());
+        for v in [cfg.streams, cfg.block_size, cfg.iodepth] {
+            hello.extend_from_slice(&v.to_be_bytes());
+        }
+        first
+            .write_all(&hello)
+            .map_err(|e| setup_err("sending Hello", e))?;
+        let mut ack = [0u8; 24];
+        first
+            .read_exact(&mut ack)
+            .map_err(|e| setup_err("waiting for the Hello reply", e))?;
+        if &ack[..4] != MAGIC {
+            return Err(Error::Protocol("bad Hello reply".into()));
+        }
+        let session = u64_at(&ack, 4);
+        let mut neg = cfg.clone();
+        neg.streams = u32_at(&ack, 12);
+        neg.block_size = u32_at(&ack, 16);
+        neg.iodepth = u32_at(&ack, 20);
+        let neg = neg
+            .validated()
+            .map_err(|e| Error::Protocol(format!("peer granted {e}")))?;
+        let mut streams = vec![first];
+        for i in 1..neg.streams {
+            let mut s = open()?;
+            let mut h = MAGIC.to_vec();
+            h.extend_from_slice(&session.to_be_bytes());
+            h.extend_from_slice(&i.to_be_bytes());
+            s.write_all(&h)
+                .map_err(|e| setup_err("opening a stream", e))?;
+            streams.push(s);
+        }
+        Ok(TcpSession {
+            streams,
+            logger: Logger::new(neg.progress_interval),
+            cfg: neg,
+            session,
+            broken: None,
+        })
+    }
+
+    pub(crate) fn accept(
+        l: &TcpListener,
+        token: u64,
+        ours: &Config,
+        timeout: Duration,
+    ) -> Result<TcpSession, Error> {
+        let deadline = Instant::now() + timeout;
+        l.set_nonblocking(true)
+            .map_err(|e| setup_err("listener", e))?;
+        let next = || -> Result<TcpStream, Error> {
+            loop {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        s.set_nonblocking(false)
+                            .map_err(|e| setup_err("socket options", e))?;
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
+                            .map_err(|e| setup_err("socket options", e))?;
+                        return Ok(s);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            return Err(Error::Timeout {
+                                waiting_for: "the transfer connection",
+                                after: timeout,
+                            });
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(setup_err("accepting", e)),
+                }
+            }
+        };
+        let mut first = next()?;
+        let mut hello = [0u8; 24];
+        first
+            .read_exact(&mut hello)
+            .map_err(|e| setup_err("waiting for Hello", e))?;
+        if &hello[..4] != MAGIC || u64_at(&hello, 4) != token {
+            let _ = first.shutdown(Shutdown::Both);
+            return Err(Error::Setup(
+                "a connection presented a wrong session token; refused".into(),
+            ));
+        }
+        let neg = negotiate(
+            ours,
+            u32_at(&hello, 12),
+            u32_at(&hello, 16),
+            u32_at(&hello, 20),
+        );
+        let session = crate::random_u64();
+        let mut ack = MAGIC.to_vec();
+        ack.extend_from_slice(&session.to_be_bytes());
+        for v in [neg.streams, neg.block_size, neg.iodepth] {
+            ack.extend_from_slice(&v.to_be_bytes());
+        }
+        first
+            .write_all(&ack)
+            .map_err(|e| setup_err("sending the Hello reply", e))?;
+        let mut slots: Vec<Option<TcpStream>> = (0..neg.streams).map(|_| None).collect();
+        slots[0] = Some(first);
+        while slots.iter().any(Option::is_none) {
+            let mut s = next()?;
+            let mut h = [0u8; 16];
+            if s.read_exact(&mut h).is_err() {
+                continue;
+            }
+            let i = u32_at(&h, 12) as usize;
+            if &h[..4] == MAGIC && u64_at(&h, 4) == session && i < slots.len() && slots[i].is_none()
+            {
+                slots[i] = Some(s);
+            } else {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        let streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
+        for s in &streams {
+            prep(s, &neg).map_err(|e| setup_err("socket options", e))?;
+        }
+        Ok(TcpSession {
+            streams,
+            logger: Logger::new(neg.progress_interval),
+            cfg: neg,
+            session,
+            broken: None,
+        })
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        match &self.broken {
+            Some(s) => Err(Error::Broken(s.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn kill(&mut self, e: &Error) {
+        self.broken = Some(e.to_string());
+        for s in &self.streams {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Close them: a peer still writing gets a reset at once instead of
+        // filling a socket nobody reads until its timeout.
+        self.streams.clear();
+    }
+
+    /// After a failed write: did the sink say why?
+    fn peer_reason(&self) -> Option<String> {
+        let mut s = self.streams.first()?;
+        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+        let mut h = [0u8; HDR];
+        s.read_exact(&mut h).ok()?;
+        if u32_at(&h, 0) != F_ABORT {
+            return None;
+        }
+        let mut r = vec![0u8; (u32_at(&h, 4) as usize).min(4096)];
+        s.read_exact(&mut r).ok()?;
+        Some(String::from_utf8_lossy(&r).into_owned())
+    }
+
+    fn send_inner(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        let start = Instant::now();
+        let n = self.streams.len() as u64;
+        let mut buf = vec![0u8; self.cfg.block_size as usize];
+        let (mut seq, mut bytes) = (0u64, 0u64);
+        let t = self.cfg.timeout;
+        loop {
+            let k = src.read_block(&mut buf).map_err(|e| {
+                let reason = e.to_string();
+                let mut s = &self.streams[0];
+                let _ = s.write_all(&frame(F_ABORT, reason.len() as u32, 0));
+                let _ = s.write_all(reason.as_bytes());
+                Error::Local(e)
+            })?;
+            if k == 0 {
+                break;
+            }
+            let mut s = &self.streams[(seq % n) as usize];
+            let r = s
+                .write_all(&frame(F_BLOCK, k as u32, seq))
+                .and_then(|_| s.write_all(&buf[..k]));
+            if let Err(e) = r {
+                return Err(match self.peer_reason() {
+                    Some(r) => Error::PeerAborted(r),
+                    None => io_err(e, "the sink to take data", t),
+                });
+            }
+            self.logger.add(k as u64);
+            seq += 1;
+            bytes += k as u64;
+        }
+        for mut s in &self.streams {
+            s.write_all(&frame(F_END, 0, seq))
+                .and_then(|_| s.write_all(&bytes.to_be_bytes()))
+                .map_err(|e| io_err(e, "the sink to take data", t))?;
+        }
+        let mut s = &self.streams[0];
+        let mut h = [0u8; HDR];
+        s.read_exact(&mut h)
+            .map_err(|e| io_err(e, "the sink to finish", t))?;
+        match u32_at(&h, 0) {
+            F_FIN if u64_at(&h, 8) == bytes => Ok(Stats {
+                bytes,
+                blocks: seq,
+                elapsed: start.elapsed(),
+            }),
+            F_ABORT => {
+                let mut r = vec![0u8; (u32_at(&h, 4) as usize).min(4096)];
+                let _ = s.read_exact(&mut r);
+                Err(Error::PeerAborted(String::from_utf8_lossy(&r).into_owned()))
+            }
+            k => Err(Error::Protocol(format!("unexpected reply frame {k}"))),
+        }
+    }
+
+    fn recv_inner(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+        enum Ev {
+            Block(u64, Vec<u8>),
+            End(u64, u64),
+            Abort(String),
+            Err(Error),
+        }
+        let start = Instant::now();
+        let bs = self.cfg.block_size;
+        let t = self.cfg.timeout;
+        let (tx, rx) = mpsc::sync_channel::<Ev>(self.cfg.pool_depth() as usize);
+        let streams = &self.streams;
+        let logger = &self.logger;
+        let result = std::thread::scope(|scope| {
+            // Owned here: dropped when this closure returns, which unblocks
+            // readers stuck on a full channel before the scope joins them.
+            let rx = rx;
+            for s in streams {
+                let tx = tx.clone();
+                scope.spawn(move || {
+                    let mut s = s;
+                    loop {
+                        let mut h = [0u8; HDR];
+                        if let Err(e) = s.read_exact(&mut h) {
+                            let _ = tx.send(Ev::Err(io_err(e, "the next block", t)));
+                            return;
+                        }
+                        let (kind, len, seq) = (u32_at(&h, 0), u32_at(&h, 4), u64_at(&h, 8));
+                        let ev = match kind {
+                            F_BLOCK if len > 0 && len <= bs => {
+                                let mut b = vec![0u8; len as usize];
+                                match s.read_exact(&mut b) {
+                                    Ok(()) => Ev::Block(seq, b),
+                                    Err(e) => Ev::Err(io_err(e, "the next block", t)),
+                                }
+                            }
+                            F_END => {
+                                let mut b = [0u8; 8];
+                                match s.read_exact(&mut b) {
+                                    Ok(()) => Ev::End(seq, u64::from_be_bytes(b)),
+                                    Err(e) => Ev::Err(io_err(e, "the next block", t)),
+                                }
+                            }
+                            F_ABORT => {
+                                let mut r = vec![0u8; (len as usize).min(4096)];
+                                let _ = s.read_exact(&mut r);
+                                Ev::Abort(String::from_utf8_lossy(&r).into_owned())
+                            }
+                            k => Ev::Err(Error::Protocol(format!("bad frame kind {k} len {len}"))),
+                        };
+                        let last = !matches!(ev, Ev::Block(..));
+                        if tx.send(ev).is_err() || last {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut reorder = Reorder::default();
+            let mut ends = 0usize;
+            let mut end = None;
+            let mut bytes = 0u64;
+            let fail = |e: Error| {
+                for s in streams {
+                    let _ = s.shutdown(Shutdown::Both);
+                }
+                Err(e)
+            };
+            loop {
+                if ends == streams.len() {
+                    let (blocks, total) = end.unwrap_or((0, 0));
+                    if reorder.delivered() != blocks || total != bytes {
+                        return fail(Error::Protocol(format!(
+                            "source announced {blocks} blocks / {total} bytes, {} / {bytes} arrived",
+                            reorder.delivered()
+                        )));
+                    }
+                    if let Err(e) = sink.finish() {
+                        return fail(Error::Local(e));
+                    }
+                    return Ok(Stats {
+                        bytes,
+                        blocks,
+                        elapsed: start.elapsed(),
+                    });
+                }
+                match rx.recv_timeout(t + Duration::from_secs(1)) {
+                    Ok(Ev::Block(seq, b)) => {
+                        if reorder.insert(seq, b).is_err() {
+                            return fail(Error::Protocol(format!("block {seq} arrived twice")));
+                        }
+                        while let Some(b) = reorder.pop() {
+                            if let Err(e) = sink.write_block(&b) {
+                                let reason = e.to_string();
+                                let mut s = &streams[0];
+                                let _ = s.write_all(&frame(F_ABORT, reason.len() as u32, 0));
+                                let _ = s.write_all(reason.as_bytes());
+                                return fail(Error::Local(e));
+                            }
+                            logger.add(b.len() as u64);
+                            bytes += b.len() as u64;
+                        }
+                    }
+                    Ok(Ev::End(blocks, total)) => {
+                        ends += 1;
+                        end = Some((blocks, total));
+                    }
+                    Ok(Ev::Abort(r)) => return fail(Error::PeerAborted(r)),
+                    Ok(Ev::Err(e)) => return fail(e),
+                    Err(_) => {
+                        return fail(Error::Timeout {
+                            waiting_for: "the next block",
+                            after: t,
+                        })
+                    }
+                }
+            }
+        });
+        if let Ok(st) = &result {
+            let mut s = &self.streams[0];
+            s.write_all(&frame(F_FIN, 0, st.bytes))
+                .map_err(|e| io_err(e, "sending Fin", t))?;
+        }
+        result
+    }
+}
+
+impl Transport for TcpSession {
+    fn send(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        self.check()?;
+        self.logger.begin(src.len_hint());
+        let r = self.send_inner(src);
+        self.logger.end(r.is_ok());
+        if let Err(e) = &r {
+            self.kill(e);
+        }
+        r
+    }
+
+    fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+        self.check()?;
+        self.logger.begin(None);
+        let r = self.recv_inner(sink);
+        self.logger.end(r.is_ok());
+        if let Err(e) = &r {
+            self.kill(e);
+        }
+        r
+    }
+
+    fn set_progress(&mut self, cb: Option<ProgressFn>) {
+        self.logger.set_callback(cb);
+    }
+
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn mode(&self) -> Mode {
+        Mode::Tcp
+    }
+
+    fn session_id(&self) -> u64 {
+        self.session
+    }
+}

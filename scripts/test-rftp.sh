@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Tests of the transfer middleware (crates/rdma-xfer) and of rftpd/rftp
+# (tools/rftp): loopback transfers over RDMA and TCP with 1 and 8 streams,
+# curl, lftp and Python ftplib against rftpd, and the fault cases.
+#
+#   scripts/test-rftp.sh             the default run (64 MiB transfers)
+#   RFTP_BIG=1 scripts/test-rftp.sh  1 GiB transfers, each must take < 60 s
+#
+# Environment:
+#   SKIP_INSTALL=1   never install anything (a missing lftp only skips its test)
+#   TEST_TIMEOUT=N   seconds allowed for the cargo test run (default 420)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+TEST_TIMEOUT="${TEST_TIMEOUT:-420}"
+
+missing=()
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v lftp >/dev/null 2>&1 || missing+=(lftp)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if [ "${#missing[@]}" -gt 0 ] && [ "${SKIP_INSTALL:-0}" != 1 ]; then
+    echo "== installing ${missing[*]}"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+for tool in curl python3; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "test-rftp: $tool is required" >&2; exit 1; }
+done
+
+echo "== cargo test (release) -p rdma-xfer -p rftp"
+timeout --kill-after=10 "$TEST_TIMEOUT" \
+    cargo test --release -p rdma-xfer -p rftp -- --test-threads=2

@@ -1,0 +1,96 @@
+//! `rftpd`: FTP server with the RDMA extension. See `rftpd --help` and
+//! docs/RFTP.md.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use rftp::server::{serve, ServerConfig};
+
+/// FTP server (RFC 959/2389/2428/3659, HASH) with an RDMA data path
+/// (RADR/RSTR/RRTR) over software iWARP.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// TOML config file (listen, root, anonymous, users, limits, RDMA
+    /// settings; see docs/RFTP.md). Flags override it.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// Control address, e.g. 127.0.0.1:2121 (port 0 picks one).
+    #[arg(short, long)]
+    listen: Option<String>,
+    /// Directory to serve.
+    #[arg(short, long)]
+    root: Option<PathBuf>,
+    /// Allow anonymous read-only logins.
+    #[arg(long)]
+    anonymous: bool,
+    /// Do not offer the RDMA extension.
+    #[arg(long)]
+    no_rdma: bool,
+    /// Most data streams granted to a client.
+    #[arg(long)]
+    max_streams: Option<u32>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    let mut cfg = match &a.config {
+        Some(p) => match ServerConfig::load(p) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rftpd: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => ServerConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    if let Some(r) = a.root {
+        cfg.root = r;
+    }
+    if a.anonymous {
+        cfg.anonymous = true;
+    }
+    if a.no_rdma {
+        cfg.rdma = false;
+    }
+    if let Some(n) = a.max_streams {
+        cfg.max_streams = n;
+    }
+    // A file-size limit (ulimit -f) must give EFBIG and an FTP error
+    // reply, not kill the server.
+    // SAFETY: setting a signal disposition to SIG_IGN has no
+    // preconditions.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+    let listener = match TcpListener::bind(&cfg.listen) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("rftpd: cannot listen on {}: {e}", cfg.listen);
+            return ExitCode::from(1);
+        }
+    };
+    match listener.local_addr() {
+        Ok(a) => println!("rftpd listening on {a}"),
+        Err(e) => eprintln!("rftpd: {e}"),
+    }
+    match serve(listener, cfg) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rftpd: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,719 @@
+//! The client side: an FTP control connection with the RDMA extension,
+//! and the `get` / `put` operations of the `rftp` binary.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_xfer::{BlockSink, FileReader, FileWriter, Mode, NullSink, Transport, ZeroSource};
+
+use crate::util;
+
+/// `ftp://[user[:password]@]host[:port]/path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Url {
+    pub user: String,
+    pub password: String,
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Url {
+    /// Parse an `ftp://` URL; no user means anonymous.
+    pub fn parse(s: &str) -> Result<Url, String> {
+        let rest = s
+            .strip_prefix("ftp://")
+            .ok_or_else(|| format!("{s}: only ftp:// URLs are supported"))?;
+        let (auth_host, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let (auth, hostport) = match auth_host.rfind('@') {
+            Some(i) => (Some(&auth_host[..i]), &auth_host[i + 1..]),
+            None => (None, auth_host),
+        };
+        let (user, password) = match auth {
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => (unescape(u), unescape(p)),
+                None => (unescape(a), String::new()),
+            },
+            None => ("anonymous".to_string(), "rftp@".to_string()),
+        };
+        let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
+            let (h, p) = h.split_once(']').ok_or("unclosed [ in URL host")?;
+            (h.to_string(), p.strip_prefix(':').unwrap_or(""))
+        } else {
+            match hostport.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), p),
+                None => (hostport.to_string(), ""),
+            }
+        };
+        let port = if port.is_empty() {
+            21
+        } else {
+            port.parse().map_err(|_| format!("{s}: bad port {port}"))?
+        };
+        if host.is_empty() {
+            return Err(format!("{s}: no host"));
+        }
+        Ok(Url {
+            user,
+            password,
+            host,
+            port,
+            path: unescape(path),
+        })
+    }
+}
+
+/// An FTP control connection.
+#[derive(Debug)]
+pub struct Ftp {
+    ctrl: BufReader<TcpStream>,
+    out: TcpStream,
+    peer: IpAddr,
+    timeout: Duration,
+}
+
+/// A reply: code and text (lines joined with '\n').
+pub type Reply = (u32, String);
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Ftp {
+    /// Connect and read the greeting.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Ftp, String> {
+        let addr = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{host}: no address"))?;
+        let s = TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        s.set_read_timeout(Some(timeout)).map_err(err)?;
+        s.set_write_timeout(Some(timeout)).map_err(err)?;
+        let _ = s.set_nodelay(true);
+        let mut f = Ftp {
+            out: s.try_clone().map_err(err)?,
+            ctrl: BufReader::new(s),
+            peer: addr.ip(),
+            timeout,
+        };
+        let (code, text) = f.read_reply().map_err(err)?;
+        if code != 220 {
+            return Err(format!("server refused the connection: {code} {text}"));
+        }
+        Ok(f)
+    }
+
+    /// Read one (possibly multi-line) reply.
+    pub fn read_reply(&mut self) -> io::Result<Reply> {
+        let mut first = String::new();
+        if self.ctrl.read_line(&mut first)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the control connection",
+            ));
+        }
+        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed FTP reply");
+        let code: u32 = first
+            .get(..3)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(bad)?;
+        let mut text = first.get(4..).unwrap_or("").trim_end().to_string();
+        if first.as_bytes().get(3) == Some(&b'-') {
+            let end = format!("{code} ");
+            loop {
+                let mut l = String::new();
+                if self.ctrl.read_line(&mut l)? == 0 {
+                    return Err(bad());
+                }
+                if l.starts_with(&end) {
+                    text.push('\n');
+                    text.push_str(l[4..].trim_end());
+                    break;
+                }
+                text.push('\n');
+                text.push_str(l.trim_end());
+            }
+        }
+        tracing::debug!(code, %text, "reply");
+        Ok((code, text))
+    }
+
+    /// Send a command and read its reply.
+    pub fn cmd(&mut self, line: &str) -> Result<Reply, String> {
+        if line.starts_with("PASS ") {
+            tracing::debug!("command PASS ****");
+        } else {
+            tracing::debug!(command = line, "command");
+        }
+        self.out
+            .write_all(format!("{line}\r\n").as_bytes())
+            .map_err(|e| format!("sending {line:.4}: {e}"))?;
+        self.read_reply()
+            .map_err(|e| format!("reading the reply to {line:.4}: {e}"))
+    }
+
+    fn expect(&mut self, line: &str, ok: impl Fn(u32) -> bool) -> Result<String, String> {
+        let (c, t) = self.cmd(line)?;
+        if ok(c) {
+            Ok(t)
+        } else {
+            let shown = if line.starts_with("PASS") {
+                "PASS ****"
+            } else {
+                line
+            };
+            Err(format!("{shown}: server replied {c} {t}"))
+        }
+    }
+
+    /// USER / PASS.
+    pub fn login(&mut self, user: &str, password: &str) -> Result<(), String> {
+        let (c, t) = self.cmd(&format!("USER {user}"))?;
+        match c {
+            230 => return Ok(()),
+            331 | 332 => {}
+            _ => return Err(format!("USER: {c} {t}")),
+        }
+        self.expect(&format!("PASS {password}"), |c| c == 230 || c == 202)
+            .map(|_| ())
+            .map_err(|e| format!("login failed: {e}"))
+    }
+
+    /// Open a passive data connection (EPSV, falling back to PASV).
+    pub fn data(&mut self) -> Result<TcpStream, String> {
+        let (c, t) = self.cmd("EPSV")?;
+        let addr = if c == 229 {
+            let port = t
+                .split('|')
+                .filter_map(|x| x.parse::<u16>().ok())
+                .next()
+                .ok_or_else(|| format!("bad EPSV reply {t}"))?;
+            SocketAddr::new(self.peer, port)
+        } else {
+            let t = self.expect("PASV", |c| c == 227)?;
+            let inner = t
+                .split(['(', ')'])
+                .nth(1)
+                .ok_or_else(|| format!("bad PASV reply {t}"))?;
+            let n: Vec<u16> = inner
+                .split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect();
+            if n.len() != 6 {
+                return Err(format!("bad PASV reply {t}"));
+            }
+            SocketAddr::new(self.peer, n[4] << 8 | n[5])
+        };
+        let s = TcpStream::connect_timeout(&addr, self.timeout)
+            .map_err(|e| format!("data connection to {addr}: {e}"))?;
+        s.set_read_timeout(Some(self.timeout)).map_err(err)?;
+        s.set_write_timeout(Some(self.timeout)).map_err(err)?;
+        Ok(s)
+    }
+
+    /// SIZE, if the server knows it.
+    pub fn size(&mut self, path: &str) -> Option<u64> {
+        match self.cmd(&format!("SIZE {path}")) {
+            Ok((213, t)) => t.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// The server's SHA-256 of `path` (`HASH`), or `None` if it has no
+    /// HASH command.
+    pub fn hash(&mut self, path: &str) -> Result<Option<String>, String> {
+        let (c, t) = self.cmd(&format!("HASH {path}"))?;
+        match c {
+            213 => t
+                .split_whitespace()
+                .nth(2)
+                .map(|h| Some(h.to_ascii_lowercase()))
+                .ok_or_else(|| format!("bad HASH reply {t}")),
+            500 | 502 | 504 => Ok(None),
+            _ => Err(format!("HASH: {c} {t}")),
+        }
+    }
+
+    /// RADR: set up a transfer session. `Ok(None)` if the server does not
+    /// know the extension (the caller falls back to plain FTP).
+    pub fn radr(&mut self, o: &Options) -> Result<Option<Box<dyn Transport>>, String> {
+        let line = format!(
+            "RADR STREAMS={} BS={} DEPTH={} MODE={}",
+            o.streams, o.block_size, o.iodepth, o.xfer_mode
+        );
+        let (c, t) = self.cmd(&line)?;
+        if crate::FALLBACK_CODES.contains(&c) {
+            return Ok(None);
+        }
+        if c != 200 {
+            return Err(format!("RADR: {c} {t}"));
+        }
+        let field = |k: &str| {
+            t.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k))
+                .map(str::to_string)
+                .ok_or_else(|| format!("RADR reply lacks {k}: {t}"))
+        };
+        let mut addr: SocketAddr = field("ADDR=")?
+            .parse()
+            .map_err(|e| format!("RADR address: {e}"))?;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(self.peer);
+        }
+        let token =
+            u64::from_str_radix(&field("TOKEN=")?, 16).map_err(|e| format!("RADR token: {e}"))?;
+        let mode: Mode = field("MODE=")?.parse()?;
+        let cfg = rdma_xfer::Config {
+            streams: o.streams,
+            block_size: o.block_size,
+            iodepth: o.iodepth,
+            timeout: o.timeout,
+            connect_timeout: o.timeout,
+            crc: o.crc,
+            ..rdma_xfer::Config::default()
+        };
+        let mut x = rdma_xfer::connect(addr, mode, token, cfg).map_err(err)?;
+        x.set_progress(o.progress.clone());
+        Ok(Some(x))
+    }
+
+    /// QUIT (best effort).
+    pub fn quit(mut self) {
+        let _ = self.cmd("QUIT");
+    }
+}
+
+/// Progress callback: (bytes done, total if known).
+pub type ProgressCb = Arc<dyn Fn(u64, Option<u64>) + Send + Sync>;
+
+/// Options of a transfer.
+#[derive(Clone)]
+pub struct Options {
+    pub streams: u32,
+    pub block_size: u32,
+    pub iodepth: u32,
+    /// Plain FTP data connection instead of the RDMA extension.
+    pub tcp: bool,
+    /// Transport of the extension's session (rdma, or tcp for comparison).
+    pub xfer_mode: Mode,
+    /// Memory-to-memory: this many bytes from a zero source to a null sink.
+    pub mem: Option<u64>,
+    pub verify: bool,
+    pub resume: bool,
+    pub crc: bool,
+    pub timeout: Duration,
+    /// Bytes per second at most (tests and polite transfers).
+    pub limit_rate: Option<u64>,
+    pub progress: Option<rdma_xfer::ProgressFn>,
+    pub plain_progress: Option<ProgressCb>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("streams", &self.streams)
+            .field("block_size", &self.block_size)
+            .field("iodepth", &self.iodepth)
+            .field("tcp", &self.tcp)
+            .field("mem", &self.mem)
+            .finish()
+    }
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            streams: 1,
+            block_size: 1 << 20,
+            iodepth: 4,
+            tcp: false,
+            xfer_mode: Mode::Rdma,
+            mem: None,
+            verify: true,
+            resume: true,
+            crc: false,
+            timeout: Duration::from_secs(30),
+            limit_rate: None,
+            progress: None,
+            plain_progress: None,
+        }
+    }
+}
+
+/// What a transfer did.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub bytes: u64,
+    /// Bytes that were already there (REST).
+    pub resumed_from: u64,
+    pub elapsed: Duration,
+    /// "rdma x8", "tcp x1 (extension)", "ftp".
+    pub via: String,
+    /// The verified SHA-256, if verification ran.
+    pub sha256: Option<String>,
+}
+
+impl Summary {
+    /// Throughput in Gbit/s.
+    pub fn gbps(&self) -> f64 {
+        let s = self.elapsed.as_secs_f64();
+        if s > 0.0 {
+            self.bytes as f64 * 8.0 / s / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Sleeps to keep a sink at `rate` bytes per second.
+struct Throttle<S> {
+    inner: S,
+    rate: u64,
+    start: Instant,
+    bytes: u64,
+}
+
+impl<S: BlockSink> BlockSink for Throttle<S> {
+    fn write_block(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_block(buf)?;
+        self.bytes += buf.len() as u64;
+        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate.max(1) as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        Ok(())
+    }
+    fn finish(&mut self) -> io::Result<()> {
+        self.inner.finish()
+    }
+}
+
+fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
+    let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
+    f.login(&url.user, &url.password)?;
+    f.expect("TYPE I", |c| c == 200)?;
+    Ok(f)
+}
+
+/// The extension's session, or `None` to use plain FTP.
+fn maybe_rdma(f: &mut Ftp, o: &Options) -> Result<Option<Box<dyn Transport>>, String> {
+    if o.tcp {
+        return Ok(None);
+    }
+    let x = f.radr(o)?;
+    if x.is_none() {
+        tracing::warn!("the server does not support RADR; falling back to plain FTP");
+        if o.mem.is_none() {
+            eprintln!("rftp: server has no RDMA extension; using a plain FTP data connection");
+        }
+    }
+    Ok(x)
+}
+
+fn via(x: &dyn Transport) -> String {
+    format!("{} x{}", x.mode(), x.config().streams)
+}
+
+fn final_reply(f: &mut Ftp, what: &str) -> Result<(), String> {
+    let (c, t) = f.read_reply().map_err(|e| format!("{what}: {e}"))?;
+    if (200..300).contains(&c) {
+        Ok(())
+    } else {
+        Err(format!("{what}: server replied {c} {t}"))
+    }
+}
+
+/// Copy the TCP data connection into `dst` from `offset`, reporting
+/// progress.
+fn copy_plain(
+    src: &mut impl Read,
+    dst: &mut impl Write,
+    o: &Options,
+    done0: u64,
+    total: Option<u64>,
+) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    let start = Instant::now();
+    loop {
+        let k = match src.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        dst.write_all(&buf[..k])?;
+        n += k as u64;
+        if let Some(p) = &o.plain_progress {
+            p(done0 + n, total);
+        }
+        if let Some(rate) = o.limit_rate {
+            let due = Duration::from_secs_f64(n as f64 / rate.max(1) as f64);
+            if let Some(w) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(w);
+            }
+        }
+    }
+}
+
+fn verify(f: &mut Ftp, remote: &str, local: &Path) -> Result<Option<String>, String> {
+    let Some(theirs) = f.hash(remote)? else {
+        eprintln!("rftp: server has no HASH command; not verified");
+        return Ok(None);
+    };
+    let ours = util::sha256_file(local).map_err(|e| format!("hashing {}: {e}", local.display()))?;
+    if ours != theirs {
+        return Err(format!(
+            "SHA-256 mismatch for {}: local {ours}, server {theirs}",
+            local.display()
+        ));
+    }
+    Ok(Some(ours))
+}
+
+/// The `.part` name a download is written to before it is complete.
+pub fn part_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".part");
+    PathBuf::from(s)
+}
+
+/// Download `url` to `out` (or, in memory mode, to a null sink).
+pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
+    let mut f = session(url, o)?;
+    let start = Instant::now();
+    if let Some(len) = o.mem {
+        let mut x = f
+            .radr(o)?
+            .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR)")?;
+        f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
+        f.expect(&format!("RRTR {len}"), |c| c / 100 == 1)?;
+        let st = x.recv(&mut NullSink::default()).map_err(err)?;
+        final_reply(&mut f, "RRTR")?;
+        let s = Summary {
+            bytes: st.bytes,
+            resumed_from: 0,
+            elapsed: st.elapsed,
+            via: via(&*x),
+            sha256: None,
+        };
+        f.quit();
+        return Ok(s);
+    }
+    let total = f.size(&url.path);
+    let part = part_path(out);
+    let mut offset = if o.resume {
+        fs::metadata(&part).map(|m| m.len()).unwrap_or(0)
+    } else {
+        0
+    };
+    if total.is_some_and(|t| offset > t) {
+        offset = 0;
+    }
+    let mut x = maybe_rdma(&mut f, o)?;
+    if offset > 0 {
+        f.expect(&format!("REST {offset}"), |c| c == 350)?;
+        tracing::info!(offset, "resuming download");
+    }
+    let via_s;
+    let bytes = if let Some(x) = x.as_mut() {
+        via_s = via(&**x);
+        f.expect(&format!("RRTR {}", url.path), |c| c / 100 == 1)?;
+        let w = FileWriter::create(&part, offset, true)
+            .map_err(|e| format!("creating {}: {e}", part.display()))?;
+        let r = match o.limit_rate {
+            Some(rate) => x.recv(&mut Throttle {
+                inner: w,
+                rate,
+                start: Instant::now(),
+                bytes: 0,
+            }),
+            None => {
+                let mut w = w;
+                x.recv(&mut w)
+            }
+        };
+        let st = r.map_err(|e| {
+            // The server's reply says more than "peer aborted" if it failed.
+            let srv = f
+                .read_reply()
+                .map(|(c, t)| format!(" (server: {c} {t})"))
+                .unwrap_or_default();
+            format!(
+                "download failed: {e}{srv}; the partial file {} is kept for a resume",
+                part.display()
+            )
+        })?;
+        final_reply(&mut f, "RRTR")?;
+        st.bytes
+    } else {
+        via_s = "ftp".to_string();
+        let mut data = f.data()?;
+        f.expect(&format!("RETR {}", url.path), |c| c / 100 == 1)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(offset == 0)
+            .open(&part)
+            .map_err(|e| format!("creating {}: {e}", part.display()))?;
+        file.set_len(offset).map_err(err)?;
+        use std::io::Seek;
+        file.seek(io::SeekFrom::Start(offset)).map_err(err)?;
+        let n = copy_plain(&mut data, &mut file, o, offset, total).map_err(|e| {
+            format!(
+                "download failed: {e}; the partial file {} is kept for a resume",
+                part.display()
+            )
+        })?;
+        drop(data);
+        final_reply(&mut f, "RETR")?;
+        n
+    };
+    let elapsed = start.elapsed();
+    fs::rename(&part, out)
+        .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
+    let sha256 = if o.verify {
+        verify(&mut f, &url.path, out)?
+    } else {
+        None
+    };
+    f.quit();
+    Ok(Summary {
+        bytes,
+        resumed_from: offset,
+        elapsed,
+        via: via_s,
+        sha256,
+    })
+}
+
+/// Upload `file` to `url` (or, in memory mode, zeros to a null sink).
+pub fn put(file: Option<&Path>, url: &Url, o: &Options) -> Result<Summary, String> {
+    let mut f = session(url, o)?;
+    let start = Instant::now();
+    if let Some(len) = o.mem {
+        let mut x = f
+            .radr(o)?
+            .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR)")?;
+        f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
+        f.expect(&format!("RSTR {}", url.path), |c| c / 100 == 1)?;
+        let st = x.send(&mut ZeroSource::new(len)).map_err(err)?;
+        final_reply(&mut f, "RSTR")?;
+        let s = Summary {
+            bytes: st.bytes,
+            resumed_from: 0,
+            elapsed: st.elapsed,
+            via: via(&*x),
+            sha256: None,
+        };
+        f.quit();
+        return Ok(s);
+    }
+    let file = file.ok_or("put needs a FILE (or --mem SIZE)")?;
+    let mut x = maybe_rdma(&mut f, o)?;
+    let via_s;
+    let bytes = if let Some(x) = x.as_mut() {
+        via_s = via(&**x);
+        let mut r = FileReader::open(file, 0, true)
+            .map_err(|e| format!("opening {}: {e}", file.display()))?;
+        f.expect(&format!("RSTR {}", url.path), |c| c / 100 == 1)?;
+        let st = x.send(&mut r).map_err(|e| {
+            let srv = f
+                .read_reply()
+                .map(|(c, t)| format!(": server replied {c} {t}"))
+                .unwrap_or_default();
+            format!("upload failed: {e}{srv}")
+        })?;
+        final_reply(&mut f, "RSTR")?;
+        st.bytes
+    } else {
+        via_s = "ftp".to_string();
+        let mut src =
+            fs::File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?;
+        let total = src.metadata().map(|m| m.len()).ok();
+        let mut data = f.data()?;
+        f.expect(&format!("STOR {}", url.path), |c| c / 100 == 1)?;
+        let n = copy_plain(&mut src, &mut data, o, 0, total);
+        let _ = data.shutdown(Shutdown::Write);
+        drop(data);
+        let n = match n {
+            Ok(n) => n,
+            Err(e) => {
+                let srv = f
+                    .read_reply()
+                    .map(|(c, t)| format!(": server replied {c} {t}"))
+                    .unwrap_or_default();
+                return Err(format!("upload failed: {e}{srv}"));
+            }
+        };
+        final_reply(&mut f, "STOR")?;
+        n
+    };
+    let elapsed = start.elapsed();
+    let sha256 = if o.verify {
+        verify(&mut f, &url.path, file)?
+    } else {
+        None
+    };
+    f.quit();
+    Ok(Summary {
+        bytes,
+        resumed_from: 0,
+        elapsed,
+        via: via_s,
+        sha256,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = Url::parse("ftp://bob:p%40ss@127.0.0.1:2121/dir/f.bin").unwrap();
+        assert_eq!(
+            u,
+            Url {
+                user: "bob".into(),
+                password: "p@ss".into(),
+                host: "127.0.0.1".into(),
+                port: 2121,
+                path: "/dir/f.bin".into()
+            }
+        );
+        let u = Url::parse("ftp://host/x").unwrap();
+        assert_eq!((u.user.as_str(), u.port), ("anonymous", 21));
+        let u = Url::parse("ftp://[::1]:99/").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 99));
+        assert!(Url::parse("http://x/").is_err());
+        assert!(Url::parse("ftp://:1/").is_err());
+    }
+}

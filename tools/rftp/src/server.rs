@@ -1,0 +1,1187 @@
+//! `rftpd`: one thread per control connection.
+//!
+//! Commands: RFC 959 (USER PASS CWD XCWD CDUP PWD XPWD LIST NLST RETR STOR
+//! DELE MKD XMKD RMD XRMD RNFR RNTO TYPE MODE STRU PORT PASV QUIT NOOP SYST
+//! ALLO ABOR), RFC 2389 (FEAT OPTS), RFC 3659 (SIZE MDTM REST MLSD), RFC
+//! 2428 (EPRT EPSV), draft-bryan-ftp-hash (HASH), and the RDMA extension
+//! (RADR RSTR RRTR; see `docs/RFTP.md`).
+//!
+//! Robustness: every path is confined to the root ([`crate::util::resolve`]);
+//! a malformed or unknown command gets a 5xx reply and the session goes on;
+//! failed logins are counted per client address and, past the limit, the
+//! address is refused for a while; connection counts are limited in all
+//! and per address; a client that vanishes only ends its own thread (every
+//! socket has a timeout); uploads go to a temporary name and are renamed
+//! only when complete.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdma_xfer::{BlockSink, BlockSource, FileReader, FileWriter, Mode, NullSink, ZeroSource};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::util::{self, hex, resolve};
+
+/// A user of the config file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub name: String,
+    /// Plain-text password (prefer `password_sha256`).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// SHA-256 of the password, hex.
+    #[serde(default)]
+    pub password_sha256: Option<String>,
+    /// May upload, delete, rename and make directories.
+    #[serde(default = "yes")]
+    pub write: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The server's configuration (TOML; every field has a default but
+/// `root`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Control-connection address.
+    pub listen: String,
+    /// Directory served; nothing outside it is reachable.
+    pub root: PathBuf,
+    /// Allow `anonymous` / `ftp` logins, read-only.
+    pub anonymous: bool,
+    pub max_connections: usize,
+    pub max_per_ip: usize,
+    /// Seconds a control connection may stay silent.
+    pub idle_timeout_secs: u64,
+    /// Seconds to wait for a data connection or data progress.
+    pub data_timeout_secs: u64,
+    /// Failed logins per address within the window before it is refused.
+    pub login_fail_limit: u32,
+    pub login_fail_window_secs: u64,
+    /// Delay before answering a failed login.
+    pub login_fail_delay_ms: u64,
+    /// Offer the RDMA extension.
+    pub rdma: bool,
+    pub max_streams: u32,
+    pub block_size: u32,
+    pub iodepth: u32,
+    /// Require MPA CRC on RDMA sessions.
+    pub crc: bool,
+    /// Largest memory-to-memory transfer a client may ask for.
+    pub max_mem_bytes: u64,
+    pub users: Vec<User>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: "127.0.0.1:2121".into(),
+            root: PathBuf::from("."),
+            anonymous: false,
+            max_connections: 64,
+            max_per_ip: 16,
+            idle_timeout_secs: 300,
+            data_timeout_secs: 30,
+            login_fail_limit: 5,
+            login_fail_window_secs: 60,
+            login_fail_delay_ms: 500,
+            rdma: true,
+            max_streams: 16,
+            block_size: 1 << 20,
+            iodepth: 4,
+            crc: false,
+            max_mem_bytes: 1 << 40,
+            users: Vec::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Read a TOML config file.
+    pub fn load(path: &Path) -> Result<ServerConfig, String> {
+        let text = fs::read_to_string(path)
+            .map_err(|e| format!("reading config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+    }
+}
+
+#[derive(Default)]
+struct Failures {
+    by_ip: HashMap<IpAddr, (u32, Instant)>,
+}
+
+struct Server {
+    cfg: ServerConfig,
+    root: PathBuf,
+    conns: AtomicUsize,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    fails: Mutex<Failures>,
+}
+
+/// Serve forever on `listener` (bound by the caller to `cfg.listen`).
+pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
+    let root = cfg
+        .root
+        .canonicalize()
+        .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", cfg.root.display())))?;
+    let srv = Arc::new(Server {
+        cfg,
+        root,
+        conns: AtomicUsize::new(0),
+        per_ip: Mutex::new(HashMap::new()),
+        fails: Mutex::new(Failures::default()),
+    });
+    tracing::info!(addr = %listener.local_addr()?, root = %srv.root.display(), "rftpd listening");
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%e, "accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        let srv = srv.clone();
+        let spawned = std::thread::Builder::new()
+            .name("rftpd-session".into())
+            .spawn(move || srv.admit(stream));
+        if let Err(e) = spawned {
+            tracing::error!(%e, "could not start a session thread");
+        }
+    }
+    Ok(())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Server {
+    fn admit(self: &Arc<Self>, mut stream: TcpStream) {
+        let Ok(peer) = stream.peer_addr() else { return };
+        let ip = peer.ip();
+        let total = self.conns.fetch_add(1, Ordering::AcqRel) + 1;
+        let mine = {
+            let mut m = lock(&self.per_ip);
+            let c = m.entry(ip).or_insert(0);
+            *c += 1;
+            *c
+        };
+        if total > self.cfg.max_connections || mine > self.cfg.max_per_ip {
+            tracing::warn!(%peer, total, mine, "connection limit reached");
+            let _ = stream.write_all(b"421 Too many connections; try again later.\r\n");
+        } else {
+            tracing::info!(%peer, "session start");
+            match Session::new(self.clone(), stream, peer) {
+                Ok(mut s) => {
+                    if let Err(e) = s.run() {
+                        tracing::info!(%peer, %e, "session ended");
+                    }
+                }
+                Err(e) => tracing::warn!(%peer, %e, "session setup failed"),
+            }
+        }
+        self.conns.fetch_sub(1, Ordering::AcqRel);
+        let mut m = lock(&self.per_ip);
+        if let Some(c) = m.get_mut(&ip) {
+            *c -= 1;
+            if *c == 0 {
+                m.remove(&ip);
+            }
+        }
+    }
+
+    /// True while `ip` is locked out after too many failed logins.
+    fn locked_out(&self, ip: IpAddr) -> bool {
+        let window = Duration::from_secs(self.cfg.login_fail_window_secs);
+        let mut f = lock(&self.fails);
+        match f.by_ip.get(&ip) {
+            Some(&(n, first)) if first.elapsed() < window => n >= self.cfg.login_fail_limit,
+            Some(_) => {
+                f.by_ip.remove(&ip);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn record_failure(&self, ip: IpAddr) {
+        let window = Duration::from_secs(self.cfg.login_fail_window_secs);
+        let mut f = lock(&self.fails);
+        let e = f.by_ip.entry(ip).or_insert((0, Instant::now()));
+        if e.1.elapsed() >= window {
+            *e = (0, Instant::now());
+        }
+        e.0 += 1;
+    }
+
+    fn check_password(&self, user: &str, pass: &str) -> Option<bool> {
+        if self.cfg.anonymous && (user == "anonymous" || user == "ftp") {
+            return Some(false);
+        }
+        let u = self.cfg.users.iter().find(|u| u.name == user)?;
+        let ok = match (&u.password_sha256, &u.password) {
+            (Some(h), _) => hex(&Sha256::digest(pass.as_bytes())).eq_ignore_ascii_case(h.trim()),
+            (None, Some(p)) => p == pass,
+            (None, None) => false,
+        };
+        ok.then_some(u.write)
+    }
+}
+
+enum DataMode {
+    None,
+    Passive(TcpListener),
+    Active(SocketAddr),
+}
+
+struct Session {
+    srv: Arc<Server>,
+    ctrl: BufReader<TcpStream>,
+    out: TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    user: Option<String>,
+    pending_user: Option<String>,
+    writable: bool,
+    cwd: String,
+    rest: u64,
+    rnfr: Option<PathBuf>,
+    data: DataMode,
+    xfer: Option<Box<dyn rdma_xfer::Transport>>,
+    mem: bool,
+}
+
+/// A command's reply.
+type Reply = (u32, String);
+
+fn r(code: u32, text: impl Into<String>) -> Reply {
+    (code, text.into())
+}
+
+/// The FTP reply for a file-system error.
+fn io_reply(e: &io::Error, what: &str) -> Reply {
+    let code = match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => 552,
+        _ => match e.kind() {
+            io::ErrorKind::NotFound => 550,
+            io::ErrorKind::PermissionDenied => 550,
+            _ => 451,
+        },
+    };
+    r(code, format!("{what}: {e}"))
+}
+
+const MAX_LINE: usize = 4096;
+
+impl Session {
+    fn new(srv: Arc<Server>, stream: TcpStream, peer: SocketAddr) -> io::Result<Session> {
+        let idle = Duration::from_secs(srv.cfg.idle_timeout_secs.max(1));
+        stream.set_read_timeout(Some(idle))?;
+        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr()?;
+        Ok(Session {
+            srv,
+            out: stream.try_clone()?,
+            ctrl: BufReader::new(stream),
+            peer,
+            local,
+            user: None,
+            pending_user: None,
+            writable: false,
+            cwd: "/".into(),
+            rest: 0,
+            rnfr: None,
+            data: DataMode::None,
+            xfer: None,
+            mem: false,
+        })
+    }
+
+    fn reply(&mut self, (code, text): &Reply) -> io::Result<()> {
+        let mut lines: Vec<&str> = text.split('\n').map(|l| l.trim_end_matches('\r')).collect();
+        if lines.is_empty() {
+            lines.push("");
+        }
+        let mut s = String::new();
+        let last = lines.len() - 1;
+        for (i, l) in lines.iter().enumerate() {
+            if i == last {
+                s.push_str(&format!("{code} {l}\r\n"));
+            } else if i == 0 {
+                s.push_str(&format!("{code}-{l}\r\n"));
+            } else {
+                s.push_str(&format!(" {l}\r\n"));
+            }
+        }
+        tracing::debug!(peer = %self.peer, reply = %s.trim_end(), "reply");
+        self.out.write_all(s.as_bytes())
+    }
+
+    /// One command line, or `None` at EOF. Over-long or non-UTF-8 lines
+    /// become `Err(reply)`.
+    fn read_command(&mut self) -> io::Result<Option<Result<String, Reply>>> {
+        let mut buf = Vec::new();
+        let n = (&mut self.ctrl)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if buf.last() != Some(&b'\n') {
+            if buf.len() > MAX_LINE {
+                // Skip the rest of the line.
+                let mut skip = Vec::new();
+                let _ = (&mut self.ctrl).take(1 << 20).read_until(b'\n', &mut skip);
+                return Ok(Some(Err(r(500, "Command line too long."))));
+            }
+            return Ok(None);
+        }
+        // RFC 959: Telnet IAC sequences may precede commands (ABOR); drop them.
+        buf.retain(|&b| b < 0xf0);
+        match String::from_utf8(buf) {
+            Ok(s) => Ok(Some(Ok(s.trim_end_matches(['\r', '\n']).to_string()))),
+            Err(_) => Ok(Some(Err(r(501, "Command is not valid UTF-8.")))),
+        }
+    }
+
+    fn run(&mut self) -> io::Result<()> {
+        let rdma = if self.srv.cfg.rdma {
+            " (RDMA extension: RADR RSTR RRTR)"
+        } else {
+            ""
+        };
+        self.reply(&r(220, format!("rftpd ready{rdma}")))?;
+        loop {
+            let line = match self.read_command()? {
+                None => return Ok(()),
+                Some(Err(reply)) => {
+                    self.reply(&reply)?;
+                    continue;
+                }
+                Some(Ok(l)) => l,
+            };
+            let (verb, arg) = match line.split_once(' ') {
+                Some((v, a)) => (v.to_ascii_uppercase(), a.to_string()),
+                None => (line.to_ascii_uppercase(), String::new()),
+            };
+            if verb == "PASS" {
+                tracing::debug!(peer = %self.peer, "command PASS ****");
+            } else {
+                tracing::debug!(peer = %self.peer, command = %line, "command");
+            }
+            if verb == "QUIT" {
+                self.reply(&r(221, "Goodbye."))?;
+                return Ok(());
+            }
+            let reply = self.dispatch(&verb, &arg)?;
+            if let Some(rep) = reply {
+                self.reply(&rep)?;
+                if rep.0 == 421 {
+                    let _ = self.out.shutdown(Shutdown::Both);
+                    return Ok(());
+                }
+            }
+            if verb != "REST" {
+                self.rest = 0;
+            }
+            if verb != "RNFR" {
+                self.rnfr = None;
+            }
+        }
+    }
+
+    fn need_login(&self) -> Option<Reply> {
+        self.user
+            .is_none()
+            .then(|| r(530, "Please log in with USER and PASS."))
+    }
+
+    fn need_write(&self) -> Option<Reply> {
+        self.need_login()
+            .or_else(|| (!self.writable).then(|| r(550, "Permission denied: read-only access.")))
+    }
+
+    fn path(&self, arg: &str) -> Result<(String, PathBuf), Reply> {
+        if arg.is_empty() {
+            return Err(r(501, "Missing path argument."));
+        }
+        resolve(&self.srv.root, &self.cwd, arg).map_err(|e| r(550, format!("{arg}: {e}.")))
+    }
+
+    fn dispatch(&mut self, verb: &str, arg: &str) -> io::Result<Option<Reply>> {
+        let open = matches!(
+            verb,
+            "USER" | "PASS" | "FEAT" | "SYST" | "NOOP" | "OPTS" | "QUIT"
+        );
+        if !open {
+            if let Some(rep) = self.need_login() {
+                // Unknown commands are still 500 before login.
+                return Ok(Some(if known(verb) {
+                    rep
+                } else {
+                    r(500, format!("Unknown command {verb:.32}."))
+                }));
+            }
+        }
+        let rep = match verb {
+            "USER" => self.user_cmd(arg),
+            "PASS" => self.pass_cmd(arg),
+            "SYST" => r(215, "UNIX Type: L8"),
+            "NOOP" => r(200, "OK."),
+            "FEAT" => self.feat(),
+            "OPTS" => self.opts(arg),
+            "PWD" | "XPWD" => r(
+                257,
+                format!(
+                    "\"{}\" is the current directory.",
+                    self.cwd.replace('"', "\"\"")
+                ),
+            ),
+            "CWD" | "XCWD" => self.cwd_cmd(arg),
+            "CDUP" | "XCUP" => self.cwd_cmd(".."),
+            "TYPE" => match arg.to_ascii_uppercase().as_str() {
+                "I" | "L 8" | "L8" => r(200, "Type set to I."),
+                "A" | "A N" => r(200, "Type set to A (transfers are binary)."),
+                _ => r(504, "Type not supported."),
+            },
+            "MODE" => match arg.to_ascii_uppercase().as_str() {
+                "S" => r(200, "Mode set to S."),
+                _ => r(504, "Only stream mode is supported."),
+            },
+            "STRU" => match arg.to_ascii_uppercase().as_str() {
+                "F" => r(200, "Structure set to F."),
+                _ => r(504, "Only file structure is supported."),
+            },
+            "ALLO" => r(202, "No storage allocation necessary."),
+            "ABOR" => r(226, "No transfer to abort."),
+            "PASV" => self.pasv(false),
+            "EPSV" => {
+                if arg.eq_ignore_ascii_case("ALL") {
+                    r(200, "EPSV ALL accepted.")
+                } else {
+                    self.pasv(true)
+                }
+            }
+            "PORT" => self.port(arg, false),
+            "EPRT" => self.port(arg, true),
+            "REST" => match arg.trim().parse::<u64>() {
+                Ok(n) => {
+                    self.rest = n;
+                    r(350, format!("Restarting at {n}. Send RETR, STOR or RRTR."))
+                }
+                Err(_) => r(501, "REST needs a byte offset."),
+            },
+            "SIZE" => match self.path(arg) {
+                Ok((_, p)) => match fs::metadata(&p) {
+                    Ok(m) if m.is_file() => r(213, m.len().to_string()),
+                    Ok(_) => r(550, format!("{arg}: not a plain file.")),
+                    Err(e) => io_reply(&e, arg),
+                },
+                Err(e) => e,
+            },
+            "MDTM" => match self.path(arg) {
+                Ok((_, p)) => match fs::metadata(&p).and_then(|m| m.modified()) {
+                    Ok(t) => r(213, util::mdtm(t)),
+                    Err(e) => io_reply(&e, arg),
+                },
+                Err(e) => e,
+            },
+            "HASH" => self.hash(arg),
+            "LIST" | "NLST" | "MLSD" => return self.listing(verb, arg),
+            "RETR" => return self.retr(arg),
+            "STOR" => return self.stor(arg),
+            "DELE" => self.modify(arg, |p| fs::remove_file(p), 250, "Deleted."),
+            "RMD" | "XRMD" => self.modify(arg, |p| fs::remove_dir(p), 250, "Directory removed."),
+            "MKD" | "XMKD" => match self.need_write().map_or_else(|| self.path(arg), Err) {
+                Ok((v, p)) => match fs::create_dir(&p) {
+                    Ok(()) => r(257, format!("\"{}\" created.", v.replace('"', "\"\""))),
+                    Err(e) => io_reply(&e, arg),
+                },
+                Err(e) => e,
+            },
+            "RNFR" => match self.need_write().map_or_else(|| self.path(arg), Err) {
+                Ok((_, p)) if p.symlink_metadata().is_ok() => {
+                    self.rnfr = Some(p);
+                    return Ok(Some(r(350, "Ready for RNTO.")));
+                }
+                Ok(_) => r(550, format!("{arg}: no such file or directory.")),
+                Err(e) => e,
+            },
+            "RNTO" => match (
+                self.rnfr.take(),
+                self.need_write().map_or_else(|| self.path(arg), Err),
+            ) {
+                (None, _) => r(503, "RNFR first."),
+                (Some(from), Ok((_, to))) => match fs::rename(&from, &to) {
+                    Ok(()) => r(250, "Renamed."),
+                    Err(e) => io_reply(&e, arg),
+                },
+                (_, Err(e)) => e,
+            },
+            "RADR" => return self.radr(arg),
+            "RSTR" => return self.rstr(arg),
+            "RRTR" => return self.rrtr(arg),
+            "" => r(500, "Empty command."),
+            _ => r(500, format!("Unknown command {verb:.32}.")),
+        };
+        Ok(Some(rep))
+    }
+
+    fn user_cmd(&mut self, arg: &str) -> Reply {
+        if self.srv.locked_out(self.peer.ip()) {
+            return r(421, "Too many failed logins; try again later.");
+        }
+        if arg.is_empty() {
+            return r(501, "USER needs a name.");
+        }
+        self.user = None;
+        self.pending_user = Some(arg.to_string());
+        r(331, "Password required.")
+    }
+
+    fn pass_cmd(&mut self, arg: &str) -> Reply {
+        let ip = self.peer.ip();
+        if self.srv.locked_out(ip) {
+            return r(421, "Too many failed logins; try again later.");
+        }
+        let Some(user) = self.pending_user.take() else {
+            return r(503, "Send USER first.");
+        };
+        match self.srv.check_password(&user, arg) {
+            Some(write) => {
+                tracing::info!(peer = %self.peer, %user, write, "login");
+                lock(&self.srv.fails).by_ip.remove(&ip);
+                self.user = Some(user);
+                self.writable = write;
+                r(230, "Logged in.")
+            }
+            None => {
+                tracing::warn!(peer = %self.peer, %user, "failed login");
+                self.srv.record_failure(ip);
+                std::thread::sleep(Duration::from_millis(self.srv.cfg.login_fail_delay_ms));
+                if self.srv.locked_out(ip) {
+                    r(421, "Too many failed logins; try again later.")
+                } else {
+                    r(530, "Login incorrect.")
+                }
+            }
+        }
+    }
+
+    fn feat(&self) -> Reply {
+        let mut f = vec![
+            "Extensions supported:",
+            "EPRT",
+            "EPSV",
+            "MDTM",
+            "SIZE",
+            "REST STREAM",
+            "MLST type*;size*;modify*;",
+            "UTF8",
+            "HASH SHA-256*",
+        ];
+        if self.srv.cfg.rdma {
+            f.extend(["RADR", "RSTR", "RRTR"]);
+        }
+        let mut text: String = f.iter().map(|l| format!("{l}\n")).collect();
+        text.push_str("End");
+        r(211, text)
+    }
+
+    fn opts(&mut self, arg: &str) -> Reply {
+        let up = arg.to_ascii_uppercase();
+        let mut it = up.split_whitespace();
+        match (it.next(), it.next(), it.next()) {
+            (Some("UTF8"), Some("ON") | None, _) => r(200, "UTF8 is always on."),
+            (Some("HASH"), None, _) => r(200, "SHA-256"),
+            (Some("HASH"), Some("SHA-256"), _) => r(200, "SHA-256"),
+            (Some("HASH"), Some(_), _) => r(501, "Only SHA-256 is supported."),
+            (Some("MLST"), _, _) => r(200, "MLST OPTS type;size;modify;"),
+            (Some("RDMA"), Some("MEM"), Some(v)) if self.srv.cfg.rdma => {
+                if self.user.is_none() {
+                    return r(530, "Please log in first.");
+                }
+                self.mem = v == "ON";
+                r(
+                    200,
+                    format!(
+                        "Memory-to-memory mode {}.",
+                        if self.mem { "on" } else { "off" }
+                    ),
+                )
+            }
+            _ => r(501, "Option not understood."),
+        }
+    }
+
+    fn cwd_cmd(&mut self, arg: &str) -> Reply {
+        match self.path(if arg.is_empty() { "/" } else { arg }) {
+            Ok((v, p)) if p.is_dir() => {
+                self.cwd = v;
+                r(250, format!("Directory changed to {}.", self.cwd))
+            }
+            Ok(_) => r(550, format!("{arg}: no such directory.")),
+            Err(e) => e,
+        }
+    }
+
+    fn modify(
+        &mut self,
+        arg: &str,
+        f: impl Fn(&Path) -> io::Result<()>,
+        code: u32,
+        ok: &str,
+    ) -> Reply {
+        match self.need_write().map_or_else(|| self.path(arg), Err) {
+            Ok((v, p)) => {
+                if v == "/" {
+                    return r(550, "The root cannot be changed.");
+                }
+                match f(&p) {
+                    Ok(()) => r(code, ok),
+                    Err(e) => io_reply(&e, arg),
+                }
+            }
+            Err(e) => e,
+        }
+    }
+
+    fn hash(&mut self, arg: &str) -> Reply {
+        match self.path(arg) {
+            Ok((_, p)) => match fs::metadata(&p) {
+                Ok(m) if m.is_file() => match util::sha256_file(&p) {
+                    Ok(h) => r(
+                        213,
+                        format!("SHA-256 0-{} {h} {arg}", m.len().saturating_sub(1)),
+                    ),
+                    Err(e) => io_reply(&e, arg),
+                },
+                Ok(_) => r(553, format!("{arg}: not a plain file.")),
+                Err(e) => io_reply(&e, arg),
+            },
+            Err(e) => e,
+        }
+    }
+
+    fn pasv(&mut self, extended: bool) -> Reply {
+        let ip = self.local.ip();
+        let l = match TcpListener::bind(SocketAddr::new(ip, 0)) {
+            Ok(l) => l,
+            Err(e) => return r(425, format!("Cannot open a data port: {e}")),
+        };
+        let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+        self.data = DataMode::Passive(l);
+        if extended {
+            r(229, format!("Entering Extended Passive Mode (|||{port}|)"))
+        } else {
+            match ip {
+                IpAddr::V4(v4) => {
+                    let o = v4.octets();
+                    r(
+                        227,
+                        format!(
+                            "Entering Passive Mode ({},{},{},{},{},{})",
+                            o[0],
+                            o[1],
+                            o[2],
+                            o[3],
+                            port >> 8,
+                            port & 255
+                        ),
+                    )
+                }
+                IpAddr::V6(_) => r(522, "Use EPSV on IPv6."),
+            }
+        }
+    }
+
+    fn port(&mut self, arg: &str, extended: bool) -> Reply {
+        let addr = if extended {
+            // RFC 2428 §2: EPRT |proto|addr|port|
+            let d = arg.chars().next().unwrap_or('|');
+            let f: Vec<&str> = arg.split(d).collect();
+            if f.len() < 5 {
+                return r(501, "EPRT syntax: |proto|address|port|");
+            }
+            match (f[2].parse::<IpAddr>(), f[3].parse::<u16>()) {
+                (Ok(ip), Ok(port)) => SocketAddr::new(ip, port),
+                _ => return r(501, "EPRT: bad address or port."),
+            }
+        } else {
+            let n: Vec<u8> = arg
+                .split(',')
+                .filter_map(|x| x.trim().parse().ok())
+                .collect();
+            if n.len() != 6 {
+                return r(501, "PORT syntax: h1,h2,h3,h4,p1,p2");
+            }
+            SocketAddr::from((
+                [n[0], n[1], n[2], n[3]],
+                u16::from(n[4]) << 8 | u16::from(n[5]),
+            ))
+        };
+        // No FTP bounce (RFC 2577): data goes to the client only.
+        if addr.ip() != self.peer.ip() || addr.port() < 1024 {
+            return r(
+                504,
+                "PORT/EPRT must name your own address and a port >= 1024.",
+            );
+        }
+        self.data = DataMode::Active(addr);
+        r(200, "PORT command successful.")
+    }
+
+    fn open_data(&mut self) -> Result<TcpStream, Reply> {
+        let t = Duration::from_secs(self.srv.cfg.data_timeout_secs.max(1));
+        let s = match std::mem::replace(&mut self.data, DataMode::None) {
+            DataMode::None => return Err(r(425, "Use PASV, EPSV, PORT or EPRT first.")),
+            DataMode::Active(a) => TcpStream::connect_timeout(&a, t)
+                .map_err(|e| r(425, format!("Cannot open data connection: {e}")))?,
+            DataMode::Passive(l) => {
+                l.set_nonblocking(true).map_err(|e| r(425, e.to_string()))?;
+                let start = Instant::now();
+                loop {
+                    match l.accept() {
+                        Ok((s, a)) if a.ip() == self.peer.ip() => break s,
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            if start.elapsed() > t {
+                                return Err(r(425, "No data connection arrived in time."));
+                            }
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        Err(e) => return Err(r(425, format!("Data connection failed: {e}"))),
+                    }
+                }
+            }
+        };
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(t));
+        let _ = s.set_write_timeout(Some(t));
+        Ok(s)
+    }
+
+    fn listing(&mut self, verb: &str, arg: &str) -> io::Result<Option<Reply>> {
+        // Options like "-la" (sent by some clients) are ignored.
+        let target = arg
+            .split_whitespace()
+            .filter(|a| !a.starts_with('-'))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let (_, p) = match self.path(if target.is_empty() { "." } else { &target }) {
+            Ok(x) => x,
+            Err(e) => return Ok(Some(e)),
+        };
+        let mut lines = Vec::new();
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                let mut names: Vec<_> = match fs::read_dir(&p) {
+                    Ok(rd) => rd.filter_map(Result::ok).collect(),
+                    Err(e) => return Ok(Some(io_reply(&e, &target))),
+                };
+                names.sort_by_key(|e| e.file_name());
+                for e in names {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let Ok(md) = e.metadata() else { continue };
+                    lines.push(match verb {
+                        "NLST" => name,
+                        "MLSD" => util::mlsd_line(&name, &md),
+                        _ => util::list_line(&name, &md),
+                    });
+                }
+            }
+            Ok(m) if verb != "MLSD" => {
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                lines.push(if verb == "NLST" {
+                    target.clone()
+                } else {
+                    util::list_line(&name, &m)
+                });
+            }
+            Ok(_) => return Ok(Some(r(501, "MLSD needs a directory."))),
+            Err(e) => return Ok(Some(io_reply(&e, &target))),
+        }
+        let mut data = match self.open_data() {
+            Ok(d) => d,
+            Err(e) => return Ok(Some(e)),
+        };
+        self.reply(&r(150, "Here comes the listing."))?;
+        let mut text = lines.join("\r\n");
+        if !text.is_empty() {
+            text.push_str("\r\n");
+        }
+        Ok(Some(match data.write_all(text.as_bytes()) {
+            Ok(()) => r(226, "Listing sent."),
+            Err(e) => r(426, format!("Listing aborted: {e}")),
+        }))
+    }
+
+    fn retr(&mut self, arg: &str) -> io::Result<Option<Reply>> {
+        let (_, p) = match self.path(arg) {
+            Ok(x) => x,
+            Err(e) => return Ok(Some(e)),
+        };
+        let offset = self.rest;
+        let mut f = match fs::metadata(&p) {
+            Ok(m) if m.is_file() => match fs::File::open(&p) {
+                Ok(f) => f,
+                Err(e) => return Ok(Some(io_reply(&e, arg))),
+            },
+            Ok(_) => return Ok(Some(r(550, format!("{arg}: not a plain file.")))),
+            Err(e) => return Ok(Some(io_reply(&e, arg))),
+        };
+        if offset > 0 {
+            use std::io::Seek;
+            if let Err(e) = f.seek(io::SeekFrom::Start(offset)) {
+                return Ok(Some(io_reply(&e, arg)));
+            }
+        }
+        let mut data = match self.open_data() {
+            Ok(d) => d,
+            Err(e) => return Ok(Some(e)),
+        };
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        self.reply(&r(
+            150,
+            format!(
+                "Opening BINARY data connection for {arg} ({} bytes).",
+                size.saturating_sub(offset)
+            ),
+        ))?;
+        let res = io::copy(&mut f, &mut data);
+        let _ = data.shutdown(Shutdown::Write);
+        Ok(Some(match res {
+            Ok(n) => {
+                tracing::info!(peer = %self.peer, file = %arg, bytes = n, offset, "RETR done");
+                r(226, "Transfer complete.")
+            }
+            Err(e) => r(426, format!("Transfer aborted: {e}")),
+        }))
+    }
+
+    /// A temporary name beside `target`, for uploads.
+    fn temp_for(target: &Path) -> PathBuf {
+        let name = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        target.with_file_name(format!(
+            ".{name}.rftp-part-{:08x}",
+            rdma_xfer::random_u64() as u32
+        ))
+    }
+
+    fn stor(&mut self, arg: &str) -> io::Result<Option<Reply>> {
+        let (_, p) = match self.need_write().map_or_else(|| self.path(arg), Err) {
+            Ok(x) => x,
+            Err(e) => return Ok(Some(e)),
+        };
+        if p.is_dir() {
+            return Ok(Some(r(550, format!("{arg}: is a directory."))));
+        }
+        let offset = self.rest;
+        let tmp = Self::temp_for(&p);
+        let f = if offset > 0 {
+            // Resume: continue the existing file (copied to the temp name).
+            fs::copy(&p, &tmp).and_then(|_| {
+                let f = fs::OpenOptions::new().write(true).open(&tmp)?;
+                f.set_len(offset)?;
+                Ok(f)
+            })
+        } else {
+            fs::File::create(&tmp)
+        };
+        let mut f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Ok(Some(io_reply(&e, arg)));
+            }
+        };
+        if offset > 0 {
+            use std::io::Seek;
+            let _ = f.seek(io::SeekFrom::Start(offset));
+        }
+        let mut data = match self.open_data() {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Ok(Some(e));
+            }
+        };
+        self.reply(&r(150, format!("Ready to receive {arg}.")))?;
+        let res = copy_in(&mut data, &mut f)
+            .and_then(|n| f.sync_data().map(|_| n).map_err(CopyErr::Write));
+        drop(f);
+        Ok(Some(match res {
+            Ok(n) => match fs::rename(&tmp, &p) {
+                Ok(()) => {
+                    tracing::info!(peer = %self.peer, file = %arg, bytes = n, "STOR done");
+                    r(226, "Transfer complete.")
+                }
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    io_reply(&e, arg)
+                }
+            },
+            Err(CopyErr::Read(e)) => {
+                let _ = fs::remove_file(&tmp);
+                r(426, format!("Connection lost; upload discarded: {e}"))
+            }
+            Err(CopyErr::Write(e)) => {
+                let _ = fs::remove_file(&tmp);
+                io_reply(&e, arg)
+            }
+        }))
+    }
+
+    fn radr(&mut self, arg: &str) -> io::Result<Option<Reply>> {
+        if !self.srv.cfg.rdma {
+            return Ok(Some(r(502, "RDMA extension disabled.")));
+        }
+        let srv = self.srv.clone();
+        let c = &srv.cfg;
+        let mut want = rdma_xfer::Config {
+            streams: c.max_streams,
+            block_size: c.block_size,
+            iodepth: c.iodepth,
+            crc: c.crc,
+            timeout: Duration::from_secs(c.data_timeout_secs.max(1)),
+            ..rdma_xfer::Config::default()
+        };
+        let mut mode = Mode::Rdma;
+        for kv in arg.split_whitespace() {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let num = v.parse::<u32>();
+            match (k.to_ascii_uppercase().as_str(), num) {
+                ("STREAMS", Ok(n)) => want.streams = n.clamp(1, c.max_streams),
+                ("BS", Ok(n)) => {
+                    want.block_size =
+                        n.clamp(rdma_xfer::MIN_BLOCK, c.block_size.max(rdma_xfer::MIN_BLOCK))
+                }
+                ("DEPTH", Ok(n)) => want.iodepth = n.clamp(1, c.iodepth.max(1)),
+                ("MODE", _) => match v.parse() {
+                    Ok(m) => mode = m,
+                    Err(e) => return Ok(Some(r(501, e))),
+                },
+                _ => return Ok(Some(r(501, format!("RADR: bad parameter {kv:.40}")))),
+            }
+        }
+        self.xfer = None;
+        let l = match rdma_xfer::XferListener::bind(
+            SocketAddr::new(self.local.ip(), 0),
+            mode,
+            want.clone(),
+        ) {
+            Ok(l) => l,
+            Err(e) => return Ok(Some(r(425, format!("Cannot open the RDMA listener: {e}")))),
+        };
+        self.reply(&r(
+            200,
+            format!(
+                "RADR ADDR={} TOKEN={:016x} MODE={mode} STREAMS={}",
+                l.local_addr(),
+                l.token(),
+                want.streams
+            ),
+        ))?;
+        match l.accept(Duration::from_secs(c.data_timeout_secs.max(1))) {
+            Ok(t) => {
+                tracing::info!(peer = %self.peer, %mode, streams = t.config().streams, block_size = t.config().block_size, iodepth = t.config().iodepth, "transfer session established");
+                self.xfer = Some(t);
+            }
+            Err(e) => tracing::warn!(peer = %self.peer, %e, "transfer session setup failed"),
+        }
+        Ok(None)
+    }
+
+    fn rstr(&mut self, arg: &str) -> io::Result<Option<Reply>> {
+        if let Some(e) = self.need_write() {
+            return Ok(Some(e));
+        }
+        if self.xfer.is_none() {
+            return Ok(Some(r(425, "No transfer session: send RADR first.")));
+        }
+        let (target, tmp, mut sink): (Option<PathBuf>, Option<PathBuf>, Box<dyn BlockSink>) =
+            if self.mem {
+                (None, None, Box::new(NullSink::default()))
+            } else {
+                let (_, p) = match self.path(arg) {
+                    Ok(x) => x,
+                    Err(e) => return Ok(Some(e)),
+                };
+                if p.is_dir() {
+                    return Ok(Some(r(550, format!("{arg}: is a directory."))));
+                }
+                let tmp = Self::temp_for(&p);
+                match FileWriter::create(&tmp, 0, true) {
+                    Ok(w) => (Some(p), Some(tmp), Box::new(w)),
+                    Err(e) => {
+                        let _ = fs::remove_file(&tmp);
+                        return Ok(Some(io_reply(&e, arg)));
+                    }
+                }
+            };
+        self.reply(&r(150, "Ready to receive over RDMA."))?;
+        let res = self.xfer.as_mut().map(|x| x.recv(&mut sink));
+        drop(sink);
+        Ok(Some(match res {
+            Some(Ok(st)) => {
+                let ok = match (&tmp, &target) {
+                    (Some(t), Some(p)) => fs::rename(t, p),
+                    _ => Ok(()),
+                };
+                match ok {
+                    Ok(()) => {
+                        tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RSTR done");
+                        r(
+                            226,
+                            format!(
+                                "Transfer complete: {} bytes in {:.3} s.",
+                                st.bytes,
+                                st.elapsed.as_secs_f64()
+                            ),
+                        )
+                    }
+                    Err(e) => io_reply(&e, arg),
+                }
+            }
+            Some(Err(e)) => {
+                if let Some(t) = &tmp {
+                    let _ = fs::remove_file(t);
+                }
+                self.xfer = None;
+                match e {
+                    rdma_xfer::Error::Local(io) => io_reply(&io, arg),
+                    e => r(426, format!("Transfer failed; upload discarded: {e}")),
+                }
+            }
+            None => r(425, "No transfer session."),
+        }))
+    }
+
+    fn rrtr(&mut self, arg: &str) -> io::Result<Option<Reply>> {
+        if self.xfer.is_none() {
+            return Ok(Some(r(425, "No transfer session: send RADR first.")));
+        }
+        let mut src: Box<dyn BlockSource> = if self.mem {
+            match util::parse_size(arg) {
+                Ok(n) if n <= self.srv.cfg.max_mem_bytes => Box::new(ZeroSource::new(n)),
+                Ok(_) => return Ok(Some(r(552, "Size above the server's max_mem_bytes."))),
+                Err(e) => return Ok(Some(r(501, e))),
+            }
+        } else {
+            let (_, p) = match self.path(arg) {
+                Ok(x) => x,
+                Err(e) => return Ok(Some(e)),
+            };
+            if !p.is_file() {
+                return Ok(Some(r(550, format!("{arg}: not a plain file."))));
+            }
+            match FileReader::open(&p, self.rest, true) {
+                Ok(f) => Box::new(f),
+                Err(e) => return Ok(Some(io_reply(&e, arg))),
+            }
+        };
+        let len = src.len_hint().unwrap_or(0);
+        self.reply(&r(150, format!("Sending {len} bytes over RDMA.")))?;
+        let res = self.xfer.as_mut().map(|x| x.send(&mut src));
+        Ok(Some(match res {
+            Some(Ok(st)) => {
+                tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RRTR done");
+                r(
+                    226,
+                    format!(
+                        "Transfer complete: {} bytes in {:.3} s.",
+                        st.bytes,
+                        st.elapsed.as_secs_f64()
+                    ),
+                )
+            }
+            Some(Err(e)) => {
+                self.xfer = None;
+                match e {
+                    rdma_xfer::Error::Local(io) => io_reply(&io, arg),
+                    e => r(426, format!("Transfer failed: {e}")),
+                }
+            }
+            None => r(425, "No transfer session."),
+        }))
+    }
+}
+
+fn known(verb: &str) -> bool {
+    matches!(
+        verb,
+        "CWD"
+            | "XCWD"
+            | "CDUP"
+            | "XCUP"
+            | "PWD"
+            | "XPWD"
+            | "LIST"
+            | "NLST"
+            | "MLSD"
+            | "RETR"
+            | "STOR"
+            | "DELE"
+            | "MKD"
+            | "XMKD"
+            | "RMD"
+            | "XRMD"
+            | "RNFR"
+            | "RNTO"
+            | "TYPE"
+            | "MODE"
+            | "STRU"
+            | "PORT"
+            | "PASV"
+            | "EPRT"
+            | "EPSV"
+            | "SIZE"
+            | "MDTM"
+            | "REST"
+            | "HASH"
+            | "RADR"
+            | "RSTR"
+            | "RRTR"
+            | "ALLO"
+            | "ABOR"
+    )
+}
+
+enum CopyErr {
+    Read(io::Error),
+    Write(io::Error),
+}
+
+fn copy_in(src: &mut impl Read, dst: &mut impl Write) -> Result<u64, CopyErr> {
+    let mut buf = vec![0u8; 256 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = match src.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(CopyErr::Read(e)),
+        };
+        dst.write_all(&buf[..k]).map_err(CopyErr::Write)?;
+        n += k as u64;
+    }
+}
