@@ -914,7 +914,7 @@ mod tests {
         unsafe {
             assert_eq!(iwarp_open_device(null_mut()), IWARP_ERR_NULL_ARG);
             assert!(last_error().contains("iwarp_open_device: argument `out` is NULL"));
-            let mut pd = 1 as *mut iwarp_pd;
+            let mut pd = std::ptr::dangling_mut::<iwarp_pd>();
             assert_eq!(iwarp_alloc_pd(null_mut(), &mut pd), IWARP_ERR_NULL_ARG);
             assert!(pd.is_null(), "a failed call resets *out");
             let sge = iwarp_sge::default();

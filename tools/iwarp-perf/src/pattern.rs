@@ -38,7 +38,7 @@ pub fn fill(buf: &mut [u8], seed: u64) {
 
 /// CRC32C of a message.
 pub fn checksum(buf: &[u8]) -> u32 {
-    crc32c::crc32c(buf)
+    iwarp_proto::wire::crc::crc32c(buf)
 }
 
 /// The checksum a receiver expects for `len` bytes of pattern `seed`, with
