@@ -306,12 +306,13 @@ fn unclaim(qp: &QueuePair) {
 fn go_live(qp: &QueuePair, sock: Socket, neg: &Negotiated, initiator: bool) -> Result<(), CmError> {
     let shared: &QpShared = &qp.shared;
     driver::tune_socket(&sock);
-    // RFC 5044 §5.1 sizes FPDUs to the effective MSS. Early in a connection
+    // FPDUs are sized from the MSS (RFC 5044 §5.1), in whole segments up to
+    // 64 KiB as siw does (see `mulpdu_for_path`). Early in a connection
     // TCP_MAXSEG can be bounded by half the peer's initial window; the
     // advertised MSS reflects the path MTU.
     let maxseg = sock.tcp_mss().unwrap_or(1460);
     let mss = crate::sys::tcp_advmss(sock.as_raw_fd()).map_or(maxseg, |adv| adv.max(maxseg));
-    let mulpdu = driver::mulpdu_for_mss(mss, neg.markers_tx);
+    let mulpdu = driver::mulpdu_for_path(mss, neg.markers_tx);
     let info = ConnInfo {
         crc: neg.crc,
         markers_tx: neg.markers_tx,
