@@ -63,6 +63,7 @@ run write_lat_8 write_lat --loopback --compare -s 8 -n 20000
 run send_lat_8 send_lat --loopback --compare -s 8 -n 20000
 run read_lat_8 read_lat --loopback --compare -s 8 -n 20000
 run write_lat_8_busy write_lat --loopback --compare -s 8 -n 20000 --busy-poll
+run send_lat_8_busy send_lat --loopback --compare -s 8 -n 20000 --busy-poll
 
 echo "== 64-byte message rate at depth 64"
 run msgrate_64 write_bw --loopback --compare -s 64 -t 64 -D "$BW_SECS"

@@ -101,7 +101,8 @@ FIGURES = [
     ("write_lat_8", "RDMA Write ping-pong 8 B (median)", "lat", 1.2, "lower"),
     ("send_lat_8", "Send ping-pong 8 B (median)", "lat", 1.2, "lower"),
     ("read_lat_8", "RDMA Read 8 B, full round trip (median)", "lat", None, "lower"),
-    ("write_lat_8_busy", "RDMA Write ping-pong 8 B, busy-poll (median)", "lat", None, "lower"),
+    ("write_lat_8_busy", "RDMA Write ping-pong 8 B, both busy-poll (median)", "lat", 1.2, "lower"),
+    ("send_lat_8_busy", "Send ping-pong 8 B, both busy-poll (median)", "lat", 1.2, "lower"),
     ("msgrate_64", "64 B RDMA Write message rate, depth 64", "rate", None, "higher"),
     ("rss_write_1m_d16", "RSS, 1 MiB write_bw depth 16 (both ends)", "rss", None, "lower"),
 ]

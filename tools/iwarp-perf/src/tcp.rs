@@ -11,7 +11,9 @@
 //! - **read_bw**: the client keeps `depth` 8-byte requests outstanding; the
 //!   server answers each with one message.
 //! - **write_lat / send_lat**: ping-pong of the message size with blocking
-//!   `write_all` / `read_exact`; half the round trip is reported.
+//!   `write_all` / `read_exact`; half the round trip is reported. With
+//!   `--busy-poll` both ends instead spin on a non-blocking socket, as the
+//!   iWARP side spins on its CQ or buffer, so neither side ever sleeps.
 //! - **read_lat**: an 8-byte request answered by one message; the full
 //!   round trip is reported (as for iWARP Reads).
 //!
@@ -177,6 +179,10 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
         Test::ReadBw | Test::ReadLat => {
             let mut out = vec![0u8; size];
             let mut req = [0u8; 8];
+            if p.busy_poll && p.test == Test::ReadLat {
+                s.set_nonblocking(true)
+                    .map_err(|e| io_err("setting non-blocking mode", e))?;
+            }
             loop {
                 match read_full(&mut s, &mut req) {
                     Ok(true) => {}
@@ -187,13 +193,16 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
                 if p.integrity {
                     pattern::fill(&mut out, pattern::seed(idx, 1, i));
                 }
-                s.write_all(&out)
-                    .map_err(|e| io_err("sending a response", e))?;
+                write_full(&mut s, &out).map_err(|e| io_err("sending a response", e))?;
             }
         }
         Test::WriteLat | Test::SendLat => {
             let mut buf = vec![0u8; size];
             let mut i = 0u64;
+            if p.busy_poll {
+                s.set_nonblocking(true)
+                    .map_err(|e| io_err("setting non-blocking mode", e))?;
+            }
             loop {
                 match read_full(&mut s, &mut buf) {
                     Ok(true) => {}
@@ -204,7 +213,7 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
                     v.check("TCP ping", i, &mut buf, pattern::seed(idx, 0, i), None)?;
                     pattern::fill(&mut buf, pattern::seed(idx, 1, i));
                 }
-                s.write_all(&buf).map_err(|e| io_err("sending a pong", e))?;
+                write_full(&mut s, &buf).map_err(|e| io_err("sending a pong", e))?;
                 i += 1;
             }
         }
@@ -212,7 +221,8 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// `read_exact`, but a clean EOF before the first byte is `Ok(false)`.
+/// `read_exact`, but a clean EOF before the first byte is `Ok(false)`. On a
+/// non-blocking socket (busy-poll mode) it spins until the bytes are there.
 fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<bool> {
     let mut got = 0;
     while got < buf.len() {
@@ -221,10 +231,27 @@ fn read_full(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<bool> {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
             Err(e) => return Err(e),
         }
     }
     Ok(true)
+}
+
+/// `write_all` that also works on a non-blocking socket (busy-poll mode),
+/// spinning while the send buffer is full.
+fn write_full(s: &mut TcpStream, buf: &[u8]) -> io::Result<()> {
+    let mut put = 0;
+    while put < buf.len() {
+        match s.write(&buf[put..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => put += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Run the client side of the TCP baseline against `addr`.
@@ -367,19 +394,32 @@ fn client_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<ClientResult, S
             let mut samples = Vec::new();
             let mut clock = LatClock::new(p);
             let mut i = 0u64;
+            // The server spins too: it sees the busy-poll flag.
+            if p.busy_poll {
+                s.set_nonblocking(true)
+                    .map_err(|e| io_err("setting non-blocking mode", e))?;
+            }
             while clock.keep_going(i) {
                 if p.integrity && !read {
                     pattern::fill(&mut buf, pattern::seed(idx, 0, i));
                 }
                 let t0 = Instant::now();
                 if read {
-                    s.write_all(&i.to_le_bytes())
+                    write_full(&mut s, &i.to_le_bytes())
                 } else {
-                    s.write_all(&buf)
+                    write_full(&mut s, &buf)
                 }
                 .map_err(|e| io_err("sending a ping", e))?;
-                s.read_exact(&mut rx)
-                    .map_err(|e| io_err("waiting for the pong", e))?;
+                match read_full(&mut s, &mut rx) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(io_err(
+                            "waiting for the pong",
+                            io::ErrorKind::UnexpectedEof.into(),
+                        ))
+                    }
+                    Err(e) => return Err(io_err("waiting for the pong", e)),
+                }
                 let rtt = t0.elapsed().as_secs_f64() * 1e6;
                 if i >= warm {
                     samples.push(if read { rtt } else { rtt / 2.0 });

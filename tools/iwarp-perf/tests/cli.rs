@@ -239,6 +239,18 @@ fn busy_poll_mode() {
     check_measurement(v, "iwarp", "send_lat", 8);
 }
 
+/// The TCP baseline spins on non-blocking sockets in busy-poll mode; the
+/// bytes must still arrive intact, also for messages larger than one
+/// socket write (partial non-blocking writes) and for read_lat.
+#[test]
+fn busy_poll_tcp_baseline_integrity() {
+    for test in ["write_lat", "send_lat", "read_lat"] {
+        for size in [8, 300_000] {
+            compare_ok(test, size, &["--busy-poll"]);
+        }
+    }
+}
+
 /// The integrity check must be able to fail: a byte flipped at the
 /// receiver before checksumming is reported and the run exits 3.
 #[test]
