@@ -1109,7 +1109,8 @@ fn sender(
                 let Some(g) = g else { continue };
                 // Pre-request: keep asking before the grants run out.
                 let have = asked + in_hand.len() as u32;
-                if have < depth / 2 {
+                // Round up, so that a depth of 1 asks again as well.
+                if have < depth.div_ceil(2) {
                     let n = depth - have;
                     asked += n;
                     sh.ctrl_send(Msg::Request { n });

@@ -285,3 +285,23 @@ fn peer_killed_mid_transfer_gives_a_clear_error() {
         eprintln!("{mode}: {e} after {:?}", start.elapsed());
     }
 }
+
+/// A pool of one block (1 stream, depth 1 and 2) must keep asking for
+/// grants: the pre-request threshold rounds up.
+#[test]
+fn shallowest_pools_do_not_stall() {
+    for mode in [Mode::Rdma, Mode::Tcp] {
+        for depth in [1, 2, 3] {
+            let c = Config {
+                iodepth: depth,
+                ..cfg(1)
+            };
+            let (mut a, mut b) = pair(mode, c);
+            let data = pattern(40 * BS as usize + 123, depth as u8);
+            let got = transfer(&mut a, &mut b, &data);
+            assert_eq!(sha(&got), sha(&data), "{mode} depth {depth}");
+            let got = transfer(&mut b, &mut a, &data);
+            assert_eq!(sha(&got), sha(&data), "{mode} depth {depth} back");
+        }
+    }
+}

@@ -179,7 +179,8 @@ impl Ftp {
             .map_err(|e| format!("reading the reply to {line:.4}: {e}"))
     }
 
-    fn expect(&mut self, line: &str, ok: impl Fn(u32) -> bool) -> Result<String, String> {
+    /// Send a command; an error unless `ok(code)`.
+    pub fn expect(&mut self, line: &str, ok: impl Fn(u32) -> bool) -> Result<String, String> {
         let (c, t) = self.cmd(line)?;
         if ok(c) {
             Ok(t)
@@ -304,6 +305,23 @@ impl Ftp {
         Ok(Some(x))
     }
 
+    /// A listing (`LIST` or `NLST`, optionally of `path`) over a passive
+    /// data connection.
+    pub fn listing(&mut self, verb: &str, path: Option<&str>) -> Result<String, String> {
+        let mut data = self.data()?;
+        let line = match path {
+            Some(p) => format!("{verb} {p}"),
+            None => verb.to_string(),
+        };
+        self.expect(&line, |c| c / 100 == 1)?;
+        let mut buf = Vec::new();
+        data.read_to_end(&mut buf)
+            .map_err(|e| format!("{verb}: reading the data connection: {e}"))?;
+        drop(data);
+        final_reply(self, verb)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
     /// QUIT (best effort).
     pub fn quit(mut self) {
         let _ = self.cmd("QUIT");
@@ -415,26 +433,72 @@ impl<S: BlockSink> BlockSink for Throttle<S> {
     }
 }
 
-fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
+/// Connect, log in and switch to binary (TYPE I).
+pub fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
     let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
     f.login(&url.user, &url.password)?;
     f.expect("TYPE I", |c| c == 200)?;
     Ok(f)
 }
 
-/// The extension's session, or `None` to use plain FTP.
-fn maybe_rdma(f: &mut Ftp, o: &Options) -> Result<Option<Box<dyn Transport>>, String> {
-    if o.tcp {
-        return Ok(None);
-    }
-    let x = f.radr(o)?;
-    if x.is_none() {
-        tracing::warn!("the server does not support RADR; falling back to plain FTP");
-        if o.mem.is_none() {
-            eprintln!("rftp: server has no RDMA extension; using a plain FTP data connection");
+/// The extension's transfer session of one control connection, kept
+/// across transfers (the server keeps its end until the session fails or
+/// the next `RADR`). A new `RADR` is sent only when the parameters change.
+#[derive(Debug, Default)]
+pub struct XferSlot {
+    x: Option<Box<dyn Transport>>,
+    /// The RADR line (and CRC setting) the session was made with.
+    key: Option<String>,
+    /// The server answered RADR with 500/502/504.
+    unsupported: bool,
+}
+
+impl XferSlot {
+    /// The session for `o`: the cached one, a new one, or `None` when `o`
+    /// asks for plain FTP or the server lacks the extension.
+    fn get(&mut self, f: &mut Ftp, o: &Options) -> Result<Option<&mut Box<dyn Transport>>, String> {
+        if o.tcp || self.unsupported {
+            return Ok(None);
         }
+        let key = format!(
+            "{} {} {} {} {}",
+            o.streams, o.block_size, o.iodepth, o.xfer_mode, o.crc
+        );
+        if self.x.is_none() || self.key.as_deref() != Some(key.as_str()) {
+            self.x = None;
+            self.key = None;
+            match f.radr(o)? {
+                Some(x) => {
+                    self.x = Some(x);
+                    self.key = Some(key);
+                }
+                None => {
+                    self.unsupported = true;
+                    tracing::warn!("the server does not support RADR; falling back to plain FTP");
+                    if o.mem.is_none() {
+                        eprintln!(
+                            "rftp: server has no RDMA extension; using a plain FTP data connection"
+                        );
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let x = self.x.as_mut().expect("session set above");
+        x.set_progress(o.progress.clone());
+        Ok(Some(x))
     }
-    Ok(x)
+
+    /// Forget the session (after a failed transfer both ends drop it).
+    pub fn reset(&mut self) {
+        self.x = None;
+        self.key = None;
+    }
+
+    /// "rdma x8" for the current session, if any.
+    pub fn describe(&self) -> Option<String> {
+        self.x.as_deref().map(via)
+    }
 }
 
 fn via(x: &dyn Transport) -> String {
@@ -505,29 +569,74 @@ pub fn part_path(out: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Download `url` to `out` (or, in memory mode, to a null sink).
+/// Download `url` to `out` (or, in memory mode, to a null sink) on a new
+/// control connection.
 pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
     let mut f = session(url, o)?;
-    let start = Instant::now();
+    let mut slot = XferSlot::default();
+    let s = get_with(&mut f, &mut slot, &url.path, out, o)?;
+    f.quit();
+    Ok(s)
+}
+
+/// Memory-to-memory: `len` bytes from a zero source to a null sink, in the
+/// direction `download` says. `OPTS RDMA MEM` is switched off afterwards so
+/// the control connection can go on with file transfers.
+fn mem_transfer(
+    f: &mut Ftp,
+    slot: &mut XferSlot,
+    remote: &str,
+    len: u64,
+    download: bool,
+    o: &Options,
+) -> Result<Summary, String> {
+    let x = slot
+        .get(f, o)?
+        .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR); drop --tcp")?;
+    let via_s = via(&**x);
+    f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
+    let res = if download {
+        f.expect(&format!("RRTR {len}"), |c| c / 100 == 1)
+            .and_then(|_| x.recv(&mut NullSink::default()).map_err(err))
+    } else {
+        f.expect(&format!("RSTR {remote}"), |c| c / 100 == 1)
+            .and_then(|_| x.send(&mut ZeroSource::new(len)).map_err(err))
+    };
+    let st = match res {
+        Ok(st) => st,
+        Err(e) => {
+            slot.reset();
+            let _ = f.cmd("OPTS RDMA MEM OFF");
+            return Err(e);
+        }
+    };
+    let what = if download { "RRTR" } else { "RSTR" };
+    let done = final_reply(f, what);
+    let _ = f.cmd("OPTS RDMA MEM OFF");
+    done?;
+    Ok(Summary {
+        bytes: st.bytes,
+        resumed_from: 0,
+        elapsed: st.elapsed,
+        via: via_s,
+        sha256: None,
+    })
+}
+
+/// Download `remote` to `out` on an open, logged-in control connection,
+/// over the slot's RDMA session (made if needed) or plain FTP.
+pub fn get_with(
+    f: &mut Ftp,
+    slot: &mut XferSlot,
+    remote: &str,
+    out: &Path,
+    o: &Options,
+) -> Result<Summary, String> {
     if let Some(len) = o.mem {
-        let mut x = f
-            .radr(o)?
-            .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR)")?;
-        f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
-        f.expect(&format!("RRTR {len}"), |c| c / 100 == 1)?;
-        let st = x.recv(&mut NullSink::default()).map_err(err)?;
-        final_reply(&mut f, "RRTR")?;
-        let s = Summary {
-            bytes: st.bytes,
-            resumed_from: 0,
-            elapsed: st.elapsed,
-            via: via(&*x),
-            sha256: None,
-        };
-        f.quit();
-        return Ok(s);
+        return mem_transfer(f, slot, remote, len, true, o);
     }
-    let total = f.size(&url.path);
+    let start = Instant::now();
+    let total = f.size(remote);
     let part = part_path(out);
     let mut offset = if o.resume {
         fs::metadata(&part).map(|m| m.len()).unwrap_or(0)
@@ -537,17 +646,33 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
     if total.is_some_and(|t| offset > t) {
         offset = 0;
     }
-    let mut x = maybe_rdma(&mut f, o)?;
-    if offset > 0 {
-        f.expect(&format!("REST {offset}"), |c| c == 350)?;
-        tracing::info!(offset, "resuming download");
-    }
+    let x = slot.get(f, o)?;
+    let rest = |f: &mut Ftp| -> Result<(), String> {
+        if offset > 0 {
+            tracing::info!(offset, "resuming download");
+            f.expect(&format!("REST {offset}"), |c| c == 350)?;
+        }
+        Ok(())
+    };
     let via_s;
-    let bytes = if let Some(x) = x.as_mut() {
+    let bytes = if let Some(x) = x {
         via_s = via(&**x);
-        f.expect(&format!("RRTR {}", url.path), |c| c / 100 == 1)?;
-        let w = FileWriter::create(&part, offset, true)
-            .map_err(|e| format!("creating {}: {e}", part.display()))?;
+        // Create the .part before asking, so a local error costs no
+        // transfer; an empty .part made here goes if the server refuses.
+        let w = FileWriter::create(&part, offset, true).map_err(|e| {
+            format!(
+                "creating {}: {e}; check that its directory exists and is writable",
+                part.display()
+            )
+        })?;
+        if let Err(e) = rest(f).and_then(|_| f.expect(&format!("RRTR {remote}"), |c| c / 100 == 1))
+        {
+            drop(w);
+            if offset == 0 {
+                let _ = fs::remove_file(&part);
+            }
+            return Err(e);
+        }
         let r = match o.limit_rate {
             Some(rate) => x.recv(&mut Throttle {
                 inner: w,
@@ -560,32 +685,56 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
                 x.recv(&mut w)
             }
         };
-        let st = r.map_err(|e| {
-            // The server's reply says more than "peer aborted" if it failed.
-            let srv = f
-                .read_reply()
-                .map(|(c, t)| format!(" (server: {c} {t})"))
-                .unwrap_or_default();
-            format!(
-                "download failed: {e}{srv}; the partial file {} is kept for a resume",
-                part.display()
-            )
-        })?;
-        final_reply(&mut f, "RRTR")?;
+        let st = match r {
+            Ok(st) => st,
+            Err(e) => {
+                slot.reset();
+                // The server's reply says more than "peer aborted" if it failed.
+                let srv = f
+                    .read_reply()
+                    .map(|(c, t)| format!(" (server: {c} {t})"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "download failed: {e}{srv}; the partial file {} is kept for a resume",
+                    part.display()
+                ));
+            }
+        };
+        final_reply(f, "RRTR")?;
         st.bytes
     } else {
         via_s = "ftp".to_string();
-        let mut data = f.data()?;
-        f.expect(&format!("RETR {}", url.path), |c| c / 100 == 1)?;
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(offset == 0)
             .open(&part)
-            .map_err(|e| format!("creating {}: {e}", part.display()))?;
+            .map_err(|e| {
+                format!(
+                    "creating {}: {e}; check that its directory exists and is writable",
+                    part.display()
+                )
+            })?;
         file.set_len(offset).map_err(err)?;
         use std::io::Seek;
         file.seek(io::SeekFrom::Start(offset)).map_err(err)?;
+        // RFC 959 §4.1.3: REST immediately precedes RETR, so the data
+        // connection is set up first.
+        let started = f.data().and_then(|d| {
+            rest(f)?;
+            f.expect(&format!("RETR {remote}"), |c| c / 100 == 1)
+                .map(|_| d)
+        });
+        let mut data = match started {
+            Ok(d) => d,
+            Err(e) => {
+                drop(file);
+                if offset == 0 {
+                    let _ = fs::remove_file(&part);
+                }
+                return Err(e);
+            }
+        };
         let n = copy_plain(&mut data, &mut file, o, offset, total).map_err(|e| {
             format!(
                 "download failed: {e}; the partial file {} is kept for a resume",
@@ -593,18 +742,28 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
             )
         })?;
         drop(data);
-        final_reply(&mut f, "RETR")?;
+        if let Some(t) = total.filter(|t| offset + n < *t) {
+            let srv = f
+                .read_reply()
+                .map(|(c, t)| format!(" (server: {c} {t})"))
+                .unwrap_or_else(|e| format!(" ({e})"));
+            return Err(format!(
+                "download failed: the data connection ended after {} of {t} bytes{srv}; the partial file {} is kept for a resume",
+                offset + n,
+                part.display()
+            ));
+        }
+        final_reply(f, "RETR")?;
         n
     };
     let elapsed = start.elapsed();
     fs::rename(&part, out)
         .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
     let sha256 = if o.verify {
-        verify(&mut f, &url.path, out)?
+        verify(f, remote, out)?
     } else {
         None
     };
-    f.quit();
     Ok(Summary {
         bytes,
         resumed_from: offset,
@@ -614,52 +773,59 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
     })
 }
 
-/// Upload `file` to `url` (or, in memory mode, zeros to a null sink).
+/// Upload `file` to `url` (or, in memory mode, zeros to a null sink) on a
+/// new control connection.
 pub fn put(file: Option<&Path>, url: &Url, o: &Options) -> Result<Summary, String> {
     let mut f = session(url, o)?;
-    let start = Instant::now();
+    let mut slot = XferSlot::default();
+    let s = put_with(&mut f, &mut slot, file, &url.path, o)?;
+    f.quit();
+    Ok(s)
+}
+
+/// Upload `file` as `remote` on an open, logged-in control connection.
+pub fn put_with(
+    f: &mut Ftp,
+    slot: &mut XferSlot,
+    file: Option<&Path>,
+    remote: &str,
+    o: &Options,
+) -> Result<Summary, String> {
     if let Some(len) = o.mem {
-        let mut x = f
-            .radr(o)?
-            .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR)")?;
-        f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
-        f.expect(&format!("RSTR {}", url.path), |c| c / 100 == 1)?;
-        let st = x.send(&mut ZeroSource::new(len)).map_err(err)?;
-        final_reply(&mut f, "RSTR")?;
-        let s = Summary {
-            bytes: st.bytes,
-            resumed_from: 0,
-            elapsed: st.elapsed,
-            via: via(&*x),
-            sha256: None,
-        };
-        f.quit();
-        return Ok(s);
+        return mem_transfer(f, slot, remote, len, false, o);
     }
+    let start = Instant::now();
     let file = file.ok_or("put needs a FILE (or --mem SIZE)")?;
-    let mut x = maybe_rdma(&mut f, o)?;
+    // Open before any command, so a missing file costs no round trip and
+    // leaves the server's state alone.
+    let mut r =
+        FileReader::open(file, 0, true).map_err(|e| format!("opening {}: {e}", file.display()))?;
+    let x = slot.get(f, o)?;
     let via_s;
-    let bytes = if let Some(x) = x.as_mut() {
+    let bytes = if let Some(x) = x {
         via_s = via(&**x);
-        let mut r = FileReader::open(file, 0, true)
-            .map_err(|e| format!("opening {}: {e}", file.display()))?;
-        f.expect(&format!("RSTR {}", url.path), |c| c / 100 == 1)?;
-        let st = x.send(&mut r).map_err(|e| {
-            let srv = f
-                .read_reply()
-                .map(|(c, t)| format!(": server replied {c} {t}"))
-                .unwrap_or_default();
-            format!("upload failed: {e}{srv}")
-        })?;
-        final_reply(&mut f, "RSTR")?;
+        f.expect(&format!("RSTR {remote}"), |c| c / 100 == 1)?;
+        let st = match x.send(&mut r) {
+            Ok(st) => st,
+            Err(e) => {
+                slot.reset();
+                let srv = f
+                    .read_reply()
+                    .map(|(c, t)| format!(": server replied {c} {t}"))
+                    .unwrap_or_default();
+                return Err(format!("upload failed: {e}{srv}"));
+            }
+        };
+        final_reply(f, "RSTR")?;
         st.bytes
     } else {
+        drop(r);
         via_s = "ftp".to_string();
         let mut src =
             fs::File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?;
         let total = src.metadata().map(|m| m.len()).ok();
         let mut data = f.data()?;
-        f.expect(&format!("STOR {}", url.path), |c| c / 100 == 1)?;
+        f.expect(&format!("STOR {remote}"), |c| c / 100 == 1)?;
         let n = copy_plain(&mut src, &mut data, o, 0, total);
         let _ = data.shutdown(Shutdown::Write);
         drop(data);
@@ -673,16 +839,15 @@ pub fn put(file: Option<&Path>, url: &Url, o: &Options) -> Result<Summary, Strin
                 return Err(format!("upload failed: {e}{srv}"));
             }
         };
-        final_reply(&mut f, "STOR")?;
+        final_reply(f, "STOR")?;
         n
     };
     let elapsed = start.elapsed();
     let sha256 = if o.verify {
-        verify(&mut f, &url.path, file)?
+        verify(f, remote, file)?
     } else {
         None
     };
-    f.quit();
     Ok(Summary {
         bytes,
         resumed_from: 0,

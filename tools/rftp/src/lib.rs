@@ -5,6 +5,8 @@
 //!   with the RDMA extension `RADR` / `RSTR` / `RRTR`, whose payload moves
 //!   through [`rdma_xfer`].
 //! - [`client`]: the FTP client side used by the `rftp` binary.
+//! - [`shell`]: the interactive mode of `rftp` (ftp(1)-style prompt).
+//! - [`cli`]: progress bar and summary line shared by the binaries.
 //! - [`util`]: path confinement, listings, time stamps, SHA-256.
 //!
 //! The extension (see `docs/RFTP.md`):
@@ -20,10 +22,24 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod cli;
 pub mod client;
 pub mod server;
+pub mod shell;
 pub mod util;
 
 /// Reply text of a server that lacks the extension makes the client fall
 /// back to plain FTP: these codes.
 pub const FALLBACK_CODES: [u32; 3] = [500, 502, 504];
+
+/// Send `tracing` output to stderr, filtered by `RUST_LOG` (or `default`,
+/// e.g. "info", when it is unset or invalid). Used by every binary here.
+pub fn init_logging(default: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

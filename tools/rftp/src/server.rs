@@ -80,6 +80,14 @@ pub struct ServerConfig {
     pub crc: bool,
     /// Largest memory-to-memory transfer a client may ask for.
     pub max_mem_bytes: u64,
+    /// Port of the RADR session listener (0: a fresh one per session). A
+    /// fixed port allows one RADR session at a time; it exists so that a
+    /// relay (e.g. `delay-bridge`) or firewall can forward it.
+    pub rdma_port: u16,
+    /// Address announced in the RADR reply instead of the listener's own
+    /// (`IP:PORT`, or `IP` to keep the port), like vsftpd's
+    /// `pasv_address`: for relays and NAT.
+    pub rdma_advertise: Option<String>,
     pub users: Vec<User>,
 }
 
@@ -102,6 +110,8 @@ impl Default for ServerConfig {
             iodepth: 4,
             crc: false,
             max_mem_bytes: 1 << 40,
+            rdma_port: 0,
+            rdma_advertise: None,
             users: Vec::new(),
         }
     }
@@ -112,7 +122,17 @@ impl ServerConfig {
     pub fn load(path: &Path) -> Result<ServerConfig, String> {
         let text = fs::read_to_string(path)
             .map_err(|e| format!("reading config {}: {e}", path.display()))?;
-        toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))
+        let cfg: ServerConfig =
+            toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
+        if let Some(a) = &cfg.rdma_advertise {
+            if a.parse::<SocketAddr>().is_err() && a.parse::<IpAddr>().is_err() {
+                return Err(format!(
+                    "config {}: rdma_advertise = {a:?} is neither IP nor IP:PORT",
+                    path.display()
+                ));
+            }
+        }
+        Ok(cfg)
     }
 }
 
@@ -394,7 +414,14 @@ impl Session {
                     return Ok(());
                 }
             }
-            if verb != "REST" {
+            // RFC 959 §4.1.3: REST is followed by the transfer command;
+            // like common servers, allow the data-connection setup and
+            // TYPE in between (clients open the data connection first or
+            // last).
+            if !matches!(
+                verb.as_str(),
+                "REST" | "PASV" | "EPSV" | "PORT" | "EPRT" | "TYPE"
+            ) {
                 self.rest = 0;
             }
             if verb != "RNFR" {
@@ -985,18 +1012,44 @@ impl Session {
         }
         self.xfer = None;
         let l = match rdma_xfer::XferListener::bind(
-            SocketAddr::new(self.local.ip(), 0),
+            SocketAddr::new(self.local.ip(), c.rdma_port),
             mode,
             want.clone(),
         ) {
             Ok(l) => l,
-            Err(e) => return Ok(Some(r(425, format!("Cannot open the RDMA listener: {e}")))),
+            Err(e) => {
+                let hint = if c.rdma_port != 0 {
+                    " (rdma_port is fixed: another RADR session may hold it; retry later)"
+                } else {
+                    ""
+                };
+                return Ok(Some(r(
+                    425,
+                    format!("Cannot open the RDMA listener: {e}{hint}"),
+                )));
+            }
+        };
+        let shown = match &c.rdma_advertise {
+            None => l.local_addr(),
+            Some(a) => match a.parse::<SocketAddr>() {
+                Ok(sa) => sa,
+                Err(_) => match a.parse::<IpAddr>() {
+                    Ok(ip) => SocketAddr::new(ip, l.local_addr().port()),
+                    Err(_) => {
+                        tracing::error!(rdma_advertise = %a, "rdma_advertise is neither IP nor IP:PORT");
+                        return Ok(Some(r(
+                            425,
+                            "Server misconfigured: rdma_advertise is neither IP nor IP:PORT.",
+                        )));
+                    }
+                },
+            },
         };
         self.reply(&r(
             200,
             format!(
                 "RADR ADDR={} TOKEN={:016x} MODE={mode} STREAMS={}",
-                l.local_addr(),
+                shown,
                 l.token(),
                 want.streams
             ),

@@ -4,6 +4,10 @@
 //! a client killed mid-transfer, disk full, a server without the
 //! extension). Every wait is bounded.
 //!
+//! Also: the main-job demo (`rftp-demo`), the interactive mode driven
+//! through stdin, a server killed mid-transfer, and one 1 GiB RDMA
+//! transfer verified by SHA-256.
+//!
 //! `RFTP_BIG=1` moves 1 GiB instead of 64 MiB in the transfer test.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -34,9 +38,20 @@ impl Drop for Server {
 /// Start rftpd on a fresh root with `extra` appended to its config; `wrap`
 /// runs it under `bash -c 'ulimit ...; exec rftpd ...'` when given.
 fn server_with(extra: &str, wrap: Option<&str>, args: &[&str]) -> Server {
+    server_full(extra, wrap, args, None)
+}
+
+/// As [`server_with`], serving `root` (kept by the caller) when given.
+fn server_full(extra: &str, wrap: Option<&str>, args: &[&str], root: Option<&Path>) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("root");
-    std::fs::create_dir(&root).unwrap();
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => {
+            let r = dir.path().join("root");
+            std::fs::create_dir(&r).unwrap();
+            r
+        }
+    };
     let cfg = dir.path().join("rftpd.toml");
     std::fs::write(
         &cfg,
@@ -622,4 +637,475 @@ fn connection_limit() {
     assert!(e.contains("421"), "{e}");
     let mut buf = Vec::new();
     let _ = TcpStream::connect(("127.0.0.1", s.port)).map(|mut c| c.read_to_end(&mut buf));
+}
+
+#[test]
+fn killed_server_leaves_only_the_part_file_and_rest_resumes() {
+    let keep = tempfile::tempdir().unwrap();
+    let root = keep.path().canonicalize().unwrap();
+    let len = 32 << 20;
+    write_random(&root.join("k.bin"), len);
+    let want = sha256_file(&root.join("k.bin")).unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let out = local.path().join("k.bin");
+    let part = rftp::client::part_path(&out);
+    for mode in [&["--streams", "4"][..], &["--tcp"][..]] {
+        let mut s = server_full("", None, &[], Some(&root));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
+            .args(["get", &s.url("k.bin"), "-o", out.to_str().unwrap(), "-q"])
+            .args(["--limit-rate", "16M", "--timeout", "10"])
+            .args(mode)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(700));
+        s.child.kill().unwrap();
+        s.child.wait().unwrap();
+        // The client must notice within a bounded time and fail clearly.
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                panic!("{mode:?}: rftp still running 15 s after the server died");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "{mode:?}: {err}");
+        assert!(
+            err.contains("download failed") && err.contains("kept for a resume"),
+            "{mode:?}: unclear error: {err}"
+        );
+        assert!(!out.exists(), "{mode:?}: a file under the final name");
+        let have = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
+        assert!(have > 0 && have < len as u64, "{mode:?}: partial {have}");
+        // A new server on the same root: the next get resumes with REST.
+        let s2 = server_full("", None, &[], Some(&root));
+        let mut args = vec!["get", "-o", out.to_str().unwrap()];
+        let u = s2.url("k.bin");
+        args.push(&u);
+        args.extend_from_slice(mode);
+        let (ok, text) = rftp(&args);
+        assert!(ok, "{mode:?}: {text}");
+        assert!(
+            text.contains(&format!("resumed at byte {have}")),
+            "{mode:?}: {text}"
+        );
+        assert!(
+            text.contains(&format!("SHA-256 verified: {want}")),
+            "{text}"
+        );
+        assert!(!part.exists());
+        std::fs::remove_file(&out).unwrap();
+    }
+}
+
+#[test]
+fn one_gib_over_rdma_verified_by_sha256() {
+    // tmpfs when there is one, so the disk does not set the pace.
+    let shm = Path::new("/dev/shm");
+    let mk = || {
+        if shm.is_dir() {
+            tempfile::tempdir_in(shm).unwrap()
+        } else {
+            tempfile::tempdir().unwrap()
+        }
+    };
+    let keep = mk();
+    let root = keep.path().canonicalize().unwrap();
+    write_random(&root.join("g.bin"), 1 << 30);
+    let want = sha256_file(&root.join("g.bin")).unwrap();
+    let s = server_full("", None, &[], Some(&root));
+    let local = mk();
+    let out = local.path().join("g.bin");
+    let start = Instant::now();
+    let (ok, text) = rftp(&[
+        "get",
+        &s.url("g.bin"),
+        "-o",
+        out.to_str().unwrap(),
+        "--streams",
+        "8",
+    ]);
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("1024.0 MiB") && text.contains("via rdma x8"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("SHA-256 verified: {want}")),
+        "{text}"
+    );
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), 1 << 30);
+    eprintln!("1 GiB get + hashes: {:?}: {text}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn demo_runs_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rftp-demo"));
+    c.args([
+        "--size",
+        "9M",
+        "--streams",
+        "2",
+        "--block-size",
+        "256K",
+        "--dir",
+    ])
+    .arg(dir.path())
+    .env("RUST_LOG", "warn");
+    let out = run_limited(c, Duration::from_secs(60));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let hash_of = |label: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(label))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {label:?} line: {text}"))
+            .to_string()
+    };
+    let orig = hash_of("rftp-demo: SHA-256 original");
+    assert_eq!(orig.len(), 64, "{text}");
+    assert_eq!(hash_of("rftp-demo: SHA-256 on the server"), orig);
+    assert_eq!(hash_of("rftp-demo: SHA-256 downloaded"), orig);
+    assert!(text.contains("via rdma x2"), "{text}");
+    assert!(text.contains("SHA-256 verified on both ends"), "{text}");
+    // Progress lines (stderr is not a terminal here).
+    assert!(text.contains("rput: ") && text.contains("(100%)"), "{text}");
+    // Cleaned up after itself: the temp dir is empty, no server left.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // Bad input: a clear error and a non-zero status.
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rftp-demo"));
+    c.args(["--size", "lots"]);
+    let out = run_limited(c, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("lots"), "{err}");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rftp-demo"));
+    c.args(["--size", "1M", "--dir", "/proc/self/no-such-dir"]);
+    let out = run_limited(c, Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--dir"), "{err}");
+}
+
+/// Run `rftp ARGS` with `script` on stdin; (exit status, stdout, stderr).
+fn rftp_script(args: &[&str], script: &str) -> (i32, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
+        .args(args)
+        .arg("-q")
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("rftp script did not finish: {script}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn interactive_mode_through_stdin() {
+    let s = server();
+    write_random(&s.root.join("a.bin"), 3_000_000);
+    write_random(&s.root.join("ab.bin"), 70_000);
+    let want = sha256_file(&s.root.join("a.bin")).unwrap();
+    let local = tempfile::tempdir().unwrap();
+    let l = |n: &str| local.path().join(n).to_str().unwrap().to_string();
+    // Every command succeeds: exit status 0.
+    let script = format!(
+        "ls\nstreams 2\nblocksize 256K\niodepth 3\nrget a.bin {a1}\nget a.bin {a2}\n\
+         rput {a1} up1.bin\nput {a2} up2.bin\nsize up1.bin\nhash up2.bin\n\
+         mkdir d\ncd d\npwd\ncdup\nrename up1.bin d/moved.bin\nls d\n\
+         lcd {dir}\nmget ab*\nrmget a.b?n\nmem 32M\nrget zero\nrput\nmem off\nstatus\n\
+         del d/moved.bin\nrmdir d\nbinary\npassive\nquote NOOP\nhelp\nquit\nls\n",
+        a1 = l("a1.bin"),
+        a2 = l("a2.bin"),
+        dir = local.path().display()
+    );
+    let (code, out, err) = rftp_script(&[&s.url("")], &script);
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("a.bin") && out.contains("ab.bin"), "{out}");
+    assert!(
+        out.contains("via rdma x2") && out.contains("via ftp"),
+        "{out}"
+    );
+    assert_eq!(
+        out.matches(&format!("SHA-256 verified: {want}")).count(),
+        5,
+        "{out}"
+    );
+    assert!(out.contains("up1.bin: 3000000 bytes"), "{out}");
+    assert!(out.contains(&format!("SHA-256 {want} up2.bin")), "{out}");
+    assert!(out.contains("\"/d\" is the current directory"), "{out}");
+    assert!(out.contains("moved.bin"), "{out}");
+    assert!(
+        out.contains("32.0 MiB") && out.contains("memory to memory"),
+        "{out}"
+    );
+    assert!(out.contains("RDMA session: rdma x2"), "{out}");
+    assert!(out.contains("200 ") && out.contains("rget REMOTE"), "{out}");
+    for f in ["a1.bin", "a2.bin", "ab.bin"] {
+        assert!(local.path().join(f).exists(), "{f}: {out}");
+    }
+    assert_eq!(sha256_file(&s.root.join("up2.bin")).unwrap(), want);
+    assert!(!s.root.join("d").exists());
+
+    // Errors are reported, the session goes on, and the status is 1.
+    let script = format!(
+        "frobnicate\nget ../../../etc/passwd {p}\nrget missing.bin {m}\nstreams zero\n\
+         blocksize 1\ncd /nowhere\nput /no/such/file x\nrput \"unterminated\nascii\n\
+         rget a.bin {ok}\nquit\n",
+        p = l("passwd"),
+        m = l("missing.bin"),
+        ok = l("ok.bin")
+    );
+    let (code, out, err) = rftp_script(&[&s.url("")], &script);
+    assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
+    for needle in [
+        "rftp: frobnicate: unknown command",
+        "rftp: get: RETR ../../../etc/passwd: server replied 5",
+        "rftp: rget: RRTR missing.bin: server replied 550",
+        "rftp: streams: zero: expected a positive number",
+        "rftp: blocksize: 1: block size must be",
+        "rftp: cd: CWD /nowhere: server replied 550",
+        "rftp: put: opening /no/such/file",
+        "unterminated double quote",
+        "binary only",
+    ] {
+        assert!(err.contains(needle), "missing {needle:?} in stderr: {err}");
+    }
+    assert!(out.contains(&format!("SHA-256 verified: {want}")), "{out}");
+    for f in ["passwd", "missing.bin", "passwd.part", "missing.bin.part"] {
+        assert!(!local.path().join(f).exists(), "{f} left behind");
+    }
+
+    // `rftp open HOST PORT` with a login at the prompt; a wrong password
+    // is refused and a right one works on the same connection.
+    let port = s.port.to_string();
+    let (code, out, err) = rftp_script(
+        &["open", "127.0.0.1", &port],
+        "ls\nuser alice wrong\nuser alice\nsecret\npwd\nquit\n",
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("rftp: ls: ") && err.contains("530"), "{err}");
+    assert!(err.contains("login failed: 530"), "{err}");
+    assert!(
+        out.contains("Logged in as alice") && out.contains("\"/\""),
+        "{out}"
+    );
+
+    // Not connected at all, then open a URL from the prompt.
+    let (code, out, err) = rftp_script(
+        &[],
+        &format!(
+            "ls\nopen {}\nsize a.bin\nclose\nsize a.bin\nquit\n",
+            s.url("")
+        ),
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("rftp: ls: not connected"), "{err}");
+    assert!(out.contains("a.bin: 3000000 bytes"), "{out}");
+    assert!(err.contains("rftp: size: not connected"), "{err}");
+}
+
+#[test]
+fn interactive_mode_notices_a_dead_server() {
+    let mut s = server();
+    write_random(&s.root.join("a.bin"), 1000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
+        .arg(s.url(""))
+        .args(["-q", "--timeout", "5"])
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"size a.bin\n").unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    stdin.write_all(b"ls\nls\nquit\n").unwrap();
+    drop(stdin);
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("rftp did not finish after the server died");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (o, e) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{o}{e}");
+    assert!(o.contains("a.bin: 1000 bytes"), "{o}");
+    assert!(e.contains("the control connection is gone"), "{e}");
+    assert!(e.contains("rftp: ls: not connected"), "{e}");
+}
+
+/// Start delay-bridge with `pairs` and `delay_ms`; returns it and the
+/// listen addresses it printed.
+fn bridge(pairs: &[String], delay_ms: &str) -> (Child, Vec<String>) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
+    for p in pairs {
+        c.arg("--listen").arg(p);
+    }
+    let mut child = c
+        .args(["--delay-ms", delay_ms])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    let mut addrs = Vec::new();
+    for _ in pairs {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let a = line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("delay-bridge said {line:?}"));
+        addrs.push(a.to_string());
+    }
+    (child, addrs)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn delay_bridge_adds_rtt_and_carries_an_rdma_session() {
+    // rftpd with a fixed RADR port, announcing the bridge's address.
+    let xport = free_port();
+    let bport = free_port();
+    let s = server_with(
+        &format!("rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""),
+        None,
+        &[],
+    );
+    write_random(&s.root.join("d.bin"), 5 << 20);
+    let want = sha256_file(&s.root.join("d.bin")).unwrap();
+    let (mut b, addrs) = bridge(
+        &[
+            format!("127.0.0.1:0=127.0.0.1:{}", s.port),
+            format!("127.0.0.1:{bport}=127.0.0.1:{xport}"),
+        ],
+        "20",
+    );
+    let cport: u16 = addrs[0].rsplit(':').next().unwrap().parse().unwrap();
+    // 20 ms each way: a NOOP round trip takes at least 40 ms.
+    let mut f = Ftp::connect("127.0.0.1", cport, T).unwrap();
+    let t = Instant::now();
+    assert_eq!(f.cmd("NOOP").unwrap().0, 200);
+    let rtt = t.elapsed();
+    assert!(
+        rtt >= Duration::from_millis(40) && rtt < Duration::from_millis(1000),
+        "{rtt:?}"
+    );
+    drop(f);
+    let local = tempfile::tempdir().unwrap();
+    let out = local.path().join("d.bin");
+    let url = format!("ftp://alice:secret@127.0.0.1:{cport}/d.bin");
+    let (ok, text) = rftp(&["get", &url, "-o", out.to_str().unwrap(), "--streams", "4"]);
+    let _ = b.kill();
+    let _ = b.wait();
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("via rdma x4") && text.contains(&format!("SHA-256 verified: {want}")),
+        "{text}"
+    );
+    // Bad arguments: a clear error.
+    let out = Command::new(env!("CARGO_BIN_EXE_delay-bridge"))
+        .args(["--listen", "nonsense"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("LISTEN=TARGET"),
+        "{err}"
+    );
+}
+
+#[test]
+fn fixed_rdma_port_busy_is_a_425_and_bad_advertise_is_refused() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    // std binds with SO_REUSEADDR but without SO_REUSEPORT, and is
+    // listening: the server's bind must fail.
+    let s = server_with(&format!("rdma_port = {port}"), None, &[]);
+    let mut f = s.ftp();
+    let (c, t) = f.cmd("RADR STREAMS=1").unwrap();
+    assert_eq!(c, 425, "{t}");
+    assert!(t.contains("rdma_port"), "{t}");
+    assert_eq!(f.cmd("NOOP").unwrap().0, 200);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "root = \"{}\"\nrdma_advertise = \"here\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rftpd"))
+        .arg("-c")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("rdma_advertise"),
+        "{err}"
+    );
 }

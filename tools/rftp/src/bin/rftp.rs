@@ -2,22 +2,28 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use rftp::cli;
 use rftp::client::{self, Options, Url};
+use rftp::shell::Shell;
 use rftp::util::parse_size;
 use serde::Deserialize;
 
 /// FTP client that moves data over RDMA (software iWARP) when the server
 /// offers RADR/RSTR/RRTR, and over a plain FTP data connection otherwise.
+///
+/// Batch: `rftp get URL`, `rftp put FILE URL`. Interactive (like ftp(1);
+/// commands from stdin, also when it is not a terminal): `rftp URL`,
+/// `rftp open HOST [PORT]`, or `rftp` alone; type `help` at the prompt.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, args_conflicts_with_subcommands = true)]
 struct Args {
     #[command(subcommand)]
-    cmd: Cmd,
+    cmd: Option<Cmd>,
+    /// Interactive mode connected to ftp://[user[:pass]@]host[:port]/[dir].
+    url: Option<String>,
     /// TOML config file with defaults (streams, block_size, iodepth, user,
     /// password, timeout_secs, crc).
     #[arg(short, long, global = true)]
@@ -76,6 +82,15 @@ enum Cmd {
         #[arg(num_args = 1..=2, required = true)]
         args: Vec<String>,
     },
+    /// Interactive mode connected to HOST (log in at the prompt with
+    /// `user NAME [PASSWORD]`, or give USER and PASSWORD here).
+    Open {
+        host: String,
+        #[arg(default_value_t = 21)]
+        port: u16,
+        user: Option<String>,
+        password: Option<String>,
+    },
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -125,24 +140,7 @@ fn url(s: &str, fc: &FileConfig) -> Result<Url, String> {
     Ok(u)
 }
 
-fn bar(quiet: bool, total: Option<u64>) -> Option<ProgressBar> {
-    if quiet {
-        return None;
-    }
-    let pb = match total {
-        Some(t) => ProgressBar::new(t),
-        None => ProgressBar::no_length(),
-    };
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    Some(pb)
-}
-
-fn run(a: &Args) -> Result<(), String> {
+fn run(a: &Args) -> Result<u8, String> {
     let fc: FileConfig = match &a.config {
         Some(p) => toml::from_str(
             &std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
@@ -151,24 +149,15 @@ fn run(a: &Args) -> Result<(), String> {
         None => FileConfig::default(),
     };
     let mut o = options(a, &fc)?;
-    let pb = bar(a.quiet, o.mem);
+    let cmd = match &a.cmd {
+        Some(c @ (Cmd::Get { .. } | Cmd::Put { .. })) => c,
+        other => return Ok(interactive(a, other.as_ref(), &fc, o)),
+    };
+    let pb = cli::progress_bar(a.quiet, o.mem);
     if let Some(pb) = &pb {
-        let p1 = pb.clone();
-        o.progress = Some(Arc::new(move |p: &rdma_xfer::Progress| {
-            if let Some(t) = p.total {
-                p1.set_length(t);
-            }
-            p1.set_position(p.bytes);
-        }));
-        let p2 = pb.clone();
-        o.plain_progress = Some(Arc::new(move |done, total| {
-            if let Some(t) = total {
-                p2.set_length(t);
-            }
-            p2.set_position(done);
-        }));
+        cli::attach(&mut o, pb);
     }
-    let (summary, what) = match &a.cmd {
+    let (summary, what) = match cmd {
         Cmd::Get { url: u, output } => {
             let u = url(u, &fc)?;
             let out = match output {
@@ -200,39 +189,54 @@ fn run(a: &Args) -> Result<(), String> {
             );
             (s, what)
         }
+        Cmd::Open { .. } => unreachable!("handled by interactive()"),
     };
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let mib = summary.bytes as f64 / (1u64 << 20) as f64;
-    let resumed = if summary.resumed_from > 0 {
-        format!(" (resumed at byte {})", summary.resumed_from)
-    } else {
-        String::new()
+    println!("{}", cli::summary_text(&what, &summary));
+    Ok(0)
+}
+
+/// The interactive mode; returns the exit status.
+fn interactive(a: &Args, cmd: Option<&Cmd>, fc: &FileConfig, o: client::Options) -> u8 {
+    let mut sh = Shell::new(o, a.quiet);
+    let opened = match (cmd, &a.url) {
+        (
+            Some(Cmd::Open {
+                host,
+                port,
+                user,
+                password,
+            }),
+            _,
+        ) => {
+            let mut line = format!("open \"{host}\" {port}");
+            if let Some(u) = user.as_ref().or(fc.user.as_ref()) {
+                line.push_str(&format!(" \"{u}\""));
+                if let Some(p) = password.as_ref().or(fc.password.as_ref()) {
+                    line.push_str(&format!(" \"{}\"", p.replace('"', "\\\"")));
+                }
+            }
+            sh.execute(&line, &mut std::io::stdin().lock()).map(|_| ())
+        }
+        (_, Some(u)) => url(u, fc).and_then(|u| sh.open_url(&u)),
+        (_, None) => Ok(()),
     };
-    println!(
-        "rftp: {what}: {mib:.1} MiB in {:.3} s, {:.2} Gbit/s via {}{resumed}",
-        summary.elapsed.as_secs_f64(),
-        summary.gbps(),
-        summary.via
-    );
-    if let Some(h) = summary.sha256 {
-        println!("rftp: SHA-256 verified: {h}");
+    if let Err(e) = opened {
+        eprintln!("rftp: {e}");
+        sh.note_failure();
     }
-    Ok(())
+    let code = sh.run(&mut std::io::stdin().lock());
+    u8::try_from(code).unwrap_or(1)
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    rftp::init_logging("warn");
     let a = Args::parse();
     match run(&a) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("rftp: {e}");
             ExitCode::from(1)

@@ -35,13 +35,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    rftp::init_logging("info");
     let a = Args::parse();
     let mut cfg = match &a.config {
         Some(p) => match ServerConfig::load(p) {
