@@ -1,0 +1,1437 @@
+/*
+ * mod_rdma: move HTTP bodies by RDMA (software iWARP, libiwarp) for clients
+ * that ask for it with an `RDMA:` request header; every other client gets
+ * plain HTTP, byte for byte. The protocol (header grammar, the RDMA
+ * channel's control messages, the four schemes) is in docs/MOD_RDMA.md.
+ *
+ * Hooks:
+ *  - post_config: refuse threaded MPMs (see below).
+ *  - child_init: open the iWARP device, allocate the protection domain and
+ *    the per-process static buffer. libiwarp starts threads, so this must
+ *    happen after fork, never in the parent.
+ *  - pre_connection: per-connection state; a pool cleanup on the
+ *    connection destroys its QP and CQs when the HTTP connection ends.
+ *  - fixups: parse and check the `RDMA:` header (400 naming the problem,
+ *    403 for a connect-back address that is not allowed), then open or
+ *    reuse the RDMA connection to the client's listener (502/504 when it
+ *    cannot be reached), so that every failure is a status before the
+ *    handler runs.
+ *  - insert_filter: add RDMA_OUT (GET) or RDMA_IN (PUT/POST).
+ *  - RDMA_OUT: holds the response headers, moves the body by RDMA, then
+ *    lets the headers (with `RDMA: ..., length=N` and Content-Length: 0)
+ *    go out.
+ *  - RDMA_IN: gives the handler the body that arrives by RDMA.
+ *
+ * MPM: one process serves one connection at a time only under prefork;
+ * the static buffer and the STag windows rely on that (a window's STag is
+ * registered for one request and deregistered when it ends, in a PD no
+ * other connection uses at that time). Threaded MPMs are refused at
+ * start-up with a message naming the fix.
+ */
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_connection.h"
+#include "http_core.h"
+#include "http_log.h"
+#include "http_protocol.h"
+#include "http_request.h"
+#include "ap_mpm.h"
+#include "util_filter.h"
+#include "apr_strings.h"
+#include "apr_buckets.h"
+#include "apr_portable.h"
+#include "apr_lib.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <iwarp.h>
+
+module AP_MODULE_DECLARE_DATA rdma_module;
+
+
+/* ---- configuration ---------------------------------------------------- */
+
+enum { MODE_STATIC = 0, MODE_DYNAMIC = 1 };
+
+typedef struct {
+    int enable; /* -1 unset, 0 off, 1 on */
+} rdma_dir_conf;
+
+typedef struct {
+    int mode;                /* MODE_STATIC / MODE_DYNAMIC, -1 unset */
+    apr_size_t bufsize;      /* static buffer, 0 unset */
+    apr_uint64_t maxlen;     /* largest body moved by RDMA, 0 unset */
+    int allow_client;        /* connect back to the request's own address */
+    apr_array_header_t *allow; /* further IP literals (char *) */
+    int allow_set;
+    int timeout_ms;          /* transfers and DONE waits, 0 unset */
+    int connect_timeout_ms;  /* connecting to the client's listener */
+} rdma_srv_conf;
+
+#define DEF_BUFSIZE (8u << 20)
+#define DEF_MAXLEN ((apr_uint64_t)1 << 30)
+#define DEF_TIMEOUT_MS 30000
+#define DEF_CONNECT_TIMEOUT_MS 3000
+
+static void *create_dir_conf(apr_pool_t *p, char *d)
+{
+    rdma_dir_conf *c = apr_pcalloc(p, sizeof *c);
+    (void)d;
+    c->enable = -1;
+    return c;
+}
+
+static void *merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    rdma_dir_conf *b = basev, *a = addv, *c = apr_pcalloc(p, sizeof *c);
+    c->enable = a->enable != -1 ? a->enable : b->enable;
+    return c;
+}
+
+static void *create_srv_conf(apr_pool_t *p, server_rec *s)
+{
+    rdma_srv_conf *c = apr_pcalloc(p, sizeof *c);
+    (void)s;
+    c->mode = -1;
+    c->allow_client = 1;
+    c->allow = apr_array_make(p, 2, sizeof(char *));
+    return c;
+}
+
+static void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    rdma_srv_conf *b = basev, *a = addv, *c = apr_pcalloc(p, sizeof *c);
+    c->mode = a->mode != -1 ? a->mode : b->mode;
+    c->bufsize = a->bufsize ? a->bufsize : b->bufsize;
+    c->maxlen = a->maxlen ? a->maxlen : b->maxlen;
+    c->allow_set = a->allow_set || b->allow_set;
+    c->allow_client = a->allow_set ? a->allow_client : b->allow_client;
+    c->allow = a->allow_set ? a->allow : b->allow;
+    c->timeout_ms = a->timeout_ms ? a->timeout_ms : b->timeout_ms;
+    c->connect_timeout_ms = a->connect_timeout_ms ? a->connect_timeout_ms : b->connect_timeout_ms;
+    return c;
+}
+
+static int cf_mode(const rdma_srv_conf *c) { return c->mode == -1 ? MODE_STATIC : c->mode; }
+static apr_size_t cf_bufsize(const rdma_srv_conf *c) { return c->bufsize ? c->bufsize : DEF_BUFSIZE; }
+static apr_uint64_t cf_maxlen(const rdma_srv_conf *c) { return c->maxlen ? c->maxlen : DEF_MAXLEN; }
+static int cf_timeout(const rdma_srv_conf *c) { return c->timeout_ms ? c->timeout_ms : DEF_TIMEOUT_MS; }
+static int cf_ctimeout(const rdma_srv_conf *c)
+{
+    return c->connect_timeout_ms ? c->connect_timeout_ms : DEF_CONNECT_TIMEOUT_MS;
+}
+
+/* "4096", "64K", "8M", "1G" */
+static const char *parse_size(const char *arg, apr_uint64_t *out)
+{
+    char *end;
+    apr_uint64_t mult = 1;
+    unsigned long long n;
+    errno = 0;
+    n = strtoull(arg, &end, 10);
+    if (end == arg || errno)
+        return "not a size: use bytes or a K, M or G suffix";
+    if (*end == 'K' || *end == 'k') { mult = 1ull << 10; end++; }
+    else if (*end == 'M' || *end == 'm') { mult = 1ull << 20; end++; }
+    else if (*end == 'G' || *end == 'g') { mult = 1ull << 30; end++; }
+    if (*end || n == 0 || n > UINT64_MAX / mult)
+        return "not a positive size: use bytes or a K, M or G suffix";
+    *out = n * mult;
+    return NULL;
+}
+
+static const char *set_enable(cmd_parms *cmd, void *dconf, int on)
+{
+    (void)cmd;
+    ((rdma_dir_conf *)dconf)->enable = on;
+    return NULL;
+}
+
+static rdma_srv_conf *srv_conf(server_rec *s)
+{
+    return ap_get_module_config(s->module_config, &rdma_module);
+}
+
+static const char *set_mode(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    (void)d;
+    if (!strcasecmp(arg, "static"))
+        c->mode = MODE_STATIC;
+    else if (!strcasecmp(arg, "dynamic"))
+        c->mode = MODE_DYNAMIC;
+    else
+        return "RDMARegistration must be static or dynamic";
+    return NULL;
+}
+
+static const char *set_bufsize(cmd_parms *cmd, void *d, const char *arg)
+{
+    apr_uint64_t n;
+    const char *err = parse_size(arg, &n);
+    (void)d;
+    if (err)
+        return apr_pstrcat(cmd->pool, "RDMABufferSize: ", err, NULL);
+    if (n < 4096 || n > (1ull << 31))
+        return "RDMABufferSize must be between 4K and 2G";
+    srv_conf(cmd->server)->bufsize = (apr_size_t)n;
+    return NULL;
+}
+
+static const char *set_maxlen(cmd_parms *cmd, void *d, const char *arg)
+{
+    apr_uint64_t n;
+    const char *err = parse_size(arg, &n);
+    (void)d;
+    if (err)
+        return apr_pstrcat(cmd->pool, "RDMAMaxLength: ", err, NULL);
+    srv_conf(cmd->server)->maxlen = n;
+    return NULL;
+}
+
+static const char *set_timeout(cmd_parms *cmd, void *d, const char *arg)
+{
+    int ms = atoi(arg);
+    (void)d;
+    if (ms <= 0)
+        return "RDMATimeout takes a positive number of milliseconds";
+    srv_conf(cmd->server)->timeout_ms = ms;
+    return NULL;
+}
+
+static const char *set_ctimeout(cmd_parms *cmd, void *d, const char *arg)
+{
+    int ms = atoi(arg);
+    (void)d;
+    if (ms <= 0)
+        return "RDMAConnectTimeout takes a positive number of milliseconds";
+    srv_conf(cmd->server)->connect_timeout_ms = ms;
+    return NULL;
+}
+
+static const char *set_allow(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    unsigned char tmp[16];
+    (void)d;
+    if (!c->allow_set) {
+        c->allow_set = 1;
+        c->allow_client = 0;
+        apr_array_clear(c->allow);
+    }
+    if (!strcasecmp(arg, "client")) {
+        c->allow_client = 1;
+        return NULL;
+    }
+    if (inet_pton(AF_INET, arg, tmp) != 1 && inet_pton(AF_INET6, arg, tmp) != 1)
+        return apr_pstrcat(cmd->pool, "RDMAAllowConnect: \"", arg,
+                           "\" is neither \"client\" nor an IP address literal", NULL);
+    *(const char **)apr_array_push(c->allow) = apr_pstrdup(cmd->pool, arg);
+    return NULL;
+}
+
+static const command_rec rdma_cmds[] = {
+    AP_INIT_FLAG("RDMA", set_enable, NULL, OR_OPTIONS | ACCESS_CONF | RSRC_CONF,
+                 "On: honour the RDMA: request header here; Off (default): plain HTTP only"),
+    AP_INIT_TAKE1("RDMARegistration", set_mode, NULL, RSRC_CONF,
+                  "static (default): copy through a per-process buffer registered at start-up; "
+                  "dynamic: register the file mapping or the body where it lies, per request"),
+    AP_INIT_TAKE1("RDMABufferSize", set_bufsize, NULL, RSRC_CONF,
+                  "size of the per-process static buffer (default 8M)"),
+    AP_INIT_TAKE1("RDMAMaxLength", set_maxlen, NULL, RSRC_CONF,
+                  "largest body moved by RDMA (default 1G)"),
+    AP_INIT_ITERATE("RDMAAllowConnect", set_allow, NULL, RSRC_CONF,
+                    "where the server may connect back: \"client\" (the request's own address, "
+                    "the default) and/or IP address literals"),
+    AP_INIT_TAKE1("RDMATimeout", set_timeout, NULL, RSRC_CONF,
+                  "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
+    AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,
+                  "bound on connecting to the client's listener, in ms (default 3000)"),
+    {NULL}
+};
+
+/* ---- wire: control messages (docs/MOD_RDMA.md) ------------------------- */
+
+#define MSG_LEN 32
+#define RECV_SLOTS 8
+#define SEND_SLOT RECV_SLOTS
+enum { MSG_BUF = 1, MSG_DONE = 2, MSG_ABORT = 3 };
+#define XFER_CHUNK (16u << 20)
+
+typedef struct {
+    int type;
+    uint32_t stag, length;
+    uint64_t to, offset;
+} ctrl_msg;
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const unsigned char *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+
+static void encode_msg(unsigned char *b, const ctrl_msg *m)
+{
+    memset(b, 0, MSG_LEN);
+    memcpy(b, "RDMA", 4);
+    b[4] = 1;
+    b[5] = (unsigned char)m->type;
+    put32(b + 8, m->stag);
+    put32(b + 12, m->length);
+    put64(b + 16, m->to);
+    put64(b + 24, m->offset);
+}
+
+static const char *decode_msg(const unsigned char *b, size_t len, ctrl_msg *m)
+{
+    if (len != MSG_LEN)
+        return "control message of the wrong size";
+    if (memcmp(b, "RDMA", 4))
+        return "control message without the RDMA magic";
+    if (b[4] != 1)
+        return "control message of an unknown version";
+    if (b[5] < MSG_BUF || b[5] > MSG_ABORT)
+        return "control message of an unknown type";
+    m->type = b[5];
+    m->stag = get32(b + 8);
+    m->length = get32(b + 12);
+    m->to = get64(b + 16);
+    m->offset = get64(b + 24);
+    return NULL;
+}
+
+/* ---- per-process state (child_init) ------------------------------------ */
+
+static iwarp_context *g_ctx;
+static iwarp_pd *g_pd;
+static iwarp_mr *g_static_mr; /* local access only: never advertised */
+static char g_init_err[512];
+
+static const char *iwarp_err(apr_pool_t *p)
+{
+    char buf[512];
+    iwarp_last_error(buf, sizeof buf);
+    return apr_pstrdup(p, buf);
+}
+
+static apr_status_t process_cleanup(void *d)
+{
+    (void)d;
+    iwarp_dereg_mr(g_static_mr);
+    iwarp_dealloc_pd(g_pd);
+    iwarp_close_device(g_ctx);
+    g_static_mr = NULL;
+    g_pd = NULL;
+    g_ctx = NULL;
+    return APR_SUCCESS;
+}
+
+static void child_init(apr_pool_t *p, server_rec *s)
+{
+    server_rec *sv;
+    apr_size_t want = 0;
+    g_init_err[0] = 0;
+    /* One static buffer per process, as large as the largest RDMABufferSize
+     * of the (virtual) servers that use static registration. */
+    for (sv = s; sv; sv = sv->next) {
+        rdma_srv_conf *c = srv_conf(sv);
+        if (cf_mode(c) == MODE_STATIC && cf_bufsize(c) > want)
+            want = cf_bufsize(c);
+    }
+    if (iwarp_open_device(&g_ctx) != IWARP_OK || iwarp_alloc_pd(g_ctx, &g_pd) != IWARP_OK) {
+        iwarp_last_error(g_init_err, sizeof g_init_err);
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                     "mod_rdma: opening the iWARP device failed: %s; RDMA requests get 503",
+                     g_init_err);
+        iwarp_close_device(g_ctx);
+        g_ctx = NULL;
+        g_pd = NULL;
+        return;
+    }
+    apr_pool_cleanup_register(p, NULL, process_cleanup, apr_pool_cleanup_null);
+    if (want && iwarp_alloc_mr(g_pd, want, IWARP_ACCESS_LOCAL_WRITE, &g_static_mr) != IWARP_OK) {
+        iwarp_last_error(g_init_err, sizeof g_init_err);
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                     "mod_rdma: registering the %" APR_SIZE_T_FMT
+                     "-byte static buffer failed: %s; lower RDMABufferSize",
+                     want, g_init_err);
+        return;
+    }
+    ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s,
+                 "mod_rdma: pid %ld: iWARP device open, static buffer %" APR_SIZE_T_FMT " bytes",
+                 (long)getpid(), want);
+}
+
+static int post_config(apr_pool_t *p, apr_pool_t *plog, apr_pool_t *ptemp, server_rec *s)
+{
+    int threaded = 0;
+    (void)p; (void)plog; (void)ptemp;
+    if (ap_mpm_query(AP_MPMQ_IS_THREADED, &threaded) == APR_SUCCESS &&
+        threaded != AP_MPMQ_NOT_SUPPORTED) {
+        ap_log_error(APLOG_MARK, APLOG_CRIT, 0, s,
+                     "mod_rdma: needs the prefork MPM (one connection per process: the static "
+                     "buffer and STag windows are per process); this MPM is threaded. "
+                     "Fix: a2dismod mpm_event; a2enmod mpm_prefork (or LoadModule mpm_prefork_module)");
+        return HTTP_INTERNAL_SERVER_ERROR;
+    }
+    return OK;
+}
+
+/* ---- per-connection state (pre_connection) ----------------------------- */
+
+typedef struct {
+    conn_rec *c;
+    iwarp_cq *scq, *rcq;
+    iwarp_qp *qp;
+    iwarp_mr *ctrl; /* RECV_SLOTS receive slots + one send slot */
+    char ip[64];
+    unsigned port;
+    unsigned uses;
+} rdma_conn;
+
+static void drain(iwarp_cq *cq)
+{
+    iwarp_wc wc[16];
+    while (cq && iwarp_poll_cq(cq, 16, wc) > 0) {
+    }
+}
+
+static void conn_drop_qp(rdma_conn *rc)
+{
+    if (rc->qp) {
+        iwarp_destroy_qp(rc->qp);
+        rc->qp = NULL;
+    }
+    drain(rc->scq);
+    drain(rc->rcq);
+    rc->ip[0] = 0;
+    rc->port = 0;
+}
+
+static apr_status_t conn_cleanup(void *d)
+{
+    rdma_conn *rc = d;
+    if (rc->qp)
+        ap_log_cerror(APLOG_MARK, APLOG_DEBUG, 0, rc->c,
+                      "mod_rdma: HTTP connection closed: closing RDMA connection to %s:%u "
+                      "(%u requests)", rc->ip, rc->port, rc->uses);
+    conn_drop_qp(rc);
+    iwarp_dereg_mr(rc->ctrl);
+    iwarp_destroy_cq(rc->scq);
+    iwarp_destroy_cq(rc->rcq);
+    rc->ctrl = NULL;
+    rc->scq = rc->rcq = NULL;
+    return APR_SUCCESS;
+}
+
+static int pre_connection(conn_rec *c, void *csd)
+{
+    rdma_conn *rc = apr_pcalloc(c->pool, sizeof *rc);
+    (void)csd;
+    rc->c = c;
+    ap_set_module_config(c->conn_config, &rdma_module, rc);
+    apr_pool_cleanup_register(c->pool, rc, conn_cleanup, apr_pool_cleanup_null);
+    return OK;
+}
+
+static const char *post_slot(rdma_conn *rc, int i, apr_pool_t *p)
+{
+    iwarp_sge sge;
+    sge.addr = (uint64_t)(uintptr_t)iwarp_mr_addr(rc->ctrl) + (uint64_t)i * MSG_LEN;
+    sge.length = MSG_LEN;
+    sge.lkey = iwarp_mr_lkey(rc->ctrl);
+    if (iwarp_post_recv(rc->qp, (uint64_t)i, &sge, 1) != IWARP_OK)
+        return apr_pstrcat(p, "posting a receive failed: ", iwarp_err(p), NULL);
+    return NULL;
+}
+
+/* Connect to the client's listener, or reuse the live connection. On
+ * failure returns an HTTP status and sets *why. */
+static int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
+                       const char **why)
+{
+    rdma_srv_conf *c = srv_conf(r->server);
+    iwarp_conn_param prm;
+    iwarp_result res;
+    int i;
+    if (rc->qp && iwarp_query_qp_state(rc->qp) == IWARP_QPS_RTS && rc->port == port &&
+        !strcmp(rc->ip, ip)) {
+        rc->uses++;
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                      "mod_rdma: reusing the RDMA connection to %s:%u (request %u on it)", ip,
+                      port, rc->uses);
+        return OK;
+    }
+    conn_drop_qp(rc);
+    if ((!rc->scq && iwarp_create_cq(g_ctx, 64, &rc->scq) != IWARP_OK) ||
+        (!rc->rcq && iwarp_create_cq(g_ctx, 64, &rc->rcq) != IWARP_OK) ||
+        (!rc->ctrl && iwarp_alloc_mr(g_pd, (RECV_SLOTS + 1) * MSG_LEN, IWARP_ACCESS_LOCAL_WRITE,
+                                     &rc->ctrl) != IWARP_OK) ||
+        iwarp_create_qp(g_pd, rc->scq, rc->rcq, 64, RECV_SLOTS, &rc->qp) != IWARP_OK) {
+        *why = apr_pstrcat(r->pool, "setting up the RDMA connection failed: ", iwarp_err(r->pool),
+                           NULL);
+        return HTTP_SERVICE_UNAVAILABLE;
+    }
+    for (i = 0; i < RECV_SLOTS; i++) {
+        if ((*why = post_slot(rc, i, r->pool)) != NULL) {
+            conn_drop_qp(rc);
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
+    }
+    iwarp_conn_param_init(&prm);
+    prm.private_data = (const uint8_t *)"mod_rdma/1";
+    prm.private_data_len = 10;
+    prm.timeout_ms = (uint32_t)cf_ctimeout(c);
+    res = iwarp_connect(rc->qp, ip, (uint16_t)port, &prm, NULL, NULL);
+    if (res != IWARP_OK) {
+        const char *e = iwarp_err(r->pool);
+        conn_drop_qp(rc);
+        if (res == IWARP_ERR_TIMEOUT) {
+            *why = apr_psprintf(r->pool,
+                                "the client's RDMA listener %s:%u did not answer within %d ms (%s); "
+                                "is the client listening and reachable?",
+                                ip, port, cf_ctimeout(c), e);
+            return HTTP_GATEWAY_TIME_OUT;
+        }
+        *why = apr_psprintf(r->pool,
+                            "could not connect to the client's RDMA listener %s:%u (%s); is the "
+                            "client listening on that port?",
+                            ip, port, e);
+        return HTTP_BAD_GATEWAY;
+    }
+    apr_cpystrn(rc->ip, ip, sizeof rc->ip);
+    rc->port = port;
+    rc->uses = 1;
+    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "mod_rdma: connected to the client's RDMA listener %s:%u",
+                  ip, port);
+    return OK;
+}
+
+/* Post one send-queue request and wait for it (bounded). */
+static const char *run_wr(rdma_conn *rc, request_rec *r, int opcode, uint64_t laddr, uint32_t len,
+                          uint32_t lkey, uint64_t raddr, uint32_t rkey)
+{
+    iwarp_sge sge;
+    iwarp_wc wc;
+    iwarp_result res;
+    static const char *names[] = {"Send", "Send with Invalidate", "RDMA Write", "RDMA Read"};
+    int tmo = cf_timeout(srv_conf(r->server));
+    if (!rc->qp)
+        return "the RDMA connection is gone";
+    sge.addr = laddr;
+    sge.length = len;
+    sge.lkey = lkey;
+    if (iwarp_post_send(rc->qp, 7, opcode, &sge, len ? 1 : 0, raddr, rkey, 0, IWARP_SEND_SIGNALED) !=
+        IWARP_OK)
+        return apr_psprintf(r->pool, "posting the %s failed: %s", names[opcode], iwarp_err(r->pool));
+    res = iwarp_wait_cq(rc->scq, (uint32_t)tmo, &wc);
+    if (res == IWARP_ERR_TIMEOUT)
+        return apr_psprintf(r->pool, "the %s of %u bytes did not complete within %d ms",
+                            names[opcode], len, tmo);
+    if (res != IWARP_OK)
+        return apr_psprintf(r->pool, "waiting for the %s failed: %s", names[opcode],
+                            iwarp_err(r->pool));
+    if (wc.status != IWARP_WC_SUCCESS)
+        return apr_psprintf(r->pool, "the %s failed with completion status %d (the client went "
+                            "away or refused the access)",
+                            names[opcode], wc.status);
+    return NULL;
+}
+
+/* Move `len` bytes at local `laddr` (lkey) to/from remote raddr/rkey in
+ * XFER_CHUNK pieces. */
+static const char *xfer(rdma_conn *rc, request_rec *r, int opcode, uint64_t laddr, uint64_t len,
+                        uint32_t lkey, uint64_t raddr, uint32_t rkey)
+{
+    uint64_t off = 0;
+    while (off < len) {
+        uint32_t n = (uint32_t)(len - off < XFER_CHUNK ? len - off : XFER_CHUNK);
+        const char *e = run_wr(rc, r, opcode, laddr + off, n, lkey, raddr + off, rkey);
+        if (e)
+            return e;
+        off += n;
+    }
+    return NULL;
+}
+
+static const char *send_ctrl(rdma_conn *rc, request_rec *r, const ctrl_msg *m)
+{
+    unsigned char *slot = (unsigned char *)iwarp_mr_addr(rc->ctrl) + SEND_SLOT * MSG_LEN;
+    encode_msg(slot, m);
+    return run_wr(rc, r, IWARP_WR_SEND, (uint64_t)(uintptr_t)slot, MSG_LEN,
+                  iwarp_mr_lkey(rc->ctrl), 0, 0);
+}
+
+static const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
+{
+    iwarp_wc wc;
+    iwarp_result res;
+    const char *e;
+    int tmo = cf_timeout(srv_conf(r->server));
+    if (!rc->qp)
+        return "the RDMA connection is gone";
+    res = iwarp_wait_cq(rc->rcq, (uint32_t)tmo, &wc);
+    if (res == IWARP_ERR_TIMEOUT)
+        return apr_psprintf(r->pool, "no DONE from the client within %d ms", tmo);
+    if (res != IWARP_OK)
+        return apr_psprintf(r->pool, "waiting for DONE failed: %s", iwarp_err(r->pool));
+    if (wc.status != IWARP_WC_SUCCESS)
+        return apr_psprintf(r->pool, "the RDMA connection failed while waiting for DONE "
+                            "(status %d): the client went away", wc.status);
+    e = decode_msg((unsigned char *)iwarp_mr_addr(rc->ctrl) + wc.wr_id * MSG_LEN, wc.byte_len, m);
+    if (e)
+        return e;
+    return post_slot(rc, (int)wc.wr_id, r->pool);
+}
+
+/* ---- the RDMA: header ---------------------------------------------------- */
+
+enum { S_SERVER_WRITES, S_CLIENT_READS, S_CLIENT_WRITES, S_SERVER_READS };
+static const char *const scheme_names[] = {"server-writes", "client-reads", "client-writes",
+                                           "server-reads"};
+
+enum { K_IP = 1, K_PORT = 2, K_STAG = 4, K_TO = 8, K_MAXLEN = 16, K_LENGTH = 32 };
+
+typedef struct {
+    int scheme;
+    unsigned have;
+    char ip[64];
+    unsigned port;
+    uint32_t stag;
+    uint64_t to, maxlen, length;
+} rdma_hdr;
+
+static int parse_num(const char *v, uint64_t max, uint64_t *out)
+{
+    char *end;
+    unsigned long long n;
+    int hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+    const char *d = hex ? v + 2 : v;
+    if (!*d)
+        return 0;
+    for (const char *q = d; *q; q++)
+        if (hex ? !apr_isxdigit(*q) : !apr_isdigit(*q))
+            return 0;
+    errno = 0;
+    n = strtoull(d, &end, hex ? 16 : 10);
+    if (errno || *end || n > max)
+        return 0;
+    *out = n;
+    return 1;
+}
+
+/* Returns NULL or the problem, for a 400. */
+static const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
+{
+    char *s = apr_pstrdup(p, value), *tok, *last;
+    int first = 1;
+    memset(h, 0, sizeof *h);
+    for (tok = apr_strtok(s, ",", &last); tok; tok = apr_strtok(NULL, ",", &last)) {
+        char *k = tok, *v, *e;
+        uint64_t n;
+        unsigned bit;
+        while (apr_isspace(*k))
+            k++;
+        for (e = k + strlen(k); e > k && apr_isspace(e[-1]); e--)
+            *--e = 0;
+        if (first) {
+            int i;
+            first = 0;
+            for (i = 0; i < 4; i++)
+                if (!strcmp(k, scheme_names[i]))
+                    break;
+            if (i == 4)
+                return apr_psprintf(p, "unknown scheme \"%s\"; use server-writes, client-reads, "
+                                    "client-writes or server-reads", k);
+            h->scheme = i;
+            continue;
+        }
+        v = strchr(k, '=');
+        if (!v)
+            return apr_psprintf(p, "parameter \"%s\" is not of the form key=value", k);
+        *v++ = 0;
+        for (e = k + strlen(k); e > k && apr_isspace(e[-1]); e--)
+            *--e = 0;
+        while (apr_isspace(*v))
+            v++;
+        if (!strcmp(k, "ip")) bit = K_IP;
+        else if (!strcmp(k, "port")) bit = K_PORT;
+        else if (!strcmp(k, "stag")) bit = K_STAG;
+        else if (!strcmp(k, "to")) bit = K_TO;
+        else if (!strcmp(k, "maxlen")) bit = K_MAXLEN;
+        else if (!strcmp(k, "length")) bit = K_LENGTH;
+        else
+            return apr_psprintf(p, "unknown parameter \"%s\"; known: ip, port, stag, to, maxlen, "
+                                "length", k);
+        if (h->have & bit)
+            return apr_psprintf(p, "parameter \"%s\" appears twice", k);
+        h->have |= bit;
+        if (bit == K_IP) {
+            unsigned char tmp[16];
+            if (strlen(v) >= sizeof h->ip ||
+                (inet_pton(AF_INET, v, tmp) != 1 && inet_pton(AF_INET6, v, tmp) != 1))
+                return apr_psprintf(p, "parameter ip=\"%s\" is not an IP address literal", v);
+            apr_cpystrn(h->ip, v, sizeof h->ip);
+            continue;
+        }
+        if (!parse_num(v, bit == K_PORT ? 65535 : bit == K_STAG ? UINT32_MAX : UINT64_MAX, &n) ||
+            (bit == K_PORT && n == 0))
+            return apr_psprintf(p, "parameter %s=\"%s\" is not a valid value", k, v);
+        switch (bit) {
+        case K_PORT: h->port = (unsigned)n; break;
+        case K_STAG: h->stag = (uint32_t)n; break;
+        case K_TO: h->to = n; break;
+        case K_MAXLEN: h->maxlen = n; break;
+        default: h->length = n; break;
+        }
+    }
+    if (first)
+        return "the RDMA header is empty; it must start with a scheme";
+    {
+        static const unsigned need[4] = {K_IP | K_PORT | K_STAG | K_TO | K_MAXLEN, K_IP | K_PORT,
+                                         K_IP | K_PORT | K_LENGTH,
+                                         K_IP | K_PORT | K_STAG | K_TO | K_LENGTH};
+        static const unsigned deny[4] = {K_LENGTH, K_STAG | K_TO | K_LENGTH,
+                                         K_STAG | K_TO | K_MAXLEN, K_MAXLEN};
+        static const char *const names[] = {"ip", "port", "stag", "to", "maxlen", "length"};
+        int i;
+        for (i = 0; i < 6; i++) {
+            unsigned bit = 1u << i;
+            if ((need[h->scheme] & bit) && !(h->have & bit))
+                return apr_psprintf(p, "scheme %s needs the parameter %s",
+                                    scheme_names[h->scheme], names[i]);
+            if ((deny[h->scheme] & bit) && (h->have & bit))
+                return apr_psprintf(p, "scheme %s does not take the parameter %s",
+                                    scheme_names[h->scheme], names[i]);
+        }
+    }
+    return NULL;
+}
+
+static int same_ip(const char *a, const char *b)
+{
+    unsigned char x[16], y[16];
+    if (inet_pton(AF_INET, a, x) == 1)
+        return inet_pton(AF_INET, b, y) == 1 && !memcmp(x, y, 4);
+    if (inet_pton(AF_INET6, a, x) == 1)
+        return inet_pton(AF_INET6, b, y) == 1 && !memcmp(x, y, 16);
+    return 0;
+}
+
+/* ---- per-request state ------------------------------------------------- */
+
+enum { OUT_INIT, OUT_BODY, OUT_DISCARD, OUT_PASS };
+
+typedef struct {
+    rdma_conn *rc;
+    rdma_hdr h;
+    apr_uint64_t limit;  /* largest body for this request */
+    int mode;
+    /* RDMA_OUT */
+    int out_state;
+    apr_uint64_t total;  /* body bytes consumed */
+    apr_size_t fill;     /* static bounce: bytes waiting in g_static_mr */
+    char *body;          /* client-reads: collected body (malloc) */
+    apr_size_t body_cap;
+    int body_in_static;
+    void *map;           /* mmap of a file (dynamic) */
+    size_t map_len;
+    iwarp_mr *win;       /* the advertised or temporary registration */
+    /* RDMA_IN */
+    apr_uint64_t in_done;
+    int in_eos, in_err;
+    apr_bucket_brigade *pending;
+    void *in_buf;        /* dynamic: malloc'd body buffer */
+    iwarp_mr *in_mr;     /* the local buffer's registration */
+} rdma_req;
+
+/* Releases everything a request registered or mapped, on every path. */
+static apr_status_t req_cleanup(void *d)
+{
+    rdma_req *q = d;
+    if (q->win) {
+        iwarp_dereg_mr(q->win);
+        q->win = NULL;
+    }
+    if (q->in_mr) {
+        iwarp_dereg_mr(q->in_mr);
+        q->in_mr = NULL;
+    }
+    if (q->map) {
+        munmap(q->map, q->map_len);
+        q->map = NULL;
+    }
+    free(q->body);
+    q->body = NULL;
+    free(q->in_buf);
+    q->in_buf = NULL;
+    return APR_SUCCESS;
+}
+
+/* A copy of `s` safe as a header value: control characters become spaces. */
+static const char *header_safe(apr_pool_t *p, const char *s)
+{
+    char *c = apr_pstrdup(p, s), *q;
+    for (q = c; *q; q++)
+        if (apr_iscntrl(*q))
+            *q = ' ';
+    return c;
+}
+
+static int refuse(request_rec *r, int status, const char *why)
+{
+    why = header_safe(r->pool, why);
+    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_rdma: %s %s refused with %d: %s", r->method,
+                  r->uri, status, why);
+    apr_table_setn(r->err_headers_out, "RDMA-Error", why);
+    apr_table_setn(r->notes, "error-notes", ap_escape_html(r->pool, why));
+    return status;
+}
+
+static int rdma_fixups(request_rec *r)
+{
+    rdma_dir_conf *dc = ap_get_module_config(r->per_dir_config, &rdma_module);
+    rdma_srv_conf *sc = srv_conf(r->server);
+    rdma_conn *rc = ap_get_module_config(r->connection->conn_config, &rdma_module);
+    const char *v = apr_table_get(r->headers_in, "RDMA"), *why;
+    rdma_req *q;
+    int is_get, st, i, allowed;
+    if (!v || r->main || dc->enable != 1 || !rc)
+        return DECLINED;
+    q = apr_pcalloc(r->pool, sizeof *q);
+    if ((why = parse_header(r->pool, v, &q->h)) != NULL)
+        return refuse(r, HTTP_BAD_REQUEST, apr_pstrcat(r->pool, "malformed RDMA header: ", why, NULL));
+    is_get = q->h.scheme == S_SERVER_WRITES || q->h.scheme == S_CLIENT_READS;
+    if (r->header_only)
+        return DECLINED; /* HEAD: no body to move */
+    if (is_get ? r->method_number != M_GET
+               : (r->method_number != M_PUT && r->method_number != M_POST))
+        return refuse(r, HTTP_BAD_REQUEST,
+                      apr_psprintf(r->pool, "scheme %s is for %s requests, not %s",
+                                   scheme_names[q->h.scheme], is_get ? "GET" : "PUT and POST",
+                                   r->method));
+    allowed = sc->allow_client && same_ip(q->h.ip, r->useragent_ip);
+    for (i = 0; !allowed && i < sc->allow->nelts; i++)
+        allowed = same_ip(q->h.ip, APR_ARRAY_IDX(sc->allow, i, const char *));
+    if (!allowed)
+        return refuse(r, HTTP_FORBIDDEN,
+                      apr_psprintf(r->pool, "ip=%s is not the address this request came from (%s); "
+                                   "the server connects back only to the requesting client "
+                                   "(RDMAAllowConnect)",
+                                   q->h.ip, r->useragent_ip));
+    if (!g_pd)
+        return refuse(r, HTTP_SERVICE_UNAVAILABLE,
+                      apr_pstrcat(r->pool, "the server's iWARP device is not available: ",
+                                  g_init_err[0] ? g_init_err : "not initialised", NULL));
+    if (cf_mode(sc) == MODE_STATIC && !g_static_mr)
+        return refuse(r, HTTP_SERVICE_UNAVAILABLE,
+                      apr_pstrcat(r->pool, "the server's static RDMA buffer is not available: ",
+                                  g_init_err, NULL));
+    q->limit = cf_maxlen(sc);
+    if (q->h.scheme == S_SERVER_WRITES || (q->h.have & K_MAXLEN)) {
+        if (q->h.maxlen < q->limit)
+            q->limit = q->h.maxlen;
+    }
+    if (!is_get && q->h.length > q->limit)
+        return refuse(r, HTTP_REQUEST_ENTITY_TOO_LARGE,
+                      apr_psprintf(r->pool, "request body of %" APR_UINT64_T_FMT
+                                   " bytes exceeds RDMAMaxLength %" APR_UINT64_T_FMT
+                                   "; send it over plain HTTP",
+                                   (apr_uint64_t)q->h.length, q->limit));
+    if ((st = conn_ensure(rc, r, q->h.ip, q->h.port, &why)) != OK)
+        return refuse(r, st, why);
+    q->rc = rc;
+    q->mode = cf_mode(sc);
+    apr_pool_cleanup_register(r->pool, q, req_cleanup, apr_pool_cleanup_null);
+    if (is_get) {
+        /* RDMA moves the whole entity: a Range would have the byterange
+         * filter (which runs after RDMA_OUT) cut an already empty body. */
+        apr_table_unset(r->headers_in, "Range");
+        apr_table_unset(r->headers_in, "If-Range");
+    } else {
+        apr_table_setn(r->headers_in, "Content-Length",
+                       apr_psprintf(r->pool, "%" APR_UINT64_T_FMT, (apr_uint64_t)q->h.length));
+        apr_table_unset(r->headers_in, "Transfer-Encoding");
+    }
+    ap_set_module_config(r->request_config, &rdma_module, q);
+    return DECLINED;
+}
+
+static void rdma_insert_filter(request_rec *r)
+{
+    rdma_req *q = ap_get_module_config(r->request_config, &rdma_module);
+    if (!q)
+        return;
+    if (q->h.scheme == S_SERVER_WRITES || q->h.scheme == S_CLIENT_READS)
+        ap_add_output_filter("RDMA_OUT", q, r, r->connection);
+    else
+        ap_add_input_filter("RDMA_IN", q, r, r->connection);
+}
+
+/* ---- RDMA_OUT ----------------------------------------------------------- */
+
+/* Replace the response with an error naming the problem; later body
+ * buckets are dropped. */
+static apr_status_t out_error(ap_filter_t *f, int status, const char *why)
+{
+    request_rec *r = f->r;
+    rdma_req *q = f->ctx;
+    apr_bucket_brigade *bb = apr_brigade_create(r->pool, r->connection->bucket_alloc);
+    const char *body;
+    why = header_safe(r->pool, why);
+    body = apr_pstrcat(r->pool, "mod_rdma: ", why, "\n", NULL);
+    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_rdma: GET %s (%s): %s; answering %d", r->uri,
+                  scheme_names[q->h.scheme], why, status);
+    q->out_state = OUT_DISCARD;
+    r->status = status;
+    r->status_line = NULL;
+    apr_table_unset(r->headers_out, "Content-Encoding");
+    apr_table_unset(r->headers_out, "ETag");
+    apr_table_unset(r->headers_out, "Last-Modified");
+    apr_table_setn(r->headers_out, "RDMA-Error", why);
+    ap_set_content_type(r, "text/plain; charset=utf-8");
+    ap_set_content_length(r, (apr_off_t)strlen(body));
+    APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_pool_create(body, strlen(body), r->pool,
+                                                       r->connection->bucket_alloc));
+    APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(r->connection->bucket_alloc));
+    return ap_pass_brigade(f->next, bb);
+}
+
+/* Give up on the RDMA connection after a transfer error: the worker
+ * continues, the buffers go with the request pool. */
+static apr_status_t out_fail(ap_filter_t *f, const char *why)
+{
+    rdma_req *q = f->ctx;
+    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, f->r,
+                  "mod_rdma: RDMA transfer to %s:%u failed: %s; RDMA connection closed, buffer "
+                  "released", q->rc->ip, q->rc->port, why);
+    conn_drop_qp(q->rc);
+    req_cleanup(q);
+    f->r->connection->keepalive = AP_CONN_CLOSE;
+    return out_error(f, HTTP_BAD_GATEWAY, why);
+}
+
+static const char *flush_bounce(ap_filter_t *f, int wait)
+{
+    rdma_req *q = f->ctx;
+    const char *e = NULL;
+    if (!q->fill)
+        return NULL;
+    if (!wait && q->fill <= XFER_CHUNK) {
+        /* The last piece: post it unsignaled; the DONE Send that follows
+         * is waited for, and an error of this Write completes (with its
+         * error status) ahead of it. Saves one completion round trip. */
+        iwarp_sge sge;
+        sge.addr = (uint64_t)(uintptr_t)iwarp_mr_addr(g_static_mr);
+        sge.length = (uint32_t)q->fill;
+        sge.lkey = iwarp_mr_lkey(g_static_mr);
+        if (iwarp_post_send(q->rc->qp, 8, IWARP_WR_RDMA_WRITE, &sge, 1,
+                            q->h.to + (q->total - q->fill), q->h.stag, 0, 0) != IWARP_OK)
+            e = apr_pstrcat(f->r->pool, "posting the RDMA Write failed: ", iwarp_err(f->r->pool),
+                            NULL);
+        q->fill = 0;
+        return e;
+    }
+    e = xfer(q->rc, f->r, IWARP_WR_RDMA_WRITE, (uint64_t)(uintptr_t)iwarp_mr_addr(g_static_mr),
+             q->fill, iwarp_mr_lkey(g_static_mr), q->h.to + (q->total - q->fill), q->h.stag);
+    q->fill = 0;
+    return e;
+}
+
+/* server-writes, dynamic: write straight from where the bytes are. */
+static const char *write_in_place(ap_filter_t *f, const void *p, apr_size_t len)
+{
+    rdma_req *q = f->ctx;
+    iwarp_mr *mr;
+    const char *e;
+    if (iwarp_reg_mr(g_pd, (void *)p, len, 0, &mr) != IWARP_OK)
+        return apr_pstrcat(f->r->pool, "registering the body failed: ", iwarp_err(f->r->pool), NULL);
+    e = xfer(q->rc, f->r, IWARP_WR_RDMA_WRITE, (uint64_t)(uintptr_t)p, len, iwarp_mr_lkey(mr),
+             q->h.to + q->total, q->h.stag);
+    iwarp_dereg_mr(mr);
+    return e;
+}
+
+/* Map [off, off+len) of a file bucket's file. */
+static void *map_file(apr_bucket *b, size_t *map_len, size_t *delta)
+{
+    apr_bucket_file *fb = b->data;
+    apr_os_file_t fd;
+    long pg = sysconf(_SC_PAGESIZE);
+    off_t start = (off_t)b->start, base = start - start % pg;
+    void *m;
+    if (apr_os_file_get(&fd, fb->fd) != APR_SUCCESS)
+        return NULL;
+    *delta = (size_t)(start - base);
+    *map_len = *delta + (size_t)b->length;
+    m = mmap(NULL, *map_len, PROT_READ, MAP_SHARED, fd, base);
+    return m == MAP_FAILED ? NULL : m;
+}
+
+static const char *collect(ap_filter_t *f, const char *data, apr_size_t len)
+{
+    rdma_req *q = f->ctx;
+    apr_size_t need = (apr_size_t)q->total + len;
+    if (q->mode == MODE_STATIC && g_static_mr && need <= iwarp_mr_length(g_static_mr) &&
+        (q->body_in_static || q->total == 0)) {
+        q->body_in_static = 1;
+        memcpy((char *)iwarp_mr_addr(g_static_mr) + q->total, data, len);
+        return NULL;
+    }
+    if (q->body_in_static) {
+        /* Outgrew the static buffer: continue in a heap buffer. */
+        q->body_cap = need * 2;
+        q->body = malloc(q->body_cap);
+        if (!q->body)
+            return "out of memory collecting the body";
+        memcpy(q->body, iwarp_mr_addr(g_static_mr), (size_t)q->total);
+        q->body_in_static = 0;
+    }
+    if (need > q->body_cap) {
+        apr_size_t cap = q->body_cap ? q->body_cap : 64 * 1024;
+        char *nb;
+        while (cap < need)
+            cap *= 2;
+        nb = realloc(q->body, cap);
+        if (!nb)
+            return "out of memory collecting the body";
+        q->body = nb;
+        q->body_cap = cap;
+    }
+    memcpy(q->body + q->total, data, len);
+    return NULL;
+}
+
+static apr_status_t out_finish(ap_filter_t *f)
+{
+    request_rec *r = f->r;
+    rdma_req *q = f->ctx;
+    apr_bucket_brigade *bb = apr_brigade_create(r->pool, r->connection->bucket_alloc);
+    const char *e;
+    apr_status_t rv;
+    ctrl_msg m;
+    if (q->h.scheme == S_SERVER_WRITES) {
+        if (q->mode == MODE_STATIC && (e = flush_bounce(f, 0)) != NULL)
+            return out_fail(f, e);
+        /* A Write completes locally once handed to TCP: the DONE Send,
+         * ordered after the Writes on the same stream, tells the client
+         * that all of the body is placed (RFC 5040 section 5.5 ordering). */
+        {
+            ctrl_msg done = {MSG_DONE, q->h.stag, (uint32_t)(q->total > UINT32_MAX ? UINT32_MAX : q->total), 0, 0};
+            if ((e = send_ctrl(q->rc, r, &done)) != NULL)
+                return out_fail(f, e);
+        }
+        apr_table_setn(r->headers_out, "RDMA",
+                       apr_psprintf(r->pool, "server-writes, length=%" APR_UINT64_T_FMT, q->total));
+        ap_set_content_length(r, 0);
+        APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(r->connection->bucket_alloc));
+        q->out_state = OUT_PASS;
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                      "mod_rdma: server-writes: %" APR_UINT64_T_FMT " bytes written", q->total);
+        return ap_pass_brigade(f->next, bb);
+    }
+    /* client-reads: register the body for the client's RDMA Read. */
+    {
+        void *addr = q->map ? q->map
+                   : q->body_in_static ? iwarp_mr_addr(g_static_mr)
+                                       : q->body;
+        uint64_t off = 0;
+        if (q->map)
+            off = (uint64_t)q->fill; /* page delta of the mapping */
+        if (!addr) {
+            addr = iwarp_mr_addr(g_static_mr ? g_static_mr : q->rc->ctrl);
+        }
+        if (iwarp_reg_mr(g_pd, (char *)addr + off, q->total ? (size_t)q->total : 1,
+                         IWARP_ACCESS_REMOTE_READ, &q->win) != IWARP_OK)
+            return out_fail(f, apr_pstrcat(r->pool, "registering the body failed: ",
+                                           iwarp_err(r->pool), NULL));
+        apr_table_setn(r->headers_out, "RDMA",
+                       apr_psprintf(r->pool, "client-reads, stag=0x%x, to=0x%" APR_UINT64_T_HEX_FMT
+                                    ", length=%" APR_UINT64_T_FMT,
+                                    iwarp_mr_rkey(q->win),
+                                    (apr_uint64_t)(uintptr_t)((char *)addr + off), q->total));
+    }
+    ap_set_content_length(r, 0);
+    q->out_state = OUT_PASS;
+    APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(r->connection->bucket_alloc));
+    APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_flush_create(r->connection->bucket_alloc));
+    rv = ap_pass_brigade(f->next, bb);
+    if (rv != APR_SUCCESS) {
+        conn_drop_qp(q->rc);
+        req_cleanup(q);
+        return rv;
+    }
+    /* Hold the STag window open until the client's DONE (bounded). */
+    e = recv_ctrl(q->rc, r, &m);
+    if (!e && m.type != MSG_DONE)
+        e = m.type == MSG_ABORT ? "the client aborted the read" : "expected DONE, got BUF";
+    if (!e && m.stag != iwarp_mr_rkey(q->win))
+        e = apr_psprintf(r->pool, "DONE names stag 0x%x, not the advertised 0x%x", m.stag,
+                         iwarp_mr_rkey(q->win));
+    if (e) {
+        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                      "mod_rdma: client-reads of %s: %s; RDMA connection closed, buffer released",
+                      r->uri, e);
+        conn_drop_qp(q->rc);
+        r->connection->keepalive = AP_CONN_CLOSE;
+    } else {
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                      "mod_rdma: client-reads: DONE for stag 0x%x, %u bytes; buffer released", m.stag,
+                      m.length);
+    }
+    req_cleanup(q);
+    return APR_SUCCESS;
+}
+
+/* After an error, read (and drop) the rest of the body instead of just
+ * freeing it: a generator such as a CGI script must be able to finish
+ * writing, or mod_cgi waits for its stderr until Timeout. File and mmap
+ * buckets have no producer and are only freed. */
+static void drain_body(apr_bucket_brigade *bb)
+{
+    apr_bucket *b;
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = APR_BUCKET_NEXT(b)) {
+        const char *data;
+        apr_size_t len;
+        if (APR_BUCKET_IS_METADATA(b) || APR_BUCKET_IS_FILE(b) || APR_BUCKET_IS_MMAP(b) ||
+            APR_BUCKET_IS_HEAP(b) || APR_BUCKET_IS_POOL(b) || APR_BUCKET_IS_TRANSIENT(b) ||
+            APR_BUCKET_IS_IMMORTAL(b))
+            continue;
+        if (apr_bucket_read(b, &data, &len, APR_BLOCK_READ) != APR_SUCCESS)
+            break;
+    }
+    apr_brigade_cleanup(bb);
+}
+
+static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    request_rec *r = f->r;
+    rdma_req *q = f->ctx;
+    apr_bucket *b;
+    const char *e;
+    if (q->out_state == OUT_PASS)
+        return ap_pass_brigade(f->next, bb);
+    if (q->out_state == OUT_DISCARD) {
+        drain_body(bb);
+        return APR_SUCCESS;
+    }
+    if (q->out_state == OUT_INIT) {
+        apr_off_t len = -1;
+        if (r->status != HTTP_OK || r->header_only) {
+            /* Errors, redirects, 304: plain HTTP, untouched. */
+            ap_remove_output_filter(f);
+            return ap_pass_brigade(f->next, bb);
+        }
+        q->out_state = OUT_BODY;
+        if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb)) &&
+            apr_brigade_length(bb, 0, &len) == APR_SUCCESS && len >= 0 &&
+            (apr_uint64_t)len > q->limit) {
+            drain_body(bb);
+            return out_error(f, HTTP_REQUEST_ENTITY_TOO_LARGE,
+                             apr_psprintf(r->pool, "the body of %" APR_OFF_T_FMT " bytes exceeds "
+                                          "maxlen %" APR_UINT64_T_FMT "; fetch it over plain HTTP",
+                                          len, q->limit));
+        }
+        /* One file bucket + EOS in dynamic client-reads: map the file. */
+        b = APR_BRIGADE_FIRST(bb);
+        if (q->mode == MODE_DYNAMIC && q->h.scheme == S_CLIENT_READS && APR_BUCKET_IS_FILE(b) &&
+            APR_BUCKET_NEXT(b) != APR_BRIGADE_SENTINEL(bb) && APR_BUCKET_IS_EOS(APR_BUCKET_NEXT(b)) &&
+            b->length > 0) {
+            size_t delta;
+            q->map = map_file(b, &q->map_len, &delta);
+            if (q->map) {
+                q->fill = delta;
+                q->total = b->length;
+                apr_brigade_cleanup(bb);
+                return out_finish(f);
+            }
+        }
+    }
+    for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = APR_BUCKET_NEXT(b)) {
+        const char *data;
+        apr_size_t len;
+        if (APR_BUCKET_IS_EOS(b)) {
+            apr_brigade_cleanup(bb);
+            return out_finish(f);
+        }
+        if (APR_BUCKET_IS_FLUSH(b)) {
+            if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC &&
+                (e = flush_bounce(f, 1)) != NULL) {
+                drain_body(bb);
+                return out_fail(f, e);
+            }
+            continue;
+        }
+        if (APR_BUCKET_IS_METADATA(b))
+            continue;
+        if (b->length != (apr_size_t)-1 && q->total + b->length > q->limit) {
+            drain_body(bb);
+            return out_error(f, HTTP_REQUEST_ENTITY_TOO_LARGE,
+                             apr_psprintf(r->pool, "the body exceeds maxlen %" APR_UINT64_T_FMT
+                                          "; fetch it over plain HTTP", q->limit));
+        }
+        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_DYNAMIC && APR_BUCKET_IS_FILE(b) &&
+            b->length > 0) {
+            size_t map_len, delta;
+            void *m = map_file(b, &map_len, &delta);
+            if (m) {
+                e = write_in_place(f, (char *)m + delta, b->length);
+                munmap(m, map_len);
+                if (e) {
+                    drain_body(bb);
+                    return out_fail(f, e);
+                }
+                q->total += b->length;
+                continue;
+            }
+        }
+        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC && APR_BUCKET_IS_FILE(b) &&
+            b->length > 0) {
+            /* Static files: pread straight into the static buffer (one
+             * copy, no mapping and no page faults). */
+            apr_bucket_file *fb = b->data;
+            apr_os_file_t fd;
+            apr_size_t cap = iwarp_mr_length(g_static_mr), done = 0;
+            if (apr_os_file_get(&fd, fb->fd) == APR_SUCCESS) {
+                while (done < b->length) {
+                    apr_size_t want = b->length - done < cap - q->fill ? b->length - done
+                                                                       : cap - q->fill;
+                    ssize_t got = pread(fd, (char *)iwarp_mr_addr(g_static_mr) + q->fill, want,
+                                        (off_t)(b->start + done));
+                    if (got <= 0) {
+                        drain_body(bb);
+                        return out_error(f, HTTP_INTERNAL_SERVER_ERROR,
+                                         "reading the file failed");
+                    }
+                    q->fill += (apr_size_t)got;
+                    q->total += (apr_size_t)got;
+                    done += (apr_size_t)got;
+                    if (q->fill == cap && (e = flush_bounce(f, 1)) != NULL) {
+                        drain_body(bb);
+                        return out_fail(f, e);
+                    }
+                }
+                continue;
+            }
+        }
+        if (apr_bucket_read(b, &data, &len, APR_BLOCK_READ) != APR_SUCCESS) {
+            drain_body(bb);
+            return out_error(f, HTTP_INTERNAL_SERVER_ERROR, "reading the response body failed");
+        }
+        if (q->total + len > q->limit) {
+            drain_body(bb);
+            return out_error(f, HTTP_REQUEST_ENTITY_TOO_LARGE,
+                             apr_psprintf(r->pool, "the body exceeds maxlen %" APR_UINT64_T_FMT
+                                          "; fetch it over plain HTTP", q->limit));
+        }
+        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC) {
+            apr_size_t cap = iwarp_mr_length(g_static_mr), done = 0;
+            while (done < len) {
+                apr_size_t n = len - done < cap - q->fill ? len - done : cap - q->fill;
+                memcpy((char *)iwarp_mr_addr(g_static_mr) + q->fill, data + done, n);
+                q->fill += n;
+                q->total += n;
+                done += n;
+                if (q->fill == cap && (e = flush_bounce(f, 1)) != NULL) {
+                    drain_body(bb);
+                    return out_fail(f, e);
+                }
+            }
+        } else if (q->h.scheme == S_SERVER_WRITES) {
+            if (len && (e = write_in_place(f, data, len)) != NULL) {
+                drain_body(bb);
+                return out_fail(f, e);
+            }
+            q->total += len;
+        } else {
+            if ((e = collect(f, data, len)) != NULL) {
+                drain_body(bb);
+                return out_error(f, HTTP_INTERNAL_SERVER_ERROR, e);
+            }
+            q->total += len;
+        }
+    }
+    apr_brigade_cleanup(bb);
+    return APR_SUCCESS;
+}
+
+/* ---- RDMA_IN ------------------------------------------------------------ */
+
+static apr_status_t in_fail(ap_filter_t *f, const char *why)
+{
+    rdma_req *q = f->ctx;
+    request_rec *r = f->r;
+    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                  "mod_rdma: %s of the %s body from %s:%u failed: %s; RDMA connection closed, "
+                  "buffer released", scheme_names[q->h.scheme], r->method, q->rc->ip, q->rc->port,
+                  why);
+    apr_table_setn(r->err_headers_out, "RDMA-Error", header_safe(r->pool, why));
+    conn_drop_qp(q->rc);
+    req_cleanup(q);
+    q->in_err = 1;
+    r->connection->keepalive = AP_CONN_CLOSE;
+    return APR_EGENERAL;
+}
+
+/* Move the next piece of the body into q->pending. */
+static apr_status_t in_next(ap_filter_t *f)
+{
+    rdma_req *q = f->ctx;
+    request_rec *r = f->r;
+    apr_uint64_t left = q->h.length - q->in_done;
+    char *local;
+    apr_size_t cap, n;
+    const char *e;
+    if (!q->in_mr) {
+        /* Local buffer: the static one, or the whole body (dynamic). */
+        int access = q->h.scheme == S_CLIENT_WRITES
+                         ? IWARP_ACCESS_LOCAL_WRITE | IWARP_ACCESS_REMOTE_WRITE
+                         : IWARP_ACCESS_LOCAL_WRITE;
+        if (q->mode == MODE_STATIC && g_static_mr) {
+            local = iwarp_mr_addr(g_static_mr);
+            cap = iwarp_mr_length(g_static_mr);
+        } else {
+            cap = (apr_size_t)(q->h.length ? q->h.length : 1);
+            q->in_buf = malloc(cap);
+            if (!q->in_buf)
+                return in_fail(f, apr_psprintf(r->pool, "cannot allocate %" APR_SIZE_T_FMT
+                                               " bytes for the body", cap));
+            local = q->in_buf;
+        }
+        if (iwarp_reg_mr(g_pd, local, cap, access, &q->in_mr) != IWARP_OK)
+            return in_fail(f, apr_pstrcat(r->pool, "registering the receive buffer failed: ",
+                                          iwarp_err(r->pool), NULL));
+    }
+    local = iwarp_mr_addr(q->in_mr);
+    cap = iwarp_mr_length(q->in_mr);
+    n = left < cap ? (apr_size_t)left : cap;
+    if (q->h.scheme == S_SERVER_READS) {
+        e = xfer(q->rc, r, IWARP_WR_RDMA_READ, (uint64_t)(uintptr_t)local, n,
+                 iwarp_mr_lkey(q->in_mr), q->h.to + q->in_done, q->h.stag);
+    } else {
+        ctrl_msg m = {MSG_BUF, iwarp_mr_rkey(q->in_mr), (uint32_t)n,
+                      (uint64_t)(uintptr_t)local, q->in_done};
+        ctrl_msg d;
+        e = send_ctrl(q->rc, r, &m);
+        if (!e)
+            e = recv_ctrl(q->rc, r, &d);
+        if (!e && d.type != MSG_DONE)
+            e = d.type == MSG_ABORT ? "the client aborted the upload" : "expected DONE";
+        if (!e && (d.stag != m.stag || d.length != m.length || d.offset != m.offset))
+            e = "DONE does not match the BUF it answers";
+    }
+    if (e)
+        return in_fail(f, e);
+    APR_BRIGADE_INSERT_TAIL(q->pending,
+                            apr_bucket_heap_create(local, n, NULL, r->connection->bucket_alloc));
+    q->in_done += n;
+    if (q->in_done == q->h.length) {
+        apr_table_setn(r->headers_out, "RDMA",
+                       apr_psprintf(r->pool, "%s, length=%" APR_UINT64_T_FMT,
+                                    scheme_names[q->h.scheme], (apr_uint64_t)q->in_done));
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "mod_rdma: %s: %" APR_UINT64_T_FMT
+                      " bytes received; buffer released", scheme_names[q->h.scheme],
+                      (apr_uint64_t)q->in_done);
+        req_cleanup(q);
+    }
+    return APR_SUCCESS;
+}
+
+static apr_status_t rdma_in_filter(ap_filter_t *f, apr_bucket_brigade *bb, ap_input_mode_t mode,
+                                   apr_read_type_e block, apr_off_t readbytes)
+{
+    rdma_req *q = f->ctx;
+    apr_bucket *after;
+    apr_status_t rv;
+    /* The body never comes from the socket (the client sent none), so
+     * no mode may reach HTTP_IN, which would wait for Content-Length
+     * bytes there. */
+    if (mode == AP_MODE_INIT || mode == AP_MODE_EATCRLF)
+        return APR_SUCCESS;
+    if (q->in_err)
+        return APR_EGENERAL;
+    if (!q->pending)
+        q->pending = apr_brigade_create(f->r->pool, f->c->bucket_alloc);
+    if (APR_BRIGADE_EMPTY(q->pending)) {
+        if (q->in_done == q->h.length) {
+            APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(f->c->bucket_alloc));
+            return APR_SUCCESS;
+        }
+        if ((rv = in_next(f)) != APR_SUCCESS)
+            return rv;
+    }
+    if (mode == AP_MODE_GETLINE)
+        return apr_brigade_split_line(bb, q->pending, block,
+                                      readbytes > 0 ? readbytes : HUGE_STRING_LEN);
+    if (mode == AP_MODE_EXHAUSTIVE) {
+        APR_BRIGADE_CONCAT(bb, q->pending);
+        return APR_SUCCESS;
+    }
+    if (readbytes <= 0)
+        readbytes = 8192;
+    rv = apr_brigade_partition(q->pending, readbytes, &after);
+    if (rv != APR_SUCCESS && rv != APR_INCOMPLETE)
+        return rv;
+    if (mode == AP_MODE_SPECULATIVE) {
+        apr_bucket *b;
+        for (b = APR_BRIGADE_FIRST(q->pending); b != after; b = APR_BUCKET_NEXT(b)) {
+            apr_bucket *c;
+            apr_bucket_copy(b, &c);
+            APR_BRIGADE_INSERT_TAIL(bb, c);
+        }
+        return APR_SUCCESS;
+    }
+    while (APR_BRIGADE_FIRST(q->pending) != after) {
+        apr_bucket *b = APR_BRIGADE_FIRST(q->pending);
+        APR_BUCKET_REMOVE(b);
+        APR_BRIGADE_INSERT_TAIL(bb, b);
+    }
+    return APR_SUCCESS;
+}
+
+/* ---- registration --------------------------------------------------------- */
+
+static void register_hooks(apr_pool_t *p)
+{
+    (void)p;
+    ap_hook_post_config(post_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_child_init(child_init, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_pre_connection(pre_connection, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_fixups(rdma_fixups, NULL, NULL, APR_HOOK_LAST);
+    ap_hook_insert_filter(rdma_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
+    /* Just above the protocol filters (HTTP_HEADER, CONTENT_LENGTH): after
+     * content filters such as deflate, before the headers are written. */
+    ap_register_output_filter("RDMA_OUT", rdma_out_filter, NULL,
+                              (ap_filter_type)(AP_FTYPE_PROTOCOL - 1));
+    ap_register_input_filter("RDMA_IN", rdma_in_filter, NULL,
+                             (ap_filter_type)(AP_FTYPE_PROTOCOL - 1));
+}
+
+AP_DECLARE_MODULE(rdma) = {
+    STANDARD20_MODULE_STUFF,
+    create_dir_conf,
+    merge_dir_conf,
+    create_srv_conf,
+    merge_srv_conf,
+    rdma_cmds,
+    register_hooks
+};

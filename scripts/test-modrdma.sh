@@ -1,0 +1,537 @@
+#!/usr/bin/env bash
+# The t_* functions are called through `check`, which shellcheck cannot see.
+# shellcheck disable=SC2317
+# mod_rdma end to end: an unmodified Debian apache2 (prefork) with mod_rdma
+# loaded, started in the foreground on a loopback port with its own config,
+# driven by rhttp (every scheme, fallbacks, faults) and by curl (bad
+# headers, SSRF, unreachable listeners, byte-identical plain HTTP against a
+# second Apache without the module).
+#
+#   scripts/test-modrdma.sh            # everything (about 1-2 minutes)
+#   KEEP=1 scripts/test-modrdma.sh     # keep the temp dir (configs, logs)
+#
+# Last line: "modrdma: N passed, N failed"; exit status non-zero on failure.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 1
+PASS=0
+FAIL=0
+T="$(mktemp -d /tmp/modrdma.XXXXXX)"
+chmod 755 "$T"
+APID=""
+PPID_PLAIN=""
+
+cleanup() {
+    for p in $APID $PPID_PLAIN; do
+        kill -TERM "$p" 2>/dev/null
+    done
+    for p in $APID $PPID_PLAIN; do
+        timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
+    done
+    if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; }
+# check NAME CMD...: run CMD (bounded by the caller), pass if it exits 0.
+check() {
+    local name="$1"
+    shift
+    local log="$T/check-$((PASS + FAIL + 1)).log"
+    if "$@" >"$log" 2>&1; then ok "$name"; else bad "$name (output below)"; tail -n 15 "$log" | sed 's/^/     /'; fi
+}
+finish() {
+    echo "modrdma: $PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
+# ---- prerequisites ---------------------------------------------------------
+need_pkgs=()
+command -v apache2 >/dev/null || need_pkgs+=(apache2)
+command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
+command -v curl >/dev/null || need_pkgs+=(curl)
+command -v python3 >/dev/null || need_pkgs+=(python3)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    echo "installing ${need_pkgs[*]}"
+    timeout 300 apt-get update -qq >/dev/null
+    # policy-rc.d exit 101: the package must not start a system Apache on
+    # port 80 (the tests start their own on loopback ports).
+    POLICY=/usr/sbin/policy-rc.d
+    ADDED_POLICY=0
+    if [ ! -e "$POLICY" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod +x "$POLICY" && ADDED_POLICY=1
+    fi
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    [ "$ADDED_POLICY" = 1 ] && rm -f "$POLICY"
+fi
+for c in apache2 apxs curl python3; do
+    command -v "$c" >/dev/null || { bad "prerequisite $c is missing and could not be installed"; finish; }
+done
+
+echo "building libiwarp, rhttp and mod_rdma"
+if ! timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp; then bad "cargo build"; finish; fi
+RHTTP="$ROOT/target/release/rhttp"
+if timeout 300 make -s -C modules/mod_rdma >"$T/build.log" 2>&1 && [ -f modules/mod_rdma/.libs/mod_rdma.so ]; then
+    ok "mod_rdma builds with apxs (-Wall -Wextra -Werror)"
+else
+    bad "mod_rdma build"; cat "$T/build.log"; finish
+fi
+MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# ---- configuration errors ---------------------------------------------------
+t_conf_errors() {
+    local c="$T/bad.conf"
+    printf 'ServerRoot /etc/apache2\nLoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\nLoadModule rdma_module %s\nRDMARegistration sometimes\n' "$MOD" >"$c"
+    timeout 20 apache2 -d /etc/apache2 -f "$c" -t >"$T/bad.out" 2>&1
+    cat "$T/bad.out"
+    grep -q "RDMARegistration must be static or dynamic" "$T/bad.out" || return 1
+    printf 'ServerRoot /etc/apache2\nLoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\nLoadModule rdma_module %s\nRDMAAllowConnect client example.com\n' "$MOD" >"$c"
+    timeout 20 apache2 -d /etc/apache2 -f "$c" -t >"$T/bad.out" 2>&1
+    cat "$T/bad.out"
+    grep -q "neither \"client\" nor an IP address literal" "$T/bad.out"
+}
+check "bad directives are refused at config check, naming the fix" t_conf_errors
+t_threaded() {
+    local c="$T/event.conf" rc
+    mkdir -p "$T/evrun"
+    printf 'ServerRoot /etc/apache2\nServerName 127.0.0.1\nListen 127.0.0.1:%s\nDefaultRuntimeDir %s\nPidFile %s/pid\nErrorLog %s/error.log\nLoadModule mpm_event_module /usr/lib/apache2/modules/mod_mpm_event.so\nLoadModule rdma_module %s\n' \
+        "$(free_port)" "$T/evrun" "$T/evrun" "$T/evrun" "$MOD" >"$c"
+    setsid timeout 20 apache2 -d /etc/apache2 -f "$c" -DFOREGROUND >"$T/evrun/out" 2>&1
+    rc=$?
+    echo "event MPM exit: $rc"
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "mod_rdma: needs the prefork MPM" "$T/evrun/error.log" "$T/evrun/out"
+}
+check "a threaded MPM (event) is refused at start-up with a message naming the fix" t_threaded
+
+# ---- content ---------------------------------------------------------------
+P1=$(free_port)      # mod_rdma, static registration
+P2=$(free_port)      # mod_rdma vhost, dynamic registration
+P3=$(free_port)      # plain Apache, no module
+DOCS="$T/docs"
+mkdir -p "$DOCS/nordma" "$T/cgi-bin" "$T/dav" "$T/run" "$T/logs" "$T/plainlogs" "$T/out" "$T/plainrun"
+for s in 2K 4K 500K 1M 8M; do head -c "$s" /dev/urandom >"$DOCS/f$s.bin"; done
+head -c 110M /dev/urandom >"$DOCS/big.bin"
+echo "<html><body>hello</body></html>" >"$DOCS/index.html"
+cp "$DOCS/f1M.bin" "$DOCS/nordma/f1M.bin"
+cat >"$T/cgi-bin/gen.cgi" <<'EOF'
+#!/bin/sh
+# Dynamic output without Content-Length: 300000 deterministic bytes.
+printf 'Content-Type: application/octet-stream\r\n\r\n'
+exec python3 -c 'import sys; sys.stdout.buffer.write(bytes(i*7 % 251 for i in range(300000)))'
+EOF
+cat >"$T/cgi-bin/echo.cgi" <<'EOF'
+#!/bin/sh
+# Reads its body (CONTENT_LENGTH bytes) and answers its length and SHA-256.
+printf 'Content-Type: text/plain\r\n\r\n'
+head -c "${CONTENT_LENGTH:-0}" | sha256sum | cut -d' ' -f1
+echo "length=${CONTENT_LENGTH:-none}"
+EOF
+cat >"$T/cgi-bin/slow.cgi" <<'EOF'
+#!/bin/sh
+# 1 MiB every half second, 8 times: a long transfer to cut off.
+printf 'Content-Type: application/octet-stream\r\n\r\n'
+for i in 1 2 3 4 5 6 7 8; do head -c 1048576 /dev/zero; sleep 0.5; done
+EOF
+chmod 755 "$T/cgi-bin/"*.cgi
+mkdir -p "$T/run/dav" "$T/plainrun/dav"
+chown -R www-data:www-data "$T/dav" "$T/run/dav" "$T/plainrun/dav"
+chmod -R a+rX "$DOCS" "$T/cgi-bin"
+
+common_conf() { # $1 = runtime dir, $2 = log dir
+    cat <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+DefaultRuntimeDir $1
+PidFile $1/httpd.pid
+ErrorLog $2/error.log
+LogFormat "%h %l %u %t \"%r\" %>s %b" common
+CustomLog $2/access.log common
+User www-data
+Group www-data
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
+LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
+LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
+LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
+LoadModule dav_module /usr/lib/apache2/modules/mod_dav.so
+LoadModule dav_fs_module /usr/lib/apache2/modules/mod_dav_fs.so
+StartServers 2
+MinSpareServers 1
+MaxSpareServers 2
+ServerLimit 2
+MaxRequestWorkers 2
+KeepAlive On
+KeepAliveTimeout 2
+TypesConfig /etc/mime.types
+DocumentRoot $DOCS
+DirectoryIndex index.html
+ScriptAlias /cgi-bin/ $T/cgi-bin/
+Alias /dav $T/dav
+DavLockDB $1/dav/lock
+<Directory />
+    Require all granted
+</Directory>
+<Location /dav>
+    Dav On
+</Location>
+EOF
+}
+
+{
+    common_conf "$T/run" "$T/logs"
+    cat <<EOF
+Listen 127.0.0.1:$P1
+Listen 127.0.0.1:$P2
+LoadModule rdma_module $MOD
+LogLevel warn rdma:debug
+RDMARegistration static
+RDMABufferSize 4M
+RDMAConnectTimeout 2000
+RDMATimeout 5000
+<Location />
+    RDMA On
+</Location>
+<Location /nordma>
+    RDMA Off
+</Location>
+<VirtualHost 127.0.0.1:$P2>
+    RDMARegistration dynamic
+    RDMAAllowConnect client 127.0.0.2
+</VirtualHost>
+EOF
+} >"$T/rdma.conf"
+{
+    common_conf "$T/plainrun" "$T/plainlogs"
+    echo "Listen 127.0.0.1:$P3"
+    echo "LogLevel warn"
+} >"$T/plain.conf"
+
+start_apache() { # $1 conf, $2 port -> pid on stdout
+    # Own session: on shutdown prefork signals its whole process group,
+    # which would otherwise include this script.
+    setsid apache2 -d /etc/apache2 -f "$1" -DFOREGROUND >>"$T/apache-stdout.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1 100); do
+        if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$2/"; then echo "$pid"; return 0; fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "$pid"
+    return 1
+}
+
+if APID=$(start_apache "$T/rdma.conf" "$P1"); then ok "apache2 with mod_rdma starts (prefork, port $P1)"; else
+    bad "apache2 with mod_rdma did not start"; cat "$T/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
+if PPID_PLAIN=$(start_apache "$T/plain.conf" "$P3"); then ok "plain apache2 starts (port $P3)"; else
+    bad "plain apache2 did not start"; cat "$T/apache-stdout.log"; finish; fi
+
+U1="http://127.0.0.1:$P1"
+U2="http://127.0.0.1:$P2"
+U3="http://127.0.0.1:$P3"
+R() { timeout 120 "$RHTTP" -q --timeout 20 "$@"; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+same() { cmp -s "$1" "$2"; }
+
+# ---- GET, every scheme and registration mode --------------------------------
+for scheme in server-writes client-reads; do
+    for port_url in "static $U1" "dynamic $U2"; do
+        read -r mode base <<<"$port_url"
+        outs=()
+        args=()
+        for s in 2K 4K 500K 1M 8M; do
+            args+=("$base/f$s.bin")
+            outs+=(-o "$T/out/$scheme-$mode-$s")
+        done
+        t_get() {
+            R get --scheme "$scheme" "${args[@]}" "${outs[@]}" 2>"$T/out/$scheme-$mode.err" || return 1
+            grep -c "via RDMA ($scheme)" "$T/out/$scheme-$mode.err" | grep -qx 5 || return 1
+            for s in 2K 4K 500K 1M 8M; do same "$DOCS/f$s.bin" "$T/out/$scheme-$mode-$s" || return 1; done
+        }
+        check "GET $scheme, $mode registration: 2K 4K 500K 1M 8M over one connection, contents equal" t_get
+    done
+done
+reuse_count() { grep -c "reusing the RDMA connection" "$T/logs/error.log"; }
+t_reuse() {
+    local before after
+    before=$(reuse_count)
+    R get "$U1/f2K.bin" "$U1/f4K.bin" "$U1/f1M.bin" -o "$T/out/r1" -o "$T/out/r2" -o "$T/out/r3" || return 1
+    after=$(reuse_count)
+    [ $((after - before)) -eq 2 ]
+}
+check "keep-alive: 3 GETs on one HTTP connection reuse one RDMA connection (2 reuses logged)" t_reuse
+
+t_index() {
+    R get "$U1/" -o "$T/out/index" 2>"$T/out/index.err" || return 1
+    cat "$T/out/index.err"
+    grep -q "via RDMA (server-writes)" "$T/out/index.err" && same "$DOCS/index.html" "$T/out/index"
+}
+check "GET / (DirectoryIndex internal redirect) by RDMA" t_index
+t_head_404() {
+    R get "$U1/missing" -o "$T/out/missing" 2>"$T/out/missing.err"
+    [ $? -eq 1 ] || return 1
+    cat "$T/out/missing.err"
+    grep -q "404 .* via plain HTTP (fallback)" "$T/out/missing.err" && grep -q "Not Found" "$T/out/missing"
+}
+check "a 404 with an RDMA request comes back as plain HTTP (exit status 1)" t_head_404
+
+t_cgi_get() {
+    curl -s --max-time 20 "$U3/cgi-bin/gen.cgi" -o "$T/out/gen.plain" || return 1
+    [ "$(stat -c %s "$T/out/gen.plain")" -eq 300000 ] || return 1
+    R get --scheme server-writes "$U1/cgi-bin/gen.cgi" -o "$T/out/gen.sw" 2>"$T/out/gen.err" || return 1
+    R get --scheme client-reads "$U2/cgi-bin/gen.cgi" -o "$T/out/gen.cr" 2>>"$T/out/gen.err" || return 1
+    [ "$(grep -c 'via RDMA' "$T/out/gen.err")" -eq 2 ] || return 1
+    same "$T/out/gen.plain" "$T/out/gen.sw" && same "$T/out/gen.plain" "$T/out/gen.cr"
+}
+check "GET of CGI output (no Content-Length): server-writes static and client-reads dynamic equal plain" t_cgi_get
+
+# ---- PUT / POST --------------------------------------------------------------
+for scheme in server-reads client-writes; do
+    for port_url in "static $U1" "dynamic $U2"; do
+        read -r mode base <<<"$port_url"
+        t_put() {
+            rm -f "$T/dav/put-$scheme-$mode"
+            R put --scheme "$scheme" "$DOCS/f8M.bin" "$base/dav/put-$scheme-$mode" 2>"$T/out/put.err" || return 1
+            grep -q "via RDMA ($scheme)" "$T/out/put.err" || return 1
+            same "$DOCS/f8M.bin" "$T/dav/put-$scheme-$mode"
+        }
+        check "PUT $scheme, $mode registration: 8M file via mod_dav, contents equal" t_put
+        t_cgi_put() {
+            R put --scheme "$scheme" "$DOCS/f500K.bin" "$base/cgi-bin/echo.cgi" -o "$T/out/echo" 2>"$T/out/echo.err" || return 1
+            grep -q "via RDMA ($scheme)" "$T/out/echo.err" || return 1
+            [ "$(head -1 "$T/out/echo")" = "$(sha "$DOCS/f500K.bin")" ] && grep -qx "length=512000" "$T/out/echo"
+        }
+        check "PUT $scheme, $mode: a CGI script reads the 500K body (SHA-256 and CONTENT_LENGTH match)" t_cgi_put
+    done
+done
+
+for scheme in server-reads client-writes; do
+    t_post() {
+        R put --post --scheme "$scheme" "$DOCS/f1M.bin" "$U1/cgi-bin/echo.cgi" -o "$T/out/post" 2>"$T/out/post.err" || return 1
+        cat "$T/out/post.err"
+        grep -q "^POST .* via RDMA ($scheme)" "$T/out/post.err" || return 1
+        [ "$(head -1 "$T/out/post")" = "$(sha "$DOCS/f1M.bin")" ] && grep -qx "length=1048576" "$T/out/post"
+    }
+    check "POST $scheme: a CGI script reads the 1M body (SHA-256 and CONTENT_LENGTH match)" t_post
+done
+
+t_put_405() {
+    local rc before
+    before=$(sha "$DOCS/f2K.bin")
+    R put --scheme client-writes "$DOCS/f4K.bin" "$U1/f2K.bin" 2>"$T/out/405.err"
+    rc=$?
+    cat "$T/out/405.err"
+    [ "$rc" -eq 1 ] && grep -q "^PUT .*: 405 " "$T/out/405.err" && [ "$(sha "$DOCS/f2K.bin")" = "$before" ]
+}
+check "PUT where no handler takes it: 405 (body discarded through RDMA_IN), file untouched" t_put_405
+
+# ---- over 100 MB, SHA-256 ----------------------------------------------------
+BIGSHA=$(sha "$DOCS/big.bin")
+t_big_get() { # $1 scheme $2 base
+    R --max-len 128M get --scheme "$1" "$2/big.bin" -o "$T/out/big" 2>"$T/out/big.err" || return 1
+    grep -q "via RDMA ($1)" "$T/out/big.err" && [ "$(sha "$T/out/big")" = "$BIGSHA" ]
+}
+check "110 MB GET server-writes, static (4M bounce buffer): SHA-256 equal" t_big_get server-writes "$U1"
+check "110 MB GET client-reads, dynamic (file mapped and registered): SHA-256 equal" t_big_get client-reads "$U2"
+t_big_put() { # $1 scheme $2 base
+    rm -f "$T/dav/big-$1"
+    R put --scheme "$1" "$DOCS/big.bin" "$2/dav/big-$1" 2>"$T/out/bigput.err" || return 1
+    grep -q "via RDMA ($1)" "$T/out/bigput.err" && [ "$(sha "$T/dav/big-$1")" = "$BIGSHA" ]
+}
+check "110 MB PUT server-reads, static (chunked through the 4M buffer): SHA-256 equal" t_big_put server-reads "$U1"
+check "110 MB PUT client-writes, static (28 BUF/DONE rounds): SHA-256 equal" t_big_put client-writes "$U1"
+rm -f "$T/out/big" "$T/dav/big-"*
+
+# ---- fallbacks -----------------------------------------------------------------
+t_fb_off() {
+    R get "$U1/nordma/f1M.bin" -o "$T/out/fb1" 2>"$T/out/fb1.err" || return 1
+    grep -q "plain HTTP (fallback)" "$T/out/fb1.err" && same "$DOCS/f1M.bin" "$T/out/fb1"
+}
+check "GET where RDMA is Off: rhttp falls back to the plain body" t_fb_off
+t_fb_plain_server() {
+    R get "$U3/f500K.bin" -o "$T/out/fb2" 2>"$T/out/fb2.err" || return 1
+    grep -q "plain HTTP (fallback)" "$T/out/fb2.err" && same "$DOCS/f500K.bin" "$T/out/fb2" || return 1
+    R put --scheme client-writes "$DOCS/f500K.bin" "$U3/dav/fb-put" 2>"$T/out/fb3.err" || return 1
+    grep -q "plain HTTP (fallback)" "$T/out/fb3.err" && same "$DOCS/f500K.bin" "$T/dav/fb-put"
+}
+check "GET and PUT against Apache without mod_rdma: plain HTTP fallback, contents equal" t_fb_plain_server
+t_maxlen() {
+    R --max-len 1M get "$U1/f8M.bin" -o "$T/out/ml" 2>"$T/out/ml.err" || return 1
+    grep -q "413" "$T/out/ml.err" && grep -q "exceeds maxlen" "$T/out/ml.err" &&
+        grep -q "retrying over plain HTTP" "$T/out/ml.err" && same "$DOCS/f8M.bin" "$T/out/ml"
+}
+check "8M file with maxlen=1M: 413 naming maxlen, then the client retries over plain HTTP" t_maxlen
+t_maxlen_cgi() {
+    R --max-len 100K get "$U1/cgi-bin/gen.cgi" -o "$T/out/ml2" 2>"$T/out/ml2.err" || return 1
+    grep -q "exceeds maxlen" "$T/out/ml2.err" && same "$T/out/gen.plain" "$T/out/ml2"
+}
+check "CGI output over maxlen (found mid-stream): 413, then plain retry with the right body" t_maxlen_cgi
+
+# ---- malformed headers, SSRF, unreachable listeners (curl) ---------------------
+hdr_400() { # $1 header value, $2 text the answer must contain
+    local code
+    code=$(curl -s --max-time 10 -o "$T/out/400.body" -w '%{http_code}' -H "RDMA: $1" "$U1/f2K.bin")
+    [ "$code" = 400 ] && grep -q -- "$2" "$T/out/400.body"
+}
+check "400 names an unknown scheme" hdr_400 "server-pushes, ip=127.0.0.1, port=9" "unknown scheme"
+check "400 names an unknown parameter" hdr_400 "client-reads, ip=127.0.0.1, port=9, colour=blue" "unknown parameter"
+check "400 names a missing parameter" hdr_400 "server-writes, ip=127.0.0.1, port=9, stag=1, to=0" "needs the parameter maxlen"
+check "400 names a bad number" hdr_400 "client-reads, ip=127.0.0.1, port=99999" "port="
+check "400 names a duplicate" hdr_400 "client-reads, ip=127.0.0.1, port=1, port=2" "appears twice"
+check "400 names a non-literal ip" hdr_400 "client-reads, ip=example.com, port=1" "not an IP address"
+check "400 for a PUT scheme on GET" hdr_400 "client-writes, ip=127.0.0.1, port=1, length=3" "is for PUT"
+t_ssrf() {
+    local code
+    code=$(curl -s --max-time 10 -D "$T/out/ssrf.h" -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.2, port=80" "$U1/f2K.bin")
+    [ "$code" = 403 ] && grep -qi "^RDMA-Error: ip=127.0.0.2 is not the address" "$T/out/ssrf.h" &&
+        grep -q "refused with 403: ip=127.0.0.2" "$T/logs/error.log"
+}
+check "SSRF: ip= naming another host gets 403, an RDMA-Error header and a log line" t_ssrf
+t_allow_list() {
+    local code
+    # The dynamic vhost also allows 127.0.0.2: not refused as SSRF, but
+    # nobody listens there, so the connect fails (502).
+    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.2, port=9" "$U2/f2K.bin")
+    echo "allowed address: $code"
+    [ "$code" = 502 ]
+}
+check "RDMAAllowConnect client 127.0.0.2: that address is allowed (connect attempted, 502), not 403" t_allow_list
+t_refused() {
+    local port code start el
+    port=$(free_port)
+    start=$(date +%s%N)
+    code=$(curl -s --max-time 15 -D "$T/out/ref.h" -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.1, port=$port" "$U1/f2K.bin")
+    el=$(( ($(date +%s%N) - start) / 1000000 ))
+    echo "refused: $code in $el ms"
+    [ "$code" = 502 ] && [ "$el" -lt 5000 ] && grep -qi "RDMA-Error: could not connect" "$T/out/ref.h"
+}
+check "client listener refuses: 502 naming the listener, within 5 s" t_refused
+t_silent() {
+    local port code start el lp
+    port=$(free_port)
+    python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(8); time.sleep(20)" &
+    lp=$!
+    sleep 0.3
+    start=$(date +%s%N)
+    code=$(curl -s --max-time 15 -D "$T/out/sil.h" -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.1, port=$port" "$U1/f2K.bin")
+    el=$(( ($(date +%s%N) - start) / 1000000 ))
+    kill "$lp" 2>/dev/null
+    echo "silent: $code in $el ms"
+    [ "$code" = 504 ] && [ "$el" -lt 6000 ] && grep -qi "RDMA-Error: the client's RDMA listener" "$T/out/sil.h"
+}
+check "client listener accepts TCP but never answers MPA: 504 within RDMAConnectTimeout (2 s) + margin" t_silent
+t_alive() { R get "$U1/f1M.bin" -o "$T/out/alive" && same "$DOCS/f1M.bin" "$T/out/alive"; }
+check "server still serves RDMA after the connect faults" t_alive
+
+# ---- client disconnects mid-write ----------------------------------------------
+t_cut() {
+    local rp n0 n1
+    n0=$(grep -c "failed: .*buffer released" "$T/logs/error.log")
+    for _ in 1 2; do  # twice: with 2 workers, a hung worker per cut would stop the server
+        "$RHTTP" -q get --scheme server-writes "$U1/cgi-bin/slow.cgi" -o "$T/out/cut" 2>/dev/null &
+        rp=$!
+        sleep 1.2
+        kill -KILL "$rp"
+        wait "$rp" 2>/dev/null
+    done
+    for _ in $(seq 1 100); do
+        n1=$(grep -c "failed: .*buffer released" "$T/logs/error.log")
+        [ "$n1" -ge $((n0 + 2)) ] && break
+        sleep 0.1
+    done
+    echo "recovery log lines: $n0 -> $n1"
+    [ "$n1" -ge $((n0 + 2)) ] || return 1
+    R get "$U1/f500K.bin" -o "$T/out/aftercut" && same "$DOCS/f500K.bin" "$T/out/aftercut"
+}
+check "client killed mid-write (twice): worker logs the failure, releases the buffer, serves the next request" t_cut
+
+t_cut_reader() {
+    local rp n0 n1
+    n0=$(grep -c "client-reads of /f1M.bin: .*buffer released" "$T/logs/error.log")
+    "$RHTTP" -q get --scheme client-reads --x-hold-ms 10000 "$U1/f1M.bin" -o "$T/out/cutr" 2>"$T/out/cutr.err" &
+    rp=$!
+    for _ in $(seq 1 50); do grep -q "rhttp-test: stag=" "$T/out/cutr.err" && break; sleep 0.1; done
+    kill -KILL "$rp"
+    wait "$rp" 2>/dev/null
+    for _ in $(seq 1 50); do
+        n1=$(grep -c "client-reads of /f1M.bin: .*buffer released" "$T/logs/error.log")
+        [ "$n1" -gt "$n0" ] && break
+        sleep 0.1
+    done
+    grep "client-reads of /f1M.bin: .*buffer released" "$T/logs/error.log" | tail -1
+    [ "$n1" -gt "$n0" ] || return 1
+    R get "$U1/f500K.bin" -o "$T/out/aftercutr" && same "$DOCS/f500K.bin" "$T/out/aftercutr"
+}
+check "client killed while the server waits for its DONE (client-reads): released within 5 s, next request served" t_cut_reader
+
+t_abort_upload() {
+    local n0 n1
+    n0=$(grep -c "client-writes of the PUT body .* failed: the client aborted the upload; RDMA connection closed, buffer released" "$T/logs/error.log")
+    rm -f "$T/dav/aborted"
+    R put --scheme client-writes --x-abort-at-buf 2 "$DOCS/f8M.bin" "$U1/dav/aborted" 2>"$T/out/abort.err" || { cat "$T/out/abort.err"; return 1; }
+    cat "$T/out/abort.err"
+    n1=$(grep -c "client-writes of the PUT body .* failed: the client aborted the upload; RDMA connection closed, buffer released" "$T/logs/error.log")
+    grep -q "answering BUF 2 with ABORT" "$T/out/abort.err" && grep -q "retrying over plain HTTP" "$T/out/abort.err" &&
+        [ "$n1" -gt "$n0" ] && same "$DOCS/f8M.bin" "$T/dav/aborted"
+}
+check "client ABORTs a client-writes upload: the worker logs it and releases the buffer; rhttp retries plain" t_abort_upload
+
+t_bad_stag_upload() {
+    local n0 n1 pat="server-reads of the PUT body .* failed: the RDMA Read failed with completion status"
+    n0=$(grep -c "$pat" "$T/logs/error.log")
+    rm -f "$T/dav/badstag"
+    R put --scheme server-reads --x-bad-stag "$DOCS/f1M.bin" "$U1/dav/badstag" 2>"$T/out/badstag.err" || { cat "$T/out/badstag.err"; return 1; }
+    cat "$T/out/badstag.err"
+    n1=$(grep -c "$pat" "$T/logs/error.log")
+    [ "$n1" -gt "$n0" ] && grep -q "retrying over plain HTTP" "$T/out/badstag.err" && same "$DOCS/f1M.bin" "$T/dav/badstag"
+}
+check "server-reads with a wrong STag: the Read is refused by the client's stack, logged, plain retry" t_bad_stag_upload
+
+# ---- STag scope ---------------------------------------------------------------
+t_stale() {
+    R probe-stag "$U1/f4K.bin" >"$T/out/probe1" 2>&1 || { cat "$T/out/probe1"; return 1; }
+    cat "$T/out/probe1"
+    grep -q "refused the RDMA Read" "$T/out/probe1"
+}
+check "a client-reads STag is dead after DONE (a second Read of it is refused)" t_stale
+t_cross() {
+    local hp stag to
+    timeout 60 "$RHTTP" -q get --scheme client-reads --x-hold-ms 3000 "$U1/f1M.bin" -o "$T/out/held" 2>"$T/out/held.err" &
+    hp=$!
+    for _ in $(seq 1 50); do grep -q "rhttp-test: stag=" "$T/out/held.err" && break; sleep 0.1; done
+    stag=$(sed -n 's/.*rhttp-test: stag=\(0x[0-9a-f]*\).*/\1/p' "$T/out/held.err")
+    to=$(sed -n 's/.*rhttp-test: stag=0x[0-9a-f]* to=\(0x[0-9a-f]*\).*/\1/p' "$T/out/held.err")
+    [ -n "$stag" ] || { wait "$hp"; return 1; }
+    R probe-stag "$U1/f2K.bin" --stag "$stag" --to "$to" --len 4096 >"$T/out/probe2" 2>&1
+    cat "$T/out/probe2"
+    grep -q "refused the RDMA Read" "$T/out/probe2" || { wait "$hp"; return 1; }
+    timeout 30 tail --pid="$hp" -f /dev/null
+    wait "$hp" && same "$DOCS/f1M.bin" "$T/out/held"
+}
+check "an STag advertised to one connection is refused on another; the owner still reads it" t_cross
+
+# ---- plain clients see no difference ------------------------------------------
+t_identical() {
+    local p
+    for p in / /f2K.bin /f1M.bin /cgi-bin/gen.cgi /missing /nordma/f1M.bin /dav/; do
+        curl -s --max-time 20 -i "$U1$p" | grep -v -i '^Date:' >"$T/out/with" || return 1
+        curl -s --max-time 20 -i "$U3$p" | grep -v -i '^Date:' >"$T/out/without" || return 1
+        cmp "$T/out/with" "$T/out/without" || { echo "differs: $p"; diff <(head -c 2000 "$T/out/with") <(head -c 2000 "$T/out/without") | head; return 1; }
+    done
+}
+check "curl output (status, headers but Date, body) is byte-identical with and without mod_rdma" t_identical
+
+# ---- the workers are fine at the end --------------------------------------------
+t_no_crash() { ! grep -E "Segmentation fault|exit signal|AH00052" "$T/logs/error.log"; }
+check "no Apache child crashed (error log)" t_no_crash
+
+finish

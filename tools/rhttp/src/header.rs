@@ -1,0 +1,431 @@
+//! The `RDMA:` HTTP header.
+//!
+//! ```text
+//! RDMA        = scheme *( "," OWS param )
+//! scheme      = "server-writes" / "client-reads" / "client-writes" / "server-reads"
+//! param       = key "=" value
+//! key         = "ip" / "port" / "stag" / "to" / "maxlen" / "length"
+//! ```
+//!
+//! Numbers are decimal or `0x`-prefixed hexadecimal; `ip` is an IPv4 or
+//! IPv6 literal. A key may appear once. Which keys a request must carry
+//! depends on the scheme ([`RdmaHeader::validate_request`]); responses
+//! carry `length` and, for client-reads, `stag` and `to`.
+
+use std::fmt;
+use std::net::IpAddr;
+
+/// Who moves the body, and in which direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// GET: the server RDMA-Writes the body into the client's buffer.
+    ServerWrites,
+    /// GET: the server registers the body, the client RDMA-Reads it.
+    ClientReads,
+    /// PUT/POST: the server offers buffers (BUF), the client RDMA-Writes.
+    ClientWrites,
+    /// PUT/POST: the client advertises its buffer, the server RDMA-Reads.
+    ServerReads,
+}
+
+impl Scheme {
+    /// The token used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::ServerWrites => "server-writes",
+            Scheme::ClientReads => "client-reads",
+            Scheme::ClientWrites => "client-writes",
+            Scheme::ServerReads => "server-reads",
+        }
+    }
+
+    /// Parse a wire token.
+    pub fn from_token(s: &str) -> Option<Scheme> {
+        Some(match s {
+            "server-writes" => Scheme::ServerWrites,
+            "client-reads" => Scheme::ClientReads,
+            "client-writes" => Scheme::ClientWrites,
+            "server-reads" => Scheme::ServerReads,
+            _ => return None,
+        })
+    }
+
+    /// True for the schemes that move a response body (GET).
+    pub fn is_get(self) -> bool {
+        matches!(self, Scheme::ServerWrites | Scheme::ClientReads)
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A parsed `RDMA:` header. Absent parameters are `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaHeader {
+    pub scheme: Scheme,
+    pub ip: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub stag: Option<u32>,
+    pub to: Option<u64>,
+    pub maxlen: Option<u64>,
+    pub length: Option<u64>,
+}
+
+/// Why an `RDMA:` header was refused. `Display` names the problem the way
+/// mod_rdma's 400 response does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    Empty,
+    UnknownScheme(String),
+    NotKeyValue(String),
+    UnknownKey(String),
+    DuplicateKey(String),
+    BadValue { key: String, value: String },
+    Missing { scheme: Scheme, key: &'static str },
+    Forbidden { scheme: Scheme, key: &'static str },
+}
+
+impl fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderError::Empty => write!(f, "the RDMA header is empty; it must start with a scheme"),
+            HeaderError::UnknownScheme(s) => write!(
+                f,
+                "unknown scheme {s:?}; use server-writes, client-reads, client-writes or server-reads"
+            ),
+            HeaderError::NotKeyValue(p) => {
+                write!(f, "parameter {p:?} is not of the form key=value")
+            }
+            HeaderError::UnknownKey(k) => write!(
+                f,
+                "unknown parameter {k:?}; known: ip, port, stag, to, maxlen, length"
+            ),
+            HeaderError::DuplicateKey(k) => write!(f, "parameter {k:?} appears twice"),
+            HeaderError::BadValue { key, value } => {
+                write!(f, "parameter {key}={value:?} is not a valid value")
+            }
+            HeaderError::Missing { scheme, key } => {
+                write!(f, "scheme {scheme} needs the parameter {key}")
+            }
+            HeaderError::Forbidden { scheme, key } => {
+                write!(f, "scheme {scheme} does not take the parameter {key}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HeaderError {}
+
+fn parse_num(key: &str, value: &str, max: u64) -> Result<u64, HeaderError> {
+    let bad = || HeaderError::BadValue {
+        key: key.to_string(),
+        value: value.to_string(),
+    };
+    let n = if let Some(hex) = value
+        .strip_prefix("0x")
+        .or_else(|| value.strip_prefix("0X"))
+    {
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        u64::from_str_radix(hex, 16).map_err(|_| bad())?
+    } else {
+        if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        value.parse::<u64>().map_err(|_| bad())?
+    };
+    if n > max {
+        return Err(bad());
+    }
+    Ok(n)
+}
+
+impl RdmaHeader {
+    /// A header with only the scheme.
+    pub fn new(scheme: Scheme) -> RdmaHeader {
+        RdmaHeader {
+            scheme,
+            ip: None,
+            port: None,
+            stag: None,
+            to: None,
+            maxlen: None,
+            length: None,
+        }
+    }
+
+    /// Parse the header's value (syntax only; see
+    /// [`validate_request`](Self::validate_request)).
+    pub fn parse(value: &str) -> Result<RdmaHeader, HeaderError> {
+        let mut parts = value.split(',').map(str::trim);
+        let scheme_tok = parts.next().unwrap_or("");
+        if scheme_tok.is_empty() {
+            return Err(HeaderError::Empty);
+        }
+        let scheme = Scheme::from_token(scheme_tok)
+            .ok_or_else(|| HeaderError::UnknownScheme(scheme_tok.to_string()))?;
+        let mut h = RdmaHeader::new(scheme);
+        for p in parts {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| HeaderError::NotKeyValue(p.to_string()))?;
+            let (k, v) = (k.trim(), v.trim());
+            let dup = || HeaderError::DuplicateKey(k.to_string());
+            match k {
+                "ip" => {
+                    let ip = v.parse::<IpAddr>().map_err(|_| HeaderError::BadValue {
+                        key: k.into(),
+                        value: v.into(),
+                    })?;
+                    if h.ip.replace(ip).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "port" => {
+                    let n = parse_num(k, v, u16::MAX as u64)?;
+                    if n == 0 {
+                        return Err(HeaderError::BadValue {
+                            key: k.into(),
+                            value: v.into(),
+                        });
+                    }
+                    if h.port.replace(n as u16).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "stag" => {
+                    let n = parse_num(k, v, u32::MAX as u64)?;
+                    if h.stag.replace(n as u32).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "to" => {
+                    if h.to.replace(parse_num(k, v, u64::MAX)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "maxlen" => {
+                    if h.maxlen.replace(parse_num(k, v, u64::MAX)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "length" => {
+                    if h.length.replace(parse_num(k, v, u64::MAX)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                _ => return Err(HeaderError::UnknownKey(k.to_string())),
+            }
+        }
+        Ok(h)
+    }
+
+    /// Check that a request header carries exactly what its scheme needs:
+    ///
+    /// | scheme | required | optional | forbidden |
+    /// | --- | --- | --- | --- |
+    /// | server-writes | ip port stag to maxlen | | length |
+    /// | client-reads | ip port | maxlen | stag to length |
+    /// | client-writes | ip port length | | stag to maxlen |
+    /// | server-reads | ip port stag to length | | maxlen |
+    pub fn validate_request(&self) -> Result<(), HeaderError> {
+        let s = self.scheme;
+        let need = |present: bool, key: &'static str| {
+            if present {
+                Ok(())
+            } else {
+                Err(HeaderError::Missing { scheme: s, key })
+            }
+        };
+        let deny = |present: bool, key: &'static str| {
+            if present {
+                Err(HeaderError::Forbidden { scheme: s, key })
+            } else {
+                Ok(())
+            }
+        };
+        need(self.ip.is_some(), "ip")?;
+        need(self.port.is_some(), "port")?;
+        match s {
+            Scheme::ServerWrites => {
+                need(self.stag.is_some(), "stag")?;
+                need(self.to.is_some(), "to")?;
+                need(self.maxlen.is_some(), "maxlen")?;
+                deny(self.length.is_some(), "length")
+            }
+            Scheme::ClientReads => {
+                deny(self.stag.is_some(), "stag")?;
+                deny(self.to.is_some(), "to")?;
+                deny(self.length.is_some(), "length")
+            }
+            Scheme::ClientWrites => {
+                need(self.length.is_some(), "length")?;
+                deny(self.stag.is_some(), "stag")?;
+                deny(self.to.is_some(), "to")?;
+                deny(self.maxlen.is_some(), "maxlen")
+            }
+            Scheme::ServerReads => {
+                need(self.stag.is_some(), "stag")?;
+                need(self.to.is_some(), "to")?;
+                need(self.length.is_some(), "length")?;
+                deny(self.maxlen.is_some(), "maxlen")
+            }
+        }
+    }
+}
+
+impl fmt::Display for RdmaHeader {
+    /// The canonical form: scheme, then ip, port, stag, to, maxlen, length
+    /// (hex for stag and to), each present one after ", ".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.scheme.as_str())?;
+        if let Some(ip) = self.ip {
+            write!(f, ", ip={ip}")?;
+        }
+        if let Some(p) = self.port {
+            write!(f, ", port={p}")?;
+        }
+        if let Some(s) = self.stag {
+            write!(f, ", stag={s:#x}")?;
+        }
+        if let Some(t) = self.to {
+            write!(f, ", to={t:#x}")?;
+        }
+        if let Some(m) = self.maxlen {
+            write!(f, ", maxlen={m}")?;
+        }
+        if let Some(l) = self.length {
+            write!(f, ", length={l}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figure1_example_parses() {
+        let h = RdmaHeader::parse(
+            "server-writes, ip=127.0.0.1, port=4791, stag=0x1234, to=0x7f0000001000, maxlen=1048576",
+        )
+        .unwrap();
+        assert_eq!(h.scheme, Scheme::ServerWrites);
+        assert_eq!(h.ip, Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(h.port, Some(4791));
+        assert_eq!(h.stag, Some(0x1234));
+        assert_eq!(h.to, Some(0x7f00_0000_1000));
+        assert_eq!(h.maxlen, Some(1_048_576));
+        assert_eq!(h.length, None);
+        h.validate_request().unwrap();
+    }
+
+    #[test]
+    fn display_round_trips() {
+        let mut h = RdmaHeader::new(Scheme::ServerReads);
+        h.ip = Some("::1".parse().unwrap());
+        h.port = Some(9);
+        h.stag = Some(0xabcd_ef01);
+        h.to = Some(u64::MAX);
+        h.length = Some(7);
+        let s = h.to_string();
+        assert_eq!(
+            s,
+            "server-reads, ip=::1, port=9, stag=0xabcdef01, to=0xffffffffffffffff, length=7"
+        );
+        assert_eq!(RdmaHeader::parse(&s).unwrap(), h);
+    }
+
+    #[test]
+    fn whitespace_is_optional() {
+        let h = RdmaHeader::parse("client-reads,ip=127.0.0.1,port=80").unwrap();
+        h.validate_request().unwrap();
+    }
+
+    #[test]
+    fn syntax_errors_name_the_problem() {
+        assert_eq!(RdmaHeader::parse(""), Err(HeaderError::Empty));
+        assert_eq!(
+            RdmaHeader::parse("server-pushes, ip=1.2.3.4"),
+            Err(HeaderError::UnknownScheme("server-pushes".into()))
+        );
+        assert_eq!(
+            RdmaHeader::parse("client-reads, ip"),
+            Err(HeaderError::NotKeyValue("ip".into()))
+        );
+        assert_eq!(
+            RdmaHeader::parse("client-reads, colour=blue"),
+            Err(HeaderError::UnknownKey("colour".into()))
+        );
+        assert_eq!(
+            RdmaHeader::parse("client-reads, port=1, port=2"),
+            Err(HeaderError::DuplicateKey("port".into()))
+        );
+        for bad in [
+            "client-reads, port=0",
+            "client-reads, port=65536",
+            "client-reads, port=-1",
+            "client-reads, port=",
+            "client-reads, ip=localhost",
+            "server-writes, stag=0x1ffffffff",
+            "server-writes, to=0x",
+            "server-writes, maxlen=12k",
+            "server-writes, maxlen=99999999999999999999999",
+        ] {
+            assert!(
+                matches!(RdmaHeader::parse(bad), Err(HeaderError::BadValue { .. })),
+                "{bad}"
+            );
+        }
+        let msg = RdmaHeader::parse("client-reads, colour=blue")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("colour") && msg.contains("known"), "{msg}");
+    }
+
+    #[test]
+    fn per_scheme_requirements() {
+        let ok = [
+            "server-writes, ip=127.0.0.1, port=1, stag=1, to=0, maxlen=10",
+            "client-reads, ip=127.0.0.1, port=1",
+            "client-reads, ip=127.0.0.1, port=1, maxlen=10",
+            "client-writes, ip=127.0.0.1, port=1, length=10",
+            "server-reads, ip=127.0.0.1, port=1, stag=1, to=0, length=10",
+        ];
+        for s in ok {
+            RdmaHeader::parse(s).unwrap().validate_request().unwrap();
+        }
+        let bad = [
+            (
+                "server-writes, ip=127.0.0.1, port=1, stag=1, to=0",
+                "maxlen",
+            ),
+            ("server-writes, port=1, stag=1, to=0, maxlen=1", "ip"),
+            ("client-reads, ip=127.0.0.1", "port"),
+            ("client-reads, ip=127.0.0.1, port=1, stag=1", "stag"),
+            ("client-writes, ip=127.0.0.1, port=1", "length"),
+            ("client-writes, ip=127.0.0.1, port=1, length=1, to=3", "to"),
+            ("server-reads, ip=127.0.0.1, port=1, stag=1, length=1", "to"),
+            (
+                "server-reads, ip=127.0.0.1, port=1, stag=1, to=1, length=1, maxlen=2",
+                "maxlen",
+            ),
+        ];
+        for (s, key) in bad {
+            let e = RdmaHeader::parse(s)
+                .unwrap()
+                .validate_request()
+                .unwrap_err();
+            let k = match e {
+                HeaderError::Missing { key, .. } | HeaderError::Forbidden { key, .. } => key,
+                other => panic!("{s}: {other:?}"),
+            };
+            assert_eq!(k, key, "{s}");
+        }
+    }
+}

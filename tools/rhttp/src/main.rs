@@ -1,0 +1,1109 @@
+//! `rhttp`: an HTTP client like wget/curl that moves bodies by RDMA
+//! (software iWARP) when the server runs mod_rdma, and falls back to plain
+//! HTTP when it does not. See `rhttp --help` and `docs/MOD_RDMA.md`.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use iwarp::cm::{ConnParam, Listener, MpaConfig};
+use iwarp::{
+    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpState,
+    QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
+};
+use rhttp::ctrl::{CtrlMsg, Kind, MSG_LEN};
+use rhttp::header::{RdmaHeader, Scheme};
+use rhttp::http::{Conn, Response, Url};
+
+/// HTTP client that moves request and response bodies by RDMA (software
+/// iWARP) to and from an Apache httpd running mod_rdma. The client listens
+/// for the server's RDMA connection on the local address of its HTTP
+/// connection; one RDMA connection serves all requests of one keep-alive
+/// HTTP connection. Without an RDMA answer it falls back to plain HTTP.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+    /// Plain HTTP only (no RDMA header): the baseline.
+    #[arg(long, global = true)]
+    plain: bool,
+    /// Largest body moved by RDMA (the advertised maxlen and the size of
+    /// the receive buffer), e.g. 256M.
+    #[arg(long, global = true, default_value = "256M", value_parser = parse_size)]
+    max_len: u64,
+    /// Bound on every network wait, in seconds.
+    #[arg(long, global = true, default_value_t = 30)]
+    timeout: u64,
+    /// No progress bar.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Fetch URLs over one keep-alive connection per host.
+    Get {
+        /// http:// URLs.
+        #[arg(required = true)]
+        urls: Vec<String>,
+        /// Output file for each URL in order ("-" for stdout); URLs without
+        /// one are saved under their last path segment.
+        #[arg(short, long)]
+        output: Vec<PathBuf>,
+        /// Who moves the body.
+        #[arg(long, value_enum, default_value_t = GetScheme::ServerWrites)]
+        scheme: GetScheme,
+        /// Test hook: with client-reads, print the advertised STag and wait
+        /// this long before the RDMA Read.
+        #[arg(long, hide = true, default_value_t = 0)]
+        x_hold_ms: u64,
+    },
+    /// Upload FILE to URL with PUT (or POST).
+    Put {
+        file: PathBuf,
+        url: String,
+        /// Send the body with POST instead of PUT.
+        #[arg(long)]
+        post: bool,
+        /// Who moves the body.
+        #[arg(long, value_enum, default_value_t = PutScheme::ServerReads)]
+        scheme: PutScheme,
+        /// Save the response body here ("-" for stdout).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Test hook: with client-writes, answer the Nth BUF with ABORT.
+        #[arg(long, hide = true)]
+        x_abort_at_buf: Option<u32>,
+        /// Test hook: with server-reads, advertise a wrong STag.
+        #[arg(long, hide = true)]
+        x_bad_stag: bool,
+    },
+    /// Test hook: fetch URL with client-reads, then try an RDMA Read of the
+    /// given STag (default: the STag of that fetch, after DONE) on this
+    /// connection. Exits 0 if the server refused the access.
+    #[command(hide = true)]
+    ProbeStag {
+        url: String,
+        #[arg(long, value_parser = parse_u64)]
+        stag: Option<u64>,
+        #[arg(long, value_parser = parse_u64)]
+        to: Option<u64>,
+        #[arg(long, default_value_t = 4096)]
+        len: u32,
+    },
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum GetScheme {
+    ServerWrites,
+    ClientReads,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum PutScheme {
+    ServerReads,
+    ClientWrites,
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("{s:?} is not a number"))
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size like 4096, 64K or 256M"))
+}
+
+type Res<T> = Result<T, String>;
+
+const RECV_SLOTS: usize = 8;
+const CHUNK: usize = 16 << 20;
+
+/// The client's RDMA side of one HTTP connection: the listener the server
+/// connects back to, and the connection it made (reused while alive).
+struct Rdma {
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    listener: Listener,
+    server_ip: IpAddr,
+    qp: Option<QueuePair>,
+    ctrl: MemoryRegion,
+    msg: MemoryRegion,
+    buf: Option<MappedRegion>,
+    timeout: Duration,
+}
+
+/// A registered buffer in an anonymous mapping: its pages are zero-filled
+/// on first touch, so advertising a large `maxlen` costs nothing until the
+/// server writes that much (`reg_mr` would zero the whole buffer up front).
+struct MappedRegion {
+    mr: Option<MemoryRegion>,
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl MappedRegion {
+    fn new(pd: &ProtectionDomain, len: usize, access: Access) -> Res<MappedRegion> {
+        // SAFETY: an anonymous private mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!(
+                "mapping a {len}-byte buffer failed: {}; lower --max-len",
+                io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: the mapping stays valid until `drop`, which drops the
+        // region (waiting for the driver to finish with it) before unmapping.
+        let mr = unsafe { pd.reg_mr_raw(ptr.cast::<u8>(), len, access) };
+        match mr {
+            Ok(mr) => Ok(MappedRegion {
+                mr: Some(mr),
+                ptr,
+                len,
+            }),
+            Err(e) => {
+                // SAFETY: the mapping made above, not registered.
+                unsafe { libc::munmap(ptr, len) };
+                Err(format!("registering a {len}-byte buffer: {e}"))
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for MappedRegion {
+    type Target = MemoryRegion;
+    fn deref(&self) -> &MemoryRegion {
+        self.mr.as_ref().expect("registered until drop")
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        drop(self.mr.take());
+        // SAFETY: the region that referred to the mapping is gone.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+fn poll_readable(s: &std::net::TcpStream, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0
+}
+
+impl Rdma {
+    fn new(http: &Conn, timeout: Duration) -> Res<Rdma> {
+        let ctx = Context::open().map_err(|e| format!("opening the iWARP device: {e}"))?;
+        let pd = ctx.alloc_pd();
+        let send_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
+        let recv_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
+        let local = SocketAddr::new(http.local.ip(), 0);
+        let listener = Listener::bind(local, MpaConfig::default())
+            .map_err(|e| format!("listening for the server's RDMA connection on {local}: {e}"))?;
+        let ctrl = pd
+            .reg_mr(RECV_SLOTS * MSG_LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let msg = pd
+            .reg_mr(MSG_LEN, Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        tracing::debug!(addr = %listener.local_addr(), "RDMA listener up");
+        Ok(Rdma {
+            pd,
+            send_cq,
+            recv_cq,
+            listener,
+            server_ip: http.peer.ip(),
+            qp: None,
+            ctrl,
+            msg,
+            buf: None,
+            timeout,
+        })
+    }
+
+    fn port(&self) -> u16 {
+        self.listener.local_addr().port()
+    }
+
+    fn ip(&self) -> IpAddr {
+        self.listener.local_addr().ip()
+    }
+
+    /// The data buffer, grown to at least `len` bytes.
+    fn buf(&mut self, len: u64) -> Res<&MappedRegion> {
+        let len = len.max(1);
+        if self.buf.as_ref().is_none_or(|b| (b.len() as u64) < len) {
+            self.buf = None;
+            let len =
+                usize::try_from(len).map_err(|_| format!("{len} bytes do not fit in memory"))?;
+            self.buf = Some(MappedRegion::new(
+                &self.pd,
+                len,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )?);
+        }
+        Ok(self.buf.as_ref().expect("just set"))
+    }
+
+    fn live(&self) -> bool {
+        self.qp.as_ref().is_some_and(|q| q.state() == QpState::Rts)
+    }
+
+    fn accept(&mut self, req: iwarp::cm::ConnRequest) -> Res<()> {
+        let peer = req.peer_addr();
+        if peer.ip() != self.server_ip {
+            let _ = req.reject(b"rhttp: not the HTTP server");
+            return Err(format!(
+                "an RDMA connection came from {peer}, not from the HTTP server {}; refused",
+                self.server_ip
+            ));
+        }
+        if !req.private_data().starts_with(b"mod_rdma/") {
+            let _ = req.reject(b"rhttp: expected mod_rdma");
+            return Err(format!(
+                "the RDMA connection from {peer} does not announce mod_rdma; refused"
+            ));
+        }
+        let qp = self
+            .pd
+            .create_qp(&QpInitAttr {
+                send_cq: self.send_cq.clone(),
+                recv_cq: self.recv_cq.clone(),
+                max_send_wr: 64,
+                max_recv_wr: RECV_SLOTS as u32,
+            })
+            .map_err(|e| e.to_string())?;
+        for i in 0..RECV_SLOTS {
+            self.post_slot(&qp, i)?;
+        }
+        req.accept(&qp, &ConnParam::default())
+            .map_err(|e| format!("accepting the server's RDMA connection: {e}"))?;
+        tracing::debug!(%peer, "RDMA connection from the server accepted");
+        self.qp = Some(qp);
+        Ok(())
+    }
+
+    fn post_slot(&self, qp: &QueuePair, i: usize) -> Res<()> {
+        qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sgl: SgList::single(self.ctrl.sge(i * MSG_LEN, MSG_LEN)),
+        })
+        .map_err(|e| format!("posting a receive: {e}"))
+    }
+
+    /// Before a request: take a connection the server may have opened
+    /// meanwhile, and forget a dead one.
+    fn prepare(&mut self) -> Res<()> {
+        if !self.live() {
+            self.qp = None;
+        }
+        if let Ok(req) = self.listener.get_request(Some(Duration::ZERO)) {
+            self.qp = None;
+            self.accept(req)?;
+        }
+        Ok(())
+    }
+
+    /// After sending a request with an RDMA header: wait until the server
+    /// connected (unless a connection is alive) or answered over HTTP.
+    fn expect_conn(&mut self, http: &Conn) -> Res<()> {
+        if self.live() {
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        while Instant::now() < deadline {
+            match self.listener.get_request(Some(Duration::from_millis(20))) {
+                Ok(req) => return self.accept(req),
+                Err(iwarp::cm::CmError::Timeout { .. }) => {}
+                Err(e) => tracing::warn!(error = %e, "bad RDMA connection attempt"),
+            }
+            if http.has_buffered() || poll_readable(http.stream(), 0) {
+                return Ok(());
+            }
+        }
+        Err(format!(
+            "the server neither connected to {}:{} nor answered within {:?}",
+            self.ip(),
+            self.port(),
+            self.timeout
+        ))
+    }
+
+    fn qp(&self) -> Res<&QueuePair> {
+        self.qp.as_ref().ok_or_else(|| {
+            "the server answered with RDMA but never opened an RDMA connection".to_string()
+        })
+    }
+
+    /// Post one send-queue request and wait for its completion.
+    fn run(&self, wr_id: u64, opcode: WrOpcode, sgl: SgList) -> Res<()> {
+        let qp = self.qp()?;
+        qp.post_send(&SendWr {
+            wr_id,
+            opcode,
+            sgl,
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("posting {opcode:?}: {e}"))?;
+        match self.send_cq.wait_one(self.timeout) {
+            Ok(Some(wc)) if wc.status == WcStatus::Success => Ok(()),
+            Ok(Some(wc)) => {
+                let why = qp
+                    .next_event(Duration::from_millis(200))
+                    .map(|e| format!(" ({e:?})"))
+                    .unwrap_or_default();
+                Err(format!("{opcode:?} failed: {:?}{why}", wc.status))
+            }
+            Ok(None) => Err(format!(
+                "{opcode:?} did not complete within {:?}",
+                self.timeout
+            )),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn send_ctrl(&self, m: &CtrlMsg) -> Res<()> {
+        self.msg.write_at(0, &m.encode());
+        self.run(1, WrOpcode::Send, SgList::single(self.msg.sge(0, MSG_LEN)))
+    }
+
+    /// Wait for a control message, or (with `http`) return `None` as soon
+    /// as the HTTP response starts arriving.
+    fn wait_ctrl(&self, http: Option<&Conn>) -> Res<Option<CtrlMsg>> {
+        let qp = self.qp()?;
+        let deadline = Instant::now() + self.timeout;
+        while Instant::now() < deadline {
+            if let Some(wc) = self.recv_cq.poll_one() {
+                if wc.status != WcStatus::Success {
+                    return Err(format!("RDMA connection failed: {:?}", wc.status));
+                }
+                let i = wc.wr_id as usize;
+                let mut b = [0u8; MSG_LEN];
+                self.ctrl.read_at(i * MSG_LEN, &mut b);
+                self.post_slot(qp, i)?;
+                let m = CtrlMsg::decode(&b[..wc.byte_len as usize])
+                    .map_err(|e| format!("bad message from the server: {e}"))?;
+                return Ok(Some(m));
+            }
+            let Some(h) = http else {
+                let _ = self.recv_cq.wait(Duration::from_millis(100));
+                continue;
+            };
+            if h.has_buffered() {
+                return Ok(None);
+            }
+            // Sleep until a completion or the HTTP answer (the CQ's fd is
+            // readable exactly while it holds completions).
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.recv_cq.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: h.stream().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds for the duration of the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
+            if fds[0].revents == 0 && fds[1].revents != 0 {
+                return Ok(None);
+            }
+        }
+        Err(format!(
+            "no control message or HTTP answer within {:?}",
+            self.timeout
+        ))
+    }
+}
+
+/// One HTTP connection plus its RDMA side.
+struct Session {
+    url0: Url,
+    http: Conn,
+    rdma: Option<Rdma>,
+    args_timeout: Duration,
+}
+
+impl Session {
+    fn open(url: &Url, timeout: Duration) -> Res<Session> {
+        let http = Conn::connect(url, timeout).map_err(|e| {
+            format!(
+                "connecting to {}:{}: {e}; is the server running?",
+                url.host, url.port
+            )
+        })?;
+        Ok(Session {
+            url0: url.clone(),
+            http,
+            rdma: None,
+            args_timeout: timeout,
+        })
+    }
+
+    fn rdma(&mut self) -> Res<&mut Rdma> {
+        if self.rdma.is_none() {
+            self.rdma = Some(Rdma::new(&self.http, self.args_timeout)?);
+        }
+        Ok(self.rdma.as_mut().expect("just set"))
+    }
+
+    fn reopen_if(&mut self, close: bool) -> Res<()> {
+        if close {
+            let url = self.url0.clone();
+            *self = Session::open(&url, self.args_timeout)?;
+        }
+        Ok(())
+    }
+}
+
+fn bar(quiet: bool, len: u64, what: &str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+fn open_sink(path: &PathBuf) -> Res<Box<dyn Write>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(io::stdout().lock()));
+    }
+    let f = File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    // Small enough that the RDMA path's COPY_CHUNK writes bypass it (no
+    // second copy), large enough to batch the plain path's socket reads.
+    Ok(Box::new(io::BufWriter::with_capacity(64 << 10, f)))
+}
+
+/// Bytes copied out of the registered buffer per step: small enough to stay
+/// in the L2 cache between the copy and the `write`.
+const COPY_CHUNK: usize = 256 << 10;
+
+thread_local! {
+    /// The copy-out scratch buffer, allocated once per thread: a fresh
+    /// megabyte per response costs page faults, zeroing and, when it is
+    /// unmapped again, TLB shoot-downs on every GET.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; COPY_CHUNK]);
+}
+
+/// Write `len` bytes of the registered buffer to `sink`.
+///
+/// The body is copied out (`read_at`) rather than written from a borrowed
+/// slice of the region: the region stays registered for the next request,
+/// so a misbehaving server could still be writing into it, and a slice
+/// would then alias memory being changed underneath it.
+fn copy_out(buf: &MemoryRegion, len: u64, sink: &mut dyn Write) -> Res<()> {
+    SCRATCH.with(|scratch| {
+        let tmp = &mut scratch.borrow_mut()[..];
+        let mut off = 0u64;
+        while off < len {
+            let n = (len - off).min(tmp.len() as u64) as usize;
+            buf.read_at(off as usize, &mut tmp[..n]);
+            sink.write_all(&tmp[..n]).map_err(|e| e.to_string())?;
+            off += n as u64;
+        }
+        Ok(())
+    })
+}
+
+/// Read the first `len` bytes of `f` into the registered buffer, through
+/// the same scratch buffer as [`copy_out`].
+fn copy_in(f: &mut File, buf: &MemoryRegion, len: u64) -> Res<()> {
+    SCRATCH.with(|scratch| {
+        let tmp = &mut scratch.borrow_mut()[..];
+        let mut off = 0u64;
+        while off < len {
+            let n = (len - off).min(tmp.len() as u64) as usize;
+            read_file_at(f, off, &mut tmp[..n])?;
+            buf.write_at(off as usize, &tmp[..n]);
+            off += n as u64;
+        }
+        Ok(())
+    })
+}
+
+/// What one GET did.
+struct Outcome {
+    status: u16,
+    bytes: u64,
+    via: String,
+}
+
+fn rdma_error_of(resp: &Response) -> Option<String> {
+    resp.header("RDMA-Error").map(str::to_string)
+}
+
+fn discard_body(s: &mut Session, resp: &Response) -> Res<()> {
+    save_body(s, resp, &mut io::sink())
+}
+
+fn save_body(s: &mut Session, resp: &Response, sink: &mut dyn Write) -> Res<()> {
+    s.http
+        .read_body(resp, false, sink, &mut |_| {})
+        .map_err(|e| format!("reading the response: {e}"))?;
+    Ok(())
+}
+
+fn plain_get(s: &mut Session, url: &Url, sink: &mut dyn Write, a: &Args) -> Res<Outcome> {
+    s.http
+        .send_request("GET", url, &[], None)
+        .map_err(|e| format!("sending the request: {e}"))?;
+    let resp = s
+        .http
+        .read_head()
+        .map_err(|e| format!("reading the response: {e}"))?;
+    let len = resp
+        .header("Content-Length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let pb = bar(a.quiet, len, &url.file_name());
+    let n = s
+        .http
+        .read_body(&resp, false, sink, &mut |n| pb.set_position(n))
+        .map_err(|e| format!("reading the response body: {e}"))?;
+    pb.finish_and_clear();
+    s.reopen_if(resp.close)?;
+    Ok(Outcome {
+        status: resp.status,
+        bytes: n,
+        via: "plain HTTP".into(),
+    })
+}
+
+fn rdma_get(
+    s: &mut Session,
+    url: &Url,
+    scheme: GetScheme,
+    sink: &mut dyn Write,
+    a: &Args,
+    hold_ms: u64,
+) -> Res<Outcome> {
+    let max_len = a.max_len;
+    let r = s.rdma()?;
+    r.prepare()?;
+    let mut h = RdmaHeader::new(match scheme {
+        GetScheme::ServerWrites => Scheme::ServerWrites,
+        GetScheme::ClientReads => Scheme::ClientReads,
+    });
+    h.ip = Some(r.ip());
+    h.port = Some(r.port());
+    h.maxlen = Some(max_len);
+    if let GetScheme::ServerWrites = scheme {
+        let b = r.buf(max_len)?;
+        h.stag = Some(b.rkey());
+        h.to = Some(b.addr());
+    }
+    tracing::debug!(header = %h, "GET {}", url.path);
+    s.http
+        .send_request("GET", url, &[("RDMA", h.to_string())], None)
+        .map_err(|e| format!("sending the request: {e}"))?;
+    let r = s.rdma.as_mut().expect("created above");
+    r.expect_conn(&s.http)?;
+    let resp = s
+        .http
+        .read_head()
+        .map_err(|e| format!("reading the response: {e}"))?;
+    let Some(v) = resp.header("RDMA").map(str::to_string) else {
+        if let Some(err) = rdma_error_of(&resp) {
+            discard_body(s, &resp)?;
+            s.reopen_if(resp.close)?;
+            eprintln!(
+                "rhttp: {}: server refused RDMA ({} {}: {err}); retrying over plain HTTP",
+                url.path, resp.status, resp.reason
+            );
+            return plain_get(s, url, sink, a);
+        }
+        // The server ignored the header: the body is in the response.
+        let pb = bar(a.quiet, 0, &url.file_name());
+        let n = s
+            .http
+            .read_body(&resp, false, sink, &mut |n| pb.set_position(n))
+            .map_err(|e| format!("reading the response body: {e}"))?;
+        pb.finish_and_clear();
+        s.reopen_if(resp.close)?;
+        if resp.status < 300 {
+            eprintln!(
+                "rhttp: {}: the server did not answer with RDMA; got the body over plain HTTP",
+                url.path
+            );
+        }
+        return Ok(Outcome {
+            status: resp.status,
+            bytes: n,
+            via: "plain HTTP (fallback)".into(),
+        });
+    };
+    let rh = RdmaHeader::parse(&v).map_err(|e| format!("bad RDMA header from the server: {e}"))?;
+    discard_body(s, &resp)?;
+    let len = rh.length.ok_or("the server's RDMA header has no length")?;
+    if len > max_len {
+        return Err(format!(
+            "the server announced {len} bytes, more than maxlen {max_len}"
+        ));
+    }
+    let pb = bar(a.quiet, len, &url.file_name());
+    let r = s.rdma.as_mut().expect("created above");
+    match rh.scheme {
+        Scheme::ServerWrites => {
+            // The server's DONE follows its Writes on the RDMA stream: once
+            // it is here, the whole body is placed in our buffer.
+            match r.wait_ctrl(None)? {
+                Some(m) if m.kind == Kind::Done => {}
+                Some(m) => {
+                    return Err(format!(
+                        "expected DONE after the server's writes, got {m:?}"
+                    ))
+                }
+                None => return Err("no DONE after the server's writes".into()),
+            }
+        }
+        Scheme::ClientReads => {
+            let (stag, to) = rh
+                .stag
+                .zip(rh.to)
+                .ok_or("the server's client-reads answer lacks stag or to")?;
+            if hold_ms > 0 {
+                eprintln!("rhttp-test: stag={stag:#x} to={to:#x} length={len}");
+                std::thread::sleep(Duration::from_millis(hold_ms));
+            }
+            r.buf(len)?;
+            let b = r.buf.as_ref().expect("allocated");
+            let mut off = 0u64;
+            while off < len {
+                let n = (len - off).min(CHUNK as u64) as usize;
+                r.run(
+                    2,
+                    WrOpcode::RdmaRead {
+                        remote_addr: to + off,
+                        rkey: stag,
+                    },
+                    SgList::single(b.sge(off as usize, n)),
+                )?;
+                off += n as u64;
+                pb.set_position(off);
+            }
+            r.send_ctrl(&CtrlMsg {
+                kind: Kind::Done,
+                stag,
+                length: len.min(u32::MAX as u64) as u32,
+                to: 0,
+                offset: 0,
+            })?;
+        }
+        other => return Err(format!("the server answered a GET with scheme {other}")),
+    }
+    copy_out(r.buf.as_ref().ok_or("no buffer")?, len, sink)?;
+    pb.finish_and_clear();
+    s.reopen_if(resp.close)?;
+    Ok(Outcome {
+        status: resp.status,
+        bytes: len,
+        via: format!("RDMA ({})", rh.scheme),
+    })
+}
+
+fn cmd_get(
+    a: &Args,
+    urls: &[String],
+    outputs: &[PathBuf],
+    scheme: GetScheme,
+    hold: u64,
+) -> Res<bool> {
+    let timeout = Duration::from_secs(a.timeout);
+    let mut session: Option<Session> = None;
+    let mut all_ok = true;
+    for (i, u) in urls.iter().enumerate() {
+        let url = Url::parse(u)?;
+        if session
+            .as_ref()
+            .is_some_and(|s| s.url0.host != url.host || s.url0.port != url.port)
+        {
+            session = None;
+        }
+        if session.is_none() {
+            session = Some(Session::open(&url, timeout)?);
+        }
+        let s = session.as_mut().expect("just set");
+        let out = outputs
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(url.file_name()));
+        let mut sink = open_sink(&out)?;
+        let t = Instant::now();
+        let o = if a.plain {
+            plain_get(s, &url, &mut *sink, a)
+        } else {
+            rdma_get(s, &url, scheme, &mut *sink, a, hold)
+        };
+        sink.flush()
+            .map_err(|e| format!("writing {}: {e}", out.display()))?;
+        let o = o.map_err(|e| format!("GET {u}: {e}"))?;
+        let secs = t.elapsed().as_secs_f64();
+        eprintln!(
+            "GET {u}: {} {} bytes via {} in {:.3} ms ({:.1} MB/s)",
+            o.status,
+            o.bytes,
+            o.via,
+            secs * 1e3,
+            o.bytes as f64 / secs.max(1e-9) / 1e6
+        );
+        if o.status >= 400 {
+            all_ok = false;
+        }
+    }
+    Ok(all_ok)
+}
+
+fn read_file_at(f: &mut File, off: u64, buf: &mut [u8]) -> Res<()> {
+    f.seek(SeekFrom::Start(off)).map_err(|e| e.to_string())?;
+    f.read_exact(buf)
+        .map_err(|e| format!("reading the file: {e}"))
+}
+
+/// Fault injection for the test command (hidden options).
+#[derive(Debug, Clone, Copy)]
+struct PutHooks {
+    abort_at_buf: Option<u32>,
+    bad_stag: bool,
+}
+
+fn plain_put(
+    method: &str,
+    s: &mut Session,
+    url: &Url,
+    path: &PathBuf,
+    a: &Args,
+    out: &mut dyn Write,
+) -> Res<Response> {
+    let mut f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    s.http
+        .send_request(method, url, &[("Content-Length", size.to_string())], None)
+        .map_err(|e| format!("sending the request: {e}"))?;
+    let pb = bar(a.quiet, size, &url.file_name());
+    let mut buf = vec![0u8; 256 << 10];
+    let mut sent = 0u64;
+    while sent < size {
+        let n = f.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("{} shrank while uploading", path.display()));
+        }
+        s.http
+            .write_body(&buf[..n])
+            .map_err(|e| format!("sending the body: {e}"))?;
+        sent += n as u64;
+        pb.set_position(sent);
+    }
+    pb.finish_and_clear();
+    let resp = s
+        .http
+        .read_head()
+        .map_err(|e| format!("reading the response: {e}"))?;
+    save_body(s, &resp, out)?;
+    Ok(resp)
+}
+
+fn cmd_put(
+    method: &str,
+    a: &Args,
+    path: &PathBuf,
+    u: &str,
+    scheme: PutScheme,
+    output: Option<&PathBuf>,
+    hooks: PutHooks,
+) -> Res<bool> {
+    let abort_at_buf = hooks.abort_at_buf;
+    let mut out: Box<dyn Write> = match output {
+        Some(p) => open_sink(p)?,
+        None => Box::new(io::sink()),
+    };
+    let timeout = Duration::from_secs(a.timeout);
+    let url = Url::parse(u)?;
+    let mut s = Session::open(&url, timeout)?;
+    let t = Instant::now();
+    let mut f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    let (resp, via) = if a.plain {
+        (
+            plain_put(method, &mut s, &url, path, a, &mut *out)?,
+            "plain HTTP".to_string(),
+        )
+    } else {
+        let r = s.rdma()?;
+        r.prepare()?;
+        let mut h = RdmaHeader::new(match scheme {
+            PutScheme::ServerReads => Scheme::ServerReads,
+            PutScheme::ClientWrites => Scheme::ClientWrites,
+        });
+        h.ip = Some(r.ip());
+        h.port = Some(r.port());
+        h.length = Some(size);
+        let pb = bar(a.quiet, size, &url.file_name());
+        if let PutScheme::ServerReads = scheme {
+            let b = r.buf(size)?;
+            copy_in(&mut f, b, size)?;
+            h.stag = Some(if hooks.bad_stag {
+                b.rkey() ^ 0x5a5a_5a00
+            } else {
+                b.rkey()
+            });
+            h.to = Some(b.addr());
+        }
+        s.http
+            .send_request(
+                method,
+                &url,
+                &[("RDMA", h.to_string()), ("Content-Length", "0".into())],
+                None,
+            )
+            .map_err(|e| format!("sending the request: {e}"))?;
+        let r = s.rdma.as_mut().expect("created above");
+        r.expect_conn(&s.http)?;
+        if let PutScheme::ClientWrites = scheme {
+            if r.live() {
+                let mut tmp = Vec::new();
+                let mut bufs = 0u32;
+                while let Some(m) = r.wait_ctrl(Some(&s.http))? {
+                    bufs += 1;
+                    if abort_at_buf == Some(bufs) && m.kind == Kind::Buf {
+                        eprintln!("rhttp-test: answering BUF {bufs} with ABORT");
+                        r.send_ctrl(&CtrlMsg {
+                            kind: Kind::Abort,
+                            stag: m.stag,
+                            length: 0,
+                            to: 0,
+                            offset: m.offset,
+                        })?;
+                        break;
+                    }
+                    match m.kind {
+                        Kind::Buf => {}
+                        Kind::Abort => {
+                            tracing::warn!("the server aborted the upload");
+                            break;
+                        }
+                        Kind::Done => return Err("unexpected DONE from the server".into()),
+                    }
+                    let n = m.length as usize;
+                    if m.offset + n as u64 > size {
+                        return Err(format!(
+                            "the server asked for bytes {}..{} of a {size}-byte body",
+                            m.offset,
+                            m.offset + n as u64
+                        ));
+                    }
+                    tmp.resize(n, 0);
+                    read_file_at(&mut f, m.offset, &mut tmp)?;
+                    let b = r.buf(n as u64)?;
+                    b.write_at(0, &tmp);
+                    let sge = b.sge(0, n);
+                    r.run(
+                        3,
+                        WrOpcode::RdmaWrite {
+                            remote_addr: m.to,
+                            rkey: m.stag,
+                        },
+                        SgList::single(sge),
+                    )?;
+                    r.send_ctrl(&CtrlMsg {
+                        kind: Kind::Done,
+                        stag: m.stag,
+                        length: m.length,
+                        to: 0,
+                        offset: m.offset,
+                    })?;
+                    pb.set_position(m.offset + n as u64);
+                    if m.offset + n as u64 == size {
+                        break; // all written: the HTTP answer comes next
+                    }
+                }
+            }
+        }
+        let resp = s
+            .http
+            .read_head()
+            .map_err(|e| format!("reading the response: {e}"))?;
+        pb.finish_and_clear();
+        if resp.header("RDMA").is_some() {
+            save_body(&mut s, &resp, &mut *out)?;
+            (resp, format!("RDMA ({})", h.scheme))
+        } else {
+            let why = rdma_error_of(&resp)
+                .map(|e| format!("{} {}: {e}", resp.status, resp.reason))
+                .unwrap_or_else(|| "the server did not answer with RDMA".into());
+            discard_body(&mut s, &resp)?;
+            eprintln!("rhttp: {method} {u}: {why}; retrying over plain HTTP");
+            s.reopen_if(resp.close)?;
+            (
+                plain_put(method, &mut s, &url, path, a, &mut *out)?,
+                "plain HTTP (fallback)".into(),
+            )
+        }
+    };
+    out.flush()
+        .map_err(|e| format!("writing the response body: {e}"))?;
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "{method} {u}: {} {size} bytes via {via} in {:.3} ms ({:.1} MB/s)",
+        resp.status,
+        secs * 1e3,
+        size as f64 / secs.max(1e-9) / 1e6
+    );
+    Ok(resp.status < 400)
+}
+
+fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) -> Res<bool> {
+    let url = Url::parse(u)?;
+    let mut s = Session::open(&url, Duration::from_secs(a.timeout))?;
+    let r = s.rdma()?;
+    r.prepare()?;
+    let mut h = RdmaHeader::new(Scheme::ClientReads);
+    h.ip = Some(r.ip());
+    h.port = Some(r.port());
+    s.http
+        .send_request("GET", &url, &[("RDMA", h.to_string())], None)
+        .map_err(|e| e.to_string())?;
+    let r = s.rdma.as_mut().expect("created");
+    r.expect_conn(&s.http)?;
+    let resp = s.http.read_head().map_err(|e| e.to_string())?;
+    let rh = RdmaHeader::parse(
+        resp.header("RDMA")
+            .ok_or("no RDMA answer to the probe's GET")?,
+    )
+    .map_err(|e| e.to_string())?;
+    discard_body(&mut s, &resp)?;
+    let own = (
+        rh.stag.unwrap_or(0),
+        rh.to.unwrap_or(0),
+        rh.length.unwrap_or(0),
+    );
+    let r = s.rdma.as_mut().expect("created");
+    r.buf(own.2.max(len as u64))?;
+    let b = r.buf.as_ref().expect("allocated");
+    r.run(
+        2,
+        WrOpcode::RdmaRead {
+            remote_addr: own.1,
+            rkey: own.0,
+        },
+        SgList::single(b.sge(0, own.2 as usize)),
+    )?;
+    r.send_ctrl(&CtrlMsg {
+        kind: Kind::Done,
+        stag: own.0,
+        length: own.2 as u32,
+        to: 0,
+        offset: 0,
+    })?;
+    // Let the server process DONE and deregister before probing.
+    std::thread::sleep(Duration::from_millis(300));
+    let (ps, pt) = (stag.unwrap_or(own.0 as u64) as u32, to.unwrap_or(own.1));
+    eprintln!("rhttp-test: probing stag={ps:#x} to={pt:#x} len={len}");
+    match r.run(
+        4,
+        WrOpcode::RdmaRead {
+            remote_addr: pt,
+            rkey: ps,
+        },
+        SgList::single(b.sge(0, len as usize)),
+    ) {
+        Ok(()) => {
+            eprintln!("rhttp-test: the server ALLOWED the RDMA Read of stag {ps:#x}");
+            Ok(false)
+        }
+        Err(e) => {
+            eprintln!("rhttp-test: the server refused the RDMA Read of stag {ps:#x}: {e}");
+            Ok(true)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(io::stderr)
+        .init();
+    let a = Args::parse();
+    let r = match &a.cmd {
+        Cmd::Get {
+            urls,
+            output,
+            scheme,
+            x_hold_ms,
+        } => cmd_get(&a, urls, output, *scheme, *x_hold_ms),
+        Cmd::Put {
+            file,
+            url,
+            post,
+            scheme,
+            output,
+            x_abort_at_buf,
+            x_bad_stag,
+        } => {
+            let method = if *post { "POST" } else { "PUT" };
+            let hooks = PutHooks {
+                abort_at_buf: *x_abort_at_buf,
+                bad_stag: *x_bad_stag,
+            };
+            cmd_put(method, &a, file, url, *scheme, output.as_ref(), hooks)
+        }
+        Cmd::ProbeStag { url, stag, to, len } => cmd_probe(&a, url, *stag, *to, *len),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("rhttp: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

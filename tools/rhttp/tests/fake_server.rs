@@ -1,0 +1,245 @@
+//! The `rhttp` binary against an in-process stand-in for mod_rdma: an HTTP
+//! listener that, for server-writes, connects back to the client's RDMA
+//! listener (iwarp crate), RDMA-Writes the body, sends DONE and answers
+//! `200` with `RDMA: server-writes, length=N`, following docs/MOD_RDMA.md.
+//! Also: a server that ignores the header (fallback) and one that answers
+//! 413 (retry over plain HTTP). Every wait is bounded by socket timeouts
+//! and rhttp's own `--timeout`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use iwarp::cm::{self, ConnParam};
+use iwarp::{Access, Context, QpInitAttr, SendWr, SgList, WcStatus, WrOpcode};
+use rhttp::ctrl::{CtrlMsg, Kind, MSG_LEN};
+use rhttp::header::{RdmaHeader, Scheme};
+
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Move the body by RDMA (server-writes).
+    Rdma,
+    /// Ignore the RDMA header: plain body.
+    Ignore,
+    /// 413 for an RDMA request, plain body for a plain one.
+    TooBig,
+}
+
+fn body() -> Vec<u8> {
+    (0..300_000u32).map(|i| (i * 31 % 253) as u8).collect()
+}
+
+/// Read one request head; return the RDMA header value, if any.
+fn read_head(r: &mut BufReader<TcpStream>) -> Option<Option<String>> {
+    let mut rdma = None;
+    let mut first = true;
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None; // client closed
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            return if first { None } else { Some(rdma) };
+        }
+        first = false;
+        if let Some((k, v)) = l.split_once(':') {
+            if k.eq_ignore_ascii_case("RDMA") {
+                rdma = Some(v.trim().to_string());
+            }
+        }
+    }
+}
+
+fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 16,
+            max_recv_wr: 4,
+        })
+        .unwrap();
+    let addr = SocketAddr::new(h.ip.unwrap(), h.port.unwrap());
+    let param = ConnParam {
+        private_data: b"mod_rdma/1".to_vec(),
+        ..ConnParam::default()
+    };
+    cm::connect(&qp, addr, &param).unwrap();
+    let src = pd.reg_mr(data.len(), Access::LOCAL_WRITE).unwrap();
+    src.write_at(0, data);
+    let msg = pd.reg_mr(MSG_LEN, Access::LOCAL_WRITE).unwrap();
+    msg.write_at(
+        0,
+        &CtrlMsg {
+            kind: Kind::Done,
+            stag: h.stag.unwrap(),
+            length: data.len() as u32,
+            to: 0,
+            offset: 0,
+        }
+        .encode(),
+    );
+    qp.post_send(&SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::RdmaWrite {
+            remote_addr: h.to.unwrap(),
+            rkey: h.stag.unwrap(),
+        },
+        sgl: SgList::single(src.sge(0, data.len())),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    qp.post_send(&SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::Send,
+        sgl: SgList::single(msg.sge(0, MSG_LEN)),
+        signaled: true,
+        solicited: false,
+    })
+    .unwrap();
+    for _ in 0..2 {
+        let wc = cq
+            .wait_one(Duration::from_secs(5))
+            .unwrap()
+            .expect("completion");
+        assert_eq!(wc.status, WcStatus::Success);
+    }
+    // The caller keeps the QP until the client has closed the HTTP
+    // connection (it has taken the DONE by then).
+    qp
+}
+
+fn serve(b: Behaviour) -> (u16, JoinHandle<Vec<Option<String>>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let t = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let (s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        let data = body();
+        let mut qps = Vec::new();
+        while let Some(rdma) = read_head(&mut r) {
+            seen.push(rdma.clone());
+            match (b, rdma) {
+                (Behaviour::Rdma, Some(v)) => {
+                    let h = RdmaHeader::parse(&v).unwrap();
+                    h.validate_request().unwrap();
+                    assert_eq!(h.scheme, Scheme::ServerWrites);
+                    qps.push(rdma_write_body(&h, &data));
+                    write!(
+                        w,
+                        "HTTP/1.1 200 OK\r\nRDMA: server-writes, length={}\r\nContent-Length: 0\r\n\r\n",
+                        data.len()
+                    )
+                    .unwrap();
+                }
+                (Behaviour::TooBig, Some(_)) => {
+                    let msg = b"mod_rdma: the body exceeds maxlen\n";
+                    write!(
+                        w,
+                        "HTTP/1.1 413 Request Entity Too Large\r\nRDMA-Error: the body exceeds maxlen 1024\r\nContent-Length: {}\r\n\r\n",
+                        msg.len()
+                    )
+                    .unwrap();
+                    w.write_all(msg).unwrap();
+                }
+                _ => {
+                    write!(
+                        w,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                        data.len()
+                    )
+                    .unwrap();
+                    w.write_all(&data).unwrap();
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+        drop(qps);
+        seen
+    });
+    (port, t)
+}
+
+fn run(port: u16, out: &std::path::Path, extra: &[&str]) -> (bool, String) {
+    let url = format!("http://127.0.0.1:{port}/file.bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_rhttp"))
+        .args(["-q", "--timeout", "10"])
+        .args(extra)
+        .args(["get", &url, "-o"])
+        .arg(out)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn out_path(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("rhttp-test-{}-{name}", std::process::id()))
+}
+
+#[test]
+fn server_writes_body_arrives_complete() {
+    let (port, t) = serve(Behaviour::Rdma);
+    let out = out_path("sw");
+    let (ok, err) = run(port, &out, &[]);
+    assert!(ok, "{err}");
+    assert!(err.contains("via RDMA (server-writes)"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    let seen = t.join().unwrap();
+    let h = RdmaHeader::parse(seen[0].as_deref().unwrap()).unwrap();
+    assert_eq!(h.ip, Some("127.0.0.1".parse().unwrap()));
+    assert_eq!(h.maxlen, Some(256 << 20));
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn falls_back_when_the_server_ignores_rdma() {
+    let (port, t) = serve(Behaviour::Ignore);
+    let out = out_path("ignore");
+    let (ok, err) = run(port, &out, &[]);
+    assert!(ok, "{err}");
+    assert!(err.contains("plain HTTP (fallback)"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    assert_eq!(t.join().unwrap().len(), 1);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn retries_plain_after_413() {
+    let (port, t) = serve(Behaviour::TooBig);
+    let out = out_path("413");
+    let (ok, err) = run(port, &out, &["--max-len", "1K"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("retrying over plain HTTP"), "{err}");
+    assert!(err.contains("exceeds maxlen"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    let seen = t.join().unwrap();
+    assert_eq!(seen.len(), 2, "one RDMA request, then one plain");
+    assert!(seen[0].is_some() && seen[1].is_none());
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn plain_mode_sends_no_rdma_header() {
+    let (port, t) = serve(Behaviour::Rdma);
+    let out = out_path("plain");
+    let (ok, err) = run(port, &out, &["--plain"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("via plain HTTP"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    assert_eq!(t.join().unwrap(), vec![None]);
+    let _ = std::fs::remove_file(out);
+}
