@@ -9,7 +9,10 @@
 # ShellCheck lint; release build; cargo test (release, under a timeout); the
 # tshark wire check (scripts/tshark-check.sh); iwarp-ping client against
 # iwarp-ping server on loopback (scripts/ping-loopback.sh); the default
-# iwarp-demo run; a short cargo-fuzz run of every fuzz target (nightly only).
+# iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
+# clients (scripts/test-rftp.sh); mod_rdma in a real Apache
+# (scripts/test-modrdma.sh); a short cargo-fuzz run of every fuzz target
+# (nightly only).
 #
 # Environment:
 #   FAST=1            skip the slow parts (tshark check, fuzz)
@@ -161,7 +164,10 @@ step_shellcheck() {
 }
 
 step_cargo_test() {
-    timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release
+    # rdma-xfer and rftp are tested by scripts/test-rftp.sh (which first
+    # installs the FTP clients their tests drive), so not twice.
+    timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release \
+        --exclude rdma-xfer --exclude rftp
 }
 
 step_demo() {
@@ -231,8 +237,9 @@ if ((BUILD_OK)); then
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
+    run_step "mod_rdma (Apache httpd with rhttp and curl)" scripts/test-modrdma.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
         skip_step "$s" "release build failed"
     done
 fi
