@@ -46,9 +46,12 @@
 //! [`Engine::has_transmit`] and wakes the transmit thread if work appeared
 //! meanwhile; the wake flag is sticky, so no wake-up is lost.
 //!
-//! **Teardown.** EOF, a read error or a write error calls
-//! [`Engine::on_peer_closed`] (every outstanding work request is flushed
-//! into the CQs at once), queues [`QpEvent::Disconnected`](crate::QpEvent::Disconnected), sets the stop
+//! **Teardown.** EOF, a read error or a write error first confirms a frame
+//! that is already entirely in the socket (the receive thread sets the stop
+//! flag and takes `tx` with a bounded `try_lock` wait, so a Send the peer
+//! read just before closing still completes successfully), then calls
+//! [`Engine::on_peer_closed`] (every other outstanding work request is
+//! flushed into the CQs at once), queues [`QpEvent::Disconnected`](crate::QpEvent::Disconnected), sets the stop
 //! flag and shuts the socket down, which wakes a thread blocked in `read`
 //! or `poll`. When the engine [`wants_close`](Engine::wants_close) (after a
 //! Terminate, or a local close) the transmit path writes what is left and
@@ -340,9 +343,41 @@ impl Conn {
 
     /// The connection is over (EOF, error, or local teardown): flush the
     /// engine, report `Disconnected`, stop the threads.
-    fn connection_lost(&self, qp: &QpShared, why: &str) {
+    ///
+    /// `held` is the transmit state when the caller already holds `tx` (a
+    /// write failed inside [`flush`]); otherwise this takes `tx` itself,
+    /// waiting a bounded time. Either way, a frame that was written whole
+    /// but not yet confirmed is confirmed before the engine is flushed: its
+    /// work requests were handed to TCP, so they complete successfully
+    /// instead of with a flush error. (The peer can read the last Send and
+    /// close before the writer gets back to [`Engine::confirm_transmit`].)
+    fn connection_lost(&self, qp: &QpShared, why: &str, held: Option<&mut TxState>) {
         if !self.down.swap(true, Ordering::AcqRel) {
             tracing::debug!(qpn = qp.qpn, peer = %self.peer, why, "connection closed");
+            // The stop flag makes a writer that holds `tx` give it up (it
+            // checks the flag after every write and every poll slice).
+            self.stop.store(true, Ordering::Release);
+            self.wake_tx();
+            match held {
+                Some(tx) => confirm_written(qp, tx),
+                None => {
+                    let deadline = Instant::now() + 2 * TICK;
+                    loop {
+                        match self.tx.try_lock() {
+                            Ok(mut tx) => break confirm_written(qp, &mut tx),
+                            Err(TryLockError::Poisoned(p)) => {
+                                break confirm_written(qp, &mut p.into_inner())
+                            }
+                            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                            // A writer stuck longer than a poll slice has not
+                            // finished its frame: nothing to confirm.
+                            Err(TryLockError::WouldBlock) => break,
+                        }
+                    }
+                }
+            }
             let mut eng = lock(&qp.engine);
             eng.on_peer_closed();
             pump(qp, &mut eng);
@@ -371,7 +406,7 @@ impl Conn {
             self.wake_tx();
             std::thread::sleep(Duration::from_millis(2));
         }
-        self.connection_lost(qp, "local disconnect");
+        self.connection_lost(qp, "local disconnect", None);
         // Wait (bounded) for both threads.
         let deadline = Instant::now() + JOIN_WAIT;
         let mut live = lock(&self.live);
@@ -405,6 +440,43 @@ impl Conn {
         if !self.write_shut.swap(true, Ordering::AcqRel) {
             let _ = self.sock.shutdown(Shutdown::Write);
         }
+    }
+}
+
+/// Fault injection for tests of the driver's races (not for applications).
+#[doc(hidden)]
+pub mod fault {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    static CONFIRM_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+    /// Make every writer pause this long between writing a whole frame and
+    /// confirming it to the engine, widening the window in which the peer
+    /// can read the frame and close first. Process-wide; zero turns it off.
+    pub fn set_confirm_delay(d: Duration) {
+        CONFIRM_DELAY_US.store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// One relaxed load per frame when off.
+    #[inline]
+    pub(super) fn after_frame_written() {
+        let us = CONFIRM_DELAY_US.load(Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}
+
+/// Confirm a frame that is entirely in the socket (`tx` held, engine not).
+fn confirm_written(qp: &QpShared, tx: &mut TxState) {
+    if tx.frame_len > 0 && tx.off >= tx.frame_len {
+        let mut eng = lock(&qp.engine);
+        eng.confirm_transmit();
+        pump(qp, &mut eng);
+        tx.frame.clear();
+        tx.frame_len = 0;
+        tx.off = 0;
     }
 }
 
@@ -486,6 +558,9 @@ fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState, blocking: bool) -> Flush 
                 Ok(n) => {
                     tx.off += n;
                     qp.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    if tx.off >= tx.frame_len {
+                        fault::after_frame_written();
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if !blocking {
@@ -494,13 +569,13 @@ fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState, blocking: bool) -> Flush 
                     match sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
                         Ok(_) => {}
                         Err(e) => {
-                            conn.connection_lost(qp, &format!("poll failed: {e}"));
+                            conn.connection_lost(qp, &format!("poll failed: {e}"), Some(tx));
                             return Flush::Closed;
                         }
                     }
                 }
                 Err(e) => {
-                    conn.connection_lost(qp, &format!("write failed: {e}"));
+                    conn.connection_lost(qp, &format!("write failed: {e}"), Some(tx));
                     return Flush::Closed;
                 }
             }
@@ -713,7 +788,7 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
             },
         }
     };
-    conn.connection_lost(qp, &why);
+    conn.connection_lost(qp, &why, None);
     tracing::trace!(qpn = qp.qpn, "rx thread exits");
 }
 
