@@ -21,12 +21,13 @@ T="$(mktemp -d /tmp/modrdma.XXXXXX)"
 chmod 755 "$T"
 APID=""
 PPID_PLAIN=""
+FPID=""
 
 cleanup() {
-    for p in $APID $PPID_PLAIN; do
+    for p in $APID $PPID_PLAIN $FPID; do
         kill -TERM "$p" 2>/dev/null
     done
-    for p in $APID $PPID_PLAIN; do
+    for p in $APID $PPID_PLAIN $FPID; do
         timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
     done
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
@@ -212,10 +213,15 @@ EOF
     echo "LogLevel warn"
 } >"$T/plain.conf"
 
-start_apache() { # $1 conf, $2 port -> pid on stdout
+start_apache() { # $1 conf, $2 port [, $3 address-space limit in KiB] -> pid on stdout
     # Own session: on shutdown prefork signals its whole process group,
     # which would otherwise include this script.
-    setsid apache2 -d /etc/apache2 -f "$1" -DFOREGROUND >>"$T/apache-stdout.log" 2>&1 &
+    (
+        # Soft limit only: the test lifts it later as the workers' user
+        # (raising a hard limit needs CAP_SYS_RESOURCE).
+        if [ -n "${3:-}" ]; then ulimit -S -v "$3" || exit 1; fi
+        exec setsid apache2 -d /etc/apache2 -f "$1" -DFOREGROUND >>"$T/apache-stdout.log" 2>&1
+    ) &
     local pid=$!
     for _ in $(seq 1 100); do
         if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$2/"; then echo "$pid"; return 0; fi
@@ -518,6 +524,183 @@ t_cross() {
     wait "$hp" && same "$DOCS/f1M.bin" "$T/out/held"
 }
 check "an STag advertised to one connection is refused on another; the owner still reads it" t_cross
+
+# ---- server-side faults: the file, the device, memory -------------------------
+# A file truncated between Apache's stat (before fixups) and the read (in
+# RDMA_OUT): rhttp's test hook holds back the RDMA connection for 1 s, so
+# the server waits in its connect after the stat; the test truncates the
+# file meanwhile. Every scheme and registration mode reads the file its own
+# way (pread into the static buffer, pread into the collected body, mmap
+# after an fstat check), and each must answer 500 naming the truncation
+# (not a short body, not SIGBUS), keep the connection and serve the next
+# request by RDMA.
+t_truncated() {
+    local combo scheme mode base rp
+    for combo in "server-writes static $U1" "client-reads static $U1" \
+        "server-writes dynamic $U2" "client-reads dynamic $U2"; do
+        read -r scheme mode base <<<"$combo"
+        echo "== $scheme, $mode"
+        cp "$DOCS/f1M.bin" "$DOCS/trunc.bin" && chmod 644 "$DOCS/trunc.bin"
+        : >"$T/out/trunc.err"
+        R get --scheme "$scheme" --x-delay-accept-ms 1000 "$base/trunc.bin" "$base/f500K.bin" \
+            -o "$T/out/trunc" -o "$T/out/trunc-next" 2>"$T/out/trunc.err" &
+        rp=$!
+        for _ in $(seq 1 100); do grep -q "rhttp-test: request sent" "$T/out/trunc.err" && break; sleep 0.05; done
+        sleep 0.3 # the request is parsed and the file stat'ed in well under 0.3 s
+        : >"$DOCS/trunc.bin"
+        wait "$rp" || { cat "$T/out/trunc.err"; return 1; }
+        cat "$T/out/trunc.err"
+        grep -q "server refused RDMA (500 Internal Server Error: the file ends at byte 0, before the 1048576 bytes to send: it was truncated while being served" "$T/out/trunc.err" || return 1
+        grep -q "/trunc.bin: 200 0 bytes via plain HTTP" "$T/out/trunc.err" || return 1
+        [ ! -s "$T/out/trunc" ] || return 1
+        grep -q "/f500K.bin: 200 512000 bytes via RDMA ($scheme)" "$T/out/trunc.err" &&
+            same "$DOCS/f500K.bin" "$T/out/trunc-next" || return 1
+        grep -q "GET /trunc.bin ($scheme): the file ends at byte 0.*answering 500; file $DOCS/trunc.bin, now 0 bytes. Fix: replace served files by rename(2)" "$T/logs/error.log" || return 1
+    done
+}
+check "file truncated after stat (all 4 scheme/mode paths): 500 naming it, log names file and fix, plain retry, next GET by RDMA" t_truncated
+
+# A real read error: sysfs reports 4096 bytes for /sys/class/net/lo/speed
+# but read(2) fails with EINVAL (loopback has no speed). Apache opens it like
+# any file; every path must answer 500 with the errno text, and the worker
+# must serve the next request by RDMA. (rhttp's plain retry then fails the
+# way plain Apache does on such a file, so its exit status is not checked.)
+t_read_error() {
+    local combo scheme mode base
+    if [ ! -r /sys/class/net/lo/speed ] || cat /sys/class/net/lo/speed >/dev/null 2>&1; then
+        echo "/sys/class/net/lo/speed is not a file whose read fails here"
+        return 1
+    fi
+    ln -sfn /sys/class/net/lo/speed "$DOCS/ioerr.bin"
+    for combo in "server-writes static $U1" "client-reads static $U1" \
+        "server-writes dynamic $U2" "client-reads dynamic $U2"; do
+        read -r scheme mode base <<<"$combo"
+        echo "== $scheme, $mode"
+        R get --scheme "$scheme" "$base/ioerr.bin" -o "$T/out/ioerr" 2>"$T/out/ioerr.err"
+        cat "$T/out/ioerr.err"
+        grep -q "server refused RDMA (500 Internal Server Error: reading the file failed at byte 0: Invalid argument)" "$T/out/ioerr.err" || return 1
+        grep -q "GET /ioerr.bin ($scheme): reading the file failed at byte 0: Invalid argument; answering 500; file $DOCS/ioerr.bin. Fix: check the file" "$T/logs/error.log" || return 1
+        R get --scheme "$scheme" "$base/f500K.bin" -o "$T/out/ioerr-next" 2>"$T/out/ioerr.err" || return 1
+        grep -q "via RDMA ($scheme)" "$T/out/ioerr.err" && same "$DOCS/f500K.bin" "$T/out/ioerr-next" || return 1
+    done
+    rm -f "$DOCS/ioerr.bin"
+}
+check "read(2) fails (EINVAL from a sysfs file, all 4 paths): 500 with the errno text, logged with the file, next GET by RDMA" t_read_error
+
+# A third Apache whose processes may use 1.5 GiB of address space (ulimit
+# -v) while RDMABufferSize asks for 2G: every worker's child_init fails to
+# set up its iWARP resources -- the real failure behind "the device is not
+# available" in this stack (libiwarp's iwarp_open_device itself cannot
+# fail: it allocates no resources; both failures take the same path).
+P4=$(free_port)      # fault instance, static registration (2G buffer)
+P5=$(free_port)      # fault instance vhost, dynamic registration
+U4="http://127.0.0.1:$P4"
+U5="http://127.0.0.1:$P5"
+mkdir -p "$T/frun/dav" "$T/flogs"
+chown -R www-data:www-data "$T/frun/dav"
+cat >"$T/cgi-bin/huge.cgi" <<'CGI'
+#!/bin/sh
+# 300 MiB of output without Content-Length.
+printf 'Content-Type: application/octet-stream\r\n\r\n'
+exec head -c 314572800 /dev/zero
+CGI
+chmod 755 "$T/cgi-bin/huge.cgi"
+{
+    common_conf "$T/frun" "$T/flogs"
+    cat <<EOC
+Listen 127.0.0.1:$P4
+Listen 127.0.0.1:$P5
+LoadModule rdma_module $MOD
+LogLevel warn rdma:debug
+RDMARegistration static
+RDMABufferSize 2G
+RDMATimeout 5000
+<Location />
+    RDMA On
+</Location>
+<VirtualHost 127.0.0.1:$P5>
+    RDMARegistration dynamic
+</VirtualHost>
+EOC
+} >"$T/fault.conf"
+if FPID=$(start_apache "$T/fault.conf" "$P4" 1572864); then ok "apache2 with RDMABufferSize 2G under ulimit -v 1.5G starts (port $P4)"; else
+    bad "the fault-injection apache2 did not start"; tail -20 "$T/apache-stdout.log" "$T/flogs/error.log"; finish; fi
+workers() { pgrep -P "$FPID"; }
+# prlimit on a worker, as its user (root here lacks CAP_SYS_RESOURCE, which
+# acting on another user's process would need).
+wlimit() { timeout 10 setpriv --reuid=www-data --regid=www-data --clear-groups prlimit --pid "$1" --as="$2"; }
+
+t_device_fault() {
+    local n
+    n=$(grep -c "mod_rdma: pid [0-9]*: allocating the 2147483648-byte static buffer (RDMABufferSize) failed: .*could not allocate .*Fix: lower RDMABufferSize" "$T/flogs/error.log")
+    echo "child_init failures logged: $n"
+    [ "$n" -ge 2 ] || return 1
+    R get "$U4/f1M.bin" "$U4/f500K.bin" -o "$T/out/dev1" -o "$T/out/dev2" 2>"$T/out/dev.err" || { cat "$T/out/dev.err"; return 1; }
+    cat "$T/out/dev.err"
+    [ "$(grep -c "server refused RDMA (503 Service Unavailable: RDMA is not available in this server process: allocating the 2147483648-byte static buffer (RDMABufferSize) failed: .*); retrying over plain HTTP" "$T/out/dev.err")" -eq 2 ] || return 1
+    same "$DOCS/f1M.bin" "$T/out/dev1" && same "$DOCS/f500K.bin" "$T/out/dev2" || return 1
+    grep -q "GET /f1M.bin refused with 503: RDMA is not available in this server process: allocating the 2147483648-byte static buffer" "$T/flogs/error.log" || return 1
+    # Only the static buffer failed: the same workers' dynamic vhost moves bodies by RDMA.
+    R get --scheme client-reads "$U5/f1M.bin" -o "$T/out/dev3" 2>"$T/out/dev.err" || return 1
+    grep -q "via RDMA (client-reads)" "$T/out/dev.err" && same "$DOCS/f1M.bin" "$T/out/dev3"
+}
+check "worker's iWARP setup fails at child_init: logged with cause and fix; RDMA GETs get 503 + RDMA-Error, rhttp falls back; dynamic vhost unaffected" t_device_fault
+
+t_device_recover() {
+    local p
+    # The fault goes away (the limit is lifted on the running workers): the
+    # next RDMA request sets up the buffer and moves the body by RDMA.
+    for p in $(workers); do wlimit "$p" unlimited: || return 1; done
+    R get "$U4/f1M.bin" -o "$T/out/dev4" 2>"$T/out/dev.err" || return 1
+    cat "$T/out/dev.err"
+    grep -q "via RDMA (server-writes)" "$T/out/dev.err" && same "$DOCS/f1M.bin" "$T/out/dev4" &&
+        grep -q "the 2147483648-byte static buffer is allocated now (it failed before); RDMA is available again" "$T/flogs/error.log"
+}
+check "once the memory limit is lifted, the same worker sets RDMA up at the next request (no restart)" t_device_recover
+
+# Out of memory collecting a client-reads body: the workers' address space
+# is limited to their current size + 384 MiB (prlimit), and a CGI produces
+# 300 MiB with client-reads (the body must be collected before it can be
+# registered; the buffer doubles to 512 MiB, which does not fit).
+vsz_kib() { awk '/^VmSize:/ {print $2}' "/proc/$1/status"; }
+t_oom() {
+    local p ok=0 v before after w1 w2 sizes=""
+    # Warm up both workers (two connections at once: one each) so that the
+    # driver's threads and malloc arenas exist before the sizes are taken.
+    R get --scheme client-reads --x-hold-ms 500 "$U5/f4K.bin" -o "$T/out/warm1" 2>/dev/null &
+    w1=$!
+    R get --scheme client-reads --x-hold-ms 500 "$U5/f4K.bin" -o "$T/out/warm2" 2>/dev/null &
+    w2=$!
+    wait "$w1" && wait "$w2" || return 1
+    for p in $(workers); do
+        v=$(vsz_kib "$p")
+        echo "worker $p: VmSize $v KiB, limit +384 MiB"
+        sizes="$sizes $p:$v"
+        wlimit "$p" "$(( (v + 393216) * 1024 )):" || return 1
+    done
+    before=$(grep -c "out of memory collecting the body" "$T/flogs/error.log")
+    R --max-len 1G get --scheme client-reads "$U5/cgi-bin/huge.cgi" -o /dev/null 2>"$T/out/oom.err" || { cat "$T/out/oom.err"; return 1; }
+    cat "$T/out/oom.err"
+    grep -q "server refused RDMA (503 Service Unavailable: out of memory collecting the body for client-reads: a buffer of [0-9]* bytes could not be allocated" "$T/out/oom.err" &&
+        grep -q "huge.cgi: 200 314572800 bytes via plain HTTP" "$T/out/oom.err" || return 1
+    after=$(grep -c "GET /cgi-bin/huge.cgi (client-reads): out of memory collecting the body for client-reads: .*answering 503; buffer released. Fix: " "$T/flogs/error.log")
+    [ "$after" -gt "$before" ] || return 1
+    # Released: every worker is back near its size before (under +64 MiB),
+    # and still under the limit it serves client-reads of CGI output by RDMA.
+    for v in $sizes; do
+        p=${v%%:*}
+        echo "worker $p: VmSize now $(vsz_kib "$p") KiB"
+        [ "$(vsz_kib "$p")" -lt $(( ${v#*:} + 65536 )) ] || return 1
+    done
+    R get --scheme client-reads "$U5/cgi-bin/gen.cgi" "$U5/f1M.bin" -o "$T/out/oom1" -o "$T/out/oom2" 2>"$T/out/oom.err" || return 1
+    [ "$(grep -c 'via RDMA (client-reads)' "$T/out/oom.err")" -eq 2 ] &&
+        same "$T/out/gen.plain" "$T/out/oom1" && same "$DOCS/f1M.bin" "$T/out/oom2" && ok=1
+    for p in $(workers); do wlimit "$p" unlimited:; done
+    [ "$ok" = 1 ]
+}
+check "out of memory collecting a 300M CGI body (client-reads, RLIMIT_AS): 503 naming it, buffer released, plain retry, next requests by RDMA" t_oom
+t_fault_no_crash() { ! grep -E "Segmentation fault|Bus error|exit signal|AH00052" "$T/flogs/error.log"; }
+check "no child of the fault-injection Apache crashed" t_fault_no_crash
 
 # ---- plain clients see no difference ------------------------------------------
 t_identical() {

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <iwarp.h>
@@ -264,6 +265,7 @@ static const command_rec rdma_cmds[] = {
 #define SEND_SLOT RECV_SLOTS
 enum { MSG_BUF = 1, MSG_DONE = 2, MSG_ABORT = 3 };
 #define XFER_CHUNK (16u << 20)
+#define BOUNCE_LEN (1u << 20)
 
 typedef struct {
     int type;
@@ -345,40 +347,78 @@ static apr_status_t process_cleanup(void *d)
     return APR_SUCCESS;
 }
 
+static apr_size_t g_static_want; /* the static buffer this process needs */
+
+/* Open the device, the PD and the static buffer, whichever is still
+ * missing: at child_init and again at each RDMA request that needs a
+ * missing piece, so a worker recovers once the fault is gone (memory freed,
+ * a limit raised) without a restart. Returns NULL, or the cause with the
+ * fix (also kept in g_init_err). */
+static const char *device_setup(server_rec *s, int at_start)
+{
+    if (!g_pd) {
+        if (iwarp_open_device(&g_ctx) != IWARP_OK || iwarp_alloc_pd(g_ctx, &g_pd) != IWARP_OK) {
+            char e[384];
+            iwarp_last_error(e, sizeof e);
+            iwarp_close_device(g_ctx);
+            g_ctx = NULL;
+            g_pd = NULL;
+            apr_snprintf(g_init_err, sizeof g_init_err,
+                         "opening the iWARP device failed: %s; RDMA requests get 503 and clients "
+                         "fall back to plain HTTP. Fix: see the cause (libiwarp's message); the "
+                         "worker tries again at each RDMA request", e);
+            if (at_start)
+                ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_rdma: pid %ld: %s", (long)getpid(),
+                             g_init_err);
+            return g_init_err;
+        }
+    }
+    if (g_static_want && !g_static_mr) {
+        if (iwarp_alloc_mr(g_pd, g_static_want, IWARP_ACCESS_LOCAL_WRITE, &g_static_mr) !=
+            IWARP_OK) {
+            char e[384];
+            iwarp_last_error(e, sizeof e);
+            g_static_mr = NULL;
+            apr_snprintf(g_init_err, sizeof g_init_err,
+                         "allocating the %" APR_SIZE_T_FMT "-byte static buffer (RDMABufferSize) "
+                         "failed: %s; RDMA requests to servers with static registration get 503 "
+                         "and clients fall back to plain HTTP. Fix: lower RDMABufferSize, use "
+                         "RDMARegistration dynamic, or raise the memory limit of the Apache "
+                         "processes (ulimit -v); the worker tries again at each such request",
+                         g_static_want, e);
+            if (at_start)
+                ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_rdma: pid %ld: %s", (long)getpid(),
+                             g_init_err);
+            return g_init_err;
+        }
+        if (!at_start)
+            ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, s,
+                         "mod_rdma: pid %ld: the %" APR_SIZE_T_FMT "-byte static buffer is "
+                         "allocated now (it failed before); RDMA is available again",
+                         (long)getpid(), g_static_want);
+    }
+    g_init_err[0] = 0;
+    return NULL;
+}
+
 static void child_init(apr_pool_t *p, server_rec *s)
 {
     server_rec *sv;
-    apr_size_t want = 0;
     g_init_err[0] = 0;
+    g_static_want = 0;
     /* One static buffer per process, as large as the largest RDMABufferSize
      * of the (virtual) servers that use static registration. */
     for (sv = s; sv; sv = sv->next) {
         rdma_srv_conf *c = srv_conf(sv);
-        if (cf_mode(c) == MODE_STATIC && cf_bufsize(c) > want)
-            want = cf_bufsize(c);
+        if (cf_mode(c) == MODE_STATIC && cf_bufsize(c) > g_static_want)
+            g_static_want = cf_bufsize(c);
     }
-    if (iwarp_open_device(&g_ctx) != IWARP_OK || iwarp_alloc_pd(g_ctx, &g_pd) != IWARP_OK) {
-        iwarp_last_error(g_init_err, sizeof g_init_err);
-        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
-                     "mod_rdma: opening the iWARP device failed: %s; RDMA requests get 503",
-                     g_init_err);
-        iwarp_close_device(g_ctx);
-        g_ctx = NULL;
-        g_pd = NULL;
-        return;
-    }
+    /* Frees whatever is open when the process ends (NULLs are no-ops). */
     apr_pool_cleanup_register(p, NULL, process_cleanup, apr_pool_cleanup_null);
-    if (want && iwarp_alloc_mr(g_pd, want, IWARP_ACCESS_LOCAL_WRITE, &g_static_mr) != IWARP_OK) {
-        iwarp_last_error(g_init_err, sizeof g_init_err);
-        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
-                     "mod_rdma: registering the %" APR_SIZE_T_FMT
-                     "-byte static buffer failed: %s; lower RDMABufferSize",
-                     want, g_init_err);
-        return;
-    }
-    ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s,
-                 "mod_rdma: pid %ld: iWARP device open, static buffer %" APR_SIZE_T_FMT " bytes",
-                 (long)getpid(), want);
+    if (device_setup(s, 1) == NULL)
+        ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s,
+                     "mod_rdma: pid %ld: iWARP device open, static buffer %" APR_SIZE_T_FMT " bytes",
+                     (long)getpid(), g_static_want);
 }
 
 static int post_config(apr_pool_t *p, apr_pool_t *plog, apr_pool_t *ptemp, server_rec *s)
@@ -754,6 +794,7 @@ typedef struct {
     apr_size_t body_cap;
     int body_in_static;
     void *map;           /* mmap of a file (dynamic) */
+    char *bounce;        /* server-writes, dynamic: file read buffer (malloc) */
     size_t map_len;
     iwarp_mr *win;       /* the advertised or temporary registration */
     /* RDMA_IN */
@@ -784,6 +825,8 @@ static apr_status_t req_cleanup(void *d)
     q->body = NULL;
     free(q->in_buf);
     q->in_buf = NULL;
+    free(q->bounce);
+    q->bounce = NULL;
     return APR_SUCCESS;
 }
 
@@ -838,14 +881,16 @@ static int rdma_fixups(request_rec *r)
                                    "the server connects back only to the requesting client "
                                    "(RDMAAllowConnect)",
                                    q->h.ip, r->useragent_ip));
-    if (!g_pd)
-        return refuse(r, HTTP_SERVICE_UNAVAILABLE,
-                      apr_pstrcat(r->pool, "the server's iWARP device is not available: ",
-                                  g_init_err[0] ? g_init_err : "not initialised", NULL));
-    if (cf_mode(sc) == MODE_STATIC && !g_static_mr)
-        return refuse(r, HTTP_SERVICE_UNAVAILABLE,
-                      apr_pstrcat(r->pool, "the server's static RDMA buffer is not available: ",
-                                  g_init_err, NULL));
+    if (!g_pd || (cf_mode(sc) == MODE_STATIC && !g_static_mr)) {
+        /* child_init could not set up the device or the static buffer: try
+         * again (the fault may be gone). A dynamic server needs only the
+         * device; the static buffer concerns static servers alone. */
+        why = device_setup(r->server, 0);
+        if (!g_pd || (cf_mode(sc) == MODE_STATIC && !g_static_mr))
+            return refuse(r, HTTP_SERVICE_UNAVAILABLE,
+                          apr_pstrcat(r->pool, "RDMA is not available in this server process: ",
+                                      why ? why : "not initialised", NULL));
+    }
     q->limit = cf_maxlen(sc);
     if (q->h.scheme == S_SERVER_WRITES || (q->h.have & K_MAXLEN)) {
         if (q->h.maxlen < q->limit)
@@ -891,7 +936,7 @@ static void rdma_insert_filter(request_rec *r)
 
 /* Replace the response with an error naming the problem; later body
  * buckets are dropped. */
-static apr_status_t out_error(ap_filter_t *f, int status, const char *why)
+static apr_status_t out_error_log(ap_filter_t *f, int status, const char *why, const char *detail)
 {
     request_rec *r = f->r;
     rdma_req *q = f->ctx;
@@ -899,8 +944,9 @@ static apr_status_t out_error(ap_filter_t *f, int status, const char *why)
     const char *body;
     why = header_safe(r->pool, why);
     body = apr_pstrcat(r->pool, "mod_rdma: ", why, "\n", NULL);
-    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_rdma: GET %s (%s): %s; answering %d", r->uri,
-                  scheme_names[q->h.scheme], why, status);
+    ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_rdma: GET %s (%s): %s; answering %d%s%s",
+                  r->uri, scheme_names[q->h.scheme], why, status, detail ? "; " : "",
+                  detail ? detail : "");
     q->out_state = OUT_DISCARD;
     r->status = status;
     r->status_line = NULL;
@@ -914,6 +960,11 @@ static apr_status_t out_error(ap_filter_t *f, int status, const char *why)
                                                        r->connection->bucket_alloc));
     APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(r->connection->bucket_alloc));
     return ap_pass_brigade(f->next, bb);
+}
+
+static apr_status_t out_error(ap_filter_t *f, int status, const char *why)
+{
+    return out_error_log(f, status, why, NULL);
 }
 
 /* Give up on the RDMA connection after a transfer error: the worker
@@ -971,54 +1022,149 @@ static const char *write_in_place(ap_filter_t *f, const void *p, apr_size_t len)
     return e;
 }
 
-/* Map [off, off+len) of a file bucket's file. */
-static void *map_file(apr_bucket *b, size_t *map_len, size_t *delta)
+static void drain_body(apr_bucket_brigade *bb);
+
+/* A file bucket's file could not be read at bucket offset `at` (err: the
+ * errno, or 0 for an end of file before the bucket's end). Returns the
+ * cause for the client (no server path in it); *detail gets what only the
+ * log shows: the file's path and the fix. */
+static const char *file_fault(request_rec *r, apr_bucket *b, int fd, apr_size_t at, int err,
+                              const char **detail)
+{
+    apr_bucket_file *fb = b->data;
+    const char *name = NULL;
+    struct stat st;
+    apr_off_t pos = b->start + (apr_off_t)at, end = b->start + (apr_off_t)b->length;
+    if (apr_file_name_get(&name, fb->fd) != APR_SUCCESS || !name)
+        name = r->filename ? r->filename : "(unknown file)";
+    if (err) {
+        char eb[160];
+        apr_strerror(APR_FROM_OS_ERROR(err), eb, sizeof eb);
+        *detail = apr_psprintf(r->pool, "file %s. Fix: check the file and the file system or "
+                               "disk it is on (dmesg)", name);
+        return apr_psprintf(r->pool, "reading the file failed at byte %" APR_OFF_T_FMT ": %s",
+                            pos, eb);
+    }
+    *detail = apr_psprintf(r->pool, "file %s, now %s bytes. Fix: replace served files by "
+                           "rename(2) (write the new version under another name, then rename "
+                           "it over the old one) instead of truncating or rewriting them in place",
+                           name, fstat(fd, &st) == 0 ? apr_off_t_toa(r->pool, st.st_size) : "?");
+    return apr_psprintf(r->pool, "the file ends at byte %" APR_OFF_T_FMT ", before the %"
+                        APR_OFF_T_FMT " bytes to send: it was truncated while being served; "
+                        "fetch it again", pos, end);
+}
+
+/* Read [at, at+len) of a file bucket (bucket offsets) into dst with pread
+ * (never through apr_bucket_read: at an early end of file that silently
+ * shortens the body, and a file it maps kills the process with SIGBUS when
+ * it was truncated). NULL, or the cause for the client and *detail. */
+static const char *file_pread(request_rec *r, apr_bucket *b, apr_size_t at, char *dst,
+                              apr_size_t len, const char **detail)
+{
+    apr_bucket_file *fb = b->data;
+    apr_os_file_t fd;
+    apr_size_t done = 0;
+    if (apr_os_file_get(&fd, fb->fd) != APR_SUCCESS) {
+        *detail = NULL;
+        return "the file has no descriptor to read";
+    }
+    while (done < len) {
+        ssize_t got = pread(fd, dst + done, len - done, (off_t)(b->start + at + done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return file_fault(r, b, fd, at + done, got < 0 ? errno : 0, detail);
+        done += (apr_size_t)got;
+    }
+    return NULL;
+}
+
+/* Map a file bucket's range (dynamic registration). NULL with *why NULL:
+ * mapping is not possible, read the bucket instead; NULL with *why set: the
+ * file is shorter than the bucket (truncated since the request began) --
+ * touching such a mapping past the end of the file raises SIGBUS. */
+static void *map_file(request_rec *r, apr_bucket *b, size_t *map_len, size_t *delta,
+                      const char **why, const char **detail)
 {
     apr_bucket_file *fb = b->data;
     apr_os_file_t fd;
     long pg = sysconf(_SC_PAGESIZE);
     off_t start = (off_t)b->start, base = start - start % pg;
+    struct stat st;
     void *m;
-    if (apr_os_file_get(&fd, fb->fd) != APR_SUCCESS)
+    *why = NULL;
+    if (apr_os_file_get(&fd, fb->fd) != APR_SUCCESS || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         return NULL;
+    if (st.st_size < start + (off_t)b->length) {
+        *why = file_fault(r, b, fd, st.st_size > start ? (apr_size_t)(st.st_size - start) : 0, 0,
+                          detail);
+        return NULL;
+    }
     *delta = (size_t)(start - base);
     *map_len = *delta + (size_t)b->length;
     m = mmap(NULL, *map_len, PROT_READ, MAP_SHARED, fd, base);
     return m == MAP_FAILED ? NULL : m;
 }
 
-static const char *collect(ap_filter_t *f, const char *data, apr_size_t len)
+/* client-reads: room for `len` more body bytes at q->total -- the static
+ * buffer while the body fits, else a heap buffer that grows by doubling but
+ * never beyond the request's limit. NULL when memory runs out (*why says
+ * how much was asked for); the caller releases the buffer. */
+static char *collect_space(ap_filter_t *f, apr_size_t len, const char **why)
 {
     rdma_req *q = f->ctx;
     apr_size_t need = (apr_size_t)q->total + len;
     if (q->mode == MODE_STATIC && g_static_mr && need <= iwarp_mr_length(g_static_mr) &&
         (q->body_in_static || q->total == 0)) {
         q->body_in_static = 1;
-        memcpy((char *)iwarp_mr_addr(g_static_mr) + q->total, data, len);
-        return NULL;
-    }
-    if (q->body_in_static) {
-        /* Outgrew the static buffer: continue in a heap buffer. */
-        q->body_cap = need * 2;
-        q->body = malloc(q->body_cap);
-        if (!q->body)
-            return "out of memory collecting the body";
-        memcpy(q->body, iwarp_mr_addr(g_static_mr), (size_t)q->total);
-        q->body_in_static = 0;
+        return (char *)iwarp_mr_addr(g_static_mr) + q->total;
     }
     if (need > q->body_cap) {
         apr_size_t cap = q->body_cap ? q->body_cap : 64 * 1024;
         char *nb;
-        while (cap < need)
+        while (cap < need && cap <= ((apr_size_t)-1) / 2)
             cap *= 2;
-        nb = realloc(q->body, cap);
-        if (!nb)
-            return "out of memory collecting the body";
+        if ((apr_uint64_t)cap > q->limit)
+            cap = (apr_uint64_t)need > q->limit ? need : (apr_size_t)q->limit;
+        if (cap < need)
+            cap = need;
+        /* Outgrowing the static buffer: continue in a heap buffer. */
+        nb = q->body_in_static ? malloc(cap) : realloc(q->body, cap);
+        if (!nb) {
+            *why = apr_psprintf(f->r->pool, "out of memory collecting the body for client-reads: "
+                                "a buffer of %" APR_SIZE_T_FMT " bytes could not be allocated (%"
+                                APR_UINT64_T_FMT " bytes collected so far)",
+                                cap, (apr_uint64_t)q->total);
+            return NULL;
+        }
+        if (q->body_in_static) {
+            memcpy(nb, iwarp_mr_addr(g_static_mr), (size_t)q->total);
+            q->body_in_static = 0;
+        }
         q->body = nb;
         q->body_cap = cap;
     }
-    memcpy(q->body + q->total, data, len);
-    return NULL;
+    return q->body + q->total;
+}
+
+/* Memory ran out while collecting a client-reads body: release the buffer
+ * at once, drop the rest of the body (a CGI can finish) and answer 503.
+ * Nothing was sent on the RDMA connection; Apache closes the HTTP
+ * connection after a 503, and the client retries on a new one. */
+static apr_status_t out_oom(ap_filter_t *f, apr_bucket_brigade *bb, const char *why)
+{
+    rdma_req *q = f->ctx;
+    req_cleanup(q);
+    q->body_in_static = 0;
+    q->body_cap = 0;
+    drain_body(bb);
+    return out_error_log(f, HTTP_SERVICE_UNAVAILABLE,
+                         apr_pstrcat(f->r->pool, why, "; fetch it with server-writes or over "
+                                     "plain HTTP", NULL),
+                         "buffer released. Fix: large dynamic responses are better fetched with "
+                         "server-writes (streamed through a fixed buffer); or lower RDMAMaxLength "
+                         "so that client-reads bodies this large are refused, or raise the memory "
+                         "limit of the Apache processes");
 }
 
 static apr_status_t out_finish(ap_filter_t *f)
@@ -1157,7 +1303,12 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
             APR_BUCKET_NEXT(b) != APR_BRIGADE_SENTINEL(bb) && APR_BUCKET_IS_EOS(APR_BUCKET_NEXT(b)) &&
             b->length > 0) {
             size_t delta;
-            q->map = map_file(b, &q->map_len, &delta);
+            const char *detail = NULL;
+            q->map = map_file(r, b, &q->map_len, &delta, &e, &detail);
+            if (e) {
+                drain_body(bb);
+                return out_error_log(f, HTTP_INTERNAL_SERVER_ERROR, e, detail);
+            }
             if (q->map) {
                 q->fill = delta;
                 q->total = b->length;
@@ -1167,8 +1318,9 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         }
     }
     for (b = APR_BRIGADE_FIRST(bb); b != APR_BRIGADE_SENTINEL(bb); b = APR_BUCKET_NEXT(b)) {
-        const char *data;
+        const char *data, *detail = NULL;
         apr_size_t len;
+        apr_status_t rv;
         if (APR_BUCKET_IS_EOS(b)) {
             apr_brigade_cleanup(bb);
             return out_finish(f);
@@ -1192,7 +1344,11 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_DYNAMIC && APR_BUCKET_IS_FILE(b) &&
             b->length > 0) {
             size_t map_len, delta;
-            void *m = map_file(b, &map_len, &delta);
+            void *m = map_file(r, b, &map_len, &delta, &e, &detail);
+            if (e) {
+                drain_body(bb);
+                return out_error_log(f, HTTP_INTERNAL_SERVER_ERROR, e, detail);
+            }
             if (m) {
                 e = write_in_place(f, (char *)m + delta, b->length);
                 munmap(m, map_len);
@@ -1204,38 +1360,64 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
                 continue;
             }
         }
-        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC && APR_BUCKET_IS_FILE(b) &&
-            b->length > 0) {
-            /* Static files: pread straight into the static buffer (one
-             * copy, no mapping and no page faults). */
-            apr_bucket_file *fb = b->data;
-            apr_os_file_t fd;
-            apr_size_t cap = iwarp_mr_length(g_static_mr), done = 0;
-            if (apr_os_file_get(&fd, fb->fd) == APR_SUCCESS) {
-                while (done < b->length) {
-                    apr_size_t want = b->length - done < cap - q->fill ? b->length - done
-                                                                       : cap - q->fill;
-                    ssize_t got = pread(fd, (char *)iwarp_mr_addr(g_static_mr) + q->fill, want,
-                                        (off_t)(b->start + done));
-                    if (got <= 0) {
-                        drain_body(bb);
-                        return out_error(f, HTTP_INTERNAL_SERVER_ERROR,
-                                         "reading the file failed");
+        if (APR_BUCKET_IS_FILE(b) && b->length > 0) {
+            /* Files are read with pread: straight into the static buffer
+             * (server-writes, static), into the collected body
+             * (client-reads), or through a bounce buffer (server-writes,
+             * dynamic, when the file cannot be mapped). */
+            apr_size_t done = 0;
+            while (done < b->length) {
+                char *dst;
+                apr_size_t n = b->length - done;
+                if (q->h.scheme == S_CLIENT_READS) {
+                    if ((dst = collect_space(f, n, &e)) == NULL)
+                        return out_oom(f, bb, e);
+                } else if (q->mode == MODE_STATIC) {
+                    apr_size_t cap = iwarp_mr_length(g_static_mr);
+                    if (n > cap - q->fill)
+                        n = cap - q->fill;
+                    dst = (char *)iwarp_mr_addr(g_static_mr) + q->fill;
+                } else {
+                    if (!q->bounce) {
+                        q->bounce = malloc(BOUNCE_LEN);
+                        if (!q->bounce) {
+                            drain_body(bb);
+                            return out_error(f, HTTP_SERVICE_UNAVAILABLE,
+                                             "out of memory for a bounce buffer");
+                        }
                     }
-                    q->fill += (apr_size_t)got;
-                    q->total += (apr_size_t)got;
-                    done += (apr_size_t)got;
-                    if (q->fill == cap && (e = flush_bounce(f, 1)) != NULL) {
+                    if (n > BOUNCE_LEN)
+                        n = BOUNCE_LEN;
+                    dst = q->bounce;
+                }
+                if ((e = file_pread(r, b, done, dst, n, &detail)) != NULL) {
+                    drain_body(bb);
+                    return out_error_log(f, HTTP_INTERNAL_SERVER_ERROR, e, detail);
+                }
+                if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_DYNAMIC &&
+                    (e = write_in_place(f, dst, n)) != NULL) { /* at q->total */
+                    drain_body(bb);
+                    return out_fail(f, e);
+                }
+                q->total += n;
+                done += n;
+                if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC) {
+                    q->fill += n; /* flush_bounce writes it at q->total - q->fill */
+                    if (q->fill == iwarp_mr_length(g_static_mr) &&
+                        (e = flush_bounce(f, 1)) != NULL) {
                         drain_body(bb);
                         return out_fail(f, e);
                     }
                 }
-                continue;
             }
+            continue;
         }
-        if (apr_bucket_read(b, &data, &len, APR_BLOCK_READ) != APR_SUCCESS) {
+        if ((rv = apr_bucket_read(b, &data, &len, APR_BLOCK_READ)) != APR_SUCCESS) {
+            char eb[160];
             drain_body(bb);
-            return out_error(f, HTTP_INTERNAL_SERVER_ERROR, "reading the response body failed");
+            apr_strerror(rv, eb, sizeof eb);
+            return out_error(f, HTTP_INTERNAL_SERVER_ERROR,
+                             apr_pstrcat(r->pool, "reading the response body failed: ", eb, NULL));
         }
         if (q->total + len > q->limit) {
             drain_body(bb);
@@ -1263,10 +1445,11 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
             }
             q->total += len;
         } else {
-            if ((e = collect(f, data, len)) != NULL) {
-                drain_body(bb);
-                return out_error(f, HTTP_INTERNAL_SERVER_ERROR, e);
-            }
+            char *dst;
+            if (len && (dst = collect_space(f, len, &e)) == NULL)
+                return out_oom(f, bb, e);
+            if (len)
+                memcpy(dst, data, len);
             q->total += len;
         }
     }

@@ -64,6 +64,12 @@ enum Cmd {
         /// this long before the RDMA Read.
         #[arg(long, hide = true, default_value_t = 0)]
         x_hold_ms: u64,
+        /// Test hook: after sending a request that needs a new RDMA
+        /// connection, print a line and wait this long before accepting the
+        /// server's connection (the server waits in its connect; a test
+        /// changes the file on the server meanwhile).
+        #[arg(long, hide = true, default_value_t = 0)]
+        x_delay_accept_ms: u64,
     },
     /// Upload FILE to URL with PUT (or POST).
     Put {
@@ -623,6 +629,7 @@ fn rdma_get(
     sink: &mut dyn Write,
     a: &Args,
     hold_ms: u64,
+    delay_accept_ms: u64,
 ) -> Res<Outcome> {
     let max_len = a.max_len;
     let r = s.rdma()?;
@@ -644,6 +651,12 @@ fn rdma_get(
         .send_request("GET", url, &[("RDMA", h.to_string())], None)
         .map_err(|e| format!("sending the request: {e}"))?;
     let r = s.rdma.as_mut().expect("created above");
+    if delay_accept_ms > 0 && !r.live() {
+        eprintln!(
+            "rhttp-test: request sent; accepting the RDMA connection in {delay_accept_ms} ms"
+        );
+        std::thread::sleep(Duration::from_millis(delay_accept_ms));
+    }
     r.expect_conn(&s.http)?;
     let resp = s
         .http
@@ -754,6 +767,7 @@ fn cmd_get(
     outputs: &[PathBuf],
     scheme: GetScheme,
     hold: u64,
+    delay_accept: u64,
 ) -> Res<bool> {
     let timeout = Duration::from_secs(a.timeout);
     let mut session: Option<Session> = None;
@@ -779,7 +793,7 @@ fn cmd_get(
         let o = if a.plain {
             plain_get(s, &url, &mut *sink, a)
         } else {
-            rdma_get(s, &url, scheme, &mut *sink, a, hold)
+            rdma_get(s, &url, scheme, &mut *sink, a, hold, delay_accept)
         };
         sink.flush()
             .map_err(|e| format!("writing {}: {e}", out.display()))?;
@@ -1079,7 +1093,8 @@ fn main() -> ExitCode {
             output,
             scheme,
             x_hold_ms,
-        } => cmd_get(&a, urls, output, *scheme, *x_hold_ms),
+            x_delay_accept_ms,
+        } => cmd_get(&a, urls, output, *scheme, *x_hold_ms, *x_delay_accept_ms),
         Cmd::Put {
             file,
             url,
