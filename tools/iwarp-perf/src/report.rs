@@ -72,12 +72,20 @@ impl Measurement {
     }
 }
 
+/// A JSON number with at least 4 decimals and at least 5 significant
+/// digits, so that small figures (the bandwidth of 1-byte messages, in
+/// Gbit/s) do not round to 0.
 fn num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v:.4}")
-    } else {
-        "null".into()
+    if !v.is_finite() {
+        return "null".into();
     }
+    let mag = if v == 0.0 {
+        0
+    } else {
+        v.abs().log10().floor() as i32
+    };
+    let decimals = (4 - mag).clamp(4, 15) as usize;
+    format!("{v:.decimals$}")
 }
 
 fn json_body(m: &Measurement, out: &mut String) {
@@ -274,5 +282,14 @@ mod tests {
         assert!((l.median - 50.0).abs() <= 1.0);
         assert!(LatStats::from_samples(&mut []).is_none());
         assert!(peak_rss_kib() > 0);
+    }
+
+    #[test]
+    fn json_numbers_keep_small_values() {
+        assert_eq!(num(23.456_789), "23.4568");
+        assert_eq!(num(0.0), "0.0000");
+        assert_eq!(num(0.000_032_1), "0.000032100");
+        assert!(num(1e-9).parse::<f64>().unwrap() > 0.0);
+        assert_eq!(num(f64::NAN), "null");
     }
 }
