@@ -626,6 +626,21 @@ void iwarp_destroy_cq(struct iwarp_cq *cq);
 int iwarp_cq_fd(const struct iwarp_cq *cq);
 
 /**
+ * Do the pending receive work of the QPs attached to `cq` from the calling
+ * thread and return at once. A busy-poll loop that spins on memory (the
+ * last byte of an RDMA Write) rather than on `iwarp_poll_cq` calls this in
+ * its loop, so it reads its own socket instead of waiting for the stack's
+ * receive thread; while it does, the receive threads step aside.
+ * `iwarp_poll_cq` does the same work when the CQ is empty. Never needed
+ * for progress: the receive threads do it when nobody polls. Returns
+ * `IWARP_ERR_NULL_ARG` for a NULL `cq`.
+ *
+ * # Safety
+ * `cq` is NULL or a live handle.
+ */
+enum iwarp_result iwarp_cq_progress(const struct iwarp_cq *cq);
+
+/**
  * Move up to `max` completions into `wc[0..max]`, oldest first
  * (`ibv_poll_cq`). Never blocks. Returns the number moved (0 if the CQ is
  * empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG` for a NULL

@@ -54,6 +54,7 @@ static void null_arguments(void)
     CHECK_RC(iwarp_disconnect(NULL), IWARP_ERR_NULL_ARG);
     CHECK(iwarp_poll_cq(NULL, 1, &wc) == -IWARP_ERR_NULL_ARG, "poll_cq NULL cq");
     CHECK(iwarp_cq_fd(NULL) == -1, "cq_fd NULL");
+    CHECK_RC(iwarp_cq_progress(NULL), IWARP_ERR_NULL_ARG);
     CHECK(iwarp_mr_addr(NULL) == NULL && iwarp_mr_length(NULL) == 0 && iwarp_mr_lkey(NULL) == 0 &&
               iwarp_mr_rkey(NULL) == 0,
           "mr getters on NULL");
@@ -104,6 +105,7 @@ static void bad_arguments(void)
     CHECK(iwarp_poll_cq(s.cq, -1, wc) == -IWARP_ERR_INVALID_ARG, "max < 0");
     CHECK(iwarp_poll_cq(s.cq, 4, NULL) == -IWARP_ERR_NULL_ARG, "wc NULL");
     CHECK(iwarp_poll_cq(s.cq, 0, wc) == 0, "max 0");
+    CHECK_RC(iwarp_cq_progress(s.cq), IWARP_OK); /* no connection yet: a no-op */
     CHECK(iwarp_poll_cq(s.cq, 4, wc) == 0, "empty CQ");
     CHECK_RC(iwarp_wait_cq(s.cq, 20, wc), IWARP_ERR_TIMEOUT);
     CHECK(iwarp_cq_depth(s.cq) == 64, "cq depth %u", iwarp_cq_depth(s.cq));

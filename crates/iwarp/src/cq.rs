@@ -5,7 +5,11 @@
 //! application.
 //!
 //! - **Busy polling.** [`CompletionQueue::poll`] first reads an atomic count;
-//!   an empty CQ costs one atomic load and no lock.
+//!   a non-empty CQ is drained under its mutex. An empty CQ first does the
+//!   pending receive work of its QPs from the polling thread
+//!   ([`CompletionQueue::progress`]: non-blocking `recv`s, placement,
+//!   completion), so a busy-polling application does not wait for a
+//!   receive thread to be scheduled.
 //! - **Blocking.** [`CompletionQueue::wait`] polls (yielding the CPU) for
 //!   up to 50 µs, then sleeps on a condition variable until the CQ is
 //!   non-empty or the timeout expires. The short poll saves the futex
@@ -27,11 +31,12 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::WorkCompletion;
 
+use crate::qp::QpShared;
 use crate::sys::EventFd;
 use crate::Error;
 
@@ -53,6 +58,9 @@ struct CqInner {
     /// when someone sleeps on it.
     waiters: AtomicUsize,
     overrun_logged: AtomicBool,
+    /// The QPs whose completions come here: a thread that polls an empty
+    /// CQ does their receive work (see [`CompletionQueue::progress`]).
+    sources: Mutex<Vec<Weak<QpShared>>>,
 }
 
 /// A completion queue. Cloning yields another handle to the same CQ.
@@ -87,8 +95,14 @@ impl CompletionQueue {
                 fd_armed: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
                 overrun_logged: Default::default(),
+                sources: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// True if both handles are the same CQ.
+    pub fn same_as(&self, other: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The depth the CQ was created with (`cqe`).
@@ -132,12 +146,62 @@ impl CompletionQueue {
         }
     }
 
+    /// A QP whose completions go to this CQ (called once per CQ at QP
+    /// creation).
+    pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
+        let mut v = self.inner.sources.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(qp));
+    }
+
+    /// Do the receive work of the connected QPs attached to this CQ from
+    /// the calling thread: whatever their sockets hold now is read, placed
+    /// into memory and completed, without waiting for the stack's receive
+    /// threads to be scheduled. Returns at once (a QP whose receive thread
+    /// is busy is skipped). [`poll`](Self::poll) and
+    /// [`poll_one`](Self::poll_one) call this when the CQ is empty, and
+    /// [`wait`](Self::wait) during its short spin; call it yourself from a
+    /// loop that spins on memory (an RDMA Write's last byte) rather than on
+    /// the CQ. Progress never depends on it: the receive threads do the
+    /// same work when nobody polls (RFC 5040 one-sided operations complete
+    /// without the target application).
+    ///
+    /// Calling `progress` in a loop also marks the caller as a busy poller:
+    /// the QPs' receive threads then step aside (sleep in 100 µs slices
+    /// instead of waking for every arriving segment), leaving the CPU to
+    /// the thread that is already reading. `poll`, `poll_one` and `wait`
+    /// do not mark: an application that polls until empty and then sleeps
+    /// keeps its receive threads fully awake.
+    pub fn progress(&self) {
+        self.progress_as(true);
+    }
+
+    fn progress_as(&self, busy: bool) {
+        let Ok(v) = self.inner.sources.try_lock() else {
+            return;
+        };
+        for w in v.iter() {
+            if let Some(qp) = w.upgrade() {
+                if let Some(conn) = qp.conn.get() {
+                    conn.progress(&qp, busy);
+                }
+            }
+        }
+    }
+
     /// Move up to `out.len()` completions into `out`, oldest first; returns
-    /// how many (`ibv_poll_cq`). Never blocks; an empty CQ costs one atomic
-    /// load.
+    /// how many (`ibv_poll_cq`). Never blocks. An empty CQ first does its
+    /// QPs' pending receive work ([`progress`](Self::progress)): a few
+    /// non-blocking `recv` calls.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        if out.is_empty() || self.inner.len.load(Ordering::Acquire) == 0 {
+        if out.is_empty() {
             return 0;
+        }
+        if self.inner.len.load(Ordering::Acquire) == 0 {
+            self.progress_as(false);
+            if self.inner.len.load(Ordering::Acquire) == 0 {
+                return 0;
+            }
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let n = out.len().min(q.len());
@@ -151,10 +215,13 @@ impl CompletionQueue {
         n
     }
 
-    /// The oldest completion, if any.
+    /// The oldest completion, if any (progress as in [`poll`](Self::poll)).
     pub fn poll_one(&self) -> Option<WorkCompletion> {
         if self.inner.len.load(Ordering::Acquire) == 0 {
-            return None;
+            self.progress_as(false);
+            if self.inner.len.load(Ordering::Acquire) == 0 {
+                return None;
+            }
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let wc = q.pop_front();
@@ -177,6 +244,9 @@ impl CompletionQueue {
         // threads running on a busy machine.
         let spin_until = Instant::now() + SPIN.min(timeout);
         while Instant::now() < spin_until {
+            // Not counted as busy polling: this thread may sleep next, so
+            // the receive threads must not step aside for it.
+            self.progress_as(false);
             if self.inner.len.load(Ordering::Acquire) > 0 {
                 return Ok(true);
             }

@@ -4,39 +4,55 @@
 //! # Threads and locks
 //!
 //! Per connected QP there is one **receive thread** and one **transmit
-//! thread**. The state they share:
+//! thread**; application threads also do receive work when they poll
+//! (`Conn::progress`, through `CompletionQueue::poll` / `progress` and
+//! `QueuePair::progress`). The state they share:
 //!
 //! | lock | guards | held across |
 //! |------|--------|-------------|
-//! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `sendmsg` calls, engine calls, and (transmit thread only) `poll(POLLOUT)` waits of at most 100 ms; every other thread only `try_lock`s it |
+//! | `rx` (`Mutex<RxState>`) | the receive buffer and the right to read the socket | non-blocking `recv` calls and engine calls; never a wait. The receive thread `lock`s it, application threads only `try_lock` it |
+//! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `send`/`sendmsg` calls, engine calls, and (transmit thread only) `poll(POLLOUT)` waits of at most 100 ms; every other thread only `try_lock`s it |
 //! | `engine` (`Mutex<Engine>`) | the sans-IO engine | engine calls only; never a system call on the socket |
 //! | MR table (`RwLock`, read side) | region lookup | the lookup only (the region's `Arc` is cloned out) |
 //! | CQ / event queue mutexes | the queues | a push or a pop |
 //!
-//! Lock order is `tx` → `engine` → MR table / CQ / event queue; nothing is
-//! ever acquired in the other direction, so the locks cannot deadlock.
+//! Lock order is `rx` → `tx` → `engine` → MR table / CQ / event queue;
+//! nothing is ever acquired in the other direction, so the locks cannot
+//! deadlock. (A CQ's list of attached QPs is taken only by a polling
+//! thread, before any of these, and with `try_lock`.)
 //!
-//! **Receive thread.** Locks the engine to ask [`Engine::rx_hint`], unlocks,
-//! then reads: large tagged payload (≥ [`DIRECT_MIN`]) goes straight into
-//! the target region with a non-blocking `recv` after waiting for
-//! readability with `poll` (zero-copy placement; the region is held only for
-//! that copy), everything else into a reusable 256 KiB buffer with a
-//! blocking `read` that holds no lock and no region. Buffered reads from an
-//! empty buffer are kept short ([`RX_READ`], or [`HDR_PEEK`] during bulk
-//! tagged traffic) so that segment payloads are left in the socket for the
-//! direct path rather than copied twice. Then it locks the
-//! engine, feeds the bytes ([`Engine::handle_input`] /
+//! **Receive work** (`rx_pass`), by whoever holds `rx`, never blocks:
+//! lock the engine to ask [`Engine::rx_hint`], unlock, then read with a
+//! non-blocking `recv`: large tagged payload (≥ [`DIRECT_MIN`]) goes
+//! straight into the target region (zero-copy placement; the region is held
+//! only for that copy), everything else into a reusable 256 KiB buffer.
+//! Buffered reads from an empty buffer are kept short ([`RX_READ`], or
+//! [`HDR_PEEK`] during bulk tagged traffic) so that segment payloads are
+//! left in the socket for the direct path rather than copied twice. Then it
+//! locks the engine, feeds the bytes ([`Engine::handle_input`] /
 //! [`Engine::handle_direct`]), drains completions into the CQs and events
 //! into the QP's event queue, unlocks, and if the engine has something to
 //! send tries one *non-blocking* transmit pass (or wakes the transmit
-//! thread). The receive thread never blocks on a write, so two peers that
-//! are both sending a lot cannot end up both blocked in `write` with nobody
-//! reading.
+//! thread). Nobody doing receive work ever blocks on a write, so two peers
+//! that are both sending a lot cannot end up both blocked in `write` with
+//! nobody reading.
+//!
+//! **Receive thread** (`rx_loop`): waits for readability with `poll`
+//! holding no lock, then takes `rx` and drains the socket. This is what
+//! makes one-sided operations progress while the application computes
+//! (RFC 5040 requires no help from the target's application). While an
+//! application thread busy-polls, the receive thread steps aside (see
+//! `rx_loop`) so that arriving data does not wake a second thread to
+//! compete for the CPU: the polling thread reads its own socket, as a
+//! spinning TCP reader does, which removes a thread hand-off from every
+//! message's latency.
 //!
 //! **Transmit path.** Whoever holds `tx` loops: lock the engine,
 //! [`Engine::poll_transmit`] into the shared [`TxFrame`], unlock, write the
 //! frame's pieces with one gather `sendmsg` (inline headers from the frame,
-//! payload straight from registered memory), handle partial writes, and
+//! payload straight from registered memory; a frame of at most
+//! [`SMALL_SEND`] bytes is copied and written with one `send`), handle
+//! partial writes, and
 //! once the whole frame is out lock the engine and
 //! [`Engine::confirm_transmit`]. An application thread in `post_send` takes
 //! `tx` only with `try_lock` and only writes non-blocking: on `EAGAIN` or
@@ -59,10 +75,10 @@
 //! give the last frames up to [`LINGER`] to leave, shut the socket down in
 //! both directions and wait (bounded) for both threads to exit.
 
-use std::io::{self, Read};
+use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -99,6 +115,15 @@ pub const LINGER: Duration = Duration::from_secs(1);
 const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// Slice of the transmit thread's waits, so that it notices `stop`.
 const TICK: Duration = Duration::from_millis(100);
+/// Application `progress` calls between two looks of the receive thread
+/// above which it considers the application to be busy polling.
+const SPINNING_POLLS: u64 = 64;
+/// How long the receive thread steps aside while an application thread
+/// busy-polls.
+const STEP_ASIDE: Duration = Duration::from_millis(1);
+/// Frames (or remainders) up to this size are copied and written with one
+/// `send` instead of a gather `sendmsg` (see `write_some`).
+pub const SMALL_SEND: usize = 512;
 /// Largest iovec count per `sendmsg` (Linux `IOV_MAX` is 1024).
 const MAX_IOV: usize = 1024;
 
@@ -183,7 +208,21 @@ pub(crate) struct TxState {
     frame: TxFrame,
     frame_len: usize,
     off: usize,
+    /// Regions held alive during one `sendmsg` (kept for its capacity).
+    hold: Vec<Arc<MrInner>>,
+    /// The iovecs of one `sendmsg` (kept for its capacity).
+    iov: IovBuf,
 }
+
+/// Reusable iovec storage, so a write allocates nothing.
+#[derive(Default)]
+struct IovBuf(Vec<libc::iovec>);
+
+// SAFETY: `IovBuf` is empty between calls of `write_some` (which clears it
+// before returning from its only `sendmsg`), so the raw pointers it holds
+// never outlive the borrow they were taken under and are never seen by
+// another thread; only the capacity moves between threads.
+unsafe impl Send for IovBuf {}
 
 /// The connection of a QP: its socket and the driver's shared state.
 pub(crate) struct Conn {
@@ -191,6 +230,9 @@ pub(crate) struct Conn {
     pub(crate) local: SocketAddr,
     pub(crate) peer: SocketAddr,
     tx: Mutex<TxState>,
+    rx: Mutex<RxState>,
+    /// Calls of [`Conn::progress`] by application threads (busy polling).
+    app_polls: AtomicU64,
     wake: Mutex<bool>,
     wake_cond: Condvar,
     /// Set when the connection is over: threads exit.
@@ -263,6 +305,8 @@ impl Conn {
             local,
             peer,
             tx: Mutex::new(TxState::default()),
+            rx: Mutex::new(RxState::new()),
+            app_polls: AtomicU64::new(0),
             wake: Mutex::new(false),
             wake_cond: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -492,17 +536,44 @@ enum Flush {
 
 /// Write one batch of the current frame from `tx.off` on; returns the bytes
 /// written.
-fn write_some(qp: &QpShared, conn: &Conn, tx: &TxState) -> io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(tx.frame.pieces.len().min(MAX_IOV));
-    let mut hold: Vec<Arc<MrInner>> = Vec::new();
+///
+/// A small remainder (at most [`SMALL_SEND`] bytes: the frame of a short
+/// message) is copied into a stack buffer and written with one `send`, like
+/// the inline data of an RNIC's work request: for a few hundred bytes the
+/// copy is cheaper than `sendmsg`'s message header and iovec import, and it
+/// is on the latency path of every small message. Everything else goes out
+/// with one gather `sendmsg` straight from the frame's inline bytes and
+/// the registered regions.
+fn write_some(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<usize> {
+    let left = tx.frame_len.saturating_sub(tx.off);
+    if left == 0 {
+        return Ok(0);
+    }
+    let small = left <= SMALL_SEND;
+    let mut copy = [0u8; SMALL_SEND];
+    let mut copied = 0usize;
     let mut skip = tx.off;
-    for piece in &tx.frame.pieces {
+    let TxState {
+        frame, hold, iov, ..
+    } = tx;
+    for piece in &frame.pieces {
         let (plen, ptr): (usize, *const u8) = match *piece {
             TxPiece::Inline { start, len } => {
                 let (s, l) = (start as usize, len as usize);
-                let bytes = tx.frame.inline.get(s..s + l).ok_or_else(|| {
+                let bytes = frame.inline.get(s..s + l).ok_or_else(|| {
                     io::Error::other("engine frame piece outside its inline buffer")
                 })?;
+                if skip >= l {
+                    skip -= l;
+                    continue;
+                }
+                if small {
+                    let b = &bytes[skip..];
+                    copy[copied..copied + b.len()].copy_from_slice(b);
+                    copied += b.len();
+                    skip = 0;
+                    continue;
+                }
                 (l, bytes.as_ptr())
             }
             TxPiece::Mem { stag, to, len } => {
@@ -515,6 +586,17 @@ fn write_some(qp: &QpShared, conn: &Conn, tx: &TxState) -> io::Result<usize> {
                         "memory region {stag:#010x} deregistered while a work request was sending from it: {e}"
                     ))
                 })?;
+                if small {
+                    let n = len as usize - skip;
+                    region
+                        .read_into(to + skip as u64, &mut copy[copied..copied + n])
+                        .map_err(|e| {
+                            io::Error::other(format!("transmit from {stag:#010x}: {e}"))
+                        })?;
+                    copied += n;
+                    skip = 0;
+                    continue;
+                }
                 let p = region
                     .ptr_at(to, len as u64)
                     .map_err(|e| io::Error::other(format!("transmit from {stag:#010x}: {e}")))?;
@@ -526,23 +608,28 @@ fn write_some(qp: &QpShared, conn: &Conn, tx: &TxState) -> io::Result<usize> {
             skip -= plen;
             continue;
         }
-        iov.push(libc::iovec {
+        iov.0.push(libc::iovec {
             iov_base: ptr.wrapping_add(skip) as *mut libc::c_void,
             iov_len: plen - skip,
         });
         skip = 0;
-        if iov.len() == MAX_IOV {
+        if iov.0.len() == MAX_IOV {
             break;
         }
     }
-    if iov.is_empty() {
+    let fd = conn.sock.as_raw_fd();
+    if small {
+        return sys::send_nonblocking(fd, &copy[..copied]);
+    }
+    if iov.0.is_empty() {
         return Ok(0);
     }
-    // SAFETY: each iovec points into `tx.frame.inline` (borrowed for this
+    // SAFETY: each iovec points into `frame.inline` (borrowed for this
     // call) or into a registered region whose `Arc` is in `hold`, so all of
     // it is readable until the call returns; the call does not block.
-    let n = unsafe { sys::send_iovecs(conn.sock.as_raw_fd(), &iov) };
-    drop(hold);
+    let n = unsafe { sys::send_iovecs(fd, &iov.0) };
+    iov.0.clear();
+    hold.clear();
     n
 }
 
@@ -646,146 +733,286 @@ fn feed(qp: &QpShared, conn: &Conn, data: &[u8]) -> (usize, bool) {
     (n, stuck)
 }
 
-fn rx_loop(qp: &QpShared, conn: &Conn) {
+/// The receive side of a connection: the buffer of bytes read but not yet
+/// consumed by the engine, and the bulk-mode heuristics. Behind
+/// `Conn::rx`: whoever holds it may read the socket (the receive thread,
+/// or an application thread in [`Conn::progress`]).
+pub(crate) struct RxState {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bulk tagged traffic: keep buffered reads header-sized so that each
+    /// segment's payload goes through the direct path.
+    bulk: bool,
+    /// The last read was a header-sized peek.
+    peeked: bool,
+    /// The last read returned less than it asked for: the socket is
+    /// probably empty, so once its bytes are consumed the pass reports
+    /// `Idle` instead of paying for a `recv` that would find nothing (on
+    /// the latency path of a busy poller, that `recv` is a socket lock
+    /// round trip before the application sees its data).
+    short: bool,
+}
+
+impl RxState {
+    pub(crate) fn new() -> RxState {
+        RxState {
+            buf: vec![0u8; RX_BUF],
+            start: 0,
+            end: 0,
+            bulk: false,
+            peeked: false,
+            short: false,
+        }
+    }
+}
+
+/// What one receive pass did.
+enum Pass {
+    /// Bytes were read or consumed; call again.
+    Progress,
+    /// The socket had nothing and the buffer holds no complete unit.
+    Idle,
+    /// The connection is over (EOF or an error), with the reason.
+    Closed(String),
+}
+
+/// Non-blocking `recv` into `buf` (plain `recv`, not `recvmsg`: a busy
+/// poller calls this in a loop, and `recvmsg` costs a message header and
+/// iovec import per call on top).
+fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    sys::recv_nonblocking(fd, buf)
+}
+
+/// One step of receive work, never blocking: feed buffered bytes to the
+/// engine, or read once from the socket (straight into a registered region
+/// when the engine hints tagged payload, otherwise into the buffer).
+fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
     let fd = conn.sock.as_raw_fd();
-    let mut buf = vec![0u8; RX_BUF];
-    let (mut start, mut end) = (0usize, 0usize);
-    // Bulk tagged traffic: keep buffered reads header-sized so that each
-    // segment's payload goes through the direct path.
-    let mut bulk = false;
-    let mut peeked = false;
-    let why: String = loop {
-        if conn.stop.load(Ordering::Acquire) {
-            break "stopped".into();
+    if rx.start < rx.end {
+        let (n, stuck) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
+        rx.start += n;
+        if stuck {
+            // The QP left RTS (Terminate sent or received): it accepts no
+            // more input. Discard until the peer closes.
+            rx.start = rx.end;
         }
-        if start < end {
-            let (n, stuck) = feed(qp, conn, &buf[start..end]);
-            start += n;
-            if stuck {
-                // The QP left RTS (Terminate sent or received): it accepts no
-                // more input. Discard until the peer closes.
-                start = end;
-            }
-            if start == end {
-                (start, end) = (0, 0);
-            } else if n > 0 {
-                continue;
-            } else {
-                // The engine needs more bytes to make progress.
-                buf.copy_within(start..end, 0);
-                end -= start;
-                start = 0;
-                if end == buf.len() {
-                    break format!("engine consumed nothing from a full {RX_BUF}-byte buffer");
-                }
-            }
-        }
-        let hint = if end == 0 {
-            lock(&qp.engine).rx_hint()
+        if rx.start == rx.end {
+            (rx.start, rx.end) = (0, 0);
+        } else if n > 0 {
+            return Pass::Progress;
         } else {
-            RxHint::Buffered
-        };
-        if end == 0 && peeked {
-            // Bulk tagged traffic continues while a header-sized read leads
-            // straight into tagged payload again.
-            bulk = matches!(hint, RxHint::Direct { .. });
-        }
-        peeked = false;
-        match hint {
-            // In bulk mode, also finish a segment's shorter remainder directly.
-            RxHint::Direct { stag, to, len } if len >= DIRECT_MIN || bulk => {
-                let Ok(region) = qp.mem.resolve(stag) else {
-                    // Deregistered meanwhile: let the engine see the bytes
-                    // (and fail the access) through the buffered path.
-                    match (&conn.sock).read(&mut buf) {
-                        Ok(0) => break "EOF".into(),
-                        Ok(n) => end = n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => break format!("read failed: {e}"),
-                    }
-                    continue;
-                };
-                // The engine validated the range; check again, we are about
-                // to let the kernel write there.
-                let ptr = match region.ptr_at(to, len as u64) {
-                    Ok(p) => p,
-                    Err(e) => break format!("direct placement outside region {stag:#010x}: {e}"),
-                };
-                // One scatter read takes the payload into the region and the
-                // FPDU's trailer plus the next header into the buffer, so a
-                // bulk stream costs one system call per FPDU.
-                let mut iov = [
-                    libc::iovec {
-                        iov_base: ptr.cast(),
-                        iov_len: len as usize,
-                    },
-                    libc::iovec {
-                        iov_base: buf.as_mut_ptr().cast(),
-                        iov_len: DIRECT_TAIL,
-                    },
-                ];
-                // SAFETY: the first iovec lies inside the region (checked
-                // just above), which stays allocated while `region` (an Arc)
-                // is held: owned memory lives in the Arc, raw memory is kept
-                // alive by the `reg_mr_raw` contract and the MemoryRegion's
-                // Drop, which waits for this Arc. The second is the start of
-                // `buf`, which is empty (`end == 0`) and at least
-                // DIRECT_TAIL long. The call does not block, so the region is
-                // held only for one copy.
-                let r = unsafe { sys::recv_iovecs(fd, &mut iov) };
-                drop(region);
-                match r {
-                    Ok(0) => break "EOF".into(),
-                    Ok(n) => {
-                        bulk = true;
-                        let direct = n.min(len as usize);
-                        end = n - direct;
-                        qp.counters
-                            .rx_direct_bytes
-                            .fetch_add(direct as u64, Ordering::Relaxed);
-                        qp.counters
-                            .rx_buffered_bytes
-                            .fetch_add(end as u64, Ordering::Relaxed);
-                        let mut eng = lock(&qp.engine);
-                        eng.handle_direct(direct, &*qp.mem);
-                        pump(qp, &mut eng);
-                        let tx = eng.has_transmit() || eng.wants_close();
-                        drop(eng);
-                        if tx {
-                            conn.kick(qp);
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        // Nothing there yet: wait without holding the region.
-                        match sys::poll_one(fd, libc::POLLIN, TICK) {
-                            Ok(_) => {}
-                            Err(e) => break format!("poll failed: {e}"),
-                        }
-                    }
-                    Err(e) => break format!("read failed: {e}"),
-                }
+            // The engine needs more bytes to make progress.
+            rx.buf.copy_within(rx.start..rx.end, 0);
+            rx.end -= rx.start;
+            rx.start = 0;
+            if rx.end == rx.buf.len() {
+                return Pass::Closed(format!(
+                    "engine consumed nothing from a full {RX_BUF}-byte buffer"
+                ));
             }
-            _ => match (&conn.sock).read({
-                let want = match (end, bulk) {
-                    (0, true) => {
-                        peeked = true;
-                        HDR_PEEK
+        }
+    }
+    if std::mem::take(&mut rx.short) {
+        return Pass::Idle;
+    }
+    let hint = if rx.end == 0 {
+        lock(&qp.engine).rx_hint()
+    } else {
+        RxHint::Buffered
+    };
+    if rx.end == 0 && rx.peeked {
+        // Bulk tagged traffic continues while a header-sized read leads
+        // straight into tagged payload again.
+        rx.bulk = matches!(hint, RxHint::Direct { .. });
+    }
+    rx.peeked = false;
+    match hint {
+        // In bulk mode, also finish a segment's shorter remainder directly.
+        RxHint::Direct { stag, to, len } if len >= DIRECT_MIN || rx.bulk => {
+            let Ok(region) = qp.mem.resolve(stag) else {
+                // Deregistered meanwhile: let the engine see the bytes (and
+                // fail the access) through the buffered path.
+                return match recv_buf(fd, &mut rx.buf) {
+                    Ok(0) => Pass::Closed("EOF".into()),
+                    Ok(n) => {
+                        rx.end = n;
+                        Pass::Progress
                     }
-                    (0, false) => RX_READ,
-                    _ => buf.len() - end,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pass::Idle,
+                    Err(e) => Pass::Closed(format!("read failed: {e}")),
                 };
-                &mut buf[end..end + want]
-            }) {
-                Ok(0) => break "EOF".into(),
+            };
+            // The engine validated the range; check again, we are about to
+            // let the kernel write there.
+            let ptr = match region.ptr_at(to, len as u64) {
+                Ok(p) => p,
+                Err(e) => {
+                    return Pass::Closed(format!(
+                        "direct placement outside region {stag:#010x}: {e}"
+                    ))
+                }
+            };
+            // One scatter read takes the payload into the region and the
+            // FPDU's trailer plus the next header into the buffer, so a bulk
+            // stream costs one system call per FPDU.
+            let mut iov = [
+                libc::iovec {
+                    iov_base: ptr.cast(),
+                    iov_len: len as usize,
+                },
+                libc::iovec {
+                    iov_base: rx.buf.as_mut_ptr().cast(),
+                    iov_len: DIRECT_TAIL,
+                },
+            ];
+            // SAFETY: the first iovec lies inside the region (checked just
+            // above), which stays allocated while `region` (an Arc) is held:
+            // owned memory lives in the Arc, raw memory is kept alive by the
+            // `reg_mr_raw` contract and the MemoryRegion's Drop, which waits
+            // for this Arc. The second is the start of `rx.buf`, which is
+            // empty (`end == 0`) and at least DIRECT_TAIL long. The call
+            // does not block, so the region is held only for one copy.
+            let r = unsafe { sys::recv_iovecs(fd, &mut iov) };
+            drop(region);
+            match r {
+                Ok(0) => Pass::Closed("EOF".into()),
                 Ok(n) => {
-                    end += n;
+                    rx.bulk = true;
+                    rx.short = n < len as usize + DIRECT_TAIL;
+                    let direct = n.min(len as usize);
+                    rx.end = n - direct;
+                    qp.counters
+                        .rx_direct_bytes
+                        .fetch_add(direct as u64, Ordering::Relaxed);
+                    qp.counters
+                        .rx_buffered_bytes
+                        .fetch_add(rx.end as u64, Ordering::Relaxed);
+                    let mut eng = lock(&qp.engine);
+                    eng.handle_direct(direct, &*qp.mem);
+                    pump(qp, &mut eng);
+                    let tx = eng.has_transmit() || eng.wants_close();
+                    drop(eng);
+                    if tx {
+                        conn.kick(qp);
+                    }
+                    Pass::Progress
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pass::Idle,
+                Err(e) => Pass::Closed(format!("read failed: {e}")),
+            }
+        }
+        _ => {
+            let want = match (rx.end, rx.bulk) {
+                (0, true) => {
+                    rx.peeked = true;
+                    HDR_PEEK
+                }
+                (0, false) => RX_READ,
+                _ => rx.buf.len() - rx.end,
+            };
+            let end = rx.end;
+            match recv_buf(fd, &mut rx.buf[end..end + want]) {
+                Ok(0) => Pass::Closed("EOF".into()),
+                Ok(n) => {
+                    rx.end += n;
+                    rx.short = n < want;
                     qp.counters
                         .rx_buffered_bytes
                         .fetch_add(n as u64, Ordering::Relaxed);
+                    Pass::Progress
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => break format!("read failed: {e}"),
-            },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    rx.peeked = false;
+                    Pass::Idle
+                }
+                Err(e) => Pass::Closed(format!("read failed: {e}")),
+            }
+        }
+    }
+}
+
+/// Run receive passes until the socket is drained (`Ok`) or the connection
+/// is over (`Err` with the reason).
+fn rx_drain(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Result<(), String> {
+    loop {
+        if conn.stop.load(Ordering::Acquire) {
+            return Err("stopped".into());
+        }
+        match rx_pass(qp, conn, rx) {
+            Pass::Progress => {}
+            Pass::Idle => return Ok(()),
+            Pass::Closed(why) => return Err(why),
+        }
+    }
+}
+
+impl Conn {
+    /// Receive work from the calling thread, if no other thread is doing
+    /// it: everything the socket holds now is read, placed and completed.
+    /// Returns true if it ran. Never blocks.
+    ///
+    /// `busy`: the caller is a busy-poll loop (counted, so the receive
+    /// thread steps aside; see [`rx_loop`]), not a short spin before sleeping.
+    pub(crate) fn progress(&self, qp: &QpShared, busy: bool) -> bool {
+        if self.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        if busy {
+            self.app_polls.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut rx = match self.rx.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let c = &qp.counters;
+        let read = || {
+            c.rx_buffered_bytes.load(Ordering::Relaxed) + c.rx_direct_bytes.load(Ordering::Relaxed)
+        };
+        // Only the holder of `rx` reads the socket, so the difference is
+        // what this thread read.
+        let before = read();
+        let r = rx_drain(qp, self, &mut rx);
+        let got = read().wrapping_sub(before);
+        if got > 0 {
+            c.rx_polled_bytes.fetch_add(got, Ordering::Relaxed);
+        }
+        drop(rx);
+        if let Err(why) = r {
+            self.connection_lost(qp, &why, None);
+        }
+        true
+    }
+}
+
+/// The receive thread: wait for readability holding no lock, then drain the
+/// socket holding `rx` (an application thread may have done it meanwhile).
+///
+/// While an application thread busy-polls this QP (more than
+/// [`SPINNING_POLLS`] [`Conn::progress`] calls since the last look), that
+/// thread does the receive work, and the receive thread steps aside: it
+/// sleeps [`STEP_ASIDE`] instead of waiting on the socket, so arriving data
+/// does not wake it to compete for the CPU with the thread that is already
+/// reading. Once the polling stops it waits on the socket again, at most
+/// one `STEP_ASIDE` (plus timer slack) later.
+fn rx_loop(qp: &QpShared, conn: &Conn) {
+    let fd = conn.sock.as_raw_fd();
+    let mut polls_seen = 0u64;
+    let why: String = loop {
+        let r = rx_drain(qp, conn, &mut lock(&conn.rx));
+        if let Err(why) = r {
+            break why;
+        }
+        let polls = conn.app_polls.load(Ordering::Relaxed);
+        let spinning = polls.wrapping_sub(polls_seen) > SPINNING_POLLS;
+        polls_seen = polls;
+        if spinning {
+            std::thread::sleep(STEP_ASIDE);
+            continue;
+        }
+        if let Err(e) = sys::poll_one(fd, libc::POLLIN, TICK) {
+            break format!("poll failed: {e}");
         }
     };
     conn.connection_lost(qp, &why, None);

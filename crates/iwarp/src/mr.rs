@@ -124,6 +124,17 @@ impl MrInner {
         // (wrapping_add cannot wrap and needs no `unsafe`).
         Ok(self.ptr.wrapping_add(off))
     }
+
+    /// Copy `[to, to + buf.len())` out of the region, bounds-checked.
+    pub(crate) fn read_into(&self, to: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let src = self.ptr_at(to, buf.len() as u64)?;
+        // SAFETY: the range lies inside the region (checked by `ptr_at`),
+        // whose memory is alive while `self` is (the caller holds the Arc:
+        // owned buffers live in it, raw ones by the `reg_mr_raw` contract).
+        // `buf` is a Rust slice, so it does not alias registered memory.
+        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
 }
 
 impl fmt::Debug for MrInner {

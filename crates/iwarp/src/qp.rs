@@ -85,6 +85,10 @@ pub struct QpStats {
     /// Tagged payload bytes read straight into registered memory
     /// (zero-copy placement).
     pub rx_direct_bytes: u64,
+    /// Of the bytes above (buffered and direct), those read by application
+    /// threads polling a CQ or calling `progress` rather than by the
+    /// driver's receive thread.
+    pub rx_polled_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +96,7 @@ pub(crate) struct Counters {
     pub(crate) tx_bytes: AtomicU64,
     pub(crate) rx_buffered_bytes: AtomicU64,
     pub(crate) rx_direct_bytes: AtomicU64,
+    pub(crate) rx_polled_bytes: AtomicU64,
 }
 
 /// The `wr_id` of the internal RTR work request (RFC 6581 zero-length
@@ -218,9 +223,12 @@ impl QueuePair {
             claimed: AtomicBool::new(false),
             counters: Counters::default(),
         };
-        QueuePair {
-            shared: Arc::new(shared),
+        let shared = Arc::new(shared);
+        shared.send_cq.attach(&shared);
+        if !shared.recv_cq.same_as(&shared.send_cq) {
+            shared.recv_cq.attach(&shared);
         }
+        QueuePair { shared }
     }
 
     /// The QP number (unique within the process; for logs).
@@ -287,6 +295,15 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Do this QP's pending receive work from the calling thread (see
+    /// [`CompletionQueue::progress`]); returns at once. For busy-poll loops
+    /// that spin on memory rather than on a CQ.
+    pub fn progress(&self) {
+        if let Some(conn) = self.shared.conn.get() {
+            conn.progress(&self.shared, true);
+        }
+    }
+
     /// Current state.
     pub fn state(&self) -> QpState {
         self.shared.lock_engine().state()
@@ -324,6 +341,7 @@ impl QueuePair {
             tx_bytes: c.tx_bytes.load(Ordering::Relaxed),
             rx_buffered_bytes: c.rx_buffered_bytes.load(Ordering::Relaxed),
             rx_direct_bytes: c.rx_direct_bytes.load(Ordering::Relaxed),
+            rx_polled_bytes: c.rx_polled_bytes.load(Ordering::Relaxed),
         }
     }
 

@@ -93,6 +93,48 @@ pub(crate) unsafe fn recv_iovecs(fd: RawFd, iov: &mut [libc::iovec]) -> io::Resu
     }
 }
 
+/// Non-blocking `recv(2)` into `buf`; returns the bytes received.
+pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is an exclusively borrowed, initialised slice, valid
+        // for writes of `buf.len()` bytes for the length of the call, which
+        // does not block (MSG_DONTWAIT).
+        let rc = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Non-blocking `send(2)` of `buf` (`MSG_DONTWAIT | MSG_NOSIGNAL`);
+/// returns the bytes written.
+pub(crate) fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is a borrowed slice, readable for `buf.len()` bytes
+        // for the length of the call; the kernel only reads it. The call does
+        // not block and raises no SIGPIPE.
+        let rc = unsafe {
+            libc::send(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Non-blocking gather write (`sendmsg(2)` with `MSG_DONTWAIT |
 /// MSG_NOSIGNAL`) of the iovecs; returns the bytes written.
 ///

@@ -89,3 +89,118 @@ fn reads_and_writes_complete_while_the_target_computes() {
     target.read_at(0, &mut head);
     assert_eq!(head, pattern(1 << 20, 0x42)[..64].to_vec());
 }
+
+/// A thread that busy-polls its CQ reads its own socket: Sends ping-pong
+/// between two polling threads and arrive intact, and the QP's statistics
+/// show that the polling threads, not only the receive threads, read the
+/// bytes.
+#[test]
+fn busy_polling_threads_do_the_receive_work() {
+    let (client, server) = pair();
+    const N: u64 = 2000;
+    let cbuf = client.mr(4096);
+    let sbuf = server.mr(4096);
+    for i in 0..4 {
+        client.post_recv(100 + i, &cbuf, 2048, 64);
+        server.post_recv(200 + i, &sbuf, 2048, 64);
+    }
+    // Spin on poll_one (which progresses when empty), bounded by time.
+    fn spin_recv(h: &Host) -> iwarp::WorkCompletion {
+        let t0 = Instant::now();
+        loop {
+            if let Some(wc) = h.rcq.poll_one() {
+                return wc;
+            }
+            assert!(t0.elapsed() < T, "no receive completion within {T:?}");
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                let wc = spin_recv(&server);
+                assert_eq!(wc.status, WcStatus::Success, "server recv {i}");
+                let mut got = [0u8; 8];
+                sbuf.read_at(2048, &mut got);
+                assert_eq!(u64::from_le_bytes(got), i, "server saw message {i}");
+                server.post_recv(wc.wr_id, &sbuf, 2048, 64);
+                sbuf.write_at(0, &(i + 1_000_000).to_le_bytes());
+                server
+                    .qp
+                    .post_send(&iwarp::SendWr {
+                        signaled: false,
+                        ..wr(i, WrOpcode::Send, &[sbuf.sge(0, 8)])
+                    })
+                    .unwrap();
+            }
+        });
+        for i in 0..N {
+            cbuf.write_at(0, &i.to_le_bytes());
+            client
+                .qp
+                .post_send(&iwarp::SendWr {
+                    signaled: false,
+                    ..wr(i, WrOpcode::Send, &[cbuf.sge(0, 8)])
+                })
+                .unwrap();
+            let wc = spin_recv(&client);
+            assert_eq!(wc.status, WcStatus::Success, "client recv {i}");
+            let mut got = [0u8; 8];
+            cbuf.read_at(2048, &mut got);
+            assert_eq!(u64::from_le_bytes(got), i + 1_000_000, "echo {i}");
+            client.post_recv(wc.wr_id, &cbuf, 2048, 64);
+        }
+    });
+    let (cs, ss) = (client.qp.stats(), server.qp.stats());
+    assert!(
+        cs.rx_polled_bytes > 0 && ss.rx_polled_bytes > 0,
+        "polling threads read nothing: client {cs:?}, server {ss:?}"
+    );
+    assert!(cs.rx_polled_bytes <= cs.rx_buffered_bytes + cs.rx_direct_bytes);
+}
+
+/// After an application busy-polled (so the receive thread stepped aside)
+/// and then stopped to compute, one-sided operations still complete: the
+/// receive thread notices that the polling stopped and takes over.
+#[test]
+fn one_sided_progress_resumes_when_busy_polling_stops() {
+    let (client, server) = pair();
+    let target = server.mr(1 << 16);
+    target.write_at(0, &pattern(1 << 16, 9));
+    let sink = client.mr(1 << 16);
+    // The target polls hard for a while: its receive thread steps aside.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(50) {
+        server.scq.progress();
+        assert!(server.rcq.poll_one().is_none());
+    }
+    // Now it only computes. The Reads must still be answered, promptly.
+    for round in 0..20u64 {
+        let t = Instant::now();
+        client
+            .qp
+            .post_send(&wr(
+                round,
+                WrOpcode::RdmaRead {
+                    remote_addr: target.addr(),
+                    rkey: target.rkey(),
+                },
+                &[sink.sge(0, 1 << 16)],
+            ))
+            .unwrap();
+        let wc = client.send_wc();
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "round {round}: a Read took {:?} after the target stopped polling",
+            t.elapsed()
+        );
+    }
+    let mut got = vec![0u8; 1 << 16];
+    sink.read_at(0, &mut got);
+    assert_eq!(got, pattern(1 << 16, 9));
+    let ss = server.qp.stats();
+    assert!(
+        ss.rx_buffered_bytes > ss.rx_polled_bytes,
+        "the receive thread read the Read Requests: {ss:?}"
+    );
+}

@@ -377,15 +377,23 @@ fn parse_ctrl(b: &[u8]) -> Option<(u64, u64, u64)> {
 /// mode, where the CQ is waited on with `cq.wait` instead when possible).
 struct Waiter {
     busy: bool,
+    /// Busy-poll mode spins on memory or on `is_empty`, so it drives the
+    /// receive work of these CQs' QPs itself (`CompletionQueue::progress`),
+    /// as a spinning TCP reader reads its own socket.
+    cq: Option<CompletionQueue>,
     timeout: Duration,
     last_progress: Instant,
     spins: u32,
 }
 
 impl Waiter {
-    fn new(p: &Params) -> Waiter {
+    fn new(p: &Params, cq: &CompletionQueue) -> Waiter {
+        // Every QP of a side reports to both of its CQs, so progressing
+        // one of them covers them all (each call is a `recv` per QP).
+        let cq = p.busy_poll.then(|| cq.clone());
         Waiter {
             busy: p.busy_poll,
+            cq,
             timeout: p.timeout,
             last_progress: Instant::now(),
             spins: 0,
@@ -407,7 +415,11 @@ impl Waiter {
                 self.timeout
             ));
         }
-        if self.busy || self.spins < 64 {
+        if self.busy {
+            if let Some(cq) = &self.cq {
+                cq.progress();
+            }
+        } else if self.spins < 64 {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();
@@ -734,7 +746,7 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
     let mut verifiers: Vec<Verifier> = (0..p.qps).map(|_| Verifier::new(p.corrupt)).collect();
     let mut st = vec![BwState::default(); side.conns.len()];
     let mut wrs: Vec<SendWr> = Vec::with_capacity(64);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut scratch = Vec::new();
     let start = Instant::now();
     let end_at = p.duration.map(|d| start + d);
@@ -862,7 +874,7 @@ fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
     // connection, then the ACKs. send_bw needs a credit for DONE too.
     for (ci, c) in side.conns.iter_mut().enumerate() {
         if let Some(f) = credit_floor.filter(|_| p.test == Test::SendBw) {
-            let mut w = Waiter::new(&p);
+            let mut w = Waiter::new(&p, &side.scq);
             while st[ci].posted >= c.credit(f) {
                 w.idle("waiting for a credit for the final DONE message")?;
             }
@@ -949,7 +961,7 @@ fn collect_ctrl(
 /// Wait until every control message and credit Write has completed, so
 /// that the last control message has left before the QPs are torn down.
 fn drain_sends(side: &mut Side) -> Result<(), String> {
-    let mut w = Waiter::new(&side.p);
+    let mut w = Waiter::new(&side.p, &side.scq);
     loop {
         let n = side.poll_send_ext(true)?;
         if side
@@ -988,7 +1000,7 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
     };
     let mut st = vec![RxState::default(); side.conns.len()];
     let mut verifiers: Vec<Verifier> = (0..p.qps).map(|_| Verifier::new(p.corrupt)).collect();
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let passive_limit = passive_limit(&p);
     let started = Instant::now();
     let mut buf = Vec::new();
@@ -1107,7 +1119,7 @@ fn server_bw(side: &mut Side) -> Result<u64, String> {
             waiter.idle("waiting for RDMA Writes or credit Writes to complete")?;
         } else {
             // Passive: wait as long as the client runs (bounded).
-            let mut w = Waiter::new(&p);
+            let mut w = Waiter::new(&p, &side.scq);
             if let Err(e) = w.wait_cq(&side.rcq, "waiting for data") {
                 if started.elapsed() > passive_limit
                     || side
@@ -1139,7 +1151,7 @@ fn server_passive(side: &mut Side) -> Result<u64, String> {
 fn wait_done_and_ack(side: &mut Side, seen: Option<u64>) -> Result<(), String> {
     let p = side.p;
     let started = Instant::now();
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     loop {
         match collect_ctrl(side, DONE, &mut waiter) {
             Ok(dones) => {
@@ -1187,7 +1199,7 @@ fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> {
     let warm = warmup(&p);
     let mut samples = Vec::with_capacity(p.iters.min(1 << 24) as usize);
     let mut verifier = Verifier::new(p.corrupt);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
     let mut clock = LatClock::new(&p);
@@ -1260,7 +1272,7 @@ fn finish_lat(
 ) -> Result<ClientResult, String> {
     let n = samples.len() as u64;
     side.conns[0].send_ctrl(DONE, total, 0)?;
-    let mut waiter = Waiter::new(&side.p);
+    let mut waiter = Waiter::new(&side.p, &side.scq);
     let acks = collect_ctrl(side, ACK, &mut waiter)?;
     drain_sends(side)?;
     if acks[0].0 != total {
@@ -1284,7 +1296,7 @@ fn server_write_lat(side: &mut Side) -> Result<u64, String> {
     let p = side.p;
     let size = p.size;
     let mut verifier = Verifier::new(p.corrupt);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
     let started = Instant::now();
@@ -1300,7 +1312,7 @@ fn server_write_lat(side: &mut Side) -> Result<u64, String> {
                 // DONE: the client finished (it only sends DONE after its
                 // last echo arrived, so no Write is in flight).
                 let (count, verified) = (i, verifier.checked);
-                let mut w = Waiter::new(&p);
+                let mut w = Waiter::new(&p, &side.scq);
                 let dones = collect_ctrl(side, DONE, &mut w)?;
                 if dones[0].0 != count {
                     return Err(format!(
@@ -1366,7 +1378,7 @@ fn client_read_lat(side: &mut Side) -> Result<ClientResult, String> {
     let warm = warmup(&p);
     let mut samples = Vec::new();
     let mut verifier = Verifier::new(p.corrupt);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut scratch = Vec::new();
     let mut clock = LatClock::new(&p);
     let mut i = 0u64;
@@ -1422,7 +1434,7 @@ fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
     let warm = warmup(&p);
     let mut samples = Vec::new();
     let mut verifier = Verifier::new(p.corrupt);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
     let mut clock = LatClock::new(&p);
@@ -1482,7 +1494,7 @@ fn server_send_lat(side: &mut Side) -> Result<u64, String> {
     let p = side.p;
     let size = p.size;
     let mut verifier = Verifier::new(p.corrupt);
-    let mut waiter = Waiter::new(&p);
+    let mut waiter = Waiter::new(&p, &side.scq);
     let mut outstanding = 0u64;
     let mut scratch = Vec::new();
     let started = Instant::now();
