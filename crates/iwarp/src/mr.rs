@@ -468,6 +468,40 @@ impl MemoryRegion {
         }
     }
 
+    /// Write `len` bytes at `offset` of the region to the file descriptor
+    /// `fd` (a file, pipe or socket) with `write(2)` straight from the
+    /// registered memory: the kernel reads the region, with no copy in
+    /// user space and no Rust reference to memory a peer may still write.
+    /// Returns the bytes written, which may be fewer than `len` (as with
+    /// `write(2)`; loop for the rest). Interrupted calls are retried.
+    ///
+    /// # Panics
+    /// If the range is not inside the region.
+    pub fn write_to_fd(
+        &self,
+        offset: usize,
+        len: usize,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let src = self.range(offset, len);
+        loop {
+            // SAFETY: `[src, src + len)` lies inside the region (checked by
+            // `range`), which stays allocated while `self` is registered;
+            // the kernel only reads it. A peer writing into it meanwhile
+            // changes what is written, as with DMA, but no Rust reference to
+            // the memory exists.
+            let rc = unsafe { libc::write(fd.as_raw_fd(), src.cast(), len) };
+            if rc >= 0 {
+                return Ok(rc as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Copy `buf.len()` bytes at `offset` out of the region.
     ///
     /// # Panics

@@ -277,3 +277,50 @@ fn handles_are_send_and_sync() {
     check::<iwarp::cm::Listener>();
     check::<iwarp::cm::ConnRequest>();
 }
+
+#[test]
+fn write_to_fd_writes_the_region_bytes() {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsFd;
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let mr = pd.reg_mr(300_000, Access::ALL).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 256) as u8).collect();
+    mr.write_at(0, &data);
+    let path = std::env::temp_dir().join(format!("iwarp-mr-fd-{}", std::process::id()));
+    let mut f = std::fs::File::options()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let (mut off, end) = (1000usize, 250_000usize);
+    while off < end {
+        let n = mr.write_to_fd(off, end - off, f.as_fd()).unwrap();
+        assert!(n > 0);
+        off += n;
+    }
+    f.rewind().unwrap();
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert_eq!(got, data[1000..250_000]);
+    // A descriptor that cannot be written reports the error.
+    let ro = std::fs::File::open("/dev/null").unwrap();
+    let e = mr.write_to_fd(0, 10, ro.as_fd()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(9), "EBADF: {e}");
+}
+
+#[test]
+#[should_panic(expected = "outside memory region")]
+fn write_to_fd_out_of_range_panics() {
+    use std::os::fd::AsFd;
+    let ctx = Context::open().unwrap();
+    let mr = ctx.alloc_pd().reg_mr(4096, Access::ALL).unwrap();
+    let null = std::fs::File::options()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let _ = mr.write_to_fd(4000, 200, null.as_fd());
+}
