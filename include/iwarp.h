@@ -627,13 +627,14 @@ int iwarp_cq_fd(const struct iwarp_cq *cq);
 
 /**
  * Do the pending receive work of the QPs attached to `cq` from the calling
- * thread and return at once. A busy-poll loop that spins on memory (the
- * last byte of an RDMA Write) rather than on `iwarp_poll_cq` calls this in
- * its loop, so it reads its own socket instead of waiting for the stack's
- * receive thread; while it does, the receive threads step aside.
- * `iwarp_poll_cq` does the same work when the CQ is empty. Never needed
- * for progress: the receive threads do it when nobody polls. Returns
- * `IWARP_ERR_NULL_ARG` for a NULL `cq`.
+ * thread and return at once. A busy-poll loop (spinning on
+ * `iwarp_poll_cq`, or on memory such as the last byte of an RDMA Write)
+ * calls this in its loop, so it reads its own socket instead of waiting
+ * for the stack's receive thread; while it does, the receive threads step
+ * aside. It costs a non-blocking `recv` per connected QP, which is why
+ * `iwarp_poll_cq` does not do it. Never needed for progress: the receive
+ * threads do the work when nobody polls. Returns `IWARP_ERR_NULL_ARG` for
+ * a NULL `cq`.
  *
  * # Safety
  * `cq` is NULL or a live handle.

@@ -5,11 +5,11 @@
 //! application.
 //!
 //! - **Busy polling.** [`CompletionQueue::poll`] first reads an atomic count;
-//!   a non-empty CQ is drained under its mutex. An empty CQ first does the
-//!   pending receive work of its QPs from the polling thread
-//!   ([`CompletionQueue::progress`]: non-blocking `recv`s, placement,
-//!   completion), so a busy-polling application does not wait for a
-//!   receive thread to be scheduled.
+//!   an empty CQ costs one atomic load and no lock. A busy-poll loop also
+//!   calls [`CompletionQueue::progress`], which does the pending receive
+//!   work of the CQ's QPs from the polling thread (non-blocking `recv`s,
+//!   placement, completion), so it does not wait for a receive thread to
+//!   be scheduled.
 //! - **Blocking.** [`CompletionQueue::wait`] polls (yielding the CPU) for
 //!   up to 50 µs, then sleeps on a condition variable until the CQ is
 //!   non-empty or the timeout expires. The short poll saves the futex
@@ -58,8 +58,8 @@ struct CqInner {
     /// when someone sleeps on it.
     waiters: AtomicUsize,
     overrun_logged: AtomicBool,
-    /// The QPs whose completions come here: a thread that polls an empty
-    /// CQ does their receive work (see [`CompletionQueue::progress`]).
+    /// The QPs whose completions come here, for
+    /// [`CompletionQueue::progress`].
     sources: Mutex<Vec<Weak<QpShared>>>,
 }
 
@@ -158,50 +158,41 @@ impl CompletionQueue {
     /// the calling thread: whatever their sockets hold now is read, placed
     /// into memory and completed, without waiting for the stack's receive
     /// threads to be scheduled. Returns at once (a QP whose receive thread
-    /// is busy is skipped). [`poll`](Self::poll) and
-    /// [`poll_one`](Self::poll_one) call this when the CQ is empty, and
-    /// [`wait`](Self::wait) during its short spin; call it yourself from a
-    /// loop that spins on memory (an RDMA Write's last byte) rather than on
-    /// the CQ. Progress never depends on it: the receive threads do the
-    /// same work when nobody polls (RFC 5040 one-sided operations complete
+    /// is busy is skipped). Call it in a busy-poll loop, whether the loop
+    /// spins on [`poll`](Self::poll) or on memory (an RDMA Write's last
+    /// byte). Progress never depends on it: the receive threads do the same
+    /// work when nobody polls (RFC 5040 one-sided operations complete
     /// without the target application).
     ///
+    /// It costs a non-blocking `recv` per connected QP of the CQ, which is
+    /// why `poll`, `poll_one` and `wait` do not call it: an event-driven or
+    /// bulk-transfer application that polls until empty and then sleeps
+    /// would pay those system calls for nothing.
+    ///
     /// Calling `progress` in a loop also marks the caller as a busy poller:
-    /// the QPs' receive threads then step aside (sleep in 100 µs slices
-    /// instead of waking for every arriving segment), leaving the CPU to
-    /// the thread that is already reading. `poll`, `poll_one` and `wait`
-    /// do not mark: an application that polls until empty and then sleeps
-    /// keeps its receive threads fully awake.
+    /// the QPs' receive threads then step aside (sleep in 1 ms slices
+    /// instead of waking for every arriving segment), leaving the CPU to the
+    /// thread that is already reading, and take over again within about a
+    /// millisecond once the calls stop.
     pub fn progress(&self) {
-        self.progress_as(true);
-    }
-
-    fn progress_as(&self, busy: bool) {
         let Ok(v) = self.inner.sources.try_lock() else {
             return;
         };
         for w in v.iter() {
             if let Some(qp) = w.upgrade() {
                 if let Some(conn) = qp.conn.get() {
-                    conn.progress(&qp, busy);
+                    conn.progress(&qp);
                 }
             }
         }
     }
 
     /// Move up to `out.len()` completions into `out`, oldest first; returns
-    /// how many (`ibv_poll_cq`). Never blocks. An empty CQ first does its
-    /// QPs' pending receive work ([`progress`](Self::progress)): a few
-    /// non-blocking `recv` calls.
+    /// how many (`ibv_poll_cq`). Never blocks; an empty CQ costs one atomic
+    /// load.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        if out.is_empty() {
+        if out.is_empty() || self.inner.len.load(Ordering::Acquire) == 0 {
             return 0;
-        }
-        if self.inner.len.load(Ordering::Acquire) == 0 {
-            self.progress_as(false);
-            if self.inner.len.load(Ordering::Acquire) == 0 {
-                return 0;
-            }
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let n = out.len().min(q.len());
@@ -215,13 +206,10 @@ impl CompletionQueue {
         n
     }
 
-    /// The oldest completion, if any (progress as in [`poll`](Self::poll)).
+    /// The oldest completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
         if self.inner.len.load(Ordering::Acquire) == 0 {
-            self.progress_as(false);
-            if self.inner.len.load(Ordering::Acquire) == 0 {
-                return None;
-            }
+            return None;
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let wc = q.pop_front();
@@ -244,9 +232,6 @@ impl CompletionQueue {
         // threads running on a busy machine.
         let spin_until = Instant::now() + SPIN.min(timeout);
         while Instant::now() < spin_until {
-            // Not counted as busy polling: this thread may sleep next, so
-            // the receive threads must not step aside for it.
-            self.progress_as(false);
             if self.inner.len.load(Ordering::Acquire) > 0 {
                 return Ok(true);
             }

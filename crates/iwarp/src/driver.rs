@@ -4,9 +4,8 @@
 //! # Threads and locks
 //!
 //! Per connected QP there is one **receive thread** and one **transmit
-//! thread**; application threads also do receive work when they poll
-//! (`Conn::progress`, through `CompletionQueue::poll` / `progress` and
-//! `QueuePair::progress`). The state they share:
+//! thread**; application threads also do receive work when they call
+//! `CompletionQueue::progress` or `QueuePair::progress` (`Conn::progress`). The state they share:
 //!
 //! | lock | guards | held across |
 //! |------|--------|-------------|
@@ -951,16 +950,13 @@ impl Conn {
     /// Receive work from the calling thread, if no other thread is doing
     /// it: everything the socket holds now is read, placed and completed.
     /// Returns true if it ran. Never blocks.
-    ///
-    /// `busy`: the caller is a busy-poll loop (counted, so the receive
-    /// thread steps aside; see [`rx_loop`]), not a short spin before sleeping.
-    pub(crate) fn progress(&self, qp: &QpShared, busy: bool) -> bool {
+    /// Counted, so that the receive thread steps aside while an application
+    /// thread calls this in a loop (see [`rx_loop`]).
+    pub(crate) fn progress(&self, qp: &QpShared) -> bool {
         if self.stop.load(Ordering::Acquire) {
             return false;
         }
-        if busy {
-            self.app_polls.fetch_add(1, Ordering::Relaxed);
-        }
+        self.app_polls.fetch_add(1, Ordering::Relaxed);
         let mut rx = match self.rx.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),

@@ -300,7 +300,7 @@ impl QueuePair {
     /// that spin on memory rather than on a CQ.
     pub fn progress(&self) {
         if let Some(conn) = self.shared.conn.get() {
-            conn.progress(&self.shared, true);
+            conn.progress(&self.shared);
         }
     }
 

@@ -415,6 +415,11 @@ impl Rdma {
         let qp = self.qp()?;
         let deadline = Instant::now() + self.timeout;
         while Instant::now() < deadline {
+            // The message is usually in the socket already (it follows the
+            // body): read it from this thread rather than wait for the
+            // receive thread to be scheduled, which on a loaded machine can
+            // take a scheduler slice.
+            self.recv_cq.progress();
             if let Some(wc) = self.recv_cq.poll_one() {
                 if wc.status != WcStatus::Success {
                     return Err(format!("RDMA connection failed: {:?}", wc.status));
