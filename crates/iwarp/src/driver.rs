@@ -36,8 +36,10 @@
 //! that are both sending a lot cannot end up both blocked in `write` with
 //! nobody reading.
 //!
-//! **Receive thread** (`rx_loop`): waits for readability with `poll`
-//! holding no lock, then takes `rx` and drains the socket. This is what
+//! **Receive thread** (`rx_loop`): while no application thread calls
+//! `progress`, it holds `rx` and blocks in `recv` (one system call per
+//! wake-up); once one does, it waits for readability with `poll` holding
+//! no lock, then takes `rx` and drains the socket. This is what
 //! makes one-sided operations progress while the application computes
 //! (RFC 5040 requires no help from the target's application). While an
 //! application thread busy-polls, the receive thread steps aside (see
@@ -751,6 +753,9 @@ pub(crate) struct RxState {
     /// the latency path of a busy poller, that `recv` is a socket lock
     /// round trip before the application sees its data).
     short: bool,
+    /// Buffered reads block (the receive thread alone reads; see
+    /// `rx_exclusive`).
+    block: bool,
 }
 
 impl RxState {
@@ -762,6 +767,7 @@ impl RxState {
             bulk: false,
             peeked: false,
             short: false,
+            block: false,
         }
     }
 }
@@ -772,15 +778,22 @@ enum Pass {
     Progress,
     /// The socket had nothing and the buffer holds no complete unit.
     Idle,
+    /// The last read was short, so the socket is probably empty; its bytes
+    /// are consumed. (A blocking reader reads again; others stop.)
+    Drained,
     /// The connection is over (EOF or an error), with the reason.
     Closed(String),
 }
 
-/// Non-blocking `recv` into `buf` (plain `recv`, not `recvmsg`: a busy
-/// poller calls this in a loop, and `recvmsg` costs a message header and
-/// iovec import per call on top).
-fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    sys::recv_nonblocking(fd, buf)
+/// `recv` into `buf` (plain `recv`, not `recvmsg`: a busy poller calls this
+/// in a loop, and `recvmsg` costs a message header and iovec import per
+/// call on top); non-blocking unless `block`.
+fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8], block: bool) -> io::Result<usize> {
+    if block {
+        sys::recv_blocking(fd, buf)
+    } else {
+        sys::recv_nonblocking(fd, buf)
+    }
 }
 
 /// One step of receive work, never blocking: feed buffered bytes to the
@@ -813,7 +826,7 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
         }
     }
     if std::mem::take(&mut rx.short) {
-        return Pass::Idle;
+        return Pass::Drained;
     }
     let hint = if rx.end == 0 {
         lock(&qp.engine).rx_hint()
@@ -832,7 +845,7 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
             let Ok(region) = qp.mem.resolve(stag) else {
                 // Deregistered meanwhile: let the engine see the bytes (and
                 // fail the access) through the buffered path.
-                return match recv_buf(fd, &mut rx.buf) {
+                return match recv_buf(fd, &mut rx.buf, false) {
                     Ok(0) => Pass::Closed("EOF".into()),
                     Ok(n) => {
                         rx.end = n;
@@ -911,7 +924,7 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
                 _ => rx.buf.len() - rx.end,
             };
             let end = rx.end;
-            match recv_buf(fd, &mut rx.buf[end..end + want]) {
+            match recv_buf(fd, &mut rx.buf[end..end + want], rx.block) {
                 Ok(0) => Pass::Closed("EOF".into()),
                 Ok(n) => {
                     rx.end += n;
@@ -940,10 +953,46 @@ fn rx_drain(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Result<(), String> 
         }
         match rx_pass(qp, conn, rx) {
             Pass::Progress => {}
-            Pass::Idle => return Ok(()),
+            Pass::Idle | Pass::Drained => return Ok(()),
             Pass::Closed(why) => return Err(why),
         }
     }
+}
+
+/// The receive thread alone reads the socket (no application thread has
+/// called `progress` since `polls_seen`): it holds `rx` and blocks in
+/// `recv`, one system call per wake-up instead of `poll` plus `recv`.
+/// Returns `Ok` as soon as an application thread calls `progress` (it then
+/// finds `rx` free again), `Err` with the reason when the connection ends.
+fn rx_exclusive(
+    qp: &QpShared,
+    conn: &Conn,
+    rx: &mut RxState,
+    polls_seen: u64,
+) -> Result<(), String> {
+    let fd = conn.sock.as_raw_fd();
+    rx.block = true;
+    let r = loop {
+        if conn.stop.load(Ordering::Acquire) {
+            break Err("stopped".into());
+        }
+        match rx_pass(qp, conn, rx) {
+            Pass::Progress | Pass::Drained => {}
+            // A direct read found nothing: wait for readability, holding
+            // no region (a deregistration may be waiting for it).
+            Pass::Idle => {
+                if let Err(e) = sys::poll_one(fd, libc::POLLIN, TICK) {
+                    break Err(format!("poll failed: {e}"));
+                }
+            }
+            Pass::Closed(why) => break Err(why),
+        }
+        if conn.app_polls.load(Ordering::Relaxed) != polls_seen {
+            break Ok(());
+        }
+    };
+    rx.block = false;
+    r
 }
 
 impl Conn {
@@ -960,7 +1009,13 @@ impl Conn {
         let mut rx = match self.rx.try_lock() {
             Ok(g) => g,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return false,
+            Err(TryLockError::WouldBlock) => {
+                // The receive thread is reading (or blocked in `recv` until
+                // it notices this call): give it the CPU rather than spin
+                // against it, which matters when threads outnumber cores.
+                std::thread::yield_now();
+                return false;
+            }
         };
         let c = &qp.counters;
         let read = || {
@@ -982,8 +1037,11 @@ impl Conn {
     }
 }
 
-/// The receive thread: wait for readability holding no lock, then drain the
-/// socket holding `rx` (an application thread may have done it meanwhile).
+/// The receive thread. While no application thread calls
+/// [`Conn::progress`], it reads alone, blocking in `recv` with `rx` held
+/// (`rx_exclusive`). Otherwise it waits for readability holding no lock,
+/// then drains the socket holding `rx` (an application thread may have done
+/// it meanwhile).
 ///
 /// While an application thread busy-polls this QP (more than
 /// [`SPINNING_POLLS`] [`Conn::progress`] calls since the last look), that
@@ -994,19 +1052,28 @@ impl Conn {
 /// one `STEP_ASIDE` (plus timer slack) later.
 fn rx_loop(qp: &QpShared, conn: &Conn) {
     let fd = conn.sock.as_raw_fd();
-    let mut polls_seen = 0u64;
+    let mut polls_seen = conn.app_polls.load(Ordering::Relaxed);
     let why: String = loop {
+        let polls = conn.app_polls.load(Ordering::Relaxed);
+        let calls = polls.wrapping_sub(polls_seen);
+        polls_seen = polls;
+        if calls == 0 {
+            // Nobody polls: block in `recv` holding `rx`.
+            match rx_exclusive(qp, conn, &mut lock(&conn.rx), polls_seen) {
+                Ok(()) => continue,
+                Err(why) => break why,
+            }
+        }
         let r = rx_drain(qp, conn, &mut lock(&conn.rx));
         if let Err(why) = r {
             break why;
         }
-        let polls = conn.app_polls.load(Ordering::Relaxed);
-        let spinning = polls.wrapping_sub(polls_seen) > SPINNING_POLLS;
-        polls_seen = polls;
-        if spinning {
+        if calls > SPINNING_POLLS {
             std::thread::sleep(STEP_ASIDE);
             continue;
         }
+        // Someone polls now and then: wait holding nothing, so that it can
+        // take `rx` meanwhile.
         if let Err(e) = sys::poll_one(fd, libc::POLLIN, TICK) {
             break format!("poll failed: {e}");
         }

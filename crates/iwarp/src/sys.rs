@@ -135,6 +135,23 @@ pub(crate) fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// Blocking `recv(2)` into `buf` (the socket is in blocking mode); returns
+/// the bytes received, 0 at EOF or after a `shutdown`.
+pub(crate) fn recv_blocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is an exclusively borrowed, initialised slice, valid
+        // for writes of `buf.len()` bytes for the length of the call.
+        let rc = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Non-blocking gather write (`sendmsg(2)` with `MSG_DONTWAIT |
 /// MSG_NOSIGNAL`) of the iovecs; returns the bytes written.
 ///
