@@ -387,7 +387,7 @@ impl Rdma {
             solicited: false,
         })
         .map_err(|e| format!("posting {opcode:?}: {e}"))?;
-        match self.send_cq.wait_one(self.timeout) {
+        match wait_wc(&self.send_cq, self.timeout) {
             Ok(Some(wc)) if wc.status == WcStatus::Success => Ok(()),
             Ok(Some(wc)) => {
                 let why = qp
@@ -414,11 +414,11 @@ impl Rdma {
     fn wait_ctrl(&self, http: Option<&Conn>) -> Res<Option<CtrlMsg>> {
         let qp = self.qp()?;
         let deadline = Instant::now() + self.timeout;
+        let spin_until = Instant::now() + SPIN_PROGRESS;
         while Instant::now() < deadline {
-            // The message is usually in the socket already (it follows the
-            // body): read it from this thread rather than wait for the
-            // receive thread to be scheduled, which on a loaded machine can
-            // take a scheduler slice.
+            // The message is usually in the socket already or about to be
+            // (it follows the body): read it from this thread (see
+            // `wait_wc`).
             self.recv_cq.progress();
             if let Some(wc) = self.recv_cq.poll_one() {
                 if wc.status != WcStatus::Success {
@@ -433,7 +433,9 @@ impl Rdma {
                 return Ok(Some(m));
             }
             let Some(h) = http else {
-                let _ = self.recv_cq.wait(Duration::from_millis(100));
+                if Instant::now() >= spin_until {
+                    let _ = self.recv_cq.wait(Duration::from_millis(100));
+                }
                 continue;
             };
             if h.has_buffered() {
@@ -464,6 +466,35 @@ impl Rdma {
             self.timeout
         ))
     }
+}
+
+/// How long a thread that waits for a completion keeps doing the receive
+/// work itself before it sleeps: about the time a 1 MB body takes over
+/// loopback.
+const SPIN_PROGRESS: Duration = Duration::from_micros(500);
+
+/// Wait up to `timeout` for one completion on `cq`. For the first
+/// [`SPIN_PROGRESS`] this thread reads the connection itself
+/// (`cq.progress()`): a response usually arrives within that time, and
+/// reading it here saves waking the receive thread and then this one, each
+/// of which can cost a scheduler tick (4 ms) on a loaded machine. Then it
+/// sleeps in the CQ.
+fn wait_wc(
+    cq: &CompletionQueue,
+    timeout: Duration,
+) -> Result<Option<iwarp::WorkCompletion>, iwarp::Error> {
+    let start = Instant::now();
+    let spin_until = start + SPIN_PROGRESS.min(timeout);
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            return Ok(Some(wc));
+        }
+        if Instant::now() >= spin_until {
+            break;
+        }
+        cq.progress();
+    }
+    cq.wait_one(timeout.saturating_sub(start.elapsed()))
 }
 
 /// One HTTP connection plus its RDMA side.
