@@ -219,10 +219,10 @@ pub(crate) struct TxState {
 #[derive(Default)]
 struct IovBuf(Vec<libc::iovec>);
 
-// SAFETY: `IovBuf` is empty between calls of `write_some` (which clears it
-// before returning from its only `sendmsg`), so the raw pointers it holds
-// never outlive the borrow they were taken under and are never seen by
-// another thread; only the capacity moves between threads.
+// SAFETY: `IovBuf` is empty between calls of `write_some`, which clears it
+// on every exit (errors included), so the raw pointers it holds never
+// outlive the borrow they were taken under and are never seen by another
+// thread; only the capacity moves between threads.
 unsafe impl Send for IovBuf {}
 
 /// The connection of a QP: its socket and the driver's shared state.
@@ -546,6 +546,16 @@ enum Flush {
 /// with one gather `sendmsg` straight from the frame's inline bytes and
 /// the registered regions.
 fn write_some(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<usize> {
+    let r = gather_and_send(qp, conn, tx);
+    // On every exit, errors included: no pointer outlives this call, and
+    // no region stays pinned.
+    tx.iov.0.clear();
+    tx.hold.clear();
+    r
+}
+
+/// The body of [`write_some`], which empties `iov` and `hold` after it.
+fn gather_and_send(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<usize> {
     let left = tx.frame_len.saturating_sub(tx.off);
     if left == 0 {
         return Ok(0);
@@ -628,10 +638,7 @@ fn write_some(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<usize>
     // SAFETY: each iovec points into `frame.inline` (borrowed for this
     // call) or into a registered region whose `Arc` is in `hold`, so all of
     // it is readable until the call returns; the call does not block.
-    let n = unsafe { sys::send_iovecs(fd, &iov.0) };
-    iov.0.clear();
-    hold.clear();
-    n
+    unsafe { sys::send_iovecs(fd, &iov.0) }
 }
 
 /// Write everything the engine has. `blocking` waits for socket space (the
