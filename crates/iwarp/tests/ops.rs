@@ -768,3 +768,50 @@ fn raw_registered_memory_round_trip() {
     assert!(backing == data);
     assert!(sink.to_vec() == data);
 }
+
+/// Deregistering the source of an RDMA Write while it is being sent (raw,
+/// caller-owned memory, whose `Drop` waits until no driver thread holds the
+/// region): the drop returns promptly, the Write completes (with an error
+/// if it was cut short, the connection then being closed), and nothing
+/// hangs. The driver must not keep the region pinned after a failed send.
+#[test]
+fn deregistering_the_source_mid_write_neither_hangs_nor_crashes() {
+    const LEN: usize = 64 << 20;
+    let (client, server) = pair();
+    let target = server.mr(LEN);
+    let mut backing = vec![0x5au8; LEN];
+    // SAFETY: `backing` outlives `mr` (dropped explicitly below, before
+    // `backing`) and is not touched through Rust references meanwhile.
+    let mr = unsafe {
+        client
+            .pd
+            .reg_mr_raw(backing.as_mut_ptr(), LEN, Access::LOCAL_WRITE)
+    }
+    .unwrap();
+    client
+        .qp
+        .post_send(&wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: target.addr(),
+                rkey: target.rkey(),
+            },
+            &[mr.sge(0, LEN)],
+        ))
+        .unwrap();
+    let t0 = Instant::now();
+    drop(mr);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "deregistration waited {:?}",
+        t0.elapsed()
+    );
+    let wc = client.send_wc();
+    assert_eq!(wc.wr_id, 1);
+    if wc.status != WcStatus::Success {
+        // Cut short: the connection is closed on both ends.
+        assert_eq!(client.qp.state(), QpState::Error, "{wc:?}");
+        server.event(|e| matches!(e, QpEvent::Disconnected | QpEvent::TerminateReceived(_)));
+    }
+    drop(backing);
+}
