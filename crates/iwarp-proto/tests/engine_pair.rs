@@ -1679,3 +1679,43 @@ fn a_send_in_flight_is_flushed_if_the_connection_dies() {
     let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(st, vec![(7, WcStatus::WrFlushErr)]);
 }
+
+/// The application may close its QP as soon as it sees `TerminateSent`,
+/// before the driver has written the Terminate: the Terminate still goes
+/// out, and the peer learns why its request failed.
+#[test]
+fn closing_right_after_an_error_still_sends_the_terminate() {
+    let mut p = Pair::new(21, Link::default());
+    let src = p.a.mem.register(PD, Access::NONE, 0, 64);
+    // A Write to an STag B never registered.
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x0bad_0100,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    // Move A's frame to B by hand, then let B detect the violation.
+    let out = Pair::transmit(&mut p.a, &mut p.wire_ab, 70_000);
+    assert!(!out.is_empty());
+    assert_eq!(p.b.eng.handle_input(&out, &p.b.mem), out.len());
+    p.b.drain();
+    assert_eq!(term_sent(&p.b), code(TermCode::DdpTaggedInvalidStag));
+    // B's application closes before B's driver transmitted anything.
+    p.b.eng.close();
+    assert!(p.b.eng.has_transmit(), "the Terminate is still queued");
+    assert!(
+        !p.b.eng.wants_close(),
+        "the stream stays open until it leaves"
+    );
+    p.run();
+    assert_eq!(term_received(&p.a), code(TermCode::DdpTaggedInvalidStag));
+    assert!(p.b.eng.wants_close());
+}

@@ -374,11 +374,14 @@ impl Engine {
     }
 
     /// Local close (disconnect or destroy): flush everything and accept
-    /// nothing more. No Terminate is sent: this is an orderly close.
+    /// nothing more. An orderly close from RTS sends no Terminate; but a
+    /// Terminate already queued for an error found earlier still goes out
+    /// before the stream closes (RFC 5040 §4.8, §6: the peer must learn why
+    /// its request failed), even when the application closes as soon as it
+    /// sees [`EngineEvent::TerminateSent`], before the driver wrote it.
     pub fn close(&mut self) {
         if self.state != QpState::Closed {
             self.state = QpState::Closed;
-            self.tx.pending_term = None;
             self.flush_all(false);
         }
     }
