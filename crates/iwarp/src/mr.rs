@@ -310,7 +310,20 @@ impl MemoryAccess for MrTable {
         // this Arc to be released. `data` is a Rust slice that cannot overlap
         // registered memory handed out only through raw pointers and the
         // unsafe `as_slice` accessors.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        //
+        // The last byte is stored last, after a release fence: `memcpy` may
+        // store a block's tail before its head (glibc's vector copies of a
+        // few hundred bytes do), and an application that detects an RDMA
+        // Write by polling the message's last byte (as perftest's
+        // `ib_write_lat` and rping-style code do) would then see the last
+        // byte while the first ones are still stale. Segments are placed in
+        // stream order, so the message's final byte is the last one stored.
+        let n = data.len();
+        // SAFETY: see above; `n - 1` bytes of a checked range of `n`.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n - 1) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // SAFETY: as above; `n - 1` is inside the checked range (`n >= 1`).
+        unsafe { dst.add(n - 1).write(data[n - 1]) };
         Ok(())
     }
 
