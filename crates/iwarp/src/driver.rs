@@ -1005,12 +1005,11 @@ fn rx_exclusive(
 impl Conn {
     /// Receive work from the calling thread, if no other thread is doing
     /// it: everything the socket holds now is read, placed and completed.
-    /// Returns true if it ran. Never blocks.
-    /// Counted, so that the receive thread steps aside while an application
-    /// thread calls this in a loop (see [`rx_loop`]).
-    pub(crate) fn progress(&self, qp: &QpShared) -> bool {
+    /// Never blocks. Counted, so that the receive thread steps aside while
+    /// an application thread calls this in a loop (see [`rx_loop`]).
+    pub(crate) fn progress(&self, qp: &QpShared) {
         if self.stop.load(Ordering::Acquire) {
-            return false;
+            return;
         }
         self.app_polls.fetch_add(1, Ordering::Relaxed);
         let mut rx = match self.rx.try_lock() {
@@ -1021,7 +1020,7 @@ impl Conn {
                 // it notices this call): give it the CPU rather than spin
                 // against it, which matters when threads outnumber cores.
                 std::thread::yield_now();
-                return false;
+                return;
             }
         };
         let c = &qp.counters;
@@ -1040,7 +1039,6 @@ impl Conn {
         if let Err(why) = r {
             self.connection_lost(qp, &why, None);
         }
-        true
     }
 }
 

@@ -332,6 +332,16 @@ impl Rdma {
         .map_err(|e| format!("posting a receive: {e}"))
     }
 
+    /// The `RDMA:` header of a new request with `scheme`, naming our
+    /// listener (after [`Rdma::prepare`]).
+    fn request_header(&mut self, scheme: Scheme) -> Res<RdmaHeader> {
+        self.prepare()?;
+        let mut h = RdmaHeader::new(scheme);
+        h.ip = Some(self.ip());
+        h.port = Some(self.port());
+        Ok(h)
+    }
+
     /// Before a request: take a connection the server may have opened
     /// meanwhile, and forget a dead one.
     fn prepare(&mut self) -> Res<()> {
@@ -718,13 +728,10 @@ fn rdma_get(
 ) -> Res<Outcome> {
     let max_len = a.max_len;
     let r = s.rdma()?;
-    r.prepare()?;
-    let mut h = RdmaHeader::new(match scheme {
+    let mut h = r.request_header(match scheme {
         GetScheme::ServerWrites => Scheme::ServerWrites,
         GetScheme::ClientReads => Scheme::ClientReads,
-    });
-    h.ip = Some(r.ip());
-    h.port = Some(r.port());
+    })?;
     h.maxlen = Some(max_len);
     if let GetScheme::ServerWrites = scheme {
         let b = r.buf(max_len)?;
@@ -975,13 +982,10 @@ fn cmd_put(
         )
     } else {
         let r = s.rdma()?;
-        r.prepare()?;
-        let mut h = RdmaHeader::new(match scheme {
+        let mut h = r.request_header(match scheme {
             PutScheme::ServerReads => Scheme::ServerReads,
             PutScheme::ClientWrites => Scheme::ClientWrites,
-        });
-        h.ip = Some(r.ip());
-        h.port = Some(r.port());
+        })?;
         h.length = Some(size);
         let pb = bar(a.quiet, size, &url.file_name());
         if let PutScheme::ServerReads = scheme {
@@ -1100,11 +1104,7 @@ fn cmd_put(
 fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) -> Res<bool> {
     let url = Url::parse(u)?;
     let mut s = Session::open(&url, Duration::from_secs(a.timeout))?;
-    let r = s.rdma()?;
-    r.prepare()?;
-    let mut h = RdmaHeader::new(Scheme::ClientReads);
-    h.ip = Some(r.ip());
-    h.port = Some(r.port());
+    let h = s.rdma()?.request_header(Scheme::ClientReads)?;
     s.http
         .send_request("GET", &url, &[("RDMA", h.to_string())], None)
         .map_err(|e| e.to_string())?;
