@@ -223,6 +223,16 @@ impl CompletionQueue {
     /// Block until the CQ is non-empty (`Ok(true)`) or `timeout` passes
     /// (`Ok(false)`). Does not remove anything.
     pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        self.wait_spin(timeout, SPIN)
+    }
+
+    /// [`wait`](Self::wait) with the polling phase set by the caller: poll
+    /// (yielding the CPU) for up to `spin`, then sleep. `Duration::ZERO`
+    /// sleeps at once, which suits a thread that waits for completions
+    /// spaced further apart than a futex wake-up (a bulk transfer's
+    /// per-block completions): polling there burns CPU for every wait and
+    /// rarely saves a sleep.
+    pub fn wait_spin(&self, timeout: Duration, spin: Duration) -> Result<bool, Error> {
         if self.inner.len.load(Ordering::Acquire) > 0 {
             return Ok(true);
         }
@@ -230,12 +240,14 @@ impl CompletionQueue {
         // a few microseconds of a request in a ping-pong, and a futex
         // sleep/wake pair costs more than that. Yielding keeps the driver
         // threads running on a busy machine.
-        let spin_until = Instant::now() + SPIN.min(timeout);
-        while Instant::now() < spin_until {
-            if self.inner.len.load(Ordering::Acquire) > 0 {
-                return Ok(true);
+        if !spin.is_zero() {
+            let spin_until = Instant::now() + spin.min(timeout);
+            while Instant::now() < spin_until {
+                if self.inner.len.load(Ordering::Acquire) > 0 {
+                    return Ok(true);
+                }
+                std::thread::yield_now();
             }
-            std::thread::yield_now();
         }
         let deadline = Instant::now().checked_add(timeout);
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);

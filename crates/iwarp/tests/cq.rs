@@ -126,3 +126,51 @@ fn eventfd_asked_for_late_is_readable_at_once() {
     assert_eq!(cq.poll_one().unwrap().wr_id, 9);
     assert!(!readable(cq.as_raw_fd()), "cleared once drained");
 }
+
+#[test]
+fn wait_without_spin_sleeps_and_is_woken() {
+    // `wait_spin(.., ZERO)` goes straight to sleep: it must still time out
+    // on an empty CQ and be woken by completions pushed from another thread.
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let t = Instant::now();
+    assert!(!cq
+        .wait_spin(Duration::from_millis(50), Duration::ZERO)
+        .unwrap());
+    let el = t.elapsed();
+    assert!(
+        el >= Duration::from_millis(45) && el < Duration::from_secs(2),
+        "{el:?}"
+    );
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        })
+        .unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 7,
+        sgl: SgList::single(mr.sge(0, 64)),
+    })
+    .unwrap();
+    let waiter = {
+        let cq = cq.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let woke = cq
+                .wait_spin(Duration::from_secs(5), Duration::ZERO)
+                .unwrap();
+            (woke, t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    qp.disconnect();
+    let (woke, el) = waiter.join().unwrap();
+    assert!(woke, "woken by the flushed receive");
+    assert!(el < Duration::from_secs(4), "woken, not timed out: {el:?}");
+    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(7));
+}
