@@ -187,6 +187,27 @@ impl CompletionQueue {
         }
     }
 
+    /// Tell the receive threads of this CQ's QPs that the calling thread
+    /// stops calling [`progress`](Self::progress) for now (it is about to
+    /// sleep): a receive thread that stepped aside for the poller takes the
+    /// receive work back at once instead of up to two milliseconds later.
+    /// [`wait`](Self::wait) does this itself before it sleeps; call it
+    /// before sleeping elsewhere, e.g. in `poll(2)` on
+    /// [`as_raw_fd`](Self::as_raw_fd). Cheap (an atomic add per QP) and
+    /// harmless when nobody polled.
+    pub fn stop_progress(&self) {
+        // A blocking lock: the caller holds no other lock of the stack
+        // here, and the list is held only briefly.
+        let v = self.inner.sources.lock().unwrap_or_else(|e| e.into_inner());
+        for w in v.iter() {
+            if let Some(qp) = w.upgrade() {
+                if let Some(conn) = qp.conn.get() {
+                    conn.stop_progress();
+                }
+            }
+        }
+    }
+
     /// Move up to `out.len()` completions into `out`, oldest first; returns
     /// how many (`ibv_poll_cq`). Never blocks; an empty CQ costs one atomic
     /// load.
@@ -249,6 +270,9 @@ impl CompletionQueue {
                 std::thread::yield_now();
             }
         }
+        // This thread may have been doing the receive work (`progress`);
+        // hand it back before sleeping.
+        self.stop_progress();
         let deadline = Instant::now().checked_add(timeout);
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);
         let _registered = WaiterGuard(&self.inner.waiters);

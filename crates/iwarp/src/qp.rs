@@ -89,6 +89,9 @@ pub struct QpStats {
     /// threads polling a CQ or calling `progress` rather than by the
     /// driver's receive thread.
     pub rx_polled_bytes: u64,
+    /// Times the receive thread stepped aside (parked for up to a
+    /// millisecond) because an application thread was busy polling.
+    pub rx_steps_aside: u64,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +100,7 @@ pub(crate) struct Counters {
     pub(crate) rx_buffered_bytes: AtomicU64,
     pub(crate) rx_direct_bytes: AtomicU64,
     pub(crate) rx_polled_bytes: AtomicU64,
+    pub(crate) rx_steps_aside: AtomicU64,
 }
 
 /// The `wr_id` of the internal RTR work request (RFC 6581 zero-length
@@ -342,6 +346,7 @@ impl QueuePair {
             rx_buffered_bytes: c.rx_buffered_bytes.load(Ordering::Relaxed),
             rx_direct_bytes: c.rx_direct_bytes.load(Ordering::Relaxed),
             rx_polled_bytes: c.rx_polled_bytes.load(Ordering::Relaxed),
+            rx_steps_aside: c.rx_steps_aside.load(Ordering::Relaxed),
         }
     }
 

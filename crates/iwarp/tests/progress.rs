@@ -206,3 +206,93 @@ fn one_sided_progress_resumes_when_busy_polling_stops() {
         "the receive thread read the Read Requests: {ss:?}"
     );
 }
+
+/// A poller that says it stops (`stop_progress`, which `CompletionQueue::wait`
+/// calls before it sleeps) gets the receive thread back at once: after the
+/// hand-back the receive thread does not step aside again, it answers the
+/// next Read itself. (Before the hand-back existed it stepped aside once
+/// more after the polling stopped in nearly every round, leaving the socket
+/// unread for up to a millisecond; two on a loaded machine.)
+#[test]
+fn receive_thread_takes_over_at_once_when_the_poller_stops() {
+    let (client, server) = pair();
+    let target = server.mr(1 << 16);
+    target.write_at(0, &pattern(1 << 16, 3));
+    let sink = client.mr(1 << 16);
+    let mut meaningful = 0u32;
+    for round in 0..6u64 {
+        // The target busy-polls while Reads arrive: its receive thread
+        // steps aside and the polling thread answers them.
+        let before = server.qp.stats().rx_steps_aside;
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        while t0.elapsed() < Duration::from_millis(20) {
+            let id = 1000 + round * 1000 + n;
+            n += 1;
+            client
+                .qp
+                .post_send(&wr(
+                    id,
+                    WrOpcode::RdmaRead {
+                        remote_addr: target.addr(),
+                        rkey: target.rkey(),
+                    },
+                    &[sink.sge(0, 4096)],
+                ))
+                .unwrap();
+            let wc = loop {
+                server.scq.progress();
+                if let Some(wc) = client.scq.poll_one() {
+                    break wc;
+                }
+                assert!(t0.elapsed() < T, "a Read did not complete");
+            };
+            assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+            // Keep polling between Reads: the receive thread, woken by the
+            // next one, finds a busy poller and steps aside.
+            let t1 = Instant::now();
+            while t1.elapsed() < Duration::from_millis(1) {
+                server.scq.progress();
+            }
+        }
+        // A round in which the receive thread never stepped aside (it
+        // stayed in its blocking read; timing decides) proves nothing.
+        let stepped = server.qp.stats().rx_steps_aside > before;
+        meaningful += u32::from(stepped);
+        // ... then stops, saying so, and nobody polls it any more.
+        server.scq.stop_progress();
+        let parked = server.qp.stats().rx_steps_aside;
+        let polled = server.qp.stats().rx_polled_bytes;
+        client
+            .qp
+            .post_send(&wr(
+                round,
+                WrOpcode::RdmaRead {
+                    remote_addr: target.addr(),
+                    rkey: target.rkey(),
+                },
+                &[sink.sge(0, 1 << 16)],
+            ))
+            .unwrap();
+        let wc = client.send_wc();
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+        let after = server.qp.stats();
+        if stepped {
+            assert_eq!(
+                after.rx_steps_aside, parked,
+                "round {round}: the receive thread stepped aside again after the hand-back"
+            );
+        }
+        assert_eq!(
+            after.rx_polled_bytes, polled,
+            "round {round}: the receive thread, not a poller, read the Read Request"
+        );
+    }
+    assert!(
+        meaningful > 0,
+        "the receive thread never stepped aside for the polling target"
+    );
+    let mut got = vec![0u8; 1 << 16];
+    sink.read_at(0, &mut got);
+    assert_eq!(got, pattern(1 << 16, 3));
+}

@@ -452,7 +452,9 @@ impl Rdma {
                 return Ok(None);
             }
             // Sleep until a completion or the HTTP answer (the CQ's fd is
-            // readable exactly while it holds completions).
+            // readable exactly while it holds completions), handing the
+            // receive work back to the stack's thread first.
+            self.recv_cq.stop_progress();
             let mut fds = [
                 libc::pollfd {
                     fd: self.recv_cq.as_raw_fd(),
