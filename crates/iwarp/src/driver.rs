@@ -10,7 +10,7 @@
 //! | lock | guards | held across |
 //! |------|--------|-------------|
 //! | `rx` (`Mutex<RxState>`) | the receive buffer and the right to read the socket | non-blocking `recv` calls and engine calls; never a wait. The receive thread `lock`s it, application threads only `try_lock` it |
-//! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `send`/`sendmsg` calls, engine calls, and (transmit thread only) `poll(POLLOUT)` waits of at most 100 ms; every other thread only `try_lock`s it |
+//! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `send`/`sendmsg` calls and engine calls; never a wait (the transmit thread waits for socket space holding nothing). Every thread but the transmit thread only `try_lock`s it |
 //! | `engine` (`Mutex<Engine>`) | the sans-IO engine | engine calls only; never a system call on the socket |
 //! | MR table (`RwLock`, read side) | region lookup | the lookup only (the region's `Arc` is cloned out) |
 //! | CQ / event queue mutexes | the queues | a push or a pop |
@@ -59,7 +59,11 @@
 //! `tx` only with `try_lock` and only writes non-blocking: on `EAGAIN` or
 //! if `tx` is busy it wakes the transmit thread, which is the only one that
 //! waits for socket space (with `poll`, in 100 ms slices so it notices a
-//! stop request). After releasing `tx`, every writer re-checks
+//! stop request), and it waits *without* holding `tx`: an application
+//! thread in `progress` (waiting for this very transfer) pushes a partly
+//! written frame on itself whenever it finds `tx` free, so a large Write or
+//! Read Response keeps moving while the transmit thread waits to be
+//! scheduled. After releasing `tx`, every writer re-checks
 //! [`Engine::has_transmit`] and wakes the transmit thread if work appeared
 //! meanwhile; the wake flag is sticky, so no wake-up is lost.
 //!
@@ -384,7 +388,7 @@ impl Conn {
             }
         };
         let mut tx = guard;
-        let r = flush(qp, self, &mut tx, false);
+        let r = flush(qp, self, &mut tx);
         drop(tx);
         match r {
             Flush::Done => {
@@ -654,7 +658,7 @@ fn gather_and_send(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<u
 
 /// Write everything the engine has. `blocking` waits for socket space (the
 /// transmit thread); otherwise returns `WouldBlock` when the socket is full.
-fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState, blocking: bool) -> Flush {
+fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> Flush {
     loop {
         if conn.stop.load(Ordering::Acquire) {
             return Flush::Closed;
@@ -668,18 +672,7 @@ fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState, blocking: bool) -> Flush 
                         fault::after_frame_written();
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if !blocking {
-                        return Flush::WouldBlock;
-                    }
-                    match sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
-                        Ok(_) => {}
-                        Err(e) => {
-                            conn.connection_lost(qp, &format!("poll failed: {e}"), Some(tx));
-                            return Flush::Closed;
-                        }
-                    }
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flush::WouldBlock,
                 Err(e) => {
                     conn.connection_lost(qp, &format!("write failed: {e}"), Some(tx));
                     return Flush::Closed;
@@ -724,10 +717,25 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
         if conn.stop.load(Ordering::Acquire) {
             break;
         }
-        let mut tx = lock(&conn.tx);
-        let r = flush(qp, conn, &mut tx, true);
-        drop(tx);
-        if r == Flush::Closed {
+        // Write until done, waiting for socket space holding nothing: a
+        // thread in `progress` (an application waiting for this very
+        // transfer) may take `tx` meanwhile and push the frame on itself
+        // as soon as the peer makes room, instead of waiting for this
+        // thread to be scheduled.
+        let closed = loop {
+            let mut tx = lock(&conn.tx);
+            let r = flush(qp, conn, &mut tx);
+            if r != Flush::WouldBlock {
+                break r == Flush::Closed;
+            }
+            drop(tx);
+            if let Err(e) = sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
+                let mut tx = lock(&conn.tx);
+                conn.connection_lost(qp, &format!("poll failed: {e}"), Some(&mut tx));
+                break true;
+            }
+        };
+        if closed {
             break;
         }
         if lock(&qp.engine).has_transmit() {
@@ -1023,17 +1031,30 @@ impl Conn {
             return;
         }
         self.app_polls.fetch_add(1, Ordering::Relaxed);
-        let mut rx = match self.rx.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                // The receive thread is reading (or blocked in `recv` until
-                // it notices this call): give it the CPU rather than spin
-                // against it, which matters when threads outnumber cores.
-                std::thread::yield_now();
-                return;
+        match self.rx.try_lock() {
+            Ok(mut rx) => {
+                if let Err(why) = self.progress_rx(qp, &mut rx) {
+                    drop(rx);
+                    self.connection_lost(qp, &why, None);
+                    return;
+                }
             }
-        };
+            Err(TryLockError::Poisoned(p)) => {
+                if let Err(why) = self.progress_rx(qp, &mut p.into_inner()) {
+                    self.connection_lost(qp, &why, None);
+                    return;
+                }
+            }
+            // The receive thread is reading (or blocked in `recv` until it
+            // notices this call): give it the CPU rather than spin against
+            // it, which matters when threads outnumber cores.
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+        self.progress_tx(qp);
+    }
+
+    /// The receive half of [`progress`](Self::progress), `rx` held.
+    fn progress_rx(&self, qp: &QpShared, rx: &mut RxState) -> Result<(), String> {
         let c = &qp.counters;
         let read = || {
             c.rx_buffered_bytes.load(Ordering::Relaxed) + c.rx_direct_bytes.load(Ordering::Relaxed)
@@ -1041,14 +1062,38 @@ impl Conn {
         // Only the holder of `rx` reads the socket, so the difference is
         // what this thread read.
         let before = read();
-        let r = rx_drain(qp, self, &mut rx);
+        let r = rx_drain(qp, self, rx);
         let got = read().wrapping_sub(before);
         if got > 0 {
             c.rx_polled_bytes.fetch_add(got, Ordering::Relaxed);
         }
-        drop(rx);
-        if let Err(why) = r {
-            self.connection_lost(qp, &why, None);
+        r
+    }
+
+    /// The transmit half of [`progress`](Self::progress).
+    fn progress_tx(&self, qp: &QpShared) {
+        // Transmit work too: a frame the socket could not take whole (a
+        // large Write or Read Response) is pushed on from here as the peer
+        // drains it, so a waiting application does not depend on the
+        // transmit thread being scheduled (a scheduler tick on a loaded
+        // machine). Only if nobody else is writing.
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return;
+        };
+        if tx.off >= tx.frame_len {
+            return;
+        }
+        // Only the holder of `tx` writes, so the difference is ours.
+        let c = &qp.counters;
+        let before = c.tx_bytes.load(Ordering::Relaxed);
+        let r = flush(qp, self, &mut tx);
+        drop(tx);
+        let sent = c.tx_bytes.load(Ordering::Relaxed).wrapping_sub(before);
+        if sent > 0 {
+            c.tx_polled_bytes.fetch_add(sent, Ordering::Relaxed);
+        }
+        if r == Flush::WouldBlock {
+            self.wake_tx();
         }
     }
 

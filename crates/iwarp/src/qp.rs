@@ -89,6 +89,10 @@ pub struct QpStats {
     /// threads polling a CQ or calling `progress` rather than by the
     /// driver's receive thread.
     pub rx_polled_bytes: u64,
+    /// Of `tx_bytes`, those written by application threads calling
+    /// `progress` (pushing on a frame the socket could not take whole)
+    /// rather than by the driver's transmit path.
+    pub tx_polled_bytes: u64,
     /// Times the receive thread stepped aside (parked for up to a
     /// millisecond) because an application thread was busy polling.
     pub rx_steps_aside: u64,
@@ -101,6 +105,7 @@ pub(crate) struct Counters {
     pub(crate) rx_direct_bytes: AtomicU64,
     pub(crate) rx_polled_bytes: AtomicU64,
     pub(crate) rx_steps_aside: AtomicU64,
+    pub(crate) tx_polled_bytes: AtomicU64,
 }
 
 /// The `wr_id` of the internal RTR work request (RFC 6581 zero-length
@@ -347,6 +352,7 @@ impl QueuePair {
             rx_direct_bytes: c.rx_direct_bytes.load(Ordering::Relaxed),
             rx_polled_bytes: c.rx_polled_bytes.load(Ordering::Relaxed),
             rx_steps_aside: c.rx_steps_aside.load(Ordering::Relaxed),
+            tx_polled_bytes: c.tx_polled_bytes.load(Ordering::Relaxed),
         }
     }
 

@@ -1,0 +1,109 @@
+//! An application thread that waits for a large transfer by calling
+//! `progress` pushes the partly written frame on itself when the peer makes
+//! room, instead of leaving it all to the transmit thread (which, on a
+//! loaded machine, may wait a scheduler tick to run).
+//!
+//! The peer is a raw TCP socket that completes the MPA exchange and then
+//! reads nothing for a while, so the socket fills with a 16 MiB RDMA Write
+//! and a frame is left half written.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use common::*;
+use iwarp::cm::{self, ConnParam};
+use iwarp::{WcStatus, WrOpcode};
+use iwarp_proto::wire::mpa::{EnhancedParams, FrameKind, FrameRepr};
+
+const LEN: usize = 16 << 20;
+
+#[test]
+fn a_polling_waiter_pushes_a_half_written_frame_on() {
+    let raw = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = raw.local_addr().unwrap();
+    let peer = std::thread::spawn(move || {
+        let (mut s, _) = raw.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        // The MPA Request: 20 bytes, then the private data (the RFC 6581
+        // block included) whose length is in bytes 18..20.
+        let mut hdr = [0u8; 20];
+        s.read_exact(&mut hdr).unwrap();
+        let mut pd = vec![0u8; usize::from(u16::from_be_bytes([hdr[18], hdr[19]]))];
+        s.read_exact(&mut pd).unwrap();
+        let reply = FrameRepr {
+            kind: FrameKind::Reply,
+            markers: false,
+            crc: false,
+            reject: false,
+            revision: 2,
+            enhanced: Some(EnhancedParams {
+                ird: 1,
+                ord: 1,
+                ..Default::default()
+            }),
+            private_data: &[],
+        }
+        .to_vec();
+        s.write_all(&reply).unwrap();
+        // Read nothing while the Write fills the socket...
+        std::thread::sleep(Duration::from_millis(300));
+        // ... then drain everything, slowly enough that the writer sees the
+        // socket fill again and again.
+        let mut buf = vec![0u8; 64 << 10];
+        let mut total = 0usize;
+        while total < LEN {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        total
+    });
+
+    let client = Host::new();
+    cm::connect(
+        &client.qp,
+        addr,
+        &ConnParam {
+            timeout: T,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let src = client.mr(LEN);
+    client
+        .qp
+        .post_send(&wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x100,
+            },
+            &[src.sge(0, LEN)],
+        ))
+        .unwrap();
+    // Wait for the Write the busy-polling way.
+    let t0 = Instant::now();
+    let wc = loop {
+        client.scq.progress();
+        if let Some(wc) = client.scq.poll_one() {
+            break wc;
+        }
+        assert!(t0.elapsed() < 3 * T, "the Write did not complete");
+    };
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    let st = client.qp.stats();
+    assert!(
+        st.tx_polled_bytes > 0,
+        "the polling thread wrote part of the frame itself: {st:?}"
+    );
+    assert!(st.tx_polled_bytes <= st.tx_bytes, "{st:?}");
+    // The frame went out whole: the peer read at least the Write's payload.
+    client.qp.disconnect();
+    let got = peer.join().unwrap();
+    assert!(got >= LEN, "the peer read {got} of {LEN} bytes");
+}
