@@ -262,6 +262,36 @@ for scheme in server-writes client-reads; do
         check "GET $scheme, $mode registration: 2K 4K 500K 1M 8M over one connection, contents equal" t_get
     done
 done
+# Dynamic registration keeps each worker's recent file mappings (keyed by
+# device, inode, size, mtime and range). Fill the workers' caches, then
+# change the file in place (same inode, other size and content) and replace
+# it by rename(2): every later GET, by either scheme and whichever worker
+# serves it, must carry the current content.
+t_map_cache() {
+    local sch f="$DOCS/mc.bin"
+    fetch_all() { # $1: expected content
+        for _ in 1 2 3 4 5 6; do
+            for sch in server-writes client-reads; do
+                R get --scheme "$sch" "$U2/mc.bin" "$U2/mc.bin" -o "$T/out/mc1" -o "$T/out/mc2" \
+                    2>"$T/out/mc.err" || return 1
+                grep -c "via RDMA ($sch)" "$T/out/mc.err" | grep -qx 2 || return 1
+                same "$1" "$T/out/mc1" && same "$1" "$T/out/mc2" || return 1
+            done
+        done
+    }
+    head -c 700000 /dev/urandom >"$T/mc.v1"
+    cp "$T/mc.v1" "$f" && chmod 644 "$f"
+    fetch_all "$T/mc.v1" || return 1
+    head -c 900000 /dev/urandom >"$T/mc.v2"
+    cat "$T/mc.v2" >"$f"
+    fetch_all "$T/mc.v2" || return 1
+    # The same length as v2: only the inode tells the versions apart.
+    head -c 900000 /dev/urandom >"$T/mc.v3"
+    cp "$T/mc.v3" "$DOCS/mc.tmp" && chmod 644 "$DOCS/mc.tmp" && mv -f "$DOCS/mc.tmp" "$f"
+    fetch_all "$T/mc.v3"
+}
+check "dynamic mapping cache: a file rewritten in place, then replaced by rename, is served current (both schemes)" t_map_cache
+
 reuse_count() { grep -c "reusing the RDMA connection" "$T/logs/error.log"; }
 t_reuse() {
     local before after

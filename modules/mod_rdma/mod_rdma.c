@@ -831,6 +831,8 @@ typedef struct {
     iwarp_mr *in_mr;     /* the local buffer's registration */
 } rdma_req;
 
+static void release_map(void *m, size_t len);
+
 /* Releases everything a request registered or mapped, on every path. */
 static apr_status_t req_cleanup(void *d)
 {
@@ -844,7 +846,7 @@ static apr_status_t req_cleanup(void *d)
         q->in_mr = NULL;
     }
     if (q->map) {
-        munmap(q->map, q->map_len);
+        release_map(q->map, q->map_len);
         q->map = NULL;
     }
     free(q->body);
@@ -1105,6 +1107,115 @@ static const char *file_pread(request_rec *r, apr_bucket *b, apr_size_t at, char
     return NULL;
 }
 
+/* ---- the mapping cache (dynamic registration) -------------------------
+ *
+ * Mapping a 1 MB file and unmapping it again cost about as much as the
+ * rest of a loopback GET (page-table set-up, and at munmap the teardown
+ * and a TLB shoot-down to the CPUs the stack's threads ran on). A worker
+ * therefore keeps its recent mappings: an entry is found again only for the
+ * same file (device and inode), the same size and modification time as a
+ * fresh fstat of the request's descriptor shows, and the same range, so a
+ * file that was rewritten, truncated or replaced is mapped anew; stale
+ * entries age out. The mappings are PROT_READ and MAP_SHARED (the page
+ * cache itself, as plain Apache's EnableMMAP uses), so nothing is copied
+ * or pinned. Prefork workers are single-threaded (post_config refuses a
+ * threaded MPM), so the cache needs no lock. */
+#define MAPCACHE_SLOTS 16
+#define MAPCACHE_MAX_ENTRY (64u << 20)
+#define MAPCACHE_MAX_TOTAL (256u << 20)
+
+typedef struct {
+    void *map;
+    size_t len;
+    dev_t dev;
+    ino_t ino;
+    off_t size, base;
+    struct timespec mtime;
+    unsigned long used; /* LRU clock; 0 = free slot */
+} map_ent;
+
+static map_ent g_maps[MAPCACHE_SLOTS];
+static size_t g_map_bytes;
+static unsigned long g_map_clock;
+
+static int map_cached(const void *m)
+{
+    int i;
+    for (i = 0; i < MAPCACHE_SLOTS; i++)
+        if (g_maps[i].used && g_maps[i].map == m)
+            return 1;
+    return 0;
+}
+
+/* Give back a mapping from map_file: cached ones stay mapped. */
+static void release_map(void *m, size_t len)
+{
+    if (m && !map_cached(m))
+        munmap(m, len);
+}
+
+static void map_evict(int i)
+{
+    munmap(g_maps[i].map, g_maps[i].len);
+    g_map_bytes -= g_maps[i].len;
+    memset(&g_maps[i], 0, sizeof g_maps[i]);
+}
+
+static void *map_lookup(const struct stat *st, off_t base, size_t len)
+{
+    int i;
+    for (i = 0; i < MAPCACHE_SLOTS; i++) {
+        map_ent *e = &g_maps[i];
+        if (e->used && e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
+            e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec &&
+            e->base == base && e->len == len) {
+            e->used = ++g_map_clock;
+            return e->map;
+        }
+    }
+    return NULL;
+}
+
+/* Keep a new mapping if it is small enough, evicting the least recently
+ * used entries (and entries of an older version of the same file). */
+static void map_insert(const struct stat *st, off_t base, size_t len, void *m)
+{
+    int i, lru;
+    if (len > MAPCACHE_MAX_ENTRY)
+        return;
+    for (i = 0; i < MAPCACHE_SLOTS; i++)
+        if (g_maps[i].used && g_maps[i].dev == st->st_dev && g_maps[i].ino == st->st_ino &&
+            (g_maps[i].size != st->st_size || g_maps[i].mtime.tv_sec != st->st_mtim.tv_sec ||
+             g_maps[i].mtime.tv_nsec != st->st_mtim.tv_nsec))
+            map_evict(i);
+    for (;;) {
+        int free_slot = -1;
+        lru = -1;
+        for (i = 0; i < MAPCACHE_SLOTS; i++) {
+            if (!g_maps[i].used)
+                free_slot = i;
+            else if (lru < 0 || g_maps[i].used < g_maps[lru].used)
+                lru = i;
+        }
+        if (free_slot >= 0 && g_map_bytes + len <= MAPCACHE_MAX_TOTAL) {
+            map_ent *e = &g_maps[free_slot];
+            e->map = m;
+            e->len = len;
+            e->dev = st->st_dev;
+            e->ino = st->st_ino;
+            e->size = st->st_size;
+            e->base = base;
+            e->mtime = st->st_mtim;
+            e->used = ++g_map_clock;
+            g_map_bytes += len;
+            return;
+        }
+        if (lru < 0)
+            return;
+        map_evict(lru);
+    }
+}
+
 /* Map a file bucket's range (dynamic registration). NULL with *why NULL:
  * mapping is not possible, read the bucket instead; NULL with *why set: the
  * file is shorter than the bucket (truncated since the request began) --
@@ -1128,8 +1239,16 @@ static void *map_file(request_rec *r, apr_bucket *b, size_t *map_len, size_t *de
     }
     *delta = (size_t)(start - base);
     *map_len = *delta + (size_t)b->length;
-    m = mmap(NULL, *map_len, PROT_READ, MAP_SHARED, fd, base);
-    return m == MAP_FAILED ? NULL : m;
+    if ((m = map_lookup(&st, base, *map_len)) != NULL)
+        return m;
+    /* MAP_POPULATE: the RDMA Write reads every page at once; setting up the
+     * page tables here is cheaper than taking the faults one by one inside
+     * the socket copy. */
+    m = mmap(NULL, *map_len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, base);
+    if (m == MAP_FAILED)
+        return NULL;
+    map_insert(&st, base, *map_len, m);
+    return m;
 }
 
 /* client-reads: room for `len` more body bytes at q->total -- the static
@@ -1377,7 +1496,7 @@ static apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
             }
             if (m) {
                 e = write_in_place(f, (char *)m + delta, b->length);
-                munmap(m, map_len);
+                release_map(m, map_len);
                 if (e) {
                     drain_body(bb);
                     return out_fail(f, e);
