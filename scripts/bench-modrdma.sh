@@ -14,6 +14,11 @@
 #   - 1..15 clients at once, each fetching five 1 MB files over one
 #     connection (aggregate throughput);
 #   - the registration cost of each mode (modules/mod_rdma/bench/regcost.c).
+# Single-client cells run ROUNDS (default 5) rounds of every variant in
+# turn and pool the per-request times (see `single`).
+# Environment: OUT (results directory), ROUNDS, VARIANTS and BENCH_SIZES
+# (subsets of the single-client variants and sizes), SINGLE_ONLY=1 (stop
+# after the single-client cells, no plot: for quick A/B runs).
 # Writes OUT/modrdma_results.json (one JSON object per line),
 # OUT/modrdma.png and OUT/modrdma_summary.md.
 # The plot needs python3-matplotlib (installed with apt-get if missing).
@@ -127,26 +132,33 @@ RES="$OUT/modrdma_results.json"
 : >"$RES"
 reps() { case $1 in 2K | 4K | 500K) echo 200 ;; 1M) echo 100 ;; *) echo 30 ;; esac; }
 
-# stats FILE: per-request milliseconds (one per line, first dropped as
-# connection set-up) -> "median p90 n"
+# stats FILE: per-request milliseconds (one per line) -> "median p90 n"
 stats() {
     python3 - "$1" <<'EOF'
 import statistics, sys
-v = [float(x) for x in open(sys.argv[1]).read().split()][1:]
+v = [float(x) for x in open(sys.argv[1]).read().split()]
 v.sort()
 print(f"{statistics.median(v):.4f} {v[int(len(v) * 0.9)]:.4f} {len(v)}")
 EOF
 }
 
-# single LOAD SIZE VARIANT
-single() {
-    local load=$1 size=$2 variant=$3 n urls=() outs=() i base scheme extra=()
-    n=$(reps "$size")
+# Each (load, size) cell is measured in ROUNDS rounds; every round runs
+# every variant once, in turn, over a fresh keep-alive connection, so slow
+# drifts of the machine (seen as +-40% between back-to-back runs of the
+# same variant) hit all variants alike. Per-request times of all rounds
+# are pooled; the first request of each connection (connection and RDMA
+# set-up) is dropped.
+ROUNDS="${ROUNDS:-5}"
+
+# single_round SIZE VARIANT N: N requests over one connection; appends the
+# per-request milliseconds (first dropped) to $T/times.VARIANT.
+single_round() {
+    local size=$1 variant=$2 n=$3 urls=() outs=() i base scheme extra=()
     case $variant in
         curl)
             for ((i = 0; i < n; i++)); do urls+=(-o /dev/null "http://127.0.0.1:$P3/f$size.bin"); done
             timeout 300 curl -s -w '%{time_total}\n' "${urls[@]}" |
-                awk '{ printf "%.4f\n", $1 * 1000 }' >"$T/times" || return 1
+                awk '{ printf "%.4f\n", $1 * 1000 }' >"$T/round" || return 1
             ;;
         *)
             case $variant in
@@ -159,25 +171,37 @@ single() {
             for ((i = 0; i < n; i++)); do urls+=("http://127.0.0.1:$base/f$size.bin"); outs+=(-o /dev/null); done
             timeout 300 "$RHTTP" -q "${extra[@]}" get --scheme "$scheme" "${urls[@]}" "${outs[@]}" 2>"$T/err" || {
                 tail -3 "$T/err"; return 1; }
-            sed -n 's/.* in \([0-9.]*\) ms .*/\1/p' "$T/err" >"$T/times"
+            sed -n 's/.* in \([0-9.]*\) ms .*/\1/p' "$T/err" >"$T/round"
             ;;
     esac
-    read -r med p90 cnt < <(stats "$T/times")
-    printf '{"test":"single","load":%s,"size":"%s","variant":"%s","median_ms":%s,"p90_ms":%s,"n":%s}\n' \
-        "$load" "$size" "$variant" "$med" "$p90" "$cnt" | tee -a "$RES"
+    tail -n +2 "$T/round" >>"$T/times.$variant"
 }
 
-VARIANTS="curl plain sw-static sw-dynamic cr-static cr-dynamic"
+# single LOAD SIZE: every variant, ROUNDS rounds, one JSON line per variant.
+single() {
+    local load=$1 size=$2 v r per med p90 cnt
+    per=$(( $(reps "$size") / ROUNDS + 1 ))
+    for v in $VARIANTS; do : >"$T/times.$v"; done
+    for ((r = 0; r < ROUNDS; r++)); do
+        for v in $VARIANTS; do single_round "$size" "$v" "$per" || return 1; done
+    done
+    for v in $VARIANTS; do
+        read -r med p90 cnt < <(stats "$T/times.$v")
+        printf '{"test":"single","load":%s,"size":"%s","variant":"%s","median_ms":%s,"p90_ms":%s,"n":%s,"rounds":%s}\n' \
+            "$load" "$size" "$v" "$med" "$p90" "$cnt" "$ROUNDS" | tee -a "$RES"
+    done
+}
+
+VARIANTS="${VARIANTS:-curl plain sw-static sw-dynamic cr-static cr-dynamic}"
 for load in 0 2; do
     if [ "$load" = 2 ]; then
         for _ in 1 2; do sh -c 'while :; do :; done' & BUSY+=($!); done
     fi
-    for size in $SIZES; do
-        for v in $VARIANTS; do single "$load" "$size" "$v" || die "single $load $size $v failed"; done
-    done
+    for size in ${BENCH_SIZES:-$SIZES}; do single "$load" "$size" || die "single $load $size failed"; done
     for p in "${BUSY[@]}"; do kill "$p" 2>/dev/null; done
     BUSY=()
 done
+[ "${SINGLE_ONLY:-0}" = 1 ] && exit 0
 
 # multi CLIENTS VARIANT: CLIENTS processes, each five 1 MB GETs on one connection.
 multi() {
