@@ -18,6 +18,17 @@ fn readable(fd: i32) -> bool {
     rc == 1 && pfd.revents & libc::POLLIN != 0
 }
 
+/// A QP (never connected) whose send and receive completions go to `cq`.
+fn qp_on(pd: &iwarp::ProtectionDomain, cq: &iwarp::CompletionQueue) -> iwarp::QueuePair {
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq.clone(),
+        recv_cq: cq.clone(),
+        max_send_wr: 4,
+        max_recv_wr: 4,
+    })
+    .unwrap()
+}
+
 #[test]
 fn wait_times_out_on_empty_cq() {
     let ctx = Context::open().unwrap();
@@ -52,14 +63,7 @@ fn flushed_receives_wake_waiter_and_eventfd() {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 4,
-        })
-        .unwrap();
+    let qp = qp_on(&pd, &cq);
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     for id in 1..=3 {
         qp.post_recv(&RecvWr {
@@ -106,14 +110,7 @@ fn eventfd_asked_for_late_is_readable_at_once() {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 4,
-        })
-        .unwrap();
+    let qp = qp_on(&pd, &cq);
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     qp.post_recv(&RecvWr {
         wr_id: 9,
@@ -143,14 +140,7 @@ fn wait_without_spin_sleeps_and_is_woken() {
         el >= Duration::from_millis(45) && el < Duration::from_secs(2),
         "{el:?}"
     );
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 4,
-        })
-        .unwrap();
+    let qp = qp_on(&pd, &cq);
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     qp.post_recv(&RecvWr {
         wr_id: 7,

@@ -10,7 +10,22 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use iwarp::{WcStatus, WrOpcode};
+use iwarp::{MemoryRegion, Sge, WcStatus, WrOpcode};
+
+/// Post an RDMA Read from `target` at `offset` into `sge`.
+fn post_read(client: &Host, wr_id: u64, target: &MemoryRegion, offset: u64, sge: Sge) {
+    client
+        .qp
+        .post_send(&wr(
+            wr_id,
+            WrOpcode::RdmaRead {
+                remote_addr: target.addr() + offset,
+                rkey: target.rkey(),
+            },
+            &[sge],
+        ))
+        .unwrap();
+}
 
 #[test]
 fn reads_and_writes_complete_while_the_target_computes() {
@@ -31,17 +46,7 @@ fn reads_and_writes_complete_while_the_target_computes() {
         });
         let t0 = Instant::now();
         for round in 0..4u64 {
-            client
-                .qp
-                .post_send(&wr(
-                    round,
-                    WrOpcode::RdmaRead {
-                        remote_addr: target.addr(),
-                        rkey: target.rkey(),
-                    },
-                    &[sink.sge(0, 1 << 20)],
-                ))
-                .unwrap();
+            post_read(&client, round, &target, 0, sink.sge(0, 1 << 20));
             let wc = client.send_wc();
             assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
         }
@@ -61,17 +66,7 @@ fn reads_and_writes_complete_while_the_target_computes() {
         assert_eq!(client.send_wc().status, WcStatus::Success);
         // A Read after the Write returns the written bytes: the Write was
         // placed by the target's driver, not by its application.
-        client
-            .qp
-            .post_send(&wr(
-                10,
-                WrOpcode::RdmaRead {
-                    remote_addr: target.addr() + 8192,
-                    rkey: target.rkey(),
-                },
-                &[sink.sge(0, 4096)],
-            ))
-            .unwrap();
+        post_read(&client, 10, &target, 8192, sink.sge(0, 4096));
         assert_eq!(client.send_wc().status, WcStatus::Success);
         let elapsed = t0.elapsed();
         assert!(
@@ -178,17 +173,7 @@ fn one_sided_progress_resumes_when_busy_polling_stops() {
     // Now it only computes. The Reads must still be answered, promptly.
     for round in 0..20u64 {
         let t = Instant::now();
-        client
-            .qp
-            .post_send(&wr(
-                round,
-                WrOpcode::RdmaRead {
-                    remote_addr: target.addr(),
-                    rkey: target.rkey(),
-                },
-                &[sink.sge(0, 1 << 16)],
-            ))
-            .unwrap();
+        post_read(&client, round, &target, 0, sink.sge(0, 1 << 16));
         let wc = client.send_wc();
         assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
         assert!(
@@ -229,17 +214,7 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
         while t0.elapsed() < Duration::from_millis(20) {
             let id = 1000 + round * 1000 + n;
             n += 1;
-            client
-                .qp
-                .post_send(&wr(
-                    id,
-                    WrOpcode::RdmaRead {
-                        remote_addr: target.addr(),
-                        rkey: target.rkey(),
-                    },
-                    &[sink.sge(0, 4096)],
-                ))
-                .unwrap();
+            post_read(&client, id, &target, 0, sink.sge(0, 4096));
             let wc = loop {
                 server.scq.progress();
                 if let Some(wc) = client.scq.poll_one() {
@@ -263,17 +238,7 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
         server.scq.stop_progress();
         let parked = server.qp.stats().rx_steps_aside;
         let polled = server.qp.stats().rx_polled_bytes;
-        client
-            .qp
-            .post_send(&wr(
-                round,
-                WrOpcode::RdmaRead {
-                    remote_addr: target.addr(),
-                    rkey: target.rkey(),
-                },
-                &[sink.sge(0, 1 << 16)],
-            ))
-            .unwrap();
+        post_read(&client, round, &target, 0, sink.sge(0, 1 << 16));
         let wc = client.send_wc();
         assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
         let after = server.qp.stats();
