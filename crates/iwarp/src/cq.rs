@@ -196,9 +196,12 @@ impl CompletionQueue {
     /// [`as_raw_fd`](Self::as_raw_fd). Cheap (an atomic add per QP) and
     /// harmless when nobody polled.
     pub fn stop_progress(&self) {
-        // A blocking lock: the caller holds no other lock of the stack
-        // here, and the list is held only briefly.
-        let v = self.inner.sources.lock().unwrap_or_else(|e| e.into_inner());
+        // Busy means another thread is in `progress` right now: someone
+        // still polls, so the receive threads may go on stepping aside
+        // (and that thread hands back itself when it sleeps).
+        let Ok(v) = self.inner.sources.try_lock() else {
+            return;
+        };
         for w in v.iter() {
             if let Some(qp) = w.upgrade() {
                 if let Some(conn) = qp.conn.get() {
