@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::WorkCompletion;
 
+use crate::driver::Conn;
 use crate::qp::QpShared;
 use crate::sys::EventFd;
 use crate::Error;
@@ -172,19 +173,16 @@ impl CompletionQueue {
     /// Calling `progress` in a loop also marks the caller as a busy poller:
     /// the QPs' receive threads then step aside (sleep in 1 ms slices
     /// instead of waking for every arriving segment), leaving the CPU to the
-    /// thread that is already reading, and take over again within about a
-    /// millisecond once the calls stop.
+    /// thread that is already reading, and take over again at once when the
+    /// caller sleeps in [`wait`](Self::wait) or calls
+    /// [`stop_progress`](Self::stop_progress) (within about a millisecond
+    /// if it just stops calling).
+    ///
+    /// It also does transmit work: a frame that the socket could not take
+    /// whole (a large Write or Read Response) is pushed on from the calling
+    /// thread as the peer makes room.
     pub fn progress(&self) {
-        let Ok(v) = self.inner.sources.try_lock() else {
-            return;
-        };
-        for w in v.iter() {
-            if let Some(qp) = w.upgrade() {
-                if let Some(conn) = qp.conn.get() {
-                    conn.progress(&qp);
-                }
-            }
-        }
+        self.each_conn(|qp, conn| conn.progress(qp));
     }
 
     /// Tell the receive threads of this CQ's QPs that the calling thread
@@ -196,16 +194,22 @@ impl CompletionQueue {
     /// [`as_raw_fd`](Self::as_raw_fd). Cheap (an atomic add per QP) and
     /// harmless when nobody polled.
     pub fn stop_progress(&self) {
-        // Busy means another thread is in `progress` right now: someone
-        // still polls, so the receive threads may go on stepping aside
-        // (and that thread hands back itself when it sleeps).
+        // Skipped while another thread is in `progress`: someone still
+        // polls, so the receive threads may go on stepping aside (and that
+        // thread hands back itself when it sleeps).
+        self.each_conn(|_, conn| conn.stop_progress());
+    }
+
+    /// `f` on every connected QP of this CQ, unless another thread is
+    /// walking the list right now (the list is only ever `try_lock`ed).
+    fn each_conn(&self, f: impl Fn(&QpShared, &Conn)) {
         let Ok(v) = self.inner.sources.try_lock() else {
             return;
         };
         for w in v.iter() {
             if let Some(qp) = w.upgrade() {
                 if let Some(conn) = qp.conn.get() {
-                    conn.stop_progress();
+                    f(&qp, conn);
                 }
             }
         }
