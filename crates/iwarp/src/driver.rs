@@ -656,8 +656,9 @@ fn gather_and_send(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> io::Result<u
     unsafe { sys::send_iovecs(fd, &iov.0) }
 }
 
-/// Write everything the engine has. `blocking` waits for socket space (the
-/// transmit thread); otherwise returns `WouldBlock` when the socket is full.
+/// Write everything the engine has, `tx` held; returns `WouldBlock` when the
+/// socket is full (never waits: the transmit thread waits for `POLLOUT`
+/// after releasing `tx`, see `tx_loop`).
 fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> Flush {
     loop {
         if conn.stop.load(Ordering::Acquire) {
