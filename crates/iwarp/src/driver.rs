@@ -9,7 +9,7 @@
 //!
 //! | lock | guards | held across |
 //! |------|--------|-------------|
-//! | `rx` (`Mutex<RxState>`) | the receive buffer and the right to read the socket | non-blocking `recv` calls and engine calls; never a wait. The receive thread `lock`s it, application threads only `try_lock` it |
+//! | `rx` (`Mutex<RxState>`) | the receive buffer and the right to read the socket | non-blocking `recv` calls and engine calls, and the receive thread's blocking `recv` while no application thread polls (`rx_exclusive`, which returns once one does). The receive thread `lock`s it, application threads only `try_lock` it |
 //! | `tx` (`Mutex<TxState>`) | the frame being written and how much of it is out | non-blocking `send`/`sendmsg` calls and engine calls; never a wait (the transmit thread waits for socket space holding nothing). Every thread but the transmit thread only `try_lock`s it |
 //! | `engine` (`Mutex<Engine>`) | the sans-IO engine | engine calls only; never a system call on the socket |
 //! | MR table (`RwLock`, read side) | region lookup | the lookup only (the region's `Arc` is cloned out) |
@@ -544,7 +544,7 @@ fn confirm_written(qp: &QpShared, tx: &mut TxState) {
 enum Flush {
     /// Nothing left to send.
     Done,
-    /// The socket is full (non-blocking pass only).
+    /// The socket is full.
     WouldBlock,
     /// The connection is gone.
     Closed,
