@@ -1123,6 +1123,10 @@ static const char *file_pread(request_rec *r, apr_bucket *b, apr_size_t at, char
 #define MAPCACHE_SLOTS 16
 #define MAPCACHE_MAX_ENTRY (64u << 20)
 #define MAPCACHE_MAX_TOTAL (256u << 20)
+/* An entry unused this long is unmapped at the worker's next lookup, so a
+ * deleted or replaced file's old pages (and disk space) are not held for
+ * long by a worker that keeps serving other files. */
+#define MAPCACHE_IDLE apr_time_from_sec(30)
 
 typedef struct {
     void *map;
@@ -1132,6 +1136,7 @@ typedef struct {
     off_t size, base;
     struct timespec mtime;
     unsigned long used; /* LRU clock; 0 = free slot */
+    apr_time_t last;    /* when it was last used */
 } map_ent;
 
 static map_ent g_maps[MAPCACHE_SLOTS];
@@ -1164,12 +1169,17 @@ static void map_evict(int i)
 static void *map_lookup(const struct stat *st, off_t base, size_t len)
 {
     int i;
+    apr_time_t now = apr_time_now();
+    for (i = 0; i < MAPCACHE_SLOTS; i++)
+        if (g_maps[i].used && now - g_maps[i].last > MAPCACHE_IDLE)
+            map_evict(i);
     for (i = 0; i < MAPCACHE_SLOTS; i++) {
         map_ent *e = &g_maps[i];
         if (e->used && e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
             e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec &&
             e->base == base && e->len == len) {
             e->used = ++g_map_clock;
+            e->last = now;
             return e->map;
         }
     }
@@ -1207,6 +1217,7 @@ static void map_insert(const struct stat *st, off_t base, size_t len, void *m)
             e->base = base;
             e->mtime = st->st_mtim;
             e->used = ++g_map_clock;
+            e->last = apr_time_now();
             g_map_bytes += len;
             return;
         }
