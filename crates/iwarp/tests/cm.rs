@@ -148,15 +148,7 @@ fn ipv6_loopback() {
             assert!(req.peer_addr().is_ipv6());
             req.accept(&server.qp, &ConnParam::default()).unwrap();
         });
-        let pd = cm::connect(
-            &client.qp,
-            addr,
-            &ConnParam {
-                timeout: T,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let pd = client.connect(addr);
         assert!(pd.is_empty());
         srv.join().unwrap();
     });

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use iwarp::cm::{self, ConnParam, Listener, MpaConfig};
+use iwarp::cm::{ConnParam, Listener, MpaConfig};
 use iwarp::{WcStatus, WrOpcode};
 
 const REGION: usize = 8 << 20;
@@ -61,15 +61,7 @@ fn killed_peer_flushes_everything_within_a_second() {
         }
     };
     let client = Host::new();
-    let pdata = cm::connect(
-        &client.qp,
-        addr,
-        &ConnParam {
-            timeout: T,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pdata = client.connect(addr);
     let remote = u64::from_be_bytes(pdata[..8].try_into().unwrap());
     let rkey = u32::from_be_bytes(pdata[8..12].try_into().unwrap());
     let local = client.mr(REGION);

@@ -14,7 +14,6 @@ use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::*;
-use iwarp::cm::{self, ConnParam};
 use iwarp::{WcStatus, WrOpcode};
 use iwarp_proto::wire::mpa::{EnhancedParams, FrameKind, FrameRepr};
 
@@ -65,15 +64,7 @@ fn a_polling_waiter_pushes_a_half_written_frame_on() {
     });
 
     let client = Host::new();
-    cm::connect(
-        &client.qp,
-        addr,
-        &ConnParam {
-            timeout: T,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    client.connect(addr);
     let src = client.mr(LEN);
     client
         .qp

@@ -49,6 +49,20 @@ impl Host {
         self.pd.reg_mr(len, Access::ALL).unwrap()
     }
 
+    /// Connect this host's QP to `addr` (default MPA settings, timeout
+    /// [`T`]); returns the peer's private data.
+    pub fn connect(&self, addr: SocketAddr) -> Vec<u8> {
+        cm::connect(
+            &self.qp,
+            addr,
+            &ConnParam {
+                timeout: T,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
     pub fn post_recv(&self, wr_id: u64, mr: &MemoryRegion, off: usize, len: usize) {
         self.qp
             .post_recv(&RecvWr {
