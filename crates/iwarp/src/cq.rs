@@ -15,6 +15,13 @@
 //!   non-empty or the timeout expires. The short poll saves the futex
 //!   sleep/wake pair in request/response traffic, where the completion
 //!   typically arrives within microseconds.
+//! - **Who wakes.** By default a completion arriving in an empty CQ wakes
+//!   every thread sleeping in `wait` ([`WakePolicy::All`]). With
+//!   [`WakePolicy::Newest`] it wakes only the thread that started waiting
+//!   last: a dedicated completion thread plus application threads that
+//!   handle completions themselves while they wait then cost one wake-up
+//!   per completion instead of two (the application thread gets them while
+//!   it waits, the dedicated thread only while nobody else waits).
 //! - **Event loops.** [`CompletionQueue::as_raw_fd`] is an `eventfd` that is
 //!   readable exactly while the CQ holds completions (level-triggered, like a
 //!   pipe with data in it). Register it with epoll/poll for `POLLIN`, then
@@ -30,8 +37,9 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::WorkCompletion;
@@ -43,6 +51,21 @@ use crate::Error;
 
 /// How long `wait` polls before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
+
+/// Which sleeping threads a completion arriving in an empty CQ wakes (see
+/// the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakePolicy {
+    /// Every thread sleeping in [`CompletionQueue::wait`] (the default).
+    All,
+    /// Only the thread that started waiting most recently, except that
+    /// threads in [`CompletionQueue::wait_background`] are woken only when
+    /// no thread sleeps in [`wait`](CompletionQueue::wait). A thread woken
+    /// this way must poll the CQ until it is empty (or wait again): the
+    /// others are not woken for completions that arrive while the CQ is
+    /// non-empty.
+    Newest,
+}
 
 struct CqInner {
     depth: usize,
@@ -58,6 +81,16 @@ struct CqInner {
     /// Threads inside `wait`: `push` signals the condition variable only
     /// when someone sleeps on it.
     waiters: AtomicUsize,
+    /// [`WakePolicy::Newest`] is set.
+    wake_newest: AtomicBool,
+    /// Under `WakePolicy::Newest`: the sleeping threads, background ones
+    /// first, then the others oldest first; each with a number that tells
+    /// them apart. Changed only while `queue` is
+    /// locked (lock order `queue` → `sleepers`).
+    sleepers: Mutex<Vec<(u64, Thread)>>,
+    next_sleeper: AtomicU64,
+    /// Live [`Attendance`] guards: background sleepers are not woken.
+    attending: AtomicUsize,
     overrun_logged: AtomicBool,
     /// The QPs whose completions come here, for
     /// [`CompletionQueue::progress`].
@@ -95,10 +128,50 @@ impl CompletionQueue {
                 efd,
                 fd_armed: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
+                wake_newest: AtomicBool::new(false),
+                sleepers: Mutex::new(Vec::new()),
+                next_sleeper: AtomicU64::new(0),
+                attending: AtomicUsize::new(0),
                 overrun_logged: Default::default(),
                 sources: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// Under [`WakePolicy::Newest`], wake the newest sleeper; a background
+    /// one only while nobody attends. Called with `queue` locked.
+    fn wake_newest(&self) {
+        let inner = &*self.inner;
+        let mut sleepers = inner.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&(id, _)) = sleepers.last() else {
+            return;
+        };
+        if id & BACKGROUND != 0 && inner.attending.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        if let Some((_, t)) = sleepers.pop() {
+            t.unpark();
+        }
+    }
+
+    /// Declare that the calling thread will poll this CQ soon (it handles
+    /// completions between short pieces of work): until the guard is
+    /// dropped, new completions do not wake threads in
+    /// [`wait_background`](Self::wait_background). Dropping the guard wakes
+    /// one if completions are waiting. Without [`WakePolicy::Newest`] this
+    /// has no effect.
+    pub fn attend(&self) -> Attendance<'_> {
+        self.inner.attending.fetch_add(1, Ordering::SeqCst);
+        Attendance(self)
+    }
+
+    /// Choose which sleeping threads a new completion wakes. Set it before
+    /// threads wait; threads already asleep keep the policy they went to
+    /// sleep under until they wake (at the latest when their timeout ends).
+    pub fn set_wake_policy(&self, policy: WakePolicy) {
+        self.inner
+            .wake_newest
+            .store(policy == WakePolicy::Newest, Ordering::Release);
     }
 
     /// True if both handles are the same CQ.
@@ -141,7 +214,9 @@ impl CompletionQueue {
             }
             // Read under the queue lock: a waiter registers itself before it
             // takes the lock to check the queue, so none is missed.
-            if inner.waiters.load(Ordering::SeqCst) > 0 {
+            if inner.wake_newest.load(Ordering::Acquire) {
+                self.wake_newest();
+            } else if inner.waiters.load(Ordering::SeqCst) > 0 {
                 inner.cond.notify_all();
             }
         }
@@ -281,6 +356,9 @@ impl CompletionQueue {
         // hand it back before sleeping.
         self.stop_progress();
         let deadline = Instant::now().checked_add(timeout);
+        if self.inner.wake_newest.load(Ordering::Acquire) {
+            return Ok(self.sleep_newest(deadline, false));
+        }
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);
         let _registered = WaiterGuard(&self.inner.waiters);
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -301,6 +379,60 @@ impl CompletionQueue {
                 .wait_timeout(q, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+        }
+    }
+
+    /// [`wait_spin`](Self::wait_spin) with no polling phase, for a thread
+    /// that handles completions only while no other thread waits for them:
+    /// under [`WakePolicy::Newest`] a new completion wakes it only if no
+    /// thread sleeps in [`wait`](Self::wait) or `wait_spin`. Under
+    /// [`WakePolicy::All`] it is `wait_spin(timeout, Duration::ZERO)`.
+    pub fn wait_background(&self, timeout: Duration) -> Result<bool, Error> {
+        if !self.inner.wake_newest.load(Ordering::Acquire) {
+            return self.wait_spin(timeout, Duration::ZERO);
+        }
+        if self.inner.len.load(Ordering::Acquire) > 0 {
+            return Ok(true);
+        }
+        self.stop_progress();
+        Ok(self.sleep_newest(Instant::now().checked_add(timeout), true))
+    }
+
+    /// Sleep until the CQ is non-empty or `deadline`, on the stack of
+    /// sleepers that `push` wakes from the top ([`WakePolicy::Newest`]).
+    fn sleep_newest(&self, deadline: Option<Instant>, background: bool) -> bool {
+        let inner = &*self.inner;
+        let me = inner.next_sleeper.fetch_add(1, Ordering::Relaxed)
+            | if background { BACKGROUND } else { 0 };
+        loop {
+            let left = {
+                let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+                let mut sleepers = inner.sleepers.lock().unwrap_or_else(|e| e.into_inner());
+                // A wake-up pops its sleeper, so after one this thread is no
+                // longer listed; after a timeout or a spurious return it
+                // still is.
+                sleepers.retain(|(id, _)| *id != me);
+                if !q.is_empty() {
+                    return true;
+                }
+                let left = match deadline {
+                    Some(d) => d.saturating_duration_since(Instant::now()),
+                    None => Duration::from_secs(3600),
+                };
+                if left.is_zero() {
+                    return false;
+                }
+                // Registered under the queue lock, so a `push` after this
+                // point sees this thread; an `unpark` that comes before the
+                // `park` below makes it return at once.
+                if background {
+                    sleepers.insert(0, (me, std::thread::current()));
+                } else {
+                    sleepers.push((me, std::thread::current()));
+                }
+                left
+            };
+            std::thread::park_timeout(left);
         }
     }
 
@@ -335,6 +467,30 @@ impl CompletionQueue {
 }
 
 /// Unregisters a waiter when `wait` returns.
+/// Marks a background sleeper's number (see `CqInner::sleepers`).
+const BACKGROUND: u64 = 1 << 63;
+
+/// See [`CompletionQueue::attend`].
+#[must_use = "attendance ends when the guard is dropped"]
+#[derive(Debug)]
+pub struct Attendance<'a>(&'a CompletionQueue);
+
+impl Drop for Attendance<'_> {
+    fn drop(&mut self) {
+        let cq = self.0;
+        if cq.inner.attending.fetch_sub(1, Ordering::SeqCst) == 1
+            && cq.inner.wake_newest.load(Ordering::Acquire)
+        {
+            // A completion that came while attended woke nobody: hand it to
+            // a background sleeper now.
+            let q = cq.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.is_empty() {
+                cq.wake_newest();
+            }
+        }
+    }
+}
+
 struct WaiterGuard<'a>(&'a AtomicUsize);
 
 impl Drop for WaiterGuard<'_> {

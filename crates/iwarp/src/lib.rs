@@ -64,7 +64,7 @@ pub use iwarp_proto::engine::{
 };
 pub use iwarp_proto::mem::{Access, MemError};
 
-pub use cq::CompletionQueue;
+pub use cq::{Attendance, CompletionQueue, WakePolicy};
 pub use mr::MemoryRegion;
 pub use qp::{ConnInfo, QpEvent, QpInitAttr, QpStats, QueuePair};
 

@@ -164,3 +164,121 @@ fn wait_without_spin_sleeps_and_is_woken() {
     assert!(el < Duration::from_secs(4), "woken, not timed out: {el:?}");
     assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(7));
 }
+
+/// A QP on `cq` with one receive posted (`wr_id`): disconnecting it pushes
+/// one flushed completion.
+fn one_completion(
+    pd: &iwarp::ProtectionDomain,
+    cq: &iwarp::CompletionQueue,
+    mr: &iwarp::MemoryRegion,
+    wr_id: u64,
+) -> iwarp::QueuePair {
+    let qp = qp_on(pd, cq);
+    qp.post_recv(&RecvWr {
+        wr_id,
+        sgl: SgList::single(mr.sge(0, 64)),
+    })
+    .unwrap();
+    qp
+}
+
+/// A thread in `wait_background` (timeout 5 s): returns what `wait`
+/// returned.
+fn background_waiter(cq: &iwarp::CompletionQueue) -> std::thread::JoinHandle<bool> {
+    let cq = cq.clone();
+    std::thread::spawn(move || cq.wait_background(Duration::from_secs(5)).unwrap())
+}
+
+/// Wait up to 3 s for `h` to finish; true if it did.
+fn finishes<T>(h: &std::thread::JoinHandle<T>) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        if h.is_finished() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+#[test]
+fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    cq.set_wake_policy(iwarp::WakePolicy::Newest);
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let qp1 = one_completion(&pd, &cq, &mr, 1);
+    let qp2 = one_completion(&pd, &cq, &mr, 2);
+    // The foreground waiter goes to sleep first: the background one is the
+    // newest, and still must not be the one woken.
+    let fg = {
+        let cq = cq.clone();
+        std::thread::spawn(move || {
+            cq.wait_spin(Duration::from_secs(5), Duration::ZERO)
+                .unwrap()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let bg = background_waiter(&cq);
+    std::thread::sleep(Duration::from_millis(50));
+    qp1.disconnect();
+    assert!(finishes(&fg), "the foreground waiter is woken");
+    assert!(fg.join().unwrap());
+    // The foreground waiter took the wake-up; the background one sleeps on.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !bg.is_finished(),
+        "background waiter woken with a foreground one asleep"
+    );
+    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(1));
+    // With nobody else asleep, the next completion wakes it.
+    qp2.disconnect();
+    assert!(finishes(&bg), "the background waiter is woken once alone");
+    assert!(bg.join().unwrap());
+    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(2));
+}
+
+#[test]
+fn attendance_holds_back_the_background_waiter_until_dropped() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    cq.set_wake_policy(iwarp::WakePolicy::Newest);
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let qp = one_completion(&pd, &cq, &mr, 3);
+    let bg = background_waiter(&cq);
+    std::thread::sleep(Duration::from_millis(50));
+    let attend = cq.attend();
+    qp.disconnect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!bg.is_finished(), "woken although a thread attends the CQ");
+    assert_eq!(cq.len(), 1);
+    drop(attend);
+    assert!(
+        finishes(&bg),
+        "dropping the attendance hands the completion over"
+    );
+    assert!(bg.join().unwrap());
+    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(3));
+}
+
+#[test]
+fn background_waiter_under_the_default_policy_is_woken_like_any() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let qp = one_completion(&pd, &cq, &mr, 4);
+    let bg = background_waiter(&cq);
+    let _attend = cq.attend();
+    std::thread::sleep(Duration::from_millis(50));
+    qp.disconnect();
+    assert!(finishes(&bg), "WakePolicy::All ignores attendance");
+    assert!(bg.join().unwrap());
+    assert!(
+        cq.wait_background(Duration::from_millis(60)).unwrap(),
+        "a non-empty CQ returns at once"
+    );
+    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(4));
+}
