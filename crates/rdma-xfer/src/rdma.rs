@@ -1,5 +1,5 @@
 //! The RDMA transport: one control QP and N data QPs per session, all on
-//! one completion queue served by the dispatcher thread.
+//! one completion queue.
 //!
 //! # Control channel and credits
 //!
@@ -16,16 +16,37 @@
 //! The source posts, per block, an unsignaled RDMA Write into a granted
 //! sink block and a signaled Send carrying `BlockDone` on the same data
 //! QP; the Send's completion frees the local block. No credit scheme is
-//! needed there: the sink posts one receive per pool block on each data
-//! QP, and the source sends a `BlockDone` only for a block it holds a
-//! grant for, so at most `pool depth` of them are ever unconsumed.
+//! needed there: the source sends a `BlockDone` only for a block it holds
+//! a grant for, so at most `pool depth` of them are ever unconsumed, and
+//! the sink keeps that many receives posted on each data QP plus a batch
+//! it reposts together ([`data_recv_slots`]). Control Sends are signaled
+//! only every [`CTRL_SIGNAL_EVERY`]th time.
 //!
 //! # Threads
 //!
-//! The caller's thread reads (source) or writes (sink) blocks; the sender
-//! thread waits for grants and posts Writes; the dispatcher thread drains
-//! the CQ, reposts receives and routes messages. All waits poll a shared
-//! failure flag every [`TICK`] and give up after [`Config::timeout`].
+//! - The **caller's thread** reads (source) or writes (sink) blocks, and
+//!   handles completions itself between those steps and while it waits:
+//!   it holds an [`Attendance`](iwarp::Attendance) on the CQ and sleeps in
+//!   `wait` under [`WakePolicy::Newest`], so a completion wakes it and
+//!   nobody else.
+//! - The **dispatcher thread** sleeps in `wait_background`: it takes the
+//!   completions whenever the caller does not (while it reads or writes a
+//!   block, which may be disk I/O, and between transfers). Whoever holds
+//!   [`Shared::dispatch`] drains the CQ, reposts receives and routes
+//!   messages.
+//! - The **sender thread** posts the Write + `BlockDone` pairs the
+//!   dispatcher thread completes (a grant arriving for a block that waits),
+//!   so the dispatcher goes on draining the CQ. A pair completed on the
+//!   caller's thread (a block filled while a grant is in hand, or a grant
+//!   found while it waits) is posted there: handing it over would cost a
+//!   wake-up per block.
+//! - The **logger thread** reports progress ([`Logger`]).
+//!
+//! Handing each block through dedicated threads cost 12-16 context
+//! switches per 1 MiB block, on a 2-CPU machine about a quarter of the
+//! CPU time per GB; this arrangement needs 4-6. All waits check a shared
+//! failure flag at least every [`TICK`] and give up after
+//! [`Config::timeout`].
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -39,7 +60,7 @@ use std::time::{Duration, Instant};
 use iwarp::cm::{self, ConnParam, Listener, MpaConfig, Policy};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
-    RecvWr, SendWr, SgList, Sge, WcStatus, WorkCompletion, WrOpcode,
+    RecvWr, SendWr, SgList, Sge, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
 };
 
 use crate::io::{BlockSink, BlockSource};
@@ -51,8 +72,31 @@ use crate::{negotiate, Config, Error, Mode, ProgressFn, Reorder, Stats, Transpor
 pub const CTRL_RECVS: u32 = 32;
 /// Control-message send slots.
 const CTRL_SLOTS: u32 = 32;
+/// Every this many control Sends one is signaled; its completion frees
+/// its slot and every slot posted before it (one send queue completes in
+/// order). The last free slot is always signaled, so slots come back.
+/// Each signaled completion wakes the dispatcher, and the sink sends a
+/// Grant per block: signaling each one cost a wake-up per block.
+const CTRL_SIGNAL_EVERY: u32 = CTRL_SLOTS / 4;
 /// Size of a data-QP message slot.
 const DATA_MSG: usize = 64;
+/// Most consumed data receives the dispatcher collects before reposting
+/// them in one call (each post takes the QP's engine lock, which the
+/// receive thread holds while it places data: a repost per block often
+/// had to wait for it).
+const DATA_REPOST_MAX: u32 = 32;
+
+/// Receives posted per data QP for a pool of `depth` blocks: `depth` (at
+/// most one BlockDone per granted block is in flight) plus the batch that
+/// may wait to be reposted.
+fn data_recv_slots(depth: u32) -> u32 {
+    depth + repost_batch(depth)
+}
+
+/// How many consumed data receives are reposted together.
+fn repost_batch(depth: u32) -> u32 {
+    depth.clamp(1, DATA_REPOST_MAX)
+}
 /// How often blocked waits look at the failure flag.
 pub const TICK: Duration = Duration::from_millis(50);
 /// Private-data magic of rdma-xfer connection requests.
@@ -119,6 +163,10 @@ struct CtrlState {
     unreturned: u32,
     backlog: VecDeque<Msg>,
     free_slots: Vec<u32>,
+    /// Posted slots, oldest first (freed by the next signaled completion).
+    in_flight: VecDeque<u32>,
+    /// Unsignaled Sends posted since the last signaled one.
+    unsignaled: u32,
 }
 
 /// Everything the threads share.
@@ -134,6 +182,11 @@ struct Shared {
     data_msgs: MemoryRegion,
     depth: u32,
     ctrl: Mutex<CtrlState>,
+    pairing: Mutex<Pairing>,
+    /// The right to take completions off the CQ, and what handling them
+    /// needs: held by the dispatcher thread while it drains the CQ, and by
+    /// a transfer's caller while it waits (see [`RdmaSession::wait`]).
+    dispatch: Mutex<Dispatch>,
     fail: Mutex<Option<Fail>>,
     failed: AtomicBool,
     stop: AtomicBool,
@@ -169,20 +222,25 @@ impl Shared {
     }
 
     fn data_recv_off(&self, qp: usize, slot: u32) -> usize {
-        (qp * self.depth as usize + slot as usize) * DATA_MSG
+        (qp * data_recv_slots(self.depth) as usize + slot as usize) * DATA_MSG
     }
 
     fn data_send_off(&self, block: u32) -> usize {
-        (self.data_qps.len() * self.depth as usize + block as usize) * DATA_MSG
+        (self.data_qps.len() * data_recv_slots(self.depth) as usize + block as usize) * DATA_MSG
     }
 
-    fn post_data_recv(&self, qp: usize, slot: u32) -> Result<(), Error> {
-        self.data_qps[qp]
-            .post_recv(&RecvWr {
+    /// Repost the consumed data receive slots `slots` of stream `qp`.
+    fn post_data_recvs(&self, qp: usize, slots: &[u32]) -> Result<(), Error> {
+        let wrs: Vec<RecvWr> = slots
+            .iter()
+            .map(|&slot| RecvWr {
                 wr_id: wr_id(K_DATA_RECV, qp, u64::from(slot)),
                 sgl: SgList::single(self.data_msgs.sge(self.data_recv_off(qp, slot), DATA_MSG)),
             })
-            .map_err(|e| Error::Disconnected(format!("posting a data receive: {e:?}")))
+            .collect();
+        self.data_qps[qp]
+            .post_recv_list(&wrs)
+            .map_err(|e| Error::Disconnected(format!("posting data receives: {e:?}")))
     }
 
     /// Queue a control message; it leaves as soon as credits and a send
@@ -206,17 +264,20 @@ impl Shared {
             let len = msg.emit(credits, &mut buf);
             let off = (CTRL_RECVS + slot) as usize * MSG_BUF;
             self.ctrl_msgs.write_at(off, &buf[..len]);
+            let signaled = st.free_slots.is_empty() || st.unsignaled + 1 >= CTRL_SIGNAL_EVERY;
             let r = self.ctrl_qp.post_send(&SendWr {
                 wr_id: wr_id(K_CTRL_SEND, 0, u64::from(slot)),
                 opcode: WrOpcode::Send,
                 sgl: SgList::single(self.ctrl_msgs.sge(off, len)),
-                signaled: true,
+                signaled,
                 solicited: false,
             });
             match r {
                 Ok(()) => {
                     st.credits -= 1;
                     st.unreturned -= u32::from(credits);
+                    st.in_flight.push_back(slot);
+                    st.unsignaled = if signaled { 0 } else { st.unsignaled + 1 };
                 }
                 Err(e) => {
                     st.free_slots.push(slot);
@@ -242,18 +303,129 @@ impl Shared {
         self.flush(&mut st);
     }
 
+    /// A signaled control Send completed: it and every Send posted before
+    /// it are done, so their slots are free.
     fn on_ctrl_send_done(&self, slot: u32) {
         let mut st = self.ctrl.lock().unwrap_or_else(|e| e.into_inner());
-        st.free_slots.push(slot);
+        if !st.in_flight.contains(&slot) {
+            return;
+        }
+        while let Some(s) = st.in_flight.pop_front() {
+            st.free_slots.push(s);
+            if s == slot {
+                break;
+            }
+        }
         self.flush(&mut st);
     }
 }
 
-/// Work for the sender thread.
-enum Job {
-    Begin { transfer: u64 },
-    Block { sge: Sge, seq: u64, block: u32 },
-    End { blocks: u64, bytes: u64 },
+/// A filled source block: where it is, its sequence number, its index.
+type Filled = (Sge, u64, u32);
+
+/// The source's pairing stage: filled blocks waiting for a grant, and
+/// grants waiting for a block.
+#[derive(Default)]
+struct Pairing {
+    /// Grants of other transfers are stale and dropped.
+    transfer: u64,
+    blocks: VecDeque<Filled>,
+    grants: VecDeque<Grant>,
+    /// Grants asked for (pre-request) and not yet received.
+    asked: u32,
+}
+
+impl Shared {
+    /// Add a filled block and/or grants to the pairing stage and post
+    /// every pair that completes: from this thread, or through the sender
+    /// thread if `to_sender` is given. Asks for more grants before they run
+    /// out (pre-request, at half the pool).
+    fn offer(
+        &self,
+        block: Option<Filled>,
+        grants: Option<(u64, Vec<Grant>)>,
+        to_sender: Option<&Sender<(Filled, Grant)>>,
+    ) {
+        let mut pairs = Vec::new();
+        let mut request = 0;
+        {
+            let mut p = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(b) = block {
+                p.blocks.push_back(b);
+            }
+            if let Some((t, gs)) = grants {
+                if t != p.transfer {
+                    return;
+                }
+                p.asked = p.asked.saturating_sub(gs.len() as u32);
+                p.grants.extend(gs);
+            }
+            while !p.blocks.is_empty() && !p.grants.is_empty() {
+                let (Some(b), Some(g)) = (p.blocks.pop_front(), p.grants.pop_front()) else {
+                    break;
+                };
+                pairs.push((b, g));
+                let have = p.asked + p.grants.len() as u32;
+                // Round up, so that a depth of 1 asks again as well.
+                if have < self.depth.div_ceil(2) {
+                    let n = self.depth - have;
+                    p.asked += n;
+                    request += n;
+                }
+            }
+        }
+        if request > 0 {
+            self.ctrl_send(Msg::Request { n: request });
+        }
+        for (b, g) in pairs {
+            match to_sender {
+                Some(tx) => {
+                    let _ = tx.send((b, g));
+                }
+                None => self.post_block(b, g),
+            }
+        }
+    }
+
+    /// Post the Write of a filled block into granted sink block `g`, and
+    /// its `BlockDone` behind it on the same stream.
+    fn post_block(&self, (sge, seq, block): Filled, g: Grant) {
+        let streams = self.data_qps.len() as u64;
+        let qi = (seq % streams) as usize;
+        let notice = Msg::BlockDone {
+            seq,
+            len: sge.length,
+            block: g.block,
+        };
+        let mut buf = [0u8; DATA_MSG];
+        let len = notice.emit(0, &mut buf);
+        let off = self.data_send_off(block);
+        self.data_msgs.write_at(off, &buf[..len]);
+        let wrs = [
+            SendWr {
+                wr_id: wr_id(K_DATA_WRITE, qi, u64::from(block)),
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: g.addr,
+                    rkey: g.rkey,
+                },
+                sgl: SgList::single(sge),
+                signaled: false,
+                solicited: false,
+            },
+            SendWr {
+                wr_id: wr_id(K_DATA_SEND, qi, u64::from(block)),
+                opcode: WrOpcode::Send,
+                sgl: SgList::single(self.data_msgs.sge(off, len)),
+                signaled: true,
+                solicited: false,
+            },
+        ];
+        if let Err(e) = self.data_qps[qi].post_send_list(&wrs) {
+            self.set_fail(Fail::Disconnected(format!(
+                "posting an RDMA Write on stream {qi}: {e:?}"
+            )));
+        }
+    }
 }
 
 /// What the dispatcher hands the sink's writer.
@@ -288,7 +460,6 @@ pub struct RdmaSession {
     src_pool: Vec<MemoryRegion>,
     /// Sink landing blocks (remote write). Registered at the first `recv`.
     sink_pool: Vec<MemoryRegion>,
-    job_tx: Option<Sender<Job>>,
     freed_rx: Receiver<u32>,
     fin_rx: Receiver<u64>,
     sink_rx: Receiver<SinkEv>,
@@ -439,7 +610,7 @@ impl Setup {
                 send_cq: self.cq.clone(),
                 recv_cq: self.cq.clone(),
                 max_send_wr: 2 * depth + 4,
-                max_recv_wr: depth,
+                max_recv_wr: data_recv_slots(depth),
             })
             .map_err(verbs)
     }
@@ -594,17 +765,16 @@ impl RdmaSession {
     }
 
     fn post_data_recvs(s: &Setup, qps: &[QueuePair], depth: u32) -> Result<MemoryRegion, Error> {
-        let slots = (qps.len() + 1) * depth as usize;
+        let per_qp = data_recv_slots(depth) as usize;
+        let slots = qps.len() * per_qp + depth as usize;
         let data_msgs =
             s.pd.reg_mr(slots * DATA_MSG, Access::LOCAL_WRITE)
                 .map_err(verbs)?;
         for (i, qp) in qps.iter().enumerate() {
-            let wrs: Vec<RecvWr> = (0..depth)
+            let wrs: Vec<RecvWr> = (0..per_qp)
                 .map(|slot| RecvWr {
-                    wr_id: wr_id(K_DATA_RECV, i, u64::from(slot)),
-                    sgl: SgList::single(
-                        data_msgs.sge((i * depth as usize + slot as usize) * DATA_MSG, DATA_MSG),
-                    ),
+                    wr_id: wr_id(K_DATA_RECV, i, slot as u64),
+                    sgl: SgList::single(data_msgs.sge((i * per_qp + slot) * DATA_MSG, DATA_MSG)),
                 })
                 .collect();
             qp.post_recv_list(&wrs)
@@ -621,6 +791,14 @@ impl RdmaSession {
         session: u64,
     ) -> RdmaSession {
         let depth = cfg.pool_depth();
+        let streams = qps.len();
+        let (pair_tx, pair_rx) = mpsc::channel();
+        let (freed_tx, freed_rx) = mpsc::channel();
+        let (fin_tx, fin_rx) = mpsc::channel();
+        let (sink_tx, sink_rx) = mpsc::channel();
+        // The caller handles completions itself while it waits; the
+        // dispatcher thread is woken only while nobody else waits.
+        s.cq.set_wake_policy(WakePolicy::Newest);
         let shared = Arc::new(Shared {
             cq: s.cq,
             ctrl_qp: s.ctrl_qp,
@@ -635,36 +813,36 @@ impl RdmaSession {
                 unreturned: 1,
                 backlog: VecDeque::new(),
                 free_slots: (0..CTRL_SLOTS).rev().collect(),
+                in_flight: VecDeque::new(),
+                unsignaled: 0,
+            }),
+            pairing: Mutex::new(Pairing::default()),
+            dispatch: Mutex::new(Dispatch {
+                routes: Routes {
+                    pair_tx,
+                    freed_tx,
+                    fin_tx,
+                    sink_tx,
+                },
+                consumed: vec![Vec::new(); streams],
             }),
             fail: Mutex::new(None),
             failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
-        let (job_tx, job_rx) = mpsc::channel();
-        let (grant_tx, grant_rx) = mpsc::channel();
-        let (freed_tx, freed_rx) = mpsc::channel();
-        let (fin_tx, fin_rx) = mpsc::channel();
-        let (sink_tx, sink_rx) = mpsc::channel();
         let mut threads = Vec::new();
         let stashed: Vec<WorkCompletion> = s.stash.into_inner().into();
         let sh = shared.clone();
-        let out = Routes {
-            grant_tx,
-            freed_tx,
-            fin_tx,
-            sink_tx,
-        };
         if let Ok(t) = std::thread::Builder::new()
             .name("xfer-dispatch".into())
-            .spawn(move || dispatcher(&sh, &out, stashed))
+            .spawn(move || dispatcher(&sh, stashed))
         {
             threads.push(t);
         }
         let sh = shared.clone();
-        let timeout = cfg.timeout;
         if let Ok(t) = std::thread::Builder::new()
             .name("xfer-sender".into())
-            .spawn(move || sender(&sh, &job_rx, &grant_rx, depth, timeout))
+            .spawn(move || sender(&sh, &pair_rx))
         {
             threads.push(t);
         }
@@ -679,7 +857,6 @@ impl RdmaSession {
             pd: s.pd,
             src_pool: Vec::new(),
             sink_pool: Vec::new(),
-            job_tx: Some(job_tx),
             freed_rx,
             fin_rx,
             sink_rx,
@@ -704,8 +881,40 @@ impl RdmaSession {
     }
 
     /// Wait on `rx` up to the session timeout, watching the failure flag.
+    ///
+    /// While it waits, the caller takes completions off the CQ itself (the
+    /// CQ wakes the newest waiter only, so the dispatcher thread sleeps
+    /// meanwhile): the completion that ends the wait costs one wake-up of
+    /// this thread instead of one of the dispatcher and another of this
+    /// thread. While the caller is busy elsewhere (reading or writing a
+    /// block), the dispatcher thread handles the completions.
     fn wait<T>(&self, rx: &Receiver<T>, what: &'static str) -> Result<T, Error> {
-        wait_on(&self.shared, rx, self.cfg.timeout, what)
+        let sh = &*self.shared;
+        let start = Instant::now();
+        loop {
+            sh.check()?;
+            if let Ok(v) = rx.try_recv() {
+                return Ok(v);
+            }
+            let mut d = lock(&sh.dispatch);
+            while let Some(wc) = sh.cq.poll_one() {
+                dispatch(sh, &mut d, &wc, false);
+            }
+            sh.check()?;
+            if let Ok(v) = rx.try_recv() {
+                return Ok(v);
+            }
+            let waited = start.elapsed();
+            if waited >= self.cfg.timeout {
+                sh.set_fail(Fail::Timeout(what, waited));
+                return Err(sh.check().unwrap_err());
+            }
+            // Sleep holding the token: the dispatcher thread cannot be
+            // halfway through routing an event to us meanwhile.
+            let _ = sh
+                .cq
+                .wait_spin(TICK.min(self.cfg.timeout - waited), Duration::ZERO);
+        }
     }
 
     fn fail_local(&self, e: std::io::Error) -> Error {
@@ -726,11 +935,13 @@ impl RdmaSession {
         let depth = self.cfg.pool_depth();
         self.transfer += 1;
         let transfer = self.transfer;
-        let job = self
-            .job_tx
-            .as_ref()
-            .ok_or_else(|| Error::Broken("closed".into()))?;
-        let _ = job.send(Job::Begin { transfer });
+        // Grants carry their transfer: the pairing stage drops stale ones
+        // (set before Begin goes out, so none of this transfer's is early).
+        *lock(&self.shared.pairing) = Pairing {
+            transfer,
+            asked: depth,
+            ..Pairing::default()
+        };
         self.shared.ctrl_send(Msg::Begin {
             transfer,
             len: src.len_hint(),
@@ -739,6 +950,10 @@ impl RdmaSession {
         let mut free: Vec<u32> = (0..depth).rev().collect();
         let mut lens = vec![0u32; depth as usize];
         let (mut seq, mut bytes) = (0u64, 0u64);
+        // This thread handles the completions between its short steps (see
+        // `poll_completions`); the dispatcher thread only while it reads.
+        let sh = self.shared.clone();
+        let mut attend = Some(sh.cq.attend());
         loop {
             let idx = match free.pop() {
                 Some(i) => i,
@@ -754,21 +969,24 @@ impl RdmaSession {
             // on one send queue follows its Write), and its region has
             // local access only, so the peer cannot write it either.
             let buf = unsafe { mr.as_mut_slice() };
+            // A read may take long (a disk): the dispatcher thread takes
+            // over the completions meanwhile.
+            self.poll_completions();
+            drop(attend.take());
             let n = src.read_block(buf).map_err(|e| self.fail_local(e))?;
+            attend = Some(sh.cq.attend());
             if n == 0 {
                 free.push(idx);
                 break;
             }
             lens[idx as usize] = n as u32;
-            let _ = job.send(Job::Block {
-                sge: mr.sge(0, n),
-                seq,
-                block: idx,
-            });
+            self.shared
+                .offer(Some((mr.sge(0, n), seq, idx)), None, None);
+            self.poll_completions();
             seq += 1;
             bytes += n as u64;
         }
-        let _ = job.send(Job::End { blocks: seq, bytes });
+        self.shared.ctrl_send(Msg::End { blocks: seq, bytes });
         let got = self.wait(&self.fin_rx, "the sink to finish")?;
         if got != bytes {
             self.shared.set_fail(Fail::Protocol(format!(
@@ -788,6 +1006,20 @@ impl RdmaSession {
             blocks: seq,
             elapsed: start.elapsed(),
         })
+    }
+
+    /// Handle the completions waiting in the CQ from this thread, unless
+    /// another thread is at it; never blocks for long.
+    fn poll_completions(&self) {
+        let sh = &*self.shared;
+        if sh.cq.is_empty() {
+            return;
+        }
+        if let Ok(mut d) = sh.dispatch.try_lock() {
+            while let Some(wc) = sh.cq.poll_one() {
+                dispatch(sh, &mut d, &wc, false);
+            }
+        }
     }
 
     fn recv_inner(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
@@ -822,6 +1054,10 @@ impl RdmaSession {
             s.set_fail(Fail::Protocol(m));
             s.check().unwrap_err()
         };
+        // As in `send_inner`: this thread handles the completions, the
+        // dispatcher thread while it writes.
+        let sh = self.shared.clone();
+        let mut attend = Some(sh.cq.attend());
         loop {
             // Grant what is free and wanted; send the batch when it is full
             // or when there is nothing else to do.
@@ -850,6 +1086,7 @@ impl RdmaSession {
                             format!("source announced {total} bytes, {bytes} arrived"),
                         ));
                     }
+                    drop(attend.take());
                     sink.finish().map_err(|e| self.fail_local(e))?;
                     self.shared.ctrl_send(Msg::Fin { bytes });
                     return Ok(Stats {
@@ -859,6 +1096,7 @@ impl RdmaSession {
                     });
                 }
             }
+            self.poll_completions();
             let ev = match self.sink_rx.try_recv() {
                 Ok(ev) => ev,
                 Err(_) => {
@@ -893,7 +1131,10 @@ impl RdmaSession {
                         // block `b`, and we do not grant it again before the
                         // slice is gone; no local work request names it.
                         let data = unsafe { &mr.as_slice()[..l as usize] };
+                        self.poll_completions();
+                        drop(attend.take());
                         sink.write_block(data).map_err(|e| self.fail_local(e))?;
+                        attend = Some(sh.cq.attend());
                         self.logger.add(u64::from(l));
                         bytes += u64::from(l);
                         free.push(b);
@@ -909,33 +1150,17 @@ impl RdmaSession {
     }
 }
 
-fn wait_on<T>(
-    sh: &Shared,
-    rx: &Receiver<T>,
-    timeout: Duration,
-    what: &'static str,
-) -> Result<T, Error> {
-    let start = Instant::now();
-    loop {
-        sh.check()?;
-        match rx.recv_timeout(TICK) {
-            Ok(v) => return Ok(v),
-            Err(RecvTimeoutError::Timeout) => {
-                if start.elapsed() >= timeout {
-                    sh.set_fail(Fail::Timeout(what, start.elapsed()));
-                    return Err(sh.check().unwrap_err());
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                sh.check()?;
-                return Err(Error::Broken("session threads are gone".into()));
-            }
-        }
-    }
+/// What handling completions needs (behind [`Shared::dispatch`]).
+struct Dispatch {
+    routes: Routes,
+    /// Each stream's consumed data receive slots, until a batch is
+    /// reposted.
+    consumed: Vec<Vec<u32>>,
 }
 
 struct Routes {
-    grant_tx: Sender<(u64, Grant)>,
+    /// Block/grant pairs the dispatcher thread found, for the sender.
+    pair_tx: Sender<(Filled, Grant)>,
     freed_tx: Sender<u32>,
     fin_tx: Sender<u64>,
     sink_tx: Sender<SinkEv>,
@@ -943,24 +1168,39 @@ struct Routes {
 
 /// The completion dispatcher: drains the CQ until the session stops,
 /// starting with what setup stashed.
-fn dispatcher(sh: &Shared, out: &Routes, stashed: Vec<WorkCompletion>) {
-    for wc in stashed {
-        dispatch(sh, out, &wc);
+fn dispatcher(sh: &Shared, stashed: Vec<WorkCompletion>) {
+    {
+        let mut d = lock(&sh.dispatch);
+        for wc in stashed {
+            dispatch(sh, &mut d, &wc, true);
+        }
     }
     while !sh.stop.load(Ordering::Acquire) {
         // No polling phase: completions here come per block, hundreds of
         // microseconds apart in bulk, so a yielding poll before each sleep
         // burned CPU on every wait and rarely saved a sleep.
-        if !sh.cq.wait_spin(TICK, Duration::ZERO).unwrap_or(false) {
+        if !sh.cq.wait_background(TICK).unwrap_or(false) {
             continue;
         }
+        let mut d = lock(&sh.dispatch);
         while let Some(wc) = sh.cq.poll_one() {
-            dispatch(sh, out, &wc);
+            dispatch(sh, &mut d, &wc, true);
         }
     }
 }
 
-fn dispatch(sh: &Shared, out: &Routes, wc: &WorkCompletion) {
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Handle one completion. `on_dispatcher`: the dispatcher thread runs
+/// this (pairs it completes go to the sender thread; a waiting caller
+/// posts them itself).
+fn dispatch(sh: &Shared, d: &mut Dispatch, wc: &WorkCompletion, on_dispatcher: bool) {
+    let Dispatch {
+        routes: out,
+        consumed,
+    } = d;
     let (kind, qp, val) = wr_parts(wc.wr_id);
     if wc.status != WcStatus::Success {
         let why = if wc.status == WcStatus::WrFlushErr {
@@ -982,7 +1222,7 @@ fn dispatch(sh: &Shared, out: &Routes, wc: &WorkCompletion) {
             match Msg::parse(&buf) {
                 Ok((m, credits)) => {
                     sh.on_ctrl_recv(credits);
-                    route(sh, out, m);
+                    route(sh, out, m, on_dispatcher);
                 }
                 Err(e) => sh.set_fail(Fail::Protocol(e.to_string())),
             }
@@ -993,9 +1233,20 @@ fn dispatch(sh: &Shared, out: &Routes, wc: &WorkCompletion) {
             let len = (wc.byte_len as usize).min(DATA_MSG);
             sh.data_msgs
                 .read_at(sh.data_recv_off(qp, val as u32), &mut buf[..len]);
-            if let Err(e) = sh.post_data_recv(qp, val as u32) {
-                sh.set_fail(Fail::Disconnected(e.to_string()));
+            let Some(batch) = consumed.get_mut(qp) else {
+                sh.set_fail(Fail::Protocol(format!(
+                    "completion for unknown stream {qp}"
+                )));
                 return;
+            };
+            batch.push(val as u32);
+            if batch.len() >= repost_batch(sh.depth) as usize {
+                let r = sh.post_data_recvs(qp, batch);
+                batch.clear();
+                if let Err(e) = r {
+                    sh.set_fail(Fail::Disconnected(e.to_string()));
+                    return;
+                }
             }
             match Msg::parse(&buf[..len]) {
                 Ok((Msg::BlockDone { seq, len, block }, _)) => {
@@ -1014,12 +1265,11 @@ fn dispatch(sh: &Shared, out: &Routes, wc: &WorkCompletion) {
     }
 }
 
-fn route(sh: &Shared, out: &Routes, m: Msg) {
+fn route(sh: &Shared, out: &Routes, m: Msg, on_dispatcher: bool) {
     match m {
         Msg::Grant { transfer, grants } => {
-            for g in grants {
-                let _ = out.grant_tx.send((transfer, g));
-            }
+            let via = on_dispatcher.then_some(&out.pair_tx);
+            sh.offer(None, Some((transfer, grants)), via);
         }
         Msg::Fin { bytes } => {
             let _ = out.fin_tx.send(bytes);
@@ -1050,109 +1300,17 @@ fn route(sh: &Shared, out: &Routes, m: Msg) {
     }
 }
 
-/// The sender thread: pairs each filled block with a granted sink block
-/// and posts the Write and its notice.
-fn sender(
-    sh: &Shared,
-    jobs: &Receiver<Job>,
-    grants: &Receiver<(u64, Grant)>,
-    depth: u32,
-    timeout: Duration,
-) {
-    let streams = sh.data_qps.len() as u64;
-    let mut current = 0u64;
-    let mut in_hand: VecDeque<Grant> = VecDeque::new();
-    let mut asked = 0u32;
+/// The sender thread: posts the pairs the dispatcher completed.
+fn sender(sh: &Shared, pairs: &Receiver<(Filled, Grant)>) {
     while !sh.stop.load(Ordering::Acquire) {
-        let job = match jobs.recv_timeout(TICK) {
-            Ok(j) => j,
+        match pairs.recv_timeout(TICK) {
+            Ok((b, g)) => {
+                if !sh.failed.load(Ordering::Acquire) {
+                    sh.post_block(b, g);
+                }
+            }
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break,
-        };
-        match job {
-            Job::Begin { transfer } => {
-                // Grants are tagged with their transfer: stale ones are
-                // skipped when pulled, and the new transfer's grants may
-                // already be waiting in the channel, so it is not drained.
-                current = transfer;
-                in_hand.clear();
-                asked = depth;
-            }
-            Job::End { blocks, bytes } => sh.ctrl_send(Msg::End { blocks, bytes }),
-            Job::Block { sge, seq, block } => {
-                if sh.failed.load(Ordering::Acquire) {
-                    continue;
-                }
-                let start = Instant::now();
-                let g = loop {
-                    while let Ok((t, g)) = grants.try_recv() {
-                        if t == current {
-                            asked = asked.saturating_sub(1);
-                            in_hand.push_back(g);
-                        }
-                    }
-                    if let Some(g) = in_hand.pop_front() {
-                        break Some(g);
-                    }
-                    if sh.failed.load(Ordering::Acquire) {
-                        break None;
-                    }
-                    if start.elapsed() >= timeout {
-                        sh.set_fail(Fail::Timeout("a free block from the sink", start.elapsed()));
-                        break None;
-                    }
-                    match grants.recv_timeout(TICK) {
-                        Ok((t, g)) if t == current => {
-                            asked = asked.saturating_sub(1);
-                            in_hand.push_back(g);
-                        }
-                        _ => {}
-                    }
-                };
-                let Some(g) = g else { continue };
-                // Pre-request: keep asking before the grants run out.
-                let have = asked + in_hand.len() as u32;
-                // Round up, so that a depth of 1 asks again as well.
-                if have < depth.div_ceil(2) {
-                    let n = depth - have;
-                    asked += n;
-                    sh.ctrl_send(Msg::Request { n });
-                }
-                let qi = (seq % streams) as usize;
-                let notice = Msg::BlockDone {
-                    seq,
-                    len: sge.length,
-                    block: g.block,
-                };
-                let mut buf = [0u8; DATA_MSG];
-                let len = notice.emit(0, &mut buf);
-                let off = sh.data_send_off(block);
-                sh.data_msgs.write_at(off, &buf[..len]);
-                let wrs = [
-                    SendWr {
-                        wr_id: wr_id(K_DATA_WRITE, qi, u64::from(block)),
-                        opcode: WrOpcode::RdmaWrite {
-                            remote_addr: g.addr,
-                            rkey: g.rkey,
-                        },
-                        sgl: SgList::single(sge),
-                        signaled: false,
-                        solicited: false,
-                    },
-                    SendWr {
-                        wr_id: wr_id(K_DATA_SEND, qi, u64::from(block)),
-                        opcode: WrOpcode::Send,
-                        sgl: SgList::single(sh.data_msgs.sge(off, len)),
-                        signaled: true,
-                        solicited: false,
-                    },
-                ];
-                if let Err(e) = sh.data_qps[qi].post_send_list(&wrs) {
-                    sh.set_fail(Fail::Disconnected(format!(
-                        "posting an RDMA Write on stream {qi}: {e:?}"
-                    )));
-                }
-            }
         }
     }
 }
@@ -1191,7 +1349,6 @@ impl Transport for RdmaSession {
 impl Drop for RdmaSession {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.job_tx = None;
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
