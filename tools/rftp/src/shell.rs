@@ -376,10 +376,11 @@ impl Shell {
             None => println!("Not connected."),
         }
         println!(
-            "streams {}, blocksize {}, iodepth {}, verify {}, resume {}, mem {}",
+            "streams {}, blocksize {}, iodepth {}{}, verify {}, resume {}, mem {}",
             self.o.streams,
             self.o.block_size,
-            self.o.iodepth,
+            self.o.effective_iodepth(),
+            if self.o.iodepth == 0 { " (auto)" } else { "" },
             if self.o.verify { "on" } else { "off" },
             if self.o.resume { "on" } else { "off" },
             self.mem

@@ -34,7 +34,8 @@ struct Args {
     /// Block size, e.g. 1M or 256K.
     #[arg(long, global = true)]
     block_size: Option<String>,
-    /// Blocks in flight per stream.
+    /// Blocks in flight per stream [default: enough for 16 MiB in flight
+    /// over all streams, 2 to 4 per stream; raise it for long-RTT paths].
     #[arg(long, global = true)]
     iodepth: Option<u32>,
     /// Plain FTP data connection (no RDMA).
