@@ -83,7 +83,7 @@
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -242,8 +242,13 @@ pub(crate) struct Conn {
     /// polled is about to sleep, so the receive thread must not step aside.
     handbacks: AtomicU64,
     /// The receive thread is stepping aside (parked for up to
-    /// [`STEP_ASIDE`]); `stop_progress` unparks it.
+    /// [`STEP_ASIDE`], or while `drivers` is non-zero); `stop_progress`
+    /// unparks it.
     aside: AtomicBool,
+    /// Live [`Drive`](crate::Drive) guards: an application thread waits on
+    /// the socket itself and does the receive work, so the receive thread
+    /// stays parked.
+    drivers: AtomicUsize,
     /// The receive thread, for `unpark` (set by the thread itself).
     rx_thread: std::sync::OnceLock<std::thread::Thread>,
     wake: Mutex<bool>,
@@ -322,6 +327,7 @@ impl Conn {
             app_polls: AtomicU64::new(0),
             handbacks: AtomicU64::new(0),
             aside: AtomicBool::new(false),
+            drivers: AtomicUsize::new(0),
             rx_thread: std::sync::OnceLock::new(),
             wake: Mutex::new(false),
             wake_cond: Condvar::new(),
@@ -1014,7 +1020,9 @@ fn rx_exclusive(
             }
             Pass::Closed(why) => break Err(why),
         }
-        if conn.app_polls.load(Ordering::Relaxed) != polls_seen {
+        if conn.app_polls.load(Ordering::Relaxed) != polls_seen
+            || conn.drivers.load(Ordering::Relaxed) > 0
+        {
             break Ok(());
         }
     };
@@ -1114,6 +1122,24 @@ impl Conn {
     /// `SeqCst`, at least one of them sees the other's write, so either
     /// the thread does not park or it is unparked (an `unpark` before
     /// `park_timeout` makes it return at once).
+    /// An application thread starts driving the receive side (see
+    /// [`Drive`](crate::Drive)).
+    pub(crate) fn start_driving(&self) {
+        self.drivers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A driver stops; the last one wakes the receive thread.
+    pub(crate) fn stop_driving(&self) {
+        if self.drivers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.stop_progress();
+        }
+    }
+
+    /// The socket, for an application that waits for it to be readable.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
     pub(crate) fn stop_progress(&self) {
         self.handbacks.fetch_add(1, Ordering::SeqCst);
         if self.aside.load(Ordering::SeqCst) {
@@ -1145,6 +1171,23 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
     let mut polls_seen = conn.app_polls.load(Ordering::Relaxed);
     let mut handbacks_seen = conn.handbacks.load(Ordering::SeqCst);
     let why: String = loop {
+        if conn.drivers.load(Ordering::SeqCst) > 0 {
+            // An application thread waits on the socket and reads it: stay
+            // out of its way until it lets go (`stop_driving` unparks;
+            // `aside` then `drivers` here and the reverse order there, both
+            // SeqCst, so one of the two sees the other).
+            conn.aside.store(true, Ordering::SeqCst);
+            if conn.drivers.load(Ordering::SeqCst) > 0 && !conn.stop.load(Ordering::Acquire) {
+                qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
+                std::thread::park_timeout(TICK);
+            }
+            conn.aside.store(false, Ordering::SeqCst);
+            if conn.stop.load(Ordering::Acquire) {
+                break "stopped".into();
+            }
+            polls_seen = conn.app_polls.load(Ordering::Relaxed);
+            continue;
+        }
         let polls = conn.app_polls.load(Ordering::Relaxed);
         let mut calls = polls.wrapping_sub(polls_seen);
         polls_seen = polls;

@@ -66,7 +66,7 @@ pub use iwarp_proto::mem::{Access, MemError};
 
 pub use cq::{Attendance, CompletionQueue, WakePolicy};
 pub use mr::MemoryRegion;
-pub use qp::{ConnInfo, QpEvent, QpInitAttr, QpStats, QueuePair};
+pub use qp::{ConnInfo, Drive, QpEvent, QpInitAttr, QpStats, QueuePair};
 
 use iwarp_proto::engine::{Engine, EngineConfig};
 use iwarp_proto::mem::PdId;

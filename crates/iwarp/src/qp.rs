@@ -207,6 +207,33 @@ impl fmt::Debug for QueuePair {
     }
 }
 
+/// See [`QueuePair::drive`].
+#[derive(Debug)]
+pub struct Drive {
+    qp: Arc<QpShared>,
+    conn: Arc<Conn>,
+}
+
+impl Drive {
+    /// The QP's socket: wait for `POLLIN` on it, then call
+    /// [`progress`](Self::progress). Do not read, write or close it.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.conn.raw_fd()
+    }
+
+    /// Do the pending receive (and transmit) work from this thread; never
+    /// blocks.
+    pub fn progress(&self) {
+        self.conn.progress(&self.qp);
+    }
+}
+
+impl Drop for Drive {
+    fn drop(&mut self) {
+        self.conn.stop_driving();
+    }
+}
+
 impl QueuePair {
     pub(crate) fn build(
         qpn: u32,
@@ -311,6 +338,25 @@ impl QueuePair {
         if let Some(conn) = self.shared.conn.get() {
             conn.progress(&self.shared);
         }
+    }
+
+    /// Take over this QP's receive work until the guard is dropped: the
+    /// stack's receive thread stops reading the socket (after the `recv`
+    /// it may be blocked in), and the calling thread waits for
+    /// [`Drive::fd`] to be readable (with `poll(2)`, together with its
+    /// other file descriptors) and calls [`Drive::progress`]. Nothing is
+    /// received while the guard lives and nobody calls `progress`, so do
+    /// not sleep on a CQ meanwhile. For a thread that waits for several
+    /// things at once: the data is read by the thread that wakes anyway,
+    /// instead of waking the receive thread first. `None` before the QP is
+    /// connected.
+    pub fn drive(&self) -> Option<Drive> {
+        let conn = self.shared.conn.get()?.clone();
+        conn.start_driving();
+        Some(Drive {
+            qp: self.shared.clone(),
+            conn,
+        })
     }
 
     /// Current state.

@@ -261,3 +261,90 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
     sink.read_at(0, &mut got);
     assert_eq!(got, pattern(1 << 16, 3));
 }
+
+/// Wait, as a driving application does, until `host`'s receive CQ has a
+/// completion: `poll(2)` on the driven socket, then `progress`.
+fn drive_until_recv(host: &Host, d: &iwarp::Drive) -> iwarp::WorkCompletion {
+    let t0 = Instant::now();
+    loop {
+        d.progress();
+        if let Some(wc) = host.rcq.poll_one() {
+            return wc;
+        }
+        assert!(t0.elapsed() < T, "nothing received while driving");
+        let mut p = libc::pollfd {
+            fd: d.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, 100) };
+    }
+}
+
+/// `QueuePair::drive`: while the guard lives, the application thread that
+/// waits on the socket reads it (the receive thread at most finishes the
+/// `recv` it was blocked in) and nothing is lost; once the guard is
+/// dropped, the receive thread reads again with nobody polling.
+#[test]
+fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
+    const LEN: usize = 8 << 20;
+    let (client, server) = pair();
+    let target = server.mr(LEN);
+    let src = client.mr(LEN);
+    let notes = server.mr(64);
+    let note = client.mr(64);
+    for round in 0..3u64 {
+        let data = pattern(LEN, round as u8);
+        src.write_at(0, &data);
+        server.post_recv(100 + round, &notes, 0, 64);
+        let d = server.qp.drive().expect("connected");
+        let before = server.qp.stats().rx_polled_bytes;
+        client
+            .qp
+            .post_send(&wr(
+                round,
+                WrOpcode::RdmaWrite {
+                    remote_addr: target.addr(),
+                    rkey: target.rkey(),
+                },
+                &[src.sge(0, LEN)],
+            ))
+            .unwrap();
+        client
+            .qp
+            .post_send(&wr(200 + round, WrOpcode::Send, &[note.sge(0, 8)]))
+            .unwrap();
+        let wc = drive_until_recv(&server, &d);
+        assert_eq!((wc.wr_id, wc.status), (100 + round, WcStatus::Success));
+        let polled = server.qp.stats().rx_polled_bytes - before;
+        // The receive thread may have been blocked in `recv` when the
+        // guard was taken and finish that one read (at most a 256 KiB
+        // buffer or one 64 KiB segment); everything else is ours.
+        assert!(
+            polled >= (LEN - (256 << 10)) as u64,
+            "round {round}: the driving thread read only {polled} of {LEN} bytes"
+        );
+        let mut got = vec![0u8; LEN];
+        target.read_at(0, &mut got);
+        assert!(got == data, "round {round}: payload differs");
+        assert_eq!(client.send_wc().status, WcStatus::Success);
+        assert_eq!(client.send_wc().status, WcStatus::Success);
+        drop(d);
+        // Handed back: a Send now arrives with nobody polling.
+        server.post_recv(300 + round, &notes, 0, 64);
+        let polled = server.qp.stats().rx_polled_bytes;
+        client
+            .qp
+            .post_send(&wr(400 + round, WrOpcode::Send, &[note.sge(0, 8)]))
+            .unwrap();
+        let wc = server.recv_wc();
+        assert_eq!((wc.wr_id, wc.status), (300 + round, WcStatus::Success));
+        assert_eq!(
+            server.qp.stats().rx_polled_bytes,
+            polled,
+            "round {round}: after the drop the receive thread reads"
+        );
+        assert_eq!(client.send_wc().status, WcStatus::Success);
+    }
+}
