@@ -18,7 +18,8 @@
 # turn and pool the per-request times (see `single`).
 # Environment: OUT (results directory), ROUNDS, VARIANTS and BENCH_SIZES
 # (subsets of the single-client variants and sizes), SINGLE_ONLY=1 (stop
-# after the single-client cells, no plot: for quick A/B runs).
+# after the single-client cells, no plot: for quick A/B runs), RHTTP (the
+# client binary; default target/release/rhttp, for A/B of client builds).
 # Writes OUT/modrdma_results.json (one JSON object per line),
 # OUT/modrdma.png and OUT/modrdma_summary.md.
 # The plot needs python3-matplotlib (installed with apt-get if missing).
@@ -59,7 +60,7 @@ timeout 300 make -s -C modules/mod_rdma >/dev/null 2>&1 || die "building mod_rdm
 gcc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude modules/mod_rdma/bench/regcost.c \
     -Ltarget/release -liwarp -Wl,-rpath,"$ROOT/target/release" -o "$T/regcost" ||
     die "building regcost failed"
-RHTTP="$ROOT/target/release/rhttp"
+RHTTP="${RHTTP:-$ROOT/target/release/rhttp}"
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -153,6 +153,9 @@ struct Rdma {
     recv_cq: CompletionQueue,
     listener: Listener,
     server_ip: IpAddr,
+    /// This thread does the RDMA connection's receive work for as long as
+    /// it lives (see [`Rdma::wait_for`]); every wait polls its socket.
+    drive: Option<iwarp::Drive>,
     qp: Option<QueuePair>,
     ctrl: MemoryRegion,
     msg: MemoryRegion,
@@ -254,6 +257,7 @@ impl Rdma {
             recv_cq,
             listener,
             server_ip: http.peer.ip(),
+            drive: None,
             qp: None,
             ctrl,
             msg,
@@ -320,6 +324,7 @@ impl Rdma {
         req.accept(&qp, &ConnParam::default())
             .map_err(|e| format!("accepting the server's RDMA connection: {e}"))?;
         tracing::debug!(%peer, "RDMA connection from the server accepted");
+        self.drive = qp.drive();
         self.qp = Some(qp);
         Ok(())
     }
@@ -397,7 +402,7 @@ impl Rdma {
             solicited: false,
         })
         .map_err(|e| format!("posting {opcode:?}: {e}"))?;
-        match wait_wc(&self.send_cq, self.timeout) {
+        match self.wait_wc(&self.send_cq) {
             Ok(Some(wc)) if wc.status == WcStatus::Success => Ok(()),
             Ok(Some(wc)) => {
                 let why = qp
@@ -423,60 +428,140 @@ impl Rdma {
     /// as the HTTP response starts arriving.
     fn wait_ctrl(&self, http: Option<&Conn>) -> Res<Option<CtrlMsg>> {
         let qp = self.qp()?;
+        let Some(wc) = self.wait_for(&self.recv_cq, http)? else {
+            return Ok(None);
+        };
+        if wc.status != WcStatus::Success {
+            return Err(format!("RDMA connection failed: {:?}", wc.status));
+        }
+        let i = wc.wr_id as usize;
+        let mut b = [0u8; MSG_LEN];
+        self.ctrl.read_at(i * MSG_LEN, &mut b);
+        self.post_slot(qp, i)?;
+        let m = CtrlMsg::decode(&b[..wc.byte_len as usize])
+            .map_err(|e| format!("bad message from the server: {e}"))?;
+        Ok(Some(m))
+    }
+
+    /// Wait for a completion on `cq`.
+    fn wait_wc(&self, cq: &CompletionQueue) -> Res<Option<iwarp::WorkCompletion>> {
+        self.wait_for(cq, None)
+    }
+
+    /// Wait until the HTTP answer starts arriving, doing the RDMA
+    /// connection's receive work meanwhile (the server may be reading our
+    /// buffer, or writing into it). Completions stay in their CQs.
+    fn wait_http(&self, http: &Conn) -> Res<()> {
+        let Some(d) = self.drive.as_ref() else {
+            return Ok(());
+        };
         let deadline = Instant::now() + self.timeout;
-        let spin_until = Instant::now() + SPIN_PROGRESS;
-        while Instant::now() < deadline {
-            // The message is usually in the socket already or about to be
-            // (it follows the body): read it from this thread (see
-            // `wait_wc`).
-            self.recv_cq.progress();
-            if let Some(wc) = self.recv_cq.poll_one() {
-                if wc.status != WcStatus::Success {
-                    return Err(format!("RDMA connection failed: {:?}", wc.status));
-                }
-                let i = wc.wr_id as usize;
-                let mut b = [0u8; MSG_LEN];
-                self.ctrl.read_at(i * MSG_LEN, &mut b);
-                self.post_slot(qp, i)?;
-                let m = CtrlMsg::decode(&b[..wc.byte_len as usize])
-                    .map_err(|e| format!("bad message from the server: {e}"))?;
-                return Ok(Some(m));
+        loop {
+            d.progress();
+            if http.has_buffered() {
+                return Ok(());
             }
-            let Some(h) = http else {
-                if Instant::now() >= spin_until {
-                    let _ = self.recv_cq.wait(Duration::from_millis(100));
-                }
-                continue;
-            };
-            if h.has_buffered() {
-                return Ok(None);
-            }
-            // Sleep until a completion or the HTTP answer (the CQ's fd is
-            // readable exactly while it holds completions), handing the
-            // receive work back to the stack's thread first.
-            self.recv_cq.stop_progress();
             let mut fds = [
                 libc::pollfd {
-                    fd: self.recv_cq.as_raw_fd(),
+                    fd: d.fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: h.stream().as_raw_fd(),
+                    fd: http.stream().as_raw_fd(),
                     events: libc::POLLIN,
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds for the duration of the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };
-            if fds[0].revents == 0 && fds[1].revents != 0 {
-                return Ok(None);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("no HTTP answer within {:?}", self.timeout));
+            }
+            // SAFETY: two valid pollfds in a live local array.
+            unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis().clamp(1, 100) as i32) };
+            if fds[1].revents != 0 {
+                return Ok(());
             }
         }
-        Err(format!(
-            "no control message or HTTP answer within {:?}",
-            self.timeout
-        ))
+    }
+
+    /// Wait for a completion on `cq` (`Some`), or with `http` until the
+    /// HTTP response starts arriving (`None`).
+    ///
+    /// This thread does the RDMA connection's receive work itself while it
+    /// waits (`QueuePair::drive`): without `http` first for up to
+    /// [`SPIN_PROGRESS`] by polling, then asleep in `poll(2)` on the RDMA
+    /// socket, the CQ's fd (completions made by other threads) and the
+    /// HTTP socket, reading whatever arrives. The stack's receive thread stays parked, so the
+    /// data is read by the one thread that is waiting for it: on a loaded
+    /// machine each extra thread that must be scheduled can cost a time
+    /// slice of the processes that keep the CPUs busy.
+    fn wait_for(
+        &self,
+        cq: &CompletionQueue,
+        http: Option<&Conn>,
+    ) -> Res<Option<iwarp::WorkCompletion>> {
+        self.qp()?;
+        let drive = self.drive.as_ref();
+        let start = Instant::now();
+        let deadline = start + self.timeout;
+        // Waiting for an answer that may not come by RDMA at all: sleep at
+        // once rather than spin.
+        let spin_until = if http.is_some() {
+            start
+        } else {
+            start + SPIN_PROGRESS
+        };
+        let mut http_ready = false;
+        loop {
+            match drive {
+                Some(d) => d.progress(),
+                None => cq.progress(),
+            }
+            if let Some(wc) = cq.poll_one() {
+                return Ok(Some(wc));
+            }
+            if let Some(h) = http {
+                if http_ready || h.has_buffered() {
+                    return Ok(None);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(match http {
+                    Some(_) => format!(
+                        "no control message or HTTP answer within {:?}",
+                        self.timeout
+                    ),
+                    None => format!("no completion within {:?}", self.timeout),
+                });
+            }
+            if now < spin_until {
+                continue;
+            }
+            let mut fds = [libc::pollfd {
+                fd: cq.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }; 3];
+            let mut n = 1;
+            if let Some(d) = drive {
+                fds[n].fd = d.fd();
+                n += 1;
+            }
+            let http_at = n;
+            if let Some(h) = http {
+                fds[n].fd = h.stream().as_raw_fd();
+                n += 1;
+            }
+            let ms = deadline
+                .saturating_duration_since(now)
+                .as_millis()
+                .clamp(1, 100) as i32;
+            // SAFETY: `n` valid pollfds in a live local array.
+            unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, ms) };
+            http_ready = http.is_some() && fds[http_at].revents != 0;
+        }
     }
 }
 
@@ -494,30 +579,6 @@ fn report(line: std::fmt::Arguments<'_>) {
 /// work itself before it sleeps: about the time a 1 MB body takes over
 /// loopback.
 const SPIN_PROGRESS: Duration = Duration::from_micros(500);
-
-/// Wait up to `timeout` for one completion on `cq`. For the first
-/// [`SPIN_PROGRESS`] this thread reads the connection itself
-/// (`cq.progress()`): a response usually arrives within that time, and
-/// reading it here saves waking the receive thread and then this one, each
-/// of which can cost a scheduler tick (4 ms) on a loaded machine. Then it
-/// sleeps in the CQ.
-fn wait_wc(
-    cq: &CompletionQueue,
-    timeout: Duration,
-) -> Result<Option<iwarp::WorkCompletion>, iwarp::Error> {
-    let start = Instant::now();
-    let spin_until = start + SPIN_PROGRESS.min(timeout);
-    loop {
-        if let Some(wc) = cq.poll_one() {
-            return Ok(Some(wc));
-        }
-        if Instant::now() >= spin_until {
-            break;
-        }
-        cq.progress();
-    }
-    cq.wait_one(timeout.saturating_sub(start.elapsed()))
-}
 
 /// One HTTP connection plus its RDMA side.
 struct Session {
@@ -762,6 +823,15 @@ fn rdma_get(
         std::thread::sleep(Duration::from_millis(delay_accept_ms));
     }
     r.expect_conn(&s.http)?;
+    // Server-writes: the body is being placed and the server's DONE comes
+    // before its HTTP answer; wait for either, reading the RDMA connection
+    // from this thread meanwhile.
+    let early = if matches!(scheme, GetScheme::ServerWrites) && r.live() {
+        r.wait_ctrl(Some(&s.http))?
+    } else {
+        None
+    };
+    r.wait_http(&s.http)?;
     let resp = s
         .http
         .read_head()
@@ -810,7 +880,11 @@ fn rdma_get(
         Scheme::ServerWrites => {
             // The server's DONE follows its Writes on the RDMA stream: once
             // it is here, the whole body is placed in our buffer.
-            match r.wait_ctrl(None)? {
+            let done = match early {
+                Some(m) => Some(m),
+                None => r.wait_ctrl(None)?,
+            };
+            match done {
                 Some(m) if m.kind == Kind::Done => {}
                 Some(m) => {
                     return Err(format!(
@@ -1080,6 +1154,7 @@ fn cmd_put(
                 }
             }
         }
+        r.wait_http(&s.http)?;
         let resp = s
             .http
             .read_head()
