@@ -977,6 +977,24 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
     }
 }
 
+/// Feed what `rx` already holds to the engine, without reading the socket
+/// (a partial FPDU stays for the next pass).
+fn rx_consume_buffered(qp: &QpShared, conn: &Conn, rx: &mut RxState) {
+    while rx.start < rx.end {
+        let (n, stuck) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
+        rx.start += n;
+        if stuck {
+            rx.start = rx.end;
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    if rx.start == rx.end {
+        (rx.start, rx.end) = (0, 0);
+    }
+}
+
 /// Run receive passes until the socket is drained (`Ok`) or the connection
 /// is over (`Err` with the reason).
 fn rx_drain(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Result<(), String> {
@@ -1170,8 +1188,19 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
     let _ = conn.rx_thread.set(std::thread::current());
     let mut polls_seen = conn.app_polls.load(Ordering::Relaxed);
     let mut handbacks_seen = conn.handbacks.load(Ordering::SeqCst);
+    let mut handed_to_driver = false;
     let why: String = loop {
         if conn.drivers.load(Ordering::SeqCst) > 0 {
+            if !handed_to_driver {
+                // This thread may have read bytes the driver has not seen
+                // (it was blocked in `recv` when the driver came): feed them
+                // to the engine now, or a complete message could sit in the
+                // buffer while the driver sleeps on an empty socket. What
+                // completes wakes the driver through its CQ's fd; the
+                // socket itself is left to the driver.
+                rx_consume_buffered(qp, conn, &mut lock(&conn.rx));
+                handed_to_driver = true;
+            }
             // An application thread waits on the socket and reads it: stay
             // out of its way until it lets go (`stop_driving` unparks;
             // `aside` then `drivers` here and the reverse order there, both
@@ -1188,6 +1217,7 @@ fn rx_loop(qp: &QpShared, conn: &Conn) {
             polls_seen = conn.app_polls.load(Ordering::Relaxed);
             continue;
         }
+        handed_to_driver = false;
         let polls = conn.app_polls.load(Ordering::Relaxed);
         let mut calls = polls.wrapping_sub(polls_seen);
         polls_seen = polls;

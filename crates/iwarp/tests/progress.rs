@@ -348,3 +348,74 @@ fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
         assert_eq!(client.send_wc().status, WcStatus::Success);
     }
 }
+
+/// A driver never waits for its poll(2) timeout: whatever the receive
+/// thread read before the driver came (it sits blocked in `recv` on an idle
+/// connection) is processed, and its completions wake the driver through
+/// the CQ's fd. Both sides drive, as rhttp and mod_rdma do (this one thread
+/// is the event loop of both): the client's Read of 1 MiB and the server's
+/// Send back each finish within 90 ms (the poll timeout is 100 ms).
+#[test]
+fn drivers_on_both_sides_are_never_left_waiting() {
+    const LEN: usize = 1 << 20;
+    let (client, server) = pair();
+    let target = server.mr(LEN);
+    target.write_at(0, &pattern(LEN, 9));
+    let sink = client.mr(LEN);
+    let notes = client.mr(64);
+    let note = server.mr(64);
+    // Wait for a completion on `cq`, driving both connections.
+    let wait = |what: &str, cq: &iwarp::CompletionQueue, ds: [&iwarp::Drive; 2]| {
+        let t0 = Instant::now();
+        loop {
+            for d in ds {
+                d.progress();
+            }
+            if let Some(wc) = cq.poll_one() {
+                return (wc, t0.elapsed());
+            }
+            assert!(t0.elapsed() < T, "{what}: nothing completed while driving");
+            let fd = |fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let mut p = [fd(ds[0].fd()), fd(ds[1].fd()), fd(cq.as_raw_fd())];
+            // SAFETY: three live pollfds.
+            unsafe { libc::poll(p.as_mut_ptr(), 3, 100) };
+        }
+    };
+    let mut slow = Vec::new();
+    for round in 0..60u64 {
+        client.post_recv(round, &notes, 0, 64);
+        // Let both receive threads go back to their blocking `recv`.
+        std::thread::sleep(Duration::from_millis(2));
+        let dc = client.qp.drive().expect("connected");
+        let ds = server.qp.drive().expect("connected");
+        post_read(&client, 1000 + round, &target, 0, sink.sge(0, LEN));
+        let (wc, took) = wait("client Read", &client.scq, [&dc, &ds]);
+        assert_eq!((wc.wr_id, wc.status), (1000 + round, WcStatus::Success));
+        if took >= Duration::from_millis(90) {
+            slow.push(("read", round, took));
+        }
+        // The server's Send wakes the client's driver.
+        server
+            .qp
+            .post_send(&wr(2000 + round, WrOpcode::Send, &[note.sge(0, 8)]))
+            .unwrap();
+        let (wc, took) = wait("client receive", &client.rcq, [&dc, &ds]);
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+        if took >= Duration::from_millis(90) {
+            slow.push(("send", round, took));
+        }
+        let (wc, _) = wait("server Send", &server.scq, [&dc, &ds]);
+        assert_eq!(wc.status, WcStatus::Success);
+    }
+    assert!(
+        slow.is_empty(),
+        "drivers waited out their poll timeout: {slow:?}"
+    );
+    let mut got = vec![0u8; LEN];
+    sink.read_at(0, &mut got);
+    assert!(got == pattern(LEN, 9));
+}
