@@ -323,6 +323,12 @@ typedef struct iwarp_context iwarp_context;
 typedef struct iwarp_cq iwarp_cq;
 
 /**
+ * The calling application doing a connected QP's receive work itself
+ * (see `iwarp_qp_drive`).
+ */
+typedef struct iwarp_drive iwarp_drive;
+
+/**
  * A listening endpoint (`rdma_listen`).
  */
 typedef struct iwarp_listener iwarp_listener;
@@ -640,6 +646,52 @@ int iwarp_cq_fd(const struct iwarp_cq *cq);
  * `cq` is NULL or a live handle.
  */
 enum iwarp_result iwarp_cq_progress(const struct iwarp_cq *cq);
+
+/**
+ * Take over a connected QP's receive work until `iwarp_drive_release`:
+ * the stack's receive thread stops reading the QP's socket (after the
+ * `recv` it may be blocked in), and the application waits for
+ * `iwarp_drive_fd` to be readable (poll/epoll, with its other file
+ * descriptors) and calls `iwarp_drive_progress`. Nothing is received while
+ * a drive exists and nobody calls `iwarp_drive_progress`, so do not sleep
+ * in `iwarp_wait_cq` meanwhile (poll `iwarp_cq_fd` together with the
+ * drive's fd instead). For a thread that waits for several things at once
+ * on a busy machine: the data is read by the thread that wakes anyway,
+ * instead of waking the receive thread first. Returns
+ * `IWARP_ERR_QP_STATE` if the QP is not connected, `IWARP_ERR_NULL_ARG`
+ * for a NULL argument.
+ *
+ * # Safety
+ * `qp` is NULL or a live handle; `out` is NULL or valid for a write.
+ */
+enum iwarp_result iwarp_qp_drive(const struct iwarp_qp *qp, struct iwarp_drive **out);
+
+/**
+ * The driven QP's socket: wait for `POLLIN` on it, then call
+ * `iwarp_drive_progress`. Never read, write or close it. -1 for NULL.
+ *
+ * # Safety
+ * `d` is NULL or a live handle.
+ */
+int iwarp_drive_fd(const struct iwarp_drive *d);
+
+/**
+ * Do the driven QP's pending receive (and transmit) work from the calling
+ * thread; never blocks. `IWARP_ERR_NULL_ARG` for NULL.
+ *
+ * # Safety
+ * `d` is NULL or a live handle.
+ */
+enum iwarp_result iwarp_drive_progress(const struct iwarp_drive *d);
+
+/**
+ * End a drive: the stack's receive thread reads the socket again. NULL is
+ * a no-op. Release it before destroying its QP.
+ *
+ * # Safety
+ * `d` is NULL or a live handle, not used again.
+ */
+void iwarp_drive_release(struct iwarp_drive *d);
 
 /**
  * Move up to `max` completions into `wc[0..max]`, oldest first

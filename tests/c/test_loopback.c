@@ -5,6 +5,7 @@
  * RDMA-Writes into the server's buffer, RDMA-Reads it back, and Sends a
  * message. Both sides check what arrived.
  */
+#include <poll.h>
 #include <stdlib.h>
 
 #include "common.h"
@@ -185,6 +186,39 @@ int main(void)
     CHECK(wc.byte_len == sizeof MESSAGE, "read byte_len %u", wc.byte_len);
     CHECK(memcmp(mem + 1024, MESSAGE, sizeof MESSAGE) == 0, "read back \"%.*s\"",
           (int)sizeof MESSAGE, mem + 1024);
+
+    /* The same Read, driven: this thread waits in poll(2) on the QP's socket
+     * and the CQ's fd and does the receive work itself (iwarp_qp_drive). */
+    {
+        iwarp_drive *d = NULL;
+        iwarp_qp *unconnected = NULL;
+        int got = 0;
+        CHECK_RC(iwarp_create_qp(c.pd, c.cq, c.cq, 4, 4, &unconnected), IWARP_OK);
+        CHECK_RC(iwarp_qp_drive(unconnected, &d), IWARP_ERR_QP_STATE);
+        CHECK(d == NULL, "a failed iwarp_qp_drive left a handle");
+        iwarp_destroy_qp(unconnected);
+        CHECK_RC(iwarp_qp_drive(c.qp, &d), IWARP_OK);
+        CHECK(iwarp_drive_fd(d) >= 0, "drive fd %d", iwarp_drive_fd(d));
+        sge.addr = (uint64_t)(uintptr_t)(mem + 1536);
+        CHECK_RC(iwarp_post_send(c.qp, 13, IWARP_WR_RDMA_READ, &sge, 1, remote_addr, rkey, 0,
+                                 IWARP_SEND_SIGNALED),
+                 IWARP_OK);
+        t0 = t_now_ms();
+        while (!got && t_now_ms() - t0 < 5000) {
+            struct pollfd fds[2] = {{iwarp_drive_fd(d), POLLIN, 0}, {iwarp_cq_fd(c.cq), POLLIN, 0}};
+            CHECK_RC(iwarp_drive_progress(d), IWARP_OK);
+            got = iwarp_poll_cq(c.cq, 1, &wc);
+            if (!got)
+                poll(fds, 2, 100);
+        }
+        CHECK(got == 1, "driven Read did not complete (%d)", got);
+        CHECK(wc.wr_id == 13 && wc.status == IWARP_WC_SUCCESS && wc.opcode == IWARP_WC_RDMA_READ,
+              "driven read wc: wr_id %llu status %d opcode %d", (unsigned long long)wc.wr_id,
+              wc.status, wc.opcode);
+        CHECK(memcmp(mem + 1536, MESSAGE, sizeof MESSAGE) == 0, "driven Read read back \"%.*s\"",
+              (int)sizeof MESSAGE, mem + 1536);
+        iwarp_drive_release(d);
+    }
 
     /* Two-sided Send (two SGEs) into the server's posted receive. */
     {

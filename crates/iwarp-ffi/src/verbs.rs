@@ -38,6 +38,12 @@ pub struct iwarp_qp {
     pub(crate) qp: QueuePair,
 }
 
+/// The calling application doing a connected QP's receive work itself
+/// (see `iwarp_qp_drive`).
+pub struct iwarp_drive {
+    pub(crate) drive: iwarp_rs::Drive,
+}
+
 /// Memory-region access flags (`enum ibv_access_flags`), OR-ed together.
 /// Local read is always allowed. `IWARP_ACCESS_REMOTE_WRITE` requires
 /// `IWARP_ACCESS_LOCAL_WRITE`, as in libibverbs.
@@ -544,6 +550,81 @@ pub unsafe extern "C" fn iwarp_cq_progress(cq: *const iwarp_cq) -> iwarp_result 
     })
 }
 
+/// Take over a connected QP's receive work until `iwarp_drive_release`:
+/// the stack's receive thread stops reading the QP's socket (after the
+/// `recv` it may be blocked in), and the application waits for
+/// `iwarp_drive_fd` to be readable (poll/epoll, with its other file
+/// descriptors) and calls `iwarp_drive_progress`. Nothing is received while
+/// a drive exists and nobody calls `iwarp_drive_progress`, so do not sleep
+/// in `iwarp_wait_cq` meanwhile (poll `iwarp_cq_fd` together with the
+/// drive's fd instead). For a thread that waits for several things at once
+/// on a busy machine: the data is read by the thread that wakes anyway,
+/// instead of waking the receive thread first. Returns
+/// `IWARP_ERR_QP_STATE` if the QP is not connected, `IWARP_ERR_NULL_ARG`
+/// for a NULL argument.
+///
+/// # Safety
+/// `qp` is NULL or a live handle; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_qp_drive(
+    qp: *const iwarp_qp,
+    out: *mut *mut iwarp_drive,
+) -> iwarp_result {
+    guard("iwarp_qp_drive", || {
+        // SAFETY: NULL or writable (caller).
+        unsafe { out_ptr(out, "out") }?;
+        // SAFETY: NULL or a live handle (caller).
+        let qp = unsafe { handle(qp, "qp") }?;
+        let drive = qp.qp.drive().ok_or_else(|| {
+            FfiError::new(
+                iwarp_result::IWARP_ERR_QP_STATE,
+                "the QP is not connected: drive it after the connection is established",
+            )
+        })?;
+        // SAFETY: checked by out_ptr.
+        unsafe { give(out, iwarp_drive { drive }) };
+        Ok(())
+    })
+}
+
+/// The driven QP's socket: wait for `POLLIN` on it, then call
+/// `iwarp_drive_progress`. Never read, write or close it. -1 for NULL.
+///
+/// # Safety
+/// `d` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_drive_fd(d: *const iwarp_drive) -> c_int {
+    guard_or("iwarp_drive_fd", -1, || {
+        // SAFETY: NULL or a live handle (caller).
+        Ok(unsafe { handle(d, "drive") }?.drive.fd())
+    })
+}
+
+/// Do the driven QP's pending receive (and transmit) work from the calling
+/// thread; never blocks. `IWARP_ERR_NULL_ARG` for NULL.
+///
+/// # Safety
+/// `d` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_drive_progress(d: *const iwarp_drive) -> iwarp_result {
+    guard("iwarp_drive_progress", || {
+        // SAFETY: NULL or a live handle (caller).
+        unsafe { handle(d, "drive") }?.drive.progress();
+        Ok(())
+    })
+}
+
+/// End a drive: the stack's receive thread reads the socket again. NULL is
+/// a no-op. Release it before destroying its QP.
+///
+/// # Safety
+/// `d` is NULL or a live handle, not used again.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_drive_release(d: *mut iwarp_drive) {
+    // SAFETY: forwarded from the caller.
+    unsafe { free("iwarp_drive_release", d) }
+}
+
 /// Move up to `max` completions into `wc[0..max]`, oldest first
 /// (`ibv_poll_cq`). Never blocks. Returns the number moved (0 if the CQ is
 /// empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG` for a NULL
@@ -954,6 +1035,12 @@ mod tests {
             );
             assert_eq!(iwarp_wait_cq(null_mut(), 0, &mut wc), IWARP_ERR_NULL_ARG);
             assert_eq!(iwarp_cq_fd(null()), -1);
+            assert_eq!(iwarp_drive_fd(null()), -1);
+            assert_eq!(iwarp_drive_progress(null()), IWARP_ERR_NULL_ARG);
+            let mut d = null_mut();
+            assert_eq!(iwarp_qp_drive(null(), &mut d), IWARP_ERR_NULL_ARG);
+            assert!(d.is_null());
+            iwarp_drive_release(null_mut());
             assert!(iwarp_mr_addr(null()).is_null());
             assert_eq!(iwarp_mr_lkey(null()), 0);
             assert_eq!(iwarp_query_qp_state(null()), -(IWARP_ERR_NULL_ARG as i32));
