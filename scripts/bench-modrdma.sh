@@ -19,7 +19,8 @@
 # Environment: OUT (results directory), ROUNDS, VARIANTS and BENCH_SIZES
 # (subsets of the single-client variants and sizes), SINGLE_ONLY=1 (stop
 # after the single-client cells, no plot: for quick A/B runs), RHTTP (the
-# client binary; default target/release/rhttp, for A/B of client builds).
+# client binary; default target/release/rhttp) and MOD (the module; default
+# the one built here), for A/B runs of other builds.
 # Writes OUT/modrdma_results.json (one JSON object per line),
 # OUT/modrdma.png and OUT/modrdma_summary.md.
 # The plot needs python3-matplotlib (installed with apt-get if missing).
@@ -61,7 +62,7 @@ gcc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude modules/mod_rdma/bench/regcost.
     -Ltarget/release -liwarp -Wl,-rpath,"$ROOT/target/release" -o "$T/regcost" ||
     die "building regcost failed"
 RHTTP="${RHTTP:-$ROOT/target/release/rhttp}"
-MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
+MOD="${MOD:-$ROOT/modules/mod_rdma/.libs/mod_rdma.so}"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 P1=$(free_port); P2=$(free_port); P3=$(free_port)
