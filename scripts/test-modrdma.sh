@@ -301,6 +301,17 @@ t_reuse() {
     [ $((after - before)) -eq 2 ]
 }
 check "keep-alive: 3 GETs on one HTTP connection reuse one RDMA connection (2 reuses logged)" t_reuse
+connect_count() { grep -c "connected to the client's RDMA listener" "$T/logs/error.log"; }
+t_redial() {
+    local before after
+    before=$(connect_count)
+    R get --x-drop-rdma-after 1 "$U1/f4K.bin" "$U1/f1M.bin" -o "$T/out/d1" -o "$T/out/d2" \
+        2>"$T/out/redial.err" || { cat "$T/out/redial.err"; return 1; }
+    after=$(connect_count)
+    same "$T/out/d1" "$DOCS/f4K.bin" && same "$T/out/d2" "$DOCS/f1M.bin" &&
+        [ "$(grep -c 'via RDMA' "$T/out/redial.err")" -eq 2 ] && [ $((after - before)) -eq 2 ]
+}
+check "keep-alive: the client closes its RDMA connection between two GETs; the worker notices and connects again (both by RDMA)" t_redial
 
 t_index() {
     R get "$U1/" -o "$T/out/index" 2>"$T/out/index.err" || return 1

@@ -522,6 +522,11 @@ static int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned p
     iwarp_conn_param prm;
     iwarp_result res;
     int i;
+    /* The worker reads its driven connection only while it waits: let it
+     * see an end or a Terminate that came since, before trusting the
+     * state. */
+    if (rc->drive)
+        (void)iwarp_drive_progress(rc->drive);
     if (rc->qp && iwarp_query_qp_state(rc->qp) == IWARP_QPS_RTS && rc->port == port &&
         !strcmp(rc->ip, ip)) {
         rc->uses++;

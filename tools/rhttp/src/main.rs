@@ -70,6 +70,11 @@ enum Cmd {
         /// changes the file on the server meanwhile).
         #[arg(long, hide = true, default_value_t = 0)]
         x_delay_accept_ms: u64,
+        /// Test hook: after this many GETs, close the RDMA connection (the
+        /// HTTP connection stays open): the server must notice and connect
+        /// again for the next request.
+        #[arg(long, hide = true)]
+        x_drop_rdma_after: Option<usize>,
     },
     /// Upload FILE to URL with PUT (or POST).
     Put {
@@ -288,6 +293,18 @@ impl Rdma {
             )?);
         }
         Ok(self.buf.as_ref().expect("just set"))
+    }
+
+    /// Disconnect the RDMA connection; the listener stays, so the server
+    /// can connect again.
+    fn close_connection(&mut self) {
+        self.drive = None;
+        if let Some(qp) = self.qp.take() {
+            qp.disconnect();
+            // Its posted receives were flushed into the CQs, which the next
+            // connection shares: drop them.
+            while self.recv_cq.poll_one().is_some() || self.send_cq.poll_one().is_some() {}
+        }
     }
 
     fn live(&self) -> bool {
@@ -941,14 +958,25 @@ fn rdma_get(
     })
 }
 
+/// Test hooks of `rhttp get` (hidden options).
+struct GetHooks {
+    hold: u64,
+    delay_accept: u64,
+    drop_rdma_after: Option<usize>,
+}
+
 fn cmd_get(
     a: &Args,
     urls: &[String],
     outputs: &[PathBuf],
     scheme: GetScheme,
-    hold: u64,
-    delay_accept: u64,
+    hooks: GetHooks,
 ) -> Res<bool> {
+    let GetHooks {
+        hold,
+        delay_accept,
+        drop_rdma_after,
+    } = hooks;
     let timeout = Duration::from_secs(a.timeout);
     let mut session: Option<Session> = None;
     let mut all_ok = true;
@@ -989,6 +1017,12 @@ fn cmd_get(
         ));
         if o.status >= 400 {
             all_ok = false;
+        }
+        if drop_rdma_after == Some(i + 1) {
+            if let Some(r) = s.rdma.as_mut() {
+                eprintln!("rhttp-test: closing the RDMA connection");
+                r.close_connection();
+            }
         }
     }
     Ok(all_ok)
@@ -1268,7 +1302,18 @@ fn main() -> ExitCode {
             scheme,
             x_hold_ms,
             x_delay_accept_ms,
-        } => cmd_get(&a, urls, output, *scheme, *x_hold_ms, *x_delay_accept_ms),
+            x_drop_rdma_after,
+        } => cmd_get(
+            &a,
+            urls,
+            output,
+            *scheme,
+            GetHooks {
+                hold: *x_hold_ms,
+                delay_accept: *x_delay_accept_ms,
+                drop_rdma_after: *x_drop_rdma_after,
+            },
+        ),
         Cmd::Put {
             file,
             url,
