@@ -308,6 +308,11 @@ impl Rdma {
     }
 
     fn live(&self) -> bool {
+        // This thread reads the driven connection only while it waits: let
+        // it see an end or a Terminate that came since.
+        if let Some(d) = &self.drive {
+            d.progress();
+        }
         self.qp.as_ref().is_some_and(|q| q.state() == QpState::Rts)
     }
 
