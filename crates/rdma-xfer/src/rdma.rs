@@ -194,7 +194,7 @@ struct Shared {
 
 impl Shared {
     fn set_fail(&self, f: Fail) {
-        let mut g = self.fail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = lock(&self.fail);
         if g.is_none() {
             tracing::debug!(fail = ?f, "transfer session failed");
             *g = Some(f);
@@ -204,7 +204,7 @@ impl Shared {
 
     fn check(&self) -> Result<(), Error> {
         if self.failed.load(Ordering::Acquire) {
-            let g = self.fail.lock().unwrap_or_else(|e| e.into_inner());
+            let g = lock(&self.fail);
             if let Some(f) = g.as_ref() {
                 return Err(f.to_error());
             }
@@ -246,7 +246,7 @@ impl Shared {
     /// Queue a control message; it leaves as soon as credits and a send
     /// slot allow, in order.
     fn ctrl_send(&self, msg: Msg) {
-        let mut st = self.ctrl.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.ctrl);
         st.backlog.push_back(msg);
         self.flush(&mut st);
     }
@@ -294,7 +294,7 @@ impl Shared {
     /// A control receive was consumed (and reposted): account the credits
     /// the message returned and the one we now owe.
     fn on_ctrl_recv(&self, returned: u16) {
-        let mut st = self.ctrl.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.ctrl);
         st.credits += u32::from(returned);
         st.unreturned += 1;
         if st.unreturned >= CTRL_RECVS / 2 && st.backlog.is_empty() {
@@ -306,7 +306,7 @@ impl Shared {
     /// A signaled control Send completed: it and every Send posted before
     /// it are done, so their slots are free.
     fn on_ctrl_send_done(&self, slot: u32) {
-        let mut st = self.ctrl.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.ctrl);
         if !st.in_flight.contains(&slot) {
             return;
         }
@@ -349,7 +349,7 @@ impl Shared {
         let mut pairs = Vec::new();
         let mut request = 0;
         {
-            let mut p = self.pairing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = lock(&self.pairing);
             if let Some(b) = block {
                 p.blocks.push_back(b);
             }
@@ -1189,6 +1189,8 @@ fn dispatcher(sh: &Shared, stashed: Vec<WorkCompletion>) {
     }
 }
 
+/// Lock a mutex, ignoring poisoning (a panic elsewhere must not take the
+/// session's bookkeeping down with it; failures go through `set_fail`).
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
