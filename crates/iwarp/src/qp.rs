@@ -346,7 +346,9 @@ impl QueuePair {
     /// [`Drive::fd`] to be readable (with `poll(2)`, together with its
     /// other file descriptors) and calls [`Drive::progress`]. Nothing is
     /// received while the guard lives and nobody calls `progress`, so do
-    /// not sleep on a CQ meanwhile. For a thread that waits for several
+    /// not sleep on a CQ meanwhile; the peer's close or Terminate, too, is
+    /// seen only at the next `progress` (call it before trusting
+    /// [`state`](Self::state) after a pause). For a thread that waits for several
     /// things at once: the data is read by the thread that wakes anyway,
     /// instead of waking the receive thread first. `None` before the QP is
     /// connected.

@@ -182,6 +182,24 @@ fn one_completion(
     qp
 }
 
+/// A CQ with wake policy `policy`, and a PD and 64-byte region for the
+/// receives that `one_completion` posts.
+fn policy_cq(
+    policy: iwarp::WakePolicy,
+) -> (
+    Context,
+    iwarp::ProtectionDomain,
+    iwarp::CompletionQueue,
+    iwarp::MemoryRegion,
+) {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    cq.set_wake_policy(policy);
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    (ctx, pd, cq, mr)
+}
+
 /// A thread in `wait_background` (timeout 5 s): returns what `wait`
 /// returned.
 fn background_waiter(cq: &iwarp::CompletionQueue) -> std::thread::JoinHandle<bool> {
@@ -203,11 +221,7 @@ fn finishes<T>(h: &std::thread::JoinHandle<T>) -> bool {
 
 #[test]
 fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16).unwrap();
-    cq.set_wake_policy(iwarp::WakePolicy::Newest);
-    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::Newest);
     let qp1 = one_completion(&pd, &cq, &mr, 1);
     let qp2 = one_completion(&pd, &cq, &mr, 2);
     // The foreground waiter goes to sleep first: the background one is the
@@ -241,11 +255,7 @@ fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
 
 #[test]
 fn attendance_holds_back_the_background_waiter_until_dropped() {
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16).unwrap();
-    cq.set_wake_policy(iwarp::WakePolicy::Newest);
-    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::Newest);
     let qp = one_completion(&pd, &cq, &mr, 3);
     let bg = background_waiter(&cq);
     std::thread::sleep(Duration::from_millis(50));
@@ -265,10 +275,7 @@ fn attendance_holds_back_the_background_waiter_until_dropped() {
 
 #[test]
 fn background_waiter_under_the_default_policy_is_woken_like_any() {
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(16).unwrap();
-    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::All);
     let qp = one_completion(&pd, &cq, &mr, 4);
     let bg = background_waiter(&cq);
     let _attend = cq.attend();
