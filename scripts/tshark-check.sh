@@ -381,26 +381,54 @@ stop_dumpcap() {
     DUMPCAP_PID=""
 }
 
-# capture_run NAME PORT DEMO-ARGS...: capture the demo's traffic into
-# $WORK/NAME.pcapng.
-capture_run() {
-    local name="$1" port="$2"
-    shift 2
-    local pcap="$WORK/$name.pcapng" dlog="$WORK/$name.dumpcap.log" _
+# packet_count FILE: packets dumpcap has written to FILE so far (empty
+# while the file has no header yet).
+packet_count() {
+    capinfos -c -M "$1" 2>/dev/null | awk -F: '/Number of packets/ { gsub(/ /, "", $2); print $2 }'
+}
+
+# start_capture PORT PCAP DLOG: start dumpcap on lo for "tcp port PORT" and
+# return once it provably captures. dumpcap prints "Capturing on" well
+# before its ring is attached: on a fresh 2-core machine the first packets
+# arrive in the file 2-3 s later, so a fixed sleep lost a whole run. Until a
+# packet shows up, the function knocks on the (still closed) port: each
+# knock is a SYN and an RST without payload, which no MPA check counts.
+start_capture() {
+    local port="$1" pcap="$2" dlog="$3" _ n
     dumpcap -i lo -B 512 -f "tcp port $port" -w "$pcap" -q >"$dlog" 2>&1 &
     DUMPCAP_PID=$!
-    for _ in $(seq 1 100); do
-        grep -q 'Capturing on' "$dlog" 2>/dev/null && break
+    for _ in $(seq 1 300); do
         if ! kill -0 "$DUMPCAP_PID" 2>/dev/null; then
             log "FAIL: dumpcap exited: $(cat "$dlog")"
             log "      (capturing on lo needs root or CAP_NET_RAW/CAP_NET_ADMIN on dumpcap)"
             DUMPCAP_PID=""
             return 1
         fi
+        if grep -q 'Capturing on' "$dlog" 2>/dev/null; then
+            # A connect to a closed port fails at once (RST); ignore that.
+            timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
+            n="$(packet_count "$pcap")"
+            if [[ -n "$n" ]] && ((n > 0)); then
+                # The capture is live; start the traffic a moment later
+                # so no knock is mistaken for part of it.
+                sleep 0.5
+                return 0
+            fi
+        fi
         sleep 0.1
     done
-    # Give the capture filter time to be in place before traffic starts.
-    sleep 2
+    log "FAIL: dumpcap captured nothing on lo within 30 s (log: $(cat "$dlog"))"
+    stop_dumpcap
+    return 1
+}
+
+# capture_run NAME PORT DEMO-ARGS...: capture the demo's traffic into
+# $WORK/NAME.pcapng.
+capture_run() {
+    local name="$1" port="$2"
+    shift 2
+    local pcap="$WORK/$name.pcapng" dlog="$WORK/$name.dumpcap.log"
+    start_capture "$port" "$pcap" "$dlog" || return 1
     log "\$ $DEMO $* --port $port"
     local rc=0
     timeout --kill-after=5 120 "$DEMO" "$@" --port "$port" >"$WORK/$name.demo.log" 2>&1 || rc=$?
@@ -411,7 +439,7 @@ capture_run() {
         log "FAIL: iwarp-demo exited with status $rc"
         return 1
     fi
-    log "captured $(capinfos -c -M "$pcap" 2>/dev/null | awk -F: '/Number of packets/ { gsub(/ /, "", $2); print $2 }') packets -> $pcap"
+    log "captured $(packet_count "$pcap") packets -> $pcap"
 }
 
 live() {
@@ -465,14 +493,8 @@ rping_compat() {
     if [[ ! -x "$ping" ]]; then
         (cd "$ROOT" && cargo build --release -p iwarp-tools --bin iwarp-ping)
     fi
-    dumpcap -i lo -B 512 -f "tcp port $port" -w "$pcap" -q >"$dlog" 2>&1 &
-    DUMPCAP_PID=$!
+    start_capture "$port" "$pcap" "$dlog" || return 1
     local _
-    for _ in $(seq 1 100); do
-        grep -q 'Capturing on' "$dlog" 2>/dev/null && break
-        sleep 0.1
-    done
-    sleep 2
     local slog="$WORK/rping-compat.server.log" clog="$WORK/rping-compat.client.log" rc=0
     "$ping" -s -a 127.0.0.1 -p "$port" --timeout 20 >"$slog" 2>&1 &
     local spid=$!
