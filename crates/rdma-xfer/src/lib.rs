@@ -56,7 +56,7 @@ pub use io::{
     BlockSink, BlockSource, FileReader, FileWriter, NullSink, ReadSource, WriteSink, ZeroSource,
 };
 pub use progress::{Progress, ProgressFn};
-pub use reorder::Reorder;
+pub use reorder::{AdmitError, InsertError, Reorder, Window};
 
 /// Which transport a session uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1046,7 +1046,10 @@ impl RdmaSession {
         let mut granted = vec![false; depth as usize];
         let mut pending = prerequest.min(depth);
         let mut batch: Vec<Grant> = Vec::new();
-        let mut reorder: Reorder<(u32, u32)> = Reorder::default();
+        // Every waiting block holds a granted buffer, and the source numbers
+        // blocks in order, so an honest source never gets `depth` blocks
+        // ahead of the first missing one.
+        let mut reorder: Reorder<(u32, u32)> = Reorder::with_window(u64::from(depth));
         let mut end: Option<(u64, u64)> = None;
         let mut bytes = 0u64;
         let proto = |s: &Shared, m: String| {
@@ -1121,8 +1124,8 @@ impl RdmaSession {
                         ));
                     }
                     granted[block as usize] = false;
-                    if reorder.insert(seq, (block, len)).is_err() {
-                        return Err(proto(&self.shared, format!("block {seq} arrived twice")));
+                    if let Err(e) = reorder.insert(seq, (block, len)) {
+                        return Err(proto(&self.shared, e.to_string()));
                     }
                     while let Some((b, l)) = reorder.pop() {
                         let mr = &self.sink_pool[b as usize];

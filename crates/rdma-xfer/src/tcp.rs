@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use crate::io::{BlockSink, BlockSource};
 use crate::progress::Logger;
-use crate::{negotiate, Config, Error, Mode, ProgressFn, Reorder, Stats, Transport};
+use crate::{
+    negotiate, AdmitError, Config, Error, Mode, ProgressFn, Reorder, Stats, Transport, Window,
+};
 
 const MAGIC: &[u8; 4] = b"RFTT";
 const F_BLOCK: u32 = 1;
@@ -329,6 +331,13 @@ impl TcpSession {
         let (tx, rx) = mpsc::sync_channel::<Ev>(self.cfg.pool_depth() as usize);
         let streams = &self.streams;
         let logger = &self.logger;
+        // The reorder window: the negotiated pool depth, and at least two
+        // blocks per stream so that every stream can have one block in
+        // flight beside the one being read. A reader holds a block header
+        // until the block is inside the window, so the sink holds at most
+        // `width` blocks plus the headers its readers wait on.
+        let window = Window::new(u64::from(self.cfg.pool_depth()).max(2 * streams.len() as u64));
+        let window = &window;
         let result = std::thread::scope(|scope| {
             // Owned here: dropped when this closure returns, which unblocks
             // readers stuck on a full channel before the scope joins them.
@@ -346,6 +355,23 @@ impl TcpSession {
                         let (kind, len, seq) = (u32_at(&h, 0), u32_at(&h, 4), u64_at(&h, 8));
                         let ev = match kind {
                             F_BLOCK if len > 0 && len <= bs => {
+                                // Hold the payload in the socket (TCP
+                                // pushes back on the source) until the
+                                // block is inside the reorder window.
+                                match window.admit(seq, t) {
+                                    Ok(()) => {}
+                                    Err(AdmitError::Closed) => return,
+                                    Err(AdmitError::TimedOut { seq, delivered }) => {
+                                        let _ = tx.send(Ev::Err(Error::Protocol(format!(
+                                            "block {seq} waited {:.1} s while block {delivered} \
+                                             never arrived (reorder window {} blocks): the \
+                                             source skipped a block or a stream stalled",
+                                            t.as_secs_f64(),
+                                            window.width()
+                                        ))));
+                                        return;
+                                    }
+                                }
                                 let mut b = vec![0u8; len as usize];
                                 match s.read_exact(&mut b) {
                                     Ok(()) => Ev::Block(seq, b),
@@ -374,11 +400,12 @@ impl TcpSession {
                 });
             }
             drop(tx);
-            let mut reorder = Reorder::default();
+            let mut reorder = Reorder::with_window(window.width());
             let mut ends = 0usize;
             let mut end = None;
             let mut bytes = 0u64;
             let fail = |e: Error| {
+                window.close();
                 for s in streams {
                     let _ = s.shutdown(Shutdown::Both);
                 }
@@ -396,6 +423,7 @@ impl TcpSession {
                     if let Err(e) = sink.finish() {
                         return fail(Error::Local(e));
                     }
+                    window.close();
                     return Ok(Stats {
                         bytes,
                         blocks,
@@ -404,8 +432,8 @@ impl TcpSession {
                 }
                 match rx.recv_timeout(t + Duration::from_secs(1)) {
                     Ok(Ev::Block(seq, b)) => {
-                        if reorder.insert(seq, b).is_err() {
-                            return fail(Error::Protocol(format!("block {seq} arrived twice")));
+                        if let Err(e) = reorder.insert(seq, b) {
+                            return fail(Error::Protocol(e.to_string()));
                         }
                         while let Some(b) = reorder.pop() {
                             if let Err(e) = sink.write_block(&b) {
@@ -418,6 +446,7 @@ impl TcpSession {
                             logger.add(b.len() as u64);
                             bytes += b.len() as u64;
                         }
+                        window.advance(reorder.delivered());
                     }
                     Ok(Ev::End(blocks, total)) => {
                         ends += 1;
