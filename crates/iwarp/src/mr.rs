@@ -8,9 +8,18 @@
 //!   `index << 8 | key` (RFC 5040 §2.1 leaves the STag format to the
 //!   implementation; siw uses a 24-bit index and an 8-bit key). Index 0 is
 //!   never handed out, so STag 0 is never valid (siw avoids STag 0 as well).
-//! - The key of a slot changes every time the slot is reused, so a stale STag
-//!   (deregistered, then the index reused) fails with
-//!   [`MemError::KeyMismatch`] and a guessed one almost always does.
+//! - A stale STag stays invalid for a long time, and a live one cannot be
+//!   predicted. Keys are drawn at random from the operating system's
+//!   generator; a slot does not repeat a key until it has used all 256
+//!   (each slot keeps the keys of its current cycle). Freed indices wait in
+//!   a FIFO behind at least [`REUSE_AFTER`] others before they are handed
+//!   out again, so re-registering one region in a loop walks through
+//!   `REUSE_AFTER + 1` indices: its STags all differ for more than a million
+//!   registrations (siw steps the key by one and reuses the index at once,
+//!   so a stale STag of siw's is valid again after 256 re-registrations).
+//!   A stale STag (deregistered, maybe its index reused) fails with
+//!   [`MemError::InvalidStag`] or [`MemError::KeyMismatch`], and a guessed
+//!   one almost always does.
 //! - `lkey == rkey`, as in siw.
 //! - [`MemoryAccess::check`] follows siw `siw_check_mem`: STag valid, then
 //!   protection domain, then access rights, then bounds (overflow-safe).
@@ -29,6 +38,7 @@
 //! or a memory copy, so that wait is short and bounded.
 
 use std::alloc::Layout;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -151,20 +161,71 @@ impl fmt::Debug for MrInner {
     }
 }
 
+/// Freed indices that must be waiting before the oldest is reused.
+pub(crate) const REUSE_AFTER: usize = 4096;
+
 #[derive(Default)]
 struct Slot {
-    /// The key the next registration in this slot gets (or the current one).
-    key: u8,
+    /// Keys this slot has used in its current cycle (a 256-bit set).
+    used: [u64; 4],
     region: Option<Arc<MrInner>>,
+}
+
+impl Slot {
+    /// A key this slot has not used in its current cycle, chosen by
+    /// `random` among those left; a new cycle starts when all are used.
+    fn draw_key(&mut self, random: u8) -> u8 {
+        let mut left = 256 - self.used.iter().map(|w| w.count_ones()).sum::<u32>();
+        if left == 0 {
+            self.used = [0; 4];
+            left = 256;
+        }
+        let mut rank = u32::from(random) % left;
+        for key in 0..=255u8 {
+            let (word, bit) = (usize::from(key >> 6), key & 63);
+            if self.used[word] & (1 << bit) != 0 {
+                continue;
+            }
+            if rank == 0 {
+                self.used[word] |= 1 << bit;
+                return key;
+            }
+            rank -= 1;
+        }
+        unreachable!("at least one key is left in the cycle")
+    }
 }
 
 #[derive(Default)]
 struct Slab {
     /// `slots[0]` is a placeholder so that index 0 (STag 0) is never used.
     slots: Vec<Slot>,
-    free: Vec<u32>,
-    /// Seed for the key of a fresh slot, so that keys differ across slots.
-    next_key: u8,
+    /// Freed indices, oldest first.
+    free: VecDeque<u32>,
+    /// Random bytes from the OS, used from the back.
+    random: Vec<u8>,
+}
+
+impl Slab {
+    fn random_byte(&mut self) -> u8 {
+        if self.random.is_empty() {
+            let mut buf = [0u8; 64];
+            // The OS generator only fails where it does not exist (no
+            // getrandom(2) and no /dev/urandom); keys then still differ
+            // per cycle, they are just not secret. Mix in the clock.
+            if getrandom::fill(&mut buf).is_err() {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = (t >> ((i % 16) * 8)) as u8 ^ (i as u8).wrapping_mul(0x9d);
+                }
+            }
+            self.random.extend_from_slice(&buf);
+        }
+        self.random.pop().unwrap_or(0)
+    }
 }
 
 /// The device's table of registered regions (one per [`Context`](crate::Context)).
@@ -198,21 +259,19 @@ impl MrTable {
         if slab.slots.is_empty() {
             slab.slots.push(Slot::default());
         }
-        let index = match slab.free.pop() {
-            Some(i) => i,
-            None => {
-                let i = slab.slots.len() as u32;
-                if i > MAX_INDEX {
-                    return Err(Error::TooManyRegions);
-                }
-                let key = slab.next_key;
-                slab.next_key = slab.next_key.wrapping_add(0x35);
-                slab.slots.push(Slot { key, region: None });
-                i
-            }
+        // Reuse the oldest freed index only once enough others wait behind
+        // it (or the index space is used up); otherwise take a fresh one.
+        let fresh = slab.slots.len() as u32;
+        let index = if slab.free.len() > REUSE_AFTER || fresh > MAX_INDEX {
+            slab.free.pop_front().ok_or(Error::TooManyRegions)?
+        } else {
+            slab.slots.push(Slot::default());
+            fresh
         };
+        let random = slab.random_byte();
         let slot = &mut slab.slots[index as usize];
-        let stag = index << 8 | slot.key as u32;
+        let key = slot.draw_key(random);
+        let stag = index << 8 | u32::from(key);
         let inner = Arc::new(MrInner {
             stag,
             pd,
@@ -227,9 +286,9 @@ impl MrTable {
     }
 
     /// Remove the region `stag` (if it is still the one in its slot) and
-    /// retire its key. Returns the removed region.
+    /// queue its index for reuse. Returns the removed region.
     fn remove(&self, stag: u32) -> Option<Arc<MrInner>> {
-        let (index, key) = split(stag);
+        let (index, _) = split(stag);
         let mut slab = self.slab.write().unwrap_or_else(|e| e.into_inner());
         let slot = slab.slots.get_mut(index).filter(|_| index != 0)?;
         match &slot.region {
@@ -237,10 +296,10 @@ impl MrTable {
             _ => return None,
         }
         let region = slot.region.take();
-        // siw changes the key on every reuse of an index: a stale STag then
-        // fails the key check instead of reaching the new region.
-        slot.key = key.wrapping_add(1);
-        slab.free.push(index as u32);
+        // The slot's next key differs from this one (and from every key of
+        // its current cycle): a stale STag fails the key check even after
+        // the index is reused.
+        slab.free.push_back(index as u32);
         region
     }
 
@@ -620,8 +679,10 @@ fn check_reg(len: usize, access: Access) -> Result<(), Error> {
 mod tests {
     use super::*;
 
+    use std::collections::HashSet;
+
     #[test]
-    fn index_zero_never_used_and_keys_rotate() {
+    fn index_zero_never_used_and_a_freed_index_waits_its_turn() {
         let t = Arc::new(MrTable::default());
         let a = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
         assert_ne!(a.lkey() >> 8, 0);
@@ -629,7 +690,78 @@ mod tests {
         drop(a);
         assert_eq!(t.live(), 0);
         let b = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
-        assert_eq!(b.lkey() >> 8, stag >> 8, "index reused");
-        assert_ne!(b.lkey(), stag, "key changed");
+        assert_ne!(
+            b.lkey() >> 8,
+            stag >> 8,
+            "a freed index is not reused at once"
+        );
+        assert_eq!(t.resolve(stag).unwrap_err(), MemError::InvalidStag);
+    }
+
+    #[test]
+    fn a_slot_uses_every_key_once_per_cycle_whatever_the_random_input() {
+        for random in [|_| 0u8, |_| 255u8, |i: u32| (i * 37) as u8] {
+            let mut slot = Slot::default();
+            let keys: HashSet<u8> = (0..256).map(|i| slot.draw_key(random(i))).collect();
+            assert_eq!(keys.len(), 256, "a cycle repeats no key");
+            // The next cycle starts over.
+            let again: HashSet<u8> = (0..256).map(|i| slot.draw_key(random(i))).collect();
+            assert_eq!(again.len(), 256);
+        }
+    }
+
+    #[test]
+    fn keys_are_drawn_at_random() {
+        // Fresh slots: with sequential or seeded keys these would repeat a
+        // pattern; random keys cover most of the 256 values.
+        let t = Arc::new(MrTable::default());
+        let regions: Vec<_> = (0..2048)
+            .map(|_| MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap())
+            .collect();
+        let keys: HashSet<u8> = regions.iter().map(|r| r.lkey() as u8).collect();
+        assert!(keys.len() > 200, "only {} distinct keys", keys.len());
+        let steps: HashSet<u8> = regions
+            .windows(2)
+            .map(|w| (w[1].lkey() as u8).wrapping_sub(w[0].lkey() as u8))
+            .collect();
+        assert!(
+            steps.len() > 200,
+            "keys follow a pattern: {} steps",
+            steps.len()
+        );
+    }
+
+    #[test]
+    fn no_stag_repeats_in_a_million_re_registrations() {
+        // siw's scheme (key + 1, index reused at once) gives a stale STag
+        // back after 256 re-registrations. Here every STag of the loop is
+        // new, so none of the stale ones ever names the live region.
+        let t = Arc::new(MrTable::default());
+        let n = (REUSE_AFTER + 1) * 256;
+        let mut seen = HashSet::with_capacity(n);
+        let mut stale = Vec::new();
+        for i in 0..n {
+            let r = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
+            assert!(
+                seen.insert(r.lkey()),
+                "STag {:#x} repeated after {i}",
+                r.lkey()
+            );
+            if i % 4099 == 0 {
+                stale.push(r.lkey());
+            }
+        }
+        let live = MemoryRegion::register_owned(&t, 1, 64, Access::ALL).unwrap();
+        for s in stale {
+            assert!(t.resolve(s).is_err(), "stale STag {s:#x} resolves");
+            assert_ne!(s, live.lkey());
+        }
+        // The table did not grow past the reuse queue.
+        let slab = t.slab.read().unwrap();
+        assert!(
+            slab.slots.len() <= REUSE_AFTER + 3,
+            "{} slots",
+            slab.slots.len()
+        );
     }
 }

@@ -86,22 +86,32 @@ fn invalid_stag_unregistered_and_after_dereg() {
 }
 
 #[test]
-fn stale_stag_after_dereg_and_rereg_of_same_index() {
+fn stale_stag_after_many_re_registrations() {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let m = ctx.memory_access();
     let old = pd.reg_mr(64, Access::ALL).unwrap();
     let (stag, addr) = (old.rkey(), old.addr());
     drop(old);
-    let new = pd.reg_mr(64, Access::ALL).unwrap();
-    assert_eq!(new.rkey() >> 8, stag >> 8, "the index is reused");
-    assert_ne!(new.rkey(), stag, "with a new key");
-    assert_eq!(
-        m.check(stag, new.addr(), 8, pd.id(), Access::REMOTE_READ),
-        Err(MemError::KeyMismatch)
-    );
-    assert_eq!(m.write(stag, addr, b"x"), Err(MemError::KeyMismatch));
-    m.check(new.rkey(), new.addr(), 8, pd.id(), Access::REMOTE_READ)
+    // Re-register one region again and again (more than the 256 keys of a
+    // slot): the stale STag must never name a live region.
+    let mut live = None;
+    for _ in 0..1000 {
+        drop(live.take());
+        let mr = pd.reg_mr(64, Access::ALL).unwrap();
+        assert_ne!(mr.rkey(), stag, "a stale STag became valid again");
+        let err = m
+            .check(stag, mr.addr(), 8, pd.id(), Access::REMOTE_READ)
+            .unwrap_err();
+        assert!(
+            matches!(err, MemError::InvalidStag | MemError::KeyMismatch),
+            "{err:?}"
+        );
+        live = Some(mr);
+    }
+    assert!(m.write(stag, addr, b"x").is_err());
+    let mr = live.unwrap();
+    m.check(mr.rkey(), mr.addr(), 8, pd.id(), Access::REMOTE_READ)
         .unwrap();
 }
 

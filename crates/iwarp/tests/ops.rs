@@ -345,6 +345,10 @@ fn expect_remote_error(c: &Host, s: &Host, wr_id: u64, code: TermCode, status: &
 enum Fault {
     BadStag,
     KeyMismatch,
+    /// An STag the target deregistered, then re-registered 256 times (after
+    /// which a key that steps by one per reuse, as siw's, names the live
+    /// region again).
+    Stale,
     PdMismatch,
     NoRights,
     OutOfBounds,
@@ -360,7 +364,18 @@ fn remote_fault(read: bool, fault: Fault) {
     // A receive posted at the target is flushed when the QP fails.
     let rb = s.mr(64);
     s.post_recv(77, &rb, 0, 64);
+    let mut stale_live = None;
     let (addr, rkey) = match fault {
+        Fault::Stale => {
+            let first = s.mr(4096);
+            let (a, k) = (first.addr(), first.rkey());
+            drop(first);
+            for _ in 0..256 {
+                drop(stale_live.take());
+                stale_live = Some(s.mr(4096));
+            }
+            (a, k)
+        }
         Fault::BadStag => (good.addr(), 0x00ff_ff00),
         Fault::KeyMismatch => (good.addr(), good.rkey() ^ 0x5a),
         Fault::PdMismatch => (foreign.addr(), foreign.rkey()),
@@ -398,7 +413,7 @@ fn remote_fault(read: bool, fault: Fault) {
         iwarp_proto::engine::term_code_for_tagged
     };
     let memerr = match fault {
-        Fault::BadStag => iwarp::MemError::InvalidStag,
+        Fault::BadStag | Fault::Stale => iwarp::MemError::InvalidStag,
         Fault::KeyMismatch => iwarp::MemError::KeyMismatch,
         Fault::PdMismatch => iwarp::MemError::PdMismatch,
         Fault::NoRights => iwarp::MemError::AccessRights,
@@ -424,6 +439,12 @@ fn remote_fault(read: bool, fault: Fault) {
         wc.status.as_str()
     );
     assert!(sink.to_vec().iter().all(|&b| b == 0), "nothing placed");
+    if let Some(live) = &stale_live {
+        assert!(
+            live.to_vec().iter().all(|&b| b == 0),
+            "the stale STag reached the live region"
+        );
+    }
     let wc = s.recv_wc();
     assert_eq!(
         (wc.wr_id, wc.status),
@@ -437,6 +458,7 @@ fn write_faults_terminate() {
     for f in [
         Fault::BadStag,
         Fault::KeyMismatch,
+        Fault::Stale,
         Fault::PdMismatch,
         Fault::NoRights,
         Fault::OutOfBounds,
@@ -451,6 +473,7 @@ fn read_faults_terminate() {
     for f in [
         Fault::BadStag,
         Fault::KeyMismatch,
+        Fault::Stale,
         Fault::PdMismatch,
         Fault::NoRights,
         Fault::OutOfBounds,
