@@ -267,6 +267,7 @@ pub struct XferListener {
     inner: ListenerInner,
     token: u64,
     cfg: Config,
+    peer: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug)]
@@ -296,7 +297,17 @@ impl XferListener {
             inner,
             token: random_u64(),
             cfg,
+            peer: None,
         })
+    }
+
+    /// Accept connections only from `ip` (e.g. the address of the FTP
+    /// control connection that asked for this session). A connection from
+    /// elsewhere is refused and logged, and the token stays good for the
+    /// legitimate peer until the accept deadline.
+    pub fn only_from(mut self, ip: std::net::IpAddr) -> XferListener {
+        self.peer = Some(ip);
+        self
     }
 
     /// The address the active side connects to.
@@ -327,10 +338,10 @@ impl XferListener {
     pub fn accept(&self, timeout: Duration) -> Result<Box<dyn Transport>, Error> {
         match &self.inner {
             ListenerInner::Rdma(l) => Ok(Box::new(rdma::RdmaSession::accept(
-                l, self.token, &self.cfg, timeout,
+                l, self.token, &self.cfg, self.peer, timeout,
             )?)),
             ListenerInner::Tcp(l) => Ok(Box::new(tcp::TcpSession::accept(
-                l, self.token, &self.cfg, timeout,
+                l, self.token, &self.cfg, self.peer, timeout,
             )?)),
         }
     }

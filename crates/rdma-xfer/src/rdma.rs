@@ -50,7 +50,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
@@ -85,6 +85,17 @@ const DATA_MSG: usize = 64;
 /// receive thread holds while it places data: a repost per block often
 /// had to wait for it).
 const DATA_REPOST_MAX: u32 = 32;
+
+/// Why a connection from `peer` is refused when the session accepts only
+/// `only_from` (logged here; the text goes into the MPA reject).
+pub(crate) fn refuse(peer: SocketAddr, only_from: Option<IpAddr>) -> Option<String> {
+    let ip = only_from?;
+    if peer.ip() == ip {
+        return None;
+    }
+    tracing::warn!(%peer, expected = %ip, "rdma-xfer: refused a connection from an address other than the control connection's");
+    Some("rdma-xfer: refused: not the address that opened the session".into())
+}
 
 /// Receives posted per data QP for a pool of `depth` blocks: `depth` (at
 /// most one BlockDone per granted block is in flight) plus the batch that
@@ -691,6 +702,7 @@ impl RdmaSession {
         l: &Listener,
         token: u64,
         ours: &Config,
+        only_from: Option<IpAddr>,
         timeout: Duration,
     ) -> Result<RdmaSession, Error> {
         let deadline = Instant::now() + timeout;
@@ -701,15 +713,23 @@ impl RdmaSession {
             ..ConnParam::default()
         };
         let left = || deadline.saturating_duration_since(Instant::now());
-        let req = l
-            .get_request(Some(left()))
-            .map_err(|e| Error::Setup(e.to_string()))?;
-        if parse_private_data(req.private_data()).map(|p| p.0) != Some(token) {
-            let _ = req.reject(b"rdma-xfer: bad session token");
-            return Err(Error::Setup(
-                "a connection presented a wrong session token; refused".into(),
-            ));
-        }
+        // A connection from the wrong address or with the wrong token is
+        // refused, and the session keeps waiting for its own peer.
+        let req = loop {
+            let req = l
+                .get_request(Some(left()))
+                .map_err(|e| Error::Setup(format!("waiting for the session's connection: {e}")))?;
+            if let Some(reason) = refuse(req.peer_addr(), only_from) {
+                let _ = req.reject(reason.as_bytes());
+                continue;
+            }
+            if parse_private_data(req.private_data()).map(|p| p.0) != Some(token) {
+                tracing::warn!(peer = %req.peer_addr(), "rdma-xfer: refused a connection with a wrong session token");
+                let _ = req.reject(b"rdma-xfer: bad session token");
+                continue;
+            }
+            break req;
+        };
         req.accept(&s.ctrl_qp, &param)
             .map_err(|e| Error::Setup(e.to_string()))?;
         let (streams, block_size, iodepth) = match s.recv(deadline)? {
@@ -743,6 +763,10 @@ impl RdmaSession {
             let req = l
                 .get_request(Some(left()))
                 .map_err(|e| Error::Setup(format!("waiting for the data streams: {e}")))?;
+            if let Some(reason) = refuse(req.peer_addr(), only_from) {
+                let _ = req.reject(reason.as_bytes());
+                continue;
+            }
             match parse_private_data(req.private_data()) {
                 Some((id, i)) if id == session && (i as usize) < qps.len() && !done[i as usize] => {
                     req.accept(&qps[i as usize], &param)

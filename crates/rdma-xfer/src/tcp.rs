@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -148,6 +148,7 @@ impl TcpSession {
         l: &TcpListener,
         token: u64,
         ours: &Config,
+        only_from: Option<IpAddr>,
         timeout: Duration,
     ) -> Result<TcpSession, Error> {
         let deadline = Instant::now() + timeout;
@@ -156,6 +157,9 @@ impl TcpSession {
         let next = || -> Result<TcpStream, Error> {
             loop {
                 match l.accept() {
+                    Ok((s, peer)) if crate::rdma::refuse(peer, only_from).is_some() => {
+                        let _ = s.shutdown(Shutdown::Both);
+                    }
                     Ok((s, _)) => {
                         s.set_nonblocking(false)
                             .map_err(|e| setup_err("socket options", e))?;
@@ -177,17 +181,24 @@ impl TcpSession {
                 }
             }
         };
-        let mut first = next()?;
-        let mut hello = [0u8; 24];
-        first
-            .read_exact(&mut hello)
-            .map_err(|e| setup_err("waiting for Hello", e))?;
-        if &hello[..4] != MAGIC || u64_at(&hello, 4) != token {
-            let _ = first.shutdown(Shutdown::Both);
-            return Err(Error::Setup(
-                "a connection presented a wrong session token; refused".into(),
-            ));
-        }
+        // A connection with the wrong token is refused, and the session
+        // keeps waiting for its own peer until the deadline.
+        let (mut first, hello) = loop {
+            let mut s = next()?;
+            let mut hello = [0u8; 24];
+            if let Err(e) = s.read_exact(&mut hello) {
+                if Instant::now() >= deadline {
+                    return Err(setup_err("waiting for Hello", e));
+                }
+                continue;
+            }
+            if &hello[..4] != MAGIC || u64_at(&hello, 4) != token {
+                tracing::warn!(peer = ?s.peer_addr().ok(), "rdma-xfer: refused a connection with a wrong session token");
+                let _ = s.shutdown(Shutdown::Both);
+                continue;
+            }
+            break (s, hello);
+        };
         let neg = negotiate(
             ours,
             u32_at(&hello, 12),
