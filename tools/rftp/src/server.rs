@@ -10,9 +10,12 @@
 //! a malformed or unknown command gets a 5xx reply and the session goes on;
 //! failed logins are counted per client address and, past the limit, the
 //! address is refused for a while; connection counts are limited in all
-//! and per address; a client that vanishes only ends its own thread (every
+//! and per address; a connection must log in within `login_timeout_secs`
+//! whatever it sends; a client that vanishes only ends its own thread (every
 //! socket has a timeout); uploads go to a temporary name and are renamed
-//! only when complete.
+//! only when complete. RADR sessions reserve their buffer memory against a
+//! server-wide budget and accept connections only from the control
+//! connection's address.
 
 use std::collections::HashMap;
 use std::fs;
@@ -64,6 +67,9 @@ pub struct ServerConfig {
     pub max_per_ip: usize,
     /// Seconds a control connection may stay silent.
     pub idle_timeout_secs: u64,
+    /// Seconds a new connection has to log in, whatever it sends meanwhile
+    /// (NOOP does not extend it); then 421 and the connection is closed.
+    pub login_timeout_secs: u64,
     /// Seconds to wait for a data connection or data progress.
     pub data_timeout_secs: u64,
     /// Failed logins per address within the window before it is refused.
@@ -80,6 +86,15 @@ pub struct ServerConfig {
     pub crc: bool,
     /// Largest memory-to-memory transfer a client may ask for.
     pub max_mem_bytes: u64,
+    /// Buffer memory all transfer sessions together may hold (RADR): each
+    /// session reserves the most its pools can register, 2 x streams x
+    /// depth x block size, when it is set up, and gives it back when it
+    /// ends. A RADR that does not fit gets 452.
+    pub session_mem_budget_bytes: u64,
+    /// Accept a RADR session's connections only from the control
+    /// connection's IP address (turn off only behind a NAT that maps the
+    /// data connections to another address).
+    pub rdma_bind_peer: bool,
     /// Port of the RADR session listener (0: a fresh one per session). A
     /// fixed port allows one RADR session at a time; it exists so that a
     /// relay (e.g. `delay-bridge`) or firewall can forward it.
@@ -100,6 +115,7 @@ impl Default for ServerConfig {
             max_connections: 64,
             max_per_ip: 16,
             idle_timeout_secs: 300,
+            login_timeout_secs: 30,
             data_timeout_secs: 30,
             login_fail_limit: 5,
             login_fail_window_secs: 60,
@@ -109,7 +125,9 @@ impl Default for ServerConfig {
             block_size: 1 << 20,
             iodepth: 4,
             crc: false,
-            max_mem_bytes: 1 << 40,
+            max_mem_bytes: 64 << 30,
+            session_mem_budget_bytes: 1 << 30,
+            rdma_bind_peer: true,
             rdma_port: 0,
             rdma_advertise: None,
             users: Vec::new(),
@@ -147,6 +165,56 @@ struct Server {
     conns: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     fails: Mutex<Failures>,
+    /// Bytes reserved by live transfer sessions (`session_mem_budget_bytes`).
+    session_mem: Mutex<u64>,
+}
+
+/// Buffer memory reserved for one transfer session; given back on drop,
+/// however the session ends.
+struct MemReservation {
+    srv: Arc<Server>,
+    bytes: u64,
+}
+
+impl MemReservation {
+    /// Reserve `bytes`, or say how much is free.
+    fn take(srv: &Arc<Server>, bytes: u64) -> Result<MemReservation, u64> {
+        let mut used = lock(&srv.session_mem);
+        let free = srv.cfg.session_mem_budget_bytes.saturating_sub(*used);
+        if bytes > free {
+            return Err(free);
+        }
+        *used += bytes;
+        Ok(MemReservation {
+            srv: srv.clone(),
+            bytes,
+        })
+    }
+
+    /// Keep only `bytes` (the negotiated session may be smaller).
+    fn shrink(&mut self, bytes: u64) {
+        if bytes < self.bytes {
+            *lock(&self.srv.session_mem) -= self.bytes - bytes;
+            self.bytes = bytes;
+        }
+    }
+}
+
+impl Drop for MemReservation {
+    fn drop(&mut self) {
+        let mut used = lock(&self.srv.session_mem);
+        *used = used.saturating_sub(self.bytes);
+    }
+}
+
+/// The most buffer memory a session with `c` can register: a source and a
+/// sink pool of `streams x iodepth` blocks each.
+fn session_bytes(c: &rdma_xfer::Config) -> u64 {
+    2 * u64::from(c.pool_depth()) * u64::from(c.block_size)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.0} MiB", b as f64 / f64::from(1 << 20))
 }
 
 /// Serve forever on `listener` (bound by the caller to `cfg.listen`).
@@ -161,6 +229,7 @@ pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
         conns: AtomicUsize::new(0),
         per_ip: Mutex::new(HashMap::new()),
         fails: Mutex::new(Failures::default()),
+        session_mem: Mutex::new(0),
     });
     tracing::info!(addr = %listener.local_addr()?, root = %srv.root.display(), "rftpd listening");
     for conn in listener.incoming() {
@@ -279,7 +348,9 @@ struct Session {
     rest: u64,
     rnfr: Option<PathBuf>,
     data: DataMode,
+    /// The transfer session and the memory it reserved (dropped together).
     xfer: Option<Box<dyn rdma_xfer::Transport>>,
+    xfer_mem: Option<MemReservation>,
     mem: bool,
 }
 
@@ -326,6 +397,7 @@ impl Session {
             rnfr: None,
             data: DataMode::None,
             xfer: None,
+            xfer_mem: None,
             mem: false,
         })
     }
@@ -384,8 +456,38 @@ impl Session {
             ""
         };
         self.reply(&r(220, format!("rftpd ready{rdma}")))?;
+        let idle = Duration::from_secs(self.srv.cfg.idle_timeout_secs.max(1));
+        let login_limit = Duration::from_secs(self.srv.cfg.login_timeout_secs.max(1));
+        let login_by = Instant::now() + login_limit;
+        let mut logged_in = false;
         loop {
-            let line = match self.read_command()? {
+            // Before login every read is bounded by the login deadline, so
+            // a connection that never logs in (or sends NOOP forever) does
+            // not hold a connection slot for the idle timeout.
+            if self.user.is_none() {
+                let left = login_by.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return self.login_timed_out(login_limit);
+                }
+                self.ctrl.get_ref().set_read_timeout(Some(left.min(idle)))?;
+            } else if !logged_in {
+                logged_in = true;
+                self.ctrl.get_ref().set_read_timeout(Some(idle))?;
+            }
+            let line = match self.read_command() {
+                Err(e)
+                    if self.user.is_none()
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        )
+                        && Instant::now() >= login_by =>
+                {
+                    return self.login_timed_out(login_limit);
+                }
+                r => r?,
+            };
+            let line = match line {
                 None => return Ok(()),
                 Some(Err(reply)) => {
                     self.reply(&reply)?;
@@ -428,6 +530,20 @@ impl Session {
                 self.rnfr = None;
             }
         }
+    }
+
+    /// 421 and close: the connection did not log in in time.
+    fn login_timed_out(&mut self, limit: Duration) -> io::Result<()> {
+        tracing::info!(peer = %self.peer, secs = limit.as_secs(), "no login in time; closing");
+        let _ = self.reply(&r(
+            421,
+            format!(
+                "No login within {} s (login_timeout_secs); closing. Reconnect and send USER and PASS.",
+                limit.as_secs()
+            ),
+        ));
+        let _ = self.out.shutdown(Shutdown::Both);
+        Ok(())
     }
 
     fn need_login(&self) -> Option<Reply> {
@@ -1011,6 +1127,24 @@ impl Session {
             }
         }
         self.xfer = None;
+        self.xfer_mem = None;
+        let need = session_bytes(&want);
+        let mut reservation = match MemReservation::take(&srv, need) {
+            Ok(m) => m,
+            Err(free) => {
+                tracing::warn!(peer = %self.peer, need, free, "RADR refused: session memory budget");
+                return Ok(Some(r(
+                    452,
+                    format!(
+                        "RADR refused: this session needs {} of buffer memory and the server's \
+                         session_mem_budget_bytes has {} free (other sessions hold the rest); \
+                         retry later or ask for fewer STREAMS, DEPTH or a smaller BS.",
+                        mib(need),
+                        mib(free)
+                    ),
+                )));
+            }
+        };
         let l = match rdma_xfer::XferListener::bind(
             SocketAddr::new(self.local.ip(), c.rdma_port),
             mode,
@@ -1028,6 +1162,11 @@ impl Session {
                     format!("Cannot open the RDMA listener: {e}{hint}"),
                 )));
             }
+        };
+        let l = if c.rdma_bind_peer {
+            l.only_from(self.peer.ip())
+        } else {
+            l
         };
         let shown = match &c.rdma_advertise {
             None => l.local_addr(),
@@ -1057,7 +1196,9 @@ impl Session {
         match l.accept(Duration::from_secs(c.data_timeout_secs.max(1))) {
             Ok(t) => {
                 tracing::info!(peer = %self.peer, %mode, streams = t.config().streams, block_size = t.config().block_size, iodepth = t.config().iodepth, "transfer session established");
+                reservation.shrink(session_bytes(t.config()));
                 self.xfer = Some(t);
+                self.xfer_mem = Some(reservation);
             }
             Err(e) => tracing::warn!(peer = %self.peer, %e, "transfer session setup failed"),
         }
@@ -1120,6 +1261,7 @@ impl Session {
                     let _ = fs::remove_file(t);
                 }
                 self.xfer = None;
+                self.xfer_mem = None;
                 match e {
                     rdma_xfer::Error::Local(io) => io_reply(&io, arg),
                     e => r(426, format!("Transfer failed; upload discarded: {e}")),
@@ -1169,6 +1311,7 @@ impl Session {
             }
             Some(Err(e)) => {
                 self.xfer = None;
+                self.xfer_mem = None;
                 match e {
                     rdma_xfer::Error::Local(io) => io_reply(&io, arg),
                     e => r(426, format!("Transfer failed: {e}")),
