@@ -71,6 +71,51 @@ fn prep(s: &TcpStream, cfg: &Config) -> io::Result<()> {
     s.set_write_timeout(Some(cfg.timeout))
 }
 
+/// A frame header as the sink's readers decode it (`kind | len | seq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrameHead {
+    /// A block of `len` bytes, `0 < len <= block size`, payload follows.
+    Block { len: u32, seq: u64 },
+    /// The source's last frame on a stream: `blocks` sent in all; the 8-byte
+    /// total length follows.
+    End { blocks: u64 },
+    /// The source gave up; a reason of `len` bytes follows (read at most
+    /// [`MAX_REASON`]).
+    Abort { len: u32 },
+    /// Anything else, or a block with a length outside `1..=block size`.
+    Bad { kind: u32, len: u32 },
+}
+
+/// Longest abort reason read from the peer.
+pub const MAX_REASON: usize = 4096;
+
+/// Length of a frame header.
+pub const FRAME_HDR: usize = HDR;
+
+/// Decode a frame header the sink received, for a session with
+/// `block_size`-byte blocks. Never panics; a length the session did not
+/// negotiate is `Bad`.
+pub fn decode_frame(h: &[u8; HDR], block_size: u32) -> FrameHead {
+    let (kind, len, seq) = (u32_at(h, 0), u32_at(h, 4), u64_at(h, 8));
+    match kind {
+        F_BLOCK if len > 0 && len <= block_size => FrameHead::Block { len, seq },
+        F_END => FrameHead::End { blocks: seq },
+        F_ABORT => FrameHead::Abort { len },
+        _ => FrameHead::Bad { kind, len },
+    }
+}
+
+/// Encode a frame header (the inverse of [`decode_frame`] for its
+/// non-`Bad` results).
+pub fn encode_frame(f: FrameHead) -> [u8; HDR] {
+    match f {
+        FrameHead::Block { len, seq } => frame(F_BLOCK, len, seq),
+        FrameHead::End { blocks } => frame(F_END, 0, blocks),
+        FrameHead::Abort { len } => frame(F_ABORT, len, 0),
+        FrameHead::Bad { kind, len } => frame(kind, len, 0),
+    }
+}
+
 fn frame(kind: u32, len: u32, seq: u64) -> [u8; HDR] {
     let mut h = [0u8; HDR];
     h[..4].copy_from_slice(&kind.to_be_bytes());
@@ -363,9 +408,8 @@ impl TcpSession {
                             let _ = tx.send(Ev::Err(io_err(e, "the next block", t)));
                             return;
                         }
-                        let (kind, len, seq) = (u32_at(&h, 0), u32_at(&h, 4), u64_at(&h, 8));
-                        let ev = match kind {
-                            F_BLOCK if len > 0 && len <= bs => {
+                        let ev = match decode_frame(&h, bs) {
+                            FrameHead::Block { len, seq } => {
                                 // Hold the payload in the socket (TCP
                                 // pushes back on the source) until the
                                 // block is inside the reorder window.
@@ -389,19 +433,21 @@ impl TcpSession {
                                     Err(e) => Ev::Err(io_err(e, "the next block", t)),
                                 }
                             }
-                            F_END => {
+                            FrameHead::End { blocks } => {
                                 let mut b = [0u8; 8];
                                 match s.read_exact(&mut b) {
-                                    Ok(()) => Ev::End(seq, u64::from_be_bytes(b)),
+                                    Ok(()) => Ev::End(blocks, u64::from_be_bytes(b)),
                                     Err(e) => Ev::Err(io_err(e, "the next block", t)),
                                 }
                             }
-                            F_ABORT => {
-                                let mut r = vec![0u8; (len as usize).min(4096)];
+                            FrameHead::Abort { len } => {
+                                let mut r = vec![0u8; (len as usize).min(MAX_REASON)];
                                 let _ = s.read_exact(&mut r);
                                 Ev::Abort(String::from_utf8_lossy(&r).into_owned())
                             }
-                            k => Ev::Err(Error::Protocol(format!("bad frame kind {k} len {len}"))),
+                            FrameHead::Bad { kind, len } => Ev::Err(Error::Protocol(format!(
+                                "bad frame kind {kind} len {len} (block size {bs})"
+                            ))),
                         };
                         let last = !matches!(ev, Ev::Block(..));
                         if tx.send(ev).is_err() || last {
@@ -520,5 +566,40 @@ impl Transport for TcpSession {
 
     fn session_id(&self) -> u64 {
         self.session
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_headers_decode_from_byte_literals() {
+        let block = [0, 0, 0, 1, 0, 0, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+        assert_eq!(
+            decode_frame(&block, 4096),
+            FrameHead::Block { len: 4096, seq: 7 }
+        );
+        assert_eq!(encode_frame(decode_frame(&block, 4096)), block);
+        // One byte more than the negotiated block size is refused.
+        assert_eq!(
+            decode_frame(&block, 4095),
+            FrameHead::Bad { kind: 1, len: 4096 }
+        );
+        let empty = [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(matches!(decode_frame(&empty, 4096), FrameHead::Bad { .. }));
+        let end = [0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        assert_eq!(decode_frame(&end, 4096), FrameHead::End { blocks: 256 });
+        let abort = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            decode_frame(&abort, 4096),
+            FrameHead::Abort { len: u32::MAX }
+        );
+        // Fin goes to the source, never to the sink's readers.
+        let fin = [0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+        assert!(matches!(
+            decode_frame(&fin, 4096),
+            FrameHead::Bad { kind: 3, .. }
+        ));
     }
 }

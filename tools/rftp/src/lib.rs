@@ -24,6 +24,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod cmdline;
 pub mod server;
 pub mod shell;
 pub mod util;

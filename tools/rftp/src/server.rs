@@ -30,6 +30,7 @@ use rdma_xfer::{BlockSink, BlockSource, FileReader, FileWriter, Mode, NullSink, 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::cmdline::{self, MAX_LINE};
 use crate::util::{self, hex, resolve};
 
 /// A user of the config file.
@@ -374,8 +375,6 @@ fn io_reply(e: &io::Error, what: &str) -> Reply {
     r(code, format!("{what}: {e}"))
 }
 
-const MAX_LINE: usize = 4096;
-
 impl Session {
     fn new(srv: Arc<Server>, stream: TcpStream, peer: SocketAddr) -> io::Result<Session> {
         let idle = Duration::from_secs(srv.cfg.idle_timeout_secs.max(1));
@@ -441,12 +440,7 @@ impl Session {
             }
             return Ok(None);
         }
-        // RFC 959: Telnet IAC sequences may precede commands (ABOR); drop them.
-        buf.retain(|&b| b < 0xf0);
-        match String::from_utf8(buf) {
-            Ok(s) => Ok(Some(Ok(s.trim_end_matches(['\r', '\n']).to_string()))),
-            Err(_) => Ok(Some(Err(r(501, "Command is not valid UTF-8.")))),
-        }
+        Ok(Some(cmdline::decode_line(buf)))
     }
 
     fn run(&mut self) -> io::Result<()> {
@@ -495,10 +489,7 @@ impl Session {
                 }
                 Some(Ok(l)) => l,
             };
-            let (verb, arg) = match line.split_once(' ') {
-                Some((v, a)) => (v.to_ascii_uppercase(), a.to_string()),
-                None => (line.to_ascii_uppercase(), String::new()),
-            };
+            let (verb, arg) = cmdline::split_command(&line);
             if verb == "PASS" {
                 tracing::debug!(peer = %self.peer, "command PASS ****");
             } else {
@@ -852,29 +843,14 @@ impl Session {
     }
 
     fn port(&mut self, arg: &str, extended: bool) -> Reply {
-        let addr = if extended {
-            // RFC 2428 §2: EPRT |proto|addr|port|
-            let d = arg.chars().next().unwrap_or('|');
-            let f: Vec<&str> = arg.split(d).collect();
-            if f.len() < 5 {
-                return r(501, "EPRT syntax: |proto|address|port|");
-            }
-            match (f[2].parse::<IpAddr>(), f[3].parse::<u16>()) {
-                (Ok(ip), Ok(port)) => SocketAddr::new(ip, port),
-                _ => return r(501, "EPRT: bad address or port."),
-            }
+        let parsed = if extended {
+            cmdline::parse_eprt(arg)
         } else {
-            let n: Vec<u8> = arg
-                .split(',')
-                .filter_map(|x| x.trim().parse().ok())
-                .collect();
-            if n.len() != 6 {
-                return r(501, "PORT syntax: h1,h2,h3,h4,p1,p2");
-            }
-            SocketAddr::from((
-                [n[0], n[1], n[2], n[3]],
-                u16::from(n[4]) << 8 | u16::from(n[5]),
-            ))
+            cmdline::parse_port(arg)
+        };
+        let addr = match parsed {
+            Ok(a) => a,
+            Err(e) => return e,
         };
         // No FTP bounce (RFC 2577): data goes to the client only.
         if addr.ip() != self.peer.ip() || addr.port() < 1024 {
@@ -1108,24 +1084,20 @@ impl Session {
             timeout: Duration::from_secs(c.data_timeout_secs.max(1)),
             ..rdma_xfer::Config::default()
         };
-        let mut mode = Mode::Rdma;
-        for kv in arg.split_whitespace() {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            let num = v.parse::<u32>();
-            match (k.to_ascii_uppercase().as_str(), num) {
-                ("STREAMS", Ok(n)) => want.streams = n.clamp(1, c.max_streams),
-                ("BS", Ok(n)) => {
-                    want.block_size =
-                        n.clamp(rdma_xfer::MIN_BLOCK, c.block_size.max(rdma_xfer::MIN_BLOCK))
-                }
-                ("DEPTH", Ok(n)) => want.iodepth = n.clamp(1, c.iodepth.max(1)),
-                ("MODE", _) => match v.parse() {
-                    Ok(m) => mode = m,
-                    Err(e) => return Ok(Some(r(501, e))),
-                },
-                _ => return Ok(Some(r(501, format!("RADR: bad parameter {kv:.40}")))),
-            }
+        let asked = match cmdline::parse_radr(arg) {
+            Ok(a) => a,
+            Err(e) => return Ok(Some(e)),
+        };
+        if let Some(n) = asked.streams {
+            want.streams = n.clamp(1, c.max_streams);
         }
+        if let Some(n) = asked.block_size {
+            want.block_size = n.clamp(rdma_xfer::MIN_BLOCK, c.block_size.max(rdma_xfer::MIN_BLOCK));
+        }
+        if let Some(n) = asked.depth {
+            want.iodepth = n.clamp(1, c.iodepth.max(1));
+        }
+        let mode = asked.mode.unwrap_or(Mode::Rdma);
         self.xfer = None;
         self.xfer_mem = None;
         let need = session_bytes(&want);
