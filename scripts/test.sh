@@ -12,7 +12,7 @@
 # iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
 # clients (scripts/test-rftp.sh); mod_rdma in a real Apache
 # (scripts/test-modrdma.sh); a short cargo-fuzz run of every fuzz target
-# (nightly only).
+# (the install step installs the nightly toolchain it needs).
 #
 # Environment:
 #   FAST=1            skip the slow parts (tshark check, fuzz)
@@ -136,6 +136,11 @@ install_prereqs() {
     if command -v rustup >/dev/null; then
         cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt || return 1
         cargo clippy --version >/dev/null 2>&1 || rustup component add clippy || return 1
+        # The fuzz step needs nightly (cargo-fuzz builds with sanitizers).
+        if fuzz_wanted && ! rustup toolchain list | grep -q '^nightly'; then
+            note "installing the nightly toolchain for cargo-fuzz"
+            rustup toolchain install nightly --profile minimal || return 1
+        fi
     fi
     check_prereqs || return 1
     note "$(cargo --version), $(rustc --version)"
@@ -154,6 +159,11 @@ check_prereqs() {
 }
 
 # ---------------------------------------------------------------- steps
+
+# True when this run fuzzes (not FAST, FUZZ_SECONDS > 0, a fuzz/ crate).
+fuzz_wanted() {
+    [[ "$FAST" != 1 && "$FUZZ_SECONDS" != 0 && -f fuzz/Cargo.toml ]]
+}
 
 step_shellcheck() {
     if ! command -v shellcheck >/dev/null; then
@@ -251,7 +261,11 @@ elif [[ "$FUZZ_SECONDS" == 0 ]]; then
 elif [[ ! -f fuzz/Cargo.toml ]]; then
     skip_step "fuzz smoke run" "no fuzz/Cargo.toml"
 elif ! command -v rustup >/dev/null || ! rustup toolchain list | grep -q '^nightly'; then
-    skip_step "fuzz smoke run" "no nightly toolchain"
+    # The install step installs nightly; missing here means it failed.
+    section "fuzz smoke run"
+    note "no nightly toolchain (rustup toolchain install nightly --profile minimal failed or rustup is missing)"
+    RESULTS+=("FAIL  fuzz smoke run (no nightly toolchain)")
+    FAILED=$((FAILED + 1))
 else
     run_step "fuzz smoke run (${FUZZ_SECONDS}s per target)" step_fuzz || true
 fi
