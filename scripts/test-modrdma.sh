@@ -190,6 +190,9 @@ EOF
 Listen 127.0.0.1:$P1
 Listen 127.0.0.1:$P2
 LoadModule rdma_module $MOD
+LoadModule remoteip_module /usr/lib/apache2/modules/mod_remoteip.so
+RemoteIPHeader X-Forwarded-For
+RemoteIPInternalProxy 127.0.0.1
 LogLevel warn rdma:debug
 RDMARegistration static
 RDMABufferSize 4M
@@ -204,6 +207,8 @@ RDMATimeout 5000
 <VirtualHost 127.0.0.1:$P2>
     RDMARegistration dynamic
     RDMAAllowConnect client 127.0.0.2
+    RDMAConnectPorts 1024-65535 79
+    RDMATrustProxy On
 </VirtualHost>
 EOF
 } >"$T/rdma.conf"
@@ -445,37 +450,99 @@ t_allow_list() {
     # The dynamic vhost also allows 127.0.0.2: not refused as SSRF, but
     # nobody listens there, so the connect fails (502).
     code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
-        -H "RDMA: client-reads, ip=127.0.0.2, port=9" "$U2/f2K.bin")
+        -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U2/f2K.bin")
     echo "allowed address: $code"
     [ "$code" = 502 ]
 }
 check "RDMAAllowConnect client 127.0.0.2: that address is allowed (connect attempted, 502), not 403" t_allow_list
-t_refused() {
-    local port code start el
+t_privileged() {
+    local code
+    code=$(curl -s --max-time 10 -D "$T/out/priv.h" -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.1, port=22" "$U1/f2K.bin")
+    [ "$code" = 403 ] && grep -qi "^RDMA-Error: port=22 is not among the ports this server connects back to (RDMAConnectPorts 1024-65535)" "$T/out/priv.h"
+}
+check "connect-back to a privileged port (22) is refused: 403 naming RDMAConnectPorts" t_privileged
+t_ports_allow() {
+    local code
+    # The vhost's RDMAConnectPorts adds 79: attempted (nobody listens: 502).
+    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.1, port=79" "$U2/f2K.bin")
+    echo "port 79 on the vhost that allows it: $code"
+    [ "$code" = 502 ]
+}
+check "RDMAConnectPorts 1024-65535 79: port 79 is attempted (502), not refused" t_ports_allow
+t_fwd_header() {
+    local code
+    code=$(curl -s --max-time 10 -D "$T/out/fwd.h" -o /dev/null -w '%{http_code}' \
+        -H "Forwarded: for=127.0.0.1" -H "RDMA: client-reads, ip=127.0.0.1, port=$(free_port)" "$U1/f2K.bin")
+    [ "$code" = 403 ] && grep -qi "^RDMA-Error: this request came through a proxy (it carries a Forwarded header)" "$T/out/fwd.h"
+}
+check "a request with a Forwarded header gets 403 for RDMA (RDMATrustProxy Off)" t_fwd_header
+t_remoteip() {
+    local code
+    # mod_remoteip (trusting 127.0.0.1) makes 127.0.0.2 the request's
+    # client address; without the proxy check the server would connect
+    # to whatever address the header names.
+    code=$(curl -s --max-time 10 -D "$T/out/rip.h" -o /dev/null -w '%{http_code}' \
+        -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U1/f2K.bin")
+    [ "$code" = 403 ] && grep -qi "^RDMA-Error: this request came through a proxy (its client address 127.0.0.2 differs from the connection's 127.0.0.1" "$T/out/rip.h"
+}
+check "mod_remoteip-rewritten client address: 403 unless RDMATrustProxy" t_remoteip
+t_trusted_proxy() {
+    local code
+    # The vhost trusts the proxy: it connects back to the reported client
+    # (127.0.0.2, where nobody listens: 502), and the TCP peer is not it.
+    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
+        -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U2/f2K.bin")
+    echo "trusted proxy: $code"
+    [ "$code" = 502 ]
+}
+check "RDMATrustProxy On: the address mod_remoteip reports is the client (connect attempted, 502)" t_trusted_proxy
+# refused_or_silent KIND: one connect-back to a closed port (refused) or to
+# a listener that accepts TCP and never answers MPA (silent); prints
+# "code elapsed-ms" and keeps the RDMA-Error header in $T/out/KIND.h.
+refused_or_silent() {
+    local port code start el lp=""
     port=$(free_port)
+    if [ "$1" = silent ]; then
+        python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(8); time.sleep(20)" &
+        lp=$!
+        sleep 0.3
+    fi
     start=$(date +%s%N)
-    code=$(curl -s --max-time 15 -D "$T/out/ref.h" -o /dev/null -w '%{http_code}' \
+    code=$(curl -s --max-time 15 -D "$T/out/$1.h" -o /dev/null -w '%{http_code}' \
         -H "RDMA: client-reads, ip=127.0.0.1, port=$port" "$U1/f2K.bin")
     el=$(( ($(date +%s%N) - start) / 1000000 ))
-    echo "refused: $code in $el ms"
-    [ "$code" = 502 ] && [ "$el" -lt 5000 ] && grep -qi "RDMA-Error: could not connect" "$T/out/ref.h"
+    [ -n "$lp" ] && kill "$lp" 2>/dev/null
+    # The port is the only difference allowed between the two answers.
+    grep -i '^RDMA-Error:' "$T/out/$1.h" | sed "s/:$port /:PORT /" | tr -d '\r' >"$T/out/$1.err"
+    echo "$code $el"
 }
-check "client listener refuses: 502 naming the listener, within 5 s" t_refused
-t_silent() {
-    local port code start el lp
-    port=$(free_port)
-    python3 -c "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1',$port)); s.listen(8); time.sleep(20)" &
-    lp=$!
-    sleep 0.3
-    start=$(date +%s%N)
-    code=$(curl -s --max-time 15 -D "$T/out/sil.h" -o /dev/null -w '%{http_code}' \
-        -H "RDMA: client-reads, ip=127.0.0.1, port=$port" "$U1/f2K.bin")
-    el=$(( ($(date +%s%N) - start) / 1000000 ))
-    kill "$lp" 2>/dev/null
-    echo "silent: $code in $el ms"
-    [ "$code" = 504 ] && [ "$el" -lt 6000 ] && grep -qi "RDMA-Error: the client's RDMA listener" "$T/out/sil.h"
+t_no_oracle() {
+    local r s
+    r=$(refused_or_silent refused)
+    s=$(refused_or_silent silent)
+    echo "closed port: $r ms; silent listener: $s ms; $(cat "$T/out/refused.err")"
+    # Same status, same text; both padded to RDMAConnectTimeout (2 s).
+    [ "${r% *}" = 502 ] && [ "${s% *}" = 502 ] && cmp -s "$T/out/refused.err" "$T/out/silent.err" &&
+        grep -q "no RDMA connection to the client's listener at 127.0.0.1:PORT within 2000 ms" "$T/out/refused.err" &&
+        [ "${r#* }" -ge 1900 ] && [ "${r#* }" -lt 5000 ] && [ "${s#* }" -ge 1900 ] && [ "${s#* }" -lt 5000 ] &&
+        grep -q "connecting back to 127.0.0.1:.* failed" "$T/logs/error.log"
 }
-check "client listener accepts TCP but never answers MPA: 504 within RDMAConnectTimeout (2 s) + margin" t_silent
+check "closed port and non-MPA listener: identical 502 after the connect timeout (no port-scan oracle), cause in the log" t_no_oracle
+t_fail_limit() {
+    local codes p i
+    local -a args=()
+    p=$(free_port)
+    for i in 1 2 3 4 5 6 7; do args+=(-o /dev/null "$U2/f2K.bin?n=$i"); done
+    # One keep-alive connection, so one worker counts: after at most five
+    # failures (earlier checks may have counted some) only 429s follow.
+    codes=$(curl -s --max-time 40 -w '%{http_code} ' \
+        -H "RDMA: client-reads, ip=127.0.0.2, port=$p" "${args[@]}")
+    echo "codes: $codes"
+    [[ "$codes" =~ ^(502\ ){1,5}(429\ )+$ ]] && grep -q "refused with 429: 5 failed RDMA connections" "$T/logs/error.log"
+}
+check "five failed connect-backs to one address in a worker, then 429 without a connection attempt" t_fail_limit
 t_alive() { R get "$U1/f1M.bin" -o "$T/out/alive" && same "$DOCS/f1M.bin" "$T/out/alive"; }
 check "server still serves RDMA after the connect faults" t_alive
 
@@ -652,6 +719,9 @@ chmod 755 "$T/cgi-bin/huge.cgi"
 Listen 127.0.0.1:$P4
 Listen 127.0.0.1:$P5
 LoadModule rdma_module $MOD
+LoadModule remoteip_module /usr/lib/apache2/modules/mod_remoteip.so
+RemoteIPHeader X-Forwarded-For
+RemoteIPInternalProxy 127.0.0.1
 LogLevel warn rdma:debug
 RDMARegistration static
 RDMABufferSize 2G

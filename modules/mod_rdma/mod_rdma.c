@@ -75,7 +75,20 @@ typedef struct {
     int allow_set;
     int timeout_ms;          /* transfers and DONE waits, 0 unset */
     int connect_timeout_ms;  /* connecting to the client's listener */
+    apr_array_header_t *ports; /* RDMAConnectPorts: port_range entries */
+    int ports_set;
+    int trust_proxy;         /* RDMATrustProxy: -1 unset, 0 off, 1 on */
 } rdma_srv_conf;
+
+/* One range of RDMAConnectPorts, inclusive. */
+typedef struct {
+    unsigned lo, hi;
+} port_range;
+
+/* Without RDMAConnectPorts the server connects back to unprivileged ports
+ * only: a request must not make it knock on a host's system services. */
+#define DEF_PORT_LO 1024u
+#define DEF_PORT_HI 65535u
 
 #define DEF_BUFSIZE (8u << 20)
 #define DEF_MAXLEN ((apr_uint64_t)1 << 30)
@@ -104,6 +117,8 @@ static void *create_srv_conf(apr_pool_t *p, server_rec *s)
     c->mode = -1;
     c->allow_client = 1;
     c->allow = apr_array_make(p, 2, sizeof(char *));
+    c->ports = apr_array_make(p, 2, sizeof(port_range));
+    c->trust_proxy = -1;
     return c;
 }
 
@@ -118,6 +133,9 @@ static void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     c->allow = a->allow_set ? a->allow : b->allow;
     c->timeout_ms = a->timeout_ms ? a->timeout_ms : b->timeout_ms;
     c->connect_timeout_ms = a->connect_timeout_ms ? a->connect_timeout_ms : b->connect_timeout_ms;
+    c->ports_set = a->ports_set || b->ports_set;
+    c->ports = a->ports_set ? a->ports : b->ports;
+    c->trust_proxy = a->trust_proxy != -1 ? a->trust_proxy : b->trust_proxy;
     return c;
 }
 
@@ -239,6 +257,73 @@ static const char *set_allow(cmd_parms *cmd, void *d, const char *arg)
     return NULL;
 }
 
+/* RDMAConnectPorts 1024-65535 80 ...: a port or an inclusive range. */
+static const char *set_ports(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    port_range pr;
+    char *end;
+    unsigned long lo, hi;
+    (void)d;
+    if (!c->ports_set) {
+        c->ports_set = 1;
+        apr_array_clear(c->ports);
+    }
+    errno = 0;
+    lo = strtoul(arg, &end, 10);
+    hi = lo;
+    if (end != arg && *end == '-') {
+        const char *h = end + 1;
+        hi = strtoul(h, &end, 10);
+        if (end == h)
+            end = (char *)arg; /* "80-" */
+    }
+    if (end == arg || *end || errno || lo == 0 || hi > 65535 || lo > hi)
+        return apr_pstrcat(cmd->pool, "RDMAConnectPorts: \"", arg,
+                           "\" is neither a port (1-65535) nor a range such as 1024-65535",
+                           NULL);
+    pr.lo = (unsigned)lo;
+    pr.hi = (unsigned)hi;
+    *(port_range *)apr_array_push(c->ports) = pr;
+    return NULL;
+}
+
+static const char *set_trust_proxy(cmd_parms *cmd, void *d, int on)
+{
+    (void)d;
+    srv_conf(cmd->server)->trust_proxy = on;
+    return NULL;
+}
+
+static int port_allowed(const rdma_srv_conf *c, unsigned port)
+{
+    int i;
+    if (!c->ports_set)
+        return port >= DEF_PORT_LO && port <= DEF_PORT_HI;
+    for (i = 0; i < c->ports->nelts; i++) {
+        const port_range *pr = &APR_ARRAY_IDX(c->ports, i, port_range);
+        if (port >= pr->lo && port <= pr->hi)
+            return 1;
+    }
+    return 0;
+}
+
+/* The ports a refusal names: the configured list, or the default. */
+static const char *ports_text(apr_pool_t *p, const rdma_srv_conf *c)
+{
+    const char *t = NULL;
+    int i;
+    if (!c->ports_set)
+        return apr_psprintf(p, "%u-%u", DEF_PORT_LO, DEF_PORT_HI);
+    for (i = 0; i < c->ports->nelts; i++) {
+        const port_range *pr = &APR_ARRAY_IDX(c->ports, i, port_range);
+        const char *one = pr->lo == pr->hi ? apr_psprintf(p, "%u", pr->lo)
+                                           : apr_psprintf(p, "%u-%u", pr->lo, pr->hi);
+        t = t ? apr_pstrcat(p, t, " ", one, NULL) : one;
+    }
+    return t;
+}
+
 static const command_rec rdma_cmds[] = {
     AP_INIT_FLAG("RDMA", set_enable, NULL, OR_OPTIONS | ACCESS_CONF | RSRC_CONF,
                  "On: honour the RDMA: request header here; Off (default): plain HTTP only"),
@@ -252,6 +337,12 @@ static const command_rec rdma_cmds[] = {
     AP_INIT_ITERATE("RDMAAllowConnect", set_allow, NULL, RSRC_CONF,
                     "where the server may connect back: \"client\" (the request's own address, "
                     "the default) and/or IP address literals"),
+    AP_INIT_ITERATE("RDMAConnectPorts", set_ports, NULL, RSRC_CONF,
+                    "ports the server may connect back to: ports and ranges such as "
+                    "1024-65535 (the default: no privileged ports)"),
+    AP_INIT_FLAG("RDMATrustProxy", set_trust_proxy, NULL, RSRC_CONF,
+                 "Off (default): refuse RDMA for requests that came through a proxy; On: "
+                 "connect back to the client address the proxy reports (mod_remoteip)"),
     AP_INIT_TAKE1("RDMATimeout", set_timeout, NULL, RSRC_CONF,
                   "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
     AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,
@@ -515,12 +606,16 @@ static const char *post_slot(rdma_conn *rc, int i, apr_pool_t *p)
 
 /* Connect to the client's listener, or reuse the live connection. On
  * failure returns an HTTP status and sets *why. */
+static void connect_back_failed(const char *client);
+static void connect_back_succeeded(const char *client);
+
 static int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
                        const char **why)
 {
     rdma_srv_conf *c = srv_conf(r->server);
     iwarp_conn_param prm;
     iwarp_result res;
+    apr_time_t started;
     int i;
     /* The worker reads its driven connection only while it waits: let it
      * see an end or a Terminate that came since, before trusting the
@@ -555,23 +650,30 @@ static int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned p
     prm.private_data = (const uint8_t *)"mod_rdma/1";
     prm.private_data_len = 10;
     prm.timeout_ms = (uint32_t)cf_ctimeout(c);
+    started = apr_time_now();
     res = iwarp_connect(rc->qp, ip, (uint16_t)port, &prm, NULL, NULL);
     if (res != IWARP_OK) {
         const char *e = iwarp_err(r->pool);
+        apr_interval_time_t left;
         conn_drop_qp(rc);
-        if (res == IWARP_ERR_TIMEOUT) {
-            *why = apr_psprintf(r->pool,
-                                "the client's RDMA listener %s:%u did not answer within %d ms (%s); "
-                                "is the client listening and reachable?",
-                                ip, port, cf_ctimeout(c), e);
-            return HTTP_GATEWAY_TIME_OUT;
-        }
+        /* The cause goes to the error log only. The client gets the same
+         * answer, after the same time (the connect timeout), whether the
+         * port was closed, filtered, or answered without MPA: the server
+         * is no port scanner. */
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r,
+                      "mod_rdma: connecting back to %s:%u failed (%s%s)", ip, port,
+                      res == IWARP_ERR_TIMEOUT ? "timed out: " : "", e);
+        connect_back_failed(ip);
+        left = apr_time_from_msec(cf_ctimeout(c)) - (apr_time_now() - started);
+        if (left > 0)
+            apr_sleep(left);
         *why = apr_psprintf(r->pool,
-                            "could not connect to the client's RDMA listener %s:%u (%s); is the "
-                            "client listening on that port?",
-                            ip, port, e);
+                            "no RDMA connection to the client's listener at %s:%u within %d ms; "
+                            "is the client listening there and reachable?",
+                            ip, port, cf_ctimeout(c));
         return HTTP_BAD_GATEWAY;
     }
+    connect_back_succeeded(ip);
     apr_cpystrn(rc->ip, ip, sizeof rc->ip);
     rc->port = port;
     rc->uses = 1;
@@ -934,12 +1036,90 @@ static int refuse(request_rec *r, int status, const char *why)
     return status;
 }
 
+/* Why this request looks forwarded by a proxy, or NULL. */
+static const char *proxy_evidence(request_rec *r)
+{
+    static const char *const headers[] = {"Forwarded", "X-Forwarded-For", "X-Real-IP", "Via"};
+    size_t i;
+    if (r->useragent_ip && r->connection->client_ip &&
+        strcmp(r->useragent_ip, r->connection->client_ip) != 0)
+        return apr_psprintf(r->pool, "its client address %s differs from the connection's %s, "
+                            "as mod_remoteip sets it",
+                            r->useragent_ip, r->connection->client_ip);
+    for (i = 0; i < sizeof headers / sizeof *headers; i++)
+        if (apr_table_get(r->headers_in, headers[i]))
+            return apr_psprintf(r->pool, "it carries a %s header", headers[i]);
+    return NULL;
+}
+
+/* Failed connect-backs, per address connected to, in this process
+ * (prefork: each worker counts its own). Past FAIL_LIMIT within
+ * FAIL_WINDOW that address gets 429 without a connection attempt, so a
+ * client cannot use the server to probe ports quickly; a successful
+ * connection starts the count over. */
+#define FAIL_SLOTS 32
+#define FAIL_LIMIT 5
+#define FAIL_WINDOW apr_time_from_sec(60)
+
+static struct {
+    char ip[64];
+    unsigned count;
+    apr_time_t first;
+} g_fails[FAIL_SLOTS];
+
+static unsigned *fail_slot(const char *ip, apr_time_t now, int create)
+{
+    int i, oldest = 0;
+    for (i = 0; i < FAIL_SLOTS; i++) {
+        if (g_fails[i].count && !strcmp(g_fails[i].ip, ip)) {
+            if (now - g_fails[i].first > FAIL_WINDOW) {
+                g_fails[i].count = 0;
+                g_fails[i].first = now;
+            }
+            return &g_fails[i].count;
+        }
+        if (g_fails[i].first < g_fails[oldest].first)
+            oldest = i;
+    }
+    if (!create)
+        return NULL;
+    apr_cpystrn(g_fails[oldest].ip, ip, sizeof g_fails[oldest].ip);
+    g_fails[oldest].count = 0;
+    g_fails[oldest].first = now;
+    return &g_fails[oldest].count;
+}
+
+static int connect_back_limited(request_rec *r, const char *client)
+{
+    unsigned *n = fail_slot(client, apr_time_now(), 0);
+    if (n && *n >= FAIL_LIMIT)
+        return refuse(r, HTTP_TOO_MANY_REQUESTS,
+                      apr_psprintf(r->pool, "%u failed RDMA connections to this client within "
+                                   "%d s; retry later",
+                                   *n, (int)apr_time_sec(FAIL_WINDOW)));
+    return OK;
+}
+
+static void connect_back_failed(const char *client)
+{
+    unsigned *n = fail_slot(client, apr_time_now(), 1);
+    ++*n;
+}
+
+/* A client that connects back successfully starts over. */
+static void connect_back_succeeded(const char *client)
+{
+    unsigned *n = fail_slot(client, apr_time_now(), 0);
+    if (n)
+        *n = 0;
+}
+
 static int rdma_fixups(request_rec *r)
 {
     rdma_dir_conf *dc = ap_get_module_config(r->per_dir_config, &rdma_module);
     rdma_srv_conf *sc = srv_conf(r->server);
     rdma_conn *rc = ap_get_module_config(r->connection->conn_config, &rdma_module);
-    const char *v = apr_table_get(r->headers_in, "RDMA"), *why;
+    const char *v = apr_table_get(r->headers_in, "RDMA"), *why, *via, *client;
     rdma_req *q;
     int is_get, st, i, allowed;
     if (!v || r->main || dc->enable != 1 || !rc)
@@ -956,7 +1136,20 @@ static int rdma_fixups(request_rec *r)
                       apr_psprintf(r->pool, "scheme %s is for %s requests, not %s",
                                    scheme_names[q->h.scheme], is_get ? "GET" : "PUT and POST",
                                    r->method));
-    allowed = sc->allow_client && same_ip(q->h.ip, r->useragent_ip);
+    /* The client is the TCP peer of this connection. A request that came
+     * through a proxy (mod_remoteip rewrote the address, or it carries a
+     * forwarding header) would make the server connect to whatever the
+     * proxy's client claims: refused unless RDMATrustProxy On, which
+     * takes the address mod_remoteip established instead. */
+    via = proxy_evidence(r);
+    if (via && sc->trust_proxy != 1)
+        return refuse(r, HTTP_FORBIDDEN,
+                      apr_psprintf(r->pool, "this request came through a proxy (%s); the server "
+                                   "connects back only to clients that reach it directly "
+                                   "(RDMATrustProxy)",
+                                   via));
+    client = via ? r->useragent_ip : r->connection->client_ip;
+    allowed = sc->allow_client && same_ip(q->h.ip, client);
     for (i = 0; !allowed && i < sc->allow->nelts; i++)
         allowed = same_ip(q->h.ip, APR_ARRAY_IDX(sc->allow, i, const char *));
     if (!allowed)
@@ -964,7 +1157,14 @@ static int rdma_fixups(request_rec *r)
                       apr_psprintf(r->pool, "ip=%s is not the address this request came from (%s); "
                                    "the server connects back only to the requesting client "
                                    "(RDMAAllowConnect)",
-                                   q->h.ip, r->useragent_ip));
+                                   q->h.ip, client));
+    if (!port_allowed(sc, q->h.port))
+        return refuse(r, HTTP_FORBIDDEN,
+                      apr_psprintf(r->pool, "port=%u is not among the ports this server connects "
+                                   "back to (RDMAConnectPorts %s); listen on one of those",
+                                   q->h.port, ports_text(r->pool, sc)));
+    if ((st = connect_back_limited(r, q->h.ip)) != OK)
+        return st;
     if (!g_pd || (cf_mode(sc) == MODE_STATIC && !g_static_mr)) {
         /* child_init could not set up the device or the static buffer: try
          * again (the fault may be gone). A dynamic server needs only the
