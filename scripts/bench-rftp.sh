@@ -243,6 +243,7 @@ max_streams = 16
 block_size = 4194304
 iodepth = 64
 max_mem_bytes = 1099511627776
+session_mem_budget_bytes = 68719476736
 data_timeout_secs = 60
 [[users]]
 name = "bench"

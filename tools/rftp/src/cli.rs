@@ -66,8 +66,8 @@ pub fn summary_text(what: &str, s: &Summary) -> String {
         s.gbps(),
         s.via
     );
-    if let Some(h) = &s.sha256 {
-        t.push_str(&format!("\nrftp: SHA-256 verified: {h}"));
+    if let Some((algo, h)) = &s.checksum {
+        t.push_str(&format!("\nrftp: {algo} verified: {h}"));
     }
     t
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdma_xfer::{BlockSink, FileReader, FileWriter, Mode, NullSink, Transport, ZeroSource};
 
-use crate::util;
+use crate::checksum::{self, Algo, HashRead, HashSink, HashSource, HashWrite, Running};
 
 /// `ftp://[user[:password]@]host[:port]/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +95,8 @@ pub struct Ftp {
     out: TcpStream,
     peer: IpAddr,
     timeout: Duration,
+    /// The HASH algorithm the server has selected for this connection.
+    hash_algo: Algo,
 }
 
 /// A reply: code and text (lines joined with '\n').
@@ -122,6 +124,7 @@ impl Ftp {
             ctrl: BufReader::new(s),
             peer: addr.ip(),
             timeout,
+            hash_algo: Algo::Sha256,
         };
         let (code, text) = f.read_reply().map_err(err)?;
         if code != 220 {
@@ -250,6 +253,15 @@ impl Ftp {
     /// The server's SHA-256 of `path` (`HASH`), or `None` if it has no
     /// HASH command.
     pub fn hash(&mut self, path: &str) -> Result<Option<String>, String> {
+        self.hash_with(path, Algo::Sha256)
+    }
+
+    /// `HASH path` with `algo` chosen by `OPTS HASH` first (when it is not
+    /// the default). `Ok(None)` if the server has no HASH or not `algo`.
+    pub fn hash_with(&mut self, path: &str, algo: Algo) -> Result<Option<String>, String> {
+        if !self.select_hash(algo)? {
+            return Ok(None);
+        }
         let (c, t) = self.cmd(&format!("HASH {path}"))?;
         match c {
             213 => t
@@ -260,6 +272,19 @@ impl Ftp {
             500 | 502 | 504 => Ok(None),
             _ => Err(format!("HASH: {c} {t}")),
         }
+    }
+
+    /// Make `algo` the server's HASH algorithm (`OPTS HASH`), so that it
+    /// computes that checksum while it transfers; false if it cannot.
+    pub fn select_hash(&mut self, algo: Algo) -> Result<bool, String> {
+        if self.hash_algo == algo {
+            return Ok(true);
+        }
+        let (c, _) = self.cmd(&format!("OPTS HASH {algo}"))?;
+        if c == 200 {
+            self.hash_algo = algo;
+        }
+        Ok(c == 200)
     }
 
     /// RADR: set up a transfer session. `Ok(None)` if the server does not
@@ -348,7 +373,11 @@ pub struct Options {
     pub xfer_mode: Mode,
     /// Memory-to-memory: this many bytes from a zero source to a null sink.
     pub mem: Option<u64>,
+    /// Compare the file's checksum with the server's (`HASH`) after each
+    /// transfer; both ends compute it as the data flows.
     pub verify: bool,
+    /// The checksum `verify` uses.
+    pub checksum: Algo,
     pub resume: bool,
     pub crc: bool,
     pub timeout: Duration,
@@ -400,6 +429,7 @@ impl Default for Options {
             xfer_mode: Mode::Rdma,
             mem: None,
             verify: true,
+            checksum: Algo::Sha256,
             resume: true,
             crc: false,
             timeout: Duration::from_secs(30),
@@ -419,8 +449,8 @@ pub struct Summary {
     pub elapsed: Duration,
     /// "rdma x8", "tcp x1 (extension)", "ftp".
     pub via: String,
-    /// The verified SHA-256, if verification ran.
-    pub sha256: Option<String>,
+    /// The verified checksum (algorithm, hex digest), if verification ran.
+    pub checksum: Option<(Algo, String)>,
 }
 
 impl Summary {
@@ -438,7 +468,8 @@ impl Summary {
 /// Sleeps to keep a sink at `rate` bytes per second.
 struct Throttle<S> {
     inner: S,
-    rate: u64,
+    /// Bytes per second at most; `None`: no limit.
+    rate: Option<u64>,
     start: Instant,
     bytes: u64,
 }
@@ -446,8 +477,11 @@ struct Throttle<S> {
 impl<S: BlockSink> BlockSink for Throttle<S> {
     fn write_block(&mut self, buf: &[u8]) -> io::Result<()> {
         self.inner.write_block(buf)?;
+        let Some(rate) = self.rate else {
+            return Ok(());
+        };
         self.bytes += buf.len() as u64;
-        let due = Duration::from_secs_f64(self.bytes as f64 / self.rate.max(1) as f64);
+        let due = Duration::from_secs_f64(self.bytes as f64 / rate.max(1) as f64);
         if let Some(wait) = due.checked_sub(self.start.elapsed()) {
             std::thread::sleep(wait);
         }
@@ -576,19 +610,28 @@ fn copy_plain(
     }
 }
 
-fn verify(f: &mut Ftp, remote: &str, local: &Path) -> Result<Option<String>, String> {
-    let Some(theirs) = f.hash(remote)? else {
-        eprintln!("rftp: server has no HASH command; not verified");
+/// Compare `ours` (the checksum computed as the data flowed) with the
+/// server's for `remote`.
+fn verify(
+    f: &mut Ftp,
+    remote: &str,
+    local: &Path,
+    ours: Running,
+) -> Result<Option<(Algo, String)>, String> {
+    let algo = ours.algo();
+    let ours = ours.finish();
+    let Some(theirs) = f.hash_with(remote, algo)? else {
+        eprintln!("rftp: server offers no {algo} HASH; not verified");
         return Ok(None);
     };
-    let ours = util::sha256_file(local).map_err(|e| format!("hashing {}: {e}", local.display()))?;
     if ours != theirs {
         return Err(format!(
-            "SHA-256 mismatch for {}: local {ours}, server {theirs}",
+            "{algo} mismatch for {}: local {ours}, server {theirs}; the copy differs from the \
+             server's file: transfer it again",
             local.display()
         ));
     }
-    Ok(Some(ours))
+    Ok(Some((algo, ours)))
 }
 
 /// The `.part` name a download is written to before it is complete.
@@ -648,7 +691,7 @@ fn mem_transfer(
         resumed_from: 0,
         elapsed: st.elapsed,
         via: via_s,
-        sha256: None,
+        checksum: None,
     })
 }
 
@@ -665,6 +708,9 @@ pub fn get_with(
         return mem_transfer(f, slot, remote, len, true, o);
     }
     let start = Instant::now();
+    if o.verify {
+        f.select_hash(o.checksum)?;
+    }
     let total = f.size(remote);
     let part = part_path(out);
     let mut offset = if o.resume {
@@ -675,6 +721,15 @@ pub fn get_with(
     if total.is_some_and(|t| offset > t) {
         offset = 0;
     }
+    // The checksum runs over the part a resume keeps, then over the blocks
+    // as they arrive.
+    let run = if o.verify && offset > 0 {
+        checksum::hash_prefix(&part, offset, o.checksum)
+            .map_err(|e| format!("hashing {}: {e}", part.display()))?
+    } else {
+        Running::new(o.checksum)
+    };
+    let run_out: Option<Running>;
     let x = slot.get(f, o)?;
     let rest = |f: &mut Ftp| -> Result<(), String> {
         if offset > 0 {
@@ -702,18 +757,19 @@ pub fn get_with(
             }
             return Err(e);
         }
-        let r = match o.limit_rate {
-            Some(rate) => x.recv(&mut Throttle {
-                inner: w,
-                rate,
-                start: Instant::now(),
-                bytes: 0,
-            }),
-            None => {
-                let mut w = w;
-                x.recv(&mut w)
-            }
+        let mut w = Throttle {
+            inner: HashSink { inner: w, run },
+            rate: o.limit_rate,
+            start: Instant::now(),
+            bytes: 0,
         };
+        let r = x.recv(&mut w);
+        let HashSink {
+            inner: w,
+            run: hashed,
+        } = w.inner;
+        drop(w);
+        run_out = Some(hashed);
         let st = match r {
             Ok(st) => st,
             Err(e) => {
@@ -764,12 +820,14 @@ pub fn get_with(
                 return Err(e);
             }
         };
-        let n = copy_plain(&mut data, &mut file, o, offset, total).map_err(|e| {
+        let mut dst = HashWrite { inner: file, run };
+        let n = copy_plain(&mut data, &mut dst, o, offset, total).map_err(|e| {
             format!(
                 "download failed: {e}; the partial file {} is kept for a resume",
                 part.display()
             )
         })?;
+        run_out = Some(dst.run);
         drop(data);
         if let Some(t) = total.filter(|t| offset + n < *t) {
             let srv = f
@@ -788,17 +846,16 @@ pub fn get_with(
     let elapsed = start.elapsed();
     fs::rename(&part, out)
         .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
-    let sha256 = if o.verify {
-        verify(f, remote, out)?
-    } else {
-        None
+    let checksum = match run_out {
+        Some(run) if o.verify => verify(f, remote, out, run)?,
+        _ => None,
     };
     Ok(Summary {
         bytes,
         resumed_from: offset,
         elapsed,
         via: via_s,
-        sha256,
+        checksum,
     })
 }
 
@@ -825,16 +882,27 @@ pub fn put_with(
     }
     let start = Instant::now();
     let file = file.ok_or("put needs a FILE (or --mem SIZE)")?;
+    if o.verify {
+        f.select_hash(o.checksum)?;
+    }
     // Open before any command, so a missing file costs no round trip and
     // leaves the server's state alone.
-    let mut r =
+    let r =
         FileReader::open(file, 0, true).map_err(|e| format!("opening {}: {e}", file.display()))?;
+    // The checksum runs over the blocks as they are read.
+    let mut r = HashSource {
+        inner: r,
+        run: Running::new(o.checksum),
+    };
+    let run_out;
     let x = slot.get(f, o)?;
     let via_s;
     let bytes = if let Some(x) = x {
         via_s = via(&**x);
         f.expect(&format!("RSTR {remote}"), |c| c / 100 == 1)?;
-        let st = match x.send(&mut r) {
+        let sent = x.send(&mut r);
+        run_out = r.run;
+        let st = match sent {
             Ok(st) => st,
             Err(e) => {
                 slot.reset();
@@ -850,12 +918,16 @@ pub fn put_with(
     } else {
         drop(r);
         via_s = "ftp".to_string();
-        let mut src =
-            fs::File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?;
+        let src = fs::File::open(file).map_err(|e| format!("opening {}: {e}", file.display()))?;
         let total = src.metadata().map(|m| m.len()).ok();
+        let mut src = HashRead {
+            inner: src,
+            run: Running::new(o.checksum),
+        };
         let mut data = f.data()?;
         f.expect(&format!("STOR {remote}"), |c| c / 100 == 1)?;
         let n = copy_plain(&mut src, &mut data, o, 0, total);
+        run_out = src.run;
         let _ = data.shutdown(Shutdown::Write);
         drop(data);
         let n = match n {
@@ -872,8 +944,8 @@ pub fn put_with(
         n
     };
     let elapsed = start.elapsed();
-    let sha256 = if o.verify {
-        verify(f, remote, file)?
+    let checksum = if o.verify {
+        verify(f, remote, file, run_out)?
     } else {
         None
     };
@@ -882,7 +954,7 @@ pub fn put_with(
         resumed_from: 0,
         elapsed,
         via: via_s,
-        sha256,
+        checksum,
     })
 }
 

@@ -22,6 +22,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod checksum;
 pub mod cli;
 pub mod client;
 pub mod cmdline;

@@ -26,10 +26,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdma_xfer::{BlockSink, BlockSource, FileReader, FileWriter, Mode, NullSink, ZeroSource};
+use rdma_xfer::{BlockSource, FileReader, FileWriter, Mode, NullSink, ZeroSource};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use crate::checksum::{self, Algo, HashRead, HashSink, HashSource, HashWrite, Running};
 use crate::cmdline::{self, MAX_LINE};
 use crate::util::{self, hex, resolve};
 
@@ -353,7 +354,46 @@ struct Session {
     xfer: Option<Box<dyn rdma_xfer::Transport>>,
     xfer_mem: Option<MemReservation>,
     mem: bool,
+    /// The checksum `HASH` uses (`OPTS HASH`).
+    hash_algo: Algo,
+    /// Digests of whole files this session just sent or received, so that
+    /// `HASH` right after a transfer costs nothing.
+    served: Vec<Served>,
 }
+
+/// A digest computed while a whole file went through a transfer, valid
+/// while the file is the same (device, inode, size, modification time).
+#[derive(Debug, Clone)]
+struct Served {
+    path: PathBuf,
+    algo: Algo,
+    id: FileId,
+    digest: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(path).ok()?;
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        })
+    }
+}
+
+/// Digests kept per session.
+const SERVED_KEEP: usize = 8;
 
 /// A command's reply.
 type Reply = (u32, String);
@@ -398,6 +438,8 @@ impl Session {
             xfer: None,
             xfer_mem: None,
             mem: false,
+            hash_algo: Algo::default(),
+            served: Vec::new(),
         })
     }
 
@@ -725,8 +767,19 @@ impl Session {
             "REST STREAM",
             "MLST type*;size*;modify*;",
             "UTF8",
-            "HASH SHA-256*",
         ];
+        let hash = format!(
+            "HASH {}",
+            [Algo::Sha256, Algo::Crc32c]
+                .iter()
+                .map(|a| {
+                    let star = if *a == self.hash_algo { "*" } else { "" };
+                    format!("{a}{star}")
+                })
+                .collect::<Vec<_>>()
+                .join(";")
+        );
+        f.push(&hash);
         if self.srv.cfg.rdma {
             f.extend(["RADR", "RSTR", "RRTR"]);
         }
@@ -740,9 +793,14 @@ impl Session {
         let mut it = up.split_whitespace();
         match (it.next(), it.next(), it.next()) {
             (Some("UTF8"), Some("ON") | None, _) => r(200, "UTF8 is always on."),
-            (Some("HASH"), None, _) => r(200, "SHA-256"),
-            (Some("HASH"), Some("SHA-256"), _) => r(200, "SHA-256"),
-            (Some("HASH"), Some(_), _) => r(501, "Only SHA-256 is supported."),
+            (Some("HASH"), None, _) => r(200, self.hash_algo.wire_name()),
+            (Some("HASH"), Some(a), _) => match a.parse::<Algo>() {
+                Ok(algo) => {
+                    self.hash_algo = algo;
+                    r(200, algo.wire_name())
+                }
+                Err(_) => r(501, "Unknown algorithm: SHA-256 and CRC32C are supported."),
+            },
             (Some("MLST"), _, _) => r(200, "MLST OPTS type;size;modify;"),
             (Some("RDMA"), Some("MEM"), Some(v)) if self.srv.cfg.rdma => {
                 if self.user.is_none() {
@@ -796,18 +854,54 @@ impl Session {
     fn hash(&mut self, arg: &str) -> Reply {
         match self.path(arg) {
             Ok((_, p)) => match fs::metadata(&p) {
-                Ok(m) if m.is_file() => match util::sha256_file(&p) {
-                    Ok(h) => r(
-                        213,
-                        format!("SHA-256 0-{} {h} {arg}", m.len().saturating_sub(1)),
-                    ),
-                    Err(e) => io_reply(&e, arg),
-                },
+                Ok(m) if m.is_file() => {
+                    let algo = self.hash_algo;
+                    let range = format!("0-{}", m.len().saturating_sub(1));
+                    if let Some(d) = self.served_digest(&p, algo) {
+                        tracing::debug!(peer = %self.peer, file = %arg, "HASH from the transfer's running digest");
+                        return r(213, format!("{algo} {range} {d} {arg}"));
+                    }
+                    match checksum::file_digest(&p, algo) {
+                        Ok(h) => r(213, format!("{algo} {range} {h} {arg}")),
+                        Err(e) => io_reply(&e, arg),
+                    }
+                }
                 Ok(_) => r(553, format!("{arg}: not a plain file.")),
                 Err(e) => io_reply(&e, arg),
             },
             Err(e) => e,
         }
+    }
+
+    /// The digest a transfer computed of `path`, if the file is unchanged.
+    fn served_digest(&self, path: &Path, algo: Algo) -> Option<String> {
+        let id = FileId::of(path)?;
+        self.served
+            .iter()
+            .rev()
+            .find(|s| s.path == path && s.algo == algo && s.id == id)
+            .map(|s| s.digest.clone())
+    }
+
+    /// Remember the digest of the whole file `path`, computed by a
+    /// transfer that covered all `bytes` of it; `before` is the file's
+    /// identity when the transfer began (None: a new file).
+    fn record_digest(&mut self, path: &Path, run: Running, before: Option<FileId>) {
+        let Some(id) = FileId::of(path) else { return };
+        if run.bytes() != id.size || before.is_some_and(|b| b != id) {
+            return; // partial, or the file changed meanwhile
+        }
+        let algo = run.algo();
+        self.served.retain(|s| s.path != path);
+        if self.served.len() >= SERVED_KEEP {
+            self.served.remove(0);
+        }
+        self.served.push(Served {
+            path: path.to_path_buf(),
+            algo,
+            id,
+            digest: run.finish(),
+        });
     }
 
     fn pasv(&mut self, extended: bool) -> Reply {
@@ -976,6 +1070,7 @@ impl Session {
             Err(e) => return Ok(Some(e)),
         };
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let before = FileId::of(&p);
         self.reply(&r(
             150,
             format!(
@@ -983,11 +1078,19 @@ impl Session {
                 size.saturating_sub(offset)
             ),
         ))?;
-        let res = io::copy(&mut f, &mut data);
+        // A whole file is hashed as it is sent, for a HASH that follows.
+        let mut src = HashRead {
+            inner: f,
+            run: Running::new(self.hash_algo),
+        };
+        let res = io::copy(&mut src, &mut data);
         let _ = data.shutdown(Shutdown::Write);
         Ok(Some(match res {
             Ok(n) => {
                 tracing::info!(peer = %self.peer, file = %arg, bytes = n, offset, "RETR done");
+                if offset == 0 {
+                    self.record_digest(&p, src.run, before);
+                }
                 r(226, "Transfer complete.")
             }
             Err(e) => r(426, format!("Transfer aborted: {e}")),
@@ -1045,13 +1148,21 @@ impl Session {
             }
         };
         self.reply(&r(150, format!("Ready to receive {arg}.")))?;
-        let res = copy_in(&mut data, &mut f)
-            .and_then(|n| f.sync_data().map(|_| n).map_err(CopyErr::Write));
+        let mut dst = HashWrite {
+            inner: f,
+            run: Running::new(self.hash_algo),
+        };
+        let res = copy_in(&mut data, &mut dst)
+            .and_then(|n| dst.inner.sync_data().map(|_| n).map_err(CopyErr::Write));
+        let HashWrite { inner: f, run } = dst;
         drop(f);
         Ok(Some(match res {
             Ok(n) => match fs::rename(&tmp, &p) {
                 Ok(()) => {
                     tracing::info!(peer = %self.peer, file = %arg, bytes = n, "STOR done");
+                    if offset == 0 {
+                        self.record_digest(&p, run, None);
+                    }
                     r(226, "Transfer complete.")
                 }
                 Err(e) => {
@@ -1184,29 +1295,47 @@ impl Session {
         if self.xfer.is_none() {
             return Ok(Some(r(425, "No transfer session: send RADR first.")));
         }
-        let (target, tmp, mut sink): (Option<PathBuf>, Option<PathBuf>, Box<dyn BlockSink>) =
-            if self.mem {
-                (None, None, Box::new(NullSink::default()))
-            } else {
-                let (_, p) = match self.path(arg) {
-                    Ok(x) => x,
-                    Err(e) => return Ok(Some(e)),
-                };
-                if p.is_dir() {
-                    return Ok(Some(r(550, format!("{arg}: is a directory."))));
-                }
-                let tmp = Self::temp_for(&p);
-                match FileWriter::create(&tmp, 0, true) {
-                    Ok(w) => (Some(p), Some(tmp), Box::new(w)),
-                    Err(e) => {
-                        let _ = fs::remove_file(&tmp);
-                        return Ok(Some(io_reply(&e, arg)));
-                    }
-                }
+        // A file is hashed as its blocks are written, for a HASH that
+        // follows; memory mode writes nowhere.
+        let (target, tmp, mut sink): (
+            Option<PathBuf>,
+            Option<PathBuf>,
+            Option<HashSink<FileWriter>>,
+        ) = if self.mem {
+            (None, None, None)
+        } else {
+            let (_, p) = match self.path(arg) {
+                Ok(x) => x,
+                Err(e) => return Ok(Some(e)),
             };
+            if p.is_dir() {
+                return Ok(Some(r(550, format!("{arg}: is a directory."))));
+            }
+            let tmp = Self::temp_for(&p);
+            match FileWriter::create(&tmp, 0, true) {
+                Ok(w) => (
+                    Some(p),
+                    Some(tmp),
+                    Some(HashSink {
+                        inner: w,
+                        run: Running::new(self.hash_algo),
+                    }),
+                ),
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    return Ok(Some(io_reply(&e, arg)));
+                }
+            }
+        };
         self.reply(&r(150, "Ready to receive over RDMA."))?;
-        let res = self.xfer.as_mut().map(|x| x.recv(&mut sink));
-        drop(sink);
+        let res = self.xfer.as_mut().map(|x| match sink.as_mut() {
+            Some(s) => x.recv(s),
+            None => x.recv(&mut NullSink::default()),
+        });
+        let run = sink.map(|HashSink { inner, run }| {
+            drop(inner);
+            run
+        });
         Ok(Some(match res {
             Some(Ok(st)) => {
                 let ok = match (&tmp, &target) {
@@ -1216,6 +1345,9 @@ impl Session {
                 match ok {
                     Ok(()) => {
                         tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RSTR done");
+                        if let (Some(p), Some(run)) = (&target, run) {
+                            self.record_digest(p, run, None);
+                        }
                         r(
                             226,
                             format!(
@@ -1247,6 +1379,8 @@ impl Session {
         if self.xfer.is_none() {
             return Ok(Some(r(425, "No transfer session: send RADR first.")));
         }
+        // A whole file is hashed as it is read, for a HASH that follows.
+        let mut whole: Option<(PathBuf, Option<FileId>, HashSource<FileReader>)> = None;
         let mut src: Box<dyn BlockSource> = if self.mem {
             match util::parse_size(arg) {
                 Ok(n) if n <= self.srv.cfg.max_mem_bytes => Box::new(ZeroSource::new(n)),
@@ -1261,17 +1395,39 @@ impl Session {
             if !p.is_file() {
                 return Ok(Some(r(550, format!("{arg}: not a plain file."))));
             }
+            let before = FileId::of(&p);
             match FileReader::open(&p, self.rest, true) {
+                Ok(f) if self.rest == 0 => {
+                    whole = Some((
+                        p,
+                        before,
+                        HashSource {
+                            inner: f,
+                            run: Running::new(self.hash_algo),
+                        },
+                    ));
+                    Box::new(ZeroSource::new(0))
+                }
                 Ok(f) => Box::new(f),
                 Err(e) => return Ok(Some(io_reply(&e, arg))),
             }
         };
-        let len = src.len_hint().unwrap_or(0);
+        let len = match &whole {
+            Some((_, _, h)) => h.len_hint(),
+            None => src.len_hint(),
+        }
+        .unwrap_or(0);
         self.reply(&r(150, format!("Sending {len} bytes over RDMA.")))?;
-        let res = self.xfer.as_mut().map(|x| x.send(&mut src));
+        let res = self.xfer.as_mut().map(|x| match whole.as_mut() {
+            Some((_, _, h)) => x.send(h),
+            None => x.send(&mut src),
+        });
         Ok(Some(match res {
             Some(Ok(st)) => {
                 tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RRTR done");
+                if let Some((p, before, h)) = whole {
+                    self.record_digest(&p, h.run, before);
+                }
                 r(
                     226,
                     format!(

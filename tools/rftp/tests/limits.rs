@@ -3,71 +3,16 @@
 //! control connection's address. rftpd runs as a process on loopback;
 //! every wait is bounded.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{server, T};
 use rdma_xfer::{Config, Mode, Transport};
 use rftp::client::Ftp;
 use socket2::{Domain, Socket, Type};
-
-const T: Duration = Duration::from_secs(10);
-
-struct Server {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server(extra: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let root: PathBuf = dir.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let cfg = dir.path().join("rftpd.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:0\"\nroot = \"{}\"\ndata_timeout_secs = 5\n{extra}\n\
-             [[users]]\nname = \"alice\"\npassword = \"secret\"\n",
-            root.display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rftpd"))
-        .arg("-c")
-        .arg(&cfg)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
-    Server {
-        child,
-        port,
-        _dir: dir,
-    }
-}
-
-impl Server {
-    fn ftp(&self) -> Ftp {
-        let mut f = Ftp::connect("127.0.0.1", self.port, T).unwrap();
-        f.login("alice", "secret").unwrap();
-        f
-    }
-}
 
 /// Ask for a TCP-mode session; returns the reply code, and the address and
 /// token on 200.

@@ -265,8 +265,9 @@ fn demo(a: &Args) -> Result<(), String> {
         ));
     }
     let server_side = up
-        .sha256
+        .checksum
         .clone()
+        .map(|(_, h)| h)
         .ok_or("the server did not report a SHA-256 (HASH) for the upload")?;
 
     // Download over RDMA: rget.

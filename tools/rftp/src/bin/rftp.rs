@@ -48,9 +48,15 @@ struct Args {
     /// sink (network measurement; needs the RDMA extension).
     #[arg(long, global = true, value_name = "SIZE")]
     mem: Option<String>,
-    /// Skip the SHA-256 check (HASH) after the transfer.
+    /// Skip the checksum comparison with the server (HASH) after the
+    /// transfer.
     #[arg(long, global = true)]
     no_verify: bool,
+    /// Checksum both ends compute as the data flows and compare (HASH):
+    /// sha256 (default) or crc32c (faster, catches corruption but not
+    /// tampering). Config key: checksum.
+    #[arg(long, global = true, value_name = "ALG")]
+    checksum: Option<rftp::checksum::Algo>,
     /// Start downloads over instead of resuming a FILE.part.
     #[arg(long, global = true)]
     no_resume: bool,
@@ -104,6 +110,7 @@ struct FileConfig {
     password: Option<String>,
     timeout_secs: Option<u64>,
     crc: Option<bool>,
+    checksum: Option<String>,
 }
 
 fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
@@ -124,6 +131,11 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     o.xfer_mode = a.xfer_mode;
     o.mem = a.mem.as_deref().map(parse_size).transpose()?;
     o.verify = !a.no_verify;
+    if let Some(c) = a.checksum {
+        o.checksum = c;
+    } else if let Some(c) = &fc.checksum {
+        o.checksum = c.parse().map_err(|e| format!("config key checksum: {e}"))?;
+    }
     o.resume = !a.no_resume;
     o.crc = a.crc || fc.crc.unwrap_or(false);
     o.limit_rate = a.limit_rate.as_deref().map(parse_size).transpose()?;

@@ -1,0 +1,79 @@
+//! What the rftpd process tests share: start rftpd on a fresh root.
+// Each test binary that includes this module uses a different part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rftp::client::Ftp;
+
+pub const T: Duration = Duration::from_secs(10);
+
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// rftpd with user alice/secret, `extra` appended to its config, logging
+/// at `log` (RUST_LOG) to `log_file` if given.
+pub fn server_logged(extra: &str, log: &str, log_file: Option<&std::path::Path>) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let root: PathBuf = dir.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let cfg = dir.path().join("rftpd.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\nroot = \"{}\"\ndata_timeout_secs = 5\n{extra}\n\
+             [[users]]\nname = \"alice\"\npassword = \"secret\"\n",
+            root.display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rftpd"));
+    cmd.arg("-c")
+        .arg(&cfg)
+        .env("RUST_LOG", log)
+        .stdout(Stdio::piped());
+    if let Some(f) = log_file {
+        cmd.stderr(std::fs::File::create(f).unwrap());
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+    Server {
+        child,
+        port,
+        root: root.canonicalize().unwrap(),
+        _dir: dir,
+    }
+}
+
+pub fn server(extra: &str) -> Server {
+    server_logged(extra, "error", None)
+}
+
+impl Server {
+    pub fn ftp(&self) -> Ftp {
+        let mut f = Ftp::connect("127.0.0.1", self.port, T).unwrap();
+        f.login("alice", "secret").unwrap();
+        f
+    }
+    pub fn url(&self, path: &str) -> String {
+        format!("ftp://alice:secret@127.0.0.1:{}/{path}", self.port)
+    }
+}
