@@ -56,7 +56,7 @@ Commands (arguments with spaces go in double quotes):
   size PATH               hash PATH (server's SHA-256)
   streams N | blocksize SIZE | iodepth N   RDMA session parameters
   mem SIZE|off            rget/rput move SIZE bytes memory to memory
-  verify on|off           SHA-256 check after each transfer (default on)
+  verify on|off           checksum check (HASH) after each transfer (default on)
   resume on|off           REST-resume an existing LOCAL.part (default on)
   binary                  TYPE I (transfers are always binary)
   passive                 passive mode is always on (EPSV, then PASV)
