@@ -133,6 +133,9 @@ unsafe fn conn_param_from_c(p: *const iwarp_conn_param) -> Result<ConnParam, Ffi
         private_data,
         mpa,
         timeout: Duration::from_millis(u64::from(ms)),
+        // The C API keeps its struct layout: C connections use the default
+        // peer_timeout (30 s; see docs/C_API.md).
+        ..ConnParam::default()
     })
 }
 

@@ -59,7 +59,20 @@ pub struct ConnParam {
     pub mpa: MpaConfig,
     /// Bound on the whole operation (TCP connect plus MPA exchange).
     pub timeout: Duration,
+    /// How long a peer may stay silent while it owes an answer before the
+    /// connection is declared dead, and every outstanding work request
+    /// completes with `WrFlushErr` (`Duration::ZERO`: never). It bounds
+    /// two things: data of ours the peer does not acknowledge
+    /// (`TCP_USER_TIMEOUT`, so also a peer whose window stays shut), and
+    /// RDMA Read Responses that do not come while everything we sent was
+    /// acknowledged (a peer, or a relay, that takes our bytes and answers
+    /// nothing). An idle connection with nothing owed is not affected;
+    /// TCP keepalive (45 s) finds a vanished host there.
+    pub peer_timeout: Duration,
 }
+
+/// The default [`ConnParam::peer_timeout`].
+pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for ConnParam {
     fn default() -> ConnParam {
@@ -67,6 +80,7 @@ impl Default for ConnParam {
             private_data: Vec::new(),
             mpa: MpaConfig::default(),
             timeout: Duration::from_secs(5),
+            peer_timeout: DEFAULT_PEER_TIMEOUT,
         }
     }
 }
@@ -303,7 +317,13 @@ fn unclaim(qp: &QueuePair) {
 /// Establish the engine with the negotiated parameters, post the RTR
 /// message if we are the initiator in peer-to-peer mode, and start the
 /// driver.
-fn go_live(qp: &QueuePair, sock: Socket, neg: &Negotiated, initiator: bool) -> Result<(), CmError> {
+fn go_live(
+    qp: &QueuePair,
+    sock: Socket,
+    neg: &Negotiated,
+    initiator: bool,
+    peer_timeout: Duration,
+) -> Result<(), CmError> {
     let shared: &QpShared = &qp.shared;
     driver::tune_socket(&sock);
     // FPDUs are sized from the MSS (RFC 5044 §5.1), in whole segments up to
@@ -370,7 +390,7 @@ fn go_live(qp: &QueuePair, sock: Socket, neg: &Negotiated, initiator: bool) -> R
         }
     }
     let _ = shared.info.set(info);
-    let conn = Conn::start(&qp.shared, sock).map_err(CmError::Driver)?;
+    let conn = Conn::start(&qp.shared, sock, peer_timeout).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(
@@ -451,7 +471,7 @@ fn connect_inner(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<
         }
     };
     let peer_pd = neg.peer_private_data.clone();
-    go_live(qp, sock, &neg, true)?;
+    go_live(qp, sock, &neg, true, param.peer_timeout)?;
     Ok(peer_pd)
 }
 
@@ -673,7 +693,7 @@ impl ConnRequest {
             deadline: start + param.timeout,
         };
         x.send(&reply, "sending the MPA Reply")?;
-        go_live(qp, self.sock, &neg, false)
+        go_live(qp, self.sock, &neg, false, param.peer_timeout)
     }
 
     /// Reject the request (`rdma_reject`): send an MPA Reject carrying

@@ -120,6 +120,9 @@ pub const LINGER: Duration = Duration::from_secs(1);
 const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// Slice of the transmit thread's waits, so that it notices `stop`.
 const TICK: Duration = Duration::from_millis(100);
+
+/// `Conn::quiet_since_ms` when the peer owes nothing.
+const NOT_OWED: u64 = u64::MAX;
 /// Application `progress` calls between two looks of the receive thread
 /// above which it considers the application to be busy polling.
 const SPINNING_POLLS: u64 = 64;
@@ -257,6 +260,15 @@ pub(crate) struct Conn {
     stop: AtomicBool,
     /// The engine was told the peer is gone.
     down: AtomicBool,
+    /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout).
+    peer_timeout: Duration,
+    /// When the connection started (the clock of the fields below).
+    epoch: Instant,
+    /// Milliseconds since `epoch` when bytes last arrived.
+    last_rx_ms: AtomicU64,
+    /// Milliseconds since `epoch` since when the peer owes Read Responses
+    /// with all our data acknowledged (`NOT_OWED`: it owes nothing).
+    quiet_since_ms: AtomicU64,
     /// We shut down our write side.
     write_shut: AtomicBool,
     live: Mutex<usize>,
@@ -307,9 +319,21 @@ impl Drop for LiveGuard<'_> {
 impl Conn {
     /// Start the driver threads for `qp` on the connected, handshaken
     /// socket. The engine must already be established.
-    pub(crate) fn start(qp: &Arc<QpShared>, sock: Socket) -> io::Result<Arc<Conn>> {
+    pub(crate) fn start(
+        qp: &Arc<QpShared>,
+        sock: Socket,
+        peer_timeout: Duration,
+    ) -> io::Result<Arc<Conn>> {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
+        if !peer_timeout.is_zero() {
+            // Data the peer does not acknowledge (or a window it keeps
+            // shut) ends the connection after `peer_timeout`, instead of
+            // after ~15 minutes of retransmissions.
+            if let Err(e) = sock.set_tcp_user_timeout(Some(peer_timeout)) {
+                tracing::warn!(error = %e, "TCP_USER_TIMEOUT failed; a peer that stops acknowledging is noticed only by TCP's own retransmission limit");
+            }
+        }
         let local = sock
             .local_addr()?
             .as_socket()
@@ -333,6 +357,10 @@ impl Conn {
             wake_cond: Condvar::new(),
             stop: AtomicBool::new(false),
             down: AtomicBool::new(false),
+            peer_timeout,
+            epoch: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
+            quiet_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
             live: Mutex::new(2),
             live_cond: Condvar::new(),
@@ -373,6 +401,53 @@ impl Conn {
         lock(&conn.threads).extend([rx, tx]);
         tracing::debug!(qpn, %local, %peer, "driver started");
         Ok(conn)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Bytes arrived from the peer.
+    fn heard_from_peer(&self) {
+        self.last_rx_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Checked by the transmit thread at every wake-up (at least every
+    /// [`TICK`]): the reason to give up on a peer that owes Read Responses,
+    /// has acknowledged everything we sent, and has sent nothing for
+    /// `peer_timeout`. A live iWARP peer answers a Read Request without its
+    /// application (RFC 5040 §4.5), so silence while responses are owed
+    /// means the peer or the path is gone. Data still unacknowledged keeps
+    /// the clock at zero: TCP_USER_TIMEOUT bounds that case, and a slow
+    /// path may still be delivering our requests.
+    fn peer_silent(&self, qp: &QpShared) -> Option<String> {
+        if self.peer_timeout.is_zero() {
+            return None;
+        }
+        let owed = lock(&qp.engine).reads_outstanding();
+        let now = self.now_ms();
+        let unacked = sys::unacked_bytes(self.sock.as_raw_fd()).unwrap_or(0);
+        if owed == 0 || unacked > 0 {
+            self.quiet_since_ms.store(NOT_OWED, Ordering::Relaxed);
+            return None;
+        }
+        let since = match self.quiet_since_ms.load(Ordering::Relaxed) {
+            NOT_OWED => {
+                self.quiet_since_ms.store(now, Ordering::Relaxed);
+                now
+            }
+            t => t,
+        };
+        let quiet_from = since.max(self.last_rx_ms.load(Ordering::Relaxed));
+        let limit = self.peer_timeout.as_millis() as u64;
+        (now.saturating_sub(quiet_from) >= limit).then(|| {
+            format!(
+                "the peer sent nothing for {:.1} s while {owed} RDMA Read(s) waited for their \
+                 responses and it had acknowledged all our data: the peer or the path is gone \
+                 (ConnParam::peer_timeout); outstanding work is flushed",
+                self.peer_timeout.as_secs_f64()
+            )
+        })
     }
 
     /// Wake the transmit thread.
@@ -710,19 +785,28 @@ fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> Flush {
 
 fn tx_loop(qp: &QpShared, conn: &Conn) {
     loop {
-        {
+        let woken = {
             let mut woken = lock(&conn.wake);
-            while !*woken && !conn.stop.load(Ordering::Acquire) {
+            if !*woken && !conn.stop.load(Ordering::Acquire) {
                 woken = conn
                     .wake_cond
                     .wait_timeout(woken, TICK)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            *woken = false;
-        }
+            std::mem::replace(&mut *woken, false)
+        };
         if conn.stop.load(Ordering::Acquire) {
             break;
+        }
+        // Every wake-up and every TICK: is the peer still there?
+        if let Some(why) = conn.peer_silent(qp) {
+            tracing::warn!(qpn = qp.qpn, peer = %conn.peer, "{why}");
+            conn.connection_lost(qp, &why, None);
+            break;
+        }
+        if !woken {
+            continue;
         }
         // Write until done, waiting for socket space holding nothing: a
         // thread in `progress` (an application waiting for this very
@@ -755,6 +839,9 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
 
 /// Feed buffered bytes to the engine; returns (consumed, engine is stuck).
 fn feed(qp: &QpShared, conn: &Conn, data: &[u8]) -> (usize, bool) {
+    if !data.is_empty() {
+        conn.heard_from_peer();
+    }
     let mut eng = lock(&qp.engine);
     let n = eng.handle_input(data, &*qp.mem);
     let stuck = n == 0 && eng.state() != QpState::Rts;

@@ -198,3 +198,13 @@ pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
     };
     (rc == 0 && info.tcpi_advmss > 0).then_some(info.tcpi_advmss)
 }
+
+/// Bytes in the socket's send queue that the peer has not acknowledged
+/// yet (`SIOCOUTQ`, the same request as `TIOCOUTQ`), or `None` if the
+/// kernel does not say.
+pub(crate) fn unacked_bytes(fd: RawFd) -> Option<u32> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int to the live local `n`.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    (rc == 0 && n >= 0).then_some(n as u32)
+}

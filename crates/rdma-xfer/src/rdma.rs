@@ -652,6 +652,8 @@ impl RdmaSession {
             private_data: pdata,
             mpa: mpa_config(cfg.crc),
             timeout: cfg.connect_timeout,
+            // A peer silent this long while it owes Read Responses is gone.
+            peer_timeout: cfg.timeout,
         };
         cm::connect(&s.ctrl_qp, addr, &param(private_data(token, u32::MAX)))
             .map_err(|e| Error::Setup(e.to_string()))?;
@@ -710,6 +712,7 @@ impl RdmaSession {
         let param = ConnParam {
             mpa: mpa_config(ours.crc),
             timeout: ours.connect_timeout,
+            peer_timeout: ours.timeout,
             ..ConnParam::default()
         };
         let left = || deadline.saturating_duration_since(Instant::now());

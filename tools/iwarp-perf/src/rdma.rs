@@ -583,6 +583,7 @@ pub fn connect(addr: SocketAddr, p: &Params, mpa: &MpaConfig, last: bool) -> Res
                 private_data: params::encode_request(&req),
                 mpa: mpa.clone(),
                 timeout: p.timeout,
+                ..ConnParam::default()
             },
         )
         .map_err(|e| format!("connecting QP {idx} to {addr}: {e}"))?;
@@ -640,6 +641,7 @@ pub fn accept(listener: &Listener, wait: Duration) -> Result<(Side, Request), St
                 private_data: params::encode_reply(&c.local()),
                 mpa: listener.mpa().clone(),
                 timeout: p.timeout,
+                ..ConnParam::default()
             },
         )
         .map_err(|e| format!("accepting connection {idx}: {e}"))?;

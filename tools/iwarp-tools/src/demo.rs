@@ -191,6 +191,7 @@ fn server(
             private_data: Vec::new(),
             mpa: opts.mpa.clone(),
             timeout: t,
+            ..ConnParam::default()
         },
     )
     .map_err(|e| ToolError::Accept { cause: chain(&e) })?;
@@ -370,6 +371,7 @@ fn client(addr: SocketAddr, opts: &ExchangeOpts) -> Result<ExchangeReport, ToolE
             private_data: Vec::new(),
             mpa: opts.mpa.clone(),
             timeout: opts.timeout,
+            ..ConnParam::default()
         },
     )
     .map_err(|e| ToolError::connect(addr, &e))?;

@@ -64,6 +64,7 @@ impl PingConfig {
             private_data: Vec::new(),
             mpa: self.mpa.clone(),
             timeout: self.timeout,
+            ..ConnParam::default()
         }
     }
 }

@@ -330,6 +330,15 @@ impl Engine {
         Ok(())
     }
 
+    /// RDMA Read Requests sent whose responses have not all arrived (the
+    /// outbound read queue). While this is non-zero the peer owes us bytes:
+    /// RFC 5040 §4.5, the Data Source answers every Read Request, without
+    /// involving its application. The driver uses it to tell a silent peer
+    /// from an idle one.
+    pub fn reads_outstanding(&self) -> usize {
+        self.orq.len()
+    }
+
     /// Posted receives not yet consumed by an incoming Send.
     pub fn recv_queue_len(&self) -> usize {
         self.rq.len()

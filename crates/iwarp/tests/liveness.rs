@@ -1,0 +1,172 @@
+//! A peer that goes silent without closing (ConnParam::peer_timeout): the
+//! connection runs through a relay in this test that can stop forwarding
+//! while keeping both TCP connections open, as a dead middlebox or a
+//! blackholed path does. Outstanding RDMA Reads must then fail within the
+//! configured time; a slow but live path must not be cut.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{loopback, wr, Host, T};
+use iwarp::cm::{self, ConnParam, Listener};
+use iwarp::{QpEvent, WcStatus, WrOpcode};
+use iwarp_proto::handshake::MpaConfig;
+
+/// A TCP relay on 127.0.0.1 to `to`, for one connection. While `forward`
+/// is false it neither reads nor writes (the kernel still acknowledges
+/// what fits in its buffers); every chunk waits `delay_ms` first.
+struct Relay {
+    addr: SocketAddr,
+    forward: Arc<AtomicBool>,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl Relay {
+    fn start(to: SocketAddr) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let forward = Arc::new(AtomicBool::new(true));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (f, d) = (forward.clone(), delay_ms.clone());
+        std::thread::spawn(move || {
+            let (a, _) = l.accept().unwrap();
+            let b = TcpStream::connect(to).unwrap();
+            let pump = |mut from: TcpStream, mut to: TcpStream| {
+                let (f, d) = (f.clone(), d.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        while !f.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        let n = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        std::thread::sleep(Duration::from_millis(d.load(Ordering::Relaxed)));
+                        while !f.load(Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            };
+            pump(a.try_clone().unwrap(), b.try_clone().unwrap());
+            pump(b, a);
+        });
+        Relay {
+            addr,
+            forward,
+            delay_ms,
+        }
+    }
+}
+
+/// Client connected to server through a relay; the client's peer_timeout
+/// is `timeout`. Returns (client, server, relay, server's buffer).
+fn relayed(timeout: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
+    let (client, server) = (Host::new(), Host::new());
+    let src = server.mr(64 << 10);
+    src.write_at(0, &common::pattern(64 << 10, 7));
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let relay = Relay::start(listener.local_addr());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let req = listener.get_request(Some(T)).unwrap();
+            req.accept(&server.qp, &ConnParam::default()).unwrap();
+        });
+        cm::connect(
+            &client.qp,
+            relay.addr,
+            &ConnParam {
+                timeout: T,
+                peer_timeout: timeout,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    });
+    assert_eq!(client.event(|_| true), QpEvent::Established);
+    (client, server, relay, src)
+}
+
+fn read(c: &Host, id: u64, sink: &iwarp::MemoryRegion, src: &iwarp::MemoryRegion) {
+    c.qp.post_send(&wr(
+        id,
+        WrOpcode::RdmaRead {
+            remote_addr: src.addr(),
+            rkey: src.rkey(),
+        },
+        &[sink.sge(0, 64 << 10)],
+    ))
+    .unwrap();
+}
+
+#[test]
+fn reads_to_a_peer_that_went_silent_fail_within_the_peer_timeout() {
+    let (c, _s, relay, src) = relayed(Duration::from_secs(1));
+    let sink = c.mr(64 << 10);
+    read(&c, 1, &sink, &src);
+    assert_eq!(c.send_wc().status, WcStatus::Success);
+    assert_eq!(sink.to_vec(), src.to_vec());
+
+    relay.forward.store(false, Ordering::Relaxed);
+    let t0 = Instant::now();
+    read(&c, 2, &sink, &src);
+    read(&c, 3, &sink, &src);
+    let wc = c.send_wc();
+    let took = t0.elapsed();
+    assert_eq!(wc.wr_id, 2);
+    assert_eq!(wc.status, WcStatus::WrFlushErr);
+    assert_eq!(c.send_wc().status, WcStatus::WrFlushErr);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "flushed after {took:?}, peer_timeout 1 s"
+    );
+    c.event(|e| matches!(e, QpEvent::Disconnected));
+}
+
+#[test]
+fn a_slow_but_live_path_is_not_cut() {
+    // Each chunk waits 400 ms in each direction: a Read takes > 800 ms,
+    // close to the 1 s peer_timeout, yet the peer answers every time.
+    let (c, _s, relay, src) = relayed(Duration::from_secs(1));
+    let sink = c.mr(64 << 10);
+    relay.delay_ms.store(400, Ordering::Relaxed);
+    for id in 1..=3 {
+        read(&c, id, &sink, &src);
+        let wc = c.send_wc();
+        assert_eq!((wc.wr_id, wc.status), (id, WcStatus::Success));
+    }
+    // Idle with nothing owed, longer than the timeout: still connected.
+    std::thread::sleep(Duration::from_millis(1500));
+    relay.delay_ms.store(0, Ordering::Relaxed);
+    read(&c, 9, &sink, &src);
+    assert_eq!(c.send_wc().status, WcStatus::Success);
+}
+
+#[test]
+fn without_a_peer_timeout_the_read_stays_outstanding() {
+    // The guard is what ends the wait: with peer_timeout zero nothing
+    // completes in 2.5 s (TCP itself would take minutes).
+    let (c, _s, relay, src) = relayed(Duration::ZERO);
+    let sink = c.mr(64 << 10);
+    relay.forward.store(false, Ordering::Relaxed);
+    read(&c, 1, &sink, &src);
+    assert!(c
+        .scq
+        .wait_one(Duration::from_millis(2500))
+        .unwrap()
+        .is_none());
+    // Forwarding again, the Read completes: it was only waiting.
+    relay.forward.store(true, Ordering::Relaxed);
+    assert_eq!(c.send_wc().status, WcStatus::Success);
+}
