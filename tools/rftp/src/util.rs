@@ -2,12 +2,10 @@
 //! listings, RFC 3659 time stamps, SHA-256 of files.
 
 use std::fs::Metadata;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
-
-use sha2::{Digest, Sha256};
 
 /// Why a path was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,17 +162,7 @@ pub fn mlsd_line(name: &str, md: &Metadata) -> String {
 
 /// SHA-256 of a file, lowercase hex.
 pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
+    crate::checksum::file_digest(path, crate::checksum::Algo::Sha256)
 }
 
 /// Lowercase hex.
