@@ -217,6 +217,13 @@ step_fuzz() {
         fi
         rm -rf "$work"
     done
+    # mod_rdma's C header grammar, with libFuzzer under ASan/UBSan.
+    note "fuzz mod_rdma's RDMA: header (C) for ${FUZZ_SECONDS}s"
+    if ! FUZZ_SECONDS="$FUZZ_SECONDS" timeout --kill-after=30 $((FUZZ_SECONDS + 600)) \
+        scripts/fuzz-modrdma.sh; then
+        note "fuzz target rdma_header (C) FAILED (crash artifacts are in modules/mod_rdma/fuzz/artifacts)"
+        rc=1
+    fi
     return "$rc"
 }
 

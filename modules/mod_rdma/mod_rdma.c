@@ -42,6 +42,7 @@
 #include "apr_buckets.h"
 #include "apr_portable.h"
 #include "apr_lib.h"
+#include "rdma_header.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -827,129 +828,7 @@ static const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
     return post_slot(rc, (int)wc.wr_id, r->pool);
 }
 
-/* ---- the RDMA: header ---------------------------------------------------- */
-
-enum { S_SERVER_WRITES, S_CLIENT_READS, S_CLIENT_WRITES, S_SERVER_READS };
-static const char *const scheme_names[] = {"server-writes", "client-reads", "client-writes",
-                                           "server-reads"};
-
-enum { K_IP = 1, K_PORT = 2, K_STAG = 4, K_TO = 8, K_MAXLEN = 16, K_LENGTH = 32 };
-
-typedef struct {
-    int scheme;
-    unsigned have;
-    char ip[64];
-    unsigned port;
-    uint32_t stag;
-    uint64_t to, maxlen, length;
-} rdma_hdr;
-
-static int parse_num(const char *v, uint64_t max, uint64_t *out)
-{
-    char *end;
-    unsigned long long n;
-    int hex = v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
-    const char *d = hex ? v + 2 : v;
-    if (!*d)
-        return 0;
-    for (const char *q = d; *q; q++)
-        if (hex ? !apr_isxdigit(*q) : !apr_isdigit(*q))
-            return 0;
-    errno = 0;
-    n = strtoull(d, &end, hex ? 16 : 10);
-    if (errno || *end || n > max)
-        return 0;
-    *out = n;
-    return 1;
-}
-
-/* Returns NULL or the problem, for a 400. */
-static const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
-{
-    char *s = apr_pstrdup(p, value), *tok, *last;
-    int first = 1;
-    memset(h, 0, sizeof *h);
-    for (tok = apr_strtok(s, ",", &last); tok; tok = apr_strtok(NULL, ",", &last)) {
-        char *k = tok, *v, *e;
-        uint64_t n;
-        unsigned bit;
-        while (apr_isspace(*k))
-            k++;
-        for (e = k + strlen(k); e > k && apr_isspace(e[-1]); e--)
-            *--e = 0;
-        if (first) {
-            int i;
-            first = 0;
-            for (i = 0; i < 4; i++)
-                if (!strcmp(k, scheme_names[i]))
-                    break;
-            if (i == 4)
-                return apr_psprintf(p, "unknown scheme \"%s\"; use server-writes, client-reads, "
-                                    "client-writes or server-reads", k);
-            h->scheme = i;
-            continue;
-        }
-        v = strchr(k, '=');
-        if (!v)
-            return apr_psprintf(p, "parameter \"%s\" is not of the form key=value", k);
-        *v++ = 0;
-        for (e = k + strlen(k); e > k && apr_isspace(e[-1]); e--)
-            *--e = 0;
-        while (apr_isspace(*v))
-            v++;
-        if (!strcmp(k, "ip")) bit = K_IP;
-        else if (!strcmp(k, "port")) bit = K_PORT;
-        else if (!strcmp(k, "stag")) bit = K_STAG;
-        else if (!strcmp(k, "to")) bit = K_TO;
-        else if (!strcmp(k, "maxlen")) bit = K_MAXLEN;
-        else if (!strcmp(k, "length")) bit = K_LENGTH;
-        else
-            return apr_psprintf(p, "unknown parameter \"%s\"; known: ip, port, stag, to, maxlen, "
-                                "length", k);
-        if (h->have & bit)
-            return apr_psprintf(p, "parameter \"%s\" appears twice", k);
-        h->have |= bit;
-        if (bit == K_IP) {
-            unsigned char tmp[16];
-            if (strlen(v) >= sizeof h->ip ||
-                (inet_pton(AF_INET, v, tmp) != 1 && inet_pton(AF_INET6, v, tmp) != 1))
-                return apr_psprintf(p, "parameter ip=\"%s\" is not an IP address literal", v);
-            apr_cpystrn(h->ip, v, sizeof h->ip);
-            continue;
-        }
-        if (!parse_num(v, bit == K_PORT ? 65535 : bit == K_STAG ? UINT32_MAX : UINT64_MAX, &n) ||
-            (bit == K_PORT && n == 0))
-            return apr_psprintf(p, "parameter %s=\"%s\" is not a valid value", k, v);
-        switch (bit) {
-        case K_PORT: h->port = (unsigned)n; break;
-        case K_STAG: h->stag = (uint32_t)n; break;
-        case K_TO: h->to = n; break;
-        case K_MAXLEN: h->maxlen = n; break;
-        default: h->length = n; break;
-        }
-    }
-    if (first)
-        return "the RDMA header is empty; it must start with a scheme";
-    {
-        static const unsigned need[4] = {K_IP | K_PORT | K_STAG | K_TO | K_MAXLEN, K_IP | K_PORT,
-                                         K_IP | K_PORT | K_LENGTH,
-                                         K_IP | K_PORT | K_STAG | K_TO | K_LENGTH};
-        static const unsigned deny[4] = {K_LENGTH, K_STAG | K_TO | K_LENGTH,
-                                         K_STAG | K_TO | K_MAXLEN, K_MAXLEN};
-        static const char *const names[] = {"ip", "port", "stag", "to", "maxlen", "length"};
-        int i;
-        for (i = 0; i < 6; i++) {
-            unsigned bit = 1u << i;
-            if ((need[h->scheme] & bit) && !(h->have & bit))
-                return apr_psprintf(p, "scheme %s needs the parameter %s",
-                                    scheme_names[h->scheme], names[i]);
-            if ((deny[h->scheme] & bit) && (h->have & bit))
-                return apr_psprintf(p, "scheme %s does not take the parameter %s",
-                                    scheme_names[h->scheme], names[i]);
-        }
-    }
-    return NULL;
-}
+/* The RDMA: header grammar is in rdma_header.c. */
 
 static int same_ip(const char *a, const char *b)
 {
