@@ -26,6 +26,7 @@ pub mod checksum;
 pub mod cli;
 pub mod client;
 pub mod cmdline;
+pub mod confine;
 pub mod server;
 pub mod shell;
 pub mod util;

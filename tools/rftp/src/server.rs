@@ -32,7 +32,9 @@ use sha2::{Digest, Sha256};
 
 use crate::checksum::{self, Algo, HashRead, HashSink, HashSource, HashWrite, Running};
 use crate::cmdline::{self, MAX_LINE};
+use crate::confine::{self, Entry, Found};
 use crate::util::{self, hex, resolve};
+use std::os::fd::AsRawFd;
 
 /// A user of the config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -169,6 +171,8 @@ struct Server {
     fails: Mutex<Failures>,
     /// Bytes reserved by live transfer sessions (`session_mem_budget_bytes`).
     session_mem: Mutex<u64>,
+    /// The root held open: every file operation resolves beneath it.
+    confined: confine::Root,
 }
 
 /// Buffer memory reserved for one transfer session; given back on drop,
@@ -225,6 +229,9 @@ pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
         .root
         .canonicalize()
         .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", cfg.root.display())))?;
+    let confined = confine::Root::open(&root)
+        .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", root.display())))?;
+    tracing::info!(mode = ?confined.mode(), "paths are confined beneath the root by the kernel");
     let srv = Arc::new(Server {
         cfg,
         root,
@@ -232,6 +239,7 @@ pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
         per_ip: Mutex::new(HashMap::new()),
         fails: Mutex::new(Failures::default()),
         session_mem: Mutex::new(0),
+        confined,
     });
     tracing::info!(addr = %listener.local_addr()?, root = %srv.root.display(), "rftpd listening");
     for conn in listener.incoming() {
@@ -597,6 +605,23 @@ impl Session {
         resolve(&self.srv.root, &self.cwd, arg).map_err(|e| r(550, format!("{arg}: {e}.")))
     }
 
+    /// The object at `real` (a path from [`Session::path`]), looked up by
+    /// the kernel beneath the root at this moment (see [`confine`]).
+    fn find(&self, real: &Path) -> io::Result<Found> {
+        self.srv.confined.find(self.rel(real)?)
+    }
+
+    /// The name `real` inside its parent directory, looked up beneath the
+    /// root (for create, rename, delete, mkdir).
+    fn entry(&self, real: &Path) -> io::Result<Entry> {
+        self.srv.confined.entry(self.rel(real)?)
+    }
+
+    fn rel<'a>(&self, real: &'a Path) -> io::Result<&'a Path> {
+        real.strip_prefix(&self.srv.root)
+            .map_err(|_| io::Error::new(io::ErrorKind::PermissionDenied, "outside the root"))
+    }
+
     fn dispatch(&mut self, verb: &str, arg: &str) -> io::Result<Option<Reply>> {
         let open = matches!(
             verb,
@@ -661,7 +686,7 @@ impl Session {
                 Err(_) => r(501, "REST needs a byte offset."),
             },
             "SIZE" => match self.path(arg) {
-                Ok((_, p)) => match fs::metadata(&p) {
+                Ok((_, p)) => match self.find(&p).and_then(|f| fs::metadata(f.path())) {
                     Ok(m) if m.is_file() => r(213, m.len().to_string()),
                     Ok(_) => r(550, format!("{arg}: not a plain file.")),
                     Err(e) => io_reply(&e, arg),
@@ -669,7 +694,11 @@ impl Session {
                 Err(e) => e,
             },
             "MDTM" => match self.path(arg) {
-                Ok((_, p)) => match fs::metadata(&p).and_then(|m| m.modified()) {
+                Ok((_, p)) => match self
+                    .find(&p)
+                    .and_then(|f| fs::metadata(f.path()))
+                    .and_then(|m| m.modified())
+                {
                     Ok(t) => r(213, util::mdtm(t)),
                     Err(e) => io_reply(&e, arg),
                 },
@@ -682,14 +711,19 @@ impl Session {
             "DELE" => self.modify(arg, |p| fs::remove_file(p), 250, "Deleted."),
             "RMD" | "XRMD" => self.modify(arg, |p| fs::remove_dir(p), 250, "Directory removed."),
             "MKD" | "XMKD" => match self.need_write().map_or_else(|| self.path(arg), Err) {
-                Ok((v, p)) => match fs::create_dir(&p) {
+                Ok((v, p)) => match self.entry(&p).and_then(|e| fs::create_dir(e.path())) {
                     Ok(()) => r(257, format!("\"{}\" created.", v.replace('"', "\"\""))),
                     Err(e) => io_reply(&e, arg),
                 },
                 Err(e) => e,
             },
             "RNFR" => match self.need_write().map_or_else(|| self.path(arg), Err) {
-                Ok((_, p)) if p.symlink_metadata().is_ok() => {
+                Ok((_, p))
+                    if self
+                        .entry(&p)
+                        .and_then(|e| fs::symlink_metadata(e.path()))
+                        .is_ok() =>
+                {
                     self.rnfr = Some(p);
                     return Ok(Some(r(350, "Ready for RNTO.")));
                 }
@@ -701,7 +735,11 @@ impl Session {
                 self.need_write().map_or_else(|| self.path(arg), Err),
             ) {
                 (None, _) => r(503, "RNFR first."),
-                (Some(from), Ok((_, to))) => match fs::rename(&from, &to) {
+                (Some(from), Ok((_, to))) => match self
+                    .entry(&from)
+                    .and_then(|f| self.entry(&to).map(|t| (f, t)))
+                    .and_then(|(f, t)| fs::rename(f.path(), t.path()))
+                {
                     Ok(()) => r(250, "Renamed."),
                     Err(e) => io_reply(&e, arg),
                 },
@@ -821,7 +859,7 @@ impl Session {
 
     fn cwd_cmd(&mut self, arg: &str) -> Reply {
         match self.path(if arg.is_empty() { "/" } else { arg }) {
-            Ok((v, p)) if p.is_dir() => {
+            Ok((v, p)) if self.find(&p).is_ok_and(|f| f.path().is_dir()) => {
                 self.cwd = v;
                 r(250, format!("Directory changed to {}.", self.cwd))
             }
@@ -842,7 +880,7 @@ impl Session {
                 if v == "/" {
                     return r(550, "The root cannot be changed.");
                 }
-                match f(&p) {
+                match self.entry(&p).and_then(|e| f(&e.path())) {
                     Ok(()) => r(code, ok),
                     Err(e) => io_reply(&e, arg),
                 }
@@ -853,15 +891,18 @@ impl Session {
 
     fn hash(&mut self, arg: &str) -> Reply {
         match self.path(arg) {
-            Ok((_, p)) => match fs::metadata(&p) {
-                Ok(m) if m.is_file() => {
+            Ok((_, p)) => match self
+                .find(&p)
+                .and_then(|f| fs::metadata(f.path()).map(|m| (f, m)))
+            {
+                Ok((f, m)) if m.is_file() => {
                     let algo = self.hash_algo;
                     let range = format!("0-{}", m.len().saturating_sub(1));
                     if let Some(d) = self.served_digest(&p, algo) {
                         tracing::debug!(peer = %self.peer, file = %arg, "HASH from the transfer's running digest");
                         return r(213, format!("{algo} {range} {d} {arg}"));
                     }
-                    match checksum::file_digest(&p, algo) {
+                    match checksum::file_digest(&f.path(), algo) {
                         Ok(h) => r(213, format!("{algo} {range} {h} {arg}")),
                         Err(e) => io_reply(&e, arg),
                     }
@@ -999,9 +1040,15 @@ impl Session {
             Err(e) => return Ok(Some(e)),
         };
         let mut lines = Vec::new();
-        match fs::symlink_metadata(&p) {
+        // The directory is looked up beneath the root; its entries are
+        // listed as they are (a symlink as a symlink, never followed).
+        let found = match self.find(&p) {
+            Ok(f) => f,
+            Err(e) => return Ok(Some(io_reply(&e, &target))),
+        };
+        match fs::metadata(found.path()) {
             Ok(m) if m.is_dir() => {
-                let mut names: Vec<_> = match fs::read_dir(&p) {
+                let mut names: Vec<_> = match fs::read_dir(found.path()) {
                     Ok(rd) => rd.filter_map(Result::ok).collect(),
                     Err(e) => return Ok(Some(io_reply(&e, &target))),
                 };
@@ -1051,8 +1098,12 @@ impl Session {
             Err(e) => return Ok(Some(e)),
         };
         let offset = self.rest;
-        let mut f = match fs::metadata(&p) {
-            Ok(m) if m.is_file() => match fs::File::open(&p) {
+        let found = match self.find(&p) {
+            Ok(f) => f,
+            Err(e) => return Ok(Some(io_reply(&e, arg))),
+        };
+        let mut f = match fs::metadata(found.path()) {
+            Ok(m) if m.is_file() => match fs::File::open(found.path()) {
                 Ok(f) => f,
                 Err(e) => return Ok(Some(io_reply(&e, arg))),
             },
@@ -1114,36 +1165,33 @@ impl Session {
             Ok(x) => x,
             Err(e) => return Ok(Some(e)),
         };
-        if p.is_dir() {
+        if self.find(&p).is_ok_and(|f| f.path().is_dir()) {
             return Ok(Some(r(550, format!("{arg}: is a directory."))));
         }
         let offset = self.rest;
-        let tmp = Self::temp_for(&p);
-        let f = if offset > 0 {
-            // Resume: continue the existing file (copied to the temp name).
-            fs::copy(&p, &tmp).and_then(|_| {
-                let f = fs::OpenOptions::new().write(true).open(&tmp)?;
-                f.set_len(offset)?;
-                Ok(f)
-            })
-        } else {
-            fs::File::create(&tmp)
-        };
-        let mut f = match f {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Ok(Some(io_reply(&e, arg)));
-            }
+        let (target, tmp, mut f) = match self.create_temp(&p) {
+            Ok(x) => x,
+            Err(e) => return Ok(Some(io_reply(&e, arg))),
         };
         if offset > 0 {
+            // Resume: continue the existing file (copied into the temp file
+            // through its own handle, never by name).
+            let copied = self
+                .find(&p)
+                .and_then(|src| fs::File::open(src.path()))
+                .and_then(|mut src| io::copy(&mut (&mut src).take(offset), &mut f))
+                .and_then(|_| f.set_len(offset));
+            if let Err(e) = copied {
+                let _ = fs::remove_file(tmp.path());
+                return Ok(Some(io_reply(&e, arg)));
+            }
             use std::io::Seek;
             let _ = f.seek(io::SeekFrom::Start(offset));
         }
         let mut data = match self.open_data() {
             Ok(d) => d,
             Err(e) => {
-                let _ = fs::remove_file(&tmp);
+                let _ = fs::remove_file(tmp.path());
                 return Ok(Some(e));
             }
         };
@@ -1157,7 +1205,7 @@ impl Session {
         let HashWrite { inner: f, run } = dst;
         drop(f);
         Ok(Some(match res {
-            Ok(n) => match fs::rename(&tmp, &p) {
+            Ok(n) => match fs::rename(tmp.path(), target.path()) {
                 Ok(()) => {
                     tracing::info!(peer = %self.peer, file = %arg, bytes = n, "STOR done");
                     if offset == 0 {
@@ -1166,19 +1214,34 @@ impl Session {
                     r(226, "Transfer complete.")
                 }
                 Err(e) => {
-                    let _ = fs::remove_file(&tmp);
+                    let _ = fs::remove_file(tmp.path());
                     io_reply(&e, arg)
                 }
             },
             Err(CopyErr::Read(e)) => {
-                let _ = fs::remove_file(&tmp);
+                let _ = fs::remove_file(tmp.path());
                 r(426, format!("Connection lost; upload discarded: {e}"))
             }
             Err(CopyErr::Write(e)) => {
-                let _ = fs::remove_file(&tmp);
+                let _ = fs::remove_file(tmp.path());
                 io_reply(&e, arg)
             }
         }))
+    }
+
+    /// The upload's temporary file beside `target`, created exclusively
+    /// and without following a symlink, both names looked up beneath the
+    /// root: (target's entry, temp's entry, the open file).
+    fn create_temp(&self, target: &Path) -> io::Result<(Entry, Entry, fs::File)> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let t = self.entry(target)?;
+        let tmp = self.entry(&Self::temp_for(target))?;
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp.path())?;
+        Ok((t, tmp, f))
     }
 
     fn radr(&mut self, arg: &str) -> io::Result<Option<Reply>> {
@@ -1297,32 +1360,35 @@ impl Session {
         }
         // A file is hashed as its blocks are written, for a HASH that
         // follows; memory mode writes nowhere.
-        let (target, tmp, mut sink): (
-            Option<PathBuf>,
-            Option<PathBuf>,
-            Option<HashSink<FileWriter>>,
-        ) = if self.mem {
-            (None, None, None)
+        // (path, target's entry, temp's entry, the temp file held open).
+        type Upload = (PathBuf, Entry, Entry, fs::File);
+        let (upload, mut sink): (Option<Upload>, Option<HashSink<FileWriter>>) = if self.mem {
+            (None, None)
         } else {
             let (_, p) = match self.path(arg) {
                 Ok(x) => x,
                 Err(e) => return Ok(Some(e)),
             };
-            if p.is_dir() {
+            if self.find(&p).is_ok_and(|f| f.path().is_dir()) {
                 return Ok(Some(r(550, format!("{arg}: is a directory."))));
             }
-            let tmp = Self::temp_for(&p);
-            match FileWriter::create(&tmp, 0, true) {
+            let (target, tmp, file) = match self.create_temp(&p) {
+                Ok(x) => x,
+                Err(e) => return Ok(Some(io_reply(&e, arg))),
+            };
+            // The writer reopens the file just created (by its descriptor,
+            // not its name) to choose O_DIRECT.
+            let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            match FileWriter::create(&fd_path, 0, true) {
                 Ok(w) => (
-                    Some(p),
-                    Some(tmp),
+                    Some((p, target, tmp, file)),
                     Some(HashSink {
                         inner: w,
                         run: Running::new(self.hash_algo),
                     }),
                 ),
                 Err(e) => {
-                    let _ = fs::remove_file(&tmp);
+                    let _ = fs::remove_file(tmp.path());
                     return Ok(Some(io_reply(&e, arg)));
                 }
             }
@@ -1338,14 +1404,14 @@ impl Session {
         });
         Ok(Some(match res {
             Some(Ok(st)) => {
-                let ok = match (&tmp, &target) {
-                    (Some(t), Some(p)) => fs::rename(t, p),
-                    _ => Ok(()),
+                let ok = match &upload {
+                    Some((_, target, tmp, _)) => fs::rename(tmp.path(), target.path()),
+                    None => Ok(()),
                 };
                 match ok {
                     Ok(()) => {
                         tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RSTR done");
-                        if let (Some(p), Some(run)) = (&target, run) {
+                        if let (Some((p, ..)), Some(run)) = (&upload, run) {
                             self.record_digest(p, run, None);
                         }
                         r(
@@ -1361,8 +1427,8 @@ impl Session {
                 }
             }
             Some(Err(e)) => {
-                if let Some(t) = &tmp {
-                    let _ = fs::remove_file(t);
+                if let Some((_, _, tmp, _)) = &upload {
+                    let _ = fs::remove_file(tmp.path());
                 }
                 self.xfer = None;
                 self.xfer_mem = None;
@@ -1381,6 +1447,7 @@ impl Session {
         }
         // A whole file is hashed as it is read, for a HASH that follows.
         let mut whole: Option<(PathBuf, Option<FileId>, HashSource<FileReader>)> = None;
+        let mut held: Option<Found> = None;
         let mut src: Box<dyn BlockSource> = if self.mem {
             match util::parse_size(arg) {
                 Ok(n) if n <= self.srv.cfg.max_mem_bytes => Box::new(ZeroSource::new(n)),
@@ -1392,11 +1459,19 @@ impl Session {
                 Ok(x) => x,
                 Err(e) => return Ok(Some(e)),
             };
-            if !p.is_file() {
+            let found = match self.find(&p) {
+                Ok(f) => f,
+                Err(e) => return Ok(Some(io_reply(&e, arg))),
+            };
+            if !found.path().is_file() {
                 return Ok(Some(r(550, format!("{arg}: not a plain file."))));
             }
             let before = FileId::of(&p);
-            match FileReader::open(&p, self.rest, true) {
+            // The reader may reopen its file (to drop O_DIRECT): it does so
+            // through `found`, which stays alive until the transfer ends.
+            let opened = FileReader::open(&found.path(), self.rest, true);
+            held = Some(found);
+            match opened {
                 Ok(f) if self.rest == 0 => {
                     whole = Some((
                         p,
@@ -1422,6 +1497,9 @@ impl Session {
             Some((_, _, h)) => x.send(h),
             None => x.send(&mut src),
         });
+        // The reader is done with its file: the pinned lookup may go.
+        drop(src);
+        drop(held);
         Ok(Some(match res {
             Some(Ok(st)) => {
                 tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RRTR done");

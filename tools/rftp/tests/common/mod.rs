@@ -28,6 +28,16 @@ impl Drop for Server {
 /// rftpd with user alice/secret, `extra` appended to its config, logging
 /// at `log` (RUST_LOG) to `log_file` if given.
 pub fn server_logged(extra: &str, log: &str, log_file: Option<&std::path::Path>) -> Server {
+    server_env(extra, log, log_file, &[])
+}
+
+/// As [`server_logged`], with extra environment variables for rftpd.
+pub fn server_env(
+    extra: &str,
+    log: &str,
+    log_file: Option<&std::path::Path>,
+    env: &[(&str, &str)],
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root: PathBuf = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
@@ -45,6 +55,7 @@ pub fn server_logged(extra: &str, log: &str, log_file: Option<&std::path::Path>)
     cmd.arg("-c")
         .arg(&cfg)
         .env("RUST_LOG", log)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped());
     if let Some(f) = log_file {
         cmd.stderr(std::fs::File::create(f).unwrap());
