@@ -445,59 +445,43 @@ t_ssrf() {
         grep -q "refused with 403: ip=127.0.0.2" "$T/logs/error.log"
 }
 check "SSRF: ip= naming another host gets 403, an RDMA-Error header and a log line" t_ssrf
-t_allow_list() {
-    local code
-    # The dynamic vhost also allows 127.0.0.2: not refused as SSRF, but
-    # nobody listens there, so the connect fails (502).
-    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
-        -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U2/f2K.bin")
-    echo "allowed address: $code"
+# attempted URL CURL-ARGS...: the server tries to connect back (nobody
+# listens there: 502), it does not refuse the request (403).
+attempted() {
+    local url="$1" code
+    shift
+    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' "$@" "$url")
+    echo "connect-back attempted? status $code"
     [ "$code" = 502 ]
 }
-check "RDMAAllowConnect client 127.0.0.2: that address is allowed (connect attempted, 502), not 403" t_allow_list
-t_privileged() {
-    local code
-    code=$(curl -s --max-time 10 -D "$T/out/priv.h" -o /dev/null -w '%{http_code}' \
-        -H "RDMA: client-reads, ip=127.0.0.1, port=22" "$U1/f2K.bin")
-    [ "$code" = 403 ] && grep -qi "^RDMA-Error: port=22 is not among the ports this server connects back to (RDMAConnectPorts 1024-65535)" "$T/out/priv.h"
+# refused URL TEXT CURL-ARGS...: 403 whose RDMA-Error header starts with TEXT.
+refused() {
+    local url="$1" text="$2" code
+    shift 2
+    code=$(curl -s --max-time 10 -D "$T/out/refused.h" -o /dev/null -w '%{http_code}' "$@" "$url")
+    echo "status $code: $(grep -i '^RDMA-Error' "$T/out/refused.h")"
+    [ "$code" = 403 ] && grep -qiF "RDMA-Error: $text" "$T/out/refused.h"
 }
-check "connect-back to a privileged port (22) is refused: 403 naming RDMAConnectPorts" t_privileged
-t_ports_allow() {
-    local code
-    # The vhost's RDMAConnectPorts adds 79: attempted (nobody listens: 502).
-    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
-        -H "RDMA: client-reads, ip=127.0.0.1, port=79" "$U2/f2K.bin")
-    echo "port 79 on the vhost that allows it: $code"
-    [ "$code" = 502 ]
-}
-check "RDMAConnectPorts 1024-65535 79: port 79 is attempted (502), not refused" t_ports_allow
-t_fwd_header() {
-    local code
-    code=$(curl -s --max-time 10 -D "$T/out/fwd.h" -o /dev/null -w '%{http_code}' \
-        -H "Forwarded: for=127.0.0.1" -H "RDMA: client-reads, ip=127.0.0.1, port=$(free_port)" "$U1/f2K.bin")
-    [ "$code" = 403 ] && grep -qi "^RDMA-Error: this request came through a proxy (it carries a Forwarded header)" "$T/out/fwd.h"
-}
-check "a request with a Forwarded header gets 403 for RDMA (RDMATrustProxy Off)" t_fwd_header
-t_remoteip() {
-    local code
-    # mod_remoteip (trusting 127.0.0.1) makes 127.0.0.2 the request's
-    # client address; without the proxy check the server would connect
-    # to whatever address the header names.
-    code=$(curl -s --max-time 10 -D "$T/out/rip.h" -o /dev/null -w '%{http_code}' \
-        -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U1/f2K.bin")
-    [ "$code" = 403 ] && grep -qi "^RDMA-Error: this request came through a proxy (its client address 127.0.0.2 differs from the connection's 127.0.0.1" "$T/out/rip.h"
-}
-check "mod_remoteip-rewritten client address: 403 unless RDMATrustProxy" t_remoteip
-t_trusted_proxy() {
-    local code
-    # The vhost trusts the proxy: it connects back to the reported client
-    # (127.0.0.2, where nobody listens: 502), and the TCP peer is not it.
-    code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' \
-        -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)" "$U2/f2K.bin")
-    echo "trusted proxy: $code"
-    [ "$code" = 502 ]
-}
-check "RDMATrustProxy On: the address mod_remoteip reports is the client (connect attempted, 502)" t_trusted_proxy
+# The dynamic vhost also allows 127.0.0.2: not refused as SSRF.
+check "RDMAAllowConnect client 127.0.0.2: that address is allowed (connect attempted, 502), not 403" \
+    attempted "$U2/f2K.bin" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)"
+check "connect-back to a privileged port (22) is refused: 403 naming RDMAConnectPorts" \
+    refused "$U1/f2K.bin" "port=22 is not among the ports this server connects back to (RDMAConnectPorts 1024-65535)" \
+    -H "RDMA: client-reads, ip=127.0.0.1, port=22"
+check "RDMAConnectPorts 1024-65535 79: port 79 is attempted (502), not refused" \
+    attempted "$U2/f2K.bin" -H "RDMA: client-reads, ip=127.0.0.1, port=79"
+check "a request with a Forwarded header gets 403 for RDMA (RDMATrustProxy Off)" \
+    refused "$U1/f2K.bin" "this request came through a proxy (it carries a Forwarded header)" \
+    -H "Forwarded: for=127.0.0.1" -H "RDMA: client-reads, ip=127.0.0.1, port=$(free_port)"
+# mod_remoteip (trusting 127.0.0.1) makes 127.0.0.2 the request's client
+# address; without the proxy check the server would connect to whatever
+# address the header names.
+check "mod_remoteip-rewritten client address: 403 unless RDMATrustProxy" \
+    refused "$U1/f2K.bin" "this request came through a proxy (its client address 127.0.0.2 differs from the connection's 127.0.0.1" \
+    -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)"
+# The vhost trusts the proxy: it connects back to the reported client.
+check "RDMATrustProxy On: the address mod_remoteip reports is the client (connect attempted, 502)" \
+    attempted "$U2/f2K.bin" -H "X-Forwarded-For: 127.0.0.2" -H "RDMA: client-reads, ip=127.0.0.2, port=$(free_port)"
 # refused_or_silent KIND: one connect-back to a closed port (refused) or to
 # a listener that accepts TCP and never answers MPA (silent); prints
 # "code elapsed-ms" and keeps the RDMA-Error header in $T/out/KIND.h.
