@@ -86,8 +86,7 @@ python3 - "$TMP/times" "$SIZE_MIB" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    label, t = line.split()
-    name, i = label.rsplit(" ", 1) if " " in label else (label, "0")
+    name, i, t = line.split()
     rows.setdefault(name, {})[int(i)] = float(t)
 mib = int(sys.argv[2])
 print("== summary (median wall time, MiB/s)")

@@ -137,16 +137,19 @@ pub fn file_digest(path: &Path, algo: Algo) -> io::Result<String> {
     hash_prefix(path, u64::MAX, algo).map(Running::finish)
 }
 
-/// A [`BlockSink`] that hashes the blocks it passes on, in order.
+/// A [`BlockSink`] that hashes the blocks it passes on, in order (when
+/// `run` is set; `None` passes them on only).
 pub struct HashSink<S> {
     pub inner: S,
-    pub run: Running,
+    pub run: Option<Running>,
 }
 
 impl<S: BlockSink> BlockSink for HashSink<S> {
     fn write_block(&mut self, buf: &[u8]) -> io::Result<()> {
         self.inner.write_block(buf)?;
-        self.run.update(buf);
+        if let Some(r) = &mut self.run {
+            r.update(buf);
+        }
         Ok(())
     }
     fn finish(&mut self) -> io::Result<()> {
@@ -154,16 +157,19 @@ impl<S: BlockSink> BlockSink for HashSink<S> {
     }
 }
 
-/// A [`BlockSource`] that hashes the blocks it reads, in order.
+/// A [`BlockSource`] that hashes the blocks it reads, in order (when
+/// `run` is set).
 pub struct HashSource<S> {
     pub inner: S,
-    pub run: Running,
+    pub run: Option<Running>,
 }
 
 impl<S: BlockSource> BlockSource for HashSource<S> {
     fn read_block(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read_block(buf)?;
-        self.run.update(&buf[..n]);
+        if let Some(r) = &mut self.run {
+            r.update(&buf[..n]);
+        }
         Ok(n)
     }
     fn len_hint(&self) -> Option<u64> {
@@ -171,30 +177,36 @@ impl<S: BlockSource> BlockSource for HashSource<S> {
     }
 }
 
-/// A reader that hashes what it reads (plain FTP data connections).
+/// A reader that hashes what it reads (plain FTP data connections), when
+/// `run` is set.
 pub struct HashRead<R> {
     pub inner: R,
-    pub run: Running,
+    pub run: Option<Running>,
 }
 
 impl<R: Read> Read for HashRead<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.run.update(&buf[..n]);
+        if let Some(r) = &mut self.run {
+            r.update(&buf[..n]);
+        }
         Ok(n)
     }
 }
 
-/// A writer that hashes what it writes (plain FTP data connections).
+/// A writer that hashes what it writes (plain FTP data connections), when
+/// `run` is set.
 pub struct HashWrite<W> {
     pub inner: W,
-    pub run: Running,
+    pub run: Option<Running>,
 }
 
 impl<W: Write> Write for HashWrite<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.run.update(&buf[..n]);
+        if let Some(r) = &mut self.run {
+            r.update(&buf[..n]);
+        }
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {

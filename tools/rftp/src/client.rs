@@ -95,8 +95,8 @@ pub struct Ftp {
     out: TcpStream,
     peer: IpAddr,
     timeout: Duration,
-    /// The HASH algorithm the server has selected for this connection.
-    hash_algo: Algo,
+    /// The HASH algorithm this connection selected with `OPTS HASH`.
+    hash_algo: Option<Algo>,
 }
 
 /// A reply: code and text (lines joined with '\n').
@@ -124,7 +124,7 @@ impl Ftp {
             ctrl: BufReader::new(s),
             peer: addr.ip(),
             timeout,
-            hash_algo: Algo::Sha256,
+            hash_algo: None,
         };
         let (code, text) = f.read_reply().map_err(err)?;
         if code != 220 {
@@ -259,7 +259,8 @@ impl Ftp {
     /// `HASH path` with `algo` chosen by `OPTS HASH` first (when it is not
     /// the default). `Ok(None)` if the server has no HASH or not `algo`.
     pub fn hash_with(&mut self, path: &str, algo: Algo) -> Result<Option<String>, String> {
-        if !self.select_hash(algo)? {
+        // A server may know HASH (SHA-256) but not OPTS HASH.
+        if !self.select_hash(algo)? && algo != Algo::Sha256 {
             return Ok(None);
         }
         let (c, t) = self.cmd(&format!("HASH {path}"))?;
@@ -276,13 +277,16 @@ impl Ftp {
 
     /// Make `algo` the server's HASH algorithm (`OPTS HASH`), so that it
     /// computes that checksum while it transfers; false if it cannot.
+    /// rftpd computes a running digest during transfers only for a
+    /// connection that sent `OPTS HASH`, so it is sent once even for the
+    /// default algorithm.
     pub fn select_hash(&mut self, algo: Algo) -> Result<bool, String> {
-        if self.hash_algo == algo {
+        if self.hash_algo == Some(algo) {
             return Ok(true);
         }
         let (c, _) = self.cmd(&format!("OPTS HASH {algo}"))?;
         if c == 200 {
-            self.hash_algo = algo;
+            self.hash_algo = Some(algo);
         }
         Ok(c == 200)
     }
@@ -723,11 +727,15 @@ pub fn get_with(
     }
     // The checksum runs over the part a resume keeps, then over the blocks
     // as they arrive.
-    let run = if o.verify && offset > 0 {
-        checksum::hash_prefix(&part, offset, o.checksum)
-            .map_err(|e| format!("hashing {}: {e}", part.display()))?
+    let run = if !o.verify {
+        None
+    } else if offset > 0 {
+        Some(
+            checksum::hash_prefix(&part, offset, o.checksum)
+                .map_err(|e| format!("hashing {}: {e}", part.display()))?,
+        )
     } else {
-        Running::new(o.checksum)
+        Some(Running::new(o.checksum))
     };
     let run_out: Option<Running>;
     let x = slot.get(f, o)?;
@@ -769,7 +777,7 @@ pub fn get_with(
             run: hashed,
         } = w.inner;
         drop(w);
-        run_out = Some(hashed);
+        run_out = hashed;
         let st = match r {
             Ok(st) => st,
             Err(e) => {
@@ -827,7 +835,7 @@ pub fn get_with(
                 part.display()
             )
         })?;
-        run_out = Some(dst.run);
+        run_out = dst.run;
         drop(data);
         if let Some(t) = total.filter(|t| offset + n < *t) {
             let srv = f
@@ -847,8 +855,8 @@ pub fn get_with(
     fs::rename(&part, out)
         .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
     let checksum = match run_out {
-        Some(run) if o.verify => verify(f, remote, out, run)?,
-        _ => None,
+        Some(run) => verify(f, remote, out, run)?,
+        None => None,
     };
     Ok(Summary {
         bytes,
@@ -892,7 +900,7 @@ pub fn put_with(
     // The checksum runs over the blocks as they are read.
     let mut r = HashSource {
         inner: r,
-        run: Running::new(o.checksum),
+        run: o.verify.then(|| Running::new(o.checksum)),
     };
     let run_out;
     let x = slot.get(f, o)?;
@@ -922,7 +930,7 @@ pub fn put_with(
         let total = src.metadata().map(|m| m.len()).ok();
         let mut src = HashRead {
             inner: src,
-            run: Running::new(o.checksum),
+            run: o.verify.then(|| Running::new(o.checksum)),
         };
         let mut data = f.data()?;
         f.expect(&format!("STOR {remote}"), |c| c / 100 == 1)?;
@@ -944,10 +952,9 @@ pub fn put_with(
         n
     };
     let elapsed = start.elapsed();
-    let checksum = if o.verify {
-        verify(f, remote, file, run_out)?
-    } else {
-        None
+    let checksum = match run_out {
+        Some(run) => verify(f, remote, file, run)?,
+        None => None,
     };
     Ok(Summary {
         bytes,

@@ -364,6 +364,9 @@ struct Session {
     mem: bool,
     /// The checksum `HASH` uses (`OPTS HASH`).
     hash_algo: Algo,
+    /// The client asked for `OPTS HASH`: it will verify, so transfers
+    /// compute the running digest (clients that never do pay nothing).
+    hash_during: bool,
     /// Digests of whole files this session just sent or received, so that
     /// `HASH` right after a transfer costs nothing.
     served: Vec<Served>,
@@ -447,6 +450,7 @@ impl Session {
             xfer_mem: None,
             mem: false,
             hash_algo: Algo::default(),
+            hash_during: false,
             served: Vec::new(),
         })
     }
@@ -835,6 +839,7 @@ impl Session {
             (Some("HASH"), Some(a), _) => match a.parse::<Algo>() {
                 Ok(algo) => {
                     self.hash_algo = algo;
+                    self.hash_during = true;
                     r(200, algo.wire_name())
                 }
                 Err(_) => r(501, "Unknown algorithm: SHA-256 and CRC32C are supported."),
@@ -927,7 +932,8 @@ impl Session {
     /// Remember the digest of the whole file `path`, computed by a
     /// transfer that covered all `bytes` of it; `before` is the file's
     /// identity when the transfer began (None: a new file).
-    fn record_digest(&mut self, path: &Path, run: Running, before: Option<FileId>) {
+    fn record_digest(&mut self, path: &Path, run: Option<Running>, before: Option<FileId>) {
+        let Some(run) = run else { return };
         let Some(id) = FileId::of(path) else { return };
         if run.bytes() != id.size || before.is_some_and(|b| b != id) {
             return; // partial, or the file changed meanwhile
@@ -1132,7 +1138,7 @@ impl Session {
         // A whole file is hashed as it is sent, for a HASH that follows.
         let mut src = HashRead {
             inner: f,
-            run: Running::new(self.hash_algo),
+            run: self.hash_during.then(|| Running::new(self.hash_algo)),
         };
         let res = io::copy(&mut src, &mut data);
         let _ = data.shutdown(Shutdown::Write);
@@ -1198,7 +1204,7 @@ impl Session {
         self.reply(&r(150, format!("Ready to receive {arg}.")))?;
         let mut dst = HashWrite {
             inner: f,
-            run: Running::new(self.hash_algo),
+            run: self.hash_during.then(|| Running::new(self.hash_algo)),
         };
         let res = copy_in(&mut data, &mut dst)
             .and_then(|n| dst.inner.sync_data().map(|_| n).map_err(CopyErr::Write));
@@ -1384,7 +1390,7 @@ impl Session {
                     Some((p, target, tmp, file)),
                     Some(HashSink {
                         inner: w,
-                        run: Running::new(self.hash_algo),
+                        run: self.hash_during.then(|| Running::new(self.hash_algo)),
                     }),
                 ),
                 Err(e) => {
@@ -1478,7 +1484,7 @@ impl Session {
                         before,
                         HashSource {
                             inner: f,
-                            run: Running::new(self.hash_algo),
+                            run: self.hash_during.then(|| Running::new(self.hash_algo)),
                         },
                     ));
                     Box::new(ZeroSource::new(0))
