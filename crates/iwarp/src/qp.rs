@@ -52,6 +52,14 @@ pub enum QpEvent {
     TerminateReceived(TermInfo),
     /// We found an error and sent the peer a Terminate; the QP is in error.
     TerminateSent(TermInfo),
+    /// The peer stayed silent for
+    /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout)
+    /// while it owed an answer (our queued data unacknowledged, or RDMA
+    /// Read Responses): the connection is given up, outstanding work is
+    /// flushed, and [`QpEvent::Disconnected`] follows. The text says which
+    /// rule fired (`IBV_EVENT_QP_FATAL` / `RDMA_CM_EVENT_DISCONNECTED` for
+    /// a timeout).
+    PeerTimeout(String),
 }
 
 /// What the MPA handshake negotiated for a connected QP.

@@ -131,7 +131,12 @@ fn reads_to_a_peer_that_went_silent_fail_within_the_peer_timeout() {
         took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
         "flushed after {took:?}, peer_timeout 1 s"
     );
-    c.event(|e| matches!(e, QpEvent::Disconnected));
+    // The event says why, then the disconnect follows.
+    let QpEvent::PeerTimeout(why) = c.event(|e| matches!(e, QpEvent::PeerTimeout(_))) else {
+        unreachable!()
+    };
+    assert!(why.contains("RDMA Read"), "{why}");
+    assert_eq!(c.event(|_| true), QpEvent::Disconnected);
 }
 
 #[test]
@@ -169,4 +174,90 @@ fn without_a_peer_timeout_the_read_stays_outstanding() {
     // Forwarding again, the Read completes: it was only waiting.
     relay.forward.store(true, Ordering::Relaxed);
     assert_eq!(c.send_wc().status, WcStatus::Success);
+}
+
+/// Post `n` RDMA Writes of `len` bytes from `c` to `dst` and return when
+/// all have completed (or `limit` passed): (completions, time taken).
+fn writes_until_done(
+    c: &Host,
+    n: u64,
+    len: usize,
+    dst: &iwarp::MemoryRegion,
+    limit: Duration,
+) -> (Vec<iwarp::WorkCompletion>, Duration) {
+    let src = c.mr(len);
+    let t0 = Instant::now();
+    for id in 1..=n {
+        c.qp.post_send(&wr(
+            id,
+            WrOpcode::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &[src.sge(0, len)],
+        ))
+        .unwrap();
+    }
+    let mut wcs = Vec::new();
+    while (wcs.len() as u64) < n {
+        let left = limit.saturating_sub(t0.elapsed());
+        match c.scq.wait_one(left).unwrap() {
+            Some(wc) => wcs.push(wc),
+            None => break,
+        }
+    }
+    (wcs, t0.elapsed())
+}
+
+#[test]
+fn writes_that_fill_the_socket_to_a_silent_peer_fail_within_the_peer_timeout() {
+    // The relay stops reading: its kernel takes what fits in its receive
+    // buffer, then advertises a zero window; our socket fills and the
+    // later Writes cannot be handed to TCP. They must complete with an
+    // error, not wait for TCP's persist timer (which never gives up on a
+    // peer that answers its window probes).
+    let (c, s, relay, _src) = relayed(Duration::from_secs(1));
+    let dst = s.mr(4 << 20);
+    relay.forward.store(false, Ordering::Relaxed);
+    let (wcs, took) = writes_until_done(&c, 48, 4 << 20, &dst, Duration::from_secs(8));
+    assert_eq!(
+        wcs.len(),
+        48,
+        "only {} of 48 Writes completed in {took:?}",
+        wcs.len()
+    );
+    assert!(
+        wcs.iter().any(|wc| wc.status == WcStatus::WrFlushErr),
+        "192 MiB cannot all fit into socket buffers: {:?}",
+        wcs.iter().map(|w| w.status).collect::<Vec<_>>()
+    );
+    assert!(
+        took < Duration::from_millis(4000),
+        "flushed after {took:?}, peer_timeout 1 s"
+    );
+    c.event(|e| matches!(e, QpEvent::PeerTimeout(_) | QpEvent::Disconnected));
+}
+
+#[test]
+fn writes_through_a_slow_but_live_path_are_not_cut() {
+    // 20 ms per chunk of at most 64 KiB each way (under 3.2 MB/s): 16 MiB
+    // of Writes keep our socket full for seconds, but it keeps draining,
+    // so nothing is given up.
+    let (c, s, relay, _src) = relayed(Duration::from_secs(1));
+    let dst = s.mr(2 << 20);
+    relay.delay_ms.store(20, Ordering::Relaxed);
+    let (wcs, took) = writes_until_done(&c, 8, 2 << 20, &dst, Duration::from_secs(40));
+    assert_eq!(
+        wcs.len(),
+        8,
+        "only {} of 8 Writes completed in {took:?}",
+        wcs.len()
+    );
+    assert!(
+        took > Duration::from_secs(2),
+        "the path was not slow: {took:?}"
+    );
+    for wc in &wcs {
+        assert_eq!(wc.status, WcStatus::Success, "after {took:?}");
+    }
 }
