@@ -262,6 +262,10 @@ pub(crate) struct Conn {
     down: AtomicBool,
     /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout).
     peer_timeout: Duration,
+    /// [`ConnParam::probe_interval`](crate::cm::ConnParam::probe_interval).
+    probe_interval: Duration,
+    /// Milliseconds since `epoch` when the last probe was queued.
+    last_probe_ms: AtomicU64,
     /// When the connection started (the clock of the fields below).
     epoch: Instant,
     /// Milliseconds since `epoch` when bytes last arrived.
@@ -330,6 +334,7 @@ impl Conn {
         qp: &Arc<QpShared>,
         sock: Socket,
         peer_timeout: Duration,
+        probe_interval: Duration,
     ) -> io::Result<Arc<Conn>> {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
@@ -368,6 +373,8 @@ impl Conn {
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             quiet_since_ms: AtomicU64::new(NOT_OWED),
+            probe_interval,
+            last_probe_ms: AtomicU64::new(0),
             acked_mark: AtomicU64::new(0),
             stalled_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
@@ -489,6 +496,44 @@ impl Conn {
             ));
         }
         None
+    }
+
+    /// Queue a liveness probe if the peer has sent nothing for
+    /// `probe_interval` and nothing of ours is waiting for an answer that
+    /// would show it alive: without one, a connection on which we only
+    /// wait (or only send) would never notice a path that takes our bytes
+    /// and forwards nothing. The probe is a zero-length RDMA Read
+    /// ([`Engine::post_probe`]); its response is traffic from the peer,
+    /// and while it is owed the Read rule of [`Conn::peer_silent`] runs,
+    /// so a silent peer is given up `probe_interval + peer_timeout` after
+    /// it went quiet. Not sent when the peer accepts no inbound Reads
+    /// (negotiated ORD 0), when Reads are already outstanding (they do the
+    /// probe's job), or when probing or `peer_timeout` is off. Returns
+    /// true if a probe was queued (the caller transmits it).
+    fn maybe_probe(&self, qp: &QpShared) -> bool {
+        if self.probe_interval.is_zero() || self.peer_timeout.is_zero() {
+            return false;
+        }
+        if qp.info.get().is_some_and(|i| i.ord == 0) {
+            return false;
+        }
+        let now = self.now_ms();
+        let every = self.probe_interval.as_millis() as u64;
+        let quiet_since = self
+            .last_rx_ms
+            .load(Ordering::Relaxed)
+            .max(self.last_probe_ms.load(Ordering::Relaxed));
+        if now.saturating_sub(quiet_since) < every {
+            return false;
+        }
+        let mut eng = lock(&qp.engine);
+        if eng.reads_outstanding() > 0 || !eng.post_probe(crate::qp::PROBE_WR_ID) {
+            return false;
+        }
+        drop(eng);
+        self.last_probe_ms.store(now, Ordering::Relaxed);
+        tracing::trace!(qpn = qp.qpn, peer = %self.peer, "liveness probe (zero-length RDMA Read)");
+        true
     }
 
     /// Apply [`Conn::peer_silent`]: if the peer is to be given up, end the
@@ -857,6 +902,7 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
         if conn.give_up_if_silent(qp) {
             break;
         }
+        let woken = conn.maybe_probe(qp) || woken;
         if !woken {
             continue;
         }

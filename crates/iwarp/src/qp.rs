@@ -120,6 +120,11 @@ pub(crate) struct Counters {
 /// message); its completions never reach the CQ.
 pub(crate) const RTR_WR_ID: u64 = u64::MAX;
 
+/// The `wr_id` of the driver's liveness probe (a zero-length RDMA Read,
+/// [`ConnParam::probe_interval`](crate::cm::ConnParam::probe_interval));
+/// the engine keeps its completions out of the CQ.
+pub(crate) const PROBE_WR_ID: u64 = u64::MAX - 1;
+
 pub(crate) struct QpShared {
     pub(crate) qpn: u32,
     pub(crate) pd: PdId,

@@ -73,6 +73,11 @@ impl Relay {
 /// Client connected to server through a relay; the client's peer_timeout
 /// is `timeout`. Returns (client, server, relay, server's buffer).
 fn relayed(timeout: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
+    relayed_with(timeout, Duration::ZERO)
+}
+
+/// As [`relayed`], with the client's probe_interval `probe`.
+fn relayed_with(timeout: Duration, probe: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
     let (client, server) = (Host::new(), Host::new());
     let src = server.mr(64 << 10);
     src.write_at(0, &common::pattern(64 << 10, 7));
@@ -89,6 +94,7 @@ fn relayed(timeout: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
             &ConnParam {
                 timeout: T,
                 peer_timeout: timeout,
+                probe_interval: probe,
                 ..Default::default()
             },
         )
@@ -260,4 +266,66 @@ fn writes_through_a_slow_but_live_path_are_not_cut() {
     for wc in &wcs {
         assert_eq!(wc.status, WcStatus::Success, "after {took:?}");
     }
+}
+
+#[test]
+fn an_idle_connection_with_probing_notices_a_stalled_path() {
+    // Nothing is outstanding but a posted receive: only the probe (a
+    // zero-length RDMA Read after 500 ms of silence) can find out that the
+    // relay stopped forwarding; its response never comes, so 1 s later the
+    // connection is given up and the receive flushes.
+    let (c, _s, relay, _src) = relayed_with(Duration::from_secs(1), Duration::from_millis(500));
+    let rb = c.mr(64);
+    c.post_recv(5, &rb, 0, 64);
+    relay.forward.store(false, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let QpEvent::PeerTimeout(why) = c.event(|e| matches!(e, QpEvent::PeerTimeout(_))) else {
+        unreachable!()
+    };
+    let took = t0.elapsed();
+    assert!(why.contains("RDMA Read"), "{why}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(3500),
+        "noticed after {took:?}: probe 0.5 s + peer_timeout 1 s"
+    );
+    let wc = c.recv_wc();
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    assert_eq!(c.event(|_| true), QpEvent::Disconnected);
+}
+
+#[test]
+fn without_probing_an_idle_stalled_path_goes_unnoticed() {
+    // The probe is what notices it: with probe_interval zero nothing
+    // happens (TCP keepalive would not either: the relay's kernel answers).
+    let (c, _s, relay, _src) = relayed_with(Duration::from_secs(1), Duration::ZERO);
+    relay.forward.store(false, Ordering::Relaxed);
+    assert_eq!(c.qp.next_event(Duration::from_millis(3000)), None);
+}
+
+#[test]
+fn probes_through_a_slow_but_live_path_are_answered() {
+    // 300 ms per chunk each way: every probe is answered in about 600 ms,
+    // under the 1 s peer_timeout; idle for 4 s (a dozen probes), the
+    // connection stays up, no probe shows up as a completion, and Reads
+    // still work.
+    let (c, _s, relay, src) = relayed_with(Duration::from_secs(1), Duration::from_millis(300));
+    relay.delay_ms.store(300, Ordering::Relaxed);
+    let tx0 = c.qp.stats().tx_bytes;
+    assert_eq!(c.qp.next_event(Duration::from_millis(4000)), None);
+    // Probes went out (a Read Request FPDU is 44 bytes without CRC).
+    let probed = c.qp.stats().tx_bytes - tx0;
+    assert!(
+        probed >= 3 * 44,
+        "only {probed} bytes sent while idle: no probes"
+    );
+    assert!(
+        c.scq.wait_one(Duration::ZERO).unwrap().is_none(),
+        "a probe completed in the CQ"
+    );
+    relay.delay_ms.store(0, Ordering::Relaxed);
+    let sink = c.mr(64 << 10);
+    read(&c, 9, &sink, &src);
+    let wc = c.send_wc();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success));
+    assert_eq!(sink.to_vec(), src.to_vec());
 }
