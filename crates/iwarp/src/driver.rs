@@ -1113,6 +1113,9 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
             match r {
                 Ok(0) => Pass::Closed("EOF".into()),
                 Ok(n) => {
+                    // Payload placed straight into memory is news from the
+                    // peer too (a long Read Response on a slow path).
+                    conn.heard_from_peer();
                     rx.bulk = true;
                     rx.short = n < len as usize + DIRECT_TAIL;
                     let direct = n.min(len as usize);
