@@ -44,6 +44,11 @@
 #define IWARP_MAX_SGE 6
 
 /**
+ * `iwarp_conn_param.peer_timeout_ms` / `probe_interval_ms`: off.
+ */
+#define IWARP_LIVENESS_OFF UINT32_MAX
+
+/**
  * Result of a call. `IWARP_OK` is 0; every other value names a class of
  * failure, and `iwarp_last_error` tells the details.
  */
@@ -281,6 +286,12 @@ typedef enum iwarp_event_type {
    */
   IWARP_EVENT_TERMINATE_SENT = 3,
   /**
+   * The peer stayed silent for `peer_timeout_ms` while it owed an
+   * answer; the connection is given up and `IWARP_EVENT_DISCONNECTED`
+   * follows. `iwarp_last_error` says which wait timed out.
+   */
+  IWARP_EVENT_PEER_TIMEOUT = 4,
+  /**
    * An event this version of the header does not know.
    */
   IWARP_EVENT_OTHER = 99,
@@ -457,6 +468,23 @@ typedef struct iwarp_conn_param {
    * accept; 0 means the default, 5000 ms.
    */
   uint32_t timeout_ms;
+  /**
+   * How long a peer that owes an answer (our queued data
+   * unacknowledged, RDMA Read Responses, a liveness probe) may stay
+   * silent before the connection is given up: outstanding work flushes
+   * with `IWARP_WC_WR_FLUSH_ERR` and `IWARP_EVENT_PEER_TIMEOUT` is
+   * reported. Also the socket's `TCP_USER_TIMEOUT`. 0 means the
+   * default, 30000 ms; `IWARP_LIVENESS_OFF` turns it off.
+   */
+  uint32_t peer_timeout_ms;
+  /**
+   * Silence after which a zero-length RDMA Read asks the peer for a
+   * sign of life (an idle connection through a path that stopped
+   * forwarding is then noticed within `probe_interval_ms +
+   * peer_timeout_ms`). 0 means the default, 10000 ms;
+   * `IWARP_LIVENESS_OFF` turns probing off.
+   */
+  uint32_t probe_interval_ms;
 } iwarp_conn_param;
 
 #ifdef __cplusplus
@@ -830,7 +858,8 @@ uint32_t iwarp_cq_depth(const struct iwarp_cq *cq);
 
 /**
  * Fill `*p` with the defaults: no private data, CRC and markers
- * `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms. NULL is a no-op.
+ * `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms, peer timeout
+ * 30000 ms, probe interval 10000 ms. NULL is a no-op.
  *
  * # Safety
  * `p` is NULL or writable.

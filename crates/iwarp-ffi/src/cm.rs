@@ -65,9 +65,38 @@ pub struct iwarp_conn_param {
     /// Bound on the whole connect (TCP connect plus MPA exchange) or
     /// accept; 0 means the default, 5000 ms.
     pub timeout_ms: u32,
+    /// How long a peer that owes an answer (our queued data
+    /// unacknowledged, RDMA Read Responses, a liveness probe) may stay
+    /// silent before the connection is given up: outstanding work flushes
+    /// with `IWARP_WC_WR_FLUSH_ERR` and `IWARP_EVENT_PEER_TIMEOUT` is
+    /// reported. Also the socket's `TCP_USER_TIMEOUT`. 0 means the
+    /// default, 30000 ms; `IWARP_LIVENESS_OFF` turns it off.
+    pub peer_timeout_ms: u32,
+    /// Silence after which a zero-length RDMA Read asks the peer for a
+    /// sign of life (an idle connection through a path that stopped
+    /// forwarding is then noticed within `probe_interval_ms +
+    /// peer_timeout_ms`). 0 means the default, 10000 ms;
+    /// `IWARP_LIVENESS_OFF` turns probing off.
+    pub probe_interval_ms: u32,
 }
 
+/// `iwarp_conn_param.peer_timeout_ms` / `probe_interval_ms`: off.
+pub const IWARP_LIVENESS_OFF: u32 = u32::MAX;
+
 const DEFAULT_TIMEOUT_MS: u32 = 5000;
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(IWARP_LIVENESS_OFF - 1)
+}
+
+/// A liveness setting from C: 0 the default, `IWARP_LIVENESS_OFF` off.
+fn liveness_from_c(ms: u32, default: Duration) -> Duration {
+    match ms {
+        0 => default,
+        IWARP_LIVENESS_OFF => Duration::ZERO,
+        ms => Duration::from_millis(u64::from(ms)),
+    }
+}
 
 fn policy_from_c(v: i32, what: &str) -> Result<Policy, FfiError> {
     match v {
@@ -133,9 +162,8 @@ unsafe fn conn_param_from_c(p: *const iwarp_conn_param) -> Result<ConnParam, Ffi
         private_data,
         mpa,
         timeout: Duration::from_millis(u64::from(ms)),
-        // The C API keeps its struct layout: C connections use the default
-        // peer_timeout (30 s; see docs/C_API.md).
-        ..ConnParam::default()
+        peer_timeout: liveness_from_c(p.peer_timeout_ms, cm::DEFAULT_PEER_TIMEOUT),
+        probe_interval: liveness_from_c(p.probe_interval_ms, cm::DEFAULT_PROBE_INTERVAL),
     })
 }
 
@@ -179,7 +207,8 @@ unsafe fn resolve(host: *const c_char, port: u16) -> Result<Vec<SocketAddr>, Ffi
 }
 
 /// Fill `*p` with the defaults: no private data, CRC and markers
-/// `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms. NULL is a no-op.
+/// `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms, peer timeout
+/// 30000 ms, probe interval 10000 ms. NULL is a no-op.
 ///
 /// # Safety
 /// `p` is NULL or writable.
@@ -198,6 +227,8 @@ pub unsafe extern "C" fn iwarp_conn_param_init(p: *mut iwarp_conn_param) {
             ird: d.ird,
             ord: d.ord,
             timeout_ms: DEFAULT_TIMEOUT_MS,
+            peer_timeout_ms: millis(cm::DEFAULT_PEER_TIMEOUT),
+            probe_interval_ms: millis(cm::DEFAULT_PROBE_INTERVAL),
         };
         // SAFETY: non-NULL and writable (caller).
         unsafe { p.write(v) };
@@ -517,6 +548,28 @@ mod tests {
         };
         assert_eq!((p.crc, p.markers, p.ird, p.ord), (1, 1, 16, 16));
         assert_eq!(p.timeout_ms, 5000);
+        assert_eq!((p.peer_timeout_ms, p.probe_interval_ms), (30_000, 10_000));
+        // 0 is the default, IWARP_LIVENESS_OFF is off, anything else as given.
+        for (ms, want) in [
+            (0, cm::DEFAULT_PEER_TIMEOUT),
+            (IWARP_LIVENESS_OFF, Duration::ZERO),
+            (1500, Duration::from_millis(1500)),
+        ] {
+            let q = iwarp_conn_param {
+                peer_timeout_ms: ms,
+                probe_interval_ms: ms,
+                ..p
+            };
+            // SAFETY: no private data.
+            let c = unsafe { conn_param_from_c(&q) }.unwrap();
+            assert_eq!(c.peer_timeout, want);
+            let probe = if ms == 0 {
+                cm::DEFAULT_PROBE_INTERVAL
+            } else {
+                want
+            };
+            assert_eq!(c.probe_interval, probe);
+        }
         let big = [0u8; 513];
         p.private_data = big.as_ptr();
         p.private_data_len = big.len();

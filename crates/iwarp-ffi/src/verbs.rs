@@ -159,6 +159,10 @@ pub enum iwarp_event_type {
     IWARP_EVENT_TERMINATE_RECEIVED = 2,
     /// We sent the peer a Terminate; the QP is in error.
     IWARP_EVENT_TERMINATE_SENT = 3,
+    /// The peer stayed silent for `peer_timeout_ms` while it owed an
+    /// answer; the connection is given up and `IWARP_EVENT_DISCONNECTED`
+    /// follows. `iwarp_last_error` says which wait timed out.
+    IWARP_EVENT_PEER_TIMEOUT = 4,
     /// An event this version of the header does not know.
     IWARP_EVENT_OTHER = 99,
 }
@@ -942,6 +946,10 @@ pub unsafe extern "C" fn iwarp_qp_next_event(
             ),
             QpEvent::TerminateSent(t) => {
                 term(&mut out, t, iwarp_event_type::IWARP_EVENT_TERMINATE_SENT)
+            }
+            QpEvent::PeerTimeout(why) => {
+                out.event_type = iwarp_event_type::IWARP_EVENT_PEER_TIMEOUT as i32;
+                crate::error::set_last_error(format!("iwarp_qp_next_event: {why}"));
             }
             _ => out.event_type = iwarp_event_type::IWARP_EVENT_OTHER as i32,
         }

@@ -1719,3 +1719,72 @@ fn closing_right_after_an_error_still_sends_the_terminate() {
     assert_eq!(term_received(&p.a), code(TermCode::DdpTaggedInvalidStag));
     assert!(p.b.eng.wants_close());
 }
+
+#[test]
+fn the_liveness_probe_takes_an_ord_slot_but_no_send_queue_slot_and_no_completion() {
+    // ORD 1: the probe (a zero-length Read, STag 0) holds the only ORD
+    // slot while outstanding, so the application's Read waits behind it.
+    let link = Link {
+        ord: 1,
+        ird: 1,
+        ..Link::default()
+    };
+    let mut p = Pair::new(11, link);
+    let src = p.b.mem.register(PD, Access::REMOTE_READ, 0, 64);
+    p.b.mem.fill(src, &pattern(64, 3));
+    let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+    assert!(p.a.eng.post_probe(999));
+    assert_eq!(p.a.eng.reads_outstanding(), 0, "queued, not yet sent");
+    // The application still gets its whole send queue (64 entries).
+    p.a.eng
+        .post_send(send_wr(
+            0,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: src,
+            },
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: sink,
+            }],
+        ))
+        .unwrap();
+    for k in 1..64 {
+        let wr = send_wr(
+            k,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            &[],
+        );
+        p.a.eng.post_send(wr).unwrap();
+    }
+    let full = send_wr(64, WrOpcode::Send, &[]);
+    assert!(matches!(
+        p.a.eng.post_send(full),
+        Err(PostError::QueueFull { .. })
+    ));
+    p.run();
+    let ids: Vec<u64> = p.a.wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(
+        ids,
+        (0..64).collect::<Vec<_>>(),
+        "no completion for the probe"
+    );
+    assert!(p.a.wcs.iter().all(|w| w.status == WcStatus::Success));
+    assert_same(
+        &p.a.mem.contents(sink),
+        &pattern(64, 3),
+        "read after the probe",
+    );
+    assert_eq!(p.a.eng.reads_outstanding(), 0);
+    assert!(term_sent(&p.b).is_none() && term_sent(&p.a).is_none());
+
+    // A probe flushed by the connection's end completes nothing either.
+    assert!(p.a.eng.post_probe(999));
+    p.a.eng.on_peer_closed();
+    p.a.drain();
+    assert_eq!(p.a.wcs.len(), 64, "the flushed probe reached the CQ");
+}

@@ -69,7 +69,20 @@ pub struct ConnParam {
     /// nothing). An idle connection with nothing owed is not affected;
     /// TCP keepalive (45 s) finds a vanished host there.
     pub peer_timeout: Duration,
+    /// How long the peer may send nothing at all before we ask it for a
+    /// sign of life (`Duration::ZERO`: never): a zero-length RDMA Read,
+    /// which a live peer answers at once without its application (the
+    /// RFC 6581 ready-to-receive message is the same request). A peer that
+    /// does not answer within `peer_timeout` is given up, so an idle
+    /// connection through a path that stopped forwarding is noticed within
+    /// `probe_interval + peer_timeout` (TCP keepalive never notices it:
+    /// the relay's kernel answers those). Needs `peer_timeout`; not sent
+    /// to a peer that accepts no inbound Reads (IRD 0).
+    pub probe_interval: Duration,
 }
+
+/// The default [`ConnParam::probe_interval`].
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The default [`ConnParam::peer_timeout`].
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -81,6 +94,7 @@ impl Default for ConnParam {
             mpa: MpaConfig::default(),
             timeout: Duration::from_secs(5),
             peer_timeout: DEFAULT_PEER_TIMEOUT,
+            probe_interval: DEFAULT_PROBE_INTERVAL,
         }
     }
 }
@@ -323,6 +337,7 @@ fn go_live(
     neg: &Negotiated,
     initiator: bool,
     peer_timeout: Duration,
+    probe_interval: Duration,
 ) -> Result<(), CmError> {
     let shared: &QpShared = &qp.shared;
     driver::tune_socket(&sock);
@@ -390,7 +405,8 @@ fn go_live(
         }
     }
     let _ = shared.info.set(info);
-    let conn = Conn::start(&qp.shared, sock, peer_timeout).map_err(CmError::Driver)?;
+    let conn =
+        Conn::start(&qp.shared, sock, peer_timeout, probe_interval).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(
@@ -471,7 +487,14 @@ fn connect_inner(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<
         }
     };
     let peer_pd = neg.peer_private_data.clone();
-    go_live(qp, sock, &neg, true, param.peer_timeout)?;
+    go_live(
+        qp,
+        sock,
+        &neg,
+        true,
+        param.peer_timeout,
+        param.probe_interval,
+    )?;
     Ok(peer_pd)
 }
 
@@ -693,7 +716,14 @@ impl ConnRequest {
             deadline: start + param.timeout,
         };
         x.send(&reply, "sending the MPA Reply")?;
-        go_live(qp, self.sock, &neg, false, param.peer_timeout)
+        go_live(
+            qp,
+            self.sock,
+            &neg,
+            false,
+            param.peer_timeout,
+            param.probe_interval,
+        )
     }
 
     /// Reject the request (`rdma_reject`): send an MPA Reject carrying

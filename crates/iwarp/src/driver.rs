@@ -262,6 +262,10 @@ pub(crate) struct Conn {
     down: AtomicBool,
     /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout).
     peer_timeout: Duration,
+    /// [`ConnParam::probe_interval`](crate::cm::ConnParam::probe_interval).
+    probe_interval: Duration,
+    /// Milliseconds since `epoch` when the last probe was queued.
+    last_probe_ms: AtomicU64,
     /// When the connection started (the clock of the fields below).
     epoch: Instant,
     /// Milliseconds since `epoch` when bytes last arrived.
@@ -269,6 +273,13 @@ pub(crate) struct Conn {
     /// Milliseconds since `epoch` since when the peer owes Read Responses
     /// with all our data acknowledged (`NOT_OWED`: it owes nothing).
     quiet_since_ms: AtomicU64,
+    /// Bytes of ours the peer had acknowledged at the last look
+    /// (`tx_bytes - SIOCOUTQ`; only its changes matter).
+    acked_mark: AtomicU64,
+    /// Milliseconds since `epoch` since when data of ours sits in the
+    /// socket and the peer acknowledges none of it (`NOT_OWED`: no such
+    /// stall).
+    stalled_since_ms: AtomicU64,
     /// We shut down our write side.
     write_shut: AtomicBool,
     live: Mutex<usize>,
@@ -323,6 +334,7 @@ impl Conn {
         qp: &Arc<QpShared>,
         sock: Socket,
         peer_timeout: Duration,
+        probe_interval: Duration,
     ) -> io::Result<Arc<Conn>> {
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
@@ -361,6 +373,10 @@ impl Conn {
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             quiet_since_ms: AtomicU64::new(NOT_OWED),
+            probe_interval,
+            last_probe_ms: AtomicU64::new(0),
+            acked_mark: AtomicU64::new(0),
+            stalled_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
             live: Mutex::new(2),
             live_cond: Condvar::new(),
@@ -413,41 +429,124 @@ impl Conn {
     }
 
     /// Checked by the transmit thread at every wake-up (at least every
-    /// [`TICK`]): the reason to give up on a peer that owes Read Responses,
-    /// has acknowledged everything we sent, and has sent nothing for
-    /// `peer_timeout`. A live iWARP peer answers a Read Request without its
-    /// application (RFC 5040 §4.5), so silence while responses are owed
-    /// means the peer or the path is gone. Data still unacknowledged keeps
-    /// the clock at zero: TCP_USER_TIMEOUT bounds that case, and a slow
-    /// path may still be delivering our requests.
+    /// [`TICK`]): the reason to give up on a silent peer, if any. Two
+    /// rules, both measured against `peer_timeout`:
+    ///
+    /// - *Our data does not drain.* Bytes of ours sit in the socket (the
+    ///   Sends and Writes behind them cannot be handed to TCP) and the peer
+    ///   has neither acknowledged any of them nor sent anything. An iWARP
+    ///   peer reads its socket whatever its application does (placement
+    ///   needs no receiver involvement, RFC 5041 §5), so a window that
+    ///   stays shut means the peer or the path is gone. TCP_USER_TIMEOUT
+    ///   covers this too on Linux 5.11 and later (zero-window probes count
+    ///   against it); this rule does not depend on the kernel, and a slow
+    ///   path that still acknowledges now and then is never cut.
+    /// - *Read Responses do not come.* The peer owes Read Responses, has
+    ///   acknowledged everything we sent, and has sent nothing. A live
+    ///   iWARP peer answers a Read Request without its application (RFC
+    ///   5040 §4.5), so silence means the peer is gone, or a relay that
+    ///   takes our bytes stopped forwarding (its kernel still acknowledges
+    ///   them, so TCP alone never notices).
     fn peer_silent(&self, qp: &QpShared) -> Option<String> {
         if self.peer_timeout.is_zero() {
             return None;
         }
-        let owed = lock(&qp.engine).reads_outstanding();
         let now = self.now_ms();
-        let unacked = sys::unacked_bytes(self.sock.as_raw_fd()).unwrap_or(0);
-        if owed == 0 || unacked > 0 {
-            self.quiet_since_ms.store(NOT_OWED, Ordering::Relaxed);
-            return None;
-        }
-        let since = match self.quiet_since_ms.load(Ordering::Relaxed) {
-            NOT_OWED => {
-                self.quiet_since_ms.store(now, Ordering::Relaxed);
-                now
-            }
-            t => t,
-        };
-        let quiet_from = since.max(self.last_rx_ms.load(Ordering::Relaxed));
         let limit = self.peer_timeout.as_millis() as u64;
-        (now.saturating_sub(quiet_from) >= limit).then(|| {
-            format!(
+        let last_rx = self.last_rx_ms.load(Ordering::Relaxed);
+        let unacked = sys::unacked_bytes(self.sock.as_raw_fd()).unwrap_or(0);
+        // Clock of a rule: since when its condition holds (reset when it
+        // stops holding), and whether the peer has been silent for the
+        // whole `peer_timeout` since then.
+        let clock = |cell: &AtomicU64, holds: bool, progress: bool| -> bool {
+            if !holds || progress {
+                cell.store(if holds { now } else { NOT_OWED }, Ordering::Relaxed);
+                return false;
+            }
+            let since = match cell.load(Ordering::Relaxed) {
+                NOT_OWED => {
+                    cell.store(now, Ordering::Relaxed);
+                    now
+                }
+                t => t,
+            };
+            now.saturating_sub(since.max(last_rx)) >= limit
+        };
+        let acked = qp
+            .counters
+            .tx_bytes
+            .load(Ordering::Relaxed)
+            .wrapping_sub(u64::from(unacked));
+        let progress = self.acked_mark.swap(acked, Ordering::Relaxed) != acked;
+        if clock(&self.stalled_since_ms, unacked > 0, progress) {
+            return Some(format!(
+                "the peer acknowledged none of our {unacked} queued bytes and sent nothing for \
+                 {:.1} s: the peer or the path is gone (ConnParam::peer_timeout); outstanding \
+                 work is flushed",
+                self.peer_timeout.as_secs_f64()
+            ));
+        }
+        let owed = lock(&qp.engine).reads_outstanding();
+        if clock(&self.quiet_since_ms, owed > 0 && unacked == 0, false) {
+            return Some(format!(
                 "the peer sent nothing for {:.1} s while {owed} RDMA Read(s) waited for their \
                  responses and it had acknowledged all our data: the peer or the path is gone \
                  (ConnParam::peer_timeout); outstanding work is flushed",
                 self.peer_timeout.as_secs_f64()
-            )
-        })
+            ));
+        }
+        None
+    }
+
+    /// Queue a liveness probe if the peer has sent nothing for
+    /// `probe_interval` and nothing of ours is waiting for an answer that
+    /// would show it alive: without one, a connection on which we only
+    /// wait (or only send) would never notice a path that takes our bytes
+    /// and forwards nothing. The probe is a zero-length RDMA Read
+    /// ([`Engine::post_probe`]); its response is traffic from the peer,
+    /// and while it is owed the Read rule of [`Conn::peer_silent`] runs,
+    /// so a silent peer is given up `probe_interval + peer_timeout` after
+    /// it went quiet. Not sent when the peer accepts no inbound Reads
+    /// (negotiated ORD 0), when Reads are already outstanding (they do the
+    /// probe's job), or when probing or `peer_timeout` is off. Returns
+    /// true if a probe was queued (the caller transmits it).
+    fn maybe_probe(&self, qp: &QpShared) -> bool {
+        if self.probe_interval.is_zero() || self.peer_timeout.is_zero() {
+            return false;
+        }
+        if qp.info.get().is_some_and(|i| i.ord == 0) {
+            return false;
+        }
+        let now = self.now_ms();
+        let every = self.probe_interval.as_millis() as u64;
+        let quiet_since = self
+            .last_rx_ms
+            .load(Ordering::Relaxed)
+            .max(self.last_probe_ms.load(Ordering::Relaxed));
+        if now.saturating_sub(quiet_since) < every {
+            return false;
+        }
+        let mut eng = lock(&qp.engine);
+        if eng.reads_outstanding() > 0 || !eng.post_probe(crate::qp::PROBE_WR_ID) {
+            return false;
+        }
+        drop(eng);
+        self.last_probe_ms.store(now, Ordering::Relaxed);
+        tracing::trace!(qpn = qp.qpn, peer = %self.peer, "liveness probe (zero-length RDMA Read)");
+        true
+    }
+
+    /// Apply [`Conn::peer_silent`]: if the peer is to be given up, end the
+    /// connection (flushing outstanding work, with the reason as the QP's
+    /// event) and return true.
+    fn give_up_if_silent(&self, qp: &QpShared) -> bool {
+        let Some(why) = self.peer_silent(qp) else {
+            return false;
+        };
+        tracing::warn!(qpn = qp.qpn, peer = %self.peer, "{why}");
+        qp.push_event(crate::QpEvent::PeerTimeout(why.clone()));
+        self.connection_lost(qp, &why, None);
+        true
     }
 
     /// Wake the transmit thread.
@@ -800,11 +899,10 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
             break;
         }
         // Every wake-up and every TICK: is the peer still there?
-        if let Some(why) = conn.peer_silent(qp) {
-            tracing::warn!(qpn = qp.qpn, peer = %conn.peer, "{why}");
-            conn.connection_lost(qp, &why, None);
+        if conn.give_up_if_silent(qp) {
             break;
         }
+        let woken = conn.maybe_probe(qp) || woken;
         if !woken {
             continue;
         }
@@ -823,6 +921,11 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
             if let Err(e) = sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
                 let mut tx = lock(&conn.tx);
                 conn.connection_lost(qp, &format!("poll failed: {e}"), Some(&mut tx));
+                break true;
+            }
+            // Every TICK of waiting for room, too: a peer that never opens
+            // its window again must not hold the outstanding work forever.
+            if conn.give_up_if_silent(qp) {
                 break true;
             }
         };
@@ -1010,6 +1113,9 @@ fn rx_pass(qp: &QpShared, conn: &Conn, rx: &mut RxState) -> Pass {
             match r {
                 Ok(0) => Pass::Closed("EOF".into()),
                 Ok(n) => {
+                    // Payload placed straight into memory is news from the
+                    // peer too (a long Read Response on a slow path).
+                    conn.heard_from_peer();
                     rx.bulk = true;
                     rx.short = n < len as usize + DIRECT_TAIL;
                     let direct = n.min(len as usize);

@@ -52,6 +52,14 @@ pub enum QpEvent {
     TerminateReceived(TermInfo),
     /// We found an error and sent the peer a Terminate; the QP is in error.
     TerminateSent(TermInfo),
+    /// The peer stayed silent for
+    /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout)
+    /// while it owed an answer (our queued data unacknowledged, or RDMA
+    /// Read Responses): the connection is given up, outstanding work is
+    /// flushed, and [`QpEvent::Disconnected`] follows. The text says which
+    /// rule fired (`IBV_EVENT_QP_FATAL` / `RDMA_CM_EVENT_DISCONNECTED` for
+    /// a timeout).
+    PeerTimeout(String),
 }
 
 /// What the MPA handshake negotiated for a connected QP.
@@ -111,6 +119,11 @@ pub(crate) struct Counters {
 /// The `wr_id` of the internal RTR work request (RFC 6581 zero-length
 /// message); its completions never reach the CQ.
 pub(crate) const RTR_WR_ID: u64 = u64::MAX;
+
+/// The `wr_id` of the driver's liveness probe (a zero-length RDMA Read,
+/// [`ConnParam::probe_interval`](crate::cm::ConnParam::probe_interval));
+/// the engine keeps its completions out of the CQ.
+pub(crate) const PROBE_WR_ID: u64 = u64::MAX - 1;
 
 pub(crate) struct QpShared {
     pub(crate) qpn: u32,

@@ -73,6 +73,11 @@ impl Relay {
 /// Client connected to server through a relay; the client's peer_timeout
 /// is `timeout`. Returns (client, server, relay, server's buffer).
 fn relayed(timeout: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
+    relayed_with(timeout, Duration::ZERO)
+}
+
+/// As [`relayed`], with the client's probe_interval `probe`.
+fn relayed_with(timeout: Duration, probe: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
     let (client, server) = (Host::new(), Host::new());
     let src = server.mr(64 << 10);
     src.write_at(0, &common::pattern(64 << 10, 7));
@@ -89,6 +94,7 @@ fn relayed(timeout: Duration) -> (Host, Host, Relay, iwarp::MemoryRegion) {
             &ConnParam {
                 timeout: T,
                 peer_timeout: timeout,
+                probe_interval: probe,
                 ..Default::default()
             },
         )
@@ -131,7 +137,12 @@ fn reads_to_a_peer_that_went_silent_fail_within_the_peer_timeout() {
         took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
         "flushed after {took:?}, peer_timeout 1 s"
     );
-    c.event(|e| matches!(e, QpEvent::Disconnected));
+    // The event says why, then the disconnect follows.
+    let QpEvent::PeerTimeout(why) = c.event(|e| matches!(e, QpEvent::PeerTimeout(_))) else {
+        unreachable!()
+    };
+    assert!(why.contains("RDMA Read"), "{why}");
+    assert_eq!(c.event(|_| true), QpEvent::Disconnected);
 }
 
 #[test]
@@ -169,4 +180,152 @@ fn without_a_peer_timeout_the_read_stays_outstanding() {
     // Forwarding again, the Read completes: it was only waiting.
     relay.forward.store(true, Ordering::Relaxed);
     assert_eq!(c.send_wc().status, WcStatus::Success);
+}
+
+/// Post `n` RDMA Writes of `len` bytes from `c` to `dst` and return when
+/// all have completed (or `limit` passed): (completions, time taken).
+fn writes_until_done(
+    c: &Host,
+    n: u64,
+    len: usize,
+    dst: &iwarp::MemoryRegion,
+    limit: Duration,
+) -> (Vec<iwarp::WorkCompletion>, Duration) {
+    let src = c.mr(len);
+    let t0 = Instant::now();
+    for id in 1..=n {
+        c.qp.post_send(&wr(
+            id,
+            WrOpcode::RdmaWrite {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+            },
+            &[src.sge(0, len)],
+        ))
+        .unwrap();
+    }
+    let mut wcs = Vec::new();
+    while (wcs.len() as u64) < n {
+        let left = limit.saturating_sub(t0.elapsed());
+        match c.scq.wait_one(left).unwrap() {
+            Some(wc) => wcs.push(wc),
+            None => break,
+        }
+    }
+    (wcs, t0.elapsed())
+}
+
+#[test]
+fn writes_that_fill_the_socket_to_a_silent_peer_fail_within_the_peer_timeout() {
+    // The relay stops reading: its kernel takes what fits in its receive
+    // buffer, then advertises a zero window; our socket fills and the
+    // later Writes cannot be handed to TCP. They must complete with an
+    // error, not wait for TCP's persist timer (which never gives up on a
+    // peer that answers its window probes).
+    let (c, s, relay, _src) = relayed(Duration::from_secs(1));
+    let dst = s.mr(4 << 20);
+    relay.forward.store(false, Ordering::Relaxed);
+    let (wcs, took) = writes_until_done(&c, 48, 4 << 20, &dst, Duration::from_secs(8));
+    assert_eq!(
+        wcs.len(),
+        48,
+        "only {} of 48 Writes completed in {took:?}",
+        wcs.len()
+    );
+    assert!(
+        wcs.iter().any(|wc| wc.status == WcStatus::WrFlushErr),
+        "192 MiB cannot all fit into socket buffers: {:?}",
+        wcs.iter().map(|w| w.status).collect::<Vec<_>>()
+    );
+    assert!(
+        took < Duration::from_millis(4000),
+        "flushed after {took:?}, peer_timeout 1 s"
+    );
+    c.event(|e| matches!(e, QpEvent::PeerTimeout(_) | QpEvent::Disconnected));
+}
+
+#[test]
+fn writes_through_a_slow_but_live_path_are_not_cut() {
+    // 20 ms per chunk of at most 64 KiB each way (under 3.2 MB/s): 16 MiB
+    // of Writes keep our socket full for seconds, but it keeps draining,
+    // so nothing is given up.
+    let (c, s, relay, _src) = relayed(Duration::from_secs(1));
+    let dst = s.mr(2 << 20);
+    relay.delay_ms.store(20, Ordering::Relaxed);
+    let (wcs, took) = writes_until_done(&c, 8, 2 << 20, &dst, Duration::from_secs(40));
+    assert_eq!(
+        wcs.len(),
+        8,
+        "only {} of 8 Writes completed in {took:?}",
+        wcs.len()
+    );
+    assert!(
+        took > Duration::from_secs(2),
+        "the path was not slow: {took:?}"
+    );
+    for wc in &wcs {
+        assert_eq!(wc.status, WcStatus::Success, "after {took:?}");
+    }
+}
+
+#[test]
+fn an_idle_connection_with_probing_notices_a_stalled_path() {
+    // Nothing is outstanding but a posted receive: only the probe (a
+    // zero-length RDMA Read after 500 ms of silence) can find out that the
+    // relay stopped forwarding; its response never comes, so 1 s later the
+    // connection is given up and the receive flushes.
+    let (c, _s, relay, _src) = relayed_with(Duration::from_secs(1), Duration::from_millis(500));
+    let rb = c.mr(64);
+    c.post_recv(5, &rb, 0, 64);
+    relay.forward.store(false, Ordering::Relaxed);
+    let t0 = Instant::now();
+    let QpEvent::PeerTimeout(why) = c.event(|e| matches!(e, QpEvent::PeerTimeout(_))) else {
+        unreachable!()
+    };
+    let took = t0.elapsed();
+    assert!(why.contains("RDMA Read"), "{why}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(3500),
+        "noticed after {took:?}: probe 0.5 s + peer_timeout 1 s"
+    );
+    let wc = c.recv_wc();
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    assert_eq!(c.event(|_| true), QpEvent::Disconnected);
+}
+
+#[test]
+fn without_probing_an_idle_stalled_path_goes_unnoticed() {
+    // The probe is what notices it: with probe_interval zero nothing
+    // happens (TCP keepalive would not either: the relay's kernel answers).
+    let (c, _s, relay, _src) = relayed_with(Duration::from_secs(1), Duration::ZERO);
+    relay.forward.store(false, Ordering::Relaxed);
+    assert_eq!(c.qp.next_event(Duration::from_millis(3000)), None);
+}
+
+#[test]
+fn probes_through_a_slow_but_live_path_are_answered() {
+    // 300 ms per chunk each way: every probe is answered in about 600 ms,
+    // under the 1 s peer_timeout; idle for 4 s (a dozen probes), the
+    // connection stays up, no probe shows up as a completion, and Reads
+    // still work.
+    let (c, _s, relay, src) = relayed_with(Duration::from_secs(1), Duration::from_millis(300));
+    relay.delay_ms.store(300, Ordering::Relaxed);
+    let tx0 = c.qp.stats().tx_bytes;
+    assert_eq!(c.qp.next_event(Duration::from_millis(4000)), None);
+    // Probes went out (a Read Request FPDU is 44 bytes without CRC).
+    let probed = c.qp.stats().tx_bytes - tx0;
+    assert!(
+        probed >= 3 * 44,
+        "only {probed} bytes sent while idle: no probes"
+    );
+    assert!(
+        c.scq.wait_one(Duration::ZERO).unwrap().is_none(),
+        "a probe completed in the CQ"
+    );
+    relay.delay_ms.store(0, Ordering::Relaxed);
+    let sink = c.mr(64 << 10);
+    read(&c, 9, &sink, &src);
+    let wc = c.send_wc();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success));
+    assert_eq!(sink.to_vec(), src.to_vec());
 }

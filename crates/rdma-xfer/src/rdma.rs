@@ -654,6 +654,7 @@ impl RdmaSession {
             timeout: cfg.connect_timeout,
             // A peer silent this long while it owes Read Responses is gone.
             peer_timeout: cfg.timeout,
+            ..ConnParam::default()
         };
         cm::connect(&s.ctrl_qp, addr, &param(private_data(token, u32::MAX)))
             .map_err(|e| Error::Setup(e.to_string()))?;

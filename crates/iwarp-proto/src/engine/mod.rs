@@ -225,6 +225,10 @@ pub struct Engine {
     unconfirmed: Vec<u64>,
     orq: VecDeque<OrqEntry>,
     irq: VecDeque<IrqEntry>,
+    /// Liveness probes queued or outstanding (`post_probe`), and their
+    /// `wr_id`: they do not count against `sq_depth`.
+    probes: usize,
+    probe_wr_id: u64,
     completions: VecDeque<WorkCompletion>,
     events: VecDeque<EngineEvent>,
     rx: rx::Rx,
@@ -251,6 +255,8 @@ impl Engine {
             next_seq: 0,
             unconfirmed: Vec::new(),
             orq: VecDeque::new(),
+            probes: 0,
+            probe_wr_id: 0,
             irq: VecDeque::new(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
@@ -298,7 +304,7 @@ impl Engine {
         if matches!(self.state, QpState::Error | QpState::Closed) {
             return Err(PostError::QpError { wr_id: wr.wr_id });
         }
-        if self.sq.len() + self.sq_slots.len() >= self.cfg.sq_depth as usize {
+        if self.sq.len() + self.sq_slots.len() - self.probes >= self.cfg.sq_depth as usize {
             return Err(PostError::QueueFull { wr_id: wr.wr_id });
         }
         if wr.sgl.total_len() > u32::MAX as u64 {
@@ -309,6 +315,36 @@ impl Engine {
         }
         self.sq.push_back(wr);
         Ok(())
+    }
+
+    /// Queue the driver's liveness probe: a zero-length RDMA Read with
+    /// STag 0 and offset 0, the same request RFC 6581 §5 uses as the
+    /// ready-to-receive message, which every RFC 6581 peer (Linux siw
+    /// among them) answers with a zero-length Read Response without
+    /// touching memory (RFC 5040 §4.4: nothing is read for a Read Message
+    /// Size of 0). It is an ordinary Read for the protocol, so it takes an
+    /// ORD slot while outstanding (RFC 5040 §5.2: the peer's IRD is
+    /// respected), but it does not count against the application's send
+    /// queue depth: a full send queue must not refuse it, and it must not
+    /// refuse the application's last request either. Returns false if the
+    /// QP is not in RTS.
+    pub fn post_probe(&mut self, wr_id: u64) -> bool {
+        if self.state != QpState::Rts {
+            return false;
+        }
+        self.sq.push_back(SendWr {
+            wr_id,
+            opcode: WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            sgl: SgList::new(),
+            signaled: false,
+            solicited: false,
+        });
+        self.probes += 1;
+        self.probe_wr_id = wr_id;
+        true
     }
 
     /// Queue a receive (`ibv_post_recv`).
@@ -431,6 +467,12 @@ impl Engine {
                 break;
             }
             let slot = self.sq_slots.pop_front().expect("front exists");
+            if self.probes > 0 && slot.wr_id == self.probe_wr_id && !slot.signaled {
+                // The driver's probe: answered or flushed, never a
+                // completion of the application's.
+                self.probes -= 1;
+                continue;
+            }
             if slot.signaled || status != WcStatus::Success {
                 self.completions.push_back(WorkCompletion {
                     wr_id: slot.wr_id,
