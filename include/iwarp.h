@@ -481,8 +481,10 @@ typedef struct iwarp_conn_param {
    * Silence after which a zero-length RDMA Read asks the peer for a
    * sign of life (an idle connection through a path that stopped
    * forwarding is then noticed within `probe_interval_ms +
-   * peer_timeout_ms`). 0 means the default, 10000 ms;
-   * `IWARP_LIVENESS_OFF` turns probing off.
+   * peer_timeout_ms`). 0 means the default, which is off (not every
+   * RNIC answers a zero-length Read outside connection setup; 10000 is
+   * a sensible value for siw and this stack); `IWARP_LIVENESS_OFF` is
+   * off too.
    */
   uint32_t probe_interval_ms;
 } iwarp_conn_param;

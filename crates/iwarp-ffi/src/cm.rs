@@ -75,8 +75,10 @@ pub struct iwarp_conn_param {
     /// Silence after which a zero-length RDMA Read asks the peer for a
     /// sign of life (an idle connection through a path that stopped
     /// forwarding is then noticed within `probe_interval_ms +
-    /// peer_timeout_ms`). 0 means the default, 10000 ms;
-    /// `IWARP_LIVENESS_OFF` turns probing off.
+    /// peer_timeout_ms`). 0 means the default, which is off (not every
+    /// RNIC answers a zero-length Read outside connection setup; 10000 is
+    /// a sensible value for siw and this stack); `IWARP_LIVENESS_OFF` is
+    /// off too.
     pub probe_interval_ms: u32,
 }
 
@@ -548,7 +550,7 @@ mod tests {
         };
         assert_eq!((p.crc, p.markers, p.ird, p.ord), (1, 1, 16, 16));
         assert_eq!(p.timeout_ms, 5000);
-        assert_eq!((p.peer_timeout_ms, p.probe_interval_ms), (30_000, 10_000));
+        assert_eq!((p.peer_timeout_ms, p.probe_interval_ms), (30_000, 0));
         // 0 is the default, IWARP_LIVENESS_OFF is off, anything else as given.
         for (ms, want) in [
             (0, cm::DEFAULT_PEER_TIMEOUT),

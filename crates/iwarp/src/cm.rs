@@ -81,8 +81,13 @@ pub struct ConnParam {
     pub probe_interval: Duration,
 }
 
-/// The default [`ConnParam::probe_interval`].
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// The default [`ConnParam::probe_interval`]: off. The probe is a
+/// zero-length RDMA Read with STag 0, which siw accepts (it is RFC 6581's
+/// ready-to-receive message), but not every RNIC does outside connection
+/// setup (Chelsio T4/T5 fail it), and a peer that refuses it ends the
+/// connection with a Terminate. Turn it on (10 s is a sensible value) for
+/// peers known to answer it.
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::ZERO;
 
 /// The default [`ConnParam::peer_timeout`].
 pub const DEFAULT_PEER_TIMEOUT: Duration = Duration::from_secs(30);
