@@ -166,6 +166,7 @@ unsafe fn conn_param_from_c(p: *const iwarp_conn_param) -> Result<ConnParam, Ffi
         timeout: Duration::from_millis(u64::from(ms)),
         peer_timeout: liveness_from_c(p.peer_timeout_ms, cm::DEFAULT_PEER_TIMEOUT),
         probe_interval: liveness_from_c(p.probe_interval_ms, cm::DEFAULT_PROBE_INTERVAL),
+        ..ConnParam::default()
     })
 }
 

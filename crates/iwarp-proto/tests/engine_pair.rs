@@ -1788,3 +1788,52 @@ fn the_liveness_probe_takes_an_ord_slot_but_no_send_queue_slot_and_no_completion
     p.a.drain();
     assert_eq!(p.a.wcs.len(), 64, "the flushed probe reached the CQ");
 }
+
+#[test]
+fn the_wake_up_nudge_is_a_zero_length_write_that_changes_nothing_at_either_end() {
+    let mut p = Pair::new(12, Link::default());
+    let sink = p.b.mem.register(PD, Access::REMOTE_WRITE, 0, 64);
+    p.b.mem.fill(sink, &pattern(64, 9));
+    assert!(p.a.eng.post_nudge(999));
+    // On the wire: one FPDU, an RDMA Write (RDMAP opcode 0) in a tagged,
+    // last DDP segment with STag 0, offset 0 and no payload (RFC 6581 §5,
+    // the write-form ready-to-receive message).
+    let out = Pair::transmit(&mut p.a, &mut p.wire_ab, 70_000);
+    let ulpdu_len = usize::from(u16::from_be_bytes([out[0], out[1]]));
+    let seg = iwarp_proto::wire::ddp::Packet::new_checked(&out[2..2 + ulpdu_len]).unwrap();
+    assert!(seg.tagged() && seg.last());
+    assert_eq!((seg.ulp_ctrl() & 0x0f, seg.stag(), seg.to()), (0, 0, 0));
+    assert!(seg.payload().is_empty());
+    assert_eq!(p.b.eng.handle_input(&out, &p.b.mem), out.len());
+    p.b.drain();
+    // The application's whole send queue is still free (64 entries).
+    for k in 0..64 {
+        p.a.eng
+            .post_send(send_wr(k, WrOpcode::Send, &[]))
+            .unwrap_or_else(|e| panic!("send {k} refused behind the nudge: {e:?}"));
+    }
+    for k in 0..64 {
+        p.b.eng.post_recv(recv_wr(k, &[])).unwrap();
+    }
+    p.run();
+    let ids: Vec<u64> = p.a.wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(
+        ids,
+        (0..64).collect::<Vec<_>>(),
+        "no completion for the nudge"
+    );
+    assert_eq!(p.b.wcs.len(), 64, "the receiver completed only the Sends");
+    assert_same(&p.b.mem.contents(sink), &pattern(64, 9), "nothing placed");
+    assert!(term_sent(&p.b).is_none() && term_sent(&p.a).is_none());
+    assert_eq!(p.b.eng.state(), QpState::Rts);
+
+    // A nudge and a probe outstanding together are both the driver's: no
+    // completion for either, and the send queue accounting returns to zero.
+    assert!(p.a.eng.post_nudge(999));
+    assert!(p.a.eng.post_probe(999));
+    p.run();
+    assert_eq!(p.a.wcs.len(), 64);
+    for k in 100..164 {
+        p.a.eng.post_send(send_wr(k, WrOpcode::Send, &[])).unwrap();
+    }
+}

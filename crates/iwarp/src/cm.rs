@@ -79,6 +79,15 @@ pub struct ConnParam {
     /// the relay's kernel answers those). Needs `peer_timeout`; not sent
     /// to a peer that accepts no inbound Reads (IRD 0).
     pub probe_interval: Duration,
+    /// Early in the connection, nudge a peer that has been silent since our
+    /// last bytes with a zero-length RDMA Write (at most 6 times, within 2
+    /// s, from 20 ms of silence on, doubling). Linux siw can miss bytes
+    /// that arrive while it finishes connection setup and then waits for
+    /// more; without the nudge a client whose first message expects an
+    /// answer (rping) hangs against it. Harmless to siw and to this stack
+    /// (RFC 6581's write-form ready-to-receive message); turn it off for a
+    /// peer that refuses zero-length Writes at RTS.
+    pub wake_nudge: bool,
 }
 
 /// The default [`ConnParam::probe_interval`]: off. The probe is a
@@ -100,6 +109,17 @@ impl Default for ConnParam {
             timeout: Duration::from_secs(5),
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
+            wake_nudge: true,
+        }
+    }
+}
+
+impl ConnParam {
+    fn liveness(&self) -> driver::Liveness {
+        driver::Liveness {
+            peer_timeout: self.peer_timeout,
+            probe_interval: self.probe_interval,
+            wake_nudge: self.wake_nudge,
         }
     }
 }
@@ -341,8 +361,7 @@ fn go_live(
     sock: Socket,
     neg: &Negotiated,
     initiator: bool,
-    peer_timeout: Duration,
-    probe_interval: Duration,
+    param: &ConnParam,
 ) -> Result<(), CmError> {
     let shared: &QpShared = &qp.shared;
     driver::tune_socket(&sock);
@@ -410,8 +429,7 @@ fn go_live(
         }
     }
     let _ = shared.info.set(info);
-    let conn =
-        Conn::start(&qp.shared, sock, peer_timeout, probe_interval).map_err(CmError::Driver)?;
+    let conn = Conn::start(&qp.shared, sock, &param.liveness()).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(
@@ -492,14 +510,7 @@ fn connect_inner(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<
         }
     };
     let peer_pd = neg.peer_private_data.clone();
-    go_live(
-        qp,
-        sock,
-        &neg,
-        true,
-        param.peer_timeout,
-        param.probe_interval,
-    )?;
+    go_live(qp, sock, &neg, true, param)?;
     Ok(peer_pd)
 }
 
@@ -721,14 +732,7 @@ impl ConnRequest {
             deadline: start + param.timeout,
         };
         x.send(&reply, "sending the MPA Reply")?;
-        go_live(
-            qp,
-            self.sock,
-            &neg,
-            false,
-            param.peer_timeout,
-            param.probe_interval,
-        )
+        go_live(qp, self.sock, &neg, false, param)
     }
 
     /// Reject the request (`rdma_reject`): send an MPA Reject carrying

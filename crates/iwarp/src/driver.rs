@@ -83,7 +83,7 @@
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -123,6 +123,14 @@ const TICK: Duration = Duration::from_millis(100);
 
 /// `Conn::quiet_since_ms` when the peer owes nothing.
 const NOT_OWED: u64 = u64::MAX;
+/// Wake-up nudges (see `Conn::maybe_nudge`): the silence after our last
+/// bytes before the first one, doubled for each next one.
+const NUDGE_FIRST_GAP_MS: u64 = 20;
+/// At most this many nudges per connection...
+const NUDGE_MAX: u32 = 6;
+/// ...and only this long after the connection went live: the race they
+/// repair is with the peer's connection setup.
+const NUDGE_WINDOW_MS: u64 = 2_000;
 /// Application `progress` calls between two looks of the receive thread
 /// above which it considers the application to be busy polling.
 const SPINNING_POLLS: u64 = 64;
@@ -266,6 +274,14 @@ pub(crate) struct Conn {
     probe_interval: Duration,
     /// Milliseconds since `epoch` when the last probe was queued.
     last_probe_ms: AtomicU64,
+    /// Wake-up nudges still allowed (0: off, or done); see
+    /// [`Conn::maybe_nudge`].
+    nudges_left: AtomicU32,
+    /// Milliseconds since `epoch` when we last wrote bytes (kept only
+    /// while `nudges_left > 0`; `NOT_OWED`: nothing written yet).
+    last_tx_ms: AtomicU64,
+    /// Milliseconds since `epoch` when the last nudge was queued.
+    last_nudge_ms: AtomicU64,
     /// When the connection started (the clock of the fields below).
     epoch: Instant,
     /// Milliseconds since `epoch` when bytes last arrived.
@@ -317,6 +333,15 @@ pub(crate) fn pump(qp: &QpShared, eng: &mut Engine) {
     }
 }
 
+/// The connection's liveness settings, from
+/// [`ConnParam`](crate::cm::ConnParam).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Liveness {
+    pub(crate) peer_timeout: Duration,
+    pub(crate) probe_interval: Duration,
+    pub(crate) wake_nudge: bool,
+}
+
 struct LiveGuard<'a>(&'a Conn);
 
 impl Drop for LiveGuard<'_> {
@@ -333,9 +358,9 @@ impl Conn {
     pub(crate) fn start(
         qp: &Arc<QpShared>,
         sock: Socket,
-        peer_timeout: Duration,
-        probe_interval: Duration,
+        live: &Liveness,
     ) -> io::Result<Arc<Conn>> {
+        let peer_timeout = live.peer_timeout;
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
         if !peer_timeout.is_zero() {
@@ -369,12 +394,15 @@ impl Conn {
             wake_cond: Condvar::new(),
             stop: AtomicBool::new(false),
             down: AtomicBool::new(false),
-            peer_timeout,
+            peer_timeout: live.peer_timeout,
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
             quiet_since_ms: AtomicU64::new(NOT_OWED),
-            probe_interval,
+            probe_interval: live.probe_interval,
             last_probe_ms: AtomicU64::new(0),
+            nudges_left: AtomicU32::new(if live.wake_nudge { NUDGE_MAX } else { 0 }),
+            last_tx_ms: AtomicU64::new(NOT_OWED),
+            last_nudge_ms: AtomicU64::new(0),
             acked_mark: AtomicU64::new(0),
             stalled_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
@@ -534,6 +562,107 @@ impl Conn {
         self.last_probe_ms.store(now, Ordering::Relaxed);
         tracing::trace!(qpn = qp.qpn, peer = %self.peer, "liveness probe (zero-length RDMA Read)");
         true
+    }
+
+    /// Queue a wake-up nudge ([`Engine::post_nudge`], a zero-length RDMA
+    /// Write) if, early in the connection, the peer has been silent for a
+    /// while since our last bytes. Returns true if one was queued (the
+    /// caller transmits it).
+    ///
+    /// Why: Linux siw (drivers/infiniband/sw/siw, checked in 6.1 and 6.12)
+    /// reads a connection's socket only from its `sk_data_ready` callback.
+    /// On the passive side, `siw_accept` moves the QP to RTS, sends the MPA
+    /// Reply, and only then installs the QP's receive callback
+    /// (`siw_qp_socket_assoc`, or `siw_sk_assign_rtr_upcalls` in
+    /// peer-to-peer mode). Until then the connection manager's callback is
+    /// in place, and in `SIW_EPSTATE_RDMA_MODE` it ignores arriving data
+    /// (`siw_cm_llp_data_ready`). The active side has the same gap: it
+    /// reads the MPA Reply in a work item and installs the receive callback
+    /// afterwards (`siw_proc_mpareply`), so bytes that came with or right
+    /// behind the Reply are not signalled again. An FPDU that arrives in
+    /// that window is acknowledged by TCP and then sits in the socket until
+    /// more bytes arrive. Our first FPDU leaves within a millisecond of the
+    /// MPA exchange (siw's own initiator, going through rdma_cm in user
+    /// space, needs about 13 ms), so with rping, which then waits for an
+    /// answer to it, both sides waited forever (every run with 2 vCPUs
+    /// under QEMU TCG, 1 in 6 with 1 vCPU). No delay of the first FPDU is
+    /// safe for every peer and every load, and one would slow every
+    /// connection; instead, bytes that arrive later make siw read
+    /// everything queued, so a nudge repairs the stall whenever it happens,
+    /// costing nothing where it does not.
+    ///
+    /// When: within [`NUDGE_WINDOW_MS`] of going live, at most
+    /// [`NUDGE_MAX`] times, after we wrote bytes and the peer has sent
+    /// nothing for [`NUDGE_FIRST_GAP_MS`] since (the gap doubles after each
+    /// nudge, so a nudge that itself lands in the window is followed by
+    /// another). A peer that answers within the gap is never nudged. The
+    /// zero-length Write is RFC 6581's write-form RTR, which siw treats as
+    /// a no-op at RTS (`siw_proc_write`: "zero length WRITE"), as does our
+    /// engine; [`ConnParam::wake_nudge`](crate::cm::ConnParam::wake_nudge)
+    /// turns it off for a peer that refuses it.
+    fn maybe_nudge(&self, qp: &QpShared) -> bool {
+        if self.nudges_left.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let now = self.now_ms();
+        if now > NUDGE_WINDOW_MS {
+            self.nudges_left.store(0, Ordering::Relaxed);
+            return false;
+        }
+        let Some(due) = self.nudge_due_ms() else {
+            return false;
+        };
+        if now < due {
+            return false;
+        }
+        if !lock(&qp.engine).post_nudge(crate::qp::PROBE_WR_ID) {
+            return false;
+        }
+        self.nudges_left.fetch_sub(1, Ordering::Relaxed);
+        self.last_nudge_ms.store(now, Ordering::Relaxed);
+        tracing::debug!(
+            qpn = qp.qpn,
+            peer = %self.peer,
+            ms_since_tx = now.saturating_sub(self.last_tx_ms.load(Ordering::Relaxed)),
+            "peer silent since our last bytes: wake-up nudge (zero-length RDMA Write)"
+        );
+        true
+    }
+
+    /// When the next wake-up nudge is due (milliseconds since `epoch`), or
+    /// `None` if none is wanted now: nudging is over, we have written
+    /// nothing yet, or the peer has sent something since our last bytes.
+    fn nudge_due_ms(&self) -> Option<u64> {
+        let left = self.nudges_left.load(Ordering::Relaxed);
+        if left == 0 {
+            return None;
+        }
+        let last_tx = self.last_tx_ms.load(Ordering::Relaxed);
+        if last_tx == NOT_OWED {
+            return None;
+        }
+        if self.last_rx_ms.load(Ordering::Relaxed) > last_tx {
+            return None;
+        }
+        let gap = NUDGE_FIRST_GAP_MS << (NUDGE_MAX - left);
+        Some(last_tx.max(self.last_nudge_ms.load(Ordering::Relaxed)) + gap)
+    }
+
+    /// How long the transmit thread may sleep: [`TICK`], or less when a
+    /// wake-up nudge falls due sooner.
+    fn tx_sleep(&self) -> Duration {
+        match self.nudge_due_ms() {
+            Some(due) => Duration::from_millis(due.saturating_sub(self.now_ms()).max(1)).min(TICK),
+            None => TICK,
+        }
+    }
+
+    /// Bytes of ours went to the socket (recorded only while nudges may
+    /// still be sent).
+    fn wrote_bytes(&self) {
+        if self.nudges_left.load(Ordering::Relaxed) > 0 {
+            self.last_tx_ms.store(self.now_ms(), Ordering::Relaxed);
+        }
     }
 
     /// Apply [`Conn::peer_silent`]: if the peer is to be given up, end the
@@ -849,6 +978,7 @@ fn flush(qp: &QpShared, conn: &Conn, tx: &mut TxState) -> Flush {
                 Ok(n) => {
                     tx.off += n;
                     qp.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    conn.wrote_bytes();
                     if tx.off >= tx.frame_len {
                         fault::after_frame_written();
                     }
@@ -887,9 +1017,10 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
         let woken = {
             let mut woken = lock(&conn.wake);
             if !*woken && !conn.stop.load(Ordering::Acquire) {
+                let sleep = conn.tx_sleep();
                 woken = conn
                     .wake_cond
-                    .wait_timeout(woken, TICK)
+                    .wait_timeout(woken, sleep)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
@@ -903,6 +1034,7 @@ fn tx_loop(qp: &QpShared, conn: &Conn) {
             break;
         }
         let woken = conn.maybe_probe(qp) || woken;
+        let woken = conn.maybe_nudge(qp) || woken;
         if !woken {
             continue;
         }

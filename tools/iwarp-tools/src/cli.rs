@@ -4,7 +4,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::ValueEnum;
-use iwarp_proto::handshake::{MpaConfig, Policy};
+use iwarp_proto::handshake::{MpaConfig, Policy, Rtr};
 
 /// An MPA feature policy on the command line (RFC 5044 §7.1 C and M flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -35,6 +35,24 @@ impl std::fmt::Display for PolicyArg {
             PolicyArg::Optional => "optional",
             PolicyArg::Off => "off",
         })
+    }
+}
+
+/// The RFC 6581 ready-to-receive message to request (peer-to-peer mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RtrArg {
+    /// A zero-length RDMA Write (what siw prefers).
+    Write,
+    /// A zero-length RDMA Read.
+    Read,
+}
+
+impl From<RtrArg> for Rtr {
+    fn from(r: RtrArg) -> Rtr {
+        match r {
+            RtrArg::Write => Rtr::ZeroLengthWrite,
+            RtrArg::Read => Rtr::ZeroLengthRead,
+        }
     }
 }
 

@@ -41,6 +41,8 @@ pub struct PingConfig {
     pub timeout: Duration,
     /// MPA policy.
     pub mpa: MpaConfig,
+    /// [`ConnParam::wake_nudge`].
+    pub wake_nudge: bool,
 }
 
 impl PingConfig {
@@ -56,6 +58,7 @@ impl PingConfig {
             validate: false,
             timeout: Duration::from_secs(10),
             mpa,
+            wake_nudge: true,
         }
     }
 
@@ -64,6 +67,7 @@ impl PingConfig {
             private_data: Vec::new(),
             mpa: self.mpa.clone(),
             timeout: self.timeout,
+            wake_nudge: self.wake_nudge,
             ..ConnParam::default()
         }
     }

@@ -225,7 +225,8 @@ pub struct Engine {
     unconfirmed: Vec<u64>,
     orq: VecDeque<OrqEntry>,
     irq: VecDeque<IrqEntry>,
-    /// Liveness probes queued or outstanding (`post_probe`), and their
+    /// The driver's own requests (liveness probes and wake-up nudges,
+    /// `post_probe` / `post_nudge`) queued or outstanding, and their
     /// `wr_id`: they do not count against `sq_depth`.
     probes: usize,
     probe_wr_id: u64,
@@ -329,15 +330,45 @@ impl Engine {
     /// refuse the application's last request either. Returns false if the
     /// QP is not in RTS.
     pub fn post_probe(&mut self, wr_id: u64) -> bool {
+        self.post_driver_wr(
+            wr_id,
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        )
+    }
+
+    /// Queue the driver's wake-up nudge: a zero-length RDMA Write with
+    /// STag 0 and offset 0, the message RFC 6581 §5 defines as the
+    /// write-form ready-to-receive. It places nothing, needs no answer and
+    /// completes nothing at either end (RFC 5041 §7.2: a zero-length
+    /// tagged segment has nothing to validate or place; Linux siw's
+    /// `siw_proc_write` returns at once for it); its only effect is that
+    /// bytes arrive at the peer, which makes a peer that missed the
+    /// arrival of our earlier bytes read its socket again (see the driver's
+    /// `maybe_nudge`). Like the probe it takes no send-queue slot and
+    /// produces no completion. Returns false if the QP is not in RTS.
+    pub fn post_nudge(&mut self, wr_id: u64) -> bool {
+        self.post_driver_wr(
+            wr_id,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+        )
+    }
+
+    /// A zero-length, unsignaled request of the driver's own (probe or
+    /// nudge): outside the application's send-queue accounting, and its
+    /// completion swallowed in `drain_sq_completions`.
+    fn post_driver_wr(&mut self, wr_id: u64, opcode: WrOpcode) -> bool {
         if self.state != QpState::Rts {
             return false;
         }
         self.sq.push_back(SendWr {
             wr_id,
-            opcode: WrOpcode::RdmaRead {
-                remote_addr: 0,
-                rkey: 0,
-            },
+            opcode,
             sgl: SgList::new(),
             signaled: false,
             solicited: false,

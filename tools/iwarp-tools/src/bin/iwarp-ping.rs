@@ -70,6 +70,16 @@ struct Args {
     /// MPA markers policy: required (alias on), optional, or off.
     #[arg(long, value_enum, value_name = "POLICY", default_value_t = PolicyArg::Off)]
     markers: PolicyArg,
+    /// Peer-to-peer mode (RFC 6581): request this ready-to-receive message
+    /// (client), or accept a client's request for it (server). siw needs
+    /// its `peer_to_peer` module parameter for this mode.
+    #[arg(long, value_enum, value_name = "KIND")]
+    rtr: Option<cli::RtrArg>,
+    /// Do not nudge a silent peer early in the connection (see
+    /// ConnParam::wake_nudge; needed only for a peer that refuses
+    /// zero-length RDMA Writes).
+    #[arg(long)]
+    no_wake_nudge: bool,
     /// Seconds allowed for the connection setup and for each step of a ping.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = cli::parse_secs)]
     timeout: Duration,
@@ -96,7 +106,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let mut cfg = PingConfig::new(cli::mpa_config(args.crc, args.markers));
+    let mut mpa = cli::mpa_config(args.crc, args.markers);
+    mpa.rtr = args.rtr.map(Into::into);
+    let mut cfg = PingConfig::new(mpa);
+    cfg.wake_nudge = !args.no_wake_nudge;
     cfg.size = args.size;
     cfg.count = args.count;
     cfg.verbose = args.verbose;
