@@ -8,7 +8,8 @@
 # crates/iwarp-proto/src/wire/crc.rs) runs PAIRS (default 5) back-to-back
 #   iwarp-perf --loopback --compare write_bw -s SIZE --crc on -D SECS
 # pairs (iWARP then TCP, SIZE default 1048576, SECS default 2), and PAIRS
-# pairs with --crc off as the reference, and prints per path the median
+# pairs with --crc off as the reference (round-robin over the paths), and
+# prints per path the median
 # iWARP/TCP bandwidth ratio, its range, and the median CPU seconds per GB
 # of each side. Then the per-back-end microbenchmark
 # (crates/iwarp-proto/examples/crc_bench.rs): GB/s at 64 B .. 1 MiB.
@@ -61,27 +62,32 @@ median() {
         }'
 }
 
-# run_pairs LABEL IWARP_CRC CRC: PAIRS pairs, one summary row.
-run_pairs() {
-    local label="$1" path="$2" crc="$3" i line
-    local ratios="" iw_cpu="" tcp_cpu="" impl="" bw=""
-    for ((i = 0; i < PAIRS; i++)); do
-        if ! line="$(IWARP_CRC="$path" timeout $((SECS * 4 + 60)) "$PERF" --loopback --compare \
-            write_bw -s "$SIZE" --crc "$crc" -D "$SECS" --json)"; then
-            echo "bench-crc.sh: $label pair $i failed" >&2
-            return 1
-        fi
-        [[ -n "$OUT" ]] && printf '%s\n' "$line" >>"$OUT/bench-crc.jsonl"
-        ratios+="$(jq -r '.ratio.bw' <<<"$line")"$'\n'
-        bw+="$(jq -r '.iwarp.bw_mb_s / 1000' <<<"$line")"$'\n'
-        # CPU seconds per GB moved (10^9 bytes).
-        iw_cpu+="$(jq -r '.iwarp.cpu_s / (.iwarp.bw_mb_s * .iwarp.elapsed_s / 1000)' <<<"$line")"$'\n'
-        tcp_cpu+="$(jq -r '.tcp.cpu_s / (.tcp.bw_mb_s * .tcp.elapsed_s / 1000)' <<<"$line")"$'\n'
-        impl="$(jq -r '.crc_impl // "none"' <<<"$line")"
-    done
-    printf '| %-10s | %-18s | %-24s | %10s | %10s | %10s |\n' "$label" "$impl" \
-        "$(printf '%s' "$ratios" | stats)" "$(printf '%s' "$bw" | median)" \
-        "$(printf '%s' "$iw_cpu" | median)" "$(printf '%s' "$tcp_cpu" | median)"
+declare -A RATIOS BW IW_CPU TCP_CPU IMPL
+
+# one_pair LABEL IWARP_CRC CRC: one iWARP/TCP pair, added to LABEL's lists.
+one_pair() {
+    local label="$1" path="$2" crc="$3" line
+    if ! line="$(IWARP_CRC="$path" timeout $((SECS * 4 + 60)) "$PERF" --loopback --compare \
+        write_bw -s "$SIZE" --crc "$crc" -D "$SECS" --json)"; then
+        echo "bench-crc.sh: $label pair failed" >&2
+        return 1
+    fi
+    if [[ -n "$OUT" ]]; then
+        jq -c --arg p "$label" '. + {iwarp_crc: $p}' <<<"$line" >>"$OUT/bench-crc.jsonl"
+    fi
+    RATIOS[$label]+="$(jq -r '.ratio.bw' <<<"$line")"$'\n'
+    BW[$label]+="$(jq -r '.iwarp.bw_mb_s / 1000' <<<"$line")"$'\n'
+    # CPU seconds per GB moved (10^9 bytes).
+    IW_CPU[$label]+="$(jq -r '.iwarp.cpu_s / (.iwarp.bw_mb_s * .iwarp.elapsed_s / 1000)' <<<"$line")"$'\n'
+    TCP_CPU[$label]+="$(jq -r '.tcp.cpu_s / (.tcp.bw_mb_s * .tcp.elapsed_s / 1000)' <<<"$line")"$'\n'
+    IMPL[$label]="$(jq -r '.crc_impl // "none"' <<<"$line")"
+}
+
+row() {
+    local label="$1"
+    printf '| %-10s | %-18s | %-24s | %10s | %10s | %10s |\n' "$label" "${IMPL[$label]}" \
+        "$(printf '%s' "${RATIOS[$label]}" | stats)" "$(printf '%s' "${BW[$label]}" | median)" \
+        "$(printf '%s' "${IW_CPU[$label]}" | median)" "$(printf '%s' "${TCP_CPU[$label]}" | median)"
 }
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
@@ -90,20 +96,32 @@ echo "CRC-related flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' |
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "command: IWARP_CRC=PATH $PERF --loopback --compare write_bw -s $SIZE --crc on|off -D $SECS --json, $PAIRS pairs each"
 echo
-printf '| %-10s | %-18s | %-24s | %10s | %10s | %10s |\n' "IWARP_CRC" "crc_impl" \
-    "iWARP/TCP median (range)" "iWARP GB/s" "iWARP s/GB" "TCP s/GB"
-echo "|------------|--------------------|--------------------------|------------|------------|------------|"
+run=()
 for p in $PATHS; do
     # Without a test iwarp-perf stops at once, after refusing a back end
     # this CPU lacks (the message names IWARP_CRC).
     why="$(IWARP_CRC="$p" "$PERF" 2>&1 || true)"
     if grep -q IWARP_CRC <<<"$why"; then
-        printf '| %-10s | %s |\n' "$p" "$(grep -m1 IWARP_CRC <<<"$why")"
+        echo "skipped $p: $(grep -m1 IWARP_CRC <<<"$why")"
         continue
     fi
-    run_pairs "$p" "$p" on
+    run+=("$p")
 done
-run_pairs "crc off" auto off
+# Round-robin: pair k of every path, then pair k+1, so that the machine's
+# drift spreads over all paths alike.
+for ((k = 0; k < PAIRS; k++)); do
+    for p in "${run[@]}"; do
+        one_pair "$p" "$p" on
+    done
+    one_pair "crc off" auto off
+    echo "round $((k + 1))/$PAIRS done, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+printf '| %-10s | %-18s | %-24s | %10s | %10s | %10s |\n' "IWARP_CRC" "crc_impl" \
+    "iWARP/TCP median (range)" "iWARP GB/s" "iWARP s/GB" "TCP s/GB"
+echo "|------------|--------------------|--------------------------|------------|------------|------------|"
+for p in "${run[@]}" "crc off"; do
+    row "$p"
+done
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
