@@ -18,10 +18,12 @@
 //! starts from the first available in that order, which on the machines
 //! measured (see docs/BENCHMARKS.md) is also the order of speed, and once
 //! per process times the available hardware back ends on 64 KiB: one at
-//! least 15% faster than the first replaces it (see [`auto`]). `crc-fast` cannot be
-//! told which of its kernels to run, so the `avx2` path is this module's own:
-//! it is what an AVX2-only CPU with VPCLMULQDQ (AMD Zen 3) gets, and forcing
-//! `IWARP_CRC=avx2` runs exactly that code on an AVX-512 machine.
+//! least 15% faster than the first replaces it (see [`auto`]).
+//!
+//! `crc-fast` cannot be told which of its kernels to run, and without
+//! AVX-512 it uses a 128-bit SSE kernel, so the `avx2` path is this
+//! module's own: it is what an AVX2-only CPU with VPCLMULQDQ (AMD Zen 3)
+//! gets, and `IWARP_CRC=avx2` runs exactly that code on an AVX-512 machine.
 //!
 //! A value that is not one of the above, or a back end this CPU cannot
 //! run, is refused by [`select`] with an error; [`active`] (which cannot
