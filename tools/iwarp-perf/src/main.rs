@@ -45,7 +45,12 @@ microseconds; MB/s is 10^6 bytes per second.
 
 Two processes: `iwarp-perf --server [-p PORT]` and `iwarp-perf TEST HOST
 [-p PORT] [options]`; the server adopts the client's parameters (iWARP on
-PORT, the TCP baseline on PORT+1). One process: `--loopback`.";
+PORT, the TCP baseline on PORT+1). One process: `--loopback`.
+
+The CRC32C implementation is chosen at start from the CPU; the environment
+variable IWARP_CRC=auto|avx512|avx2|sse42|soft forces one (an unknown or
+unavailable one is an error). The table header and --json (`crc_impl`)
+name the one that ran.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -156,6 +161,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let cli = Cli::parse();
+    // A bad IWARP_CRC is refused here rather than logged and replaced.
+    if let Err(e) = iwarp_proto::wire::crc::active_from_env() {
+        eprintln!("iwarp-perf: error: {e}");
+        return ExitCode::FAILURE;
+    }
     let r = if cli.server { serve(&cli) } else { run(&cli) };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -278,7 +288,11 @@ fn run(cli: &Cli) -> Result<(), String> {
             " QPs: {}   depth: {}   CRC: {}   markers: {}   mode: {}   integrity: {}   {}",
             first.qps,
             first.depth,
-            if crc { "on" } else { "off" },
+            if crc {
+                format!("on ({})", iwarp_proto::wire::crc::impl_name())
+            } else {
+                "off".into()
+            },
             if markers { "on" } else { "off" },
             if first.busy_poll {
                 "busy-poll"

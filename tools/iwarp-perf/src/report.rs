@@ -124,6 +124,14 @@ fn json_body(m: &Measurement, out: &mut String) {
             ",\"t_min_us\":null,\"t_median_us\":null,\"t_avg_us\":null,\"t_p99_us\":null,\"t_max_us\":null",
         ),
     }
+    // The CRC32C back end this process ran (IWARP_CRC, wire::crc), null
+    // when no CRC was computed.
+    match crc_impl(m) {
+        Some(name) => {
+            let _ = write!(out, ",\"crc_impl\":\"{name}\"");
+        }
+        None => out.push_str(",\"crc_impl\":null"),
+    }
     let _ = write!(
         out,
         ",\"peak_rss_kib\":{},\"peak_rss_mib\":{},\"cpu_s\":{},\"verified\":{}",
@@ -132,6 +140,11 @@ fn json_body(m: &Measurement, out: &mut String) {
         num(m.cpu_s),
         m.verified
     );
+}
+
+/// The CRC32C implementation that ran for `m`: iWARP with CRC negotiated.
+pub fn crc_impl(m: &Measurement) -> Option<&'static str> {
+    (m.transport == "iwarp" && m.crc).then(iwarp_proto::wire::crc::impl_name)
 }
 
 /// One JSON object (one line) for a single measurement.
@@ -159,8 +172,14 @@ pub fn json_compare(iw: &Measurement, tcp: &Measurement) -> String {
     let (bw, rate, lat) = ratios(iw, tcp);
     let p = &iw.params;
     let mut s = format!(
-        "{{\"test\":\"{}\",\"size\":{},\"depth\":{},\"qps\":{},\"crc\":{},\"markers\":{},\"iwarp\":{{",
-        p.test, p.size, p.depth, p.qps, iw.crc, iw.markers
+        "{{\"test\":\"{}\",\"size\":{},\"depth\":{},\"qps\":{},\"crc\":{},\"crc_impl\":{},\"markers\":{},\"iwarp\":{{",
+        p.test,
+        p.size,
+        p.depth,
+        p.qps,
+        iw.crc,
+        crc_impl(iw).map_or("null".into(), |n| format!("\"{n}\"")),
+        iw.markers
     );
     json_body(iw, &mut s);
     s.push_str("},\"tcp\":{");

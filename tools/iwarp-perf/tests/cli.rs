@@ -20,8 +20,13 @@ struct Out {
 
 /// Run the binary with `args`, killing it after [`LIMIT`].
 fn run(args: &[&str]) -> Out {
+    run_env(args, &[])
+}
+
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> Out {
     let mut child = Command::new(BIN)
         .args(args)
+        .envs(env.iter().copied())
         .args(["--timeout", "10"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -131,6 +136,15 @@ fn compare_ok(test: &str, size: u64, extra: &[&str]) {
     assert!(v["ratio"]["msg_rate"].as_f64().is_some(), "{v}");
     let crc_off = extra.windows(2).any(|w| w == ["--crc", "off"]);
     assert_eq!(v["iwarp"]["crc"], !crc_off, "CRC is on by default: {v}");
+    // The CRC implementation is named exactly when a CRC was computed.
+    assert!(v["tcp"]["crc_impl"].is_null(), "{v}");
+    if crc_off {
+        assert!(v["iwarp"]["crc_impl"].is_null(), "{v}");
+    } else {
+        let name = v["iwarp"]["crc_impl"].as_str().unwrap_or_default();
+        assert!(!name.is_empty(), "crc_impl missing: {v}");
+        assert_eq!(v["crc_impl"], v["iwarp"]["crc_impl"], "{v}");
+    }
 }
 
 #[test]
@@ -373,4 +387,33 @@ fn server_and_client_processes() {
     check_measurement(&v["tcp"], "tcp", "send_bw", 1000);
     let status = status.expect("the server did not exit after the client's last run");
     assert!(status.success(), "server:\n{se}");
+}
+
+/// IWARP_CRC forces the CRC32C back end (reported as `crc_impl`, and the
+/// CRC still checks: --integrity passes), and a value it does not know is
+/// an error, not a silent fallback.
+#[test]
+fn iwarp_crc_env_forces_and_refuses() {
+    let args = [
+        "write_bw",
+        "--loopback",
+        "--integrity",
+        "--json",
+        "-s",
+        "70000",
+        "-n",
+        "20",
+    ];
+    for (key, name) in [("soft", "soft-slice8"), ("sse42", "sse42-crc32-3way")] {
+        let out = run_env(&args, &[("IWARP_CRC", key)]);
+        if key == "sse42" && out.stderr.contains("cannot run") {
+            continue; // not an SSE4.2 CPU
+        }
+        assert_eq!(out.code, Some(0), "IWARP_CRC={key}:\n{}", out.stderr);
+        let v = &json_lines(&out)[0];
+        assert_eq!(v["crc_impl"], name, "IWARP_CRC={key}: {v}");
+    }
+    let out = run_env(&args, &[("IWARP_CRC", "avx9000")]);
+    assert_ne!(out.code, Some(0), "{}", out.stdout);
+    assert!(out.stderr.contains("IWARP_CRC"), "{}", out.stderr);
 }
