@@ -6,11 +6,11 @@
 # Send, an RDMA Read of the client's buffer, a Send, an RDMA Write back and
 # a Send per ping, so each run covers Send, Read and Write both ways.
 #
-#   scripts/test-siw.sh                 every scenario (about 4 minutes under TCG)
+#   scripts/test-siw.sh                 every scenario (about 100 s under TCG)
 #   SIW_RUNS=30 scripts/test-siw.sh     more connections per scenario
 #
-# Each scenario connects SIW_RUNS times (default 12; a stall that hit 1 run
-# in 6 is missed by 12 runs with probability 0.11, by 24 with 0.013), each
+# Each scenario connects SIW_RUNS times (default 16; a stall that hit 1 run
+# in 6 is missed by 16 runs with probability 0.054, by 24 with 0.013), each
 # connection a fresh rping process and a fresh iwarp-ping connection.
 #
 # Boot 1 (siw defaults: MPA rev 2, CRC only if asked):
@@ -26,7 +26,7 @@
 # ../shared/tools/siw-vm, not root (network namespaces, tap), or no
 # /dev/net/tun. A failed build of the guest is a failure.
 #
-# Environment: SIW_RUNS (default 12), SIW_A_ARGS (extra iwarp-ping flags for
+# Environment: SIW_RUNS (default 16), SIW_A_ARGS (extra iwarp-ping flags for
 # scenario A; `--no-wake-nudge` shows the stall the nudge repairs), SIW_VM (default ../shared/tools/siw-vm),
 # SIW_WORK (guest artifacts, default /var/tmp/siw-vm), SIW_LOG_DIR (logs,
 # default a temporary directory, kept on failure).
@@ -34,7 +34,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-RUNS="${SIW_RUNS:-12}"
+RUNS="${SIW_RUNS:-16}"
 export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
 LOGS="${SIW_LOG_DIR:-$(mktemp -d /tmp/test-siw.XXXXXX)}"
 mkdir -p "$LOGS"

@@ -15,7 +15,7 @@
 # (the install step installs the nightly toolchain it needs).
 #
 # Environment:
-#   FAST=1            skip the slow parts (tshark check, fuzz)
+#   FAST=1            skip the slow parts (tshark check, siw interop, fuzz)
 #   SKIP_INSTALL=1    never install anything; fail if a tool is missing
 #   FUZZ_SECONDS=N    seconds per fuzz target (default 15; 0 skips fuzzing)
 #   TEST_TIMEOUT=N    seconds allowed for `cargo test` (default 1200)
@@ -251,12 +251,17 @@ if ((BUILD_OK)); then
         run_step "tshark wire check" scripts/tshark-check.sh || true
     fi
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
+    if [[ "$FAST" == 1 ]]; then
+        skip_step "siw interop (Linux kernel siw in QEMU)" "FAST=1"
+    else
+        run_step "siw interop (Linux kernel siw in QEMU)" scripts/test-siw.sh || true
+    fi
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
     run_step "mod_rdma (Apache httpd with rhttp and curl)" scripts/test-modrdma.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
         skip_step "$s" "release build failed"
     done
 fi
