@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use iwarp::cm::{self, ConnParam};
 use iwarp::{WcStatus, WrOpcode};
-use iwarp_proto::wire::mpa::{EnhancedParams, FrameKind, FrameRepr};
 
 /// How long the emulated siw takes to install its receive callback after
 /// sending the MPA Reply (under QEMU TCG siw took several milliseconds;
@@ -49,27 +48,7 @@ fn available(s: &TcpStream) -> usize {
 /// Run the emulated siw responder on `raw`; returns whether it saw new
 /// bytes after its setup gap (its "data ready" fired) within `wait`.
 fn siw_like_peer(raw: TcpListener, wait: Duration) -> bool {
-    let (mut s, _) = raw.accept().unwrap();
-    s.set_read_timeout(Some(T)).unwrap();
-    let mut hdr = [0u8; 20];
-    s.read_exact(&mut hdr).unwrap();
-    let mut pd = vec![0u8; usize::from(u16::from_be_bytes([hdr[18], hdr[19]]))];
-    s.read_exact(&mut pd).unwrap();
-    let reply = FrameRepr {
-        kind: FrameKind::Reply,
-        markers: false,
-        crc: false,
-        reject: false,
-        revision: 2,
-        enhanced: Some(EnhancedParams {
-            ird: 1,
-            ord: 1,
-            ..Default::default()
-        }),
-        private_data: &[],
-    }
-    .to_vec();
-    s.write_all(&reply).unwrap();
+    let mut s = raw_mpa_accept(&raw);
     // The gap: whatever arrives now is not signalled.
     std::thread::sleep(SETUP_GAP);
     s.set_nonblocking(true).unwrap();
@@ -150,7 +129,7 @@ fn ping_siw_like_peer(wake_nudge: bool) -> (bool, bool) {
         }
         Some(_) | None => false,
     };
-    let _ = client.qp.disconnect();
+    client.qp.disconnect();
     (peer.join().unwrap(), got_pong)
 }
 

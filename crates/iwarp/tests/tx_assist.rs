@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use common::*;
 use iwarp::{WcStatus, WrOpcode};
-use iwarp_proto::wire::mpa::{EnhancedParams, FrameKind, FrameRepr};
 
 const LEN: usize = 16 << 20;
 
@@ -24,29 +23,7 @@ fn a_polling_waiter_pushes_a_half_written_frame_on() {
     let raw = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = raw.local_addr().unwrap();
     let peer = std::thread::spawn(move || {
-        let (mut s, _) = raw.accept().unwrap();
-        s.set_read_timeout(Some(T)).unwrap();
-        // The MPA Request: 20 bytes, then the private data (the RFC 6581
-        // block included) whose length is in bytes 18..20.
-        let mut hdr = [0u8; 20];
-        s.read_exact(&mut hdr).unwrap();
-        let mut pd = vec![0u8; usize::from(u16::from_be_bytes([hdr[18], hdr[19]]))];
-        s.read_exact(&mut pd).unwrap();
-        let reply = FrameRepr {
-            kind: FrameKind::Reply,
-            markers: false,
-            crc: false,
-            reject: false,
-            revision: 2,
-            enhanced: Some(EnhancedParams {
-                ird: 1,
-                ord: 1,
-                ..Default::default()
-            }),
-            private_data: &[],
-        }
-        .to_vec();
-        s.write_all(&reply).unwrap();
+        let mut s = raw_mpa_accept(&raw);
         // Read nothing while the Write fills the socket...
         std::thread::sleep(Duration::from_millis(300));
         // ... then drain everything, slowly enough that the writer sees the

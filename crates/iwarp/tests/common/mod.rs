@@ -116,6 +116,38 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Accept one connection on `raw` as a bare MPA responder: read the MPA
+/// Request (20 bytes, then the private data whose length is in bytes
+/// 18..20), answer with an MPA rev 2 Reply (no CRC, no markers, RFC 6581
+/// IRD = ORD = 1) and return the socket, read timeout [`T`]. For tests
+/// whose peer must misbehave after connection setup.
+pub fn raw_mpa_accept(raw: &std::net::TcpListener) -> std::net::TcpStream {
+    use iwarp_proto::wire::mpa::{EnhancedParams, FrameKind, FrameRepr};
+    use std::io::{Read, Write};
+    let (mut s, _) = raw.accept().unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut hdr = [0u8; 20];
+    s.read_exact(&mut hdr).unwrap();
+    let mut pd = vec![0u8; usize::from(u16::from_be_bytes([hdr[18], hdr[19]]))];
+    s.read_exact(&mut pd).unwrap();
+    let reply = FrameRepr {
+        kind: FrameKind::Reply,
+        markers: false,
+        crc: false,
+        reject: false,
+        revision: 2,
+        enhanced: Some(EnhancedParams {
+            ird: 1,
+            ord: 1,
+            ..Default::default()
+        }),
+        private_data: &[],
+    }
+    .to_vec();
+    s.write_all(&reply).unwrap();
+    s
+}
+
 pub fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
