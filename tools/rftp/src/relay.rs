@@ -316,6 +316,10 @@ pub struct Config {
     pub faults: Vec<FaultSpec>,
     /// Seed of `reseg` faults that name none.
     pub seed: u64,
+    /// Rewrite mod_rdma's `RDMA:` request headers so the server connects
+    /// back through the relay: connections to the client's listener are
+    /// then relayed as mapping number `Some(n)`.
+    pub connect_back: Option<usize>,
 }
 
 impl Default for Config {
@@ -326,6 +330,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(10),
             faults: Vec::new(),
             seed: 1,
+            connect_back: None,
         }
     }
 }
@@ -429,6 +434,10 @@ fn reader(conn: Arc<Conn>, d: Dir, tx: SyncSender<(Instant, Vec<u8>)>) {
                 ) => {}
             Err(e) => {
                 tracing::debug!(conn = %conn.id, ?d, %e, "relay read ended");
+                // Pass a reset on as a reset, not as an end of stream.
+                if e.kind() == io::ErrorKind::ConnectionReset {
+                    conn.kill(true);
+                }
                 break;
             }
         }
@@ -464,6 +473,8 @@ struct Writer {
     keep_open: bool,
     reseg: Option<(Rng, usize)>,
     seed: u64,
+    /// Up directions with `Config::connect_back`: the header rewriter.
+    alg: Option<ConnectBack>,
 }
 
 impl Writer {
@@ -625,7 +636,14 @@ impl Writer {
                             self.fire_due()?;
                             continue;
                         }
-                        Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                        Err(RecvTimeoutError::Disconnected) => {
+                            if let Some(rest) =
+                                self.alg.as_mut().map(|a| std::mem::take(&mut a.held))
+                            {
+                                self.process(rest)?;
+                            }
+                            return Ok(());
+                        }
                     },
                 };
                 loop {
@@ -650,6 +668,9 @@ impl Writer {
                         Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                     }
                 }
+                if let Some(alg) = &mut self.alg {
+                    buf = alg.feed(&buf);
+                }
                 self.process(buf)?;
             }
         })();
@@ -662,6 +683,9 @@ impl Writer {
                     .unwrap_or_else(|e| e.into_inner())
                     .push(self.conn.clone());
             }
+            // The reader also stops when the connection was dropped: no
+            // FIN then (it would precede the RST).
+            Ok(()) if self.conn.dead() => {}
             Ok(()) => {
                 let (_, dst) = self.conn.side(self.d);
                 let _ = dst.shutdown(Shutdown::Write);
@@ -674,13 +698,135 @@ impl Writer {
     }
 }
 
+/// Rewrites `port=` in mod_rdma's `RDMA:` request headers (the address
+/// the server connects back to, see docs/MOD_RDMA.md) to a relay listener
+/// that forwards to the client's own listener, so the RDMA connection
+/// runs through the relay too. The IP is kept (the server allows only the
+/// client's address), so the relay listener binds on it.
+///
+/// Only whole `RDMA:` lines at the start of a line are touched; bytes of
+/// such a line are held back until its end arrives (the client always
+/// completes a header line, so nothing waits for ever). A body that
+/// happens to contain a line starting with `RDMA:` would be rewritten too.
+struct ConnectBack {
+    map: usize,
+    cfg: Arc<Config>,
+    /// Client listener -> relay listener.
+    ports: std::collections::HashMap<SocketAddr, u16>,
+    /// The previous byte ended a line.
+    line_start: bool,
+    /// An incomplete line that starts (or may start) with `RDMA:`.
+    held: Vec<u8>,
+}
+
+const RDMA_PREFIX: &[u8] = b"RDMA:";
+
+impl ConnectBack {
+    fn new(map: usize, cfg: Arc<Config>) -> ConnectBack {
+        ConnectBack {
+            map,
+            cfg,
+            ports: Default::default(),
+            line_start: true,
+            held: Vec::new(),
+        }
+    }
+
+    /// The bytes to forward for `data`, rewritten; some may be held back.
+    fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let mut buf = std::mem::take(&mut self.held);
+        buf.extend_from_slice(data);
+        let mut out = Vec::with_capacity(buf.len() + 8);
+        let mut i = 0;
+        while i < buf.len() {
+            if self.line_start {
+                let rest = &buf[i..];
+                let n = rest.len().min(RDMA_PREFIX.len());
+                if rest[..n].eq_ignore_ascii_case(&RDMA_PREFIX[..n]) {
+                    match rest.iter().position(|&b| b == b'\n') {
+                        Some(e) => {
+                            let line = &rest[..=e];
+                            if n == RDMA_PREFIX.len() {
+                                out.extend_from_slice(&self.rewrite(line));
+                            } else {
+                                out.extend_from_slice(line);
+                            }
+                            i += e + 1;
+                            continue;
+                        }
+                        None if rest.len() <= 4096 => {
+                            self.held = rest.to_vec();
+                            return out;
+                        }
+                        None => {}
+                    }
+                }
+            }
+            // Forward up to and including the next line end.
+            match buf[i..].iter().position(|&b| b == b'\n') {
+                Some(e) => {
+                    out.extend_from_slice(&buf[i..=i + e]);
+                    i += e + 1;
+                    self.line_start = true;
+                }
+                None => {
+                    out.extend_from_slice(&buf[i..]);
+                    self.line_start = false;
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// `RDMA: scheme, ip=A, port=P, ...` with P replaced by the port of a
+    /// relay listener on A that forwards to A:P.
+    fn rewrite(&mut self, line: &[u8]) -> Vec<u8> {
+        let Ok(text) = std::str::from_utf8(line) else {
+            return line.to_vec();
+        };
+        let param = |k: &str| {
+            text.split([',', ':'])
+                .map(str::trim)
+                .find_map(|p| p.strip_prefix(k))
+                .map(|v| v.trim_end_matches(['\r', '\n']).to_string())
+        };
+        let (Some(ip), Some(port)) = (param("ip="), param("port=")) else {
+            return line.to_vec();
+        };
+        let (Ok(ip), Ok(p)) = (ip.parse::<std::net::IpAddr>(), port.parse::<u16>()) else {
+            return line.to_vec();
+        };
+        let target = SocketAddr::new(ip, p);
+        let ours = match self.ports.get(&target) {
+            Some(&o) => o,
+            None => match TcpListener::bind(SocketAddr::new(ip, 0))
+                .and_then(|l| Ok((l.local_addr()?.port(), l)))
+            {
+                Ok((o, l)) => {
+                    tracing::info!(%target, relay_port = o, map = self.map, "connect-back relayed");
+                    serve(l, target, self.map, self.cfg.clone());
+                    self.ports.insert(target, o);
+                    o
+                }
+                Err(e) => {
+                    tracing::warn!(%target, %e, "cannot relay the connect-back; header left alone");
+                    return line.to_vec();
+                }
+            },
+        };
+        text.replacen(&format!("port={port}"), &format!("port={ours}"), 1)
+            .into_bytes()
+    }
+}
+
 /// Relay one accepted connection (the `n`th on mapping `map`) to `target`.
 fn relay(
     client: TcpStream,
     target: SocketAddr,
     map: usize,
     n: usize,
-    cfg: &Config,
+    cfg: &Arc<Config>,
 ) -> io::Result<()> {
     let server = TcpStream::connect_timeout(&target, cfg.connect_timeout)?;
     for s in [&client, &server] {
@@ -717,6 +863,10 @@ fn relay(
             keep_open: false,
             reseg: None,
             seed: cfg.seed ^ ((n as u64) << 32) ^ ((map as u64) << 48) ^ u64::from(d == Dir::Up),
+            alg: match cfg.connect_back {
+                Some(cb) if d == Dir::Up && cb != map => Some(ConnectBack::new(cb, cfg.clone())),
+                _ => None,
+            },
         };
         let (tx, rx) = sync_channel(depth);
         let c = conn.clone();
@@ -1029,5 +1179,62 @@ mod tests {
             slow >= quick + Duration::from_millis(500),
             "{quick:?} {slow:?}"
         );
+    }
+    #[test]
+    fn connect_back_headers_are_rewritten_to_a_relay_listener() {
+        let client_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = client_listener.local_addr().unwrap().port();
+        let cfg = Arc::new(Config {
+            connect_back: Some(1),
+            ..Config::default()
+        });
+        let mut alg = ConnectBack::new(1, cfg);
+        let req = format!(
+            "GET /f HTTP/1.1\r\nHost: h\r\nRDMA: client-reads, ip=127.0.0.1, port={p}, maxlen=9\r\n\r\n"
+        );
+        // Fed a byte at a time: the RDMA line is held until complete,
+        // everything else passes at once.
+        let mut out = Vec::new();
+        for (i, b) in req.as_bytes().iter().enumerate() {
+            let o = alg.feed(&[*b]);
+            if i == 2 {
+                assert_eq!(o, b"T", "not held outside an RDMA: line");
+            }
+            out.extend(o);
+        }
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.ends_with("\r\n\r\n") && out.starts_with("GET /f HTTP/1.1\r\nHost: h\r\n"),
+            "{out}"
+        );
+        let line = out.lines().find(|l| l.starts_with("RDMA:")).unwrap();
+        let port: u16 = line
+            .split("port=")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_ne!(port, p);
+        assert!(
+            line.starts_with("RDMA: client-reads, ip=127.0.0.1, port=")
+                && line.ends_with(", maxlen=9"),
+            "{line}"
+        );
+        // The same listener again: the same relay port.
+        let again = String::from_utf8(alg.feed(req.as_bytes()).clone()).unwrap();
+        assert!(again.contains(&format!("port={port},")), "{again}");
+        // The relay port reaches the client's listener.
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"ping").unwrap();
+        let (mut a, _) = client_listener.accept().unwrap();
+        let mut b = [0u8; 4];
+        a.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+        // Other lines and bodies pass untouched.
+        let body = b"xRDMA: ip=1.2.3.4, port=5\r\n".to_vec();
+        assert_eq!(alg.feed(&body), body);
     }
 }

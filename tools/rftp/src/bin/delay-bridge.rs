@@ -73,6 +73,12 @@ struct Args {
     /// Seed of reseg faults that give none.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// mod_rdma: rewrite port= in the RDMA: request headers so the
+    /// server's connect-back also runs through the relay (on a new
+    /// listener on the header's ip=); those connections are mapping number
+    /// N for map= (N = the number of --listen mappings).
+    #[arg(long)]
+    rdma_connect_back: bool,
 }
 
 fn main() -> ExitCode {
@@ -86,10 +92,11 @@ fn main() -> ExitCode {
     for f in &a.fault {
         match f.parse::<FaultSpec>() {
             Ok(s) => {
-                if s.map.is_some_and(|m| m >= a.listen.len()) {
+                let maps = a.listen.len() + usize::from(a.rdma_connect_back);
+                if s.map.is_some_and(|m| m >= maps) {
                     eprintln!(
-                        "delay-bridge: --fault {f}: map= must be below the number of --listen mappings ({})",
-                        a.listen.len()
+                        "delay-bridge: --fault {f}: map= must be below the number of mappings ({maps}: the --listen ones{})",
+                        if a.rdma_connect_back { " and the connect-back" } else { "" }
                     );
                     return ExitCode::from(2);
                 }
@@ -132,6 +139,7 @@ fn main() -> ExitCode {
         connect_timeout: Duration::from_secs(a.connect_timeout),
         faults,
         seed: a.seed,
+        connect_back: a.rdma_connect_back.then_some(a.listen.len()),
     });
     let handles: Vec<_> = listeners
         .into_iter()
