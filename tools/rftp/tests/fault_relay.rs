@@ -403,7 +403,7 @@ fn faults_on_one_of_several_streams() {
     for (op, mode) in ALL {
         let f = vec![format!("drop:at=1M,dir={},conn=4,how=rst", data_dir(op))];
         case(
-            "drop rst, stream 4 of 4",
+            "drop rst, conn 4, 4 streams",
             op,
             mode,
             &[],
@@ -414,7 +414,7 @@ fn faults_on_one_of_several_streams() {
     }
     let f = vec!["truncate:at=1M,how=close,conn=3".to_string()];
     case(
-        "truncate close, 3 of 4",
+        "truncate close, conn 3 of 5",
         Op::Get,
         Mode::Rdma,
         &[],
