@@ -608,14 +608,27 @@ fn copy_plain(
     let mut buf = vec![0u8; 256 << 10];
     let mut n = 0u64;
     let start = Instant::now();
+    // The data connection's timeouts show as EAGAIN ("Resource temporarily
+    // unavailable"); files never time out.
+    let silent = |e: io::Error, what: &str| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the data connection {what} for {} s (the path or the server went silent)",
+                o.timeout.as_secs()
+            ),
+        ),
+        _ => e,
+    };
     loop {
         let k = match src.read(&mut buf) {
             Ok(0) => return Ok(n),
             Ok(k) => k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(silent(e, "brought no data")),
         };
-        dst.write_all(&buf[..k])?;
+        dst.write_all(&buf[..k])
+            .map_err(|e| silent(e, "took no data"))?;
         n += k as u64;
         if let Some(p) = &o.plain_progress {
             p(done0 + n, total);
