@@ -316,10 +316,28 @@ pub struct Config {
     pub faults: Vec<FaultSpec>,
     /// Seed of `reseg` faults that name none.
     pub seed: u64,
-    /// Rewrite mod_rdma's `RDMA:` request headers so the server connects
-    /// back through the relay: connections to the client's listener are
-    /// then relayed as mapping number `Some(n)`.
-    pub connect_back: Option<usize>,
+    /// Rewriting that routes a protocol's secondary connections through
+    /// the relay too.
+    pub alg: Option<Alg>,
+}
+
+/// Application-level rewriting (like a NAT's FTP helper): the address a
+/// peer announces for a second connection is replaced by a relay listener
+/// that forwards to it, so that connection runs through the relay (and its
+/// faults) too. All such connections form one more mapping, number `map`,
+/// numbered 1, 2, ... in accept order across their listeners.
+#[derive(Clone, Debug, Default)]
+pub struct Alg {
+    /// mod_rdma: `port=` in `RDMA:` request headers (the listener the
+    /// server connects back to), rewritten going `up`.
+    pub rdma_header: bool,
+    /// FTP: the port of `229` (EPSV) and `227` (PASV) replies, rewritten
+    /// going `down`.
+    pub ftp_passive: bool,
+    /// The mapping number of the relayed connections.
+    pub map: usize,
+    /// Connections accepted on them so far.
+    pub count: Arc<AtomicUsize>,
 }
 
 impl Default for Config {
@@ -330,7 +348,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(10),
             faults: Vec::new(),
             seed: 1,
-            connect_back: None,
+            alg: None,
         }
     }
 }
@@ -473,8 +491,8 @@ struct Writer {
     keep_open: bool,
     reseg: Option<(Rng, usize)>,
     seed: u64,
-    /// Up directions with `Config::connect_back`: the header rewriter.
-    alg: Option<ConnectBack>,
+    /// The rewriter of `Config::alg`, where it applies.
+    alg: Option<Rewriter>,
 }
 
 impl Writer {
@@ -698,37 +716,65 @@ impl Writer {
     }
 }
 
-/// Rewrites `port=` in mod_rdma's `RDMA:` request headers (the address
-/// the server connects back to, see docs/MOD_RDMA.md) to a relay listener
-/// that forwards to the client's own listener, so the RDMA connection
-/// runs through the relay too. The IP is kept (the server allows only the
-/// client's address), so the relay listener binds on it.
+/// What a [`Rewriter`] rewrites.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rewrite {
+    /// `RDMA: scheme, ip=A, port=P, ...` request headers (mod_rdma): the
+    /// server connects back to A:P. The IP is kept (the server allows only
+    /// the client's address), so the relay listener binds on A.
+    RdmaHeader,
+    /// `229 ... (|||P|)` and `227 ... (h1,h2,h3,h4,p1,p2)` replies (FTP
+    /// passive mode): the client connects to P on the server. The relay
+    /// listener binds on the address the client reached the relay at.
+    FtpPassive,
+}
+
+/// Rewrites the addresses of [`Alg`] in one direction of a connection.
 ///
-/// Only whole `RDMA:` lines at the start of a line are touched; bytes of
-/// such a line are held back until its end arrives (the client always
-/// completes a header line, so nothing waits for ever). A body that
-/// happens to contain a line starting with `RDMA:` would be rewritten too.
-struct ConnectBack {
-    map: usize,
+/// Only lines that start with the prefix (`RDMA:`, `229 `, `227 `) are
+/// touched; bytes of such a line are held back until its end arrives (the
+/// sender always completes the line, so nothing waits for ever). A body
+/// that happens to hold such a line would be rewritten too.
+struct Rewriter {
+    what: Rewrite,
+    alg: Alg,
     cfg: Arc<Config>,
-    /// Client listener -> relay listener.
+    /// The relay's own address on the client side (FTP: where to listen).
+    local: std::net::IpAddr,
+    /// The target's address (FTP: where EPSV ports are).
+    server: std::net::IpAddr,
+    /// Announced address -> relay listener port.
     ports: std::collections::HashMap<SocketAddr, u16>,
     /// The previous byte ended a line.
     line_start: bool,
-    /// An incomplete line that starts (or may start) with `RDMA:`.
+    /// An incomplete line that starts (or may start) with a prefix.
     held: Vec<u8>,
 }
 
-const RDMA_PREFIX: &[u8] = b"RDMA:";
-
-impl ConnectBack {
-    fn new(map: usize, cfg: Arc<Config>) -> ConnectBack {
-        ConnectBack {
-            map,
+impl Rewriter {
+    fn new(
+        what: Rewrite,
+        alg: Alg,
+        cfg: Arc<Config>,
+        local: std::net::IpAddr,
+        server: std::net::IpAddr,
+    ) -> Rewriter {
+        Rewriter {
+            what,
+            alg,
             cfg,
+            local,
+            server,
             ports: Default::default(),
             line_start: true,
             held: Vec::new(),
+        }
+    }
+
+    fn prefixes(&self) -> &'static [&'static [u8]] {
+        match self.what {
+            Rewrite::RdmaHeader => &[b"RDMA:"],
+            Rewrite::FtpPassive => &[b"229 ", b"227 "],
         }
     }
 
@@ -741,13 +787,22 @@ impl ConnectBack {
         while i < buf.len() {
             if self.line_start {
                 let rest = &buf[i..];
-                let n = rest.len().min(RDMA_PREFIX.len());
-                if rest[..n].eq_ignore_ascii_case(&RDMA_PREFIX[..n]) {
+                let mut whole = false;
+                let mut partial = false;
+                for p in self.prefixes() {
+                    let n = rest.len().min(p.len());
+                    if rest[..n].eq_ignore_ascii_case(&p[..n]) {
+                        whole |= n == p.len();
+                        partial = true;
+                    }
+                }
+                if partial {
                     match rest.iter().position(|&b| b == b'\n') {
                         Some(e) => {
                             let line = &rest[..=e];
-                            if n == RDMA_PREFIX.len() {
-                                out.extend_from_slice(&self.rewrite(line));
+                            if whole {
+                                let l = self.rewrite(line);
+                                out.extend_from_slice(&l);
                             } else {
                                 out.extend_from_slice(line);
                             }
@@ -779,44 +834,97 @@ impl ConnectBack {
         out
     }
 
-    /// `RDMA: scheme, ip=A, port=P, ...` with P replaced by the port of a
-    /// relay listener on A that forwards to A:P.
+    /// A relay listener on `bind` forwarding to `target` (one per target).
+    fn listener(&mut self, bind: std::net::IpAddr, target: SocketAddr) -> Option<u16> {
+        if let Some(&o) = self.ports.get(&target) {
+            return Some(o);
+        }
+        match TcpListener::bind(SocketAddr::new(bind, 0))
+            .and_then(|l| Ok((l.local_addr()?.port(), l)))
+        {
+            Ok((o, l)) => {
+                tracing::info!(%target, relay_port = o, map = self.alg.map, what = ?self.what, "second connection relayed");
+                serve_counted(
+                    l,
+                    target,
+                    self.alg.map,
+                    self.cfg.clone(),
+                    self.alg.count.clone(),
+                );
+                self.ports.insert(target, o);
+                Some(o)
+            }
+            Err(e) => {
+                tracing::warn!(%target, %e, "cannot relay the second connection; line left alone");
+                None
+            }
+        }
+    }
+
     fn rewrite(&mut self, line: &[u8]) -> Vec<u8> {
         let Ok(text) = std::str::from_utf8(line) else {
             return line.to_vec();
         };
+        let new = match self.what {
+            Rewrite::RdmaHeader => self.rewrite_rdma(text),
+            Rewrite::FtpPassive => self.rewrite_ftp(text),
+        };
+        new.map_or_else(|| line.to_vec(), String::into_bytes)
+    }
+
+    /// `RDMA: scheme, ip=A, port=P, ...` with P replaced by the port of a
+    /// relay listener on A that forwards to A:P.
+    fn rewrite_rdma(&mut self, text: &str) -> Option<String> {
         let param = |k: &str| {
             text.split([',', ':'])
                 .map(str::trim)
                 .find_map(|p| p.strip_prefix(k))
                 .map(|v| v.trim_end_matches(['\r', '\n']).to_string())
         };
-        let (Some(ip), Some(port)) = (param("ip="), param("port=")) else {
-            return line.to_vec();
+        let (ip, port) = (param("ip=")?, param("port=")?);
+        let ip: std::net::IpAddr = ip.parse().ok()?;
+        let p: u16 = port.parse().ok()?;
+        let ours = self.listener(ip, SocketAddr::new(ip, p))?;
+        Some(text.replacen(&format!("port={port}"), &format!("port={ours}"), 1))
+    }
+
+    /// `229 Entering Extended Passive Mode (|||P|)` or `227 Entering
+    /// Passive Mode (h1,h2,h3,h4,p1,p2)`: P on the server becomes a relay
+    /// listener's port (and, for 227, the address the relay's).
+    fn rewrite_ftp(&mut self, text: &str) -> Option<String> {
+        let open = text.find('(')?;
+        let close = open + text[open..].find(')')?;
+        let inner = &text[open + 1..close];
+        let server = self.server;
+        let repl = if let Some(p) = inner.strip_prefix("|||").and_then(|r| r.strip_suffix('|')) {
+            let p: u16 = p.parse().ok()?;
+            let ours = self.listener(self.local, SocketAddr::new(server, p))?;
+            format!("|||{ours}|")
+        } else {
+            let n: Vec<u16> = inner
+                .split(',')
+                .map(|x| x.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            if n.len() != 6 || n.iter().any(|&x| x > 255) {
+                return None;
+            }
+            let ip = std::net::Ipv4Addr::new(n[0] as u8, n[1] as u8, n[2] as u8, n[3] as u8);
+            let ours = self.listener(self.local, SocketAddr::new(ip.into(), n[4] * 256 + n[5]))?;
+            let std::net::IpAddr::V4(me) = self.local else {
+                return None;
+            };
+            let o = me.octets();
+            format!(
+                "{},{},{},{},{},{}",
+                o[0],
+                o[1],
+                o[2],
+                o[3],
+                ours / 256,
+                ours % 256
+            )
         };
-        let (Ok(ip), Ok(p)) = (ip.parse::<std::net::IpAddr>(), port.parse::<u16>()) else {
-            return line.to_vec();
-        };
-        let target = SocketAddr::new(ip, p);
-        let ours = match self.ports.get(&target) {
-            Some(&o) => o,
-            None => match TcpListener::bind(SocketAddr::new(ip, 0))
-                .and_then(|l| Ok((l.local_addr()?.port(), l)))
-            {
-                Ok((o, l)) => {
-                    tracing::info!(%target, relay_port = o, map = self.map, "connect-back relayed");
-                    serve(l, target, self.map, self.cfg.clone());
-                    self.ports.insert(target, o);
-                    o
-                }
-                Err(e) => {
-                    tracing::warn!(%target, %e, "cannot relay the connect-back; header left alone");
-                    return line.to_vec();
-                }
-            },
-        };
-        text.replacen(&format!("port={port}"), &format!("port={ours}"), 1)
-            .into_bytes()
+        Some(format!("{}({repl}){}", &text[..open], &text[close + 1..]))
     }
 }
 
@@ -863,10 +971,21 @@ fn relay(
             keep_open: false,
             reseg: None,
             seed: cfg.seed ^ ((n as u64) << 32) ^ ((map as u64) << 48) ^ u64::from(d == Dir::Up),
-            alg: match cfg.connect_back {
-                Some(cb) if d == Dir::Up && cb != map => Some(ConnectBack::new(cb, cfg.clone())),
-                _ => None,
-            },
+            alg: cfg.alg.as_ref().filter(|a| a.map != map).and_then(|a| {
+                let what = match d {
+                    Dir::Up if a.rdma_header => Rewrite::RdmaHeader,
+                    Dir::Down if a.ftp_passive => Rewrite::FtpPassive,
+                    _ => return None,
+                };
+                let local = conn.client.local_addr().ok()?.ip();
+                Some(Rewriter::new(
+                    what,
+                    a.clone(),
+                    cfg.clone(),
+                    local,
+                    target.ip(),
+                ))
+            }),
         };
         let (tx, rx) = sync_channel(depth);
         let c = conn.clone();
@@ -885,12 +1004,23 @@ pub fn serve(
     map: usize,
     cfg: Arc<Config>,
 ) -> JoinHandle<()> {
+    serve_counted(sock, target, map, cfg, Arc::new(AtomicUsize::new(0)))
+}
+
+/// [`serve`], numbering connections with `count` (shared by the
+/// listeners of one mapping).
+fn serve_counted(
+    sock: TcpListener,
+    target: SocketAddr,
+    map: usize,
+    cfg: Arc<Config>,
+    count: Arc<AtomicUsize>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let mut n = 0;
         for c in sock.incoming() {
             match c {
                 Ok(c) => {
-                    n += 1;
+                    let n = count.fetch_add(1, Ordering::Relaxed) + 1;
                     let peer = c.peer_addr().ok();
                     tracing::debug!(map, conn = n, ?peer, "accepted");
                     if let Err(e) = relay(c, target, map, n, &cfg) {
@@ -1184,11 +1314,17 @@ mod tests {
     fn connect_back_headers_are_rewritten_to_a_relay_listener() {
         let client_listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let p = client_listener.local_addr().unwrap().port();
+        let a = Alg {
+            rdma_header: true,
+            map: 1,
+            ..Alg::default()
+        };
         let cfg = Arc::new(Config {
-            connect_back: Some(1),
+            alg: Some(a.clone()),
             ..Config::default()
         });
-        let mut alg = ConnectBack::new(1, cfg);
+        let lo = std::net::IpAddr::from([127, 0, 0, 1]);
+        let mut alg = Rewriter::new(Rewrite::RdmaHeader, a, cfg, lo, lo);
         let req = format!(
             "GET /f HTTP/1.1\r\nHost: h\r\nRDMA: client-reads, ip=127.0.0.1, port={p}, maxlen=9\r\n\r\n"
         );
@@ -1236,5 +1372,70 @@ mod tests {
         // Other lines and bodies pass untouched.
         let body = b"xRDMA: ip=1.2.3.4, port=5\r\n".to_vec();
         assert_eq!(alg.feed(&body), body);
+    }
+    #[test]
+    fn ftp_passive_replies_are_rewritten_to_a_relay_listener() {
+        let data_listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = data_listener.local_addr().unwrap().port();
+        let a = Alg {
+            ftp_passive: true,
+            map: 1,
+            ..Alg::default()
+        };
+        let cfg = Arc::new(Config {
+            alg: Some(a.clone()),
+            ..Config::default()
+        });
+        let lo = std::net::IpAddr::from([127, 0, 0, 1]);
+        let mut alg = Rewriter::new(Rewrite::FtpPassive, a, cfg, lo, lo);
+        let mut out = Vec::new();
+        let epsv = format!("200 ok\r\n229 Entering Extended Passive Mode (|||{p}|)\r\n");
+        for chunk in epsv.as_bytes().chunks(5) {
+            out.extend(alg.feed(chunk));
+        }
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.starts_with("200 ok\r\n229 Entering Extended Passive Mode (|||"),
+            "{out}"
+        );
+        let port: u16 = out
+            .split("|||")
+            .nth(1)
+            .unwrap()
+            .split('|')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_ne!(port, p);
+        let pasv = format!(
+            "227 Entering Passive Mode (127,0,0,1,{},{}).\r\n",
+            p / 256,
+            p % 256
+        );
+        let out2 = String::from_utf8(alg.feed(pasv.as_bytes())).unwrap();
+        assert_eq!(
+            out2,
+            format!(
+                "227 Entering Passive Mode (127,0,0,1,{},{}).\r\n",
+                port / 256,
+                port % 256
+            ),
+            "the same target, the same relay listener"
+        );
+        // The relay port reaches the server's data listener, counted on
+        // mapping 1.
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        c.write_all(b"data").unwrap();
+        let (mut s, _) = data_listener.accept().unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"data");
+        assert_eq!(alg.alg.count.load(Ordering::Relaxed), 1);
+        // Other replies pass untouched.
+        assert_eq!(
+            alg.feed(b"226 Transfer complete (1 2)\r\n"),
+            b"226 Transfer complete (1 2)\r\n"
+        );
     }
 }

@@ -79,6 +79,12 @@ struct Args {
     /// N for map= (N = the number of --listen mappings).
     #[arg(long)]
     rdma_connect_back: bool,
+    /// FTP: rewrite the port of 229 (EPSV) and 227 (PASV) replies so plain
+    /// FTP data connections also run through the relay; they are mapping
+    /// number N for map= (as with --rdma-connect-back), numbered across
+    /// transfers.
+    #[arg(long)]
+    ftp_passive: bool,
 }
 
 fn main() -> ExitCode {
@@ -92,11 +98,12 @@ fn main() -> ExitCode {
     for f in &a.fault {
         match f.parse::<FaultSpec>() {
             Ok(s) => {
-                let maps = a.listen.len() + usize::from(a.rdma_connect_back);
+                let dynamic = a.rdma_connect_back || a.ftp_passive;
+                let maps = a.listen.len() + usize::from(dynamic);
                 if s.map.is_some_and(|m| m >= maps) {
                     eprintln!(
                         "delay-bridge: --fault {f}: map= must be below the number of mappings ({maps}: the --listen ones{})",
-                        if a.rdma_connect_back { " and the connect-back" } else { "" }
+                        if dynamic { " and the relayed second connections" } else { "" }
                     );
                     return ExitCode::from(2);
                 }
@@ -139,7 +146,12 @@ fn main() -> ExitCode {
         connect_timeout: Duration::from_secs(a.connect_timeout),
         faults,
         seed: a.seed,
-        connect_back: a.rdma_connect_back.then_some(a.listen.len()),
+        alg: (a.rdma_connect_back || a.ftp_passive).then(|| relay::Alg {
+            rdma_header: a.rdma_connect_back,
+            ftp_passive: a.ftp_passive,
+            map: a.listen.len(),
+            ..relay::Alg::default()
+        }),
     });
     let handles: Vec<_> = listeners
         .into_iter()
