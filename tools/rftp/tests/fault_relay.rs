@@ -40,12 +40,16 @@ impl Drop for Relay {
 }
 
 /// delay-bridge (no delay) relaying 127.0.0.1:`listen` to `target` with
-/// `faults`; returns it and its port.
-fn relay(listen: u16, target: u16, faults: &[String]) -> (Relay, u16) {
+/// `faults` and `extra` flags; returns it and its port.
+fn relay(listen: u16, target: u16, faults: &[String], extra: &[&str]) -> (Relay, u16) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
-    c.arg("--listen")
+    c.args(extra)
+        .arg("--listen")
         .arg(format!("127.0.0.1:{listen}=127.0.0.1:{target}"))
-        .args(["--delay-ms", "0"]);
+        .args(["--delay-ms", "0"])
+        // A stalled direction pushes back after 1 MiB, as a stalled path
+        // would, instead of taking in 64 MiB.
+        .args(["--max-inflight", "1048576"]);
     for f in faults {
         c.arg("--fault").arg(f);
     }
@@ -142,6 +146,9 @@ enum Mode {
     Rdma,
     /// The middleware's TCP mode (`--xfer-mode tcp`), same RADR session.
     Tcp,
+    /// A plain FTP data connection (`--tcp`, EPSV), relayed by the control
+    /// relay's `--ftp-passive`.
+    Plain,
 }
 
 /// What a case may end in.
@@ -167,11 +174,13 @@ impl Rig {
     /// the two relays.
     fn new(size: usize, ctrl_faults: &[String], data_faults: &[String]) -> Rig {
         let xport = free_port();
-        let (data, bport) = relay(0, xport, data_faults);
+        let (data, bport) = relay(0, xport, data_faults, &[]);
         let server = common::server(&format!(
             "rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""
         ));
-        let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults);
+        // --ftp-passive: plain FTP data connections (EPSV) go through the
+        // control relay as its mapping 1.
+        let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults, &["--ftp-passive"]);
         write_random(&server.root.join("src.bin"), size, 0x5eed);
         let local = tempfile::tempdir().unwrap();
         write_random(&local.path().join("up.bin"), size, 0xfeed);
@@ -217,8 +226,10 @@ impl Rig {
                 (src, self.server.root.join(name))
             }
         };
-        if mode == Mode::Tcp {
-            a.extend(["--xfer-mode".into(), "tcp".into()]);
+        match mode {
+            Mode::Rdma => {}
+            Mode::Tcp => a.extend(["--xfer-mode".into(), "tcp".into()]),
+            Mode::Plain => a.push("--tcp".into()),
         }
         a.extend(args.iter().map(|s| s.to_string()));
         let (ok, text, took) = rftp(&a);
@@ -231,7 +242,11 @@ impl Rig {
             Err(_) => false,
         };
         assert!(
-            !result.exists() || same || (op == Op::Put && !ok && text.contains("SHA-256 mismatch")),
+            !result.exists()
+                || same
+                || (op == Op::Put
+                    && !ok
+                    && (text.contains("SHA-256 mismatch") || mode == Mode::Plain)),
             "{op:?} {mode:?}: {} exists but differs from the source: {text}",
             result.display()
         );
@@ -283,7 +298,12 @@ fn case_sized(
     args: &[&str],
     expect: Expect,
 ) {
-    let rig = Rig::new(size, ctrl_faults, data_faults);
+    // Plain FTP data connections are the control relay's mapping 1.
+    let (ctrl, data) = match mode {
+        Mode::Plain => ([ctrl_faults, data_faults].concat(), Vec::new()),
+        _ => (ctrl_faults.to_vec(), data_faults.to_vec()),
+    };
+    let rig = Rig::new(size, &ctrl, &data);
     let (ok, text, took, same) = rig.transfer(op, mode, "dst.bin", args);
     if std::env::var_os("RFTP_FAULT_EXPLORE").is_some() {
         eprintln!("EXPLORE {what} {op:?} {mode:?} ok={ok} same={same} {took:?}\n{text}");
@@ -304,6 +324,11 @@ fn case_sized(
             assert!(text.contains("SHA-256 verified"), "{text}");
         }
         Expect::Fail(causes) => {
+            let causes = match mode {
+                Mode::Plain if std::ptr::eq(causes, DISCONNECT) => PLAIN_DISCONNECT,
+                Mode::Plain if std::ptr::eq(causes, SILENCE) => PLAIN_SILENCE,
+                _ => causes,
+            };
             // A failed upload may still have arrived whole (the control
             // connection broke after the data): then it is right.
             assert!(!ok, "{what} {op:?} {mode:?} should fail: {text}");
@@ -326,23 +351,24 @@ fn data_dir(op: Op) -> &'static str {
 }
 
 /// `KIND` at 2 MiB into the payload of the connection that carries it
-/// (RDMA: connection 2, the first data stream; TCP mode: connection 1).
+/// (RDMA: connection 2, the first data stream; TCP mode: connection 1;
+/// plain FTP: the first data connection, mapping 1 of the control relay).
 fn mid(kind: &str, op: Op, mode: Mode, more: &str) -> Vec<String> {
     let conn = match mode {
-        Mode::Rdma => 2,
-        Mode::Tcp => 1,
+        Mode::Rdma => "conn=2",
+        Mode::Tcp => "conn=1",
+        Mode::Plain => "map=1,conn=1",
     };
-    vec![format!(
-        "{kind}:at=2M,dir={},conn={conn}{more}",
-        data_dir(op)
-    )]
+    vec![format!("{kind}:at=2M,dir={},{conn}{more}", data_dir(op))]
 }
 
-const ALL: [(Op, Mode); 4] = [
+const ALL: [(Op, Mode); 6] = [
     (Op::Get, Mode::Rdma),
     (Op::Put, Mode::Rdma),
     (Op::Get, Mode::Tcp),
     (Op::Put, Mode::Tcp),
+    (Op::Get, Mode::Plain),
+    (Op::Put, Mode::Plain),
 ];
 
 #[test]
@@ -399,8 +425,9 @@ fn stall_longer_than_the_timeout_fails_clearly() {
 fn faults_on_one_of_several_streams() {
     // Four streams: connection 4 is the third data stream in RDMA mode,
     // the fourth stream in TCP mode. Each stream carries a quarter, so
-    // the fault comes at 1 MiB.
-    for (op, mode) in ALL {
+    // the fault comes at 1 MiB. (Plain FTP has one data connection.)
+    for (op, mode) in &ALL[..4] {
+        let (op, mode) = (*op, *mode);
         let f = vec![format!("drop:at=1M,dir={},conn=4,how=rst", data_dir(op))];
         case(
             "drop rst, conn 4, 4 streams",
@@ -497,9 +524,13 @@ fn corrupted_payload_is_caught() {
 fn control_connection_faults_mid_transfer() {
     // The data connection stalls 3 s at 2 MiB so the transfer is surely
     // under way when the control connection breaks 1 s after it opened.
-    for (op, mode) in [(Op::Get, Mode::Rdma), (Op::Put, Mode::Tcp)] {
+    for (op, mode) in [
+        (Op::Get, Mode::Rdma),
+        (Op::Put, Mode::Tcp),
+        (Op::Get, Mode::Plain),
+    ] {
         let stall = mid("stall", op, mode, ",for=3000");
-        for ctrl in ["drop:at=1s,how=rst", "drop:at=1s,how=fin"] {
+        for ctrl in ["drop:at=1s,map=0,how=rst", "drop:at=1s,map=0,how=fin"] {
             case(
                 ctrl,
                 op,
@@ -510,7 +541,7 @@ fn control_connection_faults_mid_transfer() {
                 Expect::Fail(CONTROL),
             );
         }
-        let ctrl = "blackhole:at=1s,conn=1";
+        let ctrl = "blackhole:at=1s,map=0,conn=1";
         case(
             ctrl,
             op,
@@ -527,6 +558,24 @@ fn control_connection_faults_mid_transfer() {
 const DISCONNECT: &[&str] = &["connection to the peer lost"];
 /// The transfer session went silent: the liveness bound expired.
 const SILENCE: &[&str] = &["timed out after 5.0 s", "the peer stopped responding"];
+/// Plain FTP: the data connection broke. An upload cut with FIN looks
+/// complete to the server (stream mode ends a file with the connection),
+/// which answers 226 and keeps what it got: the client's comparison
+/// catches it.
+const PLAIN_DISCONNECT: &[&str] = &[
+    "the data connection ended after",
+    "Connection reset by peer",
+    "Broken pipe",
+    "426 Connection lost",
+    "SHA-256 mismatch",
+];
+/// Plain FTP: the data connection went silent (or, on upload, the client
+/// sent everything into the void and the final reply does not come).
+const PLAIN_SILENCE: &[&str] = &[
+    "the data connection brought no data for 5 s",
+    "the data connection took no data for 5 s",
+    "no reply from the server within 5 s",
+];
 /// The payload arrived changed and the checksum comparison caught it (or,
 /// had the byte hit a protocol header, the receiver gave the connection
 /// up).
