@@ -27,6 +27,11 @@
 //! index of the mapping, default every mapping); `conn=N`, `N-M` or `N-`
 //! (1-based index of the connection on its mapping, default every one).
 //! Each fault fires once per connection and direction.
+//!
+//! With an [`Alg`], the relay also rewrites the address a peer announces
+//! for a second connection (mod_rdma's `RDMA:` header, FTP's EPSV/PASV
+//! replies) to a listener of its own, so that connection runs through the
+//! relay too, as one more mapping.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

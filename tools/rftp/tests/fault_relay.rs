@@ -413,11 +413,16 @@ fn stall_shorter_than_the_timeout_completes() {
 
 #[test]
 fn stall_longer_than_the_timeout_fails_clearly() {
-    // The stream resumes after 8 s, but both ends give up after 5 s of
-    // silence.
-    for (op, mode) in [(Op::Get, Mode::Rdma), (Op::Put, Mode::Tcp)] {
-        let f = mid("stall", op, mode, ",for=8000");
-        case("stall 8 s", op, mode, &[], &f, &[], Expect::Fail(SILENCE));
+    // The stream would resume after 30 s, but both ends give up after 5 s
+    // of silence.
+    for (op, mode) in [
+        (Op::Get, Mode::Rdma),
+        (Op::Put, Mode::Tcp),
+        (Op::Get, Mode::Plain),
+        (Op::Put, Mode::Plain),
+    ] {
+        let f = mid("stall", op, mode, ",for=30000");
+        case("stall 30 s", op, mode, &[], &f, &[], Expect::Fail(SILENCE));
     }
 }
 
