@@ -575,11 +575,14 @@ const PLAIN_DISCONNECT: &[&str] = &[
     "SHA-256 mismatch",
 ];
 /// Plain FTP: the data connection went silent (or, on upload, the client
-/// sent everything into the void and the final reply does not come).
+/// sent everything into the void and the final reply does not come, or
+/// the server gave up first).
 const PLAIN_SILENCE: &[&str] = &[
     "the data connection brought no data for 5 s",
     "the data connection took no data for 5 s",
     "no reply from the server within 5 s",
+    // rftpd's 426 when its read of the upload timed out first.
+    "no data on the data connection for 5 s",
 ];
 /// The payload arrived changed and the checksum comparison caught it (or,
 /// had the byte hit a protocol header, the receiver gave the connection
