@@ -7,7 +7,7 @@
 # transfers through its fault relay, and one 1 GiB RDMA transfer verified
 # by SHA-256.
 #
-#   scripts/test-rftp.sh             the default run (about 80 s + build)
+#   scripts/test-rftp.sh             the default run (about 110 s + build)
 #   RFTP_BIG=1 scripts/test-rftp.sh  also 1 GiB in every transfer case
 #
 # Environment:
