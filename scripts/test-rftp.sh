@@ -3,10 +3,11 @@
 # (tools/rftp): loopback transfers over RDMA and TCP with 1 and 8 streams,
 # curl, lftp and Python ftplib against rftpd, the fault cases (client or
 # server killed mid-transfer, disk full, traversal, bad logins, ...), the
-# interactive mode through stdin, the rftp-demo main job, delay-bridge,
-# and one 1 GiB RDMA transfer verified by SHA-256.
+# interactive mode through stdin, the rftp-demo main job, delay-bridge and
+# transfers through its fault relay, and one 1 GiB RDMA transfer verified
+# by SHA-256.
 #
-#   scripts/test-rftp.sh             the default run (about 16 s + build)
+#   scripts/test-rftp.sh             the default run (about 110 s + build)
 #   RFTP_BIG=1 scripts/test-rftp.sh  also 1 GiB in every transfer case
 #
 # Environment:

@@ -135,8 +135,21 @@ impl Ftp {
 
     /// Read one (possibly multi-line) reply.
     pub fn read_reply(&mut self) -> io::Result<Reply> {
+        let timeout = self.timeout;
+        // A read timeout shows as EAGAIN ("Resource temporarily
+        // unavailable"): say what it means.
+        let silent = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no reply from the server within {} s (the control connection went silent)",
+                    timeout.as_secs()
+                ),
+            ),
+            _ => e,
+        };
         let mut first = String::new();
-        if self.ctrl.read_line(&mut first)? == 0 {
+        if self.ctrl.read_line(&mut first).map_err(silent)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the server closed the control connection",
@@ -152,7 +165,7 @@ impl Ftp {
             let end = format!("{code} ");
             loop {
                 let mut l = String::new();
-                if self.ctrl.read_line(&mut l)? == 0 {
+                if self.ctrl.read_line(&mut l).map_err(silent)? == 0 {
                     return Err(bad());
                 }
                 if l.starts_with(&end) {
@@ -573,7 +586,9 @@ fn via(x: &dyn Transport) -> String {
 }
 
 fn final_reply(f: &mut Ftp, what: &str) -> Result<(), String> {
-    let (c, t) = f.read_reply().map_err(|e| format!("{what}: {e}"))?;
+    let (c, t) = f
+        .read_reply()
+        .map_err(|e| format!("{what}: reading the final reply on the control connection: {e}"))?;
     if (200..300).contains(&c) {
         Ok(())
     } else {
@@ -593,14 +608,27 @@ fn copy_plain(
     let mut buf = vec![0u8; 256 << 10];
     let mut n = 0u64;
     let start = Instant::now();
+    // The data connection's timeouts show as EAGAIN ("Resource temporarily
+    // unavailable"); files never time out.
+    let silent = |e: io::Error, what: &str| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the data connection {what} for {} s (the path or the server went silent)",
+                o.timeout.as_secs()
+            ),
+        ),
+        _ => e,
+    };
     loop {
         let k = match src.read(&mut buf) {
             Ok(0) => return Ok(n),
             Ok(k) => k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(silent(e, "brought no data")),
         };
-        dst.write_all(&buf[..k])?;
+        dst.write_all(&buf[..k])
+            .map_err(|e| silent(e, "took no data"))?;
         n += k as u64;
         if let Some(p) = &o.plain_progress {
             p(done0 + n, total);
@@ -852,12 +880,17 @@ pub fn get_with(
         n
     };
     let elapsed = start.elapsed();
-    fs::rename(&part, out)
-        .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
+    // Verify before the rename: a copy that differs from the server's file
+    // must not appear under the final name (nor stay as a part to resume).
     let checksum = match run_out {
-        Some(run) => verify(f, remote, out, run)?,
+        Some(run) => verify(f, remote, out, run).map_err(|e| {
+            let _ = fs::remove_file(&part);
+            format!("{e} ({} deleted)", part.display())
+        })?,
         None => None,
     };
+    fs::rename(&part, out)
+        .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
     Ok(Summary {
         bytes,
         resumed_from: offset,

@@ -7,6 +7,7 @@
 //! - [`client`]: the FTP client side used by the `rftp` binary.
 //! - [`shell`]: the interactive mode of `rftp` (ftp(1)-style prompt).
 //! - [`cli`]: progress bar and summary line shared by the binaries.
+//! - [`relay`]: the fault-injecting TCP relay behind `delay-bridge`.
 //! - [`util`]: path confinement, listings, time stamps, SHA-256.
 //!
 //! The extension (see `docs/RFTP.md`):
@@ -27,6 +28,7 @@ pub mod cli;
 pub mod client;
 pub mod cmdline;
 pub mod confine;
+pub mod relay;
 pub mod server;
 pub mod shell;
 pub mod util;

@@ -1226,7 +1226,15 @@ impl Session {
             },
             Err(CopyErr::Read(e)) => {
                 let _ = fs::remove_file(tmp.path());
-                r(426, format!("Connection lost; upload discarded: {e}"))
+                // The data connection's read timeout shows as EAGAIN.
+                let why = match e.kind() {
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
+                        "no data on the data connection for {} s (data_timeout_secs)",
+                        self.srv.cfg.data_timeout_secs.max(1)
+                    ),
+                    _ => e.to_string(),
+                };
+                r(426, format!("Connection lost; upload discarded: {why}"))
             }
             Err(CopyErr::Write(e)) => {
                 let _ = fs::remove_file(tmp.path());

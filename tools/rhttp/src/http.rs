@@ -211,6 +211,13 @@ impl Conn {
             ));
         }
         if line.last() != Some(&b'\n') {
+            if n < 16 * 1024 {
+                // read_until stopped short of the limit: end of stream.
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the server closed the connection after {n} bytes of a response line"),
+                ));
+            }
             return Err(invalid("response line longer than 16 KiB".into()));
         }
         while matches!(line.last(), Some(b'\n' | b'\r')) {
@@ -419,5 +426,14 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let e = fetch(b"SSH-2.0-x\r\n\r\n").unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        // Cut in the middle of the status line: an end of stream, not an
+        // overlong line.
+        let e = fetch(b"HTTP/1.1 2").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert!(
+            e.to_string()
+                .contains("closed the connection after 10 bytes"),
+            "{e}"
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! `delay-bridge`: a user-space TCP relay that adds a fixed one-way delay
-//! in each direction, for RTT experiments where the kernel has no netem.
+//! in each direction, for RTT experiments where the kernel has no netem,
+//! and injects faults (drop, stall, truncate, reseg, blackhole, corrupt)
+//! for tests. The relay itself is [`rftp::relay`].
 //!
 //! `delay-bridge --listen 127.0.0.1:7000=10.213.0.2:2121 --listen
 //! 127.0.0.1:7001=10.213.0.2:2122 --delay-ms 1.8` relays every connection
@@ -8,21 +10,51 @@
 //! keeps up to `--max-inflight` bytes per direction queued, far above the
 //! bandwidth-delay product of a loopback link at a few ms, so it delays
 //! without limiting the window.
+//!
+//! `--fault 'drop:at=4M,dir=down,map=1,conn=2'` then aborts the second
+//! connection on the second mapping once 4 MiB went towards the client.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io::{self, Write};
+use std::net::TcpListener;
 use std::process::ExitCode;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
+use rftp::relay::{self, FaultSpec};
 
-/// TCP relay adding a fixed one-way delay in each direction.
+/// TCP relay adding a fixed one-way delay in each direction, and faults.
+///
+/// Fault specs (--fault, repeatable) are KIND[:KEY=VALUE,...]:
+///
+///   drop       close both connections: how=rst (default, RST via
+///              SO_LINGER 0) or how=fin (graceful)
+///   stall      stop forwarding for=MS (default 1000; also for=3s), then
+///              resume
+///   truncate   stop forwarding, half-close the direction and swallow the
+///              rest (how=half, default) or close both gracefully
+///              (how=close)
+///   blackhole  swallow every later byte, end of stream included; keep
+///              both connections open
+///   corrupt    flip the byte at offset at=N (XOR 0xFF)
+///   reseg      write the stream in random pieces of 1..max bytes
+///              (max=65536 default), log-uniform, spanning read boundaries;
+///              seed=N (default --seed)
+///
+/// Keys for every kind: at=N|Nms|Ns (alias after=; a byte offset of the
+/// direction, 64K, 1M, or a time since the connection was accepted;
+/// default 0), dir=up|down|both (up: towards the target; default both,
+/// each direction counting its own bytes), map=I (0-based index of the
+/// --listen mapping; default all), conn=N|N-M|N- (1-based connection
+/// number on the mapping; default all). Each fault fires once per
+/// connection and direction.
+///
+/// Example: --fault 'drop:at=4M,dir=down,map=1,conn=2,how=rst'
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, verbatim_doc_comment)]
 struct Args {
     /// LISTEN=TARGET pairs, e.g. 127.0.0.1:7000=10.213.0.2:2121
-    /// (repeatable).
+    /// (repeatable; port 0 picks a free port, printed on stdout).
     #[arg(short, long, required = true, value_name = "LISTEN=TARGET")]
     listen: Vec<String>,
     /// One-way delay added in each direction, milliseconds (RTT grows by
@@ -35,73 +67,24 @@ struct Args {
     /// Seconds to wait when connecting to a target.
     #[arg(long, default_value_t = 10)]
     connect_timeout: u64,
-}
-
-const CHUNK: usize = 64 << 10;
-
-/// Read from `src`, stamp each chunk with its arrival time, queue it.
-fn reader(mut src: TcpStream, tx: SyncSender<(Instant, Vec<u8>)>) {
-    loop {
-        let mut buf = vec![0u8; CHUNK];
-        match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                buf.truncate(n);
-                if tx.send((Instant::now(), buf)).is_err() {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                tracing::debug!(%e, "relay read ended");
-                break;
-            }
-        }
-    }
-    // Dropping tx tells the writer: end of stream.
-}
-
-/// Write each queued chunk once its delay has passed; at the end, pass
-/// the half-close on.
-fn writer(mut dst: TcpStream, rx: Receiver<(Instant, Vec<u8>)>, delay: Duration) {
-    for (t, buf) in rx {
-        if let Some(wait) = (t + delay).checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        if let Err(e) = dst.write_all(&buf) {
-            tracing::debug!(%e, "relay write ended");
-            let _ = dst.shutdown(Shutdown::Both);
-            return;
-        }
-    }
-    let _ = dst.shutdown(Shutdown::Write);
-}
-
-fn relay(client: TcpStream, target: SocketAddr, a: &Args) -> io::Result<()> {
-    let server = TcpStream::connect_timeout(&target, Duration::from_secs(a.connect_timeout))?;
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    let delay = Duration::from_secs_f64(a.delay_ms.max(0.0) / 1e3);
-    let depth = (a.max_inflight / CHUNK).max(1);
-    for (src, dst) in [(client.try_clone()?, server.try_clone()?), (server, client)] {
-        let (tx, rx) = sync_channel(depth);
-        std::thread::spawn(move || reader(src, tx));
-        std::thread::spawn(move || writer(dst, rx, delay));
-    }
-    Ok(())
-}
-
-fn parse_pair(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
-    let (l, t) = s.split_once('=').ok_or_else(|| {
-        format!("{s}: expected LISTEN=TARGET, e.g. 127.0.0.1:7000=127.0.0.1:2121")
-    })?;
-    let l = l
-        .parse()
-        .map_err(|e| format!("{l}: not an IP:PORT listen address: {e}"))?;
-    let t = t
-        .parse()
-        .map_err(|e| format!("{t}: not an IP:PORT target: {e}"))?;
-    Ok((l, t))
+    /// A fault to inject, KIND[:KEY=VALUE,...] (repeatable; see above).
+    #[arg(short, long, value_name = "SPEC")]
+    fault: Vec<String>,
+    /// Seed of reseg faults that give none.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// mod_rdma: rewrite port= in the RDMA: request headers so the
+    /// server's connect-back also runs through the relay (on a new
+    /// listener on the header's ip=); those connections are mapping number
+    /// N for map= (N = the number of --listen mappings).
+    #[arg(long)]
+    rdma_connect_back: bool,
+    /// FTP: rewrite the port of 229 (EPSV) and 227 (PASV) replies so plain
+    /// FTP data connections also run through the relay; they are mapping
+    /// number N for map= (as with --rdma-connect-back), numbered across
+    /// transfers.
+    #[arg(long)]
+    ftp_passive: bool,
 }
 
 fn main() -> ExitCode {
@@ -111,9 +94,30 @@ fn main() -> ExitCode {
         eprintln!("delay-bridge: --delay-ms must be between 0 and 10000");
         return ExitCode::from(2);
     }
+    let mut faults = Vec::new();
+    for f in &a.fault {
+        match f.parse::<FaultSpec>() {
+            Ok(s) => {
+                let dynamic = a.rdma_connect_back || a.ftp_passive;
+                let maps = a.listen.len() + usize::from(dynamic);
+                if s.map.is_some_and(|m| m >= maps) {
+                    eprintln!(
+                        "delay-bridge: --fault {f}: map= must be below the number of mappings ({maps}: the --listen ones{})",
+                        if dynamic { " and the relayed second connections" } else { "" }
+                    );
+                    return ExitCode::from(2);
+                }
+                faults.push(s);
+            }
+            Err(e) => {
+                eprintln!("delay-bridge: --fault {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let mut listeners = Vec::new();
     for s in &a.listen {
-        let (l, t) = match parse_pair(s) {
+        let (l, t) = match relay::parse_mapping(s) {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("delay-bridge: {e}");
@@ -133,24 +137,27 @@ fn main() -> ExitCode {
         }
     }
     let _ = io::stdout().flush();
-    let a = std::sync::Arc::new(a);
-    let mut handles = Vec::new();
-    for (sock, target) in listeners {
-        let a = a.clone();
-        handles.push(std::thread::spawn(move || {
-            for conn in sock.incoming() {
-                match conn {
-                    Ok(c) => {
-                        let peer = c.peer_addr().ok();
-                        if let Err(e) = relay(c, target, &a) {
-                            tracing::warn!(?peer, %target, %e, "cannot reach the target");
-                        }
-                    }
-                    Err(e) => tracing::warn!(%e, "accept failed"),
-                }
-            }
-        }));
+    for f in &faults {
+        tracing::info!(fault = ?f, "fault armed");
     }
+    let cfg = Arc::new(relay::Config {
+        delay: Duration::from_secs_f64(a.delay_ms / 1e3),
+        max_inflight: a.max_inflight,
+        connect_timeout: Duration::from_secs(a.connect_timeout),
+        faults,
+        seed: a.seed,
+        alg: (a.rdma_connect_back || a.ftp_passive).then(|| relay::Alg {
+            rdma_header: a.rdma_connect_back,
+            ftp_passive: a.ftp_passive,
+            map: a.listen.len(),
+            ..relay::Alg::default()
+        }),
+    });
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(i, (sock, t))| relay::serve(sock, t, i, cfg.clone()))
+        .collect();
     for h in handles {
         let _ = h.join();
     }

@@ -1,0 +1,599 @@
+//! RFTP transfers through `delay-bridge` with faults injected into the
+//! control connection or the transfer session's connections: every
+//! transfer either completes with the right SHA-256 or the client exits
+//! non-zero with an error naming the cause, within a bound, and rftpd
+//! serves a clean transfer afterwards.
+//!
+//! Layout of each case: rftpd with a fixed RADR port (`rdma_port`) that
+//! announces a relay's address (`rdma_advertise`), so the transfer
+//! session (RDMA: a control QP connection, then one per data stream; TCP
+//! mode: one connection per stream) goes through relay "data"; the FTP
+//! control connection goes through relay "ctrl". Downloads carry their
+//! payload `down` the data relay (towards the client), uploads `up`.
+//!
+//! `RFTP_FAULT_LOG=1` prints each case's outcome and time.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rftp::util::sha256_file;
+
+/// Every faulted transfer must end within this (the client's and the
+/// server's liveness bounds are 5 s here).
+const BOUND: Duration = Duration::from_secs(60);
+/// `rftp --timeout`: seconds any step may take, and the silence after
+/// which an RDMA peer counts as gone.
+const CLIENT_TIMEOUT: &str = "5";
+const SIZE: usize = 8 << 20;
+
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// delay-bridge (no delay) relaying 127.0.0.1:`listen` to `target` with
+/// `faults` and `extra` flags; returns it and its port.
+fn relay(listen: u16, target: u16, faults: &[String], extra: &[&str]) -> (Relay, u16) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
+    c.args(extra)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{listen}=127.0.0.1:{target}"))
+        .args(["--delay-ms", "0"])
+        // A stalled direction pushes back after 1 MiB, as a stalled path
+        // would, instead of taking in 64 MiB.
+        .args(["--max-inflight", "1048576"]);
+    for f in faults {
+        c.arg("--fault").arg(f);
+    }
+    let mut child = c
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("delay-bridge said {line:?}"));
+    (Relay(child), port)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_random(path: &Path, len: usize, seed: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for c in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+        }
+        let n = left.min(buf.len());
+        f.write_all(&buf[..n]).unwrap();
+        left -= n;
+    }
+}
+
+/// Run rftp with `args`; kill it after [`BOUND`] (which fails the test).
+/// Returns (success, stdout + stderr, time taken).
+fn rftp(args: &[String]) -> (bool, String, Duration) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
+        .args(args)
+        .args(["-q", "--timeout", CLIENT_TIMEOUT])
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if start.elapsed() > BOUND {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "rftp {args:?} hung: not done after {BOUND:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = start.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text, took)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Get,
+    Put,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Rdma,
+    /// The middleware's TCP mode (`--xfer-mode tcp`), same RADR session.
+    Tcp,
+    /// A plain FTP data connection (`--tcp`, EPSV), relayed by the control
+    /// relay's `--ftp-passive`.
+    Plain,
+}
+
+/// What a case may end in.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// Completes with the right SHA-256.
+    Complete,
+    /// Fails; the client's error contains one of these.
+    Fail(&'static [&'static str]),
+}
+
+/// The setting of one case: an rftpd, a data relay, a control relay.
+struct Rig {
+    server: common::Server,
+    _data: Relay,
+    _ctrl: Relay,
+    ctrl_port: u16,
+    local: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Files of `size` bytes to move. `ctrl_faults` and `data_faults` go to
+    /// the two relays.
+    fn new(size: usize, ctrl_faults: &[String], data_faults: &[String]) -> Rig {
+        let xport = free_port();
+        let (data, bport) = relay(0, xport, data_faults, &[]);
+        let server = common::server(&format!(
+            "rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""
+        ));
+        // --ftp-passive: plain FTP data connections (EPSV) go through the
+        // control relay as its mapping 1.
+        let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults, &["--ftp-passive"]);
+        write_random(&server.root.join("src.bin"), size, 0x5eed);
+        let local = tempfile::tempdir().unwrap();
+        write_random(&local.path().join("up.bin"), size, 0xfeed);
+        Rig {
+            server,
+            _data: data,
+            _ctrl: ctrl,
+            ctrl_port,
+            local,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("ftp://alice:secret@127.0.0.1:{}/{path}", self.ctrl_port)
+    }
+
+    /// One transfer: `op` in `mode` (plus `args`); returns (success,
+    /// output, time, whether the result's SHA-256 matches the source).
+    fn transfer(
+        &self,
+        op: Op,
+        mode: Mode,
+        name: &str,
+        args: &[&str],
+    ) -> (bool, String, Duration, bool) {
+        let mut a: Vec<String> = Vec::new();
+        let (want, result) = match op {
+            Op::Get => {
+                let out = self.local.path().join(name);
+                let _ = std::fs::remove_file(&out);
+                a.extend([
+                    "get".into(),
+                    self.url("src.bin"),
+                    "-o".into(),
+                    out.to_str().unwrap().into(),
+                    "--no-resume".into(),
+                ]);
+                (self.server.root.join("src.bin"), out)
+            }
+            Op::Put => {
+                let src = self.local.path().join("up.bin");
+                a.extend(["put".into(), src.to_str().unwrap().into(), self.url(name)]);
+                (src, self.server.root.join(name))
+            }
+        };
+        match mode {
+            Mode::Rdma => {}
+            Mode::Tcp => a.extend(["--xfer-mode".into(), "tcp".into()]),
+            Mode::Plain => a.push("--tcp".into()),
+        }
+        a.extend(args.iter().map(|s| s.to_string()));
+        let (ok, text, took) = rftp(&a);
+        // A result file exists only when complete (downloads go to
+        // FILE.part, uploads to a temporary name first), and must then be
+        // right, unless the client said it is not (an upload whose
+        // checksum comparison failed stays on the server).
+        let same = match sha256_file(&result) {
+            Ok(h) => h == sha256_file(&want).unwrap(),
+            Err(_) => false,
+        };
+        assert!(
+            !result.exists()
+                || same
+                || (op == Op::Put
+                    && !ok
+                    && (text.contains("SHA-256 mismatch") || mode == Mode::Plain)),
+            "{op:?} {mode:?}: {} exists but differs from the source: {text}",
+            result.display()
+        );
+        (ok, text, took, same)
+    }
+
+    /// After a faulted transfer: a clean one on the same rftpd succeeds
+    /// (retrying while the server still holds the fixed RADR port for the
+    /// broken session, at most [`BOUND`]).
+    fn still_serves(&self, mode: Mode) {
+        let start = Instant::now();
+        loop {
+            let (ok, text, _, same) = self.transfer(Op::Get, mode, "after.bin", &[]);
+            if ok && same {
+                return;
+            }
+            assert!(
+                text.contains("rdma_port") && start.elapsed() < BOUND,
+                "rftpd does not serve a clean {mode:?} transfer after the fault: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// Run `op` in `mode` through relays with these faults, check it against
+/// `expect`, then check the server still serves.
+fn case(
+    what: &str,
+    op: Op,
+    mode: Mode,
+    ctrl_faults: &[String],
+    data_faults: &[String],
+    args: &[&str],
+    expect: Expect,
+) {
+    case_sized(SIZE, what, op, mode, ctrl_faults, data_faults, args, expect)
+}
+
+/// [`case`] with a payload of `size` bytes.
+#[allow(clippy::too_many_arguments)]
+fn case_sized(
+    size: usize,
+    what: &str,
+    op: Op,
+    mode: Mode,
+    ctrl_faults: &[String],
+    data_faults: &[String],
+    args: &[&str],
+    expect: Expect,
+) {
+    // Plain FTP data connections are the control relay's mapping 1.
+    let (ctrl, data) = match mode {
+        Mode::Plain => ([ctrl_faults, data_faults].concat(), Vec::new()),
+        _ => (ctrl_faults.to_vec(), data_faults.to_vec()),
+    };
+    let rig = Rig::new(size, &ctrl, &data);
+    let (ok, text, took, same) = rig.transfer(op, mode, "dst.bin", args);
+    if std::env::var_os("RFTP_FAULT_EXPLORE").is_some() {
+        eprintln!("EXPLORE {what} {op:?} {mode:?} ok={ok} same={same} {took:?}\n{text}");
+        rig.still_serves(mode);
+        return;
+    }
+    if std::env::var_os("RFTP_FAULT_LOG").is_some() {
+        let first = text.lines().find(|l| l.contains("rftp")).unwrap_or("");
+        eprintln!(
+            "FAULT {what:<28} {op:?} {mode:?}: {} in {:.2} s: {first}",
+            if ok { "completed" } else { "failed" },
+            took.as_secs_f64()
+        );
+    }
+    match expect {
+        Expect::Complete => {
+            assert!(ok && same, "{what} {op:?} {mode:?} should complete: {text}");
+            assert!(text.contains("SHA-256 verified"), "{text}");
+        }
+        Expect::Fail(causes) => {
+            let causes = match mode {
+                Mode::Plain if std::ptr::eq(causes, DISCONNECT) => PLAIN_DISCONNECT,
+                Mode::Plain if std::ptr::eq(causes, SILENCE) => PLAIN_SILENCE,
+                _ => causes,
+            };
+            // A failed upload may still have arrived whole (the control
+            // connection broke after the data): then it is right.
+            assert!(!ok, "{what} {op:?} {mode:?} should fail: {text}");
+            assert!(
+                causes.iter().any(|c| text.contains(c)),
+                "{what} {op:?} {mode:?}: the error names none of {causes:?}: {text}"
+            );
+        }
+    }
+    assert!(took < BOUND);
+    rig.still_serves(mode);
+}
+
+/// The data direction of `op` on the data relay.
+fn data_dir(op: Op) -> &'static str {
+    match op {
+        Op::Get => "down",
+        Op::Put => "up",
+    }
+}
+
+/// `KIND` at 2 MiB into the payload of the connection that carries it
+/// (RDMA: connection 2, the first data stream; TCP mode: connection 1;
+/// plain FTP: the first data connection, mapping 1 of the control relay).
+fn mid(kind: &str, op: Op, mode: Mode, more: &str) -> Vec<String> {
+    let conn = match mode {
+        Mode::Rdma => "conn=2",
+        Mode::Tcp => "conn=1",
+        Mode::Plain => "map=1,conn=1",
+    };
+    vec![format!("{kind}:at=2M,dir={},{conn}{more}", data_dir(op))]
+}
+
+const ALL: [(Op, Mode); 6] = [
+    (Op::Get, Mode::Rdma),
+    (Op::Put, Mode::Rdma),
+    (Op::Get, Mode::Tcp),
+    (Op::Put, Mode::Tcp),
+    (Op::Get, Mode::Plain),
+    (Op::Put, Mode::Plain),
+];
+
+#[test]
+fn drop_with_rst_mid_transfer_fails_clearly() {
+    for (op, mode) in ALL {
+        let f = mid("drop", op, mode, ",how=rst");
+        case("drop rst", op, mode, &[], &f, &[], Expect::Fail(DISCONNECT));
+    }
+}
+
+#[test]
+fn drop_with_fin_mid_transfer_fails_clearly() {
+    for (op, mode) in ALL {
+        let f = mid("drop", op, mode, ",how=fin");
+        case("drop fin", op, mode, &[], &f, &[], Expect::Fail(DISCONNECT));
+    }
+}
+
+#[test]
+fn truncate_mid_transfer_fails_clearly() {
+    for (op, mode) in ALL {
+        let f = mid("truncate", op, mode, "");
+        case(
+            "truncate half",
+            op,
+            mode,
+            &[],
+            &f,
+            &[],
+            Expect::Fail(DISCONNECT),
+        );
+    }
+}
+
+#[test]
+fn stall_shorter_than_the_timeout_completes() {
+    for (op, mode) in ALL {
+        let f = mid("stall", op, mode, ",for=2500");
+        case("stall 2.5 s", op, mode, &[], &f, &[], Expect::Complete);
+    }
+}
+
+#[test]
+fn stall_longer_than_the_timeout_fails_clearly() {
+    // The stream would resume after 30 s, but both ends give up after 5 s
+    // of silence.
+    for (op, mode) in [
+        (Op::Get, Mode::Rdma),
+        (Op::Put, Mode::Tcp),
+        (Op::Get, Mode::Plain),
+        (Op::Put, Mode::Plain),
+    ] {
+        let f = mid("stall", op, mode, ",for=30000");
+        case("stall 30 s", op, mode, &[], &f, &[], Expect::Fail(SILENCE));
+    }
+}
+
+#[test]
+fn faults_on_one_of_several_streams() {
+    // Four streams: connection 4 is the third data stream in RDMA mode,
+    // the fourth stream in TCP mode. Each stream carries a quarter, so
+    // the fault comes at 1 MiB. (Plain FTP has one data connection.)
+    for (op, mode) in &ALL[..4] {
+        let (op, mode) = (*op, *mode);
+        let f = vec![format!("drop:at=1M,dir={},conn=4,how=rst", data_dir(op))];
+        case(
+            "drop rst, conn 4, 4 streams",
+            op,
+            mode,
+            &[],
+            &f,
+            &["--streams", "4"],
+            Expect::Fail(DISCONNECT),
+        );
+    }
+    let f = vec!["truncate:at=1M,how=close,conn=3".to_string()];
+    case(
+        "truncate close, conn 3 of 5",
+        Op::Get,
+        Mode::Rdma,
+        &[],
+        &f,
+        &["--streams", "4"],
+        Expect::Fail(DISCONNECT),
+    );
+}
+
+#[test]
+fn blackhole_mid_transfer_fails_within_the_liveness_bound() {
+    for (op, mode) in ALL {
+        let f = mid("blackhole", op, mode, "");
+        case("blackhole", op, mode, &[], &f, &[], Expect::Fail(SILENCE));
+    }
+}
+
+#[test]
+fn resegmented_streams_complete() {
+    // Every connection, both directions, control included, and a 64 MiB
+    // payload in each mode.
+    let f = vec!["reseg:seed=11,max=7000".to_string()];
+    for (op, mode) in ALL {
+        case_sized(64 << 20, "reseg", op, mode, &f, &f, &[], Expect::Complete);
+    }
+    // Pieces of 1 to 64 bytes: every FPDU header, DDP/RDMAP header and
+    // control message is split, 1 MiB each way.
+    let f = vec!["reseg:seed=5,max=64".to_string()];
+    for (op, mode) in ALL {
+        case_sized(
+            1 << 20,
+            "reseg max=64",
+            op,
+            mode,
+            &f,
+            &f,
+            &["--block-size", "64K"],
+            Expect::Complete,
+        );
+    }
+}
+
+#[test]
+fn corrupted_payload_is_caught() {
+    for (op, mode) in ALL {
+        // A byte in the middle of a 1 MiB block's payload: without MPA CRC
+        // the transfer itself succeeds and the SHA-256 comparison catches it.
+        let f = mid("corrupt", op, mode, "")
+            .iter()
+            .map(|s| s.replace("at=2M", "at=2500001"))
+            .collect::<Vec<_>>();
+        case(
+            "corrupt, no CRC",
+            op,
+            mode,
+            &[],
+            &f,
+            &[],
+            Expect::Fail(MISMATCH),
+        );
+    }
+    for op in [Op::Get, Op::Put] {
+        let f = mid("corrupt", op, Mode::Rdma, "")
+            .iter()
+            .map(|s| s.replace("at=2M", "at=2500001"))
+            .collect::<Vec<_>>();
+        case(
+            "corrupt, MPA CRC",
+            op,
+            Mode::Rdma,
+            &[],
+            &f,
+            &["--crc"],
+            Expect::Fail(DISCONNECT),
+        );
+    }
+}
+
+#[test]
+fn control_connection_faults_mid_transfer() {
+    // The data connection stalls 3 s at 2 MiB so the transfer is surely
+    // under way when the control connection breaks 1 s after it opened.
+    for (op, mode) in [
+        (Op::Get, Mode::Rdma),
+        (Op::Put, Mode::Tcp),
+        (Op::Get, Mode::Plain),
+    ] {
+        let stall = mid("stall", op, mode, ",for=3000");
+        for ctrl in ["drop:at=1s,map=0,how=rst", "drop:at=1s,map=0,how=fin"] {
+            case(
+                ctrl,
+                op,
+                mode,
+                &[ctrl.to_string()],
+                &stall,
+                &[],
+                Expect::Fail(CONTROL),
+            );
+        }
+        let ctrl = "blackhole:at=1s,map=0,conn=1";
+        case(
+            ctrl,
+            op,
+            mode,
+            &[ctrl.to_string()],
+            &stall,
+            &[],
+            Expect::Fail(CONTROL_SILENCE),
+        );
+    }
+}
+
+/// The transfer session's connection broke (RST, FIN or half-close).
+const DISCONNECT: &[&str] = &["connection to the peer lost"];
+/// The transfer session went silent: the liveness bound expired.
+const SILENCE: &[&str] = &["timed out after 5.0 s", "the peer stopped responding"];
+/// Plain FTP: the data connection broke. An upload cut with FIN looks
+/// complete to the server (stream mode ends a file with the connection),
+/// which answers 226 and keeps what it got: the client's comparison
+/// catches it.
+const PLAIN_DISCONNECT: &[&str] = &[
+    "the data connection ended after",
+    "Connection reset by peer",
+    "Broken pipe",
+    "426 Connection lost",
+    "SHA-256 mismatch",
+];
+/// Plain FTP: the data connection went silent (or, on upload, the client
+/// sent everything into the void and the final reply does not come, or
+/// the server gave up first).
+const PLAIN_SILENCE: &[&str] = &[
+    "the data connection brought no data for 5 s",
+    "the data connection took no data for 5 s",
+    "no reply from the server within 5 s",
+    // rftpd's 426 when its read of the upload timed out first.
+    "no data on the data connection for 5 s",
+];
+/// The payload arrived changed and the checksum comparison caught it (or,
+/// had the byte hit a protocol header, the receiver gave the connection
+/// up).
+const MISMATCH: &[&str] = &["SHA-256 mismatch", "connection to the peer lost"];
+/// The control connection broke: normally while the client waits for the
+/// final reply ("RRTR: reading the final reply on the control connection:
+/// ..."); on a slow machine perhaps before, at an earlier reply.
+const CONTROL: &[&str] = &[
+    "Connection reset by peer",
+    "the server closed the control connection",
+];
+/// The control connection went silent.
+const CONTROL_SILENCE: &[&str] = &["no reply from the server within 5 s"];
