@@ -939,23 +939,30 @@ if timeout 1200 cargo build --release -q -p rftp --bin delay-bridge; then
     # HTTP connection after it does not spoil the body.
     relay_check "GET server-writes, HTTP connection reset mid-transfer: body equal (or a named reset)" \
         get server-writes "body|reading the response: Connection reset by peer" "drop:at=300ms,map=0,how=rst" "stall:at=1M,dir=up,map=1,for=2000"
-    # Known gap: neither rhttp nor mod_rdma asks for MPA CRC (the MPA policy
-    # is "optional", so none is negotiated) and the body has no end-to-end
-    # digest: a byte flipped on the RDMA connection arrives as is. This check
-    # asserts today's behaviour so that fixing it shows up (it then fails:
-    # turn it into a relay_check expecting a named CRC error).
+    # A byte flipped on the RDMA connection: rhttp asks for MPA CRC by
+    # default (--crc required), so the FPDU fails its CRC check (RFC 5044
+    # §4.4) and the transfer ends with an error, or the plain-HTTP retry
+    # delivers the right body; a wrong body is never accepted. With
+    # `--crc off` the same byte reached the body with exit 0 (the gap this
+    # closes), which the second check keeps visible.
     t_relay_corrupt() {
-        local rc
+        local rc crc="$1"
         relay_start "corrupt:at=2000001,dir=up,map=1" || return 1
-        timeout 60 "$RHTTP" -q --timeout 5 get "http://127.0.0.1:$RPORT/f8M.bin" -o "$T/out/relay-corrupt" 2>"$T/out/relay.err"
+        timeout 60 "$RHTTP" -q --timeout 5 --crc "$crc" get "http://127.0.0.1:$RPORT/f8M.bin" -o "$T/out/relay-corrupt" 2>"$T/out/relay.err"
         rc=$?
         relay_stop
         cat "$T/out/relay.err"
-        [ -n "${RELAY_MATRIX:-}" ] && echo "| get server-writes | \`corrupt:at=2000001,dir=up,map=1\` | KNOWN GAP: exit $rc, body $(cmp -s "$DOCS/f8M.bin" "$T/out/relay-corrupt" && echo equal || echo differs) | |" >>"$RELAY_MATRIX"
-        [ "$rc" -eq 0 ] && ! same "$DOCS/f8M.bin" "$T/out/relay-corrupt" &&
-            [ "$(cmp -l "$DOCS/f8M.bin" "$T/out/relay-corrupt" | wc -l)" -eq 1 ]
+        [ -n "${RELAY_MATRIX:-}" ] && echo "| get server-writes, \`--crc $crc\` | \`corrupt:at=2000001,dir=up,map=1\` | exit $rc, body $(cmp -s "$DOCS/f8M.bin" "$T/out/relay-corrupt" && echo equal || echo differs) | |" >>"$RELAY_MATRIX"
+        if [ "$crc" = off ]; then
+            [ "$rc" -eq 0 ] && [ "$(cmp -l "$DOCS/f8M.bin" "$T/out/relay-corrupt" | wc -l)" -eq 1 ]
+        elif [ "$rc" -eq 0 ]; then
+            same "$DOCS/f8M.bin" "$T/out/relay-corrupt"
+        else
+            grep -qiE "crc|terminat|WrFlushErr|connection" "$T/out/relay.err"
+        fi
     }
-    check "relay: KNOWN GAP: a byte flipped on the RDMA connection reaches the body unnoticed (no MPA CRC negotiated)" t_relay_corrupt
+    check "relay: a byte flipped on the RDMA connection fails MPA CRC (rhttp default): an error or the right body, never a wrong one" t_relay_corrupt required
+    check "relay: with --crc off the flipped byte reaches the body (what the CRC default prevents)" t_relay_corrupt off
 else
     bad "cargo build of delay-bridge"
 fi

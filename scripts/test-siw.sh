@@ -22,7 +22,7 @@
 #   E  rping -c -V              -> iwarp-ping -s --crc on   (siw asks for CRC and RTR)
 #   F  iwarp-ping -c --crc on --rtr write -> rping -s
 #
-# Skips (exit 0, with the reason) only where the guest cannot run: no
+# Skips (exit 77, with the reason) only where the guest cannot run: no
 # ../shared/tools/siw-vm, not root (network namespaces, tap), or no
 # /dev/net/tun. A failed build of the guest is a failure.
 #
@@ -45,9 +45,11 @@ SRV_PORT=7174   # rping -s in the guest
 OUR_PORT=7175   # iwarp-ping -s on the host side
 
 note() { printf '[test-siw] %s\n' "$*"; }
+# Exit status 77 (the automake convention) means "skipped"; the test
+# command reports it as SKIP with the reason.
 skip() {
     note "SKIPPED: $*"
-    exit 0
+    exit 77
 }
 
 [[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use iwarp::cm::{ConnParam, Listener, MpaConfig};
+use iwarp::cm::{ConnParam, Listener, MpaConfig, Policy};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpState,
     QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
@@ -44,6 +44,31 @@ struct Args {
     /// No progress bar.
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// MPA CRC32C on the RDMA connection (RFC 5044 §4.4): `required` (the
+    /// default: a byte corrupted on the way, e.g. by a faulty middlebox,
+    /// ends the transfer with an error instead of reaching the body; the
+    /// server uses CRC because our MPA Reply enables it), `optional` (only
+    /// if the server asks), or `off`.
+    #[arg(long, global = true, value_enum, default_value_t = CrcArg::Required)]
+    crc: CrcArg,
+}
+
+/// `--crc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CrcArg {
+    Required,
+    Optional,
+    Off,
+}
+
+impl From<CrcArg> for Policy {
+    fn from(c: CrcArg) -> Policy {
+        match c {
+            CrcArg::Required => Policy::Required,
+            CrcArg::Optional => Policy::Optional,
+            CrcArg::Off => Policy::Off,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -241,13 +266,17 @@ fn poll_readable(s: &std::net::TcpStream, ms: i32) -> bool {
 }
 
 impl Rdma {
-    fn new(http: &Conn, timeout: Duration) -> Res<Rdma> {
+    fn new(http: &Conn, timeout: Duration, crc: Policy) -> Res<Rdma> {
         let ctx = Context::open().map_err(|e| format!("opening the iWARP device: {e}"))?;
         let pd = ctx.alloc_pd();
         let send_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
         let recv_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
         let local = SocketAddr::new(http.local.ip(), 0);
-        let listener = Listener::bind(local, MpaConfig::default())
+        let mpa = MpaConfig {
+            crc,
+            ..MpaConfig::default()
+        };
+        let listener = Listener::bind(local, mpa)
             .map_err(|e| format!("listening for the server's RDMA connection on {local}: {e}"))?;
         let ctrl = pd
             .reg_mr(RECV_SLOTS * MSG_LEN, Access::LOCAL_WRITE)
@@ -610,10 +639,11 @@ struct Session {
     http: Conn,
     rdma: Option<Rdma>,
     args_timeout: Duration,
+    crc: Policy,
 }
 
 impl Session {
-    fn open(url: &Url, timeout: Duration) -> Res<Session> {
+    fn open(url: &Url, timeout: Duration, crc: Policy) -> Res<Session> {
         let http = Conn::connect(url, timeout).map_err(|e| {
             format!(
                 "connecting to {}:{}: {e}; is the server running?",
@@ -625,12 +655,13 @@ impl Session {
             http,
             rdma: None,
             args_timeout: timeout,
+            crc,
         })
     }
 
     fn rdma(&mut self) -> Res<&mut Rdma> {
         if self.rdma.is_none() {
-            self.rdma = Some(Rdma::new(&self.http, self.args_timeout)?);
+            self.rdma = Some(Rdma::new(&self.http, self.args_timeout, self.crc)?);
         }
         Ok(self.rdma.as_mut().expect("just set"))
     }
@@ -638,7 +669,7 @@ impl Session {
     fn reopen_if(&mut self, close: bool) -> Res<()> {
         if close {
             let url = self.url0.clone();
-            *self = Session::open(&url, self.args_timeout)?;
+            *self = Session::open(&url, self.args_timeout, self.crc)?;
         }
         Ok(())
     }
@@ -994,7 +1025,7 @@ fn cmd_get(
             session = None;
         }
         if session.is_none() {
-            session = Some(Session::open(&url, timeout)?);
+            session = Some(Session::open(&url, timeout, a.crc.into())?);
         }
         let s = session.as_mut().expect("just set");
         let out = outputs
@@ -1098,7 +1129,7 @@ fn cmd_put(
     };
     let timeout = Duration::from_secs(a.timeout);
     let url = Url::parse(u)?;
-    let mut s = Session::open(&url, timeout)?;
+    let mut s = Session::open(&url, timeout, a.crc.into())?;
     let t = Instant::now();
     let mut f = File::open(path).map_err(|e| format!("opening {}: {e}", path.display()))?;
     let size = f.metadata().map_err(|e| e.to_string())?.len();
@@ -1231,7 +1262,7 @@ fn cmd_put(
 
 fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) -> Res<bool> {
     let url = Url::parse(u)?;
-    let mut s = Session::open(&url, Duration::from_secs(a.timeout))?;
+    let mut s = Session::open(&url, Duration::from_secs(a.timeout), a.crc.into())?;
     let h = s.rdma()?.request_header(Scheme::ClientReads)?;
     s.http
         .send_request("GET", &url, &[("RDMA", h.to_string())], None)
