@@ -642,6 +642,21 @@ fn copy_plain(
     }
 }
 
+/// Why [`verify`] failed: the digests differ, or the server could not be
+/// asked.
+enum VerifyError {
+    Mismatch(String),
+    Other(String),
+}
+
+impl std::fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VerifyError::Mismatch(e) | VerifyError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Compare `ours` (the checksum computed as the data flowed) with the
 /// server's for `remote`.
 fn verify(
@@ -649,19 +664,19 @@ fn verify(
     remote: &str,
     local: &Path,
     ours: Running,
-) -> Result<Option<(Algo, String)>, String> {
+) -> Result<Option<(Algo, String)>, VerifyError> {
     let algo = ours.algo();
     let ours = ours.finish();
-    let Some(theirs) = f.hash_with(remote, algo)? else {
+    let Some(theirs) = f.hash_with(remote, algo).map_err(VerifyError::Other)? else {
         eprintln!("rftp: server offers no {algo} HASH; not verified");
         return Ok(None);
     };
     if ours != theirs {
-        return Err(format!(
+        return Err(VerifyError::Mismatch(format!(
             "{algo} mismatch for {}: local {ours}, server {theirs}; the copy differs from the \
              server's file: transfer it again",
             local.display()
-        ));
+        )));
     }
     Ok(Some((algo, ours)))
 }
@@ -985,8 +1000,21 @@ pub fn put_with(
         n
     };
     let elapsed = start.elapsed();
+    // An upload whose copy differs from the local file must not stay on
+    // the server under its final name: delete it (DELE) and say so.
     let checksum = match run_out {
-        Some(run) => verify(f, remote, file, run)?,
+        Some(run) => match verify(f, remote, file, run) {
+            Ok(c) => c,
+            Err(VerifyError::Mismatch(e)) => {
+                let what = match f.cmd(&format!("DELE {remote}")) {
+                    Ok((c, _)) if c / 100 == 2 => format!("the server's copy {remote} was deleted"),
+                    Ok((c, t)) => format!("deleting the server's copy {remote} failed: {c} {t}"),
+                    Err(err) => format!("deleting the server's copy {remote} failed: {err}"),
+                };
+                return Err(format!("{e} ({what})"));
+            }
+            Err(e) => return Err(e.to_string()),
+        },
         None => None,
     };
     Ok(Summary {

@@ -235,18 +235,22 @@ impl Rig {
         let (ok, text, took) = rftp(&a);
         // A result file exists only when complete (downloads go to
         // FILE.part, uploads to a temporary name first), and must then be
-        // right, unless the client said it is not (an upload whose
-        // checksum comparison failed stays on the server).
+        // right: an upload whose checksum comparison failed is deleted by
+        // the client (DELE). Only a failed plain-FTP upload may leave a
+        // partial file (stream mode writes the final name; the client
+        // reports the failure).
         let same = match sha256_file(&result) {
             Ok(h) => h == sha256_file(&want).unwrap(),
             Err(_) => false,
         };
+        if text.contains("SHA-256 mismatch") && op == Op::Put {
+            assert!(
+                text.contains("was deleted") && !result.exists(),
+                "{mode:?}: a mismatched upload stayed on the server: {text}"
+            );
+        }
         assert!(
-            !result.exists()
-                || same
-                || (op == Op::Put
-                    && !ok
-                    && (text.contains("SHA-256 mismatch") || mode == Mode::Plain)),
+            !result.exists() || same || (op == Op::Put && !ok && mode == Mode::Plain),
             "{op:?} {mode:?}: {} exists but differs from the source: {text}",
             result.display()
         );
