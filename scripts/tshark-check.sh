@@ -21,7 +21,9 @@
 #   IWARP_DEMO         iwarp-demo binary (default: target/release/iwarp-demo,
 #                      built with cargo if missing)
 #   IWARP_PING         iwarp-ping binary (default: target/release/iwarp-ping)
-#   TSHARK_CHECK_PORT  first TCP port of the live captures (default 47741;
+#   TSHARK_CHECK_PORT  first TCP port of the live captures (default 18741,
+#                      below the kernel's ephemeral range, so no outgoing
+#                      connection holds it;
 #                      the runs use PORT to PORT+3)
 #   TSHARK_CHECK_KEEP  directory to keep the pcaps in (default: a temp dir
 #                      that is deleted on success)
@@ -455,7 +457,7 @@ live() {
         log "building iwarp-demo (release)"
         (cd "$ROOT" && cargo build --release -p iwarp-tools --bin iwarp-demo)
     fi
-    local port="${TSHARK_CHECK_PORT:-47741}" results=0
+    local port="${TSHARK_CHECK_PORT:-18741}" results=0
     # Wireshark's MPA dissector can only find markers in an FPDU that is
     # alone in its TCP segment (it derives the marker count from the
     # segment length; see docs/TESTING.md), so the markers run moves 16 KiB
