@@ -47,7 +47,20 @@
 //! CPU time per GB; this arrangement needs 4-6. All waits check a shared
 //! failure flag at least every [`TICK`] and give up after
 //! [`Config::timeout`].
+//!
+//! # Modules
+//!
+//! - `flow`: the credit and grant bookkeeping as sans-IO state machines
+//!   (control-channel credits and send slots, the source's block/grant
+//!   pairing, the sink's grant and reorder window), tested on their own.
+//! - `shared`: what the threads share; carries out `flow`'s actions with
+//!   verbs (posting control Sends and block Write + `BlockDone` pairs).
+//! - `setup`: verbs resources, the Hello/HelloAck exchange, connecting and
+//!   accepting the data streams, starting the threads.
+//! - `threads`: the dispatcher and sender threads and completion handling.
+//! - `transfer`: the caller's `send` (source) and `recv` (sink) loops.
 
+mod flow;
 mod setup;
 mod shared;
 mod threads;
@@ -68,6 +81,7 @@ use crate::io::{BlockSink, BlockSource};
 use crate::progress::Logger;
 use crate::{Config, Error, Mode, ProgressFn, Stats, Transport};
 
+use flow::{CtrlCredits, SinkWindow, SourcePairing};
 use shared::*;
 use threads::*;
 

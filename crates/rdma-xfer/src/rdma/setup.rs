@@ -368,17 +368,12 @@ impl RdmaSession {
             ctrl_msgs: s.ctrl_msgs,
             data_msgs,
             depth,
-            ctrl: Mutex::new(CtrlState {
-                // One setup message went each way: one credit spent, one
-                // receive reposted but not yet returned.
-                credits: CTRL_RECVS - 1,
-                unreturned: 1,
-                backlog: VecDeque::new(),
-                free_slots: (0..CTRL_SLOTS).rev().collect(),
-                in_flight: VecDeque::new(),
-                unsignaled: 0,
-            }),
-            pairing: Mutex::new(Pairing::default()),
+            ctrl: Mutex::new(CtrlCredits::after_setup(
+                CTRL_RECVS,
+                CTRL_SLOTS,
+                CTRL_SIGNAL_EVERY,
+            )),
+            pairing: Mutex::new(SourcePairing::new(depth)),
             dispatch: Mutex::new(Dispatch {
                 routes: Routes {
                     pair_tx,

@@ -1,7 +1,6 @@
 //! What the session's threads share: the verbs objects, the control
 //! channel's send path and the source's block/grant pairing.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
@@ -12,18 +11,6 @@ use crate::msg::{Grant, Msg, MSG_BUF};
 use crate::Error;
 
 use super::*;
-
-#[derive(Debug)]
-pub(super) struct CtrlState {
-    pub(super) credits: u32,
-    pub(super) unreturned: u32,
-    pub(super) backlog: VecDeque<Msg>,
-    pub(super) free_slots: Vec<u32>,
-    /// Posted slots, oldest first (freed by the next signaled completion).
-    pub(super) in_flight: VecDeque<u32>,
-    /// Unsignaled Sends posted since the last signaled one.
-    pub(super) unsignaled: u32,
-}
 
 /// Everything the threads share.
 pub(super) struct Shared {
@@ -37,8 +24,8 @@ pub(super) struct Shared {
     /// slots (one per source block), of [`DATA_MSG`] bytes.
     pub(super) data_msgs: MemoryRegion,
     pub(super) depth: u32,
-    pub(super) ctrl: Mutex<CtrlState>,
-    pub(super) pairing: Mutex<Pairing>,
+    pub(super) ctrl: Mutex<CtrlCredits>,
+    pub(super) pairing: Mutex<SourcePairing<Filled>>,
     /// The right to take completions off the CQ, and what handling them
     /// needs: held by the dispatcher thread while it drains the CQ, and by
     /// a transfer's caller while it waits (see [`RdmaSession::wait`]).
@@ -103,44 +90,31 @@ impl Shared {
     /// slot allow, in order.
     pub(super) fn ctrl_send(&self, msg: Msg) {
         let mut st = lock(&self.ctrl);
-        st.backlog.push_back(msg);
+        st.queue(msg);
         self.flush(&mut st);
     }
 
-    pub(super) fn flush(&self, st: &mut CtrlState) {
-        while let Some(front) = st.backlog.front() {
-            let need = if matches!(front, Msg::Credit) { 1 } else { 2 };
-            if st.credits < need || st.free_slots.is_empty() {
-                break;
-            }
-            let msg = st.backlog.pop_front().unwrap_or(Msg::Credit);
-            let slot = st.free_slots.pop().unwrap_or(0);
+    /// Post every control message [`CtrlCredits`] lets leave now.
+    pub(super) fn flush(&self, st: &mut CtrlCredits) {
+        while let Some(s) = st.next_send() {
             let mut buf = [0u8; MSG_BUF];
-            let credits = st.unreturned.min(u32::from(u16::MAX)) as u16;
-            let len = msg.emit(credits, &mut buf);
-            let off = (CTRL_RECVS + slot) as usize * MSG_BUF;
+            let len = s.msg.emit(s.credits, &mut buf);
+            let off = (CTRL_RECVS + s.slot) as usize * MSG_BUF;
             self.ctrl_msgs.write_at(off, &buf[..len]);
-            let signaled = st.free_slots.is_empty() || st.unsignaled + 1 >= CTRL_SIGNAL_EVERY;
             let r = self.ctrl_qp.post_send(&SendWr {
-                wr_id: wr_id(K_CTRL_SEND, 0, u64::from(slot)),
+                wr_id: wr_id(K_CTRL_SEND, 0, u64::from(s.slot)),
                 opcode: WrOpcode::Send,
                 sgl: SgList::single(self.ctrl_msgs.sge(off, len)),
-                signaled,
+                signaled: s.signaled,
                 solicited: false,
             });
             match r {
-                Ok(()) => {
-                    st.credits -= 1;
-                    st.unreturned -= u32::from(credits);
-                    st.in_flight.push_back(slot);
-                    st.unsignaled = if signaled { 0 } else { st.unsignaled + 1 };
-                }
+                Ok(()) => st.sent(&s),
                 Err(e) => {
-                    st.free_slots.push(slot);
+                    st.send_failed(&s);
                     self.set_fail(Fail::Disconnected(format!(
                         "posting a control message: {e:?}"
                     )));
-                    st.backlog.clear();
                     break;
                 }
             }
@@ -151,11 +125,7 @@ impl Shared {
     /// the message returned and the one we now owe.
     pub(super) fn on_ctrl_recv(&self, returned: u16) {
         let mut st = lock(&self.ctrl);
-        st.credits += u32::from(returned);
-        st.unreturned += 1;
-        if st.unreturned >= CTRL_RECVS / 2 && st.backlog.is_empty() {
-            st.backlog.push_back(Msg::Credit);
-        }
+        st.on_recv(returned);
         self.flush(&mut st);
     }
 
@@ -163,33 +133,13 @@ impl Shared {
     /// it are done, so their slots are free.
     pub(super) fn on_ctrl_send_done(&self, slot: u32) {
         let mut st = lock(&self.ctrl);
-        if !st.in_flight.contains(&slot) {
-            return;
-        }
-        while let Some(s) = st.in_flight.pop_front() {
-            st.free_slots.push(s);
-            if s == slot {
-                break;
-            }
-        }
+        st.on_send_done(slot);
         self.flush(&mut st);
     }
 }
 
 /// A filled source block: where it is, its sequence number, its index.
 pub(super) type Filled = (Sge, u64, u32);
-
-/// The source's pairing stage: filled blocks waiting for a grant, and
-/// grants waiting for a block.
-#[derive(Default)]
-pub(super) struct Pairing {
-    /// Grants of other transfers are stale and dropped.
-    pub(super) transfer: u64,
-    pub(super) blocks: VecDeque<Filled>,
-    pub(super) grants: VecDeque<Grant>,
-    /// Grants asked for (pre-request) and not yet received.
-    pub(super) asked: u32,
-}
 
 impl Shared {
     /// Add a filled block and/or grants to the pairing stage and post
@@ -203,33 +153,7 @@ impl Shared {
         to_sender: Option<&Sender<(Filled, Grant)>>,
     ) {
         let mut pairs = Vec::new();
-        let mut request = 0;
-        {
-            let mut p = lock(&self.pairing);
-            if let Some(b) = block {
-                p.blocks.push_back(b);
-            }
-            if let Some((t, gs)) = grants {
-                if t != p.transfer {
-                    return;
-                }
-                p.asked = p.asked.saturating_sub(gs.len() as u32);
-                p.grants.extend(gs);
-            }
-            while !p.blocks.is_empty() && !p.grants.is_empty() {
-                let (Some(b), Some(g)) = (p.blocks.pop_front(), p.grants.pop_front()) else {
-                    break;
-                };
-                pairs.push((b, g));
-                let have = p.asked + p.grants.len() as u32;
-                // Round up, so that a depth of 1 asks again as well.
-                if have < self.depth.div_ceil(2) {
-                    let n = self.depth - have;
-                    p.asked += n;
-                    request += n;
-                }
-            }
-        }
+        let request = lock(&self.pairing).offer(block, grants, &mut pairs);
         if request > 0 {
             self.ctrl_send(Msg::Request { n: request });
         }

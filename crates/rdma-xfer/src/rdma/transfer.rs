@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::io::{BlockSink, BlockSource};
 use crate::msg::{Grant, Msg, MAX_GRANTS};
-use crate::{Error, Reorder, Stats};
+use crate::{Error, Stats};
 
 use super::*;
 
@@ -68,11 +68,7 @@ impl RdmaSession {
         let transfer = self.transfer;
         // Grants carry their transfer: the pairing stage drops stale ones
         // (set before Begin goes out, so none of this transfer's is early).
-        *lock(&self.shared.pairing) = Pairing {
-            transfer,
-            asked: depth,
-            ..Pairing::default()
-        };
+        lock(&self.shared.pairing).begin(transfer);
         self.shared.ctrl_send(Msg::Begin {
             transfer,
             len: src.len_hint(),
@@ -159,7 +155,6 @@ impl RdmaSession {
             self.sink_pool = self.pool(true)?;
         }
         let depth = self.cfg.pool_depth();
-        let bs = self.cfg.block_size;
         let (transfer, len, prerequest) = loop {
             match self.wait(&self.sink_rx, "the source to begin")? {
                 SinkEv::Begin {
@@ -173,16 +168,8 @@ impl RdmaSession {
         };
         let start = Instant::now();
         self.logger.begin(len);
-        let mut free: Vec<u32> = (0..depth).rev().collect();
-        let mut granted = vec![false; depth as usize];
-        let mut pending = prerequest.min(depth);
+        let mut w = SinkWindow::new(depth, self.cfg.block_size, prerequest);
         let mut batch: Vec<Grant> = Vec::new();
-        // Every waiting block holds a granted buffer, and the source numbers
-        // blocks in order, so an honest source never gets `depth` blocks
-        // ahead of the first missing one.
-        let mut reorder: Reorder<(u32, u32)> = Reorder::with_window(u64::from(depth));
-        let mut end: Option<(u64, u64)> = None;
-        let mut bytes = 0u64;
         let proto = |s: &Shared, m: String| {
             s.ctrl_send(Msg::Abort { reason: m.clone() });
             s.set_fail(Fail::Protocol(m));
@@ -195,16 +182,13 @@ impl RdmaSession {
         loop {
             // Grant what is free and wanted; send the batch when it is full
             // or when there is nothing else to do.
-            while pending > 0 {
-                let Some(b) = free.pop() else { break };
+            while let Some(b) = w.next_grant() {
                 let mr = &self.sink_pool[b as usize];
-                granted[b as usize] = true;
                 batch.push(Grant {
                     block: b,
                     rkey: mr.rkey(),
                     addr: mr.addr(),
                 });
-                pending -= 1;
                 if batch.len() == MAX_GRANTS {
                     self.shared.ctrl_send(Msg::Grant {
                         transfer,
@@ -212,23 +196,16 @@ impl RdmaSession {
                     });
                 }
             }
-            if let Some((blocks, total)) = end {
-                if reorder.delivered() == blocks {
-                    if total != bytes {
-                        return Err(proto(
-                            &self.shared,
-                            format!("source announced {total} bytes, {bytes} arrived"),
-                        ));
-                    }
-                    drop(attend.take());
-                    sink.finish().map_err(|e| self.fail_local(e))?;
-                    self.shared.ctrl_send(Msg::Fin { bytes });
-                    return Ok(Stats {
-                        bytes,
-                        blocks,
-                        elapsed: start.elapsed(),
-                    });
-                }
+            if let Some(done) = w.finished() {
+                let (blocks, bytes) = done.map_err(|m| proto(&self.shared, m))?;
+                drop(attend.take());
+                sink.finish().map_err(|e| self.fail_local(e))?;
+                self.shared.ctrl_send(Msg::Fin { bytes });
+                return Ok(Stats {
+                    bytes,
+                    blocks,
+                    elapsed: start.elapsed(),
+                });
             }
             self.poll_completions();
             let ev = match self.sink_rx.try_recv() {
@@ -244,21 +221,11 @@ impl RdmaSession {
                 }
             };
             match ev {
-                SinkEv::Request(n) => pending = (pending + n).min(depth),
+                SinkEv::Request(n) => w.on_request(n),
                 SinkEv::Block { seq, len, block } => {
-                    if block >= depth || !granted[block as usize] || len == 0 || len > bs {
-                        return Err(proto(
-                            &self.shared,
-                            format!(
-                                "BlockDone for block {block} ({len} bytes) that was not granted"
-                            ),
-                        ));
-                    }
-                    granted[block as usize] = false;
-                    if let Err(e) = reorder.insert(seq, (block, len)) {
-                        return Err(proto(&self.shared, e.to_string()));
-                    }
-                    while let Some((b, l)) = reorder.pop() {
+                    w.on_block_done(seq, len, block)
+                        .map_err(|m| proto(&self.shared, m))?;
+                    while let Some((b, l)) = w.next_ready() {
                         let mr = &self.sink_pool[b as usize];
                         // SAFETY: the source told us (BlockDone, behind its
                         // Write on the same stream) that it is done with
@@ -270,11 +237,10 @@ impl RdmaSession {
                         sink.write_block(data).map_err(|e| self.fail_local(e))?;
                         attend = Some(sh.cq.attend());
                         self.logger.add(u64::from(l));
-                        bytes += u64::from(l);
-                        free.push(b);
+                        w.written(b, l);
                     }
                 }
-                SinkEv::End { blocks, bytes } => end = Some((blocks, bytes)),
+                SinkEv::End { blocks, bytes } => w.on_end(blocks, bytes),
                 SinkEv::Abort(r) => return Err(Error::PeerAborted(r)),
                 SinkEv::Begin { .. } => {
                     return Err(proto(&self.shared, "Begin during a transfer".into()))
