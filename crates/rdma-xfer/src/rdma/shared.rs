@@ -1,0 +1,209 @@
+//! What the session's threads share: the verbs objects, the control
+//! channel's send path and the source's block/grant pairing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Mutex;
+
+use iwarp::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, SendWr, SgList, Sge, WrOpcode};
+
+use crate::msg::{Grant, Msg, MSG_BUF};
+use crate::Error;
+
+use super::*;
+
+/// Everything the threads share.
+pub(super) struct Shared {
+    pub(super) cq: CompletionQueue,
+    pub(super) ctrl_qp: QueuePair,
+    pub(super) data_qps: Vec<QueuePair>,
+    /// Control slots: [`CTRL_RECVS`] receive slots, then [`CTRL_SLOTS`]
+    /// send slots, of [`MSG_BUF`] bytes.
+    pub(super) ctrl_msgs: MemoryRegion,
+    /// Data slots: `streams × depth` receive slots, then `depth` send
+    /// slots (one per source block), of [`DATA_MSG`] bytes.
+    pub(super) data_msgs: MemoryRegion,
+    pub(super) depth: u32,
+    pub(super) ctrl: Mutex<CtrlCredits>,
+    pub(super) pairing: Mutex<SourcePairing<Filled>>,
+    /// The right to take completions off the CQ, and what handling them
+    /// needs: held by the dispatcher thread while it drains the CQ, and by
+    /// a transfer's caller while it waits (see [`RdmaSession::wait`]).
+    pub(super) dispatch: Mutex<Dispatch>,
+    pub(super) fail: Mutex<Option<Fail>>,
+    pub(super) failed: AtomicBool,
+    pub(super) stop: AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn set_fail(&self, f: Fail) {
+        let mut g = lock(&self.fail);
+        if g.is_none() {
+            tracing::debug!(fail = ?f, "transfer session failed");
+            *g = Some(f);
+        }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    pub(super) fn check(&self) -> Result<(), Error> {
+        if self.failed.load(Ordering::Acquire) {
+            let g = lock(&self.fail);
+            if let Some(f) = g.as_ref() {
+                return Err(f.to_error());
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn post_ctrl_recv(&self, slot: u32) -> Result<(), Error> {
+        self.ctrl_qp
+            .post_recv(&RecvWr {
+                wr_id: wr_id(K_CTRL_RECV, 0, u64::from(slot)),
+                sgl: SgList::single(self.ctrl_msgs.sge(slot as usize * MSG_BUF, MSG_BUF)),
+            })
+            .map_err(|e| Error::Disconnected(format!("posting a control receive: {e:?}")))
+    }
+
+    pub(super) fn data_recv_off(&self, qp: usize, slot: u32) -> usize {
+        (qp * data_recv_slots(self.depth) as usize + slot as usize) * DATA_MSG
+    }
+
+    pub(super) fn data_send_off(&self, block: u32) -> usize {
+        (self.data_qps.len() * data_recv_slots(self.depth) as usize + block as usize) * DATA_MSG
+    }
+
+    /// Repost the consumed data receive slots `slots` of stream `qp`.
+    pub(super) fn post_data_recvs(&self, qp: usize, slots: &[u32]) -> Result<(), Error> {
+        let wrs: Vec<RecvWr> = slots
+            .iter()
+            .map(|&slot| RecvWr {
+                wr_id: wr_id(K_DATA_RECV, qp, u64::from(slot)),
+                sgl: SgList::single(self.data_msgs.sge(self.data_recv_off(qp, slot), DATA_MSG)),
+            })
+            .collect();
+        self.data_qps[qp]
+            .post_recv_list(&wrs)
+            .map_err(|e| Error::Disconnected(format!("posting data receives: {e:?}")))
+    }
+
+    /// Queue a control message; it leaves as soon as credits and a send
+    /// slot allow, in order.
+    pub(super) fn ctrl_send(&self, msg: Msg) {
+        let mut st = lock(&self.ctrl);
+        st.queue(msg);
+        self.flush(&mut st);
+    }
+
+    /// Post every control message [`CtrlCredits`] lets leave now.
+    pub(super) fn flush(&self, st: &mut CtrlCredits) {
+        while let Some(s) = st.next_send() {
+            let mut buf = [0u8; MSG_BUF];
+            let len = s.msg.emit(s.credits, &mut buf);
+            let off = (CTRL_RECVS + s.slot) as usize * MSG_BUF;
+            self.ctrl_msgs.write_at(off, &buf[..len]);
+            let r = self.ctrl_qp.post_send(&SendWr {
+                wr_id: wr_id(K_CTRL_SEND, 0, u64::from(s.slot)),
+                opcode: WrOpcode::Send,
+                sgl: SgList::single(self.ctrl_msgs.sge(off, len)),
+                signaled: s.signaled,
+                solicited: false,
+            });
+            match r {
+                Ok(()) => st.sent(&s),
+                Err(e) => {
+                    st.send_failed(&s);
+                    self.set_fail(Fail::Disconnected(format!(
+                        "posting a control message: {e:?}"
+                    )));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A control receive was consumed (and reposted): account the credits
+    /// the message returned and the one we now owe.
+    pub(super) fn on_ctrl_recv(&self, returned: u16) {
+        let mut st = lock(&self.ctrl);
+        st.on_recv(returned);
+        self.flush(&mut st);
+    }
+
+    /// A signaled control Send completed: it and every Send posted before
+    /// it are done, so their slots are free.
+    pub(super) fn on_ctrl_send_done(&self, slot: u32) {
+        let mut st = lock(&self.ctrl);
+        st.on_send_done(slot);
+        self.flush(&mut st);
+    }
+}
+
+/// A filled source block: where it is, its sequence number, its index.
+pub(super) type Filled = (Sge, u64, u32);
+
+impl Shared {
+    /// Add a filled block and/or grants to the pairing stage and post
+    /// every pair that completes: from this thread, or through the sender
+    /// thread if `to_sender` is given. Asks for more grants before they run
+    /// out (pre-request, at half the pool).
+    pub(super) fn offer(
+        &self,
+        block: Option<Filled>,
+        grants: Option<(u64, Vec<Grant>)>,
+        to_sender: Option<&Sender<(Filled, Grant)>>,
+    ) {
+        let mut pairs = Vec::new();
+        let request = lock(&self.pairing).offer(block, grants, &mut pairs);
+        if request > 0 {
+            self.ctrl_send(Msg::Request { n: request });
+        }
+        for (b, g) in pairs {
+            match to_sender {
+                Some(tx) => {
+                    let _ = tx.send((b, g));
+                }
+                None => self.post_block(b, g),
+            }
+        }
+    }
+
+    /// Post the Write of a filled block into granted sink block `g`, and
+    /// its `BlockDone` behind it on the same stream.
+    pub(super) fn post_block(&self, (sge, seq, block): Filled, g: Grant) {
+        let streams = self.data_qps.len() as u64;
+        let qi = (seq % streams) as usize;
+        let notice = Msg::BlockDone {
+            seq,
+            len: sge.length,
+            block: g.block,
+        };
+        let mut buf = [0u8; DATA_MSG];
+        let len = notice.emit(0, &mut buf);
+        let off = self.data_send_off(block);
+        self.data_msgs.write_at(off, &buf[..len]);
+        let wrs = [
+            SendWr {
+                wr_id: wr_id(K_DATA_WRITE, qi, u64::from(block)),
+                opcode: WrOpcode::RdmaWrite {
+                    remote_addr: g.addr,
+                    rkey: g.rkey,
+                },
+                sgl: SgList::single(sge),
+                signaled: false,
+                solicited: false,
+            },
+            SendWr {
+                wr_id: wr_id(K_DATA_SEND, qi, u64::from(block)),
+                opcode: WrOpcode::Send,
+                sgl: SgList::single(self.data_msgs.sge(off, len)),
+                signaled: true,
+                solicited: false,
+            },
+        ];
+        if let Err(e) = self.data_qps[qi].post_send_list(&wrs) {
+            self.set_fail(Fail::Disconnected(format!(
+                "posting an RDMA Write on stream {qi}: {e:?}"
+            )));
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Shared helpers: bounded waiting, completion checks and the final
+//! DONE / ACK handshake of control messages.
+
+use std::time::{Duration, Instant};
+
+use iwarp::{CompletionQueue, WcOpcode, WcQueue, WcStatus, WorkCompletion};
+
+use crate::params::Params;
+
+use super::*;
+
+pub(super) fn parse_ctrl(b: &[u8]) -> Option<(u64, u64, u64)> {
+    if b.len() < 24 {
+        return None;
+    }
+    let w = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+    Some((w(0), w(8), w(16)))
+}
+
+/// Bounded waiting: spin (busy-poll) or spin briefly then yield (event
+/// mode, where the CQ is waited on with `cq.wait` instead when possible).
+pub(super) struct Waiter {
+    pub(super) busy: bool,
+    /// Busy-poll mode spins on memory or on `is_empty`, so it drives the
+    /// receive work of these CQs' QPs itself (`CompletionQueue::progress`),
+    /// as a spinning TCP reader reads its own socket.
+    pub(super) cq: Option<CompletionQueue>,
+    pub(super) timeout: Duration,
+    pub(super) last_progress: Instant,
+    pub(super) spins: u32,
+}
+
+impl Waiter {
+    pub(super) fn new(p: &Params, cq: &CompletionQueue) -> Waiter {
+        // Every QP of a side reports to both of its CQs, so progressing
+        // one of them covers them all (each call is a `recv` per QP).
+        let cq = p.busy_poll.then(|| cq.clone());
+        Waiter {
+            busy: p.busy_poll,
+            cq,
+            timeout: p.timeout,
+            last_progress: Instant::now(),
+            spins: 0,
+        }
+    }
+
+    pub(super) fn progress(&mut self) {
+        self.spins = 0;
+        self.last_progress = Instant::now();
+    }
+
+    /// Nothing happened: spin or yield once; `Err` after `timeout` without
+    /// progress.
+    pub(super) fn idle(&mut self, what: &str) -> Result<(), String> {
+        self.spins += 1;
+        if self.spins & 1023 == 0 && self.last_progress.elapsed() > self.timeout {
+            return Err(format!(
+                "timed out after {:?} {what}: the peer stopped making progress (raise --timeout for slow links)",
+                self.timeout
+            ));
+        }
+        if self.busy {
+            if let Some(cq) = &self.cq {
+                cq.progress();
+            }
+        } else if self.spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// Wait until `cq` holds a completion (bounded by `timeout`).
+    pub(super) fn wait_cq(&mut self, cq: &CompletionQueue, what: &str) -> Result<(), String> {
+        if self.busy {
+            while cq.is_empty() {
+                self.idle(what)?;
+            }
+            return Ok(());
+        }
+        let left = self.timeout.saturating_sub(self.last_progress.elapsed());
+        match cq.wait(left) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "timed out after {:?} {what}: no completion arrived (raise --timeout for slow links)",
+                self.timeout
+            )),
+            Err(e) => Err(format!("waiting for a completion: {e}")),
+        }
+    }
+}
+
+pub(super) fn empty_wc() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        queue: WcQueue::Send,
+        byte_len: 0,
+        invalidated_rkey: None,
+        solicited: false,
+    }
+}
+
+pub(super) fn check_wc(wc: &WorkCompletion) -> Result<(), String> {
+    if wc.status == WcStatus::Success {
+        return Ok(());
+    }
+    let (kind, qp, seq) = split_wrid(wc.wr_id);
+    let what = match kind {
+        K_DATA => "data operation",
+        K_CTRL => "control message",
+        K_CREDIT => "credit Write",
+        K_RECV => "receive",
+        _ => "work request",
+    };
+    Err(format!(
+        "QP {qp}: {what} {seq} ({:?}) completed with status '{}'{}",
+        wc.opcode,
+        wc.status.as_str(),
+        if wc.status == WcStatus::WrFlushErr {
+            " (the connection went down: see the peer's error)"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// Wait for one control message of `kind` on every connection (data
+/// receives must not arrive meanwhile). Returns (count, sum) per QP.
+pub(super) fn collect_ctrl(
+    side: &mut Side,
+    kind: u64,
+    waiter: &mut Waiter,
+) -> Result<Vec<(u64, u64)>, String> {
+    let mut got: Vec<Option<(u64, u64)>> = vec![None; side.conns.len()];
+    let mut buf = Vec::new();
+    waiter.progress();
+    while got.iter().any(Option::is_none) {
+        side.poll_send()?;
+        let n = side.rcq.poll(&mut side.wcs);
+        if n == 0 {
+            waiter.wait_cq(&side.rcq, "waiting for the peer's final handshake message")?;
+            continue;
+        }
+        waiter.progress();
+        for k in 0..n {
+            let wc = side.wcs[k];
+            let (_, qi, seq) = split_wrid(wc.wr_id);
+            if wc.status == WcStatus::WrFlushErr && got.get(qi).is_some_and(Option::is_some) {
+                // The peer closed after its last message: expected.
+                continue;
+            }
+            check_wc(&wc)?;
+            let c = side
+                .conns
+                .get(qi)
+                .ok_or_else(|| format!("completion for unknown QP {qi}"))?;
+            c.recv_bytes(seq, wc.byte_len as usize, &mut buf);
+            match parse_ctrl(&buf) {
+                Some((k2, count, sum)) if wc.solicited && k2 == kind => {
+                    got[qi] = Some((count, sum))
+                }
+                _ => {
+                    return Err(format!(
+                    "QP {qi}: unexpected message of {} bytes while waiting for the final handshake",
+                    wc.byte_len
+                ))
+                }
+            }
+        }
+    }
+    Ok(got.into_iter().map(|g| g.unwrap_or_default()).collect())
+}
+
+/// Wait until every control message and credit Write has completed, so
+/// that the last control message has left before the QPs are torn down.
+pub(super) fn drain_sends(side: &mut Side) -> Result<(), String> {
+    let mut w = Waiter::new(&side.p, &side.scq);
+    loop {
+        let n = side.poll_send_ext(true)?;
+        if side
+            .conns
+            .iter()
+            .all(|c| c.ctrl_done >= c.ctrl_posted && c.stage_done >= c.stage_posted)
+        {
+            return Ok(());
+        }
+        if n == 0 {
+            w.wait_cq(&side.scq, "waiting for the last control message to leave")?;
+        } else {
+            w.progress();
+        }
+    }
+}
+
+/// How long a passive server waits in total for the client's DONE.
+pub(super) fn passive_limit(p: &Params) -> Duration {
+    p.timeout * 60 + p.duration.unwrap_or_default()
+}
+
+/// Wait (bounded) for DONE on every connection and answer ACK.
+pub(super) fn wait_done_and_ack(side: &mut Side, seen: Option<u64>) -> Result<(), String> {
+    let p = side.p;
+    let started = Instant::now();
+    let mut waiter = Waiter::new(&p, &side.scq);
+    loop {
+        match collect_ctrl(side, DONE, &mut waiter) {
+            Ok(dones) => {
+                for (qi, (count, _)) in dones.iter().enumerate() {
+                    side.conns[qi].send_ctrl(ACK, seen.unwrap_or(*count), 0)?;
+                }
+                return drain_sends(side);
+            }
+            Err(e)
+                if e.starts_with("timed out")
+                    && started.elapsed() < passive_limit(&p)
+                    && side
+                        .conns
+                        .iter()
+                        .all(|c| c.qp.state() == iwarp::QpState::Rts) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
