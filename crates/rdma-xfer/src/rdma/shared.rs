@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 
-use iwarp::{CompletionQueue, MemoryRegion, QueuePair, RecvWr, SendWr, SgList, Sge, WrOpcode};
+use iwarp::{
+    CompletionQueue, MemoryRegion, QpEvent, QueuePair, RecvWr, SendWr, SgList, Sge, WrOpcode,
+};
 
 use crate::msg::{Grant, Msg, MSG_BUF};
 use crate::Error;
@@ -36,6 +38,34 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Why a work request was flushed, from the QPs' events: a Terminate
+    /// either way (RFC 5040 §4.8; e.g. our MPA CRC check failed, RFC 5044
+    /// §4.4), or a peer given up as silent; else the peer closed or
+    /// vanished. The event is queued right after the flushed completions,
+    /// so an empty queue is looked at once more after a moment.
+    pub(super) fn why_flushed(&self) -> String {
+        for attempt in 0..2 {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            for qp in std::iter::once(&self.ctrl_qp).chain(&self.data_qps) {
+                while let Some(ev) = qp.next_event(Duration::ZERO) {
+                    match ev {
+                        QpEvent::TerminateSent(t) => {
+                            return format!("this side ended the connection with a Terminate: {t}")
+                        }
+                        QpEvent::TerminateReceived(t) => {
+                            return format!("the peer ended the connection with a Terminate: {t}")
+                        }
+                        QpEvent::PeerTimeout(why) => return why,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        "the peer closed the connection or vanished".to_string()
+    }
+
     pub(super) fn set_fail(&self, f: Fail) {
         let mut g = lock(&self.fail);
         if g.is_none() {

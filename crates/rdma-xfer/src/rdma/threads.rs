@@ -81,7 +81,10 @@ pub(super) fn dispatch(sh: &Shared, d: &mut Dispatch, wc: &WorkCompletion, on_di
     let (kind, qp, val) = wr_parts(wc.wr_id);
     if wc.status != WcStatus::Success {
         let why = if wc.status == WcStatus::WrFlushErr {
-            "the peer closed the connection or vanished".to_string()
+            if sh.failed.load(Ordering::Acquire) {
+                return;
+            }
+            sh.why_flushed()
         } else {
             format!("work request failed: {}", wc.status.as_str())
         };
