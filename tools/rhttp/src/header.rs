@@ -119,6 +119,13 @@ impl fmt::Display for HeaderError {
 
 impl std::error::Error for HeaderError {}
 
+/// Strip the whitespace around a list element, key or value: ASCII only
+/// (the C parser's `isspace`), never Unicode spaces such as U+00A0, which
+/// are not OWS.
+fn trim_ows(s: &str) -> &str {
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r'))
+}
+
 fn parse_num(key: &str, value: &str, max: u64) -> Result<u64, HeaderError> {
     let bad = || HeaderError::BadValue {
         key: key.to_string(),
@@ -161,7 +168,7 @@ impl RdmaHeader {
     /// Parse the header's value (syntax only; see
     /// [`validate_request`](Self::validate_request)).
     pub fn parse(value: &str) -> Result<RdmaHeader, HeaderError> {
-        let mut parts = value.split(',').map(str::trim);
+        let mut parts = value.split(',').map(trim_ows);
         let scheme_tok = parts.next().unwrap_or("");
         if scheme_tok.is_empty() {
             return Err(HeaderError::Empty);
@@ -173,7 +180,7 @@ impl RdmaHeader {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| HeaderError::NotKeyValue(p.to_string()))?;
-            let (k, v) = (k.trim(), v.trim());
+            let (k, v) = (trim_ows(k), trim_ows(v));
             let dup = || HeaderError::DuplicateKey(k.to_string());
             match k {
                 "ip" => {
@@ -428,4 +435,5 @@ mod tests {
             assert_eq!(k, key, "{s}");
         }
     }
+
 }
