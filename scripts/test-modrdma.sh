@@ -86,6 +86,7 @@ else
     bad "mod_rdma build"; cat "$T/build.log"; finish
 fi
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
+check "shared RDMA: header and control-message vectors (C codecs)" timeout 120 bash scripts/test-modrdma-vectors.sh
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

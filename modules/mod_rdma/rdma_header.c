@@ -37,13 +37,17 @@ static int parse_num(const char *v, uint64_t max, uint64_t *out)
 /* Returns NULL or the problem, for a 400. */
 const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
 {
-    char *s = apr_pstrdup(p, value), *tok, *last;
+    char *tok, *next;
     int first = 1;
     memset(h, 0, sizeof *h);
-    for (tok = apr_strtok(s, ",", &last); tok; tok = apr_strtok(NULL, ",", &last)) {
+    /* Every element counts, empty ones too: the grammar has no empty list
+     * elements (apr_strtok would skip them). */
+    for (tok = apr_pstrdup(p, value); tok; tok = next) {
         char *k = tok, *v, *e;
         uint64_t n;
         unsigned bit;
+        if ((next = strchr(tok, ',')))
+            *next++ = 0;
         while (apr_isspace(*k))
             k++;
         for (e = k + strlen(k); e > k && apr_isspace(e[-1]); e--)
@@ -51,6 +55,8 @@ const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
         if (first) {
             int i;
             first = 0;
+            if (!*k)
+                return "the RDMA header is empty; it must start with a scheme";
             for (i = 0; i < 4; i++)
                 if (!strcmp(k, scheme_names[i]))
                     break;
@@ -99,8 +105,6 @@ const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
         default: h->length = n; break;
         }
     }
-    if (first)
-        return "the RDMA header is empty; it must start with a scheme";
     {
         static const unsigned need[4] = {K_IP | K_PORT | K_STAG | K_TO | K_MAXLEN, K_IP | K_PORT,
                                          K_IP | K_PORT | K_LENGTH,

@@ -171,4 +171,103 @@ mod tests {
         assert_eq!(CtrlMsg::decode(&b), Err(CtrlError::Kind(9)));
         assert_eq!(CtrlMsg::decode(&done).unwrap().kind, Kind::Done);
     }
+
+    /// The vectors shared with mod_rdma's C codec
+    /// (testdata/rdma-vectors/ctrl.txt; format in its README.md).
+    #[test]
+    fn shared_vectors() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/rdma-vectors/ctrl.txt"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut count = 0;
+        let mut failed = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            count += 1;
+            let (want, input) = line.split_once(" |").expect("a \" |\" in every vector");
+            let hex: Vec<u8> = input.bytes().filter(|&c| c != b' ').collect();
+            let bytes: Vec<u8> = hex
+                .chunks(2)
+                .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
+                .collect();
+            if let Err(why) = check_vector(want, &bytes) {
+                failed.push(format!("ctrl.txt:{}: {why}\n     input: {input}", n + 1));
+            }
+        }
+        assert!(count > 0);
+        assert!(
+            failed.is_empty(),
+            "{} of {count} vectors failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+
+    fn vector_num(v: &str) -> u64 {
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).unwrap(),
+            None => v.parse().unwrap(),
+        }
+    }
+
+    fn check_vector(want: &str, bytes: &[u8]) -> Result<(), String> {
+        let mut words = want.split(' ');
+        let got = CtrlMsg::decode(bytes);
+        match (words.next(), got) {
+            (Some("ok"), Err(e)) => Err(format!("expected ok, refused: {e}")),
+            (Some("ok"), Ok(m)) => {
+                let kind = match words.next() {
+                    Some("BUF") => Kind::Buf,
+                    Some("DONE") => Kind::Done,
+                    Some("ABORT") => Kind::Abort,
+                    k => return Err(format!("bad vector type {k:?}")),
+                };
+                let mut expect = CtrlMsg {
+                    kind,
+                    stag: 0,
+                    length: 0,
+                    to: 0,
+                    offset: 0,
+                };
+                for kv in words {
+                    let (k, v) = kv.split_once('=').ok_or("bad vector field")?;
+                    match k {
+                        "stag" => expect.stag = vector_num(v) as u32,
+                        "length" => expect.length = vector_num(v) as u32,
+                        "to" => expect.to = vector_num(v),
+                        "offset" => expect.offset = vector_num(v),
+                        _ => return Err(format!("bad vector field {k}")),
+                    }
+                }
+                if m != expect {
+                    return Err(format!("decoded {m:?}, expected {expect:?}"));
+                }
+                let mut canonical = bytes.to_vec();
+                canonical[6] = 0;
+                canonical[7] = 0;
+                if expect.encode()[..] != canonical[..] {
+                    return Err("encoding the fields gives other bytes".into());
+                }
+                Ok(())
+            }
+            (Some("err"), Ok(m)) => Err(format!("expected an error, accepted: {m:?}")),
+            (Some("err"), Err(e)) => {
+                let kind = match e {
+                    CtrlError::Length(_) => "length",
+                    CtrlError::Magic => "magic",
+                    CtrlError::Version(_) => "version",
+                    CtrlError::Kind(_) => "type",
+                };
+                match words.next() {
+                    Some(k) if k == kind => Ok(()),
+                    k => Err(format!("expected {k:?}, got {kind}: {e}")),
+                }
+            }
+            _ => Err(format!("bad verdict {want:?}")),
+        }
+    }
 }

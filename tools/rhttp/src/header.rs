@@ -119,6 +119,13 @@ impl fmt::Display for HeaderError {
 
 impl std::error::Error for HeaderError {}
 
+/// Strip the whitespace around a list element, key or value: ASCII only
+/// (the C parser's `isspace`), never Unicode spaces such as U+00A0, which
+/// are not OWS.
+fn trim_ows(s: &str) -> &str {
+    s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\x0b' | '\x0c' | '\r'))
+}
+
 fn parse_num(key: &str, value: &str, max: u64) -> Result<u64, HeaderError> {
     let bad = || HeaderError::BadValue {
         key: key.to_string(),
@@ -161,7 +168,7 @@ impl RdmaHeader {
     /// Parse the header's value (syntax only; see
     /// [`validate_request`](Self::validate_request)).
     pub fn parse(value: &str) -> Result<RdmaHeader, HeaderError> {
-        let mut parts = value.split(',').map(str::trim);
+        let mut parts = value.split(',').map(trim_ows);
         let scheme_tok = parts.next().unwrap_or("");
         if scheme_tok.is_empty() {
             return Err(HeaderError::Empty);
@@ -173,7 +180,7 @@ impl RdmaHeader {
             let (k, v) = p
                 .split_once('=')
                 .ok_or_else(|| HeaderError::NotKeyValue(p.to_string()))?;
-            let (k, v) = (k.trim(), v.trim());
+            let (k, v) = (trim_ows(k), trim_ows(v));
             let dup = || HeaderError::DuplicateKey(k.to_string());
             match k {
                 "ip" => {
@@ -426,6 +433,123 @@ mod tests {
                 other => panic!("{s}: {other:?}"),
             };
             assert_eq!(k, key, "{s}");
+        }
+    }
+
+    /// The vectors shared with mod_rdma's C parser
+    /// (testdata/rdma-vectors/header.txt; format in its README.md).
+    #[test]
+    fn shared_vectors() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/rdma-vectors/header.txt"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut count = 0;
+        let mut failed = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            count += 1;
+            let (want, input) = line.split_once(" |").expect("a \" |\" in every vector");
+            let input = unescape(input.strip_prefix(' ').unwrap_or(input));
+            let got = RdmaHeader::parse(&input).and_then(|h| h.validate_request().map(|()| h));
+            if let Err(why) = check_vector(want, &got) {
+                failed.push(format!(
+                    "header.txt:{}: {why}\n     input: {input:?}",
+                    n + 1
+                ));
+            }
+        }
+        assert!(count > 0);
+        assert!(
+            failed.is_empty(),
+            "{} of {count} vectors failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+
+    /// Undo the escapes `\\`, `\t`, `\v`, `\f` and `\xHH` of a vector.
+    fn unescape(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] != b'\\' {
+                out.push(b[i]);
+                i += 1;
+                continue;
+            }
+            let (byte, used) = match b[i + 1] {
+                b'\\' => (b'\\', 2),
+                b't' => (b'\t', 2),
+                b'v' => (0x0b, 2),
+                b'f' => (0x0c, 2),
+                b'x' => (u8::from_str_radix(&s[i + 2..i + 4], 16).expect("\\xHH"), 4),
+                c => panic!("bad escape \\{}", c as char),
+            };
+            out.push(byte);
+            i += used;
+        }
+        String::from_utf8(out).expect("vectors are UTF-8")
+    }
+
+    fn vector_num(v: &str) -> u64 {
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).unwrap(),
+            None => v.parse().unwrap(),
+        }
+    }
+
+    fn error_kind(e: &HeaderError) -> &'static str {
+        match e {
+            HeaderError::Empty => "empty",
+            HeaderError::UnknownScheme(_) => "scheme",
+            HeaderError::NotKeyValue(_) => "not-kv",
+            HeaderError::UnknownKey(_) => "unknown-key",
+            HeaderError::DuplicateKey(_) => "duplicate",
+            HeaderError::BadValue { .. } => "bad-value",
+            HeaderError::Missing { .. } => "missing",
+            HeaderError::Forbidden { .. } => "forbidden",
+        }
+    }
+
+    fn check_vector(want: &str, got: &Result<RdmaHeader, HeaderError>) -> Result<(), String> {
+        let mut words = want.split(' ');
+        match (words.next(), got) {
+            (Some("ok"), Err(e)) => Err(format!("expected ok, refused: {e}")),
+            (Some("ok"), Ok(h)) => {
+                let mut expect = RdmaHeader::new(
+                    Scheme::from_token(words.next().unwrap_or("")).ok_or("bad vector scheme")?,
+                );
+                for kv in words {
+                    let (k, v) = kv.split_once('=').ok_or("bad vector parameter")?;
+                    match k {
+                        "ip" => expect.ip = Some(v.parse().unwrap()),
+                        "port" => expect.port = Some(vector_num(v) as u16),
+                        "stag" => expect.stag = Some(vector_num(v) as u32),
+                        "to" => expect.to = Some(vector_num(v)),
+                        "maxlen" => expect.maxlen = Some(vector_num(v)),
+                        "length" => expect.length = Some(vector_num(v)),
+                        _ => return Err(format!("bad vector key {k}")),
+                    }
+                }
+                if *h == expect {
+                    Ok(())
+                } else {
+                    Err(format!("parsed {h:?}, expected {expect:?}"))
+                }
+            }
+            (Some("err"), Ok(h)) => Err(format!("expected an error, accepted: {h}")),
+            (Some("err"), Err(e)) => match words.next() {
+                Some(kind) if kind != error_kind(e) => {
+                    Err(format!("expected {kind}, got {}: {e}", error_kind(e)))
+                }
+                _ => Ok(()),
+            },
+            _ => Err(format!("bad verdict {want:?}")),
         }
     }
 }

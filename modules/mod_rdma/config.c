@@ -1,0 +1,264 @@
+/* mod_rdma: configuration.
+ *
+ * The directives (RDMA, RDMARegistration, RDMABufferSize, RDMAMaxLength,
+ * RDMATimeout, RDMAConnectTimeout, RDMAAllowConnect, RDMAConnectPorts,
+ * RDMATrustProxy), their per-server and per-directory merging and the
+ * defaults (docs/MOD_RDMA.md, "Directives"). */
+#include "mod_rdma_private.h"
+
+APLOG_USE_MODULE(rdma);
+
+void *create_dir_conf(apr_pool_t *p, char *d)
+{
+    rdma_dir_conf *c = apr_pcalloc(p, sizeof *c);
+    (void)d;
+    c->enable = -1;
+    return c;
+}
+
+void *merge_dir_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    rdma_dir_conf *b = basev, *a = addv, *c = apr_pcalloc(p, sizeof *c);
+    c->enable = a->enable != -1 ? a->enable : b->enable;
+    return c;
+}
+
+void *create_srv_conf(apr_pool_t *p, server_rec *s)
+{
+    rdma_srv_conf *c = apr_pcalloc(p, sizeof *c);
+    (void)s;
+    c->mode = -1;
+    c->allow_client = 1;
+    c->allow = apr_array_make(p, 2, sizeof(char *));
+    c->ports = apr_array_make(p, 2, sizeof(port_range));
+    c->trust_proxy = -1;
+    return c;
+}
+
+void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
+{
+    rdma_srv_conf *b = basev, *a = addv, *c = apr_pcalloc(p, sizeof *c);
+    c->mode = a->mode != -1 ? a->mode : b->mode;
+    c->bufsize = a->bufsize ? a->bufsize : b->bufsize;
+    c->maxlen = a->maxlen ? a->maxlen : b->maxlen;
+    c->allow_set = a->allow_set || b->allow_set;
+    c->allow_client = a->allow_set ? a->allow_client : b->allow_client;
+    c->allow = a->allow_set ? a->allow : b->allow;
+    c->timeout_ms = a->timeout_ms ? a->timeout_ms : b->timeout_ms;
+    c->connect_timeout_ms = a->connect_timeout_ms ? a->connect_timeout_ms : b->connect_timeout_ms;
+    c->ports_set = a->ports_set || b->ports_set;
+    c->ports = a->ports_set ? a->ports : b->ports;
+    c->trust_proxy = a->trust_proxy != -1 ? a->trust_proxy : b->trust_proxy;
+    return c;
+}
+
+int cf_mode(const rdma_srv_conf *c) { return c->mode == -1 ? MODE_STATIC : c->mode; }
+apr_size_t cf_bufsize(const rdma_srv_conf *c) { return c->bufsize ? c->bufsize : DEF_BUFSIZE; }
+apr_uint64_t cf_maxlen(const rdma_srv_conf *c) { return c->maxlen ? c->maxlen : DEF_MAXLEN; }
+int cf_timeout(const rdma_srv_conf *c) { return c->timeout_ms ? c->timeout_ms : DEF_TIMEOUT_MS; }
+int cf_ctimeout(const rdma_srv_conf *c)
+{
+    return c->connect_timeout_ms ? c->connect_timeout_ms : DEF_CONNECT_TIMEOUT_MS;
+}
+
+/* "4096", "64K", "8M", "1G" */
+static const char *parse_size(const char *arg, apr_uint64_t *out)
+{
+    char *end;
+    apr_uint64_t mult = 1;
+    unsigned long long n;
+    errno = 0;
+    n = strtoull(arg, &end, 10);
+    if (end == arg || errno)
+        return "not a size: use bytes or a K, M or G suffix";
+    if (*end == 'K' || *end == 'k') { mult = 1ull << 10; end++; }
+    else if (*end == 'M' || *end == 'm') { mult = 1ull << 20; end++; }
+    else if (*end == 'G' || *end == 'g') { mult = 1ull << 30; end++; }
+    if (*end || n == 0 || n > UINT64_MAX / mult)
+        return "not a positive size: use bytes or a K, M or G suffix";
+    *out = n * mult;
+    return NULL;
+}
+
+static const char *set_enable(cmd_parms *cmd, void *dconf, int on)
+{
+    (void)cmd;
+    ((rdma_dir_conf *)dconf)->enable = on;
+    return NULL;
+}
+
+rdma_srv_conf *srv_conf(server_rec *s)
+{
+    return ap_get_module_config(s->module_config, &rdma_module);
+}
+
+static const char *set_mode(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    (void)d;
+    if (!strcasecmp(arg, "static"))
+        c->mode = MODE_STATIC;
+    else if (!strcasecmp(arg, "dynamic"))
+        c->mode = MODE_DYNAMIC;
+    else
+        return "RDMARegistration must be static or dynamic";
+    return NULL;
+}
+
+static const char *set_bufsize(cmd_parms *cmd, void *d, const char *arg)
+{
+    apr_uint64_t n;
+    const char *err = parse_size(arg, &n);
+    (void)d;
+    if (err)
+        return apr_pstrcat(cmd->pool, "RDMABufferSize: ", err, NULL);
+    if (n < 4096 || n > (1ull << 31))
+        return "RDMABufferSize must be between 4K and 2G";
+    srv_conf(cmd->server)->bufsize = (apr_size_t)n;
+    return NULL;
+}
+
+static const char *set_maxlen(cmd_parms *cmd, void *d, const char *arg)
+{
+    apr_uint64_t n;
+    const char *err = parse_size(arg, &n);
+    (void)d;
+    if (err)
+        return apr_pstrcat(cmd->pool, "RDMAMaxLength: ", err, NULL);
+    srv_conf(cmd->server)->maxlen = n;
+    return NULL;
+}
+
+static const char *set_timeout(cmd_parms *cmd, void *d, const char *arg)
+{
+    int ms = atoi(arg);
+    (void)d;
+    if (ms <= 0)
+        return "RDMATimeout takes a positive number of milliseconds";
+    srv_conf(cmd->server)->timeout_ms = ms;
+    return NULL;
+}
+
+static const char *set_ctimeout(cmd_parms *cmd, void *d, const char *arg)
+{
+    int ms = atoi(arg);
+    (void)d;
+    if (ms <= 0)
+        return "RDMAConnectTimeout takes a positive number of milliseconds";
+    srv_conf(cmd->server)->connect_timeout_ms = ms;
+    return NULL;
+}
+
+static const char *set_allow(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    unsigned char tmp[16];
+    (void)d;
+    if (!c->allow_set) {
+        c->allow_set = 1;
+        c->allow_client = 0;
+        apr_array_clear(c->allow);
+    }
+    if (!strcasecmp(arg, "client")) {
+        c->allow_client = 1;
+        return NULL;
+    }
+    if (inet_pton(AF_INET, arg, tmp) != 1 && inet_pton(AF_INET6, arg, tmp) != 1)
+        return apr_pstrcat(cmd->pool, "RDMAAllowConnect: \"", arg,
+                           "\" is neither \"client\" nor an IP address literal", NULL);
+    *(const char **)apr_array_push(c->allow) = apr_pstrdup(cmd->pool, arg);
+    return NULL;
+}
+
+/* RDMAConnectPorts 1024-65535 80 ...: a port or an inclusive range. */
+static const char *set_ports(cmd_parms *cmd, void *d, const char *arg)
+{
+    rdma_srv_conf *c = srv_conf(cmd->server);
+    port_range pr;
+    char *end;
+    unsigned long lo, hi;
+    (void)d;
+    if (!c->ports_set) {
+        c->ports_set = 1;
+        apr_array_clear(c->ports);
+    }
+    errno = 0;
+    lo = strtoul(arg, &end, 10);
+    hi = lo;
+    if (end != arg && *end == '-') {
+        const char *h = end + 1;
+        hi = strtoul(h, &end, 10);
+        if (end == h)
+            end = (char *)arg; /* "80-" */
+    }
+    if (end == arg || *end || errno || lo == 0 || hi > 65535 || lo > hi)
+        return apr_pstrcat(cmd->pool, "RDMAConnectPorts: \"", arg,
+                           "\" is neither a port (1-65535) nor a range such as 1024-65535",
+                           NULL);
+    pr.lo = (unsigned)lo;
+    pr.hi = (unsigned)hi;
+    *(port_range *)apr_array_push(c->ports) = pr;
+    return NULL;
+}
+
+static const char *set_trust_proxy(cmd_parms *cmd, void *d, int on)
+{
+    (void)d;
+    srv_conf(cmd->server)->trust_proxy = on;
+    return NULL;
+}
+
+int port_allowed(const rdma_srv_conf *c, unsigned port)
+{
+    int i;
+    if (!c->ports_set)
+        return port >= DEF_PORT_LO && port <= DEF_PORT_HI;
+    for (i = 0; i < c->ports->nelts; i++) {
+        const port_range *pr = &APR_ARRAY_IDX(c->ports, i, port_range);
+        if (port >= pr->lo && port <= pr->hi)
+            return 1;
+    }
+    return 0;
+}
+
+/* The ports a refusal names: the configured list, or the default. */
+const char *ports_text(apr_pool_t *p, const rdma_srv_conf *c)
+{
+    const char *t = NULL;
+    int i;
+    if (!c->ports_set)
+        return apr_psprintf(p, "%u-%u", DEF_PORT_LO, DEF_PORT_HI);
+    for (i = 0; i < c->ports->nelts; i++) {
+        const port_range *pr = &APR_ARRAY_IDX(c->ports, i, port_range);
+        const char *one = pr->lo == pr->hi ? apr_psprintf(p, "%u", pr->lo)
+                                           : apr_psprintf(p, "%u-%u", pr->lo, pr->hi);
+        t = t ? apr_pstrcat(p, t, " ", one, NULL) : one;
+    }
+    return t;
+}
+
+const command_rec rdma_cmds[] = {
+    AP_INIT_FLAG("RDMA", set_enable, NULL, OR_OPTIONS | ACCESS_CONF | RSRC_CONF,
+                 "On: honour the RDMA: request header here; Off (default): plain HTTP only"),
+    AP_INIT_TAKE1("RDMARegistration", set_mode, NULL, RSRC_CONF,
+                  "static (default): copy through a per-process buffer registered at start-up; "
+                  "dynamic: register the file mapping or the body where it lies, per request"),
+    AP_INIT_TAKE1("RDMABufferSize", set_bufsize, NULL, RSRC_CONF,
+                  "size of the per-process static buffer (default 8M)"),
+    AP_INIT_TAKE1("RDMAMaxLength", set_maxlen, NULL, RSRC_CONF,
+                  "largest body moved by RDMA (default 1G)"),
+    AP_INIT_ITERATE("RDMAAllowConnect", set_allow, NULL, RSRC_CONF,
+                    "where the server may connect back: \"client\" (the request's own address, "
+                    "the default) and/or IP address literals"),
+    AP_INIT_ITERATE("RDMAConnectPorts", set_ports, NULL, RSRC_CONF,
+                    "ports the server may connect back to: ports and ranges such as "
+                    "1024-65535 (the default: no privileged ports)"),
+    AP_INIT_FLAG("RDMATrustProxy", set_trust_proxy, NULL, RSRC_CONF,
+                 "Off (default): refuse RDMA for requests that came through a proxy; On: "
+                 "connect back to the client address the proxy reports (mod_remoteip)"),
+    AP_INIT_TAKE1("RDMATimeout", set_timeout, NULL, RSRC_CONF,
+                  "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
+    AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,
+                  "bound on connecting to the client's listener, in ms (default 3000)"),
+    {NULL}
+};

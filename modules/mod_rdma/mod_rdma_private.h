@@ -1,0 +1,173 @@
+/* mod_rdma's private header: the types, globals and functions that its
+ * source files (see mod_rdma.c) share. */
+#ifndef MOD_RDMA_PRIVATE_H
+#define MOD_RDMA_PRIVATE_H
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_connection.h"
+#include "http_core.h"
+#include "http_log.h"
+#include "http_protocol.h"
+#include "http_request.h"
+#include "ap_mpm.h"
+#include "util_filter.h"
+#include "apr_strings.h"
+#include "apr_buckets.h"
+#include "apr_portable.h"
+#include "apr_lib.h"
+#include "rdma_header.h"
+#include "wire.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <iwarp.h>
+
+extern module AP_MODULE_DECLARE_DATA rdma_module;
+
+/* ---- configuration ---------------------------------------------------- */
+
+enum { MODE_STATIC = 0, MODE_DYNAMIC = 1 };
+
+typedef struct {
+    int enable; /* -1 unset, 0 off, 1 on */
+} rdma_dir_conf;
+
+typedef struct {
+    int mode;                /* MODE_STATIC / MODE_DYNAMIC, -1 unset */
+    apr_size_t bufsize;      /* static buffer, 0 unset */
+    apr_uint64_t maxlen;     /* largest body moved by RDMA, 0 unset */
+    int allow_client;        /* connect back to the request's own address */
+    apr_array_header_t *allow; /* further IP literals (char *) */
+    int allow_set;
+    int timeout_ms;          /* transfers and DONE waits, 0 unset */
+    int connect_timeout_ms;  /* connecting to the client's listener */
+    apr_array_header_t *ports; /* RDMAConnectPorts: port_range entries */
+    int ports_set;
+    int trust_proxy;         /* RDMATrustProxy: -1 unset, 0 off, 1 on */
+} rdma_srv_conf;
+
+/* One range of RDMAConnectPorts, inclusive. */
+typedef struct {
+    unsigned lo, hi;
+} port_range;
+
+/* Without RDMAConnectPorts the server connects back to unprivileged ports
+ * only: a request must not make it knock on a host's system services. */
+#define DEF_PORT_LO 1024u
+#define DEF_PORT_HI 65535u
+
+#define DEF_BUFSIZE (8u << 20)
+#define DEF_MAXLEN ((apr_uint64_t)1 << 30)
+#define DEF_TIMEOUT_MS 30000
+#define DEF_CONNECT_TIMEOUT_MS 3000
+
+/* ---- wire: control messages (docs/MOD_RDMA.md; codec in wire.c) -------- */
+
+#define RECV_SLOTS 8
+#define SEND_SLOT RECV_SLOTS
+#define XFER_CHUNK (16u << 20)
+#define BOUNCE_LEN (1u << 20)
+
+/* ---- per-connection state (pre_connection) ----------------------------- */
+
+typedef struct {
+    conn_rec *c;
+    iwarp_cq *scq, *rcq;
+    iwarp_qp *qp;
+    /* The worker does the connection's receive work itself (waits poll its
+     * socket); NULL if iwarp_qp_drive failed (then the stack's receive
+     * thread does it, as before). */
+    iwarp_drive *drive;
+    iwarp_mr *ctrl; /* RECV_SLOTS receive slots + one send slot */
+    char ip[64];
+    unsigned port;
+    unsigned uses;
+} rdma_conn;
+
+/* ---- per-request state ------------------------------------------------- */
+
+enum { OUT_INIT, OUT_BODY, OUT_DISCARD, OUT_PASS };
+
+typedef struct {
+    rdma_conn *rc;
+    rdma_hdr h;
+    apr_uint64_t limit;  /* largest body for this request */
+    int mode;
+    /* RDMA_OUT */
+    int out_state;
+    apr_uint64_t total;  /* body bytes consumed */
+    apr_size_t fill;     /* static bounce: bytes waiting in g_static_mr */
+    char *body;          /* client-reads: collected body (malloc) */
+    apr_size_t body_cap;
+    int body_in_static;
+    void *map;           /* mmap of a file (dynamic) */
+    char *bounce;        /* server-writes, dynamic: file read buffer (malloc) */
+    size_t map_len;
+    iwarp_mr *win;       /* the advertised or temporary registration */
+    /* RDMA_IN */
+    apr_uint64_t in_done;
+    int in_eos, in_err;
+    apr_bucket_brigade *pending;
+    void *in_buf;        /* dynamic: malloc'd body buffer */
+    iwarp_mr *in_mr;     /* the local buffer's registration */
+} rdma_req;
+
+/* ---- shared globals and functions, by file ---------------------------- */
+
+/* mod_rdma.c: per-process state (child_init) */
+extern iwarp_context *g_ctx;
+extern iwarp_pd *g_pd;
+extern iwarp_mr *g_static_mr;
+
+/* config.c */
+extern const command_rec rdma_cmds[];
+void *create_dir_conf(apr_pool_t *p, char *d);
+void *merge_dir_conf(apr_pool_t *p, void *basev, void *addv);
+void *create_srv_conf(apr_pool_t *p, server_rec *s);
+void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
+int cf_mode(const rdma_srv_conf *c);
+apr_size_t cf_bufsize(const rdma_srv_conf *c);
+apr_uint64_t cf_maxlen(const rdma_srv_conf *c);
+int cf_timeout(const rdma_srv_conf *c);
+int cf_ctimeout(const rdma_srv_conf *c);
+rdma_srv_conf *srv_conf(server_rec *s);
+int port_allowed(const rdma_srv_conf *c, unsigned port);
+const char *ports_text(apr_pool_t *p, const rdma_srv_conf *c);
+
+/* conn.c */
+void conn_drop_qp(rdma_conn *rc);
+int pre_connection(conn_rec *c, void *csd);
+int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
+                const char **why);
+const char *xfer(rdma_conn *rc, request_rec *r, int opcode, uint64_t laddr, uint64_t len,
+                 uint32_t lkey, uint64_t raddr, uint32_t rkey);
+const char *send_ctrl(rdma_conn *rc, request_rec *r, const ctrl_msg *m);
+const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m);
+int same_ip(const char *a, const char *b);
+
+/* mod_rdma.c */
+const char *iwarp_err(apr_pool_t *p);
+apr_status_t req_cleanup(void *d);
+const char *header_safe(apr_pool_t *p, const char *s);
+int refuse(request_rec *r, int status, const char *why);
+void connect_back_failed(const char *client);
+void connect_back_succeeded(const char *client);
+
+/* response.c */
+void release_map(void *m, size_t len);
+apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb);
+
+/* request.c */
+apr_status_t rdma_in_filter(ap_filter_t *f, apr_bucket_brigade *bb, ap_input_mode_t mode,
+                            apr_read_type_e block, apr_off_t readbytes);
+
+#endif
