@@ -226,7 +226,7 @@ impl Engine {
         let RxHint::Direct { stag, to, len: max } = self.rx_hint() else {
             // The driver placed bytes the engine did not ask for: a driver
             // bug, but never a reason to corrupt state. Treat as fatal.
-            self.fatal(TermCode::DdpCatastrophic, None);
+            self.fatal(Fault::DdpLocal, None);
             return;
         };
         let len = len.min(max as usize) as u32;
@@ -237,7 +237,7 @@ impl Engine {
             let mut c = self.rx.crc;
             let r = mem.visit(stag, to, len, &mut |b| c = crc::crc32c_append(c, b));
             if let Err(e) = r {
-                self.fatal(term_code_for_tagged(e), None);
+                self.fatal(Fault::TaggedSink(e), None);
                 return;
             }
             self.rx.crc = c;
@@ -305,13 +305,13 @@ impl Engine {
     /// marker). A marker that does not point there is a framing error.
     fn check_marker(&mut self) {
         let Ok(m) = mpa::Marker::parse(&self.rx.marker) else {
-            self.fatal(TermCode::MpaMarkerError, None);
+            self.fatal(Fault::Marker, None);
             return;
         };
         let marker_pos = self.rx.stream_pos - mpa::MARKER_LEN as u64;
         let expected = marker_pos - self.rx.fpdu_start;
         if u64::from(m.fpdu_ptr) != expected {
-            self.fatal(TermCode::MpaMarkerError, None);
+            self.fatal(Fault::Marker, None);
         }
     }
 
@@ -370,17 +370,12 @@ impl Engine {
         let tagged = d.tagged();
         // RFC 5041 §7.2 / §7.3: unsupported DDP version.
         if d.version() != ddp::DDP_VERSION {
-            let code = if tagged {
-                TermCode::DdpTaggedInvalidVersion
-            } else {
-                TermCode::DdpUntaggedInvalidVersion
-            };
-            return self.fatal_rx(code);
+            return self.fatal_rx(Fault::DdpVersion { tagged });
         }
         let ctrl = d.ulp_ctrl();
         // RFC 5040 §7.2: unsupported RDMAP version.
         if rdmap::ctrl_version(ctrl) != rdmap::RDMAP_VERSION {
-            return self.fatal_rx(TermCode::RdmapInvalidVersion);
+            return self.fatal_rx(Fault::RdmapVersion);
         }
         let opcode = rdmap::ctrl_opcode(ctrl);
         let hdr_len = match opcode {
@@ -397,7 +392,7 @@ impl Engine {
             Opcode::ReadRequest if !tagged => ddp::UNTAGGED_HDR_LEN + rdmap::READ_REQUEST_LEN,
             // RFC 5040 §4.3 / §7.2: an opcode we do not know, or one used
             // with the wrong DDP model (e.g. an untagged RDMA Write).
-            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+            _ => return self.fatal_rx(Fault::UnexpectedOpcode),
         };
         // RFC 5044 §4.1: the ULPDU length must cover the DDP/RDMAP header.
         // A Read Request carries no payload (RFC 5040 §4.4); a Terminate's
@@ -406,7 +401,7 @@ impl Engine {
             || (opcode == Opcode::ReadRequest && ulpdu_len != hdr_len)
             || (opcode == Opcode::Terminate && ulpdu_len - hdr_len > TERM_BODY_MAX);
         if bad_len {
-            return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+            return self.fatal_rx(Fault::UlpduLength);
         }
         self.rx.ulpdu_len = ulpdu_len;
         self.rx.opcode = opcode;
@@ -414,10 +409,10 @@ impl Engine {
         self.rx.hdr_need = mpa::ULPDU_LEN_FIELD + hdr_len;
     }
 
-    fn fatal_rx(&mut self, code: TermCode) {
+    fn fatal_rx(&mut self, fault: Fault) {
         let have = self.rx.hdr_have;
         let hdr = self.rx.hdr;
-        self.fatal(code, Some(&hdr[..have]));
+        self.fatal(fault, Some(&hdr[..have]));
     }
 
     /// The whole DDP/RDMAP header is in: validate it and set up placement.
@@ -437,7 +432,7 @@ impl Engine {
                 // is not checked, as in siw.
                 if payload_len > 0 {
                     if let Err(e) = mem.check(stag, to, payload_len, pd, Access::REMOTE_WRITE) {
-                        return self.fatal_rx(term_code_for_tagged(e));
+                        return self.fatal_rx(Fault::TaggedSink(e));
                     }
                 }
                 Seg::Tagged {
@@ -451,17 +446,17 @@ impl Engine {
                 // RFC 5040 §5.2: a Read Response must answer the oldest
                 // outstanding Read Request, in order and within its size.
                 let Some(head) = self.orq.front().copied() else {
-                    return self.fatal_rx(TermCode::RdmapUnexpectedOpcode);
+                    return self.fatal_rx(Fault::UnexpectedOpcode);
                 };
                 if stag != head.sink_stag {
-                    return self.fatal_rx(TermCode::DdpTaggedInvalidStag);
+                    return self.fatal_rx(Fault::TaggedSink(MemError::InvalidStag));
                 }
                 let end = head.placed as u64 + payload_len as u64;
                 if to != head.sink_to.wrapping_add(head.placed as u64)
                     || end > head.size as u64
                     || (last && end != head.size as u64)
                 {
-                    return self.fatal_rx(TermCode::DdpTaggedBaseBounds);
+                    return self.fatal_rx(Fault::TaggedSink(MemError::Bounds));
                 }
                 if payload_len > 0 {
                     if let Err(e) = mem.check(stag, to, payload_len, pd, Access::LOCAL_WRITE) {
@@ -469,7 +464,7 @@ impl Engine {
                             slot.status = Some(WcStatus::LocProtErr);
                             slot.sent = true;
                         }
-                        return self.fatal_rx(term_code_for_tagged(e));
+                        return self.fatal_rx(Fault::TaggedSink(e));
                     }
                 }
                 Seg::Tagged {
@@ -484,19 +479,19 @@ impl Engine {
             | Opcode::SendSeInvalidate) => {
                 // RFC 5041 §5.1, §7.3: untagged queue 0, in-order MSN and MO.
                 if d.qn() != rdmap::QN_SEND {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                    return self.fatal_rx(Fault::UntaggedQn);
                 }
                 if d.msn() != self.rx.msn[0] {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                    return self.fatal_rx(Fault::UntaggedMsn);
                 }
                 if self.rx.cur_recv.is_none() {
                     if d.mo() != 0 {
-                        return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                        return self.fatal_rx(Fault::UntaggedMo);
                     }
                     // RFC 5040 §5.3: a Send needs a posted receive; iWARP
                     // has no receiver-not-ready retry, so this is fatal.
                     let Some(wr) = self.rq.pop_front() else {
-                        return self.fatal_rx(TermCode::DdpUntaggedNoBuffer);
+                        return self.fatal_rx(Fault::UntaggedNoBuffer);
                     };
                     for sge in wr.sgl.as_slice().iter().filter(|s| s.length > 0) {
                         if mem
@@ -505,7 +500,7 @@ impl Engine {
                         {
                             self.completions
                                 .push_back(recv_wc(wr.wr_id, WcStatus::LocProtErr, 0));
-                            return self.fatal_rx(TermCode::DdpCatastrophic);
+                            return self.fatal_rx(Fault::DdpLocal);
                         }
                     }
                     let inval = matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate);
@@ -522,36 +517,36 @@ impl Engine {
                 }
                 let cur = self.rx.cur_recv.expect("set above");
                 if d.mo() != cur.placed {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                    return self.fatal_rx(Fault::UntaggedMo);
                 }
                 if cur.placed as u64 + payload_len as u64 > cur.cap as u64 {
                     self.rx.cur_recv = None;
                     self.completions
                         .push_back(recv_wc(cur.wr_id, WcStatus::LocLenErr, 0));
-                    return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                    return self.fatal_rx(Fault::UntaggedTooLong);
                 }
                 Seg::Send
             }
             Opcode::ReadRequest => {
                 if d.qn() != rdmap::QN_READ_REQUEST {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                    return self.fatal_rx(Fault::UntaggedQn);
                 }
                 if d.msn() != self.rx.msn[1] {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                    return self.fatal_rx(Fault::UntaggedMsn);
                 }
                 if d.mo() != 0 || !last {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                    return self.fatal_rx(Fault::UntaggedMo);
                 }
                 // RFC 5040 §5.2 / RFC 6581 §3: at most IRD Read Requests
                 // outstanding; siw answers an overflow with this code.
                 if self.irq.len() >= self.link.ird as usize {
-                    return self.fatal_rx(TermCode::RdmapCatastrophicStream);
+                    return self.fatal_rx(Fault::IrdExceeded);
                 }
                 let rr_bytes = &hdr[mpa::ULPDU_LEN_FIELD + ddp::UNTAGGED_HDR_LEN..MAX_HDR];
                 let Ok(rr) =
                     rdmap::ReadRequestRepr::parse(&rdmap::ReadRequest::new_unchecked(rr_bytes))
                 else {
-                    return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+                    return self.fatal_rx(Fault::UlpduLength);
                 };
                 self.irq.push_back(IrqEntry {
                     sink_stag: rr.sink_stag,
@@ -568,7 +563,7 @@ impl Engine {
                 self.rx.term_have = 0;
                 Seg::Terminate
             }
-            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+            _ => return self.fatal_rx(Fault::UnexpectedOpcode),
         };
         self.rx.seg = seg;
         self.rx.payload_rem = payload_len;
@@ -585,21 +580,21 @@ impl Engine {
         match self.rx.seg {
             Seg::Tagged { stag, to, .. } => {
                 if let Err(e) = mem.write(stag, to, bytes) {
-                    return self.fatal_rx(term_code_for_tagged(e));
+                    return self.fatal_rx(Fault::TaggedSink(e));
                 }
                 self.rx.fold_crc(self.link.crc, bytes);
                 self.advance_tagged(n);
             }
             Seg::Send => {
                 let Some(cur) = self.rx.cur_recv else {
-                    return self.fatal_rx(TermCode::DdpCatastrophic);
+                    return self.fatal_rx(Fault::DdpLocal);
                 };
                 let mut probe = cur;
                 let mut rest = bytes;
                 while !rest.is_empty() {
                     let Some((sge, off)) = probe.next_space() else {
                         // Bounded by the capacity check in the header.
-                        return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                        return self.fatal_rx(Fault::UntaggedTooLong);
                     };
                     let k = ((sge.length - off) as usize).min(rest.len());
                     if mem
@@ -609,7 +604,7 @@ impl Engine {
                         self.rx.cur_recv = None;
                         self.completions
                             .push_back(recv_wc(cur.wr_id, WcStatus::LocProtErr, 0));
-                        return self.fatal_rx(TermCode::DdpCatastrophic);
+                        return self.fatal_rx(Fault::DdpLocal);
                     }
                     probe.advance(k as u32);
                     rest = &rest[k..];
@@ -680,7 +675,7 @@ impl Engine {
             wire.copy_from_slice(&self.rx.trailer[pad..pad + 4]);
             // RFC 5044 §4.4, §7.2: a CRC mismatch is a fatal LLP error.
             if crc::crc_from_wire(wire) != self.rx.crc {
-                return self.fatal_rx(TermCode::MpaCrcError);
+                return self.fatal_rx(Fault::FpduCrc);
             }
         }
         let last = self.rx.last;
@@ -713,7 +708,7 @@ impl Engine {
                     if mem.invalidate(stag, self.cfg.pd).is_err() {
                         self.completions
                             .push_back(recv_wc(cur.wr_id, WcStatus::RemInvReqErr, 0));
-                        return self.fatal(TermCode::RdmapCannotInvalidate, None);
+                        return self.fatal(Fault::CannotInvalidate, None);
                     }
                     wc.invalidated_rkey = Some(stag);
                 }

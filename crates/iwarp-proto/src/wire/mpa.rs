@@ -564,14 +564,19 @@ pub enum FpduError {
 }
 
 impl FpduError {
+    /// The cause, for the Terminate mapping ([`crate::fault::term_code`]).
+    pub fn fault(&self) -> crate::fault::Fault {
+        use crate::fault::Fault;
+        match self {
+            FpduError::LengthTooShort => Fault::UlpduLength,
+            FpduError::CrcMismatch { .. } => Fault::FpduCrc,
+        }
+    }
+
     /// The Terminate code for this error: LLP CRC error, or the "FPDU
     /// start" code for a length that cannot frame a DDP segment.
     pub fn term_code(&self) -> super::terminate::TermCode {
-        use super::terminate::TermCode;
-        match self {
-            FpduError::LengthTooShort => TermCode::MpaInvalidUlpduLen,
-            FpduError::CrcMismatch { .. } => TermCode::MpaCrcError,
-        }
+        crate::fault::term_code(self.fault())
     }
 }
 
