@@ -378,21 +378,24 @@ impl Engine {
             return self.fatal_rx(Fault::RdmapVersion);
         }
         let opcode = rdmap::ctrl_opcode(ctrl);
-        let hdr_len = match opcode {
-            Opcode::RdmaWrite | Opcode::ReadResponse if tagged => ddp::TAGGED_HDR_LEN,
-            Opcode::Send
-            | Opcode::SendInvalidate
-            | Opcode::SendSe
-            | Opcode::SendSeInvalidate
-            | Opcode::Terminate
-                if !tagged =>
-            {
-                ddp::UNTAGGED_HDR_LEN
-            }
-            Opcode::ReadRequest if !tagged => ddp::UNTAGGED_HDR_LEN + rdmap::READ_REQUEST_LEN,
-            // RFC 5040 §4.3 / §7.2: an opcode we do not know, or one used
-            // with the wrong DDP model (e.g. an untagged RDMA Write).
-            _ => return self.fatal_rx(Fault::UnexpectedOpcode),
+        // RFC 5040 §4.2 / §7: an opcode we do not know, or one used with the
+        // wrong DDP model (e.g. an untagged RDMA Write). The header lengths
+        // are the one table, `Opcode::ulp_header_len`.
+        let (Some(model), Some(ulp_hdr_len)) = (opcode.is_tagged(), opcode.ulp_header_len()) else {
+            return self.fatal_rx(Fault::UnexpectedOpcode);
+        };
+        if model != tagged {
+            return self.fatal_rx(Fault::UnexpectedOpcode);
+        }
+        // The bytes gathered before the payload. A Terminate's 4-byte
+        // control field is gathered with its optional copied headers as
+        // the body `terminate::Packet` parses and length-checks, so a
+        // Terminate too short for it is reported by that parse (and taken
+        // as an unspecified error from the peer), not as a framing error.
+        let hdr_len = if opcode == Opcode::Terminate {
+            ulp_hdr_len - terminate::HDR_LEN
+        } else {
+            ulp_hdr_len
         };
         // RFC 5044 §4.1: the ULPDU length must cover the DDP/RDMAP header.
         // A Read Request carries no payload (RFC 5040 §4.4); a Terminate's
