@@ -103,8 +103,14 @@ fn engine_classifies_by_the_table() {
         let op = Opcode::from(v);
         let Some(tagged) = op.is_tagged() else {
             // Unknown opcode, in either model.
-            assert_eq!(term_after(&fpdu(op, false, 18)), code(Fault::UnexpectedOpcode));
-            assert_eq!(term_after(&fpdu(op, true, 14)), code(Fault::UnexpectedOpcode));
+            assert_eq!(
+                term_after(&fpdu(op, false, 18)),
+                code(Fault::UnexpectedOpcode)
+            );
+            assert_eq!(
+                term_after(&fpdu(op, true, 14)),
+                code(Fault::UnexpectedOpcode)
+            );
             continue;
         };
         let len = op.ulp_header_len().unwrap();

@@ -404,7 +404,10 @@ impl Engine {
             || (opcode == Opcode::ReadRequest && ulpdu_len != hdr_len)
             || (opcode == Opcode::Terminate && ulpdu_len - hdr_len > TERM_BODY_MAX);
         if bad_len {
-            return self.fatal_rx(Fault::UlpduLength);
+            // The framing error `mpa::deframe` reports for a ULPDU too
+            // short to frame a DDP segment (the engine knows the opcode, so
+            // it checks against this opcode's header).
+            return self.fatal_rx(mpa::FpduError::LengthTooShort.fault());
         }
         self.rx.ulpdu_len = ulpdu_len;
         self.rx.opcode = opcode;
@@ -674,11 +677,12 @@ impl Engine {
     fn rx_trailer_done(&mut self, mem: &dyn MemoryAccess) {
         let pad = self.rx.trailer_need - mpa::CRC_LEN;
         if self.link.crc {
-            let mut wire = [0u8; 4];
-            wire.copy_from_slice(&self.rx.trailer[pad..pad + 4]);
-            // RFC 5044 §4.4, §7.2: a CRC mismatch is a fatal LLP error.
-            if crc::crc_from_wire(wire) != self.rx.crc {
-                return self.fatal_rx(Fault::FpduCrc);
+            let mut wire = [0u8; mpa::CRC_LEN];
+            wire.copy_from_slice(&self.rx.trailer[pad..pad + mpa::CRC_LEN]);
+            // RFC 5044 §4.4: a CRC mismatch is a fatal LLP error; the same
+            // check as `mpa::deframe`.
+            if let Err(e) = mpa::check_crc(self.rx.crc, wire) {
+                return self.fatal_rx(e.fault());
             }
         }
         let last = self.rx.last;

@@ -598,6 +598,22 @@ impl fmt::Display for FpduError {
 
 impl std::error::Error for FpduError {}
 
+/// The FPDU CRC check of RFC 5044 §4.4, shared by [`deframe`] and the
+/// engine's streaming receive path: `computed` is the CRC32C of the FPDU
+/// (length field, ULPDU, pad; markers too when present), `field` the 4
+/// bytes of its CRC field as received.
+pub fn check_crc(computed: u32, field: [u8; CRC_LEN]) -> core::result::Result<(), FpduError> {
+    let received = crc::crc_from_wire(field);
+    if computed == received {
+        Ok(())
+    } else {
+        Err(FpduError::CrcMismatch {
+            expected: computed,
+            received,
+        })
+    }
+}
+
 /// Smallest ULPDU [`deframe`] accepts: a tagged DDP header.
 pub const MIN_ULPDU_LEN: usize = super::ddp::TAGGED_HDR_LEN;
 
@@ -622,13 +638,9 @@ pub fn deframe(buf: &[u8], crc: bool) -> core::result::Result<Deframe<'_>, FpduE
     }
     if crc {
         let body = &buf[..total - CRC_LEN];
-        let expected = crc::crc32c(body);
         let mut raw = [0u8; 4];
         raw.copy_from_slice(&buf[total - CRC_LEN..total]);
-        let received = crc::crc_from_wire(raw);
-        if expected != received {
-            return Err(FpduError::CrcMismatch { expected, received });
-        }
+        check_crc(crc::crc32c(body), raw)?;
     }
     Ok(Deframe::Frame {
         ulpdu: &buf[ULPDU_LEN_FIELD..ULPDU_LEN_FIELD + ulpdu_len],
