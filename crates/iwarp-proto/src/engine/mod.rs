@@ -291,6 +291,7 @@ impl Engine {
             ord: link.ord.max(1),
             ..link
         };
+        self.rx.establish(self.link.crc);
         self.state = QpState::Rts;
     }
 

@@ -5,7 +5,11 @@
 //! (RDMAP message semantics). Modeled on siw `siw_qp_rx.c`: the machine
 //! moves from header to payload to trailer, and any split of the input
 //! resumes where it stopped. Markers (when negotiated for this direction)
-//! are removed before the bytes reach the FPDU machine.
+//! are removed before the bytes reach the FPDU machine. The MPA part of
+//! that machine (ULPDU length, running CRC, pad and CRC field, the CRC
+//! verdict) is `mpa::FpduRx`, the same state machine `mpa::deframe` (tests,
+//! fuzzers) runs; the engine adds what only it knows: the DDP/RDMAP header
+//! length per opcode (`Opcode::ulp_header_len`) and placement.
 //!
 //! Tagged payload (RDMA Write, Read Response) is validated once per
 //! segment header, then placed straight into the target region: either by
@@ -105,15 +109,13 @@ pub(super) struct Rx {
     hdr: [u8; MAX_HDR],
     hdr_have: usize,
     hdr_need: usize,
-    ulpdu_len: usize,
     opcode: Opcode,
     last: bool,
     seg: Seg,
     payload_rem: u32,
-    trailer: [u8; 8],
-    trailer_have: usize,
-    trailer_need: usize,
-    crc: u32,
+    /// ULPDU length, running CRC and trailer: the FPDU state machine
+    /// shared with `mpa::deframe`.
+    fpdu: mpa::FpduRx,
     /// Bytes of the stream consumed so far, markers included.
     stream_pos: u64,
     /// Stream position where the current FPDU starts: its ULPDU length
@@ -135,15 +137,11 @@ impl Rx {
             hdr: [0; MAX_HDR],
             hdr_have: 0,
             hdr_need: CLASSIFY_LEN,
-            ulpdu_len: 0,
             opcode: Opcode::Send,
             last: false,
             seg: Seg::None,
             payload_rem: 0,
-            trailer: [0; 8],
-            trailer_have: 0,
-            trailer_need: 0,
-            crc: 0,
+            fpdu: mpa::FpduRx::new(false),
             stream_pos: 0,
             fpdu_start: 0,
             marker: [0; mpa::MARKER_LEN],
@@ -171,15 +169,13 @@ impl Rx {
         self.phase = Phase::Header;
         self.hdr_have = 0;
         self.hdr_need = CLASSIFY_LEN;
-        self.trailer_have = 0;
-        self.crc = 0;
+        self.fpdu.reset();
         self.seg = Seg::None;
     }
 
-    fn fold_crc(&mut self, enabled: bool, bytes: &[u8]) {
-        if enabled {
-            self.crc = crc::crc32c_append(self.crc, bytes);
-        }
+    /// The link is up: check the CRC of every FPDU if it was negotiated.
+    pub(super) fn establish(&mut self, crc: bool) {
+        self.fpdu = mpa::FpduRx::new(crc);
     }
 }
 
@@ -233,14 +229,14 @@ impl Engine {
         if len == 0 {
             return;
         }
-        if self.link.crc {
-            let mut c = self.rx.crc;
+        if self.rx.fpdu.crc_on() {
+            let mut c = self.rx.fpdu.running_crc();
             let r = mem.visit(stag, to, len, &mut |b| c = crc::crc32c_append(c, b));
             if let Err(e) = r {
                 self.fatal(Fault::TaggedSink(e), None);
                 return;
             }
-            self.rx.crc = c;
+            self.rx.fpdu.set_running_crc(c);
         }
         match self.rx.seg {
             Seg::Send => self.advance_send(len),
@@ -270,12 +266,11 @@ impl Engine {
                     let have = self.rx.marker_have;
                     self.rx.marker[have..have + n].copy_from_slice(&avail[..n]);
                     // Covered by the CRC unless it sits inside the CRC field.
-                    let in_crc_field = self.rx.phase == Phase::Trailer
-                        && self.rx.trailer_have > self.rx.trailer_need - mpa::CRC_LEN;
-                    self.rx.fold_crc(
-                        self.link.crc && CRC_COVERS_MARKERS && !in_crc_field,
-                        &avail[..n],
-                    );
+                    let in_crc_field =
+                        self.rx.phase == Phase::Trailer && self.rx.fpdu.in_crc_field();
+                    if CRC_COVERS_MARKERS && !in_crc_field {
+                        self.rx.fpdu.fold(&avail[..n]);
+                    }
                     self.rx.marker_have += n;
                     self.rx.stream_pos += n as u64;
                     i += n;
@@ -323,7 +318,7 @@ impl Engine {
                 let have = self.rx.hdr_have;
                 let n = (self.rx.hdr_need - have).min(chunk.len());
                 self.rx.hdr[have..have + n].copy_from_slice(&chunk[..n]);
-                self.rx.fold_crc(self.link.crc, &chunk[..n]);
+                self.rx.fpdu.fold(&chunk[..n]);
                 self.rx.hdr_have += n;
                 if self.rx.hdr_have == self.rx.hdr_need && self.rx.hdr_need == CLASSIFY_LEN {
                     self.rx_classify();
@@ -342,19 +337,10 @@ impl Engine {
                 n
             }
             Phase::Trailer => {
-                let have = self.rx.trailer_have;
-                let n = (self.rx.trailer_need - have).min(chunk.len());
-                self.rx.trailer[have..have + n].copy_from_slice(&chunk[..n]);
-                // Pad bytes are covered by the CRC (RFC 5044 §4.4); fold
-                // them now so a marker inside the trailer keeps its order.
-                let pad = self.rx.trailer_need - mpa::CRC_LEN;
-                if have < pad {
-                    let k = (pad - have).min(n);
-                    self.rx.fold_crc(self.link.crc, &chunk[..k]);
-                }
-                self.rx.trailer_have += n;
-                if self.rx.trailer_have == self.rx.trailer_need {
-                    self.rx_trailer_done(mem);
+                // Pad and CRC field: `mpa::FpduRx`, as `mpa::deframe`.
+                let (n, verdict) = self.rx.fpdu.trailer(chunk);
+                if let Some(verdict) = verdict {
+                    self.rx_trailer_done(verdict, mem);
                 }
                 n
             }
@@ -409,7 +395,7 @@ impl Engine {
             // it checks against this opcode's header).
             return self.fatal_rx(mpa::FpduError::LengthTooShort.fault());
         }
-        self.rx.ulpdu_len = ulpdu_len;
+        self.rx.fpdu.begin(ulpdu_len);
         self.rx.opcode = opcode;
         self.rx.last = d.last();
         self.rx.hdr_need = mpa::ULPDU_LEN_FIELD + hdr_len;
@@ -424,7 +410,7 @@ impl Engine {
     /// The whole DDP/RDMAP header is in: validate it and set up placement.
     fn rx_header_done(&mut self, mem: &dyn MemoryAccess) {
         let hdr_len = self.rx.hdr_need - mpa::ULPDU_LEN_FIELD;
-        let payload_len = (self.rx.ulpdu_len - hdr_len) as u32;
+        let payload_len = (self.rx.fpdu.ulpdu_len() - hdr_len) as u32;
         let hdr = self.rx.hdr;
         let d = ddp::Packet::new_unchecked(&hdr[mpa::ULPDU_LEN_FIELD..]);
         let pd = self.cfg.pd;
@@ -573,7 +559,6 @@ impl Engine {
         };
         self.rx.seg = seg;
         self.rx.payload_rem = payload_len;
-        self.rx.trailer_need = mpa::pad_len(self.rx.ulpdu_len) + mpa::CRC_LEN;
         self.rx.phase = if payload_len > 0 {
             Phase::Payload
         } else {
@@ -588,7 +573,7 @@ impl Engine {
                 if let Err(e) = mem.write(stag, to, bytes) {
                     return self.fatal_rx(Fault::TaggedSink(e));
                 }
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.advance_tagged(n);
             }
             Seg::Send => {
@@ -615,7 +600,7 @@ impl Engine {
                     probe.advance(k as u32);
                     rest = &rest[k..];
                 }
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.advance_send(n);
             }
             Seg::Terminate => {
@@ -623,11 +608,11 @@ impl Engine {
                 let k = bytes.len().min(TERM_BODY_MAX - have);
                 self.rx.term_body[have..have + k].copy_from_slice(&bytes[..k]);
                 self.rx.term_have += k;
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.rx.payload_rem -= n;
             }
             Seg::None => {
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.rx.payload_rem -= n;
             }
         }
@@ -674,16 +659,14 @@ impl Engine {
 
     /// Pad and CRC are in: verify the CRC, then finish the message if this
     /// was its last segment.
-    fn rx_trailer_done(&mut self, mem: &dyn MemoryAccess) {
-        let pad = self.rx.trailer_need - mpa::CRC_LEN;
-        if self.link.crc {
-            let mut wire = [0u8; mpa::CRC_LEN];
-            wire.copy_from_slice(&self.rx.trailer[pad..pad + mpa::CRC_LEN]);
-            // RFC 5044 §4.4: a CRC mismatch is a fatal LLP error; the same
-            // check as `mpa::deframe`.
-            if let Err(e) = mpa::check_crc(self.rx.crc, wire) {
-                return self.fatal_rx(e.fault());
-            }
+    fn rx_trailer_done(
+        &mut self,
+        verdict: core::result::Result<(), mpa::FpduError>,
+        mem: &dyn MemoryAccess,
+    ) {
+        // RFC 5044 §4.4: a CRC mismatch is a fatal LLP error.
+        if let Err(e) = verdict {
+            return self.fatal_rx(e.fault());
         }
         let last = self.rx.last;
         let seg = self.rx.seg;
