@@ -54,6 +54,19 @@ fuzz_target!(|data: &[u8]| {
                     assert!(consumed > 0 && consumed <= data.len() - at);
                     assert_eq!(consumed, mpa::fpdu_len(u.len(), crc));
                     ulpdu(u);
+                    // The streaming FPDU state machine the engine uses
+                    // agrees with deframe when the trailer is split.
+                    let fpdu = &data[at..at + consumed];
+                    let body = mpa::ULPDU_LEN_FIELD + u.len();
+                    let cut = body + (fpdu[0] as usize) % (consumed - body + 1);
+                    let mut rx = mpa::FpduRx::new(crc);
+                    rx.begin(u.len());
+                    rx.fold(&fpdu[..body]);
+                    let verdict = match rx.trailer(&fpdu[body..cut]) {
+                        (_, Some(v)) => v,
+                        (_, None) => rx.trailer(&fpdu[cut..]).1.expect("complete"),
+                    };
+                    assert_eq!(verdict, Ok(()));
                     // The same ULPDU re-framed deframes to itself.
                     let mut again = Vec::new();
                     mpa::emit_fpdu(u, crc, &mut again);

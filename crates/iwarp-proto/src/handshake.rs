@@ -56,6 +56,7 @@
 
 use core::fmt;
 
+use crate::fault::Fault;
 use crate::wire::mpa::{self, EnhancedParams, Frame, FrameKind, FrameRepr};
 use crate::wire::terminate::TermCode;
 
@@ -192,14 +193,19 @@ impl HandshakeError {
     /// applies (RFC 5044 §8, RFC 6581). Policy conflicts are answered with
     /// a [`reject`] frame instead; a rejection needs no answer.
     pub fn term_code(&self) -> Option<TermCode> {
+        self.fault().map(crate::fault::term_code)
+    }
+
+    /// The cause to report, when one applies (see [`HandshakeError::term_code`]).
+    pub fn fault(&self) -> Option<Fault> {
         match self {
             HandshakeError::BadKey
             | HandshakeError::BadRevision(_)
             | HandshakeError::PrivateDataTooLong(_)
             | HandshakeError::Truncated
-            | HandshakeError::Malformed(_) => Some(TermCode::MpaInvalidReqRep),
-            HandshakeError::InsufficientIrd { .. } => Some(TermCode::MpaInsufficientIrd),
-            HandshakeError::NoMatchingRtr => Some(TermCode::MpaNoMatchingRtr),
+            | HandshakeError::Malformed(_) => Some(Fault::MpaRequestReply),
+            HandshakeError::InsufficientIrd { .. } => Some(Fault::InsufficientIrd),
+            HandshakeError::NoMatchingRtr => Some(Fault::NoMatchingRtr),
             HandshakeError::Rejected { .. }
             | HandshakeError::CrcPolicy(_)
             | HandshakeError::MarkerPolicy(_) => None,

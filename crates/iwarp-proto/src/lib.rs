@@ -5,7 +5,8 @@
 //!   [`handshake`]),
 //! - RFC 5041 DDP ([`wire::ddp`]),
 //! - RFC 5040 RDMAP ([`wire::rdmap`], [`wire::terminate`]),
-//! - the queue-pair engine that ties them together ([`engine`]).
+//! - the queue-pair engine that ties them together ([`engine`]),
+//! - the one mapping from an error to its Terminate code ([`fault`]).
 //!
 //! The layers follow smoltcp's: `wire` holds zero-copy packet views with
 //! `parse`/`emit` representations; `engine` holds the state machine; the
@@ -17,6 +18,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod engine;
+pub mod fault;
 pub mod handshake;
 pub mod mem;
 pub mod wire;

@@ -76,7 +76,8 @@ impl fmt::Debug for Access {
 /// Why a memory access was refused (siw `siw_check_mem`).
 ///
 /// Mapped once to the RDMAP/DDP Terminate codes by
-/// [`crate::engine::term_code_for_tagged`] and friends.
+/// [`crate::fault::term_code`] (as [`crate::fault::Fault::TaggedSink`] or
+/// [`crate::fault::Fault::ReadSource`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemError {
     /// No region with this STag index, or it was deregistered/invalidated.

@@ -41,6 +41,7 @@ pub use wr::*;
 
 use std::collections::VecDeque;
 
+use crate::fault::Fault;
 use crate::mem::{MemError, MemoryAccess, PdId};
 use crate::wire::terminate::TermCode;
 
@@ -290,6 +291,7 @@ impl Engine {
             ord: link.ord.max(1),
             ..link
         };
+        self.rx.establish(self.link.crc);
         self.state = QpState::Rts;
     }
 
@@ -566,12 +568,14 @@ impl Engine {
     }
 
     /// RFC 5040 §5.4 / §4.8: a fatal error detected here. Queue the
-    /// Terminate carrying `code` (and the offending segment's headers, as
-    /// the RFC's copied-header fields), enter the error state and flush.
-    fn fatal(&mut self, code: TermCode, offending_hdr: Option<&[u8]>) {
+    /// Terminate carrying the code of `fault` ([`crate::fault::term_code`],
+    /// the only mapping) and the offending segment's headers (the RFC's
+    /// copied-header fields), enter the error state and flush.
+    fn fatal(&mut self, fault: Fault, offending_hdr: Option<&[u8]>) {
         if matches!(self.state, QpState::Error | QpState::Closed) {
             return;
         }
+        let code = crate::fault::term_code(fault);
         let (layer, etype, ecode) = code.to_wire();
         let info = TermInfo {
             layer,
@@ -675,26 +679,17 @@ fn status_for_remote(code: TermCode) -> WcStatus {
 }
 
 /// siw `siw_tagged_error`: a failed check of a tagged placement (RDMA
-/// Write, Read Response) is a DDP tagged-buffer error (RFC 5041 §7.2, §7.3).
-/// RFC 5041 has no code for missing access rights; like siw we report
-/// "invalid STag".
+/// Write, Read Response) is a DDP tagged-buffer error (RFC 5041 §7).
+/// Kept for callers of the old API; the mapping is
+/// [`crate::fault::term_code`] of [`Fault::TaggedSink`].
 pub fn term_code_for_tagged(e: MemError) -> TermCode {
-    match e {
-        MemError::InvalidStag | MemError::KeyMismatch | MemError::AccessRights => {
-            TermCode::DdpTaggedInvalidStag
-        }
-        MemError::PdMismatch => TermCode::DdpTaggedStagNotAssociated,
-        MemError::Bounds => TermCode::DdpTaggedBaseBounds,
-    }
+    crate::fault::term_code(Fault::TaggedSink(e))
 }
 
 /// siw `siw_rdmap_error`: a failed check of an RDMA Read source is an
-/// RDMAP remote-protection error (RFC 5040 §7.1, §5.2).
+/// RDMAP remote-protection error (RFC 5040 §7, §5.2). Kept for callers of
+/// the old API; the mapping is [`crate::fault::term_code`] of
+/// [`Fault::ReadSource`].
 pub fn term_code_for_read_source(e: MemError) -> TermCode {
-    match e {
-        MemError::InvalidStag | MemError::KeyMismatch => TermCode::RdmapInvalidStag,
-        MemError::Bounds => TermCode::RdmapBaseBounds,
-        MemError::AccessRights => TermCode::RdmapAccessRights,
-        MemError::PdMismatch => TermCode::RdmapStagNotAssociated,
-    }
+    crate::fault::term_code(Fault::ReadSource(e))
 }

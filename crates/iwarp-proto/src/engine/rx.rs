@@ -5,7 +5,11 @@
 //! (RDMAP message semantics). Modeled on siw `siw_qp_rx.c`: the machine
 //! moves from header to payload to trailer, and any split of the input
 //! resumes where it stopped. Markers (when negotiated for this direction)
-//! are removed before the bytes reach the FPDU machine.
+//! are removed before the bytes reach the FPDU machine. The MPA part of
+//! that machine (ULPDU length, running CRC, pad and CRC field, the CRC
+//! verdict) is `mpa::FpduRx`, the same state machine `mpa::deframe` (tests,
+//! fuzzers) runs; the engine adds what only it knows: the DDP/RDMAP header
+//! length per opcode (`Opcode::ulp_header_len`) and placement.
 //!
 //! Tagged payload (RDMA Write, Read Response) is validated once per
 //! segment header, then placed straight into the target region: either by
@@ -105,15 +109,13 @@ pub(super) struct Rx {
     hdr: [u8; MAX_HDR],
     hdr_have: usize,
     hdr_need: usize,
-    ulpdu_len: usize,
     opcode: Opcode,
     last: bool,
     seg: Seg,
     payload_rem: u32,
-    trailer: [u8; 8],
-    trailer_have: usize,
-    trailer_need: usize,
-    crc: u32,
+    /// ULPDU length, running CRC and trailer: the FPDU state machine
+    /// shared with `mpa::deframe`.
+    fpdu: mpa::FpduRx,
     /// Bytes of the stream consumed so far, markers included.
     stream_pos: u64,
     /// Stream position where the current FPDU starts: its ULPDU length
@@ -135,15 +137,11 @@ impl Rx {
             hdr: [0; MAX_HDR],
             hdr_have: 0,
             hdr_need: CLASSIFY_LEN,
-            ulpdu_len: 0,
             opcode: Opcode::Send,
             last: false,
             seg: Seg::None,
             payload_rem: 0,
-            trailer: [0; 8],
-            trailer_have: 0,
-            trailer_need: 0,
-            crc: 0,
+            fpdu: mpa::FpduRx::new(false),
             stream_pos: 0,
             fpdu_start: 0,
             marker: [0; mpa::MARKER_LEN],
@@ -171,15 +169,13 @@ impl Rx {
         self.phase = Phase::Header;
         self.hdr_have = 0;
         self.hdr_need = CLASSIFY_LEN;
-        self.trailer_have = 0;
-        self.crc = 0;
+        self.fpdu.reset();
         self.seg = Seg::None;
     }
 
-    fn fold_crc(&mut self, enabled: bool, bytes: &[u8]) {
-        if enabled {
-            self.crc = crc::crc32c_append(self.crc, bytes);
-        }
+    /// The link is up: check the CRC of every FPDU if it was negotiated.
+    pub(super) fn establish(&mut self, crc: bool) {
+        self.fpdu = mpa::FpduRx::new(crc);
     }
 }
 
@@ -226,21 +222,21 @@ impl Engine {
         let RxHint::Direct { stag, to, len: max } = self.rx_hint() else {
             // The driver placed bytes the engine did not ask for: a driver
             // bug, but never a reason to corrupt state. Treat as fatal.
-            self.fatal(TermCode::DdpCatastrophic, None);
+            self.fatal(Fault::DdpLocal, None);
             return;
         };
         let len = len.min(max as usize) as u32;
         if len == 0 {
             return;
         }
-        if self.link.crc {
-            let mut c = self.rx.crc;
+        if self.rx.fpdu.crc_on() {
+            let mut c = self.rx.fpdu.running_crc();
             let r = mem.visit(stag, to, len, &mut |b| c = crc::crc32c_append(c, b));
             if let Err(e) = r {
-                self.fatal(term_code_for_tagged(e), None);
+                self.fatal(Fault::TaggedSink(e), None);
                 return;
             }
-            self.rx.crc = c;
+            self.rx.fpdu.set_running_crc(c);
         }
         match self.rx.seg {
             Seg::Send => self.advance_send(len),
@@ -270,12 +266,11 @@ impl Engine {
                     let have = self.rx.marker_have;
                     self.rx.marker[have..have + n].copy_from_slice(&avail[..n]);
                     // Covered by the CRC unless it sits inside the CRC field.
-                    let in_crc_field = self.rx.phase == Phase::Trailer
-                        && self.rx.trailer_have > self.rx.trailer_need - mpa::CRC_LEN;
-                    self.rx.fold_crc(
-                        self.link.crc && CRC_COVERS_MARKERS && !in_crc_field,
-                        &avail[..n],
-                    );
+                    let in_crc_field =
+                        self.rx.phase == Phase::Trailer && self.rx.fpdu.in_crc_field();
+                    if CRC_COVERS_MARKERS && !in_crc_field {
+                        self.rx.fpdu.fold(&avail[..n]);
+                    }
                     self.rx.marker_have += n;
                     self.rx.stream_pos += n as u64;
                     i += n;
@@ -305,13 +300,13 @@ impl Engine {
     /// marker). A marker that does not point there is a framing error.
     fn check_marker(&mut self) {
         let Ok(m) = mpa::Marker::parse(&self.rx.marker) else {
-            self.fatal(TermCode::MpaMarkerError, None);
+            self.fatal(Fault::Marker, None);
             return;
         };
         let marker_pos = self.rx.stream_pos - mpa::MARKER_LEN as u64;
         let expected = marker_pos - self.rx.fpdu_start;
         if u64::from(m.fpdu_ptr) != expected {
-            self.fatal(TermCode::MpaMarkerError, None);
+            self.fatal(Fault::Marker, None);
         }
     }
 
@@ -323,7 +318,7 @@ impl Engine {
                 let have = self.rx.hdr_have;
                 let n = (self.rx.hdr_need - have).min(chunk.len());
                 self.rx.hdr[have..have + n].copy_from_slice(&chunk[..n]);
-                self.rx.fold_crc(self.link.crc, &chunk[..n]);
+                self.rx.fpdu.fold(&chunk[..n]);
                 self.rx.hdr_have += n;
                 if self.rx.hdr_have == self.rx.hdr_need && self.rx.hdr_need == CLASSIFY_LEN {
                     self.rx_classify();
@@ -342,19 +337,10 @@ impl Engine {
                 n
             }
             Phase::Trailer => {
-                let have = self.rx.trailer_have;
-                let n = (self.rx.trailer_need - have).min(chunk.len());
-                self.rx.trailer[have..have + n].copy_from_slice(&chunk[..n]);
-                // Pad bytes are covered by the CRC (RFC 5044 §4.4); fold
-                // them now so a marker inside the trailer keeps its order.
-                let pad = self.rx.trailer_need - mpa::CRC_LEN;
-                if have < pad {
-                    let k = (pad - have).min(n);
-                    self.rx.fold_crc(self.link.crc, &chunk[..k]);
-                }
-                self.rx.trailer_have += n;
-                if self.rx.trailer_have == self.rx.trailer_need {
-                    self.rx_trailer_done(mem);
+                // Pad and CRC field: `mpa::FpduRx`, as `mpa::deframe`.
+                let (n, verdict) = self.rx.fpdu.trailer(chunk);
+                if let Some(verdict) = verdict {
+                    self.rx_trailer_done(verdict, mem);
                 }
                 n
             }
@@ -370,34 +356,32 @@ impl Engine {
         let tagged = d.tagged();
         // RFC 5041 §7.2 / §7.3: unsupported DDP version.
         if d.version() != ddp::DDP_VERSION {
-            let code = if tagged {
-                TermCode::DdpTaggedInvalidVersion
-            } else {
-                TermCode::DdpUntaggedInvalidVersion
-            };
-            return self.fatal_rx(code);
+            return self.fatal_rx(Fault::DdpVersion { tagged });
         }
         let ctrl = d.ulp_ctrl();
         // RFC 5040 §7.2: unsupported RDMAP version.
         if rdmap::ctrl_version(ctrl) != rdmap::RDMAP_VERSION {
-            return self.fatal_rx(TermCode::RdmapInvalidVersion);
+            return self.fatal_rx(Fault::RdmapVersion);
         }
         let opcode = rdmap::ctrl_opcode(ctrl);
-        let hdr_len = match opcode {
-            Opcode::RdmaWrite | Opcode::ReadResponse if tagged => ddp::TAGGED_HDR_LEN,
-            Opcode::Send
-            | Opcode::SendInvalidate
-            | Opcode::SendSe
-            | Opcode::SendSeInvalidate
-            | Opcode::Terminate
-                if !tagged =>
-            {
-                ddp::UNTAGGED_HDR_LEN
-            }
-            Opcode::ReadRequest if !tagged => ddp::UNTAGGED_HDR_LEN + rdmap::READ_REQUEST_LEN,
-            // RFC 5040 §4.3 / §7.2: an opcode we do not know, or one used
-            // with the wrong DDP model (e.g. an untagged RDMA Write).
-            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+        // RFC 5040 §4.2 / §7: an opcode we do not know, or one used with the
+        // wrong DDP model (e.g. an untagged RDMA Write). The header lengths
+        // are the one table, `Opcode::ulp_header_len`.
+        let (Some(model), Some(ulp_hdr_len)) = (opcode.is_tagged(), opcode.ulp_header_len()) else {
+            return self.fatal_rx(Fault::UnexpectedOpcode);
+        };
+        if model != tagged {
+            return self.fatal_rx(Fault::UnexpectedOpcode);
+        }
+        // The bytes gathered before the payload. A Terminate's 4-byte
+        // control field is gathered with its optional copied headers as
+        // the body `terminate::Packet` parses and length-checks, so a
+        // Terminate too short for it is reported by that parse (and taken
+        // as an unspecified error from the peer), not as a framing error.
+        let hdr_len = if opcode == Opcode::Terminate {
+            ulp_hdr_len - terminate::HDR_LEN
+        } else {
+            ulp_hdr_len
         };
         // RFC 5044 §4.1: the ULPDU length must cover the DDP/RDMAP header.
         // A Read Request carries no payload (RFC 5040 §4.4); a Terminate's
@@ -406,24 +390,27 @@ impl Engine {
             || (opcode == Opcode::ReadRequest && ulpdu_len != hdr_len)
             || (opcode == Opcode::Terminate && ulpdu_len - hdr_len > TERM_BODY_MAX);
         if bad_len {
-            return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+            // The framing error `mpa::deframe` reports for a ULPDU too
+            // short to frame a DDP segment (the engine knows the opcode, so
+            // it checks against this opcode's header).
+            return self.fatal_rx(mpa::FpduError::LengthTooShort.fault());
         }
-        self.rx.ulpdu_len = ulpdu_len;
+        self.rx.fpdu.begin(ulpdu_len);
         self.rx.opcode = opcode;
         self.rx.last = d.last();
         self.rx.hdr_need = mpa::ULPDU_LEN_FIELD + hdr_len;
     }
 
-    fn fatal_rx(&mut self, code: TermCode) {
+    fn fatal_rx(&mut self, fault: Fault) {
         let have = self.rx.hdr_have;
         let hdr = self.rx.hdr;
-        self.fatal(code, Some(&hdr[..have]));
+        self.fatal(fault, Some(&hdr[..have]));
     }
 
     /// The whole DDP/RDMAP header is in: validate it and set up placement.
     fn rx_header_done(&mut self, mem: &dyn MemoryAccess) {
         let hdr_len = self.rx.hdr_need - mpa::ULPDU_LEN_FIELD;
-        let payload_len = (self.rx.ulpdu_len - hdr_len) as u32;
+        let payload_len = (self.rx.fpdu.ulpdu_len() - hdr_len) as u32;
         let hdr = self.rx.hdr;
         let d = ddp::Packet::new_unchecked(&hdr[mpa::ULPDU_LEN_FIELD..]);
         let pd = self.cfg.pd;
@@ -437,7 +424,7 @@ impl Engine {
                 // is not checked, as in siw.
                 if payload_len > 0 {
                     if let Err(e) = mem.check(stag, to, payload_len, pd, Access::REMOTE_WRITE) {
-                        return self.fatal_rx(term_code_for_tagged(e));
+                        return self.fatal_rx(Fault::TaggedSink(e));
                     }
                 }
                 Seg::Tagged {
@@ -451,17 +438,17 @@ impl Engine {
                 // RFC 5040 §5.2: a Read Response must answer the oldest
                 // outstanding Read Request, in order and within its size.
                 let Some(head) = self.orq.front().copied() else {
-                    return self.fatal_rx(TermCode::RdmapUnexpectedOpcode);
+                    return self.fatal_rx(Fault::UnexpectedOpcode);
                 };
                 if stag != head.sink_stag {
-                    return self.fatal_rx(TermCode::DdpTaggedInvalidStag);
+                    return self.fatal_rx(Fault::TaggedSink(MemError::InvalidStag));
                 }
                 let end = head.placed as u64 + payload_len as u64;
                 if to != head.sink_to.wrapping_add(head.placed as u64)
                     || end > head.size as u64
                     || (last && end != head.size as u64)
                 {
-                    return self.fatal_rx(TermCode::DdpTaggedBaseBounds);
+                    return self.fatal_rx(Fault::TaggedSink(MemError::Bounds));
                 }
                 if payload_len > 0 {
                     if let Err(e) = mem.check(stag, to, payload_len, pd, Access::LOCAL_WRITE) {
@@ -469,7 +456,7 @@ impl Engine {
                             slot.status = Some(WcStatus::LocProtErr);
                             slot.sent = true;
                         }
-                        return self.fatal_rx(term_code_for_tagged(e));
+                        return self.fatal_rx(Fault::TaggedSink(e));
                     }
                 }
                 Seg::Tagged {
@@ -484,19 +471,19 @@ impl Engine {
             | Opcode::SendSeInvalidate) => {
                 // RFC 5041 §5.1, §7.3: untagged queue 0, in-order MSN and MO.
                 if d.qn() != rdmap::QN_SEND {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                    return self.fatal_rx(Fault::UntaggedQn);
                 }
                 if d.msn() != self.rx.msn[0] {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                    return self.fatal_rx(Fault::UntaggedMsn);
                 }
                 if self.rx.cur_recv.is_none() {
                     if d.mo() != 0 {
-                        return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                        return self.fatal_rx(Fault::UntaggedMo);
                     }
                     // RFC 5040 §5.3: a Send needs a posted receive; iWARP
                     // has no receiver-not-ready retry, so this is fatal.
                     let Some(wr) = self.rq.pop_front() else {
-                        return self.fatal_rx(TermCode::DdpUntaggedNoBuffer);
+                        return self.fatal_rx(Fault::UntaggedNoBuffer);
                     };
                     for sge in wr.sgl.as_slice().iter().filter(|s| s.length > 0) {
                         if mem
@@ -505,7 +492,7 @@ impl Engine {
                         {
                             self.completions
                                 .push_back(recv_wc(wr.wr_id, WcStatus::LocProtErr, 0));
-                            return self.fatal_rx(TermCode::DdpCatastrophic);
+                            return self.fatal_rx(Fault::DdpLocal);
                         }
                     }
                     let inval = matches!(op, Opcode::SendInvalidate | Opcode::SendSeInvalidate);
@@ -522,36 +509,36 @@ impl Engine {
                 }
                 let cur = self.rx.cur_recv.expect("set above");
                 if d.mo() != cur.placed {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                    return self.fatal_rx(Fault::UntaggedMo);
                 }
                 if cur.placed as u64 + payload_len as u64 > cur.cap as u64 {
                     self.rx.cur_recv = None;
                     self.completions
                         .push_back(recv_wc(cur.wr_id, WcStatus::LocLenErr, 0));
-                    return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                    return self.fatal_rx(Fault::UntaggedTooLong);
                 }
                 Seg::Send
             }
             Opcode::ReadRequest => {
                 if d.qn() != rdmap::QN_READ_REQUEST {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidQn);
+                    return self.fatal_rx(Fault::UntaggedQn);
                 }
                 if d.msn() != self.rx.msn[1] {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMsnRange);
+                    return self.fatal_rx(Fault::UntaggedMsn);
                 }
                 if d.mo() != 0 || !last {
-                    return self.fatal_rx(TermCode::DdpUntaggedInvalidMo);
+                    return self.fatal_rx(Fault::UntaggedMo);
                 }
                 // RFC 5040 §5.2 / RFC 6581 §3: at most IRD Read Requests
                 // outstanding; siw answers an overflow with this code.
                 if self.irq.len() >= self.link.ird as usize {
-                    return self.fatal_rx(TermCode::RdmapCatastrophicStream);
+                    return self.fatal_rx(Fault::IrdExceeded);
                 }
                 let rr_bytes = &hdr[mpa::ULPDU_LEN_FIELD + ddp::UNTAGGED_HDR_LEN..MAX_HDR];
                 let Ok(rr) =
                     rdmap::ReadRequestRepr::parse(&rdmap::ReadRequest::new_unchecked(rr_bytes))
                 else {
-                    return self.fatal_rx(TermCode::MpaInvalidUlpduLen);
+                    return self.fatal_rx(Fault::UlpduLength);
                 };
                 self.irq.push_back(IrqEntry {
                     sink_stag: rr.sink_stag,
@@ -568,11 +555,10 @@ impl Engine {
                 self.rx.term_have = 0;
                 Seg::Terminate
             }
-            _ => return self.fatal_rx(TermCode::RdmapUnexpectedOpcode),
+            _ => return self.fatal_rx(Fault::UnexpectedOpcode),
         };
         self.rx.seg = seg;
         self.rx.payload_rem = payload_len;
-        self.rx.trailer_need = mpa::pad_len(self.rx.ulpdu_len) + mpa::CRC_LEN;
         self.rx.phase = if payload_len > 0 {
             Phase::Payload
         } else {
@@ -585,21 +571,21 @@ impl Engine {
         match self.rx.seg {
             Seg::Tagged { stag, to, .. } => {
                 if let Err(e) = mem.write(stag, to, bytes) {
-                    return self.fatal_rx(term_code_for_tagged(e));
+                    return self.fatal_rx(Fault::TaggedSink(e));
                 }
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.advance_tagged(n);
             }
             Seg::Send => {
                 let Some(cur) = self.rx.cur_recv else {
-                    return self.fatal_rx(TermCode::DdpCatastrophic);
+                    return self.fatal_rx(Fault::DdpLocal);
                 };
                 let mut probe = cur;
                 let mut rest = bytes;
                 while !rest.is_empty() {
                     let Some((sge, off)) = probe.next_space() else {
                         // Bounded by the capacity check in the header.
-                        return self.fatal_rx(TermCode::DdpUntaggedTooLong);
+                        return self.fatal_rx(Fault::UntaggedTooLong);
                     };
                     let k = ((sge.length - off) as usize).min(rest.len());
                     if mem
@@ -609,12 +595,12 @@ impl Engine {
                         self.rx.cur_recv = None;
                         self.completions
                             .push_back(recv_wc(cur.wr_id, WcStatus::LocProtErr, 0));
-                        return self.fatal_rx(TermCode::DdpCatastrophic);
+                        return self.fatal_rx(Fault::DdpLocal);
                     }
                     probe.advance(k as u32);
                     rest = &rest[k..];
                 }
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.advance_send(n);
             }
             Seg::Terminate => {
@@ -622,11 +608,11 @@ impl Engine {
                 let k = bytes.len().min(TERM_BODY_MAX - have);
                 self.rx.term_body[have..have + k].copy_from_slice(&bytes[..k]);
                 self.rx.term_have += k;
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.rx.payload_rem -= n;
             }
             Seg::None => {
-                self.rx.fold_crc(self.link.crc, bytes);
+                self.rx.fpdu.fold(bytes);
                 self.rx.payload_rem -= n;
             }
         }
@@ -673,15 +659,14 @@ impl Engine {
 
     /// Pad and CRC are in: verify the CRC, then finish the message if this
     /// was its last segment.
-    fn rx_trailer_done(&mut self, mem: &dyn MemoryAccess) {
-        let pad = self.rx.trailer_need - mpa::CRC_LEN;
-        if self.link.crc {
-            let mut wire = [0u8; 4];
-            wire.copy_from_slice(&self.rx.trailer[pad..pad + 4]);
-            // RFC 5044 §4.4, §7.2: a CRC mismatch is a fatal LLP error.
-            if crc::crc_from_wire(wire) != self.rx.crc {
-                return self.fatal_rx(TermCode::MpaCrcError);
-            }
+    fn rx_trailer_done(
+        &mut self,
+        verdict: core::result::Result<(), mpa::FpduError>,
+        mem: &dyn MemoryAccess,
+    ) {
+        // RFC 5044 §4.4: a CRC mismatch is a fatal LLP error.
+        if let Err(e) = verdict {
+            return self.fatal_rx(e.fault());
         }
         let last = self.rx.last;
         let seg = self.rx.seg;
@@ -713,7 +698,7 @@ impl Engine {
                     if mem.invalidate(stag, self.cfg.pd).is_err() {
                         self.completions
                             .push_back(recv_wc(cur.wr_id, WcStatus::RemInvReqErr, 0));
-                        return self.fatal(TermCode::RdmapCannotInvalidate, None);
+                        return self.fatal(Fault::CannotInvalidate, None);
                     }
                     wc.invalidated_rkey = Some(stag);
                 }

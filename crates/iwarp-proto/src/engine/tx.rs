@@ -227,7 +227,7 @@ impl Engine {
             slot.sent = true;
         }
         // RFC 5040 §4.8: RDMAP layer, local catastrophic error.
-        self.fatal(TermCode::from_wire(0, 0, 0), None);
+        self.fatal(Fault::RdmapLocal, None);
     }
 
     fn start_send_or_write(&mut self, wr: SendWr, mem: &dyn MemoryAccess) {
@@ -290,7 +290,7 @@ impl Engine {
                 self.cfg.pd,
                 Access::REMOTE_READ,
             ) {
-                return self.fatal(term_code_for_read_source(err), Some(&e.hdr));
+                return self.fatal(Fault::ReadSource(err), Some(&e.hdr));
             }
         }
         self.tx.cursor = Some(Cursor {
@@ -471,7 +471,7 @@ impl Engine {
                     slot.sent = true;
                 }
             }
-            self.fatal(TermCode::from_wire(0, 0, 0), None);
+            self.fatal(Fault::RdmapLocal, None);
             return false;
         }
         cur.off += n;

@@ -564,14 +564,19 @@ pub enum FpduError {
 }
 
 impl FpduError {
+    /// The cause, for the Terminate mapping ([`crate::fault::term_code`]).
+    pub fn fault(&self) -> crate::fault::Fault {
+        use crate::fault::Fault;
+        match self {
+            FpduError::LengthTooShort => Fault::UlpduLength,
+            FpduError::CrcMismatch { .. } => Fault::FpduCrc,
+        }
+    }
+
     /// The Terminate code for this error: LLP CRC error, or the "FPDU
     /// start" code for a length that cannot frame a DDP segment.
     pub fn term_code(&self) -> super::terminate::TermCode {
-        use super::terminate::TermCode;
-        match self {
-            FpduError::LengthTooShort => TermCode::MpaInvalidUlpduLen,
-            FpduError::CrcMismatch { .. } => TermCode::MpaCrcError,
-        }
+        crate::fault::term_code(self.fault())
     }
 }
 
@@ -593,11 +598,145 @@ impl fmt::Display for FpduError {
 
 impl std::error::Error for FpduError {}
 
+/// The FPDU CRC check of RFC 5044 §4.4, shared by [`deframe`] and the
+/// engine's streaming receive path: `computed` is the CRC32C of the FPDU
+/// (length field, ULPDU, pad; markers too when present), `field` the 4
+/// bytes of its CRC field as received.
+pub fn check_crc(computed: u32, field: [u8; CRC_LEN]) -> core::result::Result<(), FpduError> {
+    let received = crc::crc_from_wire(field);
+    if computed == received {
+        Ok(())
+    } else {
+        Err(FpduError::CrcMismatch {
+            expected: computed,
+            received,
+        })
+    }
+}
+
+/// The FPDU receive state shared by [`deframe`] and the engine's streaming
+/// receive path (RFC 5044 §4): the ULPDU length, the running CRC32C and the
+/// trailer (pad and CRC field), collected across any split of the input.
+///
+/// Per FPDU: [`FpduRx::begin`] with the ULPDU length, [`FpduRx::fold`] every
+/// byte the CRC covers as it arrives (length field, ULPDU; markers are the
+/// caller's), then [`FpduRx::trailer`] with the bytes after the ULPDU until
+/// it returns the verdict; [`FpduRx::reset`] before the next FPDU.
+#[derive(Debug, Clone, Copy)]
+pub struct FpduRx {
+    crc_on: bool,
+    crc: u32,
+    ulpdu_len: usize,
+    trailer: [u8; 3 + CRC_LEN],
+    trailer_have: usize,
+    trailer_need: usize,
+}
+
+impl FpduRx {
+    /// A receiver that checks the CRC field when `crc_on` (RFC 5044 §7.1.2
+    /// C flag) and skips it unchecked otherwise.
+    pub const fn new(crc_on: bool) -> FpduRx {
+        FpduRx {
+            crc_on,
+            crc: 0,
+            ulpdu_len: 0,
+            trailer: [0; 3 + CRC_LEN],
+            trailer_have: 0,
+            trailer_need: CRC_LEN,
+        }
+    }
+
+    /// Ready for the next FPDU.
+    #[inline]
+    pub fn reset(&mut self) {
+        self.crc = 0;
+        self.trailer_have = 0;
+    }
+
+    /// The FPDU's ULPDU length field has been read: sizes its trailer.
+    #[inline]
+    pub fn begin(&mut self, ulpdu_len: usize) {
+        self.ulpdu_len = ulpdu_len;
+        self.trailer_need = pad_len(ulpdu_len) + CRC_LEN;
+    }
+
+    /// The ULPDU length given to [`FpduRx::begin`].
+    #[inline]
+    pub fn ulpdu_len(&self) -> usize {
+        self.ulpdu_len
+    }
+
+    /// Whether the CRC is checked.
+    #[inline]
+    pub fn crc_on(&self) -> bool {
+        self.crc_on
+    }
+
+    /// Adds bytes the CRC covers (a no-op without CRC).
+    #[inline]
+    pub fn fold(&mut self, bytes: &[u8]) {
+        if self.crc_on {
+            self.crc = crc::crc32c_append(self.crc, bytes);
+        }
+    }
+
+    /// The running CRC, for a caller that folds bytes it visits elsewhere
+    /// (see [`FpduRx::set_running_crc`]).
+    #[inline]
+    pub fn running_crc(&self) -> u32 {
+        self.crc
+    }
+
+    /// Replaces the running CRC (after folding bytes outside [`FpduRx::fold`]).
+    #[inline]
+    pub fn set_running_crc(&mut self, crc: u32) {
+        self.crc = crc;
+    }
+
+    /// True while the next trailer byte belongs to the CRC field (a marker
+    /// there is not covered by the CRC, RFC 5044 §4.4).
+    #[inline]
+    pub fn in_crc_field(&self) -> bool {
+        self.trailer_have > self.trailer_need - CRC_LEN
+    }
+
+    /// Takes trailer bytes (pad, then CRC field) from the front of `chunk`,
+    /// folding the pad into the CRC as it goes. Returns the bytes taken and,
+    /// once the CRC field is complete, the verdict of [`check_crc`].
+    #[inline]
+    pub fn trailer(
+        &mut self,
+        chunk: &[u8],
+    ) -> (usize, Option<core::result::Result<(), FpduError>>) {
+        let have = self.trailer_have;
+        let n = (self.trailer_need - have).min(chunk.len());
+        self.trailer[have..have + n].copy_from_slice(&chunk[..n]);
+        // Pad bytes are covered by the CRC (RFC 5044 §4.4); fold them now
+        // so a marker inside the trailer keeps its order.
+        let pad = self.trailer_need - CRC_LEN;
+        if have < pad {
+            let k = (pad - have).min(n);
+            self.fold(&chunk[..k]);
+        }
+        self.trailer_have += n;
+        if self.trailer_have < self.trailer_need {
+            return (n, None);
+        }
+        if !self.crc_on {
+            return (n, Some(Ok(())));
+        }
+        let mut field = [0u8; CRC_LEN];
+        field.copy_from_slice(&self.trailer[pad..pad + CRC_LEN]);
+        (n, Some(check_crc(self.crc, field)))
+    }
+}
+
 /// Smallest ULPDU [`deframe`] accepts: a tagged DDP header.
 pub const MIN_ULPDU_LEN: usize = super::ddp::TAGGED_HDR_LEN;
 
 /// Takes one FPDU from the front of `buf` (no markers; `buf` starts at an
-/// FPDU boundary).
+/// FPDU boundary), with the [`FpduRx`] state machine the engine's
+/// streaming receive path uses.
 ///
 /// Returns `NeedMore` until the whole FPDU, CRC field included, is in
 /// `buf`: siw often sends the 4 CRC bytes in a segment of their own. With
@@ -615,15 +754,14 @@ pub fn deframe(buf: &[u8], crc: bool) -> core::result::Result<Deframe<'_>, FpduE
     if buf.len() < total {
         return Ok(Deframe::NeedMore);
     }
-    if crc {
-        let body = &buf[..total - CRC_LEN];
-        let expected = crc::crc32c(body);
-        let mut raw = [0u8; 4];
-        raw.copy_from_slice(&buf[total - CRC_LEN..total]);
-        let received = crc::crc_from_wire(raw);
-        if expected != received {
-            return Err(FpduError::CrcMismatch { expected, received });
-        }
+    // The same FPDU state machine as the engine's receive path.
+    let mut rx = FpduRx::new(crc);
+    rx.begin(ulpdu_len);
+    let body_end = ULPDU_LEN_FIELD + ulpdu_len;
+    rx.fold(&buf[..body_end]);
+    match rx.trailer(&buf[body_end..total]) {
+        (_, Some(verdict)) => verdict?,
+        (_, None) => unreachable!("the whole trailer is in the buffer"),
     }
     Ok(Deframe::Frame {
         ulpdu: &buf[ULPDU_LEN_FIELD..ULPDU_LEN_FIELD + ulpdu_len],
@@ -654,6 +792,40 @@ mod tests {
     const SIW_DEFAULT_REQ: [u8; 24] = *b"MPA ID Req Frame\x10\x02\x00\x04\x00\x01\x00\x01";
     /// siw-p2p.pcap, the peer-to-peer MPA Request.
     const SIW_P2P_REQ: [u8; 24] = *b"MPA ID Req Frame\x10\x02\x00\x04\x80\x01\xc0\x01";
+
+    /// `FpduRx` fed an FPDU in any two pieces gives `deframe`'s verdict.
+    #[test]
+    fn fpdu_rx_resumes_across_any_split() {
+        for ulen in [14usize, 15, 17, 22, 40] {
+            let ulpdu: Vec<u8> = (0..ulen as u8).collect();
+            for crc in [false, true] {
+                let mut good = Vec::new();
+                emit_fpdu(&ulpdu, crc, &mut good);
+                let mut bad = good.clone();
+                *bad.last_mut().unwrap() ^= 1;
+                for (fpdu, ok) in [(&good, true), (&bad, !crc)] {
+                    assert_eq!(deframe(fpdu, crc).is_ok(), ok);
+                    let body = ULPDU_LEN_FIELD + ulen;
+                    for cut in body..=fpdu.len() {
+                        let mut rx = FpduRx::new(crc);
+                        rx.begin(ulen);
+                        rx.fold(&fpdu[..body]);
+                        let (n, v) = rx.trailer(&fpdu[body..cut]);
+                        assert_eq!(n, cut - body);
+                        let v = match v {
+                            Some(v) => v,
+                            None => {
+                                let (m, v) = rx.trailer(&fpdu[cut..]);
+                                assert_eq!(m, fpdu.len() - cut);
+                                v.expect("trailer complete")
+                            }
+                        };
+                        assert_eq!(v.is_ok(), ok, "ulen {ulen} crc {crc} cut {cut}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn pad_and_len() {

@@ -128,10 +128,15 @@ impl Opcode {
         matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
     }
 
-    /// Bytes of DDP plus RDMAP header before the payload (as siw's
-    /// `iwarp_pktinfo`, without the MPA length): Write/Read Response 14,
-    /// Sends 18, Read Request 18 + 28, Terminate 18 + 4 (its optional
-    /// copied headers follow). `None` for unknown opcodes.
+    /// Bytes of DDP plus fixed RDMAP header every message of this opcode
+    /// starts with (as siw's `iwarp_pktinfo`, without the MPA length):
+    /// Write/Read Response 14 (tagged DDP header, RFC 5041 §4.2), Sends 18
+    /// (untagged DDP header, RFC 5041 §4.3), Read Request 18 + 28 (RFC
+    /// 5040 §4.4), Terminate 18 + 4 (its control field, RFC 5040 §4.8;
+    /// the optional copied headers follow). `None` for unknown opcodes.
+    ///
+    /// This is the stack's one per-opcode header-length table: the
+    /// engine's receive path classifies FPDUs with it.
     pub fn ulp_header_len(self) -> Option<usize> {
         use super::{ddp, terminate};
         match self {

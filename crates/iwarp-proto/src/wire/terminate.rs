@@ -106,6 +106,9 @@ pub enum TermCode {
     RdmapUnspecified,
     /// RDMAP local catastrophic error (etype 0; siw sends code 0xFF).
     RdmapLocalCatastrophic,
+    /// RDMAP local catastrophic error with code 0x00, as this stack sends
+    /// it (RFC 6580 registers "0x0/0x0/ALL": any code means the same).
+    RdmapLocalCatastrophicZero,
     /// DDP local catastrophic error (etype 0, code 0).
     DdpCatastrophic,
     /// DDP tagged buffer error 0x00.
@@ -177,6 +180,7 @@ impl TermCode {
             RdmapOperationCannotInvalidate => (0, 2, 0x09),
             RdmapUnspecified => (0, 2, 0xff),
             RdmapLocalCatastrophic => (0, 0, 0xff),
+            RdmapLocalCatastrophicZero => (0, 0, 0x00),
             DdpCatastrophic => (1, 0, 0x00),
             DdpTaggedInvalidStag => (1, 1, 0x00),
             DdpTaggedBaseBounds => (1, 1, 0x01),
@@ -224,6 +228,7 @@ impl TermCode {
             (0, 2, 0x09) => RdmapOperationCannotInvalidate,
             (0, 2, 0xff) => RdmapUnspecified,
             (0, 0, 0xff) => RdmapLocalCatastrophic,
+            (0, 0, 0x00) => RdmapLocalCatastrophicZero,
             (1, 0, 0x00) => DdpCatastrophic,
             (1, 1, 0x00) => DdpTaggedInvalidStag,
             (1, 1, 0x01) => DdpTaggedBaseBounds,
@@ -273,7 +278,9 @@ impl TermCode {
             RdmapCatastrophicGlobal => "RDMAP: catastrophic error, global to the RNIC",
             RdmapOperationCannotInvalidate => "RDMAP: the STag cannot be invalidated",
             RdmapUnspecified => "RDMAP: unspecified remote operation error",
-            RdmapLocalCatastrophic => "RDMAP: the peer hit a local catastrophic error",
+            RdmapLocalCatastrophic | RdmapLocalCatastrophicZero => {
+                "RDMAP: the peer hit a local catastrophic error"
+            }
             DdpCatastrophic => "DDP: the peer hit a local catastrophic error",
             DdpTaggedInvalidStag => "DDP: the tagged segment names an invalid STag",
             DdpTaggedBaseBounds => "DDP: the tagged segment falls outside the buffer's base and bounds",
