@@ -15,8 +15,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -78,24 +77,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn write_random(path: &Path, len: usize, seed: u64) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let mut x = seed | 1;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        for c in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-        }
-        let n = left.min(buf.len());
-        f.write_all(&buf[..n]).unwrap();
-        left -= n;
-    }
 }
 
 /// Run rftp with `args`; kill it after [`BOUND`] (which fails the test).
@@ -181,9 +162,9 @@ impl Rig {
         // --ftp-passive: plain FTP data connections (EPSV) go through the
         // control relay as its mapping 1.
         let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults, &["--ftp-passive"]);
-        write_random(&server.root.join("src.bin"), size, 0x5eed);
+        common::write_random(&server.root.join("src.bin"), size, 0x5eed);
         let local = tempfile::tempdir().unwrap();
-        write_random(&local.path().join("up.bin"), size, 0xfeed);
+        common::write_random(&local.path().join("up.bin"), size, 0xfeed);
         Rig {
             server,
             _data: data,

@@ -10,6 +10,8 @@
 //!
 //! `RFTP_BIG=1` moves 1 GiB instead of 64 MiB in the transfer test.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -155,30 +157,12 @@ fn rftp(args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-fn write_random(path: &Path, len: usize) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        for c in buf.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
-        }
-        let n = left.min(buf.len());
-        f.write_all(&buf[..n]).unwrap();
-        left -= n;
-    }
-}
-
 #[test]
 fn transfers_over_rdma_and_tcp_with_1_and_8_streams() {
     let s = server();
     let big = std::env::var_os("RFTP_BIG").is_some();
     let len = if big { 1 << 30 } else { (64 << 20) + 12_345 };
-    write_random(&s.root.join("src.bin"), len);
+    common::write_random(&s.root.join("src.bin"), len, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&s.root.join("src.bin")).unwrap();
     let local = tempfile::tempdir().unwrap();
     let cases: &[(&str, &[&str])] = &[
@@ -227,7 +211,7 @@ fn transfers_over_rdma_and_tcp_with_1_and_8_streams() {
     // Sizes that are not multiples of the block size, and an empty file.
     for len in [0usize, 1, 4095, 1 << 20, (1 << 20) + 1] {
         let name = format!("n{len}.bin");
-        write_random(&s.root.join(&name), len);
+        common::write_random(&s.root.join(&name), len, 0x9e37_79b9_7f4a_7c15);
         let out = local.path().join(&name);
         let (ok, text) = rftp(&[
             "get",
@@ -255,7 +239,7 @@ fn transfers_over_rdma_and_tcp_with_1_and_8_streams() {
 #[test]
 fn python_ftplib_against_rftpd() {
     let s = server();
-    write_random(&s.root.join("f.bin"), 300_000);
+    common::write_random(&s.root.join("f.bin"), 300_000, 0x9e37_79b9_7f4a_7c15);
     let script = r#"
 import ftplib, io, sys, hashlib
 port = int(sys.argv[1])
@@ -317,7 +301,7 @@ fn curl(args: &[&str]) -> Output {
 #[test]
 fn curl_against_rftpd() {
     let s = server();
-    write_random(&s.root.join("c.bin"), 1_000_000);
+    common::write_random(&s.root.join("c.bin"), 1_000_000, 0x9e37_79b9_7f4a_7c15);
     let local = tempfile::tempdir().unwrap();
     let base = format!("ftp://alice:secret@127.0.0.1:{}", s.port);
     // LIST
@@ -373,7 +357,7 @@ fn lftp_against_rftpd_if_installed() {
         return;
     }
     let s = server();
-    write_random(&s.root.join("l.bin"), 2_000_000);
+    common::write_random(&s.root.join("l.bin"), 2_000_000, 0x9e37_79b9_7f4a_7c15);
     let local = tempfile::tempdir().unwrap();
     let script = format!(
         "set cmd:fail-exit yes; set net:max-retries 1; set net:timeout 10; set ftp:ssl-allow no; \
@@ -519,7 +503,7 @@ fn malformed_commands_get_5xx_and_the_server_keeps_serving() {
 fn killed_client_leaves_no_partial_file_and_rest_resumes() {
     let s = server();
     let len = 32 << 20;
-    write_random(&s.root.join("r.bin"), len);
+    common::write_random(&s.root.join("r.bin"), len, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&s.root.join("r.bin")).unwrap();
     let local = tempfile::tempdir().unwrap();
     let out = local.path().join("r.bin");
@@ -588,7 +572,7 @@ fn disk_full_is_an_ftp_error_reply() {
     let s = server_with("", Some("ulimit -f 2048"), &[]);
     let local = tempfile::tempdir().unwrap();
     let src = local.path().join("big.bin");
-    write_random(&src, 8 << 20);
+    common::write_random(&src, 8 << 20, 0x9e37_79b9_7f4a_7c15);
     for mode in [&["--streams", "2"][..], &["--tcp"][..]] {
         let mut args = vec!["put", src.to_str().unwrap()];
         let url = s.url("full.bin");
@@ -606,7 +590,7 @@ fn disk_full_is_an_ftp_error_reply() {
 #[test]
 fn server_without_the_extension_makes_the_client_fall_back() {
     let s = server_with("", None, &["--no-rdma"]);
-    write_random(&s.root.join("p.bin"), 3 << 20);
+    common::write_random(&s.root.join("p.bin"), 3 << 20, 0x9e37_79b9_7f4a_7c15);
     let local = tempfile::tempdir().unwrap();
     let out = local.path().join("p.bin");
     let (ok, text) = rftp(&[
@@ -644,7 +628,7 @@ fn killed_server_leaves_only_the_part_file_and_rest_resumes() {
     let keep = tempfile::tempdir().unwrap();
     let root = keep.path().canonicalize().unwrap();
     let len = 32 << 20;
-    write_random(&root.join("k.bin"), len);
+    common::write_random(&root.join("k.bin"), len, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&root.join("k.bin")).unwrap();
     let local = tempfile::tempdir().unwrap();
     let out = local.path().join("k.bin");
@@ -724,7 +708,7 @@ fn one_gib_over_rdma_verified_by_sha256() {
     };
     let keep = mk();
     let root = keep.path().canonicalize().unwrap();
-    write_random(&root.join("g.bin"), 1 << 30);
+    common::write_random(&root.join("g.bin"), 1 << 30, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&root.join("g.bin")).unwrap();
     let s = server_full("", None, &[], Some(&root));
     let local = mk();
@@ -846,8 +830,8 @@ fn rftp_script(args: &[&str], script: &str) -> (i32, String, String) {
 #[test]
 fn interactive_mode_through_stdin() {
     let s = server();
-    write_random(&s.root.join("a.bin"), 3_000_000);
-    write_random(&s.root.join("ab.bin"), 70_000);
+    common::write_random(&s.root.join("a.bin"), 3_000_000, 0x9e37_79b9_7f4a_7c15);
+    common::write_random(&s.root.join("ab.bin"), 70_000, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&s.root.join("a.bin")).unwrap();
     let local = tempfile::tempdir().unwrap();
     let l = |n: &str| local.path().join(n).to_str().unwrap().to_string();
@@ -951,7 +935,7 @@ fn interactive_mode_through_stdin() {
 #[test]
 fn interactive_mode_notices_a_dead_server() {
     let mut s = server();
-    write_random(&s.root.join("a.bin"), 1000);
+    common::write_random(&s.root.join("a.bin"), 1000, 0x9e37_79b9_7f4a_7c15);
     let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
         .arg(s.url(""))
         .args(["-q", "--timeout", "5"])
@@ -1033,7 +1017,7 @@ fn delay_bridge_adds_rtt_and_carries_an_rdma_session() {
         None,
         &[],
     );
-    write_random(&s.root.join("d.bin"), 5 << 20);
+    common::write_random(&s.root.join("d.bin"), 5 << 20, 0x9e37_79b9_7f4a_7c15);
     let want = sha256_file(&s.root.join("d.bin")).unwrap();
     let (mut b, addrs) = bridge(
         &[

@@ -2,7 +2,7 @@
 // Each test binary that includes this module uses a different part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -86,5 +86,25 @@ impl Server {
     }
     pub fn url(&self, path: &str) -> String {
         format!("ftp://alice:secret@127.0.0.1:{}/{path}", self.port)
+    }
+}
+
+/// Write `len` pseudo-random bytes (xorshift64 from `seed`) to `path`, a
+/// MiB at a time.
+pub fn write_random(path: &std::path::Path, len: usize, seed: u64) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut x = seed | 1;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        for c in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+        }
+        let n = left.min(buf.len());
+        f.write_all(&buf[..n]).unwrap();
+        left -= n;
     }
 }
