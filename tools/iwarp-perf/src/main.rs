@@ -153,6 +153,22 @@ struct Cli {
     inject_corruption: bool,
 }
 
+/// `println!` for the report: when the reader has gone (`iwarp-perf ... |
+/// head`), stop quietly with status 0, as a C tool ended by SIGPIPE
+/// would, instead of panicking on the broken pipe.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("iwarp-perf: writing the report to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -278,13 +294,13 @@ fn run(cli: &Cli) -> Result<(), String> {
     };
     let first = params_for(cli, test, sizes[0])?;
     if !cli.json {
-        println!("{}", "-".repeat(96));
-        println!(
+        out!("{}", "-".repeat(96));
+        out!(
             " {} (iwarp-perf: software iWARP over TCP{})",
             test_title(test),
             if cli.loopback { ", loopback" } else { "" }
         );
-        println!(
+        out!(
             " QPs: {}   depth: {}   CRC: {}   markers: {}   mode: {}   integrity: {}   {}",
             first.qps,
             first.depth,
@@ -306,10 +322,10 @@ fn run(cli: &Cli) -> Result<(), String> {
             }
         );
         if test == Test::ReadBw && run_iwarp {
-            println!(" (read_bw outstanding Reads are also bounded by the negotiated ORD)");
+            out!(" (read_bw outstanding Reads are also bounded by the negotiated ORD)");
         }
-        println!("{}", "-".repeat(96));
-        println!("{}", report::header(test, cli.compare));
+        out!("{}", "-".repeat(96));
+        out!("{}", report::header(test, cli.compare));
     }
     let mut failed = None;
     for (k, &size) in sizes.iter().enumerate() {
@@ -334,19 +350,19 @@ fn run(cli: &Cli) -> Result<(), String> {
         match (&iw, &tc) {
             (Some(a), Some(b)) if cli.compare => {
                 if cli.json {
-                    println!("{}", report::json_compare(a, b));
+                    out!("{}", report::json_compare(a, b));
                 } else {
-                    println!("{}", report::row(a, true));
-                    println!("{}", report::row(b, true));
-                    println!("{}", report::ratio_row(a, b));
+                    out!("{}", report::row(a, true));
+                    out!("{}", report::row(b, true));
+                    out!("{}", report::ratio_row(a, b));
                 }
             }
             _ => {
                 for m in iw.iter().chain(tc.iter()) {
                     if cli.json {
-                        println!("{}", report::json_one(m));
+                        out!("{}", report::json_one(m));
                     } else {
-                        println!("{}", report::row(m, false));
+                        out!("{}", report::row(m, false));
                     }
                 }
             }
@@ -362,14 +378,16 @@ fn run(cli: &Cli) -> Result<(), String> {
                 if !cli.json {
                     eprintln!(
                         " integrity: {} {} bytes: {} messages verified",
-                        m.transport, size, m.verified
+                        m.transport,
+                        size,
+                        m.verified
                     );
                 }
             }
         }
     }
     if !cli.json {
-        println!("{}", "-".repeat(96));
+        out!("{}", "-".repeat(96));
     }
     failed.map_or(Ok(()), Err)
 }

@@ -417,3 +417,40 @@ fn iwarp_crc_env_forces_and_refuses() {
     assert_ne!(out.code, Some(0), "{}", out.stdout);
     assert!(out.stderr.contains("IWARP_CRC"), "{}", out.stderr);
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_the_run_quietly() {
+    // `iwarp-perf ... | head -1`: the report's later lines meet a closed
+    // pipe, which must end the run with status 0 and no panic.
+    let mut child = Command::new(BIN)
+        .args(["--loopback", "write_bw", "-s", "65536", "-n", "200"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn iwarp-perf");
+    let mut so = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    so.read_exact(&mut first)
+        .expect("the first byte of the report");
+    drop(so);
+    let mut se = child.stderr.take().unwrap();
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("iwarp-perf did not end after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = t_err.join().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
