@@ -378,9 +378,7 @@ fn run(cli: &Cli) -> Result<(), String> {
                 if !cli.json {
                     eprintln!(
                         " integrity: {} {} bytes: {} messages verified",
-                        m.transport,
-                        size,
-                        m.verified
+                        m.transport, size, m.verified
                     );
                 }
             }
