@@ -26,6 +26,18 @@ pub const MSG_BUF: usize = 1024;
 pub const GRANT_LEN: usize = 16;
 /// Most grants one message carries (batch mode).
 pub const MAX_GRANTS: usize = (MSG_BUF - HEADER_LEN) / GRANT_LEN;
+/// Most bytes of an `Abort` reason: what fits in one message buffer.
+pub const MAX_REASON: usize = MSG_BUF - HEADER_LEN;
+
+/// `reason` cut to at most [`MAX_REASON`] bytes at a character boundary,
+/// so what is sent is valid UTF-8 and parses back to itself.
+fn clip(reason: &str) -> &str {
+    let mut n = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(n) {
+        n -= 1;
+    }
+    &reason[..n]
+}
 
 mod field {
     use std::ops::Range;
@@ -152,7 +164,7 @@ impl Msg {
         HEADER_LEN
             + match self {
                 Msg::Grant { grants, .. } => grants.len() * GRANT_LEN,
-                Msg::Abort { reason } => reason.len().min(MSG_BUF - HEADER_LEN),
+                Msg::Abort { reason } => clip(reason).len(),
                 _ => 0,
             }
     }
@@ -220,7 +232,7 @@ impl Msg {
             Msg::Fin { bytes } => (T_FIN, 0, *bytes, 0, 0),
             Msg::Abort { reason } => {
                 let n = len - HEADER_LEN;
-                buf[HEADER_LEN..].copy_from_slice(&reason.as_bytes()[..n]);
+                buf[HEADER_LEN..].copy_from_slice(&clip(reason).as_bytes()[..n]);
                 (T_ABORT, n, 0, 0, 0)
             }
             Msg::Credit => (T_CREDIT, 0, 0, 0, 0),
@@ -314,14 +326,20 @@ impl Msg {
             },
             T_FIN => Msg::Fin { bytes: a },
             T_ABORT => {
-                if tail.len() < count {
+                // A reason longer than a message buffer cannot come from a
+                // peer that follows this format (the fuzzer found the
+                // round trip breaking on one).
+                if count > MAX_REASON || tail.len() < count {
                     return Err(MsgError::BadCount {
                         count,
                         len: buf.len(),
                     });
                 }
+                // Invalid UTF-8 becomes U+FFFD, which can make the text
+                // longer than what arrived: keep it within one buffer.
+                let text = String::from_utf8_lossy(&tail[..count]);
                 Msg::Abort {
-                    reason: String::from_utf8_lossy(&tail[..count]).into_owned(),
+                    reason: clip(&text).to_owned(),
                 }
             }
             T_CREDIT => Msg::Credit,
@@ -391,6 +409,46 @@ mod tests {
             reason: "disk full".into(),
         });
         roundtrip(Msg::Credit);
+    }
+
+    #[test]
+    fn abort_reasons_stay_within_one_buffer_and_round_trip() {
+        // Too long on the wire: refused.
+        let mut buf = vec![0u8; 2 * MSG_BUF];
+        let n = Msg::Abort { reason: "x".into() }.emit(0, &mut buf);
+        let count = (MAX_REASON + 1) as u16;
+        buf[field::COUNT].copy_from_slice(&count.to_be_bytes());
+        assert!(n < buf.len());
+        assert!(matches!(
+            Msg::parse(&buf[..HEADER_LEN + MAX_REASON + 1]),
+            Err(MsgError::BadCount { .. })
+        ));
+        // Invalid UTF-8 at full length grows when replaced (1 byte -> 3):
+        // the parsed reason is clipped at a character boundary and then
+        // round-trips.
+        let mut m = vec![0u8; MSG_BUF];
+        Msg::Abort {
+            reason: "y".repeat(MAX_REASON),
+        }
+        .emit(0, &mut m);
+        m[HEADER_LEN..].fill(0xff);
+        let (parsed, _) = Msg::parse(&m).unwrap();
+        let Msg::Abort { reason } = &parsed else {
+            panic!("not an Abort: {parsed:?}")
+        };
+        assert!(reason.len() <= MAX_REASON && reason.starts_with('\u{fffd}'));
+        let mut again = vec![0u8; parsed.buffer_len()];
+        let k = parsed.emit(0, &mut again);
+        assert_eq!(Msg::parse(&again[..k]).unwrap().0, parsed);
+        // A long reason of multi-byte characters is cut at a boundary.
+        let long = Msg::Abort {
+            reason: "é".repeat(MAX_REASON),
+        };
+        assert!(long.buffer_len() - HEADER_LEN <= MAX_REASON);
+        let mut out = vec![0u8; long.buffer_len()];
+        let k = long.emit(0, &mut out);
+        let (back, _) = Msg::parse(&out[..k]).unwrap();
+        assert!(matches!(back, Msg::Abort { ref reason } if reason.chars().all(|c| c == 'é')));
     }
 
     #[test]
