@@ -176,35 +176,14 @@ mod tests {
     /// (testdata/rdma-vectors/ctrl.txt; format in its README.md).
     #[test]
     fn shared_vectors() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../testdata/rdma-vectors/ctrl.txt"
-        );
-        let text = std::fs::read_to_string(path).unwrap();
-        let mut count = 0;
-        let mut failed = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            count += 1;
-            let (want, input) = line.split_once(" |").expect("a \" |\" in every vector");
+        crate::vectors::run("ctrl.txt", |want, input| {
             let hex: Vec<u8> = input.bytes().filter(|&c| c != b' ').collect();
             let bytes: Vec<u8> = hex
                 .chunks(2)
                 .map(|d| u8::from_str_radix(std::str::from_utf8(d).unwrap(), 16).unwrap())
                 .collect();
-            if let Err(why) = check_vector(want, &bytes) {
-                failed.push(format!("ctrl.txt:{}: {why}\n     input: {input}", n + 1));
-            }
-        }
-        assert!(count > 0);
-        assert!(
-            failed.is_empty(),
-            "{} of {count} vectors failed:\n{}",
-            failed.len(),
-            failed.join("\n")
-        );
+            check_vector(want, &bytes)
+        });
     }
 
     fn vector_num(v: &str) -> u64 {

@@ -440,35 +440,11 @@ mod tests {
     /// (testdata/rdma-vectors/header.txt; format in its README.md).
     #[test]
     fn shared_vectors() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../testdata/rdma-vectors/header.txt"
-        );
-        let text = std::fs::read_to_string(path).unwrap();
-        let mut count = 0;
-        let mut failed = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            count += 1;
-            let (want, input) = line.split_once(" |").expect("a \" |\" in every vector");
+        crate::vectors::run("header.txt", |want, input| {
             let input = unescape(input.strip_prefix(' ').unwrap_or(input));
             let got = RdmaHeader::parse(&input).and_then(|h| h.validate_request().map(|()| h));
-            if let Err(why) = check_vector(want, &got) {
-                failed.push(format!(
-                    "header.txt:{}: {why}\n     input: {input:?}",
-                    n + 1
-                ));
-            }
-        }
-        assert!(count > 0);
-        assert!(
-            failed.is_empty(),
-            "{} of {count} vectors failed:\n{}",
-            failed.len(),
-            failed.join("\n")
-        );
+            check_vector(want, &got).map_err(|why| format!("{why} (unescaped: {input:?})"))
+        });
     }
 
     /// Undo the escapes `\\`, `\t`, `\v`, `\f` and `\xHH` of a vector.

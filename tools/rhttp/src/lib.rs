@@ -15,3 +15,37 @@
 pub mod ctrl;
 pub mod header;
 pub mod http;
+
+/// The test vectors shared with mod_rdma's C codecs
+/// (`testdata/rdma-vectors/`; format in its README.md).
+#[cfg(test)]
+pub(crate) mod vectors {
+    /// Run `check(expected, input)` on every vector of `file` (blank lines
+    /// and `#` comments skipped) and fail naming each vector it rejects.
+    pub fn run(file: &str, mut check: impl FnMut(&str, &str) -> Result<(), String>) {
+        let path = format!(
+            "{}/../../testdata/rdma-vectors/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut count = 0;
+        let mut failed = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            count += 1;
+            let (want, input) = line.split_once(" |").expect("a \" |\" in every vector");
+            if let Err(why) = check(want, input) {
+                failed.push(format!("{file}:{}: {why}\n     input: {input}", n + 1));
+            }
+        }
+        assert!(count > 0);
+        assert!(
+            failed.is_empty(),
+            "{} of {count} vectors failed:\n{}",
+            failed.len(),
+            failed.join("\n")
+        );
+    }
+}
