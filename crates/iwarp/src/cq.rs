@@ -1,56 +1,122 @@
-//! Completion queues (`struct ibv_cq`).
+//! Completion queues (`struct ibv_cq`), and the one way to wait for them.
 //!
-//! A CQ is a FIFO of [`WorkCompletion`]s filled by the driver threads (and by
-//! application threads that transmit in `post_send`) and drained by the
-//! application.
+//! A CQ is a FIFO of [`WorkCompletion`]s filled by the provider (driver
+//! threads, or application threads that transmit in `post_send` or do
+//! progress work) and drained by the application with
+//! [`poll`](CompletionQueue::poll) / [`poll_one`](CompletionQueue::poll_one),
+//! which never block (an empty CQ costs one atomic load).
 //!
-//! - **Busy polling.** [`CompletionQueue::poll`] first reads an atomic count;
-//!   an empty CQ costs one atomic load and no lock. A busy-poll loop also
-//!   calls [`CompletionQueue::progress`], which does the pending receive
-//!   work of the CQ's QPs from the polling thread (non-blocking `recv`s,
-//!   placement, completion), so it does not wait for a receive thread to
-//!   be scheduled.
-//! - **Blocking.** [`CompletionQueue::wait`] polls (yielding the CPU) for
-//!   up to 50 µs, then sleeps on a condition variable until the CQ is
-//!   non-empty or the timeout expires. The short poll saves the futex
-//!   sleep/wake pair in request/response traffic, where the completion
-//!   typically arrives within microseconds.
-//! - **Who wakes.** By default a completion arriving in an empty CQ wakes
-//!   every thread sleeping in `wait` ([`WakePolicy::All`]). With
-//!   [`WakePolicy::Newest`] it wakes only the thread that started waiting
-//!   last: a dedicated completion thread plus application threads that
-//!   handle completions themselves while they wait then cost one wake-up
-//!   per completion instead of two (the application thread gets them while
-//!   it waits, the dedicated thread only while nobody else waits).
-//! - **Event loops.** [`CompletionQueue::as_raw_fd`] is an `eventfd` that is
-//!   readable exactly while the CQ holds completions (level-triggered, like a
-//!   pipe with data in it). Register it with epoll/poll for `POLLIN`, then
-//!   call `poll` until it returns 0. Do not `read` the fd yourself: the CQ
-//!   clears it when it becomes empty. (This differs from
-//!   `ibv_get_cq_event`, which is edge-triggered and needs re-arming; a
-//!   level-triggered fd cannot lose a wake-up.)
+//! # Waiting
 //!
-//! The eventfd's counter is changed only under the CQ mutex, on the
-//! transitions empty → non-empty (write 1) and non-empty → empty (read),
-//! so its readability always matches the queue.
+//! There is one call, [`CompletionQueue::wait`] (and
+//! [`wait_one`](CompletionQueue::wait_one) on top of it), plus one
+//! descriptor for event loops, [`CompletionQueue::as_raw_fd`]. What they
+//! do is set once per CQ with [`CompletionQueue::set_progress`], which
+//! decides who does the receive work of the CQ's queue pairs while the
+//! application waits ([`ProgressMode`]):
+//!
+//! | mode | who reads the sockets | `wait` | `as_raw_fd` |
+//! |---|---|---|---|
+//! | [`Threaded`](ProgressMode::Threaded) (default) | the provider's receive threads | polls (yielding) for `spin`, then sleeps until a completion arrives | an eventfd, readable while the CQ is non-empty |
+//! | [`BusyPoll`](ProgressMode::BusyPoll) | the waiting thread, in a loop (the receive threads step aside) | never sleeps: does the receive work until a completion arrives | the same eventfd |
+//! | [`AppDriven`](ProgressMode::AppDriven) | only application threads (the receive threads stay parked) | does the receive work, then sleeps in `poll(2)` on the sockets and the eventfd | an epoll set of the eventfd and the sockets; `poll` does the receive work when the CQ is empty |
+//!
+//! Threaded suits most programs, and is the only mode in which one-sided
+//! operations (a peer's RDMA Write or Read) progress while no application
+//! thread waits or polls. BusyPoll gives the lowest latency at the cost of
+//! a CPU. AppDriven suits an event loop that waits for several things at
+//! once (a CQ and an HTTP socket): the data is read by the thread that
+//! wakes anyway, instead of waking a receive thread first, which on a
+//! loaded machine saves a scheduling delay per message; the application
+//! must then call `wait`, `poll` or [`progress`](CompletionQueue::progress)
+//! whenever the fd is readable.
+//!
+//! [`progress`](CompletionQueue::progress) does the pending receive and
+//! transmit work of the CQ's queue pairs from the calling thread and
+//! returns at once: for a busy loop that spins on memory (an RDMA Write's
+//! last byte) rather than on the CQ, in BusyPoll or AppDriven mode.
+//!
+//! The fd is level-triggered: register it for `POLLIN`, then call `poll`
+//! until it returns 0. Do not `read` it: the CQ clears its eventfd when it
+//! becomes empty. (This differs from `ibv_get_cq_event`, which is
+//! edge-triggered and needs re-arming; a level-triggered fd cannot lose a
+//! wake-up.) The eventfd's counter is changed only under the CQ mutex, on
+//! the transitions empty → non-empty (write 1) and non-empty → empty
+//! (read), so its readability always matches the queue.
+//!
+//! # Several threads on one CQ
+//!
+//! By default a completion arriving in an empty CQ wakes every thread
+//! sleeping in `wait` ([`WakePolicy::All`]). With [`WakePolicy::Newest`] it
+//! wakes one: the thread that started waiting last among those that hold an
+//! [`Attendance`] (threads that handle completions between short pieces of
+//! work, and say so with [`CompletionQueue::attend`]), and a thread without
+//! one (a dedicated completion thread) only while no thread attends. A
+//! dedicated thread plus an application thread that handles completions
+//! itself then cost one wake-up per completion instead of two.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::Thread;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::{Thread, ThreadId};
 use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::WorkCompletion;
 
-use crate::driver::Conn;
-use crate::qp::QpShared;
-use crate::sys::EventFd;
+use crate::provider::CqSource;
+use crate::sys::{Epoll, EventFd};
 use crate::Error;
 
-/// How long `wait` polls before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long `wait` polls before it sleeps, by default.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// Who does the receive work of a CQ's queue pairs while the application
+/// waits, and so what [`CompletionQueue::wait`] does (see the module docs
+/// for a table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// The provider's receive threads read the sockets. `wait` polls the
+    /// CQ (yielding the CPU) for up to `spin`, then sleeps until a
+    /// completion arrives. The short poll saves the futex sleep/wake pair
+    /// in request/response traffic, where a completion typically follows
+    /// within microseconds; `Duration::ZERO` sleeps at once, which suits
+    /// completions spaced further apart than a wake-up (a bulk transfer's
+    /// per-block completions).
+    Threaded {
+        /// How long `wait` polls before it sleeps.
+        spin: Duration,
+    },
+    /// `wait` does the receive work itself in a loop and never sleeps
+    /// (until its timeout); while a thread does, the receive threads step
+    /// aside (sleep in 1 ms slices) so that arriving data does not wake a
+    /// second thread to compete for the CPU. They take over again at once
+    /// when the CQ is switched to another mode, and within about two
+    /// milliseconds when the application simply stops waiting.
+    BusyPoll,
+    /// Only application threads read the sockets; the provider's receive
+    /// threads stay parked. `wait` does the receive work, polls for up to
+    /// `spin`, then sleeps in `poll(2)` on [`CompletionQueue::as_raw_fd`],
+    /// an epoll set of the CQ's eventfd and its connected queue pairs'
+    /// sockets; `poll` and `poll_one` do the receive work when the CQ is
+    /// empty. Nothing is received (not even a peer's one-sided RDMA Write,
+    /// close or Terminate) until an application thread calls one of them.
+    AppDriven {
+        /// How long `wait` polls (doing the receive work) before it sleeps.
+        spin: Duration,
+    },
+}
+
+impl Default for ProgressMode {
+    fn default() -> ProgressMode {
+        ProgressMode::Threaded { spin: DEFAULT_SPIN }
+    }
+}
+
+const MODE_THREADED: u8 = 0;
+const MODE_BUSY: u8 = 1;
+const MODE_DRIVEN: u8 = 2;
 
 /// Which sleeping threads a completion arriving in an empty CQ wakes (see
 /// the module docs).
@@ -58,11 +124,12 @@ const SPIN: Duration = Duration::from_micros(50);
 pub enum WakePolicy {
     /// Every thread sleeping in [`CompletionQueue::wait`] (the default).
     All,
-    /// Only the thread that started waiting most recently, except that
-    /// threads in [`CompletionQueue::wait_background`] are woken only when
-    /// no thread sleeps in [`wait`](CompletionQueue::wait). A thread woken
-    /// this way must poll the CQ until it is empty (or wait again): the
-    /// others are not woken for completions that arrive while the CQ is
+    /// Only the thread that started waiting most recently among those that
+    /// hold an [`Attendance`]; a thread without one (a dedicated completion
+    /// thread) only when no attending thread sleeps in
+    /// [`wait`](CompletionQueue::wait) and none is about to poll. A thread
+    /// woken this way must poll the CQ until it is empty (or wait again):
+    /// the others are not woken for completions that arrive while the CQ is
     /// non-empty.
     Newest,
 }
@@ -91,10 +158,18 @@ struct CqInner {
     next_sleeper: AtomicU64,
     /// Live [`Attendance`] guards: background sleepers are not woken.
     attending: AtomicUsize,
+    /// The threads holding them (one entry per guard), so that `wait`
+    /// knows whether its caller sleeps in the foreground.
+    attendees: Mutex<Vec<ThreadId>>,
+    /// [`ProgressMode`] as `MODE_*`, and its `spin` in nanoseconds.
+    mode: AtomicU8,
+    spin_ns: AtomicU64,
+    /// The epoll set of application-driven mode (created on first use).
+    epoll: OnceLock<Epoll>,
     overrun_logged: AtomicBool,
     /// The QPs whose completions come here, for
     /// [`CompletionQueue::progress`].
-    sources: Mutex<Vec<Weak<QpShared>>>,
+    sources: Mutex<Vec<Weak<dyn CqSource>>>,
 }
 
 /// A completion queue. Cloning yields another handle to the same CQ.
@@ -132,6 +207,10 @@ impl CompletionQueue {
                 sleepers: Mutex::new(Vec::new()),
                 next_sleeper: AtomicU64::new(0),
                 attending: AtomicUsize::new(0),
+                attendees: Mutex::new(Vec::new()),
+                mode: AtomicU8::new(MODE_THREADED),
+                spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
+                epoll: OnceLock::new(),
                 overrun_logged: Default::default(),
                 sources: Mutex::new(Vec::new()),
             }),
@@ -154,15 +233,120 @@ impl CompletionQueue {
         }
     }
 
-    /// Declare that the calling thread will poll this CQ soon (it handles
-    /// completions between short pieces of work): until the guard is
-    /// dropped, new completions do not wake threads in
-    /// [`wait_background`](Self::wait_background). Dropping the guard wakes
-    /// one if completions are waiting. Without [`WakePolicy::Newest`] this
-    /// has no effect.
+    /// Declare that the calling thread handles this CQ's completions
+    /// itself, between short pieces of work and while it waits: until the
+    /// guard is dropped, new completions do not wake threads that do not
+    /// attend (a dedicated completion thread), and this thread's `wait`
+    /// sleeps in the foreground. Dropping the guard wakes a thread that
+    /// does not attend if completions are waiting. Without
+    /// [`WakePolicy::Newest`] this has no effect.
     pub fn attend(&self) -> Attendance<'_> {
-        self.inner.attending.fetch_add(1, Ordering::SeqCst);
-        Attendance(self)
+        let inner = &*self.inner;
+        inner
+            .attendees
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(std::thread::current().id());
+        inner.attending.fetch_add(1, Ordering::SeqCst);
+        // Not `Send`: the guard names the thread that made it.
+        Attendance(self, std::marker::PhantomData)
+    }
+
+    /// True if the calling thread holds an [`Attendance`] on this CQ.
+    fn attends(&self) -> bool {
+        let me = std::thread::current().id();
+        self.inner
+            .attendees
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&me)
+    }
+
+    /// Choose who does the receive work of this CQ's queue pairs while the
+    /// application waits, and so what [`wait`](Self::wait),
+    /// [`poll`](Self::poll) and [`as_raw_fd`](Self::as_raw_fd) do (see
+    /// [`ProgressMode`] and the module docs). Set it before the queue pairs
+    /// connect and before threads wait; it applies to queue pairs already
+    /// connected too. A queue pair whose send and receive CQs differ is
+    /// application-driven if either of them is.
+    pub fn set_progress(&self, mode: ProgressMode) -> Result<(), Error> {
+        let inner = &*self.inner;
+        let (code, spin) = match mode {
+            ProgressMode::Threaded { spin } => (MODE_THREADED, spin),
+            ProgressMode::BusyPoll => (MODE_BUSY, Duration::ZERO),
+            ProgressMode::AppDriven { spin } => (MODE_DRIVEN, spin),
+        };
+        if code == MODE_DRIVEN {
+            let ep = self.epoll()?;
+            // The eventfd must follow the queue from now on: it is in the
+            // set that `wait` and event loops sleep on.
+            self.as_raw_eventfd();
+            ep.add(inner.efd.as_raw_fd()).map_err(Error::EventFd)?;
+        }
+        inner
+            .spin_ns
+            .store(spin.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        let old = inner.mode.swap(code, Ordering::AcqRel);
+        if old != code {
+            let driven = code == MODE_DRIVEN;
+            let v = inner.sources.lock().unwrap_or_else(|e| e.into_inner());
+            for s in v.iter().filter_map(Weak::upgrade) {
+                if driven {
+                    if let Some(fd) = s.wait_fd() {
+                        self.watch(fd);
+                    }
+                }
+                if driven || old == MODE_DRIVEN {
+                    s.set_app_driven(driven);
+                }
+                if old == MODE_BUSY {
+                    s.stop_progress();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The CQ's current [`ProgressMode`].
+    pub fn progress_mode(&self) -> ProgressMode {
+        let spin = Duration::from_nanos(self.inner.spin_ns.load(Ordering::Relaxed));
+        match self.inner.mode.load(Ordering::Acquire) {
+            MODE_BUSY => ProgressMode::BusyPoll,
+            MODE_DRIVEN => ProgressMode::AppDriven { spin },
+            _ => ProgressMode::Threaded { spin },
+        }
+    }
+
+    /// True in [`ProgressMode::AppDriven`] (for the provider: a queue pair
+    /// connecting to this CQ starts application-driven).
+    pub(crate) fn app_driven(&self) -> bool {
+        self.inner.mode.load(Ordering::Acquire) == MODE_DRIVEN
+    }
+
+    fn epoll(&self) -> Result<&Epoll, Error> {
+        if let Some(ep) = self.inner.epoll.get() {
+            return Ok(ep);
+        }
+        let ep = Epoll::new().map_err(Error::EventFd)?;
+        Ok(self.inner.epoll.get_or_init(|| ep))
+    }
+
+    /// A connected queue pair's descriptor joins the application-driven
+    /// wait set (the provider calls this when the queue pair goes live).
+    pub(crate) fn watch(&self, fd: RawFd) {
+        if let Some(ep) = self.inner.epoll.get() {
+            if let Err(e) = ep.add(fd) {
+                tracing::warn!(fd, error = %e, "could not add a socket to the CQ's epoll set; waits on it rely on the eventfd and their timeouts");
+            }
+        }
+    }
+
+    /// The descriptor leaves the wait set (before it is closed: the
+    /// provider calls this when the connection ends).
+    pub(crate) fn unwatch(&self, fd: RawFd) {
+        if let Some(ep) = self.inner.epoll.get() {
+            ep.remove(fd);
+        }
     }
 
     /// Choose which sleeping threads a new completion wakes. Set it before
@@ -224,68 +408,40 @@ impl CompletionQueue {
 
     /// A QP whose completions go to this CQ (called once per CQ at QP
     /// creation).
-    pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
+    pub(crate) fn attach(&self, qp: Weak<dyn CqSource>) {
         let mut v = self.inner.sources.lock().unwrap_or_else(|e| e.into_inner());
         v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(qp));
+        v.push(qp);
     }
 
-    /// Do the receive work of the connected QPs attached to this CQ from
-    /// the calling thread: whatever their sockets hold now is read, placed
-    /// into memory and completed, without waiting for the stack's receive
-    /// threads to be scheduled. Returns at once (a QP whose receive thread
-    /// is busy is skipped). Call it in a busy-poll loop, whether the loop
-    /// spins on [`poll`](Self::poll) or on memory (an RDMA Write's last
-    /// byte). Progress never depends on it: the receive threads do the same
-    /// work when nobody polls (RFC 5040 one-sided operations complete
-    /// without the target application).
-    ///
-    /// It costs a non-blocking `recv` per connected QP of the CQ, which is
-    /// why `poll`, `poll_one` and `wait` do not call it: an event-driven or
-    /// bulk-transfer application that polls until empty and then sleeps
-    /// would pay those system calls for nothing.
-    ///
-    /// Calling `progress` in a loop also marks the caller as a busy poller:
-    /// the QPs' receive threads then step aside (sleep in 1 ms slices
-    /// instead of waking for every arriving segment), leaving the CPU to the
-    /// thread that is already reading, and take over again at once when the
-    /// caller sleeps in [`wait`](Self::wait) or calls
-    /// [`stop_progress`](Self::stop_progress) (within about a millisecond
-    /// if it just stops calling).
-    ///
-    /// It also does transmit work: a frame that the socket could not take
-    /// whole (a large Write or Read Response) is pushed on from the calling
-    /// thread as the peer makes room.
+    /// Do the pending receive and transmit work of this CQ's connected
+    /// queue pairs from the calling thread: whatever their sockets hold now
+    /// is read, placed into memory and completed, and a frame the socket
+    /// could not take whole is pushed on. Returns at once (a queue pair
+    /// another thread is reading is skipped). For loops that spin on memory
+    /// rather than on the CQ, and for event loops that must let the peer's
+    /// one-sided operations progress without taking completions, in
+    /// [`ProgressMode::BusyPoll`] or [`ProgressMode::AppDriven`]. It costs
+    /// a non-blocking `recv` per connected queue pair.
     pub fn progress(&self) {
-        self.each_conn(|qp, conn| conn.progress(qp));
+        self.each_source(|s| s.progress());
     }
 
     /// Tell the receive threads of this CQ's QPs that the calling thread
-    /// stops calling [`progress`](Self::progress) for now (it is about to
-    /// sleep): a receive thread that stepped aside for the poller takes the
-    /// receive work back at once instead of up to two milliseconds later.
-    /// [`wait`](Self::wait) does this itself before it sleeps; call it
-    /// before sleeping elsewhere, e.g. in `poll(2)` on
-    /// [`as_raw_fd`](Self::as_raw_fd). Cheap (an atomic add per QP) and
-    /// harmless when nobody polled.
-    pub fn stop_progress(&self) {
-        // Skipped while another thread is in `progress`: someone still
-        // polls, so the receive threads may go on stepping aside (and that
-        // thread hands back itself when it sleeps).
-        self.each_conn(|_, conn| conn.stop_progress());
+    /// stops doing their work for now (it is about to sleep).
+    fn stop_progress(&self) {
+        self.each_source(|s| s.stop_progress());
     }
 
-    /// `f` on every connected QP of this CQ, unless another thread is
-    /// walking the list right now (the list is only ever `try_lock`ed).
-    fn each_conn(&self, f: impl Fn(&QpShared, &Conn)) {
+    /// `f` on every live QP of this CQ, unless another thread is walking
+    /// the list right now (the list is only ever `try_lock`ed here).
+    fn each_source(&self, f: impl Fn(&dyn CqSource)) {
         let Ok(v) = self.inner.sources.try_lock() else {
             return;
         };
         for w in v.iter() {
-            if let Some(qp) = w.upgrade() {
-                if let Some(conn) = qp.conn.get() {
-                    f(&qp, conn);
-                }
+            if let Some(s) = w.upgrade() {
+                f(&*s);
             }
         }
     }
@@ -294,7 +450,7 @@ impl CompletionQueue {
     /// how many (`ibv_poll_cq`). Never blocks; an empty CQ costs one atomic
     /// load.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        if out.is_empty() || self.inner.len.load(Ordering::Acquire) == 0 {
+        if out.is_empty() || !self.ready() {
             return 0;
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -311,7 +467,7 @@ impl CompletionQueue {
 
     /// The oldest completion, if any.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
-        if self.inner.len.load(Ordering::Acquire) == 0 {
+        if !self.ready() {
             return None;
         }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -323,31 +479,101 @@ impl CompletionQueue {
         wc
     }
 
-    /// Block until the CQ is non-empty (`Ok(true)`) or `timeout` passes
-    /// (`Ok(false)`). Does not remove anything.
-    pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
-        self.wait_spin(timeout, SPIN)
+    /// True if the CQ holds a completion; in application-driven mode an
+    /// empty CQ first gets the receive work done.
+    fn ready(&self) -> bool {
+        let inner = &*self.inner;
+        if inner.len.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        if inner.mode.load(Ordering::Relaxed) != MODE_DRIVEN {
+            return false;
+        }
+        self.progress();
+        inner.len.load(Ordering::Acquire) > 0
     }
 
-    /// [`wait`](Self::wait) with the polling phase set by the caller: poll
-    /// (yielding the CPU) for up to `spin`, then sleep. `Duration::ZERO`
-    /// sleeps at once, which suits a thread that waits for completions
-    /// spaced further apart than a futex wake-up (a bulk transfer's
-    /// per-block completions): polling there burns CPU for every wait and
-    /// rarely saves a sleep.
-    pub fn wait_spin(&self, timeout: Duration, spin: Duration) -> Result<bool, Error> {
+    /// Block until the CQ is non-empty (`Ok(true)`) or `timeout` passes
+    /// (`Ok(false)`); removes nothing. How it waits, and who does the
+    /// receive work meanwhile, is the CQ's [`ProgressMode`].
+    pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
         if self.inner.len.load(Ordering::Acquire) > 0 {
             return Ok(true);
         }
+        let deadline = Instant::now().checked_add(timeout);
+        let spin = Duration::from_nanos(self.inner.spin_ns.load(Ordering::Relaxed));
+        match self.inner.mode.load(Ordering::Acquire) {
+            MODE_BUSY => Ok(self.wait_busy(deadline)),
+            MODE_DRIVEN => self.wait_driven(deadline, spin),
+            _ => Ok(self.wait_threaded(deadline, spin)),
+        }
+    }
+
+    /// [`ProgressMode::BusyPoll`]: do the receive work until a completion
+    /// arrives.
+    fn wait_busy(&self, deadline: Option<Instant>) -> bool {
+        let mut spins = 0u32;
+        loop {
+            self.progress();
+            if self.inner.len.load(Ordering::Acquire) > 0 {
+                return true;
+            }
+            spins = spins.wrapping_add(1);
+            // The clock is read every 64 rounds: a round is a `recv`.
+            if spins % 64 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            if self.inner.sources.try_lock().is_ok_and(|v| v.is_empty()) {
+                // Nothing to progress: do not starve the threads that
+                // will complete something.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// [`ProgressMode::AppDriven`]: do the receive work, poll for `spin`,
+    /// then sleep on the epoll set until something arrives.
+    fn wait_driven(&self, deadline: Option<Instant>, spin: Duration) -> Result<bool, Error> {
+        let start = Instant::now();
+        let ep = self.epoll()?.as_raw_fd();
+        loop {
+            self.progress();
+            if self.inner.len.load(Ordering::Acquire) > 0 {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            let left = match deadline {
+                Some(d) => d.saturating_duration_since(now),
+                None => Duration::from_secs(3600),
+            };
+            if left.is_zero() {
+                return Ok(false);
+            }
+            if now.duration_since(start) < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Level-triggered: readable while a socket holds unread bytes
+            // or the eventfd is set. The slice bounds a wait on a socket
+            // that joined the set late.
+            crate::sys::poll_one(ep, libc::POLLIN, left.min(Duration::from_millis(100)))
+                .map_err(Error::EventFd)?;
+        }
+    }
+
+    /// [`ProgressMode::Threaded`]: poll (yielding the CPU) for up to
+    /// `spin`, then sleep on the condition variable (or, under
+    /// [`WakePolicy::Newest`], on the stack of sleepers).
+    fn wait_threaded(&self, deadline: Option<Instant>, spin: Duration) -> bool {
         // Spin briefly before sleeping: a completion usually follows within
         // a few microseconds of a request in a ping-pong, and a futex
         // sleep/wake pair costs more than that. Yielding keeps the driver
         // threads running on a busy machine.
         if !spin.is_zero() {
-            let spin_until = Instant::now() + spin.min(timeout);
-            while Instant::now() < spin_until {
+            let spin_until = Instant::now() + spin;
+            while Instant::now() < spin_until && deadline.is_none_or(|d| Instant::now() < d) {
                 if self.inner.len.load(Ordering::Acquire) > 0 {
-                    return Ok(true);
+                    return true;
                 }
                 std::thread::yield_now();
             }
@@ -355,23 +581,22 @@ impl CompletionQueue {
         // This thread may have been doing the receive work (`progress`);
         // hand it back before sleeping.
         self.stop_progress();
-        let deadline = Instant::now().checked_add(timeout);
         if self.inner.wake_newest.load(Ordering::Acquire) {
-            return Ok(self.sleep_newest(deadline, false));
+            return self.sleep_newest(deadline, !self.attends());
         }
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);
         let _registered = WaiterGuard(&self.inner.waiters);
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if !q.is_empty() {
-                return Ok(true);
+                return true;
             }
             let left = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => Duration::from_secs(3600),
             };
             if left.is_zero() {
-                return Ok(false);
+                return false;
             }
             q = self
                 .inner
@@ -380,22 +605,6 @@ impl CompletionQueue {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-    }
-
-    /// [`wait_spin`](Self::wait_spin) with no polling phase, for a thread
-    /// that handles completions only while no other thread waits for them:
-    /// under [`WakePolicy::Newest`] a new completion wakes it only if no
-    /// thread sleeps in [`wait`](Self::wait) or `wait_spin`. Under
-    /// [`WakePolicy::All`] it is `wait_spin(timeout, Duration::ZERO)`.
-    pub fn wait_background(&self, timeout: Duration) -> Result<bool, Error> {
-        if !self.inner.wake_newest.load(Ordering::Acquire) {
-            return self.wait_spin(timeout, Duration::ZERO);
-        }
-        if self.inner.len.load(Ordering::Acquire) > 0 {
-            return Ok(true);
-        }
-        self.stop_progress();
-        Ok(self.sleep_newest(Instant::now().checked_add(timeout), true))
     }
 
     /// Sleep until the CQ is non-empty or `deadline`, on the stack of
@@ -436,10 +645,23 @@ impl CompletionQueue {
         }
     }
 
-    /// An eventfd that is readable (`POLLIN`) exactly while the CQ is
-    /// non-empty (level-triggered); see the module docs. Owned by the CQ:
-    /// do not read from or close it.
+    /// The descriptor to wait on in an event loop: readable (`POLLIN`,
+    /// level-triggered) while the CQ is non-empty, and in
+    /// [`ProgressMode::AppDriven`] also while a queue pair's socket has
+    /// bytes for [`poll`](Self::poll) to process (an epoll set). Call
+    /// `poll` until it returns 0 when it is readable; see the module docs.
+    /// Set the progress mode first. Owned by the CQ: do not read from or
+    /// close it.
     pub fn as_raw_fd(&self) -> RawFd {
+        let efd = self.as_raw_eventfd();
+        match self.inner.epoll.get() {
+            Some(ep) if self.app_driven() => ep.as_raw_fd(),
+            _ => efd,
+        }
+    }
+
+    /// The eventfd, armed so that it follows the queue from now on.
+    fn as_raw_eventfd(&self) -> RawFd {
         let inner = &*self.inner;
         if !inner.fd_armed.load(Ordering::Acquire) {
             // Arm under the queue lock so the fd matches the queue from now on.
@@ -473,11 +695,18 @@ const BACKGROUND: u64 = 1 << 63;
 /// See [`CompletionQueue::attend`].
 #[must_use = "attendance ends when the guard is dropped"]
 #[derive(Debug)]
-pub struct Attendance<'a>(&'a CompletionQueue);
+pub struct Attendance<'a>(&'a CompletionQueue, std::marker::PhantomData<*const ()>);
 
 impl Drop for Attendance<'_> {
     fn drop(&mut self) {
         let cq = self.0;
+        {
+            let me = std::thread::current().id();
+            let mut v = cq.inner.attendees.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = v.iter().position(|t| *t == me) {
+                v.swap_remove(i);
+            }
+        }
         if cq.inner.attending.fetch_sub(1, Ordering::SeqCst) == 1
             && cq.inner.wake_newest.load(Ordering::Acquire)
         {

@@ -260,6 +260,9 @@ pub(crate) struct Conn {
     /// the socket itself and does the receive work, so the receive thread
     /// stays parked.
     drivers: AtomicUsize,
+    /// One of the QP's CQs is in `ProgressMode::AppDriven`: this holds one
+    /// of the `drivers` counts.
+    app_driven: AtomicBool,
     /// The receive thread, for `unpark` (set by the thread itself).
     rx_thread: std::sync::OnceLock<std::thread::Thread>,
     wake: Mutex<bool>,
@@ -389,6 +392,7 @@ impl Conn {
             handbacks: AtomicU64::new(0),
             aside: AtomicBool::new(false),
             drivers: AtomicUsize::new(0),
+            app_driven: AtomicBool::new(false),
             rx_thread: std::sync::OnceLock::new(),
             wake: Mutex::new(false),
             wake_cond: Condvar::new(),
@@ -411,6 +415,13 @@ impl Conn {
             threads: Mutex::new(Vec::new()),
         });
         let qpn = qp.qpn;
+        if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {
+            // Before the receive thread starts: it must not block in `recv`.
+            conn.set_app_driven(true);
+        }
+        for cq in [&qp.send_cq, &qp.recv_cq] {
+            cq.watch(conn.raw_fd());
+        }
         let (q, c) = (qp.clone(), conn.clone());
         let rx = std::thread::Builder::new()
             .name(format!("iwarp-rx-{qpn}"))
@@ -750,6 +761,12 @@ impl Conn {
             let mut eng = lock(&qp.engine);
             eng.on_peer_closed();
             pump(qp, &mut eng);
+            drop(eng);
+            // Out of the application-driven wait sets before the socket is
+            // shut down (a shut socket is readable forever) and closed.
+            for cq in [&qp.send_cq, &qp.recv_cq] {
+                cq.unwatch(self.sock.as_raw_fd());
+            }
         }
         self.stop.store(true, Ordering::Release);
         let _ = self.sock.shutdown(Shutdown::Both);
@@ -1469,6 +1486,18 @@ impl Conn {
     /// [`Drive`](crate::Drive)).
     pub(crate) fn start_driving(&self) {
         self.drivers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Application-driven mode on or off (see `ProgressMode::AppDriven`):
+    /// while on, the receive thread stays parked as for a live `Drive`.
+    pub(crate) fn set_app_driven(&self, on: bool) {
+        if self.app_driven.swap(on, Ordering::AcqRel) != on {
+            if on {
+                self.start_driving();
+            } else {
+                self.stop_driving();
+            }
+        }
     }
 
     /// A driver stops; the last one wakes the receive thread.

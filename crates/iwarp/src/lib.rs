@@ -50,6 +50,7 @@ pub mod cm;
 mod cq;
 pub mod driver;
 mod mr;
+mod provider;
 mod qp;
 mod sys;
 
@@ -64,7 +65,7 @@ pub use iwarp_proto::engine::{
 };
 pub use iwarp_proto::mem::{Access, MemError};
 
-pub use cq::{Attendance, CompletionQueue, WakePolicy};
+pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
 pub use mr::MemoryRegion;
 pub use qp::{ConnInfo, Drive, QpEvent, QpInitAttr, QpStats, QueuePair};
 

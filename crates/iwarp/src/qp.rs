@@ -19,6 +19,8 @@ use iwarp_proto::handshake::Rtr;
 use iwarp_proto::mem::PdId;
 
 use crate::cq::CompletionQueue;
+pub use crate::provider::{ConnInfo, QpEvent, QpStats};
+use crate::provider::CqSource;
 use crate::driver::Conn;
 use crate::mr::MrTable;
 
@@ -33,77 +35,6 @@ pub struct QpInitAttr {
     pub max_send_wr: u32,
     /// Receive-queue depth.
     pub max_recv_wr: u32,
-}
-
-/// Something that happened to a queue pair (the QP-related subset of
-/// `ibv_async_event` and `rdma_cm_event`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum QpEvent {
-    /// The connection is established; the QP is in RTS
-    /// (`RDMA_CM_EVENT_ESTABLISHED`).
-    Established,
-    /// The connection is gone (peer closed, error, or local disconnect);
-    /// every outstanding work request has been flushed
-    /// (`RDMA_CM_EVENT_DISCONNECTED`). Reported once.
-    Disconnected,
-    /// The peer sent a Terminate (RFC 5040 §4.8); the QP is in error
-    /// (`IBV_EVENT_QP_FATAL` with the peer's reason).
-    TerminateReceived(TermInfo),
-    /// We found an error and sent the peer a Terminate; the QP is in error.
-    TerminateSent(TermInfo),
-    /// The peer stayed silent for
-    /// [`ConnParam::peer_timeout`](crate::cm::ConnParam::peer_timeout)
-    /// while it owed an answer (our queued data unacknowledged, or RDMA
-    /// Read Responses): the connection is given up, outstanding work is
-    /// flushed, and [`QpEvent::Disconnected`] follows. The text says which
-    /// rule fired (`IBV_EVENT_QP_FATAL` / `RDMA_CM_EVENT_DISCONNECTED` for
-    /// a timeout).
-    PeerTimeout(String),
-}
-
-/// What the MPA handshake negotiated for a connected QP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnInfo {
-    /// CRC32C on every FPDU, both directions.
-    pub crc: bool,
-    /// We insert markers into what we send.
-    pub markers_tx: bool,
-    /// The peer inserts markers into what it sends.
-    pub markers_rx: bool,
-    /// MPA revision (1 or 2).
-    pub revision: u8,
-    /// Inbound RDMA Reads served at once.
-    pub ird: u16,
-    /// Outbound RDMA Reads outstanding at once.
-    pub ord: u16,
-    /// RFC 6581 ready-to-receive message, if peer-to-peer mode is on.
-    pub rtr: Option<Rtr>,
-    /// Largest DDP segment we send (from the TCP MSS).
-    pub mulpdu: u32,
-}
-
-/// Byte counters of a connected QP's driver.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct QpStats {
-    /// Bytes written to the socket.
-    pub tx_bytes: u64,
-    /// Bytes read from the socket through the driver's buffer.
-    pub rx_buffered_bytes: u64,
-    /// Tagged payload bytes read straight into registered memory
-    /// (zero-copy placement).
-    pub rx_direct_bytes: u64,
-    /// Of the bytes above (buffered and direct), those read by application
-    /// threads polling a CQ or calling `progress` rather than by the
-    /// driver's receive thread.
-    pub rx_polled_bytes: u64,
-    /// Of `tx_bytes`, those written by application threads calling
-    /// `progress` (pushing on a frame the socket could not take whole)
-    /// rather than by the driver's transmit path.
-    pub tx_polled_bytes: u64,
-    /// Times the receive thread stepped aside (parked for up to a
-    /// millisecond) because an application thread was busy polling.
-    pub rx_steps_aside: u64,
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +134,30 @@ impl QpShared {
     }
 }
 
+impl CqSource for QpShared {
+    fn progress(&self) {
+        if let Some(conn) = self.conn.get() {
+            conn.progress(self);
+        }
+    }
+
+    fn stop_progress(&self) {
+        if let Some(conn) = self.conn.get() {
+            conn.stop_progress();
+        }
+    }
+
+    fn set_app_driven(&self, on: bool) {
+        if let Some(conn) = self.conn.get() {
+            conn.set_app_driven(on);
+        }
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.conn.get().map(|c| c.raw_fd())
+    }
+}
+
 /// A queue pair. Created in [`QpState::Init`] by
 /// [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp);
 /// connected by [`crate::cm::connect`] or [`crate::cm::ConnRequest::accept`].
@@ -273,9 +228,10 @@ impl QueuePair {
             counters: Counters::default(),
         };
         let shared = Arc::new(shared);
-        shared.send_cq.attach(&shared);
+        let weak: std::sync::Weak<dyn CqSource> = Arc::downgrade(&shared) as _;
+        shared.send_cq.attach(weak.clone());
         if !shared.recv_cq.same_as(&shared.send_cq) {
-            shared.recv_cq.attach(&shared);
+            shared.recv_cq.attach(weak);
         }
         QueuePair { shared }
     }

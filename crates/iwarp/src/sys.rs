@@ -1,5 +1,5 @@
 //! The few system calls std and socket2 do not offer safely: an eventfd,
-//! `poll(2)` on one descriptor, and the two data-path calls that move bytes
+//! an epoll set, `poll(2)` on one descriptor, and the two data-path calls that move bytes
 //! between a socket and registered memory through raw pointers (so no Rust
 //! reference to memory the application or the peer may also touch is ever
 //! created).
@@ -40,6 +40,55 @@ impl EventFd {
 }
 
 impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// An epoll set (level-triggered, `EPOLLIN`): the descriptor an
+/// application-driven CQ hands out, covering its eventfd and the sockets of
+/// its connected QPs, so one `poll`/`epoll_wait` on it wakes for either.
+#[derive(Debug)]
+pub(crate) struct Epoll(OwnedFd);
+
+impl Epoll {
+    pub(crate) fn new() -> io::Result<Epoll> {
+        // SAFETY: plain FFI call without pointer arguments.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor owned by nothing else.
+        Ok(Epoll(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Watch `fd` for readability (`EEXIST` is not an error).
+    pub(crate) fn add(&self, fd: RawFd) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a live local epoll_event; the kernel copies it.
+        let rc = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EEXIST) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stop watching `fd` (an fd that was not watched is not an error).
+    pub(crate) fn remove(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: as in `add`; the event argument is ignored for DEL but
+        // must be non-null on old kernels.
+        let _ = unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    }
+}
+
+impl AsRawFd for Epoll {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }

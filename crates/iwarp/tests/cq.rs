@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use iwarp::{Access, Context, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion};
+use iwarp::{
+    Access, Context, ProgressMode, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion,
+};
 
 fn readable(fd: i32) -> bool {
     let mut pfd = libc::pollfd {
@@ -126,15 +128,17 @@ fn eventfd_asked_for_late_is_readable_at_once() {
 
 #[test]
 fn wait_without_spin_sleeps_and_is_woken() {
-    // `wait_spin(.., ZERO)` goes straight to sleep: it must still time out
+    // Threaded with no spin goes straight to sleep: it must still time out
     // on an empty CQ and be woken by completions pushed from another thread.
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
+    cq.set_progress(ProgressMode::Threaded {
+        spin: Duration::ZERO,
+    })
+    .unwrap();
     let t = Instant::now();
-    assert!(!cq
-        .wait_spin(Duration::from_millis(50), Duration::ZERO)
-        .unwrap());
+    assert!(!cq.wait(Duration::from_millis(50)).unwrap());
     let el = t.elapsed();
     assert!(
         el >= Duration::from_millis(45) && el < Duration::from_secs(2),
@@ -151,9 +155,7 @@ fn wait_without_spin_sleeps_and_is_woken() {
         let cq = cq.clone();
         std::thread::spawn(move || {
             let t = Instant::now();
-            let woke = cq
-                .wait_spin(Duration::from_secs(5), Duration::ZERO)
-                .unwrap();
+            let woke = cq.wait(Duration::from_secs(5)).unwrap();
             (woke, t.elapsed())
         })
     };
@@ -196,15 +198,19 @@ fn policy_cq(
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
     cq.set_wake_policy(policy);
+    cq.set_progress(ProgressMode::Threaded {
+        spin: Duration::ZERO,
+    })
+    .unwrap();
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     (ctx, pd, cq, mr)
 }
 
-/// A thread in `wait_background` (timeout 5 s): returns what `wait`
-/// returned.
+/// A thread that waits (timeout 5 s) without attending the CQ, so in the
+/// background under `WakePolicy::Newest`: returns what `wait` returned.
 fn background_waiter(cq: &iwarp::CompletionQueue) -> std::thread::JoinHandle<bool> {
     let cq = cq.clone();
-    std::thread::spawn(move || cq.wait_background(Duration::from_secs(5)).unwrap())
+    std::thread::spawn(move || cq.wait(Duration::from_secs(5)).unwrap())
 }
 
 /// Wait up to 3 s for `h` to finish; true if it did.
@@ -229,8 +235,9 @@ fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
     let fg = {
         let cq = cq.clone();
         std::thread::spawn(move || {
-            cq.wait_spin(Duration::from_secs(5), Duration::ZERO)
-                .unwrap()
+            // Attending: this thread's wait is in the foreground.
+            let _attend = cq.attend();
+            cq.wait(Duration::from_secs(5)).unwrap()
         })
     };
     std::thread::sleep(Duration::from_millis(50));
@@ -284,7 +291,7 @@ fn background_waiter_under_the_default_policy_is_woken_like_any() {
     assert!(finishes(&bg), "WakePolicy::All ignores attendance");
     assert!(bg.join().unwrap());
     assert!(
-        cq.wait_background(Duration::from_millis(60)).unwrap(),
+        cq.wait(Duration::from_millis(60)).unwrap(),
         "a non-empty CQ returns at once"
     );
     assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(4));
