@@ -283,9 +283,10 @@ impl CompletionQueue {
             self.as_raw_eventfd();
             ep.add(inner.efd.as_raw_fd()).map_err(Error::EventFd)?;
         }
-        inner
-            .spin_ns
-            .store(spin.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        inner.spin_ns.store(
+            spin.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
         let old = inner.mode.swap(code, Ordering::AcqRel);
         if old != code {
             let driven = code == MODE_DRIVEN;
@@ -520,7 +521,7 @@ impl CompletionQueue {
             }
             spins = spins.wrapping_add(1);
             // The clock is read every 64 rounds: a round is a `recv`.
-            if spins % 64 == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if spins.is_multiple_of(64) && deadline.is_some_and(|d| Instant::now() >= d) {
                 return false;
             }
             if self.inner.sources.try_lock().is_ok_and(|v| v.is_empty()) {

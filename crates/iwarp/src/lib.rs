@@ -34,7 +34,7 @@
 //! behind a mutex that is never held across a blocking system call, the
 //! receive thread never writes blocking, and locks are always taken in one
 //! order (transmit state → engine → MR table / CQ / events), which is why
-//! the driver cannot deadlock; [`driver`] has the full argument.
+//! the driver cannot deadlock; [`soft`] has the full argument.
 //!
 //! # `unsafe`
 //!
@@ -46,13 +46,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
-pub mod cm;
 mod cq;
-pub mod driver;
 mod mr;
 mod provider;
 mod qp;
+pub mod soft;
 mod sys;
+
+pub use soft::cm;
 
 use std::fmt;
 use std::io;
@@ -67,9 +68,8 @@ pub use iwarp_proto::mem::{Access, MemError};
 
 pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
 pub use mr::MemoryRegion;
-pub use qp::{ConnInfo, Drive, QpEvent, QpInitAttr, QpStats, QueuePair};
+pub use qp::{ConnInfo, QpEvent, QpInitAttr, QpStats, QueuePair};
 
-use iwarp_proto::engine::{Engine, EngineConfig};
 use iwarp_proto::mem::PdId;
 use mr::MrTable;
 
@@ -236,17 +236,18 @@ impl ProtectionDomain {
                 "max_send_wr and max_recv_wr must be at least 1",
             ));
         }
-        let engine = Engine::new(EngineConfig {
-            pd: self.id,
-            sq_depth: attr.max_send_wr,
-            rq_depth: attr.max_recv_wr,
-        });
         let qpn = self.ctx.inner.next_qpn.fetch_add(1, Ordering::Relaxed);
-        Ok(QueuePair::build(
+        let qp = soft::create_qp(
             qpn,
             self.id,
-            engine,
+            attr.max_send_wr,
+            attr.max_recv_wr,
             self.ctx.inner.mrs.clone(),
+            attr.send_cq.clone(),
+            attr.recv_cq.clone(),
+        );
+        Ok(QueuePair::new(
+            qp,
             attr.send_cq.clone(),
             attr.recv_cq.clone(),
         ))

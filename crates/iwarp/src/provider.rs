@@ -34,9 +34,6 @@ pub(crate) trait QpOps: Send + Sync + fmt::Debug {
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError>;
     /// Current state.
     fn state(&self) -> QpState;
-    /// Do pending receive and transmit work from the calling thread; never
-    /// blocks.
-    fn progress(&self);
     /// Disconnect and flush (idempotent, bounded).
     fn disconnect(&self);
     fn local_addr(&self) -> Option<SocketAddr>;
@@ -47,7 +44,7 @@ pub(crate) trait QpOps: Send + Sync + fmt::Debug {
     fn next_event(&self, timeout: Duration) -> Option<QpEvent>;
     /// For the provider's own connection manager, which needs its concrete
     /// type back.
-    fn as_any(&self) -> &dyn Any;
+    fn into_any(self: std::sync::Arc<Self>) -> std::sync::Arc<dyn Any + Send + Sync>;
 }
 
 /// What a completion queue needs from a queue pair that completes into it

@@ -41,7 +41,7 @@ fn connect_accept_with_private_data_both_ways() {
     );
     assert_eq!(ci.crc, si.crc);
     assert_eq!(ci.markers_tx, si.markers_rx);
-    assert!(ci.mulpdu >= 128 && ci.mulpdu <= iwarp::driver::MULPDU_CAP);
+    assert!(ci.mulpdu >= 128 && ci.mulpdu <= iwarp::soft::MULPDU_CAP);
 
     // A QP connects once.
     let again = cm::connect(

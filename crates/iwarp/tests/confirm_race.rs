@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use common::*;
 use iwarp::cm::ConnParam;
 use iwarp::cm::MpaConfig;
-use iwarp::{driver, WcStatus, WrOpcode};
+use iwarp::{soft, WcStatus, WrOpcode};
 
 #[test]
 fn send_completes_when_the_peer_closes_right_after_receiving_it() {
-    driver::fault::set_confirm_delay(Duration::from_millis(50));
+    soft::fault::set_confirm_delay(Duration::from_millis(50));
     for round in 0..3 {
         let client = Host::new();
         let server = Host::new();
@@ -64,5 +64,5 @@ fn send_completes_when_the_peer_closes_right_after_receiving_it() {
         // The client still learns that the connection is gone.
         client.event(|e| matches!(e, iwarp::QpEvent::Disconnected));
     }
-    driver::fault::set_confirm_delay(Duration::ZERO);
+    soft::fault::set_confirm_delay(Duration::ZERO);
 }

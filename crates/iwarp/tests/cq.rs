@@ -5,9 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use iwarp::{
-    Access, Context, ProgressMode, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion,
-};
+use iwarp::{Access, Context, ProgressMode, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion};
 
 fn readable(fd: i32) -> bool {
     let mut pfd = libc::pollfd {
@@ -235,9 +233,12 @@ fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
     let fg = {
         let cq = cq.clone();
         std::thread::spawn(move || {
-            // Attending: this thread's wait is in the foreground.
+            // Attending: this thread's wait is in the foreground. It takes
+            // the completion before its attendance ends (an attendance that
+            // ends with completions waiting hands them to the background).
             let _attend = cq.attend();
-            cq.wait(Duration::from_secs(5)).unwrap()
+            let woke = cq.wait(Duration::from_secs(5)).unwrap();
+            (woke, cq.poll_one().map(|wc| wc.wr_id))
         })
     };
     std::thread::sleep(Duration::from_millis(50));
@@ -245,14 +246,13 @@ fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
     std::thread::sleep(Duration::from_millis(50));
     qp1.disconnect();
     assert!(finishes(&fg), "the foreground waiter is woken");
-    assert!(fg.join().unwrap());
+    assert_eq!(fg.join().unwrap(), (true, Some(1)));
     // The foreground waiter took the wake-up; the background one sleeps on.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !bg.is_finished(),
         "background waiter woken with a foreground one asleep"
     );
-    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(1));
     // With nobody else asleep, the next completion wakes it.
     qp2.disconnect();
     assert!(finishes(&bg), "the background waiter is woken once alone");

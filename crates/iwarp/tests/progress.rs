@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use iwarp::{MemoryRegion, Sge, WcStatus, WrOpcode};
+use iwarp::{MemoryRegion, ProgressMode, Sge, WcStatus, WrOpcode};
+use iwarp_proto::handshake::MpaConfig;
 
 /// Post an RDMA Read from `target` at `offset` into `sge`.
 fn post_read(client: &Host, wr_id: u64, target: &MemoryRegion, offset: u64, sge: Sge) {
@@ -192,8 +193,9 @@ fn one_sided_progress_resumes_when_busy_polling_stops() {
     );
 }
 
-/// A poller that says it stops (`stop_progress`, which `CompletionQueue::wait`
-/// calls before it sleeps) gets the receive thread back at once: after the
+/// A busy poller whose CQ is switched back to threaded progress (as a
+/// threaded `wait` also says before it sleeps) gets the receive thread
+/// back at once: after the
 /// hand-back the receive thread does not step aside again, it answers the
 /// next Read itself. (Before the hand-back existed it stepped aside once
 /// more after the polling stopped in nearly every round, leaving the socket
@@ -208,6 +210,7 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
     for round in 0..6u64 {
         // The target busy-polls while Reads arrive: its receive thread
         // steps aside and the polling thread answers them.
+        server.scq.set_progress(ProgressMode::BusyPoll).unwrap();
         let before = server.qp.stats().rx_steps_aside;
         let t0 = Instant::now();
         let mut n = 0u64;
@@ -235,7 +238,7 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
         let stepped = server.qp.stats().rx_steps_aside > before;
         meaningful += u32::from(stepped);
         // ... then stops, saying so, and nobody polls it any more.
-        server.scq.stop_progress();
+        server.scq.set_progress(ProgressMode::default()).unwrap();
         let parked = server.qp.stats().rx_steps_aside;
         let polled = server.qp.stats().rx_polled_bytes;
         post_read(&client, round, &target, 0, sink.sge(0, 1 << 16));
@@ -262,32 +265,17 @@ fn receive_thread_takes_over_at_once_when_the_poller_stops() {
     assert_eq!(got, pattern(1 << 16, 3));
 }
 
-/// Wait, as a driving application does, until `host`'s receive CQ has a
-/// completion: `poll(2)` on the driven socket, then `progress`.
-fn drive_until_recv(host: &Host, d: &iwarp::Drive) -> iwarp::WorkCompletion {
-    let t0 = Instant::now();
-    loop {
-        d.progress();
-        if let Some(wc) = host.rcq.poll_one() {
-            return wc;
-        }
-        assert!(t0.elapsed() < T, "nothing received while driving");
-        let mut p = libc::pollfd {
-            fd: d.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd.
-        unsafe { libc::poll(&mut p, 1, 100) };
-    }
-}
+const DRIVEN: ProgressMode = ProgressMode::AppDriven {
+    spin: Duration::ZERO,
+};
 
-/// `QueuePair::drive`: while the guard lives, the application thread that
-/// waits on the socket reads it (the receive thread at most finishes the
-/// `recv` it was blocked in) and nothing is lost; once the guard is
-/// dropped, the receive thread reads again with nobody polling.
+/// Application-driven progress: while the server's CQs are in
+/// `AppDriven` mode, the thread waiting in `wait_one` reads the socket
+/// itself (the receive thread at most finishes the `recv` it was blocked
+/// in) and nothing is lost; once the CQs are back in threaded mode, the
+/// receive thread reads again with nobody polling.
 #[test]
-fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
+fn an_app_driven_cq_reads_the_socket_itself_and_hands_back() {
     const LEN: usize = 8 << 20;
     let (client, server) = pair();
     let target = server.mr(LEN);
@@ -298,7 +286,8 @@ fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
         let data = pattern(LEN, round as u8);
         src.write_at(0, &data);
         server.post_recv(100 + round, &notes, 0, 64);
-        let d = server.qp.drive().expect("connected");
+        server.scq.set_progress(DRIVEN).unwrap();
+        server.rcq.set_progress(DRIVEN).unwrap();
         let before = server.qp.stats().rx_polled_bytes;
         client
             .qp
@@ -315,22 +304,27 @@ fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
             .qp
             .post_send(&wr(200 + round, WrOpcode::Send, &[note.sge(0, 8)]))
             .unwrap();
-        let wc = drive_until_recv(&server, &d);
+        let wc = server
+            .rcq
+            .wait_one(T)
+            .unwrap()
+            .expect("a receive completion while app-driven");
         assert_eq!((wc.wr_id, wc.status), (100 + round, WcStatus::Success));
         let polled = server.qp.stats().rx_polled_bytes - before;
         // The receive thread may have been blocked in `recv` when the
-        // guard was taken and finish that one read (at most a 256 KiB
+        // mode changed and finish that one read (at most a 256 KiB
         // buffer or one 64 KiB segment); everything else is ours.
         assert!(
             polled >= (LEN - (256 << 10)) as u64,
-            "round {round}: the driving thread read only {polled} of {LEN} bytes"
+            "round {round}: the waiting thread read only {polled} of {LEN} bytes"
         );
         let mut got = vec![0u8; LEN];
         target.read_at(0, &mut got);
         assert!(got == data, "round {round}: payload differs");
         assert_eq!(client.send_wc().status, WcStatus::Success);
         assert_eq!(client.send_wc().status, WcStatus::Success);
-        drop(d);
+        server.scq.set_progress(ProgressMode::default()).unwrap();
+        server.rcq.set_progress(ProgressMode::default()).unwrap();
         // Handed back: a Send now arrives with nobody polling.
         server.post_recv(300 + round, &notes, 0, 64);
         let polled = server.qp.stats().rx_polled_bytes;
@@ -343,20 +337,138 @@ fn a_driving_thread_reads_the_socket_itself_and_hands_back_on_drop() {
         assert_eq!(
             server.qp.stats().rx_polled_bytes,
             polled,
-            "round {round}: after the drop the receive thread reads"
+            "round {round}: after the hand-back the receive thread reads"
         );
         assert_eq!(client.send_wc().status, WcStatus::Success);
     }
 }
 
-/// A driver never waits for its poll(2) timeout: whatever the receive
-/// thread read before the driver came (it sits blocked in `recv` on an idle
-/// connection) is processed, and its completions wake the driver through
-/// the CQ's fd. Both sides drive, as rhttp and mod_rdma do (this one thread
-/// is the event loop of both): the client's Read of 1 MiB and the server's
+/// In `AppDriven` mode nothing is received until the application asks: a
+/// Send that arrived leaves the CQ empty, but the CQ's fd (an epoll set
+/// with the socket in it) is readable, and `poll_one` then does the
+/// receive work and returns the completion. The mode set before the QP
+/// connects applies from the first byte.
+#[test]
+fn app_driven_fd_is_readable_for_unread_bytes_and_poll_reads_them() {
+    let (client, server) = pair_with(MpaConfig::default(), |_, s| {
+        s.rcq.set_progress(DRIVEN).unwrap();
+    });
+    let notes = server.mr(64);
+    let note = client.mr(64);
+    let fd = server.rcq.as_raw_fd();
+    assert!(!readable(fd), "nothing to do yet");
+    for round in 0..5u64 {
+        server.post_recv(round, &notes, 0, 64);
+        note.write_at(0, &round.to_le_bytes());
+        client
+            .qp
+            .post_send(&wr(round, WrOpcode::Send, &[note.sge(0, 8)]))
+            .unwrap();
+        assert_eq!(client.send_wc().status, WcStatus::Success);
+        // Give a receive thread (which must not run) ample time.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(
+            server.rcq.len(),
+            0,
+            "round {round}: received without the application"
+        );
+        let t0 = Instant::now();
+        while !readable(fd) {
+            assert!(t0.elapsed() < T, "round {round}: fd never readable");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let wc = server.rcq.poll_one().expect("poll does the receive work");
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+        let mut got = [0u8; 8];
+        notes.read_at(0, &mut got);
+        assert_eq!(u64::from_le_bytes(got), round);
+        assert!(
+            !readable(fd),
+            "round {round}: fd readable after the work was done"
+        );
+    }
+    let ss = server.qp.stats();
+    assert_eq!(
+        ss.rx_polled_bytes,
+        ss.rx_buffered_bytes + ss.rx_direct_bytes,
+        "only the application read: {ss:?}"
+    );
+}
+
+/// `BusyPoll` mode: `wait` does the receive work itself; Sends ping-pong
+/// and the waiting threads, not the receive threads, read nearly all bytes.
+#[test]
+fn busy_poll_wait_does_the_receive_work() {
+    let (client, server) = pair();
+    for h in [&client, &server] {
+        h.scq.set_progress(ProgressMode::BusyPoll).unwrap();
+        h.rcq.set_progress(ProgressMode::BusyPoll).unwrap();
+        assert_eq!(h.rcq.progress_mode(), ProgressMode::BusyPoll);
+    }
+    const N: u64 = 500;
+    let cbuf = client.mr(64);
+    let sbuf = server.mr(64);
+    client.post_recv(1, &cbuf, 32, 32);
+    server.post_recv(2, &sbuf, 32, 32);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                let wc = server.rcq.wait_one(T).unwrap().expect("server recv");
+                assert_eq!(wc.status, WcStatus::Success, "server recv {i}");
+                server.post_recv(2, &sbuf, 32, 32);
+                server
+                    .qp
+                    .post_send(&iwarp::SendWr {
+                        signaled: false,
+                        ..wr(i, WrOpcode::Send, &[sbuf.sge(0, 8)])
+                    })
+                    .unwrap();
+            }
+        });
+        for i in 0..N {
+            client
+                .qp
+                .post_send(&iwarp::SendWr {
+                    signaled: false,
+                    ..wr(i, WrOpcode::Send, &[cbuf.sge(0, 8)])
+                })
+                .unwrap();
+            let wc = client.rcq.wait_one(T).unwrap().expect("client recv");
+            assert_eq!(wc.status, WcStatus::Success, "client recv {i}");
+            client.post_recv(1, &cbuf, 32, 32);
+        }
+    });
+    // A busy wait with nothing coming times out, bounded.
+    let t0 = Instant::now();
+    assert!(!client.rcq.wait(Duration::from_millis(30)).unwrap());
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let cs = client.qp.stats();
+    assert!(
+        cs.rx_polled_bytes * 2 > cs.rx_buffered_bytes + cs.rx_direct_bytes,
+        "the busy waiter read less than half: {cs:?}"
+    );
+}
+
+fn readable(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, zero timeout.
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    rc == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// One thread is the event loop of both sides, as rhttp and mod_rdma
+/// are: all four CQs are application-driven and it sleeps in `poll(2)` on
+/// their fds. It never waits for its poll timeout: whatever a receive
+/// thread read before the mode changed (it sits blocked in `recv` on an
+/// idle connection) is processed, and completions and socket bytes wake
+/// it through the CQs' fds. The client's Read of 1 MiB and the server's
 /// Send back each finish within 90 ms (the poll timeout is 100 ms).
 #[test]
-fn drivers_on_both_sides_are_never_left_waiting() {
+fn app_driven_event_loop_on_both_sides_is_never_left_waiting() {
     const LEN: usize = 1 << 20;
     let (client, server) = pair();
     let target = server.mr(LEN);
@@ -364,25 +476,25 @@ fn drivers_on_both_sides_are_never_left_waiting() {
     let sink = client.mr(LEN);
     let notes = client.mr(64);
     let note = server.mr(64);
-    // Wait for a completion on `cq`, driving both connections.
-    let wait = |what: &str, cq: &iwarp::CompletionQueue, ds: [&iwarp::Drive; 2]| {
+    let cqs = [&client.scq, &client.rcq, &server.scq, &server.rcq];
+    // Wait for a completion on `cq`, doing both sides' work.
+    let wait = |what: &str, cq: &iwarp::CompletionQueue| {
         let t0 = Instant::now();
         loop {
-            for d in ds {
-                d.progress();
+            for c in cqs {
+                c.progress();
             }
             if let Some(wc) = cq.poll_one() {
                 return (wc, t0.elapsed());
             }
-            assert!(t0.elapsed() < T, "{what}: nothing completed while driving");
-            let fd = |fd| libc::pollfd {
-                fd,
+            assert!(t0.elapsed() < T, "{what}: nothing completed");
+            let mut p = cqs.map(|c| libc::pollfd {
+                fd: c.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
-            };
-            let mut p = [fd(ds[0].fd()), fd(ds[1].fd()), fd(cq.as_raw_fd())];
-            // SAFETY: three live pollfds.
-            unsafe { libc::poll(p.as_mut_ptr(), 3, 100) };
+            });
+            // SAFETY: four live pollfds.
+            unsafe { libc::poll(p.as_mut_ptr(), 4, 100) };
         }
     };
     let mut slow = Vec::new();
@@ -390,30 +502,34 @@ fn drivers_on_both_sides_are_never_left_waiting() {
         client.post_recv(round, &notes, 0, 64);
         // Let both receive threads go back to their blocking `recv`.
         std::thread::sleep(Duration::from_millis(2));
-        let dc = client.qp.drive().expect("connected");
-        let ds = server.qp.drive().expect("connected");
+        for c in cqs {
+            c.set_progress(DRIVEN).unwrap();
+        }
         post_read(&client, 1000 + round, &target, 0, sink.sge(0, LEN));
-        let (wc, took) = wait("client Read", &client.scq, [&dc, &ds]);
+        let (wc, took) = wait("client Read", &client.scq);
         assert_eq!((wc.wr_id, wc.status), (1000 + round, WcStatus::Success));
         if took >= Duration::from_millis(90) {
             slow.push(("read", round, took));
         }
-        // The server's Send wakes the client's driver.
+        // The server's Send wakes the loop.
         server
             .qp
             .post_send(&wr(2000 + round, WrOpcode::Send, &[note.sge(0, 8)]))
             .unwrap();
-        let (wc, took) = wait("client receive", &client.rcq, [&dc, &ds]);
+        let (wc, took) = wait("client receive", &client.rcq);
         assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
         if took >= Duration::from_millis(90) {
             slow.push(("send", round, took));
         }
-        let (wc, _) = wait("server Send", &server.scq, [&dc, &ds]);
+        let (wc, _) = wait("server Send", &server.scq);
         assert_eq!(wc.status, WcStatus::Success);
+        for c in cqs {
+            c.set_progress(ProgressMode::default()).unwrap();
+        }
     }
     assert!(
         slow.is_empty(),
-        "drivers waited out their poll timeout: {slow:?}"
+        "the event loop waited out its poll timeout: {slow:?}"
     );
     let mut got = vec![0u8; LEN];
     sink.read_at(0, &mut got);

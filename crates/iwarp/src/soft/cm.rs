@@ -36,8 +36,10 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 pub use iwarp_proto::handshake::{HandshakeError, MpaConfig, Policy, Rtr};
 
-use crate::driver::{self, Conn};
-use crate::qp::{ConnInfo, QpEvent, QpShared, QueuePair, RTR_WR_ID};
+use super::{Conn, SoftQp, RTR_WR_ID};
+use crate::provider::{ConnInfo, QpEvent};
+use crate::qp::QueuePair;
+use std::sync::Arc;
 
 /// Length of the fixed part of an MPA Request/Reply (RFC 5044 §7.1: 16-byte
 /// key, flags, revision, 2-byte private-data length).
@@ -115,8 +117,8 @@ impl Default for ConnParam {
 }
 
 impl ConnParam {
-    fn liveness(&self) -> driver::Liveness {
-        driver::Liveness {
+    fn liveness(&self) -> super::Liveness {
+        super::Liveness {
             peer_timeout: self.peer_timeout,
             probe_interval: self.probe_interval,
             wake_nudge: self.wake_nudge,
@@ -164,6 +166,8 @@ pub enum CmError {
     Bind { addr: SocketAddr, source: io::Error },
     /// Starting the driver threads failed.
     Driver(io::Error),
+    /// The queue pair belongs to another provider.
+    OtherProvider,
 }
 
 fn hex(data: &[u8]) -> String {
@@ -196,6 +200,7 @@ impl fmt::Display for CmError {
             }
             CmError::Bind { addr, source } => write!(f, "could not listen on {addr}: {source}; is another process using the port?"),
             CmError::Driver(e) => write!(f, "could not start the queue pair's driver threads: {e}; raise the thread limit"),
+            CmError::OtherProvider => f.write_str("this queue pair was not made by the software provider: connect it with its own provider's connection manager"),
         }
     }
 }
@@ -326,8 +331,8 @@ impl Exchange<'_> {
 }
 
 /// Mark `qp` as being connected; fails unless it is a fresh QP in Init.
-fn claim(qp: &QueuePair) -> Result<(), CmError> {
-    let shared = &qp.shared;
+fn claim(qp: &QueuePair) -> Result<Arc<SoftQp>, CmError> {
+    let shared = super::of(qp).ok_or(CmError::OtherProvider)?;
     let state = shared.lock_engine().state();
     if state != QpState::Init {
         return Err(CmError::InvalidState {
@@ -344,12 +349,11 @@ fn claim(qp: &QueuePair) -> Result<(), CmError> {
             connected: true,
         });
     }
-    Ok(())
+    Ok(shared)
 }
 
-fn unclaim(qp: &QueuePair) {
-    qp.shared
-        .claimed
+fn unclaim(qp: &SoftQp) {
+    qp.claimed
         .store(false, std::sync::atomic::Ordering::Release);
 }
 
@@ -357,21 +361,21 @@ fn unclaim(qp: &QueuePair) {
 /// message if we are the initiator in peer-to-peer mode, and start the
 /// driver.
 fn go_live(
-    qp: &QueuePair,
+    qp: &Arc<SoftQp>,
     sock: Socket,
     neg: &Negotiated,
     initiator: bool,
     param: &ConnParam,
 ) -> Result<(), CmError> {
-    let shared: &QpShared = &qp.shared;
-    driver::tune_socket(&sock);
+    let shared: &Arc<SoftQp> = qp;
+    super::tune_socket(&sock);
     // FPDUs are sized from the MSS (RFC 5044 §5.1), in whole segments up to
     // 64 KiB as siw does (see `mulpdu_for_path`). Early in a connection
     // TCP_MAXSEG can be bounded by half the peer's initial window; the
     // advertised MSS reflects the path MTU.
     let maxseg = sock.tcp_mss().unwrap_or(1460);
     let mss = crate::sys::tcp_advmss(sock.as_raw_fd()).map_or(maxseg, |adv| adv.max(maxseg));
-    let mulpdu = driver::mulpdu_for_path(mss, neg.markers_tx);
+    let mulpdu = super::mulpdu_for_path(mss, neg.markers_tx);
     let info = ConnInfo {
         crc: neg.crc,
         markers_tx: neg.markers_tx,
@@ -429,7 +433,7 @@ fn go_live(
         }
     }
     let _ = shared.info.set(info);
-    let conn = Conn::start(&qp.shared, sock, &param.liveness()).map_err(CmError::Driver)?;
+    let conn = Conn::start(shared, sock, &param.liveness()).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(
@@ -451,15 +455,19 @@ fn go_live(
 /// bounded by `param.timeout`. On success the QP is in RTS and
 /// [`QpEvent::Established`] is queued.
 pub fn connect(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
-    claim(qp)?;
-    let r = connect_inner(qp, addr, param);
+    let soft = claim(qp)?;
+    let r = connect_inner(&soft, addr, param);
     if r.is_err() {
-        unclaim(qp);
+        unclaim(&soft);
     }
     r
 }
 
-fn connect_inner(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
+fn connect_inner(
+    qp: &Arc<SoftQp>,
+    addr: SocketAddr,
+    param: &ConnParam,
+) -> Result<Vec<u8>, CmError> {
     let start = Instant::now();
     let deadline = start + param.timeout;
     let request = handshake::request(&param.mpa, &param.private_data)
@@ -700,15 +708,15 @@ impl ConnRequest {
     /// The reply must leave within `param.timeout`. Post receives before
     /// accepting: the peer may send as soon as it has the Reply.
     pub fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
-        claim(qp)?;
-        let r = self.accept_inner(qp, param);
+        let soft = claim(qp)?;
+        let r = self.accept_inner(&soft, param);
         if r.is_err() {
-            unclaim(qp);
+            unclaim(&soft);
         }
         r
     }
 
-    fn accept_inner(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
+    fn accept_inner(self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<(), CmError> {
         let addr = self.peer;
         let (reply, neg) =
             handshake::accept(&self.mpa, &self.req, &param.private_data).map_err(|error| {

@@ -1,0 +1,293 @@
+//! **Who reads this socket now.** Every decision about which thread does a
+//! connection's receive work is made in this file; `rx.rs` only says how a
+//! pass reads.
+//!
+//! Whoever holds `Conn::rx` may read the socket. Three kinds of thread
+//! want it:
+//!
+//! | reader | takes `rx` | when |
+//! |---|---|---|
+//! | the receive thread, alone (`rx_exclusive`) | `lock`, and holds it across a blocking `recv` | no application thread has called `progress` since its last look (the CQ is `Threaded` and the application sleeps or computes) |
+//! | the receive thread, sharing (`rx_loop`) | `lock` after `poll` said readable, never across a wait | application threads call `progress` now and then |
+//! | an application thread (`Conn::progress`) | `try_lock` only: if busy, it yields and leaves the work to the holder | `CompletionQueue::progress`, `wait` in `BusyPoll` or `AppDriven` mode, `poll` in `AppDriven` mode |
+//!
+//! and the receive thread gets out of the way in two cases:
+//!
+//! - **Stepping aside** (a `BusyPoll` waiter): more than `SPINNING_POLLS`
+//!   application `progress` calls between two of its looks make it sleep
+//!   in `STEP_ASIDE` slices instead of waking for every segment; a waiter
+//!   that goes to sleep says so (`Conn::stop_progress`, called by the CQ's
+//!   threaded wait) and it takes over at once.
+//! - **Application-driven** (a CQ in `ProgressMode::AppDriven`,
+//!   `Conn::set_app_driven`): it feeds what it already buffered to the
+//!   engine and parks until the mode is turned off or the connection ends.
+//!
+//! Every handover is a pair of `SeqCst` flags written by one side and read
+//! by the other in opposite order (see `Conn::stop_progress`), so no side
+//! can sleep while the other thinks it reads.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::TryLockError;
+use std::time::Duration;
+
+use crate::sys;
+
+use super::conn::*;
+use super::rx::*;
+use super::tx::*;
+use super::{lock, SoftQp};
+
+/// Application `progress` calls between two looks of the receive thread
+/// above which it considers the application to be busy polling.
+pub(super) const SPINNING_POLLS: u64 = 64;
+/// How long the receive thread steps aside while an application thread
+/// busy-polls.
+pub(super) const STEP_ASIDE: Duration = Duration::from_millis(1);
+
+/// The receive thread alone reads the socket (no application thread has
+/// called `progress` since `polls_seen`): it holds `rx` and blocks in
+/// `recv`, one system call per wake-up instead of `poll` plus `recv`.
+/// Returns `Ok` as soon as an application thread calls `progress` (it then
+/// finds `rx` free again), `Err` with the reason when the connection ends.
+pub(super) fn rx_exclusive(
+    qp: &SoftQp,
+    conn: &Conn,
+    rx: &mut RxState,
+    polls_seen: u64,
+) -> Result<(), String> {
+    let fd = conn.sock.as_raw_fd();
+    rx.block = true;
+    let r = loop {
+        if conn.stop.load(Ordering::Acquire) {
+            break Err("stopped".into());
+        }
+        match rx_pass(qp, conn, rx) {
+            Pass::Progress | Pass::Drained => {}
+            // A direct read found nothing: wait for readability, holding
+            // no region (a deregistration may be waiting for it).
+            Pass::Idle => {
+                if let Err(e) = sys::poll_one(fd, libc::POLLIN, TICK) {
+                    break Err(format!("poll failed: {e}"));
+                }
+            }
+            Pass::Closed(why) => break Err(why),
+        }
+        if conn.app_polls.load(Ordering::Relaxed) != polls_seen
+            || conn.app_driven.load(Ordering::Relaxed)
+        {
+            break Ok(());
+        }
+    };
+    rx.block = false;
+    r
+}
+
+impl Conn {
+    /// Receive work from the calling thread, if no other thread is doing
+    /// it: everything the socket holds now is read, placed and completed.
+    /// Never blocks. Counted, so that the receive thread steps aside while
+    /// an application thread calls this in a loop (see [`rx_loop`]).
+    pub(crate) fn progress(&self, qp: &SoftQp) {
+        if self.stop.load(Ordering::Acquire) {
+            return;
+        }
+        self.app_polls.fetch_add(1, Ordering::Relaxed);
+        match self.rx.try_lock() {
+            Ok(mut rx) => {
+                if let Err(why) = self.progress_rx(qp, &mut rx) {
+                    drop(rx);
+                    self.connection_lost(qp, &why, None);
+                    return;
+                }
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                if let Err(why) = self.progress_rx(qp, &mut p.into_inner()) {
+                    self.connection_lost(qp, &why, None);
+                    return;
+                }
+            }
+            // The receive thread is reading (or blocked in `recv` until it
+            // notices this call): give it the CPU rather than spin against
+            // it, which matters when threads outnumber cores.
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+        self.progress_tx(qp);
+    }
+
+    /// The receive half of [`progress`](Self::progress), `rx` held.
+    pub(super) fn progress_rx(&self, qp: &SoftQp, rx: &mut RxState) -> Result<(), String> {
+        let c = &qp.counters;
+        let read = || {
+            c.rx_buffered_bytes.load(Ordering::Relaxed) + c.rx_direct_bytes.load(Ordering::Relaxed)
+        };
+        // Only the holder of `rx` reads the socket, so the difference is
+        // what this thread read.
+        let before = read();
+        let r = rx_drain(qp, self, rx);
+        let got = read().wrapping_sub(before);
+        if got > 0 {
+            c.rx_polled_bytes.fetch_add(got, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// The transmit half of [`progress`](Self::progress).
+    pub(super) fn progress_tx(&self, qp: &SoftQp) {
+        // Transmit work too: a frame the socket could not take whole (a
+        // large Write or Read Response) is pushed on from here as the peer
+        // drains it, so a waiting application does not depend on the
+        // transmit thread being scheduled (a scheduler tick on a loaded
+        // machine). Only if nobody else is writing.
+        let Ok(mut tx) = self.tx.try_lock() else {
+            return;
+        };
+        if tx.off >= tx.frame_len {
+            return;
+        }
+        // Only the holder of `tx` writes, so the difference is ours.
+        let c = &qp.counters;
+        let before = c.tx_bytes.load(Ordering::Relaxed);
+        let r = flush(qp, self, &mut tx);
+        drop(tx);
+        let sent = c.tx_bytes.load(Ordering::Relaxed).wrapping_sub(before);
+        if sent > 0 {
+            c.tx_polled_bytes.fetch_add(sent, Ordering::Relaxed);
+        }
+        if r == Flush::WouldBlock {
+            self.wake_tx();
+        }
+    }
+
+    /// Application-driven mode on or off (see `ProgressMode::AppDriven`):
+    /// while on, the receive thread stays parked and only application
+    /// threads read the socket; turning it off wakes the receive thread.
+    pub(crate) fn set_app_driven(&self, on: bool) {
+        if self.app_driven.swap(on, Ordering::SeqCst) != on && !on {
+            self.stop_progress();
+        }
+    }
+
+    /// The socket, for an application that waits for it to be readable.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// An application thread that may have been calling [`progress`]
+    /// stops doing so (it is about to sleep): the receive thread takes the
+    /// receive work back at once instead of after its step-aside slice.
+    ///
+    /// Without this, a waiter that polled for a while and then slept left
+    /// the socket unread for up to two [`STEP_ASIDE`] slices (the receive
+    /// thread counted the polls of the slice in which they stopped and
+    /// stepped aside again): 1 MB client-reads GETs through mod_rdma took
+    /// a 2 ms median on a loaded machine.
+    ///
+    /// Race-free with the receive thread's check in [`rx_loop`]: this
+    /// bumps `handbacks` and then reads `aside`; the receive thread sets
+    /// `aside` and then reads `handbacks` before it parks. With both
+    /// `SeqCst`, at least one of them sees the other's write, so either
+    /// the thread does not park or it is unparked (an `unpark` before
+    /// `park_timeout` makes it return at once).
+    pub(crate) fn stop_progress(&self) {
+        self.handbacks.fetch_add(1, Ordering::SeqCst);
+        if self.aside.load(Ordering::SeqCst) {
+            if let Some(t) = self.rx_thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
+/// The receive thread. While no application thread calls
+/// [`Conn::progress`], it reads alone, blocking in `recv` with `rx` held
+/// (`rx_exclusive`). Otherwise it waits for readability holding no lock,
+/// then drains the socket holding `rx` (an application thread may have done
+/// it meanwhile).
+///
+/// While an application thread busy-polls this QP (more than
+/// [`SPINNING_POLLS`] [`Conn::progress`] calls since the last look), that
+/// thread does the receive work, and the receive thread steps aside: it
+/// sleeps [`STEP_ASIDE`] instead of waiting on the socket, so arriving data
+/// does not wake it to compete for the CPU with the thread that is already
+/// reading. When the poller goes to sleep it says so
+/// ([`Conn::stop_progress`], called by `CompletionQueue::wait`), which
+/// wakes the receive thread at once; a poller that just stops without
+/// saying so is noticed at most two `STEP_ASIDE` slices later.
+pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
+    let fd = conn.sock.as_raw_fd();
+    let _ = conn.rx_thread.set(std::thread::current());
+    let mut polls_seen = conn.app_polls.load(Ordering::Relaxed);
+    let mut handbacks_seen = conn.handbacks.load(Ordering::SeqCst);
+    let mut handed_to_app = false;
+    let why: String = loop {
+        if conn.app_driven.load(Ordering::SeqCst) {
+            if !handed_to_app {
+                // This thread may have read bytes the application has not
+                // seen (it was blocked in `recv` when the mode changed): feed them
+                // to the engine now, or a complete message could sit in the
+                // buffer while the application sleeps on an empty socket.
+                // What completes wakes the application through its CQ's
+                // fd; the socket itself is left to the application.
+                rx_consume_buffered(qp, conn, &mut lock(&conn.rx));
+                handed_to_app = true;
+            }
+            // An application thread waits on the socket and reads it: stay
+            // out of its way until it lets go (`set_app_driven(false)`
+            // unparks; `aside` then `app_driven` here and the reverse
+            // order there, both
+            // SeqCst, so one of the two sees the other).
+            conn.aside.store(true, Ordering::SeqCst);
+            if conn.app_driven.load(Ordering::SeqCst) && !conn.stop.load(Ordering::Acquire) {
+                qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
+                std::thread::park_timeout(TICK);
+            }
+            conn.aside.store(false, Ordering::SeqCst);
+            if conn.stop.load(Ordering::Acquire) {
+                break "stopped".into();
+            }
+            polls_seen = conn.app_polls.load(Ordering::Relaxed);
+            continue;
+        }
+        handed_to_app = false;
+        let polls = conn.app_polls.load(Ordering::Relaxed);
+        let mut calls = polls.wrapping_sub(polls_seen);
+        polls_seen = polls;
+        let hb = conn.handbacks.load(Ordering::SeqCst);
+        if hb != handbacks_seen {
+            // A poller went to sleep since the last look: whatever it
+            // polled before, nobody polls now.
+            handbacks_seen = hb;
+            calls = 0;
+        }
+        if calls == 0 {
+            // Nobody polls: block in `recv` holding `rx`.
+            match rx_exclusive(qp, conn, &mut lock(&conn.rx), polls_seen) {
+                Ok(()) => continue,
+                Err(why) => break why,
+            }
+        }
+        let r = rx_drain(qp, conn, &mut lock(&conn.rx));
+        if let Err(why) = r {
+            break why;
+        }
+        if calls > SPINNING_POLLS {
+            // Step aside, unless the poller has just handed back (see
+            // `Conn::stop_progress` for why this cannot miss it).
+            conn.aside.store(true, Ordering::SeqCst);
+            if conn.handbacks.load(Ordering::SeqCst) == handbacks_seen {
+                qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
+                std::thread::park_timeout(STEP_ASIDE);
+            }
+            conn.aside.store(false, Ordering::SeqCst);
+            continue;
+        }
+        // Someone polls now and then: wait holding nothing, so that it can
+        // take `rx` meanwhile.
+        if let Err(e) = sys::poll_one(fd, libc::POLLIN, TICK) {
+            break format!("poll failed: {e}");
+        }
+    };
+    conn.connection_lost(qp, &why, None);
+    tracing::trace!(qpn = qp.qpn, "rx thread exits");
+}

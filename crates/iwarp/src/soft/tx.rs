@@ -1,0 +1,347 @@
+//! Transmit work: building frames from the engine and writing them with
+//! one gather `sendmsg` from registered memory, the transmit thread, and
+//! the opportunistic non-blocking transmit of other threads (`kick`).
+
+use std::io;
+use std::net::Shutdown;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, TryLockError};
+
+use iwarp_proto::engine::{TxFrame, TxPiece};
+
+use crate::mr::MrInner;
+use crate::sys;
+
+use super::conn::*;
+use super::{lock, pump, SoftQp};
+
+/// Bytes the transmit path asks the engine for per `poll_transmit`.
+pub const TX_BATCH: usize = 64 * 1024;
+/// Frames (or remainders) up to this size are copied and written with one
+/// `send` instead of a gather `sendmsg` (see `write_some`).
+pub const SMALL_SEND: usize = 512;
+/// Largest iovec count per `sendmsg` (Linux `IOV_MAX` is 1024).
+pub(super) const MAX_IOV: usize = 1024;
+
+/// Bytes of the frame being written and how much of it is out.
+#[derive(Default)]
+pub(crate) struct TxState {
+    pub(super) frame: TxFrame,
+    pub(super) frame_len: usize,
+    pub(super) off: usize,
+    /// Regions held alive during one `sendmsg` (kept for its capacity).
+    pub(super) hold: Vec<Arc<MrInner>>,
+    /// The iovecs of one `sendmsg` (kept for its capacity).
+    pub(super) iov: IovBuf,
+}
+
+/// Reusable iovec storage, so a write allocates nothing.
+#[derive(Default)]
+pub(super) struct IovBuf(Vec<libc::iovec>);
+
+// SAFETY: `IovBuf` is empty between calls of `write_some`, which clears it
+// on every exit (errors included), so the raw pointers it holds never
+// outlive the borrow they were taken under and are never seen by another
+// thread; only the capacity moves between threads.
+unsafe impl Send for IovBuf {}
+
+impl Conn {
+    /// Wake the transmit thread.
+    pub(crate) fn wake_tx(&self) {
+        *lock(&self.wake) = true;
+        self.wake_cond.notify_one();
+    }
+
+    /// Transmit what the engine has, from the calling thread if `tx` is free
+    /// and the socket has room, otherwise by waking the transmit thread.
+    /// Never blocks on the network.
+    pub(crate) fn kick(&self, qp: &SoftQp) {
+        let guard = match self.tx.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.wake_tx();
+                return;
+            }
+        };
+        let mut tx = guard;
+        let r = flush(qp, self, &mut tx);
+        drop(tx);
+        match r {
+            Flush::Done => {
+                if lock(&qp.engine).has_transmit() {
+                    self.wake_tx();
+                }
+            }
+            Flush::WouldBlock => self.wake_tx(),
+            Flush::Closed => {}
+        }
+    }
+
+    pub(super) fn shut_write(&self) {
+        if !self.write_shut.swap(true, Ordering::AcqRel) {
+            let _ = self.sock.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+/// Fault injection for tests of the driver's races (not for applications).
+#[doc(hidden)]
+pub mod fault {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    static CONFIRM_DELAY_US: AtomicU64 = AtomicU64::new(0);
+
+    /// Make every writer pause this long between writing a whole frame and
+    /// confirming it to the engine, widening the window in which the peer
+    /// can read the frame and close first. Process-wide; zero turns it off.
+    pub fn set_confirm_delay(d: Duration) {
+        CONFIRM_DELAY_US.store(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// One relaxed load per frame when off.
+    #[inline]
+    pub(super) fn after_frame_written() {
+        let us = CONFIRM_DELAY_US.load(Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(Duration::from_micros(us));
+        }
+    }
+}
+
+/// Confirm a frame that is entirely in the socket (`tx` held, engine not).
+pub(super) fn confirm_written(qp: &SoftQp, tx: &mut TxState) {
+    if tx.frame_len > 0 && tx.off >= tx.frame_len {
+        let mut eng = lock(&qp.engine);
+        eng.confirm_transmit();
+        pump(qp, &mut eng);
+        tx.frame.clear();
+        tx.frame_len = 0;
+        tx.off = 0;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Flush {
+    /// Nothing left to send.
+    Done,
+    /// The socket is full.
+    WouldBlock,
+    /// The connection is gone.
+    Closed,
+}
+
+/// Write one batch of the current frame from `tx.off` on; returns the bytes
+/// written.
+///
+/// A small remainder (at most [`SMALL_SEND`] bytes: the frame of a short
+/// message) is copied into a stack buffer and written with one `send`, like
+/// the inline data of an RNIC's work request: for a few hundred bytes the
+/// copy is cheaper than `sendmsg`'s message header and iovec import, and it
+/// is on the latency path of every small message. Everything else goes out
+/// with one gather `sendmsg` straight from the frame's inline bytes and
+/// the registered regions.
+pub(super) fn write_some(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io::Result<usize> {
+    let r = gather_and_send(qp, conn, tx);
+    // On every exit, errors included: no pointer outlives this call, and
+    // no region stays pinned.
+    tx.iov.0.clear();
+    tx.hold.clear();
+    r
+}
+
+/// The body of [`write_some`], which empties `iov` and `hold` after it.
+pub(super) fn gather_and_send(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io::Result<usize> {
+    let left = tx.frame_len.saturating_sub(tx.off);
+    if left == 0 {
+        return Ok(0);
+    }
+    let small = left <= SMALL_SEND;
+    let mut copy = [0u8; SMALL_SEND];
+    let mut copied = 0usize;
+    let mut skip = tx.off;
+    let TxState {
+        frame, hold, iov, ..
+    } = tx;
+    for piece in &frame.pieces {
+        let (plen, ptr): (usize, *const u8) = match *piece {
+            TxPiece::Inline { start, len } => {
+                let (s, l) = (start as usize, len as usize);
+                let bytes = frame.inline.get(s..s + l).ok_or_else(|| {
+                    io::Error::other("engine frame piece outside its inline buffer")
+                })?;
+                if skip >= l {
+                    skip -= l;
+                    continue;
+                }
+                if small {
+                    let b = &bytes[skip..];
+                    copy[copied..copied + b.len()].copy_from_slice(b);
+                    copied += b.len();
+                    skip = 0;
+                    continue;
+                }
+                (l, bytes.as_ptr())
+            }
+            TxPiece::Mem { stag, to, len } => {
+                if skip >= len as usize {
+                    skip -= len as usize;
+                    continue;
+                }
+                let region = qp.mem.resolve(stag).map_err(|e| {
+                    io::Error::other(format!(
+                        "memory region {stag:#010x} deregistered while a work request was sending from it: {e}"
+                    ))
+                })?;
+                if small {
+                    let n = len as usize - skip;
+                    region
+                        .read_into(to + skip as u64, &mut copy[copied..copied + n])
+                        .map_err(|e| {
+                            io::Error::other(format!("transmit from {stag:#010x}: {e}"))
+                        })?;
+                    copied += n;
+                    skip = 0;
+                    continue;
+                }
+                let p = region
+                    .ptr_at(to, len as u64)
+                    .map_err(|e| io::Error::other(format!("transmit from {stag:#010x}: {e}")))?;
+                hold.push(region);
+                (len as usize, p as *const u8)
+            }
+        };
+        if skip >= plen {
+            skip -= plen;
+            continue;
+        }
+        iov.0.push(libc::iovec {
+            iov_base: ptr.wrapping_add(skip) as *mut libc::c_void,
+            iov_len: plen - skip,
+        });
+        skip = 0;
+        if iov.0.len() == MAX_IOV {
+            break;
+        }
+    }
+    let fd = conn.sock.as_raw_fd();
+    if small {
+        return sys::send_nonblocking(fd, &copy[..copied]);
+    }
+    if iov.0.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: each iovec points into `frame.inline` (borrowed for this
+    // call) or into a registered region whose `Arc` is in `hold`, so all of
+    // it is readable until the call returns; the call does not block.
+    unsafe { sys::send_iovecs(fd, &iov.0) }
+}
+
+/// Write everything the engine has, `tx` held; returns `WouldBlock` when the
+/// socket is full (never waits: the transmit thread waits for `POLLOUT`
+/// after releasing `tx`, see `tx_loop`).
+pub(super) fn flush(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> Flush {
+    loop {
+        if conn.stop.load(Ordering::Acquire) {
+            return Flush::Closed;
+        }
+        if tx.off < tx.frame_len {
+            match write_some(qp, conn, tx) {
+                Ok(n) => {
+                    tx.off += n;
+                    qp.counters.tx_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    conn.wrote_bytes();
+                    if tx.off >= tx.frame_len {
+                        fault::after_frame_written();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flush::WouldBlock,
+                Err(e) => {
+                    conn.connection_lost(qp, &format!("write failed: {e}"), Some(tx));
+                    return Flush::Closed;
+                }
+            }
+            continue;
+        }
+        let mut eng = lock(&qp.engine);
+        if tx.frame_len > 0 {
+            eng.confirm_transmit();
+            tx.frame.clear();
+            tx.frame_len = 0;
+            tx.off = 0;
+            pump(qp, &mut eng);
+        }
+        if eng.has_transmit() && eng.poll_transmit(&mut tx.frame, TX_BATCH, &*qp.mem) {
+            tx.frame_len = tx.frame.len();
+            continue;
+        }
+        let close = eng.wants_close();
+        drop(eng);
+        if close {
+            conn.shut_write();
+        }
+        return Flush::Done;
+    }
+}
+
+pub(super) fn tx_loop(qp: &SoftQp, conn: &Conn) {
+    loop {
+        let woken = {
+            let mut woken = lock(&conn.wake);
+            if !*woken && !conn.stop.load(Ordering::Acquire) {
+                let sleep = conn.tx_sleep();
+                woken = conn
+                    .wake_cond
+                    .wait_timeout(woken, sleep)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            std::mem::replace(&mut *woken, false)
+        };
+        if conn.stop.load(Ordering::Acquire) {
+            break;
+        }
+        // Every wake-up and every TICK: is the peer still there?
+        if conn.give_up_if_silent(qp) {
+            break;
+        }
+        let woken = conn.maybe_probe(qp) || woken;
+        let woken = conn.maybe_nudge(qp) || woken;
+        if !woken {
+            continue;
+        }
+        // Write until done, waiting for socket space holding nothing: a
+        // thread in `progress` (an application waiting for this very
+        // transfer) may take `tx` meanwhile and push the frame on itself
+        // as soon as the peer makes room, instead of waiting for this
+        // thread to be scheduled.
+        let closed = loop {
+            let mut tx = lock(&conn.tx);
+            let r = flush(qp, conn, &mut tx);
+            if r != Flush::WouldBlock {
+                break r == Flush::Closed;
+            }
+            drop(tx);
+            if let Err(e) = sys::poll_one(conn.sock.as_raw_fd(), libc::POLLOUT, TICK) {
+                let mut tx = lock(&conn.tx);
+                conn.connection_lost(qp, &format!("poll failed: {e}"), Some(&mut tx));
+                break true;
+            }
+            // Every TICK of waiting for room, too: a peer that never opens
+            // its window again must not hold the outstanding work forever.
+            if conn.give_up_if_silent(qp) {
+                break true;
+            }
+        };
+        if closed {
+            break;
+        }
+        if lock(&qp.engine).has_transmit() {
+            conn.wake_tx();
+        }
+    }
+    conn.shut_write();
+    tracing::trace!(qpn = qp.qpn, "tx thread exits");
+}
