@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     match handshake::parse_reply(&cfg, frame) {
-        Ok(n) => {
+        Ok((n, _)) => {
             assert!(n.revision <= cfg.revision);
             assert!(n.ird <= cfg.ird && n.ord <= cfg.ord);
         }

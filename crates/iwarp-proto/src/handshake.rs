@@ -140,8 +140,12 @@ pub struct Request {
     pub private_data: Vec<u8>,
 }
 
-/// What both sides agreed on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What both sides agreed on. The one description of a connection's MPA
+/// terms: a connected queue pair reports it as is (`iwarp::ConnInfo`
+/// holds it). The peer's private data travels beside it: in the
+/// [`Request`] for the responder, as the second value of [`parse_reply`]
+/// for the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Negotiated {
     /// CRC in both directions.
     pub crc: bool,
@@ -157,8 +161,6 @@ pub struct Negotiated {
     pub ord: u16,
     /// The RTR message: the initiator sends it, the responder waits for it.
     pub rtr: Option<Rtr>,
-    /// The peer's ULP private data.
-    pub peer_private_data: Vec<u8>,
 }
 
 /// Why the setup failed. `Display` names the cause and the fix.
@@ -478,7 +480,6 @@ pub fn accept(
             ird,
             ord,
             rtr,
-            peer_private_data: req.private_data.clone(),
         },
     ))
 }
@@ -508,8 +509,9 @@ pub fn reject(cfg: &MpaConfig, req: Option<&Request>, private_data: &[u8]) -> Ve
     .to_vec()
 }
 
-/// Parses the Reply to a Request built by [`request`]`(cfg, ..)`.
-pub fn parse_reply(cfg: &MpaConfig, frame: &[u8]) -> Result<Negotiated, HandshakeError> {
+/// Parses the Reply to a Request built by [`request`]`(cfg, ..)`: the
+/// negotiated terms and the responder's private data.
+pub fn parse_reply(cfg: &MpaConfig, frame: &[u8]) -> Result<(Negotiated, Vec<u8>), HandshakeError> {
     let own_rev = check_revision(cfg.revision)?;
     let (f, enhanced, pd) = parse_frame(frame, FrameKind::Reply)?;
     if f.reject() {
@@ -578,16 +580,18 @@ pub fn parse_reply(cfg: &MpaConfig, frame: &[u8]) -> Result<Negotiated, Handshak
         (cfg.ird, cfg.ord, None)
     };
 
-    Ok(Negotiated {
-        crc: f.crc() || cfg.crc == Policy::Required,
-        markers_tx: f.markers(),
-        markers_rx: cfg.markers == Policy::Required,
-        revision,
-        ird,
-        ord,
-        rtr,
-        peer_private_data: pd.to_vec(),
-    })
+    Ok((
+        Negotiated {
+            crc: f.crc() || cfg.crc == Policy::Required,
+            markers_tx: f.markers(),
+            markers_rx: cfg.markers == Policy::Required,
+            revision,
+            ird,
+            ord,
+            rtr,
+        },
+        pd.to_vec(),
+    ))
 }
 
 #[cfg(test)]
@@ -622,7 +626,8 @@ mod tests {
         let (reply, n) = accept(&MpaConfig::default(), &req, &[]).unwrap();
         assert_eq!(reply, SIW_DEFAULT_REP);
         assert_eq!((n.ird, n.ord, n.crc, n.rtr), (1, 1, false, None));
-        let back = parse_reply(&siw_like(), SIW_DEFAULT_REP).unwrap();
+        let (back, pd) = parse_reply(&siw_like(), SIW_DEFAULT_REP).unwrap();
+        assert!(pd.is_empty());
         assert_eq!((back.ird, back.ord), (1, 1));
     }
 

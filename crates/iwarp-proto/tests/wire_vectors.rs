@@ -209,7 +209,7 @@ fn capture_mpa_frames_parse_and_reemit() {
                     ord: 1000,
                     ..Default::default()
                 };
-                let n = handshake::parse_reply(&cfg, frame).unwrap();
+                let (n, _) = handshake::parse_reply(&cfg, frame).unwrap();
                 assert_eq!(n.crc, cap == "crc");
                 assert_eq!(n.rtr, (cap == "p2p").then_some(Rtr::ZeroLengthWrite));
             }
@@ -304,7 +304,7 @@ fn handshake_reproduces_capture_frames() {
             };
             let (reply, n) = handshake::accept(&responder, &req, &[]).unwrap();
             assert_eq!(reply, rep_frame, "{}", pair[1].0);
-            let back = handshake::parse_reply(&initiator, &reply).unwrap();
+            let (back, _) = handshake::parse_reply(&initiator, &reply).unwrap();
             assert_eq!(back.ord, n.ird, "initiator ORD is the responder's IRD");
             assert_eq!(back.ird, n.ord);
             assert_eq!(back.rtr, n.rtr);
@@ -607,9 +607,9 @@ fn connect(
             return Err(("accept", e));
         }
     };
-    let inn = handshake::parse_reply(init, &rep).map_err(|e| ("parse_reply", e))?;
-    assert_eq!(inn.peer_private_data, b"world");
-    assert_eq!(rn.peer_private_data, b"hello");
+    let (inn, pd) = handshake::parse_reply(init, &rep).map_err(|e| ("parse_reply", e))?;
+    assert_eq!(pd, b"world");
+    assert_eq!(parsed.private_data, b"hello");
     Ok((inn, rn))
 }
 
@@ -687,7 +687,7 @@ fn crc_required_reply_without_c_is_refused() {
     assert!(matches!(e, HandshakeError::CrcPolicy(_)));
     assert!(e.to_string().contains("crc=required"));
     rep[16] |= mpa::FLAG_CRC;
-    assert!(handshake::parse_reply(&init, &rep).unwrap().crc);
+    assert!(handshake::parse_reply(&init, &rep).unwrap().0.crc);
 }
 
 #[test]
@@ -1101,7 +1101,7 @@ proptest! {
         let parsed = handshake::parse_request(&req).unwrap();
         prop_assert_eq!(&parsed.private_data, &pd);
         let (rep, b) = handshake::accept(&resp, &parsed, &pd).unwrap();
-        let a = handshake::parse_reply(&init, &rep).unwrap();
+        let (a, _) = handshake::parse_reply(&init, &rep).unwrap();
         // Nobody issues more reads than the other side accepts.
         prop_assert!(a.ord <= b.ird && b.ord <= a.ird);
         prop_assert!(a.ord <= ord_i && b.ord <= ord_r && a.ird <= ird_i && b.ird <= ird_r);

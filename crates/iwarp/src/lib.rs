@@ -64,6 +64,7 @@ pub use iwarp_proto::engine::{
     PostError, QpState, RecvWr, SendWr, SgList, Sge, TermInfo, WcOpcode, WcQueue, WcStatus,
     WorkCompletion, WrOpcode, MAX_SGE,
 };
+pub use iwarp_proto::handshake::{Negotiated, Rtr};
 pub use iwarp_proto::mem::{Access, MemError};
 
 pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};

@@ -21,7 +21,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use iwarp_proto::engine::{PostError, QpState, RecvWr, SendWr, TermInfo};
-use iwarp_proto::handshake::Rtr;
+use iwarp_proto::handshake::Negotiated;
 
 /// The verbs of one queue pair, as a provider implements them.
 pub(crate) trait QpOps: Send + Sync + fmt::Debug {
@@ -91,23 +91,12 @@ pub enum QpEvent {
     PeerTimeout(String),
 }
 
-/// What the MPA handshake negotiated for a connected QP.
+/// What a connected QP runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnInfo {
-    /// CRC32C on every FPDU, both directions.
-    pub crc: bool,
-    /// We insert markers into what we send.
-    pub markers_tx: bool,
-    /// The peer inserts markers into what it sends.
-    pub markers_rx: bool,
-    /// MPA revision (1 or 2).
-    pub revision: u8,
-    /// Inbound RDMA Reads served at once.
-    pub ird: u16,
-    /// Outbound RDMA Reads outstanding at once.
-    pub ord: u16,
-    /// RFC 6581 ready-to-receive message, if peer-to-peer mode is on.
-    pub rtr: Option<Rtr>,
+    /// What the MPA handshake negotiated (CRC, markers, revision, IRD/ORD,
+    /// the RFC 6581 RTR message).
+    pub mpa: Negotiated,
     /// Largest DDP segment we send (from the TCP MSS).
     pub mulpdu: u32,
 }

@@ -39,8 +39,8 @@ fn connect_accept_with_private_data_both_ways() {
         client.qp.conn_info().unwrap(),
         server.qp.conn_info().unwrap(),
     );
-    assert_eq!(ci.crc, si.crc);
-    assert_eq!(ci.markers_tx, si.markers_rx);
+    assert_eq!(ci.mpa.crc, si.mpa.crc);
+    assert_eq!(ci.mpa.markers_tx, si.mpa.markers_rx);
     assert!(ci.mulpdu >= 128 && ci.mulpdu <= iwarp::soft::MULPDU_CAP);
 
     // A QP connects once.

@@ -121,6 +121,7 @@ impl PingReport {
 
 /// "MPA rev 2, CRC on, markers off" for a negotiated connection.
 pub fn describe_conn(c: &ConnInfo) -> String {
+    let c = &c.mpa;
     let onoff = |b: bool| if b { "on" } else { "off" };
     format!(
         "MPA rev {}, CRC {}, markers {}/{} (tx/rx), IRD {} ORD {}",

@@ -376,16 +376,7 @@ fn go_live(
     let maxseg = sock.tcp_mss().unwrap_or(1460);
     let mss = crate::sys::tcp_advmss(sock.as_raw_fd()).map_or(maxseg, |adv| adv.max(maxseg));
     let mulpdu = super::mulpdu_for_path(mss, neg.markers_tx);
-    let info = ConnInfo {
-        crc: neg.crc,
-        markers_tx: neg.markers_tx,
-        markers_rx: neg.markers_rx,
-        revision: neg.revision,
-        ird: neg.ird,
-        ord: neg.ord,
-        rtr: neg.rtr,
-        mulpdu,
-    };
+    let info = ConnInfo { mpa: *neg, mulpdu };
     {
         let mut eng = shared.lock_engine();
         if eng.state() != QpState::Init {
@@ -440,9 +431,9 @@ fn go_live(
         qpn = shared.qpn,
         local = %conn.local,
         peer = %conn.peer,
-        crc = info.crc,
-        markers_tx = info.markers_tx,
-        markers_rx = info.markers_rx,
+        crc = info.mpa.crc,
+        markers_tx = info.mpa.markers_tx,
+        markers_rx = info.mpa.markers_rx,
         mulpdu,
         "connection established"
     );
@@ -506,8 +497,8 @@ fn connect_inner(
     };
     x.send(&request, "sending the MPA Request")?;
     let reply = x.read_frame("waiting for the MPA Reply")?;
-    let neg = match handshake::parse_reply(&param.mpa, &reply) {
-        Ok(n) => n,
+    let (neg, peer_pd) = match handshake::parse_reply(&param.mpa, &reply) {
+        Ok(x) => x,
         Err(HandshakeError::Rejected { private_data }) => {
             let _ = sock.shutdown(Shutdown::Both);
             return Err(CmError::Rejected { addr, private_data });
@@ -517,7 +508,6 @@ fn connect_inner(
             return Err(CmError::Mpa { addr, error });
         }
     };
-    let peer_pd = neg.peer_private_data.clone();
     go_live(qp, sock, &neg, true, param)?;
     Ok(peer_pd)
 }

@@ -322,7 +322,7 @@ impl Conn {
         if self.probe_interval.is_zero() || self.peer_timeout.is_zero() {
             return false;
         }
-        if qp.info.get().is_some_and(|i| i.ord == 0) {
+        if qp.info.get().is_some_and(|i| i.mpa.ord == 0) {
             return false;
         }
         let now = self.now_ms();
