@@ -120,3 +120,26 @@ fn killed_peer_flushes_everything_within_a_second() {
     client.qp.disconnect();
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
+
+/// `disconnect` of an idle connection does not sit out its linger time:
+/// the wait for the last frames ends as soon as a writer reports that
+/// nothing is left (or at once when nothing was queued).
+#[test]
+fn disconnecting_an_idle_connection_is_prompt() {
+    for _ in 0..5 {
+        let (client, server) = common::pair();
+        let t = std::time::Instant::now();
+        client.qp.disconnect();
+        let took = t.elapsed();
+        assert!(
+            took < std::time::Duration::from_millis(500),
+            "disconnect took {took:?} (linger is {:?})",
+            iwarp::soft::LINGER
+        );
+        assert_eq!(
+            server.qp.next_event(common::T),
+            Some(iwarp::QpEvent::Disconnected),
+            "the peer saw the close"
+        );
+    }
+}

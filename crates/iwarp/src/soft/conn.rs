@@ -5,7 +5,7 @@ use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,11 @@ pub(crate) struct Conn {
     /// socket and the peer acknowledges none of it (`NOT_OWED`: no such
     /// stall).
     pub(super) stalled_since_ms: AtomicU64,
+    /// `shutdown` waits for the last frames to leave: writers notify
+    /// `linger_cond` (under `linger_lock`) when they release `tx`.
+    pub(super) lingering: AtomicBool,
+    pub(super) linger_lock: Mutex<()>,
+    pub(super) linger_cond: Condvar,
     /// We shut down our write side.
     pub(super) write_shut: AtomicBool,
     pub(super) live: Mutex<usize>,
@@ -179,6 +184,9 @@ impl Conn {
             acked_mark: AtomicU64::new(0),
             stalled_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
+            lingering: AtomicBool::new(false),
+            linger_lock: Mutex::new(()),
+            linger_cond: Condvar::new(),
             live: Mutex::new(2),
             live_cond: Condvar::new(),
             threads: Mutex::new(Vec::new()),
@@ -477,23 +485,13 @@ impl Conn {
             self.wake_tx();
             match held {
                 Some(tx) => confirm_written(qp, tx),
-                None => {
-                    let deadline = Instant::now() + 2 * TICK;
-                    loop {
-                        match self.tx.try_lock() {
-                            Ok(mut tx) => break confirm_written(qp, &mut tx),
-                            Err(TryLockError::Poisoned(p)) => {
-                                break confirm_written(qp, &mut p.into_inner())
-                            }
-                            Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                                std::thread::sleep(Duration::from_micros(200));
-                            }
-                            // A writer stuck longer than a poll slice has not
-                            // finished its frame: nothing to confirm.
-                            Err(TryLockError::WouldBlock) => break,
-                        }
-                    }
-                }
+                // `tx` is held only across non-blocking writes and engine
+                // calls, never across a wait (the transmit thread waits for
+                // socket space after releasing it), and a writer gives it
+                // up at its next write once `stop` is set: a plain `lock`
+                // is bounded. Lock order rx -> tx -> engine holds: callers
+                // hold at most `rx` here.
+                None => confirm_written(qp, &mut lock(&self.tx)),
             }
             let mut eng = lock(&qp.engine);
             eng.on_peer_closed();
@@ -508,27 +506,38 @@ impl Conn {
         self.stop.store(true, Ordering::Release);
         let _ = self.sock.shutdown(Shutdown::Both);
         self.wake_tx();
+        self.tx_released();
         qp.report_disconnected();
     }
 
     /// Local teardown (`disconnect` / `Drop`), after the engine was closed.
     pub(crate) fn shutdown(&self, qp: &SoftQp) {
-        // Let queued frames (a Terminate, the last responses) leave.
+        // Let queued frames (a Terminate, the last responses) leave: wait
+        // until a writer lets go of `tx` with nothing left to send (it
+        // says so, `tx_released`), the connection ends, or LINGER passes.
+        self.lingering.store(true, Ordering::Release);
         self.kick(qp);
         let deadline = Instant::now() + LINGER;
-        while !self.stop.load(Ordering::Acquire) && Instant::now() < deadline {
-            // Only try_lock: the transmit thread may hold `tx` while it
-            // waits for socket space.
+        let mut g = lock(&self.linger_lock);
+        while !self.stop.load(Ordering::Acquire) {
+            // Checked under `linger_lock`: a writer that releases `tx`
+            // after this look notifies only once this thread waits.
             let idle = match self.tx.try_lock() {
                 Ok(tx) => tx.off >= tx.frame_len && !lock(&qp.engine).has_transmit(),
                 Err(_) => false,
             };
-            if idle {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if idle || left.is_zero() {
                 break;
             }
             self.wake_tx();
-            std::thread::sleep(Duration::from_millis(2));
+            g = self
+                .linger_cond
+                .wait_timeout(g, left.min(TICK))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
+        drop(g);
         self.connection_lost(qp, "local disconnect", None);
         // Wait (bounded) for both threads.
         let deadline = Instant::now() + JOIN_WAIT;

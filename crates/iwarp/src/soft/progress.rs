@@ -45,6 +45,54 @@ pub(super) const SPINNING_POLLS: u64 = 64;
 /// busy-polls.
 pub(super) const STEP_ASIDE: Duration = Duration::from_millis(1);
 
+/// One receive pass, then the transmit it made due: a Read Response or a
+/// Terminate leaves from the thread that read its cause, at once and
+/// without blocking ([`Conn::kick`]: written here if the socket has room
+/// and nobody else writes, otherwise by the transmit thread).
+fn pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
+    let p = rx_pass(qp, conn, rx);
+    if std::mem::take(&mut rx.tx_due) {
+        conn.kick(qp);
+    }
+    p
+}
+
+/// Feed what `rx` already holds to the engine, without reading the socket
+/// (a partial FPDU stays for the next pass).
+pub(super) fn rx_consume_buffered(qp: &SoftQp, conn: &Conn, rx: &mut RxState) {
+    while rx.start < rx.end {
+        let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
+        if tx {
+            conn.kick(qp);
+        }
+        rx.start += n;
+        if stuck {
+            rx.start = rx.end;
+        }
+        if n == 0 {
+            break;
+        }
+    }
+    if rx.start == rx.end {
+        (rx.start, rx.end) = (0, 0);
+    }
+}
+
+/// Run receive passes until the socket is drained (`Ok`) or the connection
+/// is over (`Err` with the reason).
+pub(super) fn rx_drain(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Result<(), String> {
+    loop {
+        if conn.stop.load(Ordering::Acquire) {
+            return Err("stopped".into());
+        }
+        match pass(qp, conn, rx) {
+            Pass::Progress => {}
+            Pass::Idle | Pass::Drained => return Ok(()),
+            Pass::Closed(why) => return Err(why),
+        }
+    }
+}
+
 /// The receive thread alone reads the socket (no application thread has
 /// called `progress` since `polls_seen`): it holds `rx` and blocks in
 /// `recv`, one system call per wake-up instead of `poll` plus `recv`.
@@ -62,7 +110,7 @@ pub(super) fn rx_exclusive(
         if conn.stop.load(Ordering::Acquire) {
             break Err("stopped".into());
         }
-        match rx_pass(qp, conn, rx) {
+        match pass(qp, conn, rx) {
             Pass::Progress | Pass::Drained => {}
             // A direct read found nothing: wait for readability, holding
             // no region (a deregistration may be waiting for it).
@@ -150,6 +198,7 @@ impl Conn {
         let before = c.tx_bytes.load(Ordering::Relaxed);
         let r = flush(qp, self, &mut tx);
         drop(tx);
+        self.tx_released();
         let sent = c.tx_bytes.load(Ordering::Relaxed).wrapping_sub(before);
         if sent > 0 {
             c.tx_polled_bytes.fetch_add(sent, Ordering::Relaxed);

@@ -32,8 +32,10 @@ pub const HDR_PEEK: usize = 64;
 /// CRC (at most 7) and the next tagged header (16), rounded up.
 pub const DIRECT_TAIL: usize = 24;
 
-/// Feed buffered bytes to the engine; returns (consumed, engine is stuck).
-pub(super) fn feed(qp: &SoftQp, conn: &Conn, data: &[u8]) -> (usize, bool) {
+/// Feed buffered bytes to the engine; returns (consumed, engine is stuck,
+/// engine has something to send). Receive work never transmits itself:
+/// the caller in `progress.rs` decides (`RxState::tx_due`).
+pub(super) fn feed(qp: &SoftQp, conn: &Conn, data: &[u8]) -> (usize, bool, bool) {
     if !data.is_empty() {
         conn.heard_from_peer();
     }
@@ -42,11 +44,7 @@ pub(super) fn feed(qp: &SoftQp, conn: &Conn, data: &[u8]) -> (usize, bool) {
     let stuck = n == 0 && eng.state() != QpState::Rts;
     pump(qp, &mut eng);
     let tx = eng.has_transmit() || eng.wants_close();
-    drop(eng);
-    if tx {
-        conn.kick(qp);
-    }
-    (n, stuck)
+    (n, stuck, tx)
 }
 
 /// The receive side of a connection: the buffer of bytes read but not yet
@@ -71,6 +69,9 @@ pub(crate) struct RxState {
     /// Buffered reads block (the receive thread alone reads; see
     /// `rx_exclusive`).
     pub(super) block: bool,
+    /// The engine has something to send after this pass (a Read Response,
+    /// a Terminate): the caller transmits (`progress.rs`).
+    pub(super) tx_due: bool,
 }
 
 impl RxState {
@@ -83,6 +84,7 @@ impl RxState {
             peeked: false,
             short: false,
             block: false,
+            tx_due: false,
         }
     }
 }
@@ -117,7 +119,8 @@ pub(super) fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8], block: bool) -> i
 pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     let fd = conn.sock.as_raw_fd();
     if rx.start < rx.end {
-        let (n, stuck) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
+        let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
+        rx.tx_due |= tx;
         rx.start += n;
         if stuck {
             // The QP left RTS (Terminate sent or received): it accepts no
@@ -221,11 +224,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                     let mut eng = lock(&qp.engine);
                     eng.handle_direct(direct, &*qp.mem);
                     pump(qp, &mut eng);
-                    let tx = eng.has_transmit() || eng.wants_close();
-                    drop(eng);
-                    if tx {
-                        conn.kick(qp);
-                    }
+                    rx.tx_due |= eng.has_transmit() || eng.wants_close();
                     Pass::Progress
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pass::Idle,
@@ -258,39 +257,6 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                 }
                 Err(e) => Pass::Closed(format!("read failed: {e}")),
             }
-        }
-    }
-}
-
-/// Feed what `rx` already holds to the engine, without reading the socket
-/// (a partial FPDU stays for the next pass).
-pub(super) fn rx_consume_buffered(qp: &SoftQp, conn: &Conn, rx: &mut RxState) {
-    while rx.start < rx.end {
-        let (n, stuck) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
-        rx.start += n;
-        if stuck {
-            rx.start = rx.end;
-        }
-        if n == 0 {
-            break;
-        }
-    }
-    if rx.start == rx.end {
-        (rx.start, rx.end) = (0, 0);
-    }
-}
-
-/// Run receive passes until the socket is drained (`Ok`) or the connection
-/// is over (`Err` with the reason).
-pub(super) fn rx_drain(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Result<(), String> {
-    loop {
-        if conn.stop.load(Ordering::Acquire) {
-            return Err("stopped".into());
-        }
-        match rx_pass(qp, conn, rx) {
-            Pass::Progress => {}
-            Pass::Idle | Pass::Drained => return Ok(()),
-            Pass::Closed(why) => return Err(why),
         }
     }
 }

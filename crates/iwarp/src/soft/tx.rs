@@ -47,6 +47,16 @@ pub(super) struct IovBuf(Vec<libc::iovec>);
 unsafe impl Send for IovBuf {}
 
 impl Conn {
+    /// A writer let go of `tx`: if `disconnect` waits for the last frames
+    /// to leave (`Conn::shutdown`), it looks again now. One relaxed load
+    /// when nobody waits.
+    pub(super) fn tx_released(&self) {
+        if self.lingering.load(Ordering::Acquire) {
+            let _g = lock(&self.linger_lock);
+            self.linger_cond.notify_all();
+        }
+    }
+
     /// Wake the transmit thread.
     pub(crate) fn wake_tx(&self) {
         *lock(&self.wake) = true;
@@ -68,6 +78,7 @@ impl Conn {
         let mut tx = guard;
         let r = flush(qp, self, &mut tx);
         drop(tx);
+        self.tx_released();
         match r {
             Flush::Done => {
                 if lock(&qp.engine).has_transmit() {
@@ -335,6 +346,7 @@ pub(super) fn tx_loop(qp: &SoftQp, conn: &Conn) {
                 break true;
             }
         };
+        conn.tx_released();
         if closed {
             break;
         }
