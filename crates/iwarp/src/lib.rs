@@ -9,7 +9,8 @@
 //! ```text
 //! Context (device, MR table) ── alloc_pd ──> ProtectionDomain ── reg_mr ──> MemoryRegion
 //!    │                                             └── create_qp ──> QueuePair ── cm::connect / ConnRequest::accept
-//!    └── create_cq ──> CompletionQueue <── completions ── driver threads (rx, tx) ── TCP socket
+//!    │                                                                  │ (provider seam: QpOps / CqSource)
+//!    └── create_cq ──> CompletionQueue <── completions ── soft provider (rx, tx threads) ── TCP socket
 //! ```
 //!
 //! # Objects
@@ -33,16 +34,27 @@
 //! the socket itself when it can do so without blocking. The engine is
 //! behind a mutex that is never held across a blocking system call, the
 //! receive thread never writes blocking, and locks are always taken in one
-//! order (transmit state → engine → MR table / CQ / events), which is why
+//! order (receive state → transmit state → engine → MR table / CQ / events), which is why
 //! the driver cannot deadlock; [`soft`] has the full argument.
 //!
 //! # `unsafe`
 //!
-//! Only at the memory-registration edge: [`mr`](crate::MemoryRegion)
-//! (copies into and out of registered memory, the page-aligned allocation)
-//! and the `sys` module (`recv` into registered memory, gather `sendmsg`
-//! from it, plus the `eventfd` and `poll` calls std lacks). Each use carries
-//! a `// SAFETY:` comment.
+//! Only at the memory-registration edge, in exactly these places, each
+//! use with a `// SAFETY:` comment:
+//!
+//! - `mr.rs`: copies into and out of registered memory, the page-aligned
+//!   allocation, and [`ProtectionDomain::reg_mr_raw`] (caller memory);
+//! - `sys.rs`: the system calls std lacks (`recv` into registered memory,
+//!   gather `sendmsg` from it, `eventfd`, `epoll`, `poll`, `TCP_INFO`,
+//!   `SIOCOUTQ`);
+//! - the two callers of `sys.rs`'s pointer-taking calls in the software
+//!   provider: `soft/rx.rs` (one scatter `recv` straight into a region)
+//!   and `soft/tx.rs` (one gather `sendmsg` from regions, and `Send` for
+//!   the reusable iovec buffer that is empty between calls).
+//!
+//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`) and the rest of the
+//! provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
+//! the one other `unsafe` of the stack: CPU intrinsics.)
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
