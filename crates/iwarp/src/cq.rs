@@ -514,6 +514,13 @@ impl CompletionQueue {
     /// arrives.
     fn wait_busy(&self, deadline: Option<Instant>) -> bool {
         let mut spins = 0u32;
+        let idle = self
+            .inner
+            .sources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .all(|w| w.strong_count() == 0);
         loop {
             self.progress();
             if self.inner.len.load(Ordering::Acquire) > 0 {
@@ -524,9 +531,9 @@ impl CompletionQueue {
             if spins.is_multiple_of(64) && deadline.is_some_and(|d| Instant::now() >= d) {
                 return false;
             }
-            if self.inner.sources.try_lock().is_ok_and(|v| v.is_empty()) {
-                // Nothing to progress: do not starve the threads that
-                // will complete something.
+            if idle {
+                // No queue pair to progress: do not starve the threads
+                // that will complete something.
                 std::thread::yield_now();
             }
         }
