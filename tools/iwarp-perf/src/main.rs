@@ -136,10 +136,13 @@ struct Cli {
     /// of every received message; any mismatch fails the run.
     #[arg(long)]
     integrity: bool,
-    /// Spin on the CQ (and on polled memory) instead of sleeping in cq.wait.
+    /// Busy-poll: the CQs are in ProgressMode::BusyPoll, so cq.wait does the
+    /// receive work itself and never sleeps; spins on polled memory do it
+    /// too (cq.progress).
     #[arg(long, conflicts_with = "event")]
     busy_poll: bool,
-    /// Sleep in cq.wait for completions (the default).
+    /// Receive threads do the receive work and cq.wait polls briefly, then
+    /// sleeps (ProgressMode::Threaded, the default).
     #[arg(long)]
     event: bool,
     /// Bound on every single wait, in seconds.

@@ -84,7 +84,8 @@ pub struct Params {
     pub qps: u32,
     /// Fill, checksum and verify every message.
     pub integrity: bool,
-    /// Spin on the CQ instead of sleeping in `cq.wait`.
+    /// The CQs are in `ProgressMode::BusyPoll` (the waiting thread does the
+    /// receive work and never sleeps) instead of `ProgressMode::Threaded`.
     pub busy_poll: bool,
     /// Self-test of `--integrity`: the receiver flips one byte of one
     /// message before checking it, so the run must fail.

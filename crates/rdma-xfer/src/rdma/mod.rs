@@ -24,16 +24,24 @@
 //!
 //! # Threads
 //!
+//! The CQ is in [`ProgressMode::Threaded`](iwarp::ProgressMode) with no
+//! polling phase (the provider's receive threads read the sockets; `wait`
+//! sleeps at once) under [`WakePolicy::Newest`](iwarp::WakePolicy::Newest).
+//! The caller's and the dispatcher thread wait with the same
+//! `CompletionQueue::wait`; what tells them apart is the attendance.
+//!
 //! - The **caller's thread** reads (source) or writes (sink) blocks, and
 //!   handles completions itself between those steps and while it waits:
-//!   it holds an [`Attendance`](iwarp::Attendance) on the CQ and sleeps in
-//!   `wait` under [`WakePolicy::Newest`], so a completion wakes it and
+//!   it holds an [`Attendance`](iwarp::Attendance) on the CQ for the whole
+//!   of `send` / `recv` except while it reads or writes a block, so it
+//!   sleeps in `wait` in the foreground and a completion wakes it and
 //!   nobody else.
-//! - The **dispatcher thread** sleeps in `wait_background`: it takes the
-//!   completions whenever the caller does not (while it reads or writes a
-//!   block, which may be disk I/O, and between transfers). Whoever holds
-//!   [`Shared::dispatch`] drains the CQ, reposts receives and routes
-//!   messages.
+//! - The **dispatcher thread** never attends, so it sleeps in `wait` in
+//!   the background: a completion wakes it only while no attending thread
+//!   sleeps or is about to poll, that is whenever the caller does not
+//!   handle completions (while it reads or writes a block, which may be
+//!   disk I/O, and between transfers). Whoever holds [`Shared::dispatch`]
+//!   drains the CQ, reposts receives and routes messages.
 //! - The **sender thread** posts the Write + `BlockDone` pairs the
 //!   dispatcher thread completes (a grant arriving for a block that waits),
 //!   so the dispatcher goes on draining the CQ. A pair completed on the

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use iwarp::cm::{self, ConnParam, Listener};
 use iwarp::{
-    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
-    RecvWr, SendWr, SgList, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
+    Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
+    QueuePair, RecvWr, SendWr, SgList, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
 };
 
 use crate::msg::{Msg, MSG_BUF};
@@ -44,6 +44,15 @@ impl Setup {
                 2 * (CTRL_RECVS + CTRL_SLOTS) as usize + 4 * depth * cfg.streams as usize + 64,
             )
             .map_err(verbs)?;
+        // Receive threads do the receive work; `wait` sleeps at once, with
+        // no polling phase: completions come per block, hundreds of
+        // microseconds apart in bulk, so a yielding poll before each sleep
+        // burned CPU on every wait and rarely saved a sleep. Set before
+        // any QP connects.
+        cq.set_progress(ProgressMode::Threaded {
+            spin: Duration::ZERO,
+        })
+        .map_err(verbs)?;
         let ctrl_qp = pd
             .create_qp(&QpInitAttr {
                 send_cq: cq.clone(),

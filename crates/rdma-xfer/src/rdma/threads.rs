@@ -57,10 +57,11 @@ pub(super) fn dispatcher(sh: &Shared, stashed: Vec<WorkCompletion>) {
         }
     }
     while !sh.stop.load(Ordering::Acquire) {
-        // No polling phase: completions here come per block, hundreds of
-        // microseconds apart in bulk, so a yielding poll before each sleep
-        // burned CPU on every wait and rarely saved a sleep.
-        if !sh.cq.wait_background(TICK).unwrap_or(false) {
+        // This thread never attends, so under `WakePolicy::Newest` it
+        // sleeps in the background: a completion wakes it only while the
+        // caller's thread neither waits nor is about to poll. No polling
+        // phase (the CQ's `spin` is zero, see `Setup::new`).
+        if !sh.cq.wait(TICK).unwrap_or(false) {
             continue;
         }
         let mut d = lock(&sh.dispatch);

@@ -2,7 +2,7 @@
 //! which handle completions themselves while they wait.
 
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::io::{BlockSink, BlockSource};
 use crate::msg::{Grant, Msg, MAX_GRANTS};
@@ -12,13 +12,16 @@ use super::*;
 
 impl RdmaSession {
     /// Wait on `rx` up to the session timeout, watching the failure flag.
+    /// The calling thread must hold an [`Attendance`](iwarp::Attendance)
+    /// on the CQ (`send_inner` and `recv_inner` do), or it would sleep in
+    /// the background like the dispatcher thread.
     ///
     /// While it waits, the caller takes completions off the CQ itself (the
-    /// CQ wakes the newest waiter only, so the dispatcher thread sleeps
-    /// meanwhile): the completion that ends the wait costs one wake-up of
-    /// this thread instead of one of the dispatcher and another of this
-    /// thread. While the caller is busy elsewhere (reading or writing a
-    /// block), the dispatcher thread handles the completions.
+    /// CQ wakes the newest attending waiter only, so the dispatcher thread
+    /// sleeps meanwhile): the completion that ends the wait costs one
+    /// wake-up of this thread instead of one of the dispatcher and another
+    /// of this thread. While the caller is busy elsewhere (reading or
+    /// writing a block), the dispatcher thread handles the completions.
     pub(super) fn wait<T>(&self, rx: &Receiver<T>, what: &'static str) -> Result<T, Error> {
         let sh = &*self.shared;
         let start = Instant::now();
@@ -41,10 +44,9 @@ impl RdmaSession {
                 return Err(sh.check().unwrap_err());
             }
             // Sleep holding the token: the dispatcher thread cannot be
-            // halfway through routing an event to us meanwhile.
-            let _ = sh
-                .cq
-                .wait_spin(TICK.min(self.cfg.timeout - waited), Duration::ZERO);
+            // halfway through routing an event to us meanwhile. The caller
+            // holds an `Attendance`, so this sleeps in the foreground.
+            let _ = sh.cq.wait(TICK.min(self.cfg.timeout - waited));
         }
     }
 
@@ -155,6 +157,11 @@ impl RdmaSession {
             self.sink_pool = self.pool(true)?;
         }
         let depth = self.cfg.pool_depth();
+        // As in `send_inner`: this thread handles the completions (from
+        // here on, so that it waits for Begin in the foreground too), the
+        // dispatcher thread while it writes.
+        let sh = self.shared.clone();
+        let mut attend = Some(sh.cq.attend());
         let (transfer, len, prerequest) = loop {
             match self.wait(&self.sink_rx, "the source to begin")? {
                 SinkEv::Begin {
@@ -175,10 +182,6 @@ impl RdmaSession {
             s.set_fail(Fail::Protocol(m));
             s.check().unwrap_err()
         };
-        // As in `send_inner`: this thread handles the completions, the
-        // dispatcher thread while it writes.
-        let sh = self.shared.clone();
-        let mut attend = Some(sh.cq.attend());
         loop {
             // Grant what is free and wanted; send the batch when it is full
             // or when there is nothing else to do.

@@ -219,6 +219,12 @@ impl Side {
         let rcq = ctx
             .create_cq(q * 4096 + 16)
             .map_err(|e| format!("creating the receive CQ: {e}"))?;
+        // Before any QP connects: who does the receive work while we wait.
+        let mode = progress_mode(p);
+        for cq in [&scq, &rcq] {
+            cq.set_progress(mode)
+                .map_err(|e| format!("setting the CQs' progress mode: {e}"))?;
+        }
         Ok((
             Side {
                 _ctx: ctx,

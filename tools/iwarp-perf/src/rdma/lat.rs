@@ -301,11 +301,7 @@ pub(super) fn client_read_lat(side: &mut Side) -> Result<ClientResult, String> {
                 break;
             }
             if n == 0 {
-                if p.busy_poll {
-                    waiter.idle("waiting for the RDMA Read")?;
-                } else {
-                    waiter.wait_cq(&side.scq, "waiting for the RDMA Read")?;
-                }
+                waiter.wait_cq(&side.scq, "waiting for the RDMA Read")?;
             }
         }
         let rtt = t0.elapsed();
@@ -354,11 +350,7 @@ pub(super) fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
             if let Some(wc) = side.rcq.poll_one() {
                 break wc;
             }
-            if p.busy_poll {
-                waiter.idle("waiting for the echo")?;
-            } else {
-                waiter.wait_cq(&side.rcq, "waiting for the echo")?;
-            }
+            waiter.wait_cq(&side.rcq, "waiting for the echo")?;
         };
         let rtt = t0.elapsed();
         check_wc(&wc)?;
@@ -400,12 +392,7 @@ pub(super) fn server_send_lat(side: &mut Side) -> Result<u64, String> {
             if let Some(wc) = side.rcq.poll_one() {
                 break wc;
             }
-            let r = if p.busy_poll {
-                waiter.idle("waiting for the client's Send")
-            } else {
-                waiter.wait_cq(&side.rcq, "waiting for the client's Send")
-            };
-            if let Err(e) = r {
+            if let Err(e) = waiter.wait_cq(&side.rcq, "waiting for the client's Send") {
                 if i > 0 || started.elapsed() > passive_limit(&p) {
                     return Err(e);
                 }

@@ -37,6 +37,17 @@
 //! checksum sum). The client stops its clock at the ACK, so a bandwidth
 //! includes the time for the last byte to be placed at the receiver.
 //!
+//! # Waiting
+//!
+//! Each side sets its two CQs' progress mode before connecting:
+//! `ProgressMode::BusyPoll` with `--busy-poll` (the waiting thread does the
+//! receive work and never sleeps), else `ProgressMode::Threaded` with
+//! `iwarp::DEFAULT_SPIN` (receive threads read; `wait` polls briefly, then
+//! sleeps). Every wait for a completion is then `cq.wait`, bounded by
+//! `--timeout`. Waits on memory (write_lat's last byte, credit words,
+//! write_bw `--integrity` stamps) spin in `Waiter::idle`, calling
+//! `cq.progress()` in busy-poll mode.
+//!
 //! # Modules
 //!
 //! - `conn`: setup — one connection's QP and buffers, a [`Side`], connect

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use iwarp::{CompletionQueue, WcOpcode, WcQueue, WcStatus, WorkCompletion};
+use iwarp::{CompletionQueue, ProgressMode, WcOpcode, WcQueue, WcStatus, WorkCompletion};
 
 use crate::params::Params;
 
@@ -17,14 +17,19 @@ pub(super) fn parse_ctrl(b: &[u8]) -> Option<(u64, u64, u64)> {
     Some((w(0), w(8), w(16)))
 }
 
-/// Bounded waiting: spin (busy-poll) or spin briefly then yield (event
-/// mode, where the CQ is waited on with `cq.wait` instead when possible).
+/// Bounded waiting. Waiting for a completion is `cq.wait`, which does
+/// what the CQs' progress mode says (set in [`Side::new`]: busy-poll or
+/// threaded, see [`progress_mode`]); waiting for memory (an RDMA Write's
+/// last byte, a credit word) spins here. Both give up after `timeout`
+/// without progress.
 pub(super) struct Waiter {
-    pub(super) busy: bool,
-    /// Busy-poll mode spins on memory or on `is_empty`, so it drives the
-    /// receive work of these CQs' QPs itself (`CompletionQueue::progress`),
-    /// as a spinning TCP reader reads its own socket.
-    pub(super) cq: Option<CompletionQueue>,
+    /// Busy-poll mode: spinning on memory drives the receive work of this
+    /// CQ's QPs from this thread (`CompletionQueue::progress`), as
+    /// `cq.wait` does in `ProgressMode::BusyPoll` and as a spinning TCP
+    /// reader reads its own socket. Every QP of a side reports to both of
+    /// its CQs, so progressing one of them covers them all (each call is a
+    /// `recv` per QP). `None`: the receive threads do it.
+    pub(super) busy: Option<CompletionQueue>,
     pub(super) timeout: Duration,
     pub(super) last_progress: Instant,
     pub(super) spins: u32,
@@ -32,12 +37,8 @@ pub(super) struct Waiter {
 
 impl Waiter {
     pub(super) fn new(p: &Params, cq: &CompletionQueue) -> Waiter {
-        // Every QP of a side reports to both of its CQs, so progressing
-        // one of them covers them all (each call is a `recv` per QP).
-        let cq = p.busy_poll.then(|| cq.clone());
         Waiter {
-            busy: p.busy_poll,
-            cq,
+            busy: p.busy_poll.then(|| cq.clone()),
             timeout: p.timeout,
             last_progress: Instant::now(),
             spins: 0,
@@ -49,7 +50,8 @@ impl Waiter {
         self.last_progress = Instant::now();
     }
 
-    /// Nothing happened: spin or yield once; `Err` after `timeout` without
+    /// Nothing happened while spinning on memory: do the receive work once
+    /// (busy-poll) or spin / yield once; `Err` after `timeout` without
     /// progress.
     pub(super) fn idle(&mut self, what: &str) -> Result<(), String> {
         self.spins += 1;
@@ -59,10 +61,8 @@ impl Waiter {
                 self.timeout
             ));
         }
-        if self.busy {
-            if let Some(cq) = &self.cq {
-                cq.progress();
-            }
+        if let Some(cq) = &self.busy {
+            cq.progress();
         } else if self.spins < 64 {
             std::hint::spin_loop();
         } else {
@@ -71,12 +71,10 @@ impl Waiter {
         Ok(())
     }
 
-    /// Wait until `cq` holds a completion (bounded by `timeout`).
+    /// Wait until `cq` holds a completion (bounded by `timeout` since the
+    /// last progress), as the CQ's progress mode says.
     pub(super) fn wait_cq(&mut self, cq: &CompletionQueue, what: &str) -> Result<(), String> {
-        if self.busy {
-            while cq.is_empty() {
-                self.idle(what)?;
-            }
+        if !cq.is_empty() {
             return Ok(());
         }
         let left = self.timeout.saturating_sub(self.last_progress.elapsed());
@@ -87,6 +85,20 @@ impl Waiter {
                 self.timeout
             )),
             Err(e) => Err(format!("waiting for a completion: {e}")),
+        }
+    }
+}
+
+/// The progress mode of a side's CQs: with `--busy-poll` the waiting
+/// thread does the receive work itself and never sleeps; otherwise the
+/// receive threads do it and `cq.wait` polls for
+/// [`iwarp::DEFAULT_SPIN`] before it sleeps.
+pub(super) fn progress_mode(p: &Params) -> ProgressMode {
+    if p.busy_poll {
+        ProgressMode::BusyPoll
+    } else {
+        ProgressMode::Threaded {
+            spin: iwarp::DEFAULT_SPIN,
         }
     }
 }
