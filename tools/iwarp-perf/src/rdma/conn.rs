@@ -244,7 +244,9 @@ impl Side {
         self.conns
             .first()
             .and_then(|c| c.qp.conn_info())
-            .map_or((false, false), |i| (i.crc, i.markers_tx || i.markers_rx))
+            .map_or((false, false), |i| {
+                (i.mpa.crc, i.mpa.markers_tx || i.mpa.markers_rx)
+            })
     }
 
     /// Smallest negotiated ORD (outbound Reads) over the connections.
@@ -252,7 +254,7 @@ impl Side {
         self.conns
             .iter()
             .filter_map(|c| c.qp.conn_info())
-            .map(|i| u32::from(i.ord))
+            .map(|i| u32::from(i.mpa.ord))
             .min()
             .unwrap_or(1)
             .max(1)
