@@ -1159,10 +1159,7 @@ mod tests {
             );
             assert_eq!(iwarp_wait_cq(null_mut(), 0, &mut wc), IWARP_ERR_NULL_ARG);
             assert_eq!(iwarp_cq_fd(null()), -1);
-            assert_eq!(
-                iwarp_cq_set_progress(null_mut(), 0, 0),
-                IWARP_ERR_NULL_ARG
-            );
+            assert_eq!(iwarp_cq_set_progress(null_mut(), 0, 0), IWARP_ERR_NULL_ARG);
             assert_eq!(iwarp_drive_fd(null()), -1);
             assert_eq!(iwarp_drive_progress(null()), IWARP_ERR_NULL_ARG);
             let mut d = null_mut();
