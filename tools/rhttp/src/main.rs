@@ -533,11 +533,11 @@ impl Rdma {
             if left.is_zero() {
                 return Err(format!("no HTTP answer within {:?}", self.timeout));
             }
-            let mut ms = left.as_millis().clamp(1, 100) as i32;
-            if cq_fd.is_none() {
+            let ms = match cq_fd {
+                Some(_) => left.as_millis().clamp(1, 100) as i32,
                 // Both CQs hold completions: wake up to do the receive work.
-                ms = 1;
-            }
+                None => 1,
+            };
             if poll_http(http, cq_fd, ms) {
                 return Ok(());
             }
@@ -620,9 +620,10 @@ fn report(line: std::fmt::Arguments<'_>) {
 /// How long rhttp polls for a completion (a Read Response, the server's
 /// DONE), reading the RDMA connection itself, before it sleeps in
 /// `poll(2)` (the spin of its [`ProgressMode::AppDriven`] CQs; waits that
-/// also watch the HTTP socket sleep at once): on loopback the answer usually comes within it. Longer spins
-/// cost the server the CPU on a loaded machine (1 MB client-reads under
-/// two busy processes: 0.76-0.97 ms with 500 us against 0.28-0.30 with 50).
+/// also watch the HTTP socket sleep at once): on loopback the answer
+/// usually comes within it. Longer spins cost the server the CPU on a
+/// loaded machine (1 MB client-reads under two busy processes: 0.76-0.97
+/// ms with 500 us against 0.28-0.30 with 50).
 const SPIN_PROGRESS: Duration = Duration::from_micros(50);
 
 /// One HTTP connection plus its RDMA side.
