@@ -25,6 +25,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#if defined(__GNUC__) || defined(__clang__)
+#define IWARP_DEPRECATED(note) __attribute__((deprecated(note)))
+#else
+#define IWARP_DEPRECATED(note)
+#endif
 
 /**
  * Wait without a limit (for the `timeout_ms` arguments).
@@ -317,6 +322,40 @@ typedef enum iwarp_mpa_policy {
 } iwarp_mpa_policy;
 
 /**
+ * Who does the receive work of a CQ's QPs while the application waits,
+ * and so what `iwarp_wait_cq`, `iwarp_poll_cq` and `iwarp_cq_fd` do; set
+ * with `iwarp_cq_set_progress`.
+ */
+typedef enum iwarp_progress_mode {
+  /**
+   * The default. The stack's receive threads read the sockets;
+   * `iwarp_wait_cq` polls the CQ (yielding the CPU) for up to `spin_us`,
+   * then sleeps until a completion arrives. The only mode in which the
+   * peer's one-sided operations (RDMA Write, Read) progress while no
+   * application thread waits or polls.
+   */
+  IWARP_PROGRESS_THREADED = 0,
+  /**
+   * `iwarp_wait_cq` does the receive work itself in a loop and never
+   * sleeps (until its timeout); the receive threads step aside meanwhile.
+   * Lowest latency, at the cost of a CPU. `spin_us` is ignored.
+   */
+  IWARP_PROGRESS_BUSY_POLL = 1,
+  /**
+   * Only application threads read the sockets; the stack's receive
+   * threads stay parked. `iwarp_wait_cq` does the receive work, polls for
+   * up to `spin_us`, then sleeps in poll(2); `iwarp_cq_fd` is an epoll
+   * set of the CQ's completions and its connected QPs' sockets, and
+   * `iwarp_poll_cq` does the receive work when the CQ is empty. Nothing
+   * is received (not even the peer's RDMA Write, close or Terminate)
+   * until a thread calls `iwarp_wait_cq`, `iwarp_poll_cq` or
+   * `iwarp_cq_progress`. For an event loop that waits for several
+   * things at once: the data is read by the thread that wakes anyway.
+   */
+  IWARP_PROGRESS_APP_DRIVEN = 2,
+} iwarp_progress_mode;
+
+/**
  * An incoming connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`),
  * already validated against the listener's MPA policy. Consumed by
  * `iwarp_accept`, `iwarp_reject` or `iwarp_conn_request_destroy`.
@@ -334,8 +373,9 @@ typedef struct iwarp_context iwarp_context;
 typedef struct iwarp_cq iwarp_cq;
 
 /**
- * The calling application doing a connected QP's receive work itself
- * (see `iwarp_qp_drive`).
+ * Deprecated: a connected QP's CQs switched to
+ * `IWARP_PROGRESS_APP_DRIVEN` until released (see `iwarp_qp_drive`; use
+ * `iwarp_cq_set_progress`).
  */
 typedef struct iwarp_drive iwarp_drive;
 
@@ -651,10 +691,29 @@ enum iwarp_result iwarp_create_cq(struct iwarp_context *ctx, uint32_t depth, str
 void iwarp_destroy_cq(struct iwarp_cq *cq);
 
 /**
- * A file descriptor that is readable (`POLLIN`) exactly while the CQ holds
- * completions (level-triggered). Use it with poll/epoll, then call
- * `iwarp_poll_cq` until it returns 0. It belongs to the CQ: never read
- * from or close it. Returns -1 if `cq` is NULL.
+ * Choose who does the receive work of the QPs that use `cq` while the
+ * application waits (an `iwarp_progress_mode`), and so what
+ * `iwarp_wait_cq`, `iwarp_poll_cq` and `iwarp_cq_fd` do. `spin_us` is how
+ * long `iwarp_wait_cq` polls before it sleeps (THREADED, APP_DRIVEN; 0
+ * sleeps at once; ignored for BUSY_POLL). Set it before the QPs connect
+ * and before threads wait; it applies to QPs already connected too. A QP
+ * whose send and receive CQs differ is application-driven if either of
+ * them is. Returns `IWARP_ERR_NULL_ARG` for a NULL `cq`,
+ * `IWARP_ERR_INVALID_ARG` for an unknown mode, `IWARP_ERR_IO` if the epoll
+ * set of APP_DRIVEN cannot be created.
+ *
+ * # Safety
+ * `cq` is NULL or a live handle.
+ */
+enum iwarp_result iwarp_cq_set_progress(struct iwarp_cq *cq, int32_t mode, uint32_t spin_us);
+
+/**
+ * A file descriptor for poll/epoll, level-triggered: readable (`POLLIN`)
+ * while the CQ holds completions and, in `IWARP_PROGRESS_APP_DRIVEN` mode
+ * (an epoll set), also while a connected QP's socket holds bytes for
+ * `iwarp_poll_cq` to process. When it is readable, call `iwarp_poll_cq`
+ * until it returns 0. Set the progress mode first. It belongs to the CQ:
+ * never read from or close it. Returns -1 if `cq` is NULL.
  *
  * # Safety
  * `cq` is NULL or a live handle.
@@ -662,15 +721,16 @@ void iwarp_destroy_cq(struct iwarp_cq *cq);
 int iwarp_cq_fd(const struct iwarp_cq *cq);
 
 /**
- * Do the pending receive work of the QPs attached to `cq` from the calling
- * thread and return at once. A busy-poll loop (spinning on
- * `iwarp_poll_cq`, or on memory such as the last byte of an RDMA Write)
- * calls this in its loop, so it reads its own socket instead of waiting
- * for the stack's receive thread; while it does, the receive threads step
- * aside. It costs a non-blocking `recv` per connected QP, which is why
- * `iwarp_poll_cq` does not do it. Never needed for progress: the receive
- * threads do the work when nobody polls. Returns `IWARP_ERR_NULL_ARG` for
- * a NULL `cq`.
+ * Do the pending receive and transmit work of the QPs attached to `cq`
+ * from the calling thread and return at once, without taking completions.
+ * A busy-poll loop that spins on memory (the last byte of an RDMA Write)
+ * rather than on the CQ calls this in its loop, so it reads its own socket
+ * instead of waiting for the stack's receive thread; while it does, the
+ * receive threads step aside. In `IWARP_PROGRESS_APP_DRIVEN` mode it is
+ * how an application lets the peer's one-sided operations, close or
+ * Terminate be seen without waiting (before trusting
+ * `iwarp_query_qp_state` after a pause, say). It costs a non-blocking
+ * `recv` per connected QP. Returns `IWARP_ERR_NULL_ARG` for a NULL `cq`.
  *
  * # Safety
  * `cq` is NULL or a live handle.
@@ -678,56 +738,61 @@ int iwarp_cq_fd(const struct iwarp_cq *cq);
 enum iwarp_result iwarp_cq_progress(const struct iwarp_cq *cq);
 
 /**
- * Take over a connected QP's receive work until `iwarp_drive_release`:
- * the stack's receive thread stops reading the QP's socket (after the
- * `recv` it may be blocked in), and the application waits for
- * `iwarp_drive_fd` to be readable (poll/epoll, with its other file
- * descriptors) and calls `iwarp_drive_progress`. Nothing is received while
- * a drive exists and nobody calls `iwarp_drive_progress`, so do not sleep
- * in `iwarp_wait_cq` meanwhile (poll `iwarp_cq_fd` together with the
- * drive's fd instead). For a thread that waits for several things at once
- * on a busy machine: the data is read by the thread that wakes anyway,
- * instead of waking the receive thread first. Returns
- * `IWARP_ERR_QP_STATE` if the QP is not connected, `IWARP_ERR_NULL_ARG`
- * for a NULL argument.
+ * Deprecated: use `iwarp_cq_set_progress(cq, IWARP_PROGRESS_APP_DRIVEN,
+ * 0)` on the QP's CQs and wait with `iwarp_wait_cq` or `iwarp_cq_fd`.
+ * Kept for compatibility: switches the connected QP's send and receive
+ * CQs to `IWARP_PROGRESS_APP_DRIVEN` (spin 0; a CQ already in that mode
+ * keeps its spin) until `iwarp_drive_release`, which restores their
+ * previous modes. Meanwhile nothing is received unless a thread calls
+ * `iwarp_drive_progress`, `iwarp_cq_progress`, `iwarp_poll_cq` or
+ * `iwarp_wait_cq`. Returns `IWARP_ERR_QP_STATE` if the QP is not
+ * connected, `IWARP_ERR_NULL_ARG` for a NULL argument.
  *
  * # Safety
  * `qp` is NULL or a live handle; `out` is NULL or valid for a write.
  */
-enum iwarp_result iwarp_qp_drive(const struct iwarp_qp *qp, struct iwarp_drive **out);
+IWARP_DEPRECATED("use iwarp_cq_set_progress")
+enum iwarp_result iwarp_qp_drive(const struct iwarp_qp *qp,
+                                 struct iwarp_drive **out);
 
 /**
- * The driven QP's socket: wait for `POLLIN` on it, then call
- * `iwarp_drive_progress`. Never read, write or close it. -1 for NULL.
+ * Deprecated: use `iwarp_cq_fd` of a CQ in `IWARP_PROGRESS_APP_DRIVEN`
+ * mode. The driven QP's receive CQ's `iwarp_cq_fd`: wait for `POLLIN` on
+ * it, then call `iwarp_drive_progress` (or `iwarp_poll_cq`). Never read,
+ * write or close it. -1 for NULL.
  *
  * # Safety
  * `d` is NULL or a live handle.
  */
-int iwarp_drive_fd(const struct iwarp_drive *d);
+IWARP_DEPRECATED("use iwarp_cq_set_progress") int iwarp_drive_fd(const struct iwarp_drive *d);
 
 /**
- * Do the driven QP's pending receive (and transmit) work from the calling
- * thread; never blocks. `IWARP_ERR_NULL_ARG` for NULL.
+ * Deprecated: use `iwarp_cq_progress`. Does the pending receive (and
+ * transmit) work of the driven QP's CQs from the calling thread; never
+ * blocks. `IWARP_ERR_NULL_ARG` for NULL.
  *
  * # Safety
  * `d` is NULL or a live handle.
  */
+IWARP_DEPRECATED("use iwarp_cq_set_progress")
 enum iwarp_result iwarp_drive_progress(const struct iwarp_drive *d);
 
 /**
- * End a drive: the stack's receive thread reads the socket again. NULL is
- * a no-op. Release it before destroying its QP.
+ * Deprecated: use `iwarp_cq_set_progress`. Ends a drive: the QP's CQs get
+ * back the progress modes they had before `iwarp_qp_drive`. NULL is a
+ * no-op.
  *
  * # Safety
  * `d` is NULL or a live handle, not used again.
  */
-void iwarp_drive_release(struct iwarp_drive *d);
+IWARP_DEPRECATED("use iwarp_cq_set_progress") void iwarp_drive_release(struct iwarp_drive *d);
 
 /**
  * Move up to `max` completions into `wc[0..max]`, oldest first
- * (`ibv_poll_cq`). Never blocks. Returns the number moved (0 if the CQ is
- * empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG` for a NULL
- * `cq` or `wc`, `-IWARP_ERR_INVALID_ARG` for `max < 0`).
+ * (`ibv_poll_cq`). Never blocks; in `IWARP_PROGRESS_APP_DRIVEN` mode an
+ * empty CQ first gets the receive work done. Returns the number moved (0
+ * if the CQ is empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG`
+ * for a NULL `cq` or `wc`, `-IWARP_ERR_INVALID_ARG` for `max < 0`).
  *
  * # Safety
  * `cq` is NULL or a live handle; `wc` is NULL or valid for writes of `max`
@@ -737,7 +802,9 @@ int32_t iwarp_poll_cq(struct iwarp_cq *cq, int32_t max, struct iwarp_wc *wc);
 
 /**
  * Wait up to `timeout_ms` (or `IWARP_TIMEOUT_INFINITE`) for one completion
- * and move it into `*wc`. Returns `IWARP_ERR_TIMEOUT` if none arrived.
+ * and move it into `*wc`. How it waits, and who does the receive work
+ * meanwhile, is the CQ's `iwarp_progress_mode` (`iwarp_cq_set_progress`).
+ * Returns `IWARP_ERR_TIMEOUT` if none arrived.
  *
  * # Safety
  * `cq` is NULL or a live handle; `wc` is NULL or writable.

@@ -13,6 +13,11 @@
 #   KEEP=1 scripts/test-modrdma.sh     # keep the temp dir (configs, logs)
 #   RELAY_MATRIX=/tmp/m.md scripts/test-modrdma.sh  # also write the fault
 #                                      # relay's outcomes as a table there
+#   DELAY_BRIDGE=/path/delay-bridge scripts/test-modrdma.sh  # use that
+#                                      # fault relay instead of building it
+#
+# libiwarp, rhttp and the relay are built into $CARGO_TARGET_DIR (default
+# target/), and mod_rdma is linked against that libiwarp.
 #
 # Last line: "modrdma: N passed, N failed"; exit status non-zero on failure.
 set -uo pipefail
@@ -79,8 +84,12 @@ done
 
 echo "building libiwarp, rhttp and mod_rdma"
 if ! timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp; then bad "cargo build"; finish; fi
-RHTTP="$ROOT/target/release/rhttp"
-if timeout 300 make -s -C modules/mod_rdma >"$T/build.log" 2>&1 && [ -f modules/mod_rdma/.libs/mod_rdma.so ]; then
+# Cargo's output directory: $CARGO_TARGET_DIR if set (relative to the
+# repository root, like cargo's), else target/.
+TARGET="${CARGO_TARGET_DIR:-target}"
+[[ $TARGET == /* ]] || TARGET="$ROOT/$TARGET"
+RHTTP="$TARGET/release/rhttp"
+if timeout 300 make -s -C modules/mod_rdma IWARP_LIB="$TARGET/release" >"$T/build.log" 2>&1 && [ -f modules/mod_rdma/.libs/mod_rdma.so ]; then
     ok "mod_rdma builds with apxs (-Wall -Wextra -Werror)"
 else
     bad "mod_rdma build"; cat "$T/build.log"; finish
@@ -826,7 +835,7 @@ check "curl output (status, headers but Date, body) is byte-identical with and w
 # and the right body (by RDMA, or by rhttp's plain-HTTP retry) or with a
 # non-zero exit and an error naming the cause; then Apache serves a direct
 # GET by RDMA. RELAY_MATRIX=FILE appends one line per case there.
-BRIDGE="$ROOT/target/release/delay-bridge"
+BRIDGE="${DELAY_BRIDGE:-$TARGET/release/delay-bridge}"
 relay_start() { # FAULT... -> RPID, RPORT
     local f
     local -a args=()
@@ -905,7 +914,7 @@ relay_check() { # NAME OP SCHEME EXPECT FAULT...
 # right body is as good an outcome as a named error ("body|...").
 LOST='RDMA connection failed: WrFlushErr|RdmaRead .* failed: WrFlushErr|the queue pair is in the error state'
 SILENT='no completion within 5s|no HTTP answer within 5s|RDMA connection failed: WrFlushErr|the queue pair is in the error state'
-if timeout 1200 cargo build --release -q -p rftp --bin delay-bridge; then
+if [ -n "${DELAY_BRIDGE:-}" ] || timeout 1200 cargo build --release -q -p rftp --bin delay-bridge; then
     for f in "drop:at=2M,dir=up,map=1,how=rst" "drop:at=2M,dir=up,map=1,how=fin" "truncate:at=2M,dir=up,map=1"; do
         relay_check "GET server-writes, RDMA connection [$f]: fails naming the lost connection" get server-writes "body|$LOST" "$f"
         relay_check "GET client-reads, RDMA connection [$f]: fails naming the lost connection" get client-reads "body|$LOST" "$f"

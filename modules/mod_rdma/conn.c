@@ -2,8 +2,9 @@
  *
  * Per-connection state (pre_connection), the connect-back to the
  * client's listener and its reuse across keep-alive, bounded waits for
- * completions, RDMA Reads/Writes in chunks, and sending and receiving
- * control messages (codec in wire.c). */
+ * completions (application-driven CQs: the worker reads the connection
+ * itself while it waits), RDMA Reads/Writes in chunks, and sending and
+ * receiving control messages (codec in wire.c). */
 #include "mod_rdma_private.h"
 
 APLOG_USE_MODULE(rdma);
@@ -17,10 +18,6 @@ static void drain(iwarp_cq *cq)
 
 void conn_drop_qp(rdma_conn *rc)
 {
-    if (rc->drive) {
-        iwarp_drive_release(rc->drive);
-        rc->drive = NULL;
-    }
     if (rc->qp) {
         iwarp_destroy_qp(rc->qp);
         rc->qp = NULL;
@@ -68,6 +65,34 @@ static const char *post_slot(rdma_conn *rc, int i, apr_pool_t *p)
     return NULL;
 }
 
+/* How long a worker polls for a completion, doing the receive work itself,
+ * before it sleeps in poll(2) on the connection's socket and the CQ: not at
+ * all. On a loaded machine a spinning worker holds a CPU that the processes
+ * it waits for need (a loopback client's Read, other workers); with two
+ * busy processes on the two cores, 1 MB client-reads took 0.76-0.97 ms
+ * with a 500 us spin, 0.28-0.30 with 50 us and 0.22-0.25 with none,
+ * against plain Apache's 0.23-0.28, while the unloaded time did not grow
+ * (the wake-up goes straight to this thread). */
+#define SPIN_US 0
+
+/* A CQ of the connection, application-driven: the worker reads the
+ * connection itself whenever it waits (iwarp_wait_cq), since on a busy
+ * machine the stack's receive thread would be one more thread to be
+ * scheduled before the worker sees the client's Read Requests or DONE.
+ * Between requests nothing arrives that needs an answer before the
+ * worker's next wait. If the mode cannot be set the CQ stays threaded
+ * (the stack's receive thread reads), which works too. */
+static int new_cq(rdma_conn *rc, iwarp_cq **cq)
+{
+    if (iwarp_create_cq(g_ctx, 64, cq) != IWARP_OK)
+        return 0;
+    if (iwarp_cq_set_progress(*cq, IWARP_PROGRESS_APP_DRIVEN, SPIN_US) != IWARP_OK)
+        ap_log_cerror(APLOG_MARK, APLOG_WARNING, 0, rc->c,
+                      "mod_rdma: the RDMA connection's CQ stays threaded: %s",
+                      iwarp_err(rc->c->pool));
+    return 1;
+}
+
 /* Connect to the client's listener, or reuse the live connection. On
  * failure returns an HTTP status and sets *why. */
 int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
@@ -78,11 +103,11 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
     iwarp_result res;
     apr_time_t started;
     int i;
-    /* The worker reads its driven connection only while it waits: let it
-     * see an end or a Terminate that came since, before trusting the
-     * state. */
-    if (rc->drive)
-        (void)iwarp_drive_progress(rc->drive);
+    /* The worker reads its connection only while it waits (the CQs are
+     * application-driven): let it see an end or a Terminate that came
+     * since, before trusting the state. */
+    if (rc->qp)
+        (void)iwarp_cq_progress(rc->rcq);
     if (rc->qp && iwarp_query_qp_state(rc->qp) == IWARP_QPS_RTS && rc->port == port &&
         !strcmp(rc->ip, ip)) {
         rc->uses++;
@@ -92,8 +117,7 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
         return OK;
     }
     conn_drop_qp(rc);
-    if ((!rc->scq && iwarp_create_cq(g_ctx, 64, &rc->scq) != IWARP_OK) ||
-        (!rc->rcq && iwarp_create_cq(g_ctx, 64, &rc->rcq) != IWARP_OK) ||
+    if ((!rc->scq && !new_cq(rc, &rc->scq)) || (!rc->rcq && !new_cq(rc, &rc->rcq)) ||
         (!rc->ctrl && iwarp_alloc_mr(g_pd, (RECV_SLOTS + 1) * MSG_LEN, IWARP_ACCESS_LOCAL_WRITE,
                                      &rc->ctrl) != IWARP_OK) ||
         iwarp_create_qp(g_pd, rc->scq, rc->rcq, 64, RECV_SLOTS, &rc->qp) != IWARP_OK) {
@@ -138,77 +162,9 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
     apr_cpystrn(rc->ip, ip, sizeof rc->ip);
     rc->port = port;
     rc->uses = 1;
-    /* From now on this worker reads the connection itself whenever it waits
-     * (wait_wc): on a busy machine the stack's receive thread would be one
-     * more thread to be scheduled before the worker sees the client's
-     * Read Requests or DONE. Between requests nothing arrives that needs
-     * an answer before the worker's next wait. */
-    if (iwarp_qp_drive(rc->qp, &rc->drive) != IWARP_OK)
-        rc->drive = NULL;
     ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "mod_rdma: connected to the client's RDMA listener %s:%u",
                   ip, port);
     return OK;
-}
-
-/* How long a worker that does not drive its connection (iwarp_qp_drive
- * failed) polls for a completion, doing the receive work itself, before it
- * sleeps in the CQ: about the time a 1 MB body takes over loopback. */
-#define SPIN_PROGRESS_US 500
-
-/* Wait (bounded by tmo_ms) for one completion on cq.
- *
- * Driving the connection (rc->drive), the worker reads whatever arrives
- * and otherwise sleeps at once in poll(2) on the connection's socket and
- * the CQ's fd. It does not spin first: on a loaded machine a spinning
- * worker holds a CPU that the processes it waits for need (a loopback
- * client's Read, other workers); with two busy processes on the two cores,
- * 1 MB client-reads took 0.76-0.97 ms with a 500 us spin, 0.28-0.30 with
- * 50 us and 0.22-0.25 with none, against plain Apache's 0.23-0.28, while
- * the unloaded time did not grow (the wake-up goes straight to this
- * thread).
- *
- * Otherwise it polls for SPIN_PROGRESS_US, reading the connection itself
- * (iwarp_cq_progress), then sleeps in the CQ while the stack's receive
- * thread reads. */
-static iwarp_result wait_wc(rdma_conn *rc, iwarp_cq *cq, uint32_t tmo_ms, iwarp_wc *wc)
-{
-    apr_time_t start = apr_time_now();
-    if (rc->drive) {
-        apr_time_t deadline = start + (apr_time_t)tmo_ms * 1000;
-        for (;;) {
-            struct pollfd fds[2];
-            apr_time_t now, left_ms;
-            int n;
-            (void)iwarp_drive_progress(rc->drive);
-            n = iwarp_poll_cq(cq, 1, wc);
-            if (n > 0)
-                return IWARP_OK;
-            if (n < 0)
-                return (iwarp_result)(-n);
-            now = apr_time_now();
-            if (now >= deadline)
-                return IWARP_ERR_TIMEOUT;
-            left_ms = (deadline - now) / 1000 + 1;
-            fds[0].fd = iwarp_drive_fd(rc->drive);
-            fds[0].events = POLLIN;
-            fds[0].revents = 0;
-            fds[1].fd = iwarp_cq_fd(cq);
-            fds[1].events = POLLIN;
-            fds[1].revents = 0;
-            poll(fds, 2, left_ms > 100 ? 100 : (int)left_ms);
-        }
-    }
-    for (;;) {
-        int n = iwarp_poll_cq(cq, 1, wc);
-        if (n > 0)
-            return IWARP_OK;
-        if (n < 0)
-            return (iwarp_result)(-n);
-        if (apr_time_now() >= start + SPIN_PROGRESS_US)
-            break;
-        iwarp_cq_progress(cq);
-    }
-    return iwarp_wait_cq(cq, tmo_ms, wc);
 }
 
 /* Post one send-queue request and wait for it (bounded). */
@@ -228,7 +184,8 @@ static const char *run_wr(rdma_conn *rc, request_rec *r, int opcode, uint64_t la
     if (iwarp_post_send(rc->qp, 7, opcode, &sge, len ? 1 : 0, raddr, rkey, 0, IWARP_SEND_SIGNALED) !=
         IWARP_OK)
         return apr_psprintf(r->pool, "posting the %s failed: %s", names[opcode], iwarp_err(r->pool));
-    res = wait_wc(rc, rc->scq, (uint32_t)tmo, &wc);
+    /* Bounded; the worker does the receive work meanwhile (new_cq). */
+    res = iwarp_wait_cq(rc->scq, (uint32_t)tmo, &wc);
     if (res == IWARP_ERR_TIMEOUT)
         return apr_psprintf(r->pool, "the %s of %u bytes did not complete within %d ms",
                             names[opcode], len, tmo);
@@ -274,7 +231,7 @@ const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
     int tmo = cf_timeout(srv_conf(r->server));
     if (!rc->qp)
         return "the RDMA connection is gone";
-    res = wait_wc(rc, rc->rcq, (uint32_t)tmo, &wc);
+    res = iwarp_wait_cq(rc->rcq, (uint32_t)tmo, &wc);
     if (res == IWARP_ERR_TIMEOUT)
         return apr_psprintf(r->pool, "no DONE from the client within %d ms", tmo);
     if (res != IWARP_OK)

@@ -21,7 +21,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,12 +80,10 @@ typedef struct {
 
 typedef struct {
     conn_rec *c;
+    /* IWARP_PROGRESS_APP_DRIVEN: the worker does the connection's receive
+     * work itself while it waits (conn.c, new_cq). */
     iwarp_cq *scq, *rcq;
     iwarp_qp *qp;
-    /* The worker does the connection's receive work itself (waits poll its
-     * socket); NULL if iwarp_qp_drive failed (then the stack's receive
-     * thread does it, as before). */
-    iwarp_drive *drive;
     iwarp_mr *ctrl; /* RECV_SLOTS receive slots + one send slot */
     char ip[64];
     unsigned port;

@@ -55,6 +55,8 @@ static void null_arguments(void)
     CHECK(iwarp_poll_cq(NULL, 1, &wc) == -IWARP_ERR_NULL_ARG, "poll_cq NULL cq");
     CHECK(iwarp_cq_fd(NULL) == -1, "cq_fd NULL");
     CHECK_RC(iwarp_cq_progress(NULL), IWARP_ERR_NULL_ARG);
+    CHECK_RC(iwarp_cq_set_progress(NULL, IWARP_PROGRESS_APP_DRIVEN, 0), IWARP_ERR_NULL_ARG);
+    CHECK(t_last_error_has("iwarp_cq_set_progress") && t_last_error_has("`cq`"), "cq named");
     CHECK(iwarp_mr_addr(NULL) == NULL && iwarp_mr_length(NULL) == 0 && iwarp_mr_lkey(NULL) == 0 &&
               iwarp_mr_rkey(NULL) == 0,
           "mr getters on NULL");
@@ -109,6 +111,16 @@ static void bad_arguments(void)
     CHECK(iwarp_poll_cq(s.cq, 4, wc) == 0, "empty CQ");
     CHECK_RC(iwarp_wait_cq(s.cq, 20, wc), IWARP_ERR_TIMEOUT);
     CHECK(iwarp_cq_depth(s.cq) == 64, "cq depth %u", iwarp_cq_depth(s.cq));
+
+    /* iwarp_cq_set_progress: unknown modes are refused and change nothing. */
+    CHECK_RC(iwarp_cq_set_progress(s.cq, (iwarp_progress_mode)3, 0), IWARP_ERR_INVALID_ARG);
+    CHECK(t_last_error_has("unknown progress mode 3"), "mode message names the value");
+    CHECK_RC(iwarp_cq_set_progress(s.cq, (iwarp_progress_mode)-1, 0), IWARP_ERR_INVALID_ARG);
+    CHECK_RC(iwarp_cq_set_progress(s.cq, IWARP_PROGRESS_APP_DRIVEN, 0), IWARP_OK);
+    CHECK_RC(iwarp_wait_cq(s.cq, 20, wc), IWARP_ERR_TIMEOUT); /* no QP connected: sleeps */
+    CHECK_RC(iwarp_cq_set_progress(s.cq, IWARP_PROGRESS_BUSY_POLL, 0), IWARP_OK);
+    CHECK_RC(iwarp_wait_cq(s.cq, 20, wc), IWARP_ERR_TIMEOUT);
+    CHECK_RC(iwarp_cq_set_progress(s.cq, IWARP_PROGRESS_THREADED, 50), IWARP_OK);
 
     /* Work requests. */
     memset(sges, 0, sizeof sges);

@@ -187,18 +187,23 @@ int main(void)
     CHECK(memcmp(mem + 1024, MESSAGE, sizeof MESSAGE) == 0, "read back \"%.*s\"",
           (int)sizeof MESSAGE, mem + 1024);
 
-    /* The same Read, driven: this thread waits in poll(2) on the QP's socket
-     * and the CQ's fd and does the receive work itself (iwarp_qp_drive). */
+    /* The same Read, driven with the deprecated iwarp_qp_drive (kept for
+     * compatibility; it sets the QP's CQs to IWARP_PROGRESS_APP_DRIVEN):
+     * this thread waits in poll(2) on the drive's fd and the CQ's fd and
+     * does the receive work itself. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     {
         iwarp_drive *d = NULL;
         iwarp_qp *unconnected = NULL;
-        int got = 0;
+        int got = 0, drive_fd = -1;
         CHECK_RC(iwarp_create_qp(c.pd, c.cq, c.cq, 4, 4, &unconnected), IWARP_OK);
         CHECK_RC(iwarp_qp_drive(unconnected, &d), IWARP_ERR_QP_STATE);
         CHECK(d == NULL, "a failed iwarp_qp_drive left a handle");
         iwarp_destroy_qp(unconnected);
         CHECK_RC(iwarp_qp_drive(c.qp, &d), IWARP_OK);
         CHECK(iwarp_drive_fd(d) >= 0, "drive fd %d", iwarp_drive_fd(d));
+        drive_fd = iwarp_drive_fd(d);
         sge.addr = (uint64_t)(uintptr_t)(mem + 1536);
         CHECK_RC(iwarp_post_send(c.qp, 13, IWARP_WR_RDMA_READ, &sge, 1, remote_addr, rkey, 0,
                                  IWARP_SEND_SIGNALED),
@@ -217,8 +222,12 @@ int main(void)
               wc.status, wc.opcode);
         CHECK(memcmp(mem + 1536, MESSAGE, sizeof MESSAGE) == 0, "driven Read read back \"%.*s\"",
               (int)sizeof MESSAGE, mem + 1536);
+        CHECK(iwarp_drive_fd(d) == iwarp_cq_fd(c.cq), "drive fd is the app-driven CQ's fd");
         iwarp_drive_release(d);
+        CHECK(iwarp_cq_fd(c.cq) >= 0 && iwarp_cq_fd(c.cq) != drive_fd,
+              "release restores the threaded CQ's fd");
     }
+#pragma GCC diagnostic pop
 
     /* Two-sided Send (two SGEs) into the server's posted receive. */
     {

@@ -5,8 +5,9 @@ use std::ffi::{c_char, c_int, c_void};
 use std::time::Duration;
 
 use iwarp_rs::{
-    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpEvent, QpInitAttr, QpState,
-    QueuePair, RecvWr, SendWr, SgList, Sge, WcOpcode, WcQueue, WcStatus, WorkCompletion, WrOpcode,
+    Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpEvent,
+    QpInitAttr, QpState, QueuePair, RecvWr, SendWr, SgList, Sge, WcOpcode, WcQueue, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 
 use crate::boundary::{free, give, guard, guard_or, handle, out_ptr};
@@ -38,10 +39,23 @@ pub struct iwarp_qp {
     pub(crate) qp: QueuePair,
 }
 
-/// The calling application doing a connected QP's receive work itself
-/// (see `iwarp_qp_drive`).
+/// Deprecated: a connected QP's CQs switched to
+/// `IWARP_PROGRESS_APP_DRIVEN` until released (see `iwarp_qp_drive`; use
+/// `iwarp_cq_set_progress`).
 pub struct iwarp_drive {
-    pub(crate) drive: iwarp_rs::Drive,
+    /// The receive CQ first, then the send CQ if it is another one, each
+    /// with the mode it had before (restored on release).
+    pub(crate) cqs: Vec<(CompletionQueue, ProgressMode)>,
+}
+
+impl Drop for iwarp_drive {
+    fn drop(&mut self) {
+        for (cq, before) in self.cqs.iter().rev() {
+            // Back to a mode the CQ already had: only AppDriven can fail
+            // (creating its epoll set), and that one was set up before.
+            let _ = cq.set_progress(*before);
+        }
+    }
 }
 
 /// Memory-region access flags (`enum ibv_access_flags`), OR-ed together.
@@ -143,6 +157,34 @@ pub enum iwarp_qp_state {
     IWARP_QPS_ERROR = 2,
     /// Disconnected in order.
     IWARP_QPS_CLOSED = 3,
+}
+
+/// Who does the receive work of a CQ's QPs while the application waits,
+/// and so what `iwarp_wait_cq`, `iwarp_poll_cq` and `iwarp_cq_fd` do; set
+/// with `iwarp_cq_set_progress`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum iwarp_progress_mode {
+    /// The default. The stack's receive threads read the sockets;
+    /// `iwarp_wait_cq` polls the CQ (yielding the CPU) for up to `spin_us`,
+    /// then sleeps until a completion arrives. The only mode in which the
+    /// peer's one-sided operations (RDMA Write, Read) progress while no
+    /// application thread waits or polls.
+    IWARP_PROGRESS_THREADED = 0,
+    /// `iwarp_wait_cq` does the receive work itself in a loop and never
+    /// sleeps (until its timeout); the receive threads step aside meanwhile.
+    /// Lowest latency, at the cost of a CPU. `spin_us` is ignored.
+    IWARP_PROGRESS_BUSY_POLL = 1,
+    /// Only application threads read the sockets; the stack's receive
+    /// threads stay parked. `iwarp_wait_cq` does the receive work, polls for
+    /// up to `spin_us`, then sleeps in poll(2); `iwarp_cq_fd` is an epoll
+    /// set of the CQ's completions and its connected QPs' sockets, and
+    /// `iwarp_poll_cq` does the receive work when the CQ is empty. Nothing
+    /// is received (not even the peer's RDMA Write, close or Terminate)
+    /// until a thread calls `iwarp_wait_cq`, `iwarp_poll_cq` or
+    /// `iwarp_cq_progress`. For an event loop that waits for several
+    /// things at once: the data is read by the thread that wakes anyway.
+    IWARP_PROGRESS_APP_DRIVEN = 2,
 }
 
 /// Queue-pair events (`rdma_cm_event_type` / `ibv_event_type` subset), in
@@ -518,10 +560,54 @@ pub unsafe extern "C" fn iwarp_destroy_cq(cq: *mut iwarp_cq) {
     unsafe { free("iwarp_destroy_cq", cq) }
 }
 
-/// A file descriptor that is readable (`POLLIN`) exactly while the CQ holds
-/// completions (level-triggered). Use it with poll/epoll, then call
-/// `iwarp_poll_cq` until it returns 0. It belongs to the CQ: never read
-/// from or close it. Returns -1 if `cq` is NULL.
+/// Choose who does the receive work of the QPs that use `cq` while the
+/// application waits (an `iwarp_progress_mode`), and so what
+/// `iwarp_wait_cq`, `iwarp_poll_cq` and `iwarp_cq_fd` do. `spin_us` is how
+/// long `iwarp_wait_cq` polls before it sleeps (THREADED, APP_DRIVEN; 0
+/// sleeps at once; ignored for BUSY_POLL). Set it before the QPs connect
+/// and before threads wait; it applies to QPs already connected too. A QP
+/// whose send and receive CQs differ is application-driven if either of
+/// them is. Returns `IWARP_ERR_NULL_ARG` for a NULL `cq`,
+/// `IWARP_ERR_INVALID_ARG` for an unknown mode, `IWARP_ERR_IO` if the epoll
+/// set of APP_DRIVEN cannot be created.
+///
+/// # Safety
+/// `cq` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_cq_set_progress(
+    cq: *mut iwarp_cq,
+    mode: i32,
+    spin_us: u32,
+) -> iwarp_result {
+    guard("iwarp_cq_set_progress", || {
+        // SAFETY: NULL or a live handle (caller).
+        let cq = unsafe { handle(cq, "cq") }?;
+        let spin = Duration::from_micros(u64::from(spin_us));
+        let mode = match mode {
+            m if m == iwarp_progress_mode::IWARP_PROGRESS_THREADED as i32 => {
+                ProgressMode::Threaded { spin }
+            }
+            m if m == iwarp_progress_mode::IWARP_PROGRESS_BUSY_POLL as i32 => ProgressMode::BusyPoll,
+            m if m == iwarp_progress_mode::IWARP_PROGRESS_APP_DRIVEN as i32 => {
+                ProgressMode::AppDriven { spin }
+            }
+            other => {
+                return Err(FfiError::invalid(format!(
+                    "unknown progress mode {other}: use an iwarp_progress_mode (IWARP_PROGRESS_THREADED, IWARP_PROGRESS_BUSY_POLL, IWARP_PROGRESS_APP_DRIVEN)"
+                )))
+            }
+        };
+        cq.cq.set_progress(mode)?;
+        Ok(())
+    })
+}
+
+/// A file descriptor for poll/epoll, level-triggered: readable (`POLLIN`)
+/// while the CQ holds completions and, in `IWARP_PROGRESS_APP_DRIVEN` mode
+/// (an epoll set), also while a connected QP's socket holds bytes for
+/// `iwarp_poll_cq` to process. When it is readable, call `iwarp_poll_cq`
+/// until it returns 0. Set the progress mode first. It belongs to the CQ:
+/// never read from or close it. Returns -1 if `cq` is NULL.
 ///
 /// # Safety
 /// `cq` is NULL or a live handle.
@@ -533,15 +619,16 @@ pub unsafe extern "C" fn iwarp_cq_fd(cq: *const iwarp_cq) -> c_int {
     })
 }
 
-/// Do the pending receive work of the QPs attached to `cq` from the calling
-/// thread and return at once. A busy-poll loop (spinning on
-/// `iwarp_poll_cq`, or on memory such as the last byte of an RDMA Write)
-/// calls this in its loop, so it reads its own socket instead of waiting
-/// for the stack's receive thread; while it does, the receive threads step
-/// aside. It costs a non-blocking `recv` per connected QP, which is why
-/// `iwarp_poll_cq` does not do it. Never needed for progress: the receive
-/// threads do the work when nobody polls. Returns `IWARP_ERR_NULL_ARG` for
-/// a NULL `cq`.
+/// Do the pending receive and transmit work of the QPs attached to `cq`
+/// from the calling thread and return at once, without taking completions.
+/// A busy-poll loop that spins on memory (the last byte of an RDMA Write)
+/// rather than on the CQ calls this in its loop, so it reads its own socket
+/// instead of waiting for the stack's receive thread; while it does, the
+/// receive threads step aside. In `IWARP_PROGRESS_APP_DRIVEN` mode it is
+/// how an application lets the peer's one-sided operations, close or
+/// Terminate be seen without waiting (before trusting
+/// `iwarp_query_qp_state` after a pause, say). It costs a non-blocking
+/// `recv` per connected QP. Returns `IWARP_ERR_NULL_ARG` for a NULL `cq`.
 ///
 /// # Safety
 /// `cq` is NULL or a live handle.
@@ -554,21 +641,19 @@ pub unsafe extern "C" fn iwarp_cq_progress(cq: *const iwarp_cq) -> iwarp_result 
     })
 }
 
-/// Take over a connected QP's receive work until `iwarp_drive_release`:
-/// the stack's receive thread stops reading the QP's socket (after the
-/// `recv` it may be blocked in), and the application waits for
-/// `iwarp_drive_fd` to be readable (poll/epoll, with its other file
-/// descriptors) and calls `iwarp_drive_progress`. Nothing is received while
-/// a drive exists and nobody calls `iwarp_drive_progress`, so do not sleep
-/// in `iwarp_wait_cq` meanwhile (poll `iwarp_cq_fd` together with the
-/// drive's fd instead). For a thread that waits for several things at once
-/// on a busy machine: the data is read by the thread that wakes anyway,
-/// instead of waking the receive thread first. Returns
-/// `IWARP_ERR_QP_STATE` if the QP is not connected, `IWARP_ERR_NULL_ARG`
-/// for a NULL argument.
+/// Deprecated: use `iwarp_cq_set_progress(cq, IWARP_PROGRESS_APP_DRIVEN,
+/// 0)` on the QP's CQs and wait with `iwarp_wait_cq` or `iwarp_cq_fd`.
+/// Kept for compatibility: switches the connected QP's send and receive
+/// CQs to `IWARP_PROGRESS_APP_DRIVEN` (spin 0; a CQ already in that mode
+/// keeps its spin) until `iwarp_drive_release`, which restores their
+/// previous modes. Meanwhile nothing is received unless a thread calls
+/// `iwarp_drive_progress`, `iwarp_cq_progress`, `iwarp_poll_cq` or
+/// `iwarp_wait_cq`. Returns `IWARP_ERR_QP_STATE` if the QP is not
+/// connected, `IWARP_ERR_NULL_ARG` for a NULL argument.
 ///
 /// # Safety
 /// `qp` is NULL or a live handle; `out` is NULL or valid for a write.
+#[deprecated(note = "use iwarp_cq_set_progress")]
 #[no_mangle]
 pub unsafe extern "C" fn iwarp_qp_drive(
     qp: *const iwarp_qp,
@@ -579,50 +664,77 @@ pub unsafe extern "C" fn iwarp_qp_drive(
         unsafe { out_ptr(out, "out") }?;
         // SAFETY: NULL or a live handle (caller).
         let qp = unsafe { handle(qp, "qp") }?;
-        let drive = qp.qp.drive().ok_or_else(|| {
-            FfiError::new(
+        if qp.qp.peer_addr().is_none() {
+            return Err(FfiError::new(
                 iwarp_result::IWARP_ERR_QP_STATE,
                 "the QP is not connected: drive it after the connection is established",
-            )
-        })?;
+            ));
+        }
+        let (rcq, scq) = (qp.qp.recv_cq(), qp.qp.send_cq());
+        let mut d = iwarp_drive {
+            cqs: Vec::with_capacity(2),
+        };
+        for cq in [rcq, scq] {
+            if d.cqs.iter().any(|(c, _)| c.same_as(cq)) {
+                continue;
+            }
+            let before = cq.progress_mode();
+            if !matches!(before, ProgressMode::AppDriven { .. }) {
+                // On failure, dropping `d` restores the CQs switched so far.
+                cq.set_progress(ProgressMode::AppDriven {
+                    spin: Duration::ZERO,
+                })?;
+            }
+            d.cqs.push((cq.clone(), before));
+        }
         // SAFETY: checked by out_ptr.
-        unsafe { give(out, iwarp_drive { drive }) };
+        unsafe { give(out, d) };
         Ok(())
     })
 }
 
-/// The driven QP's socket: wait for `POLLIN` on it, then call
-/// `iwarp_drive_progress`. Never read, write or close it. -1 for NULL.
+/// Deprecated: use `iwarp_cq_fd` of a CQ in `IWARP_PROGRESS_APP_DRIVEN`
+/// mode. The driven QP's receive CQ's `iwarp_cq_fd`: wait for `POLLIN` on
+/// it, then call `iwarp_drive_progress` (or `iwarp_poll_cq`). Never read,
+/// write or close it. -1 for NULL.
 ///
 /// # Safety
 /// `d` is NULL or a live handle.
+#[deprecated(note = "use iwarp_cq_set_progress")]
 #[no_mangle]
 pub unsafe extern "C" fn iwarp_drive_fd(d: *const iwarp_drive) -> c_int {
     guard_or("iwarp_drive_fd", -1, || {
         // SAFETY: NULL or a live handle (caller).
-        Ok(unsafe { handle(d, "drive") }?.drive.fd())
+        let d = unsafe { handle(d, "drive") }?;
+        Ok(d.cqs.first().map_or(-1, |(cq, _)| cq.as_raw_fd()))
     })
 }
 
-/// Do the driven QP's pending receive (and transmit) work from the calling
-/// thread; never blocks. `IWARP_ERR_NULL_ARG` for NULL.
+/// Deprecated: use `iwarp_cq_progress`. Does the pending receive (and
+/// transmit) work of the driven QP's CQs from the calling thread; never
+/// blocks. `IWARP_ERR_NULL_ARG` for NULL.
 ///
 /// # Safety
 /// `d` is NULL or a live handle.
+#[deprecated(note = "use iwarp_cq_set_progress")]
 #[no_mangle]
 pub unsafe extern "C" fn iwarp_drive_progress(d: *const iwarp_drive) -> iwarp_result {
     guard("iwarp_drive_progress", || {
         // SAFETY: NULL or a live handle (caller).
-        unsafe { handle(d, "drive") }?.drive.progress();
+        for (cq, _) in &unsafe { handle(d, "drive") }?.cqs {
+            cq.progress();
+        }
         Ok(())
     })
 }
 
-/// End a drive: the stack's receive thread reads the socket again. NULL is
-/// a no-op. Release it before destroying its QP.
+/// Deprecated: use `iwarp_cq_set_progress`. Ends a drive: the QP's CQs get
+/// back the progress modes they had before `iwarp_qp_drive`. NULL is a
+/// no-op.
 ///
 /// # Safety
 /// `d` is NULL or a live handle, not used again.
+#[deprecated(note = "use iwarp_cq_set_progress")]
 #[no_mangle]
 pub unsafe extern "C" fn iwarp_drive_release(d: *mut iwarp_drive) {
     // SAFETY: forwarded from the caller.
@@ -630,9 +742,10 @@ pub unsafe extern "C" fn iwarp_drive_release(d: *mut iwarp_drive) {
 }
 
 /// Move up to `max` completions into `wc[0..max]`, oldest first
-/// (`ibv_poll_cq`). Never blocks. Returns the number moved (0 if the CQ is
-/// empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG` for a NULL
-/// `cq` or `wc`, `-IWARP_ERR_INVALID_ARG` for `max < 0`).
+/// (`ibv_poll_cq`). Never blocks; in `IWARP_PROGRESS_APP_DRIVEN` mode an
+/// empty CQ first gets the receive work done. Returns the number moved (0
+/// if the CQ is empty), or a negated `iwarp_result` (`-IWARP_ERR_NULL_ARG`
+/// for a NULL `cq` or `wc`, `-IWARP_ERR_INVALID_ARG` for `max < 0`).
 ///
 /// # Safety
 /// `cq` is NULL or a live handle; `wc` is NULL or valid for writes of `max`
@@ -692,7 +805,9 @@ pub unsafe extern "C" fn iwarp_poll_cq(cq: *mut iwarp_cq, max: i32, wc: *mut iwa
 }
 
 /// Wait up to `timeout_ms` (or `IWARP_TIMEOUT_INFINITE`) for one completion
-/// and move it into `*wc`. Returns `IWARP_ERR_TIMEOUT` if none arrived.
+/// and move it into `*wc`. How it waits, and who does the receive work
+/// meanwhile, is the CQ's `iwarp_progress_mode` (`iwarp_cq_set_progress`).
+/// Returns `IWARP_ERR_TIMEOUT` if none arrived.
 ///
 /// # Safety
 /// `cq` is NULL or a live handle; `wc` is NULL or writable.
@@ -1018,6 +1133,7 @@ mod tests {
     use std::ptr::{null, null_mut};
 
     #[test]
+    #[allow(deprecated)] // iwarp_qp_drive & co. keep their NULL checks
     fn null_handles_give_null_arg_and_a_message() {
         // SAFETY (whole test): every pointer is NULL or points to a live
         // local, which is what the functions' contracts allow.
@@ -1043,6 +1159,7 @@ mod tests {
             );
             assert_eq!(iwarp_wait_cq(null_mut(), 0, &mut wc), IWARP_ERR_NULL_ARG);
             assert_eq!(iwarp_cq_fd(null()), -1);
+            assert_eq!(iwarp_cq_set_progress(null_mut(), 0, 0), IWARP_ERR_NULL_ARG);
             assert_eq!(iwarp_drive_fd(null()), -1);
             assert_eq!(iwarp_drive_progress(null()), IWARP_ERR_NULL_ARG);
             let mut d = null_mut();
@@ -1105,6 +1222,22 @@ mod tests {
             assert_eq!(iwarp_poll_cq(cq, -1, wc.as_mut_ptr()), -2);
             assert_eq!(iwarp_poll_cq(cq, 4, null_mut()), -1);
             assert_eq!(iwarp_poll_cq(cq, 4, wc.as_mut_ptr()), 0);
+            assert_eq!(iwarp_cq_set_progress(cq, 3, 0), IWARP_ERR_INVALID_ARG);
+            assert!(last_error().contains("unknown progress mode 3"));
+            assert_eq!(iwarp_cq_set_progress(cq, -1, 0), IWARP_ERR_INVALID_ARG);
+            for mode in [
+                iwarp_progress_mode::IWARP_PROGRESS_APP_DRIVEN,
+                iwarp_progress_mode::IWARP_PROGRESS_BUSY_POLL,
+                iwarp_progress_mode::IWARP_PROGRESS_THREADED,
+            ] {
+                assert_eq!(iwarp_cq_set_progress(cq, mode as i32, 10), IWARP_OK);
+            }
+            assert_eq!(
+                (*cq).cq.progress_mode(),
+                ProgressMode::Threaded {
+                    spin: Duration::from_micros(10)
+                }
+            );
             // Destroying the QP flushes the posted receive into the CQ,
             // which outlives the QP handle.
             iwarp_destroy_qp(qp);

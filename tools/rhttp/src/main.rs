@@ -14,8 +14,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use iwarp::cm::{ConnParam, Listener, MpaConfig, Policy};
 use iwarp::{
-    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpState,
-    QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
+    Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
+    QpState, QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
 };
 use rhttp::ctrl::{CtrlMsg, Kind, MSG_LEN};
 use rhttp::header::{RdmaHeader, Scheme};
@@ -179,13 +179,13 @@ const CHUNK: usize = 16 << 20;
 /// connects back to, and the connection it made (reused while alive).
 struct Rdma {
     pd: ProtectionDomain,
+    /// Both CQs are [`ProgressMode::AppDriven`]: this thread does the RDMA
+    /// connection's receive work itself whenever it waits (see
+    /// [`Rdma::wait_for`]).
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     listener: Listener,
     server_ip: IpAddr,
-    /// This thread does the RDMA connection's receive work for as long as
-    /// it lives (see [`Rdma::wait_for`]); every wait polls its socket.
-    drive: Option<iwarp::Drive>,
     qp: Option<QueuePair>,
     ctrl: MemoryRegion,
     msg: MemoryRegion,
@@ -271,6 +271,12 @@ impl Rdma {
         let pd = ctx.alloc_pd();
         let send_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
         let recv_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
+        for cq in [&send_cq, &recv_cq] {
+            cq.set_progress(ProgressMode::AppDriven {
+                spin: SPIN_PROGRESS,
+            })
+            .map_err(|e| format!("setting up the completion queues: {e}"))?;
+        }
         let local = SocketAddr::new(http.local.ip(), 0);
         let mpa = MpaConfig {
             crc,
@@ -291,7 +297,6 @@ impl Rdma {
             recv_cq,
             listener,
             server_ip: http.peer.ip(),
-            drive: None,
             qp: None,
             ctrl,
             msg,
@@ -327,7 +332,6 @@ impl Rdma {
     /// Disconnect the RDMA connection; the listener stays, so the server
     /// can connect again.
     fn close_connection(&mut self) {
-        self.drive = None;
         if let Some(qp) = self.qp.take() {
             qp.disconnect();
             // Its posted receives were flushed into the CQs, which the next
@@ -337,11 +341,10 @@ impl Rdma {
     }
 
     fn live(&self) -> bool {
-        // This thread reads the driven connection only while it waits: let
-        // it see an end or a Terminate that came since.
-        if let Some(d) = &self.drive {
-            d.progress();
-        }
+        // This thread reads the connection only while it waits (the CQs
+        // are application-driven): let it see an end or a Terminate that
+        // came since.
+        self.recv_cq.progress();
         self.qp.as_ref().is_some_and(|q| q.state() == QpState::Rts)
     }
 
@@ -375,7 +378,6 @@ impl Rdma {
         req.accept(&qp, &ConnParam::default())
             .map_err(|e| format!("accepting the server's RDMA connection: {e}"))?;
         tracing::debug!(%peer, "RDMA connection from the server accepted");
-        self.drive = qp.drive();
         self.qp = Some(qp);
         Ok(())
     }
@@ -454,19 +456,15 @@ impl Rdma {
         })
         .map_err(|e| format!("posting {opcode:?}: {e}"))?;
         match self.wait_wc(&self.send_cq) {
-            Ok(Some(wc)) if wc.status == WcStatus::Success => Ok(()),
-            Ok(Some(wc)) => {
+            Ok(wc) if wc.status == WcStatus::Success => Ok(()),
+            Ok(wc) => {
                 let why = qp
                     .next_event(Duration::from_millis(200))
                     .map(|e| format!(" ({e:?})"))
                     .unwrap_or_default();
                 Err(format!("{opcode:?} failed: {:?}{why}", wc.status))
             }
-            Ok(None) => Err(format!(
-                "{opcode:?} did not complete within {:?}",
-                self.timeout
-            )),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     }
 
@@ -479,8 +477,12 @@ impl Rdma {
     /// as the HTTP response starts arriving.
     fn wait_ctrl(&self, http: Option<&Conn>) -> Res<Option<CtrlMsg>> {
         let qp = self.qp()?;
-        let Some(wc) = self.wait_for(&self.recv_cq, http)? else {
-            return Ok(None);
+        let wc = match http {
+            Some(h) => match self.wait_for(h)? {
+                Some(wc) => wc,
+                None => return Ok(None),
+            },
+            None => self.wait_wc(&self.recv_cq)?,
         };
         if wc.status != WcStatus::Success {
             return Err(format!("RDMA connection failed: {:?}", wc.status));
@@ -494,126 +496,115 @@ impl Rdma {
         Ok(Some(m))
     }
 
-    /// Wait for a completion on `cq`.
-    fn wait_wc(&self, cq: &CompletionQueue) -> Res<Option<iwarp::WorkCompletion>> {
-        self.wait_for(cq, None)
+    /// Wait for a completion on `cq`, doing the RDMA connection's receive
+    /// work meanwhile: the CQ polls for up to [`SPIN_PROGRESS`], then
+    /// sleeps in `poll(2)` on the connection's socket
+    /// ([`ProgressMode::AppDriven`]).
+    fn wait_wc(&self, cq: &CompletionQueue) -> Res<iwarp::WorkCompletion> {
+        self.qp()?;
+        cq.wait_one(self.timeout)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no completion within {:?}", self.timeout))
     }
 
     /// Wait until the HTTP answer starts arriving, doing the RDMA
     /// connection's receive work meanwhile (the server may be reading our
     /// buffer, or writing into it). Completions stay in their CQs.
     fn wait_http(&self, http: &Conn) -> Res<()> {
-        let Some(d) = self.drive.as_ref() else {
+        if self.qp.is_none() {
             return Ok(());
-        };
+        }
         let deadline = Instant::now() + self.timeout;
         loop {
-            d.progress();
+            self.recv_cq.progress();
             if http.has_buffered() {
                 return Ok(());
             }
-            let mut fds = [
-                libc::pollfd {
-                    fd: d.fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: http.stream().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
+            // Sleep on the connection's socket through a CQ's fd (an epoll
+            // set of the socket and the CQ's completions): one whose
+            // completions would not wake us at once. The send CQ's are
+            // always taken by `run`; a control message may wait in the
+            // receive CQ.
+            let cq_fd = [&self.send_cq, &self.recv_cq]
+                .into_iter()
+                .find(|cq| cq.is_empty())
+                .map(|cq| cq.as_raw_fd());
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(format!("no HTTP answer within {:?}", self.timeout));
             }
-            // SAFETY: two valid pollfds in a live local array.
-            unsafe { libc::poll(fds.as_mut_ptr(), 2, left.as_millis().clamp(1, 100) as i32) };
-            if fds[1].revents != 0 {
+            let ms = match cq_fd {
+                Some(_) => left.as_millis().clamp(1, 100) as i32,
+                // Both CQs hold completions: wake up to do the receive work.
+                None => 1,
+            };
+            if poll_http(http, cq_fd, ms) {
                 return Ok(());
             }
         }
     }
 
-    /// Wait for a completion on `cq` (`Some`), or with `http` until the
-    /// HTTP response starts arriving (`None`).
+    /// Wait for a completion on the receive CQ (`Some`), or until the HTTP
+    /// response starts arriving (`None`).
     ///
     /// This thread does the RDMA connection's receive work itself while it
-    /// waits (`QueuePair::drive`): without `http` first for up to
-    /// [`SPIN_PROGRESS`] by polling, then asleep in `poll(2)` on the RDMA
-    /// socket, the CQ's fd (completions made by other threads) and the
-    /// HTTP socket, reading whatever arrives. The stack's receive thread stays parked, so the
-    /// data is read by the one thread that is waiting for it: on a loaded
-    /// machine each extra thread that must be scheduled can cost a time
-    /// slice of the processes that keep the CPUs busy.
-    fn wait_for(
-        &self,
-        cq: &CompletionQueue,
-        http: Option<&Conn>,
-    ) -> Res<Option<iwarp::WorkCompletion>> {
+    /// waits ([`ProgressMode::AppDriven`]): `poll_one` reads whatever the
+    /// socket holds, and otherwise the thread sleeps at once (an answer
+    /// may not come by RDMA at all) in `poll(2)` on the CQ's fd (the
+    /// connection's socket and the CQ's completions) and the HTTP socket.
+    /// The stack's receive thread stays parked, so the data is read by the
+    /// one thread that is waiting for it: on a loaded machine each extra
+    /// thread that must be scheduled can cost a time slice of the
+    /// processes that keep the CPUs busy.
+    fn wait_for(&self, http: &Conn) -> Res<Option<iwarp::WorkCompletion>> {
         self.qp()?;
-        let drive = self.drive.as_ref();
-        let start = Instant::now();
-        let deadline = start + self.timeout;
-        // Waiting for an answer that may not come by RDMA at all: sleep at
-        // once rather than spin.
-        let spin_until = if http.is_some() {
-            start
-        } else {
-            start + SPIN_PROGRESS
-        };
-        let mut http_ready = false;
+        let cq = &self.recv_cq;
+        let deadline = Instant::now() + self.timeout;
         loop {
-            match drive {
-                Some(d) => d.progress(),
-                None => cq.progress(),
-            }
             if let Some(wc) = cq.poll_one() {
                 return Ok(Some(wc));
             }
-            if let Some(h) = http {
-                if http_ready || h.has_buffered() {
-                    return Ok(None);
-                }
+            if http.has_buffered() {
+                return Ok(None);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(match http {
-                    Some(_) => format!(
-                        "no control message or HTTP answer within {:?}",
-                        self.timeout
-                    ),
-                    None => format!("no completion within {:?}", self.timeout),
-                });
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "no control message or HTTP answer within {:?}",
+                    self.timeout
+                ));
             }
-            if now < spin_until {
-                continue;
+            if poll_http(
+                http,
+                Some(cq.as_raw_fd()),
+                left.as_millis().clamp(1, 100) as i32,
+            ) {
+                // The answer is coming; take a completion that came with it.
+                return Ok(cq.poll_one());
             }
-            let mut fds = [libc::pollfd {
-                fd: cq.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }; 3];
-            let mut n = 1;
-            if let Some(d) = drive {
-                fds[n].fd = d.fd();
-                n += 1;
-            }
-            let http_at = n;
-            if let Some(h) = http {
-                fds[n].fd = h.stream().as_raw_fd();
-                n += 1;
-            }
-            let ms = deadline
-                .saturating_duration_since(now)
-                .as_millis()
-                .clamp(1, 100) as i32;
-            // SAFETY: `n` valid pollfds in a live local array.
-            unsafe { libc::poll(fds.as_mut_ptr(), n as libc::nfds_t, ms) };
-            http_ready = http.is_some() && fds[http_at].revents != 0;
         }
     }
+}
+
+/// Sleep in `poll(2)` for up to `ms` on the HTTP socket and `cq_fd` (a
+/// CQ's descriptor); true if the HTTP socket became readable.
+fn poll_http(http: &Conn, cq_fd: Option<std::os::fd::RawFd>, ms: i32) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: http.stream().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            // poll(2) ignores a negative fd.
+            fd: cq_fd.unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds in a live local array.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    n > 0 && fds[0].revents != 0
 }
 
 /// Print one transfer's result line on stderr with a single `write`
@@ -628,9 +619,11 @@ fn report(line: std::fmt::Arguments<'_>) {
 
 /// How long rhttp polls for a completion (a Read Response, the server's
 /// DONE), reading the RDMA connection itself, before it sleeps in
-/// `poll(2)`: on loopback the answer usually comes within it. Longer spins
-/// cost the server the CPU on a loaded machine (1 MB client-reads under
-/// two busy processes: 0.76-0.97 ms with 500 us against 0.28-0.30 with 50).
+/// `poll(2)` (the spin of its [`ProgressMode::AppDriven`] CQs; waits that
+/// also watch the HTTP socket sleep at once): on loopback the answer
+/// usually comes within it. Longer spins cost the server the CPU on a
+/// loaded machine (1 MB client-reads under two busy processes: 0.76-0.97
+/// ms with 500 us against 0.28-0.30 with 50).
 const SPIN_PROGRESS: Duration = Duration::from_micros(50);
 
 /// One HTTP connection plus its RDMA side.
