@@ -1,0 +1,5 @@
+//! placeholder
+#![deny(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod wire;
