@@ -295,8 +295,11 @@ pub struct SendGrant {
 /// What the application gets from [`Flow::recv`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvGrant {
-    /// Where in the receive buffer to copy from; empty at end of stream.
+    /// Where in the receive buffer to copy from.
     pub spans: Spans,
+    /// The reading side is closed and nothing is queued: end of stream
+    /// (`spans` is then empty).
+    pub eof: bool,
 }
 
 /// `rshutdown`'s `how`.
@@ -455,6 +458,29 @@ impl fmt::Display for FlowError {
 }
 
 impl std::error::Error for FlowError {}
+
+impl FlowError {
+    /// The `std::io` kind a socket API reports for this error. A broken
+    /// protocol is `ConnectionReset` (ECONNRESET), as the issue asks.
+    pub fn kind(&self) -> std::io::ErrorKind {
+        use std::io::ErrorKind as K;
+        match self {
+            FlowError::WouldBlock => K::WouldBlock,
+            FlowError::NotConnected => K::NotConnected,
+            FlowError::NotWritable => K::BrokenPipe,
+            FlowError::Config(_) => K::InvalidInput,
+            FlowError::BadConnData(_) => K::InvalidData,
+            FlowError::Protocol(_) => K::ConnectionReset,
+            FlowError::SendFailed | FlowError::UnexpectedCompletion(_) => K::Other,
+        }
+    }
+}
+
+impl From<FlowError> for std::io::Error {
+    fn from(e: FlowError) -> std::io::Error {
+        std::io::Error::new(e.kind(), e)
+    }
+}
 
 fn slot(mem: &[u8], i: usize, order: ByteOrder) -> Option<Sge> {
     mem.get(i * SGE_LEN..(i + 1) * SGE_LEN)
@@ -694,6 +720,12 @@ impl Flow {
         self.writable = false;
         // Nothing more goes on the wire but the teardown.
         self.actions.clear();
+        if let FlowError::Protocol(_) = e {
+            // A peer that broke the protocol may have written anywhere in
+            // the ring (its RDMA Write lands before the word that gives it
+            // away): nothing queued is trusted any more.
+            self.rmsg.clear();
+        }
         e
     }
 
@@ -896,8 +928,9 @@ impl Flow {
 
     /// Takes up to `max` queued bytes (`rrecv`): returns where they are in
     /// the receive buffer and updates the ring and credits. Queued data is
-    /// still delivered after the peer disconnected; an empty grant is end
-    /// of stream.
+    /// still delivered after the peer disconnected (rsocket.c: "Continue to
+    /// receive any queued data even if the remote side has disconnected"),
+    /// and after a local send error, but not after a protocol violation.
     pub fn recv(&mut self, max: u32) -> Result<RecvGrant, FlowError> {
         if self.rmsg.is_empty() {
             return match self.phase {
@@ -905,6 +938,7 @@ impl Flow {
                 Phase::Error => Err(self.err.unwrap_or(FlowError::SendFailed)),
                 _ if !self.readable => Ok(RecvGrant {
                     spans: Spans::of_ring(self.rbuf_offset, 0, self.cfg.rbuf_size),
+                    eof: true,
                 }),
                 _ => Err(FlowError::WouldBlock),
             };
@@ -931,7 +965,7 @@ impl Flow {
         self.rbuf_offset = (self.rbuf_offset + taken) % self.cfg.rbuf_size;
         self.rbuf_bytes_avail += taken;
         self.update_credits();
-        Ok(RecvGrant { spans })
+        Ok(RecvGrant { spans, eof: false })
     }
 
     /// `rs_give_credits` (iWARP) then `rs_send_credits`, as often as it

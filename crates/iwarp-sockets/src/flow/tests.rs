@@ -134,7 +134,7 @@ impl Side {
     /// Application read of up to `max` bytes; `None` at end of stream.
     fn read(&mut self, max: u32) -> Option<usize> {
         match self.flow.recv(max) {
-            Ok(g) if g.spans.is_empty() => None,
+            Ok(g) if g.eof => None,
             Ok(g) => {
                 self.saw_recv_wrap |= g.spans.second.is_some();
                 for s in [Some(g.spans.first), g.spans.second].into_iter().flatten() {
@@ -467,8 +467,12 @@ fn peer_beyond_its_credits_is_an_error() {
     );
     assert!(e.to_string().contains("beyond its credits"));
     assert_eq!(b.phase(), Phase::Error);
-    // Queued data is still there, but the connection is over.
-    assert_eq!(b.recv(100).unwrap().spans.len(), 16);
+    assert_eq!(
+        std::io::Error::from(e).kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+    // The 16 queued bytes are not delivered: the peer is not trusted.
+    assert_eq!(b.bytes_queued(), 0);
     assert_eq!(b.recv(100), Err(e));
     assert_eq!(b.send(1, &mut [0; TARGET_SGL_LEN]), Err(e));
     assert_eq!(
@@ -683,6 +687,10 @@ fn keepalive_is_a_zero_length_write_the_peer_never_sees() {
 fn failed_send_completion_ends_the_connection() {
     let mut p = Pair::small();
     p.settle();
+    // B's bytes arrive first.
+    p.b.write(b"xy");
+    p.b.pump();
+    deliver(&mut p.b, &mut p.a).unwrap();
     p.a.write(b"abc");
     p.a.pump();
     let t = p.a.completions.pop_front().unwrap();
@@ -696,6 +704,9 @@ fn failed_send_completion_ends_the_connection() {
         Err(FlowError::SendFailed)
     );
     assert!(FlowError::SendFailed.to_string().contains("EIO"));
+    // Data already received is still delivered after a local send error.
+    assert_eq!(p.a.read(10), Some(2));
+    assert_eq!(p.a.received, b"xy");
 }
 
 #[test]
@@ -840,4 +851,28 @@ proptest! {
         prop_assert_eq!(p.a.flow.phase(), Phase::Connected);
         prop_assert_eq!(p.b.flow.phase(), Phase::Connected);
     }
+}
+
+#[test]
+fn zero_length_read_is_not_end_of_stream() {
+    let mut b = lone_b();
+    b.on_recv(&le(Message::Data { len: 5 })).unwrap();
+    let g = b.recv(0).unwrap();
+    assert!(g.spans.is_empty() && !g.eof);
+    assert_eq!(b.bytes_queued(), 5);
+    assert_eq!(
+        b.recv(3).unwrap().spans,
+        Spans {
+            first: Span { offset: 0, len: 3 },
+            second: None
+        }
+    );
+    assert_eq!(
+        b.recv(9).unwrap().spans,
+        Spans {
+            first: Span { offset: 3, len: 2 },
+            second: None
+        }
+    );
+    assert_eq!(b.recv(9), Err(FlowError::WouldBlock));
 }
