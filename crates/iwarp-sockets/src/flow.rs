@@ -65,9 +65,12 @@
 //! address 0 with rkey 0, using a control slot; its comment says "RDMA
 //! write with immediate" but it calls `rs_post_write`, a plain
 //! `IBV_WR_RDMA_WRITE` in both modes, so the peer sees no message and
-//! consumes no receive. (Whether a peer's RNIC accepts STag 0 for a
-//! zero-length tagged DDP segment is the provider's matter; not verified
-//! here.)
+//! consumes no receive. On iWARP it is a zero-length tagged DDP segment
+//! with STag 0, the same frame RFC 6581 §5 uses as the write-form
+//! ready-to-receive: RFC 5041 §7.2 leaves nothing to validate or place for
+//! it, Linux siw's `siw_proc_write` returns at once, and our engine places
+//! nothing (`iwarp-proto`, `engine::Engine::post_nudge` sends the same
+//! frame).
 //!
 //! # What this machine adds: checks rsocket.c does not make
 //!

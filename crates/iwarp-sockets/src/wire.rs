@@ -48,9 +48,9 @@
 //! kernel's `cma_connect_iw` (drivers/infiniband/core/cma.c) copies
 //! `conn_param->private_data` / `private_data_len` unchanged into
 //! `iw_cm_conn_param`, and the iWARP CM carries it as the MPA private data
-//! (RFC 5044 §7.1, RFC 6581 §3 puts its own 4-byte IRD/ORD in front when
-//! enhanced setup is on, which the MPA layer strips). So the MPA private
-//! data of an rsocket connection over iWARP **starts with `rs_conn_data`**
+//! (RFC 5044 §7.1; with enhanced setup, RFC 6581 §5 puts its own 4-byte
+//! IRD/ORD block in front, which the MPA layer adds and strips). So the MPA
+//! private data of an rsocket connection over iWARP **starts with `rs_conn_data`**
 //! at offset 0 and is exactly [`CONN_DATA_LEN`] bytes long.
 //!
 //! ## What rsocket.c checks, and what we check
