@@ -76,8 +76,9 @@
 //!
 //! rsocket.c trusts its peer. This machine ends the connection with a
 //! [`ProtocolError`] when the peer sends a data message beyond the credits
-//! we granted, claims more bytes than the ring space we advertised, lowers
-//! a credit limit below what we already sent, sends data after it shut
+//! we granted, claims more bytes than the ring space we advertised, sets
+//! a credit limit below what we already sent or beyond its receive queue,
+//! sends data after it shut
 //! down, or sends a malformed or unexpected word (reserved ops,
 //! `RS_OP_WRITE`, `RS_OP_IOMAP_SGL` although we advertise no iomap).
 //!
@@ -130,6 +131,9 @@ pub const QP_MIN_SIZE: u16 = 16;
 pub const QP_MAX_SIZE: u16 = 0xFFFE;
 /// `RS_MAX_TRANSFER`: the most bytes rsocket.c moves per data message.
 pub const MAX_TRANSFER: u32 = 65536;
+/// The largest send or receive buffer [`Flow::new`] accepts (1 GiB), so
+/// that ring offsets never overflow `u32`.
+pub const MAX_BUF: u32 = 1 << 30;
 /// Bytes of the target SGL region (`RS_SGL_SIZE` slots of `rs_sge`).
 pub const TARGET_SGL_LEN: usize = SGL_SIZE as usize * SGE_LEN;
 
@@ -350,12 +354,16 @@ pub enum ProtocolError {
         /// Bytes advertised and not yet filled.
         window: u64,
     },
-    /// An `RS_OP_SGL` limit below the data messages we already sent.
-    CreditsWithdrawn {
+    /// An `RS_OP_SGL` limit outside `sent ..= sent + peer rq_size` (mod
+    /// 2^16): below what we already sent, or more than the peer's receive
+    /// queue (its conn data `credits`) can hold.
+    CreditLimitOutOfRange {
         /// The new limit.
         limit: u16,
         /// Our data messages sent.
         sent: u16,
+        /// The peer's `rq_size` (its conn data `credits`).
+        peer_rq: u16,
     },
     /// A data message after the peer's SHUTDOWN or DISCONNECT.
     DataAfterShutdown,
@@ -403,10 +411,15 @@ impl fmt::Display for ProtocolError {
                 "peer claims {len} bytes written but only {window} bytes of receive ring were \
                  advertised; it wrote outside the ring: the connection is reset"
             ),
-            ProtocolError::CreditsWithdrawn { limit, sent } => write!(
+            ProtocolError::CreditLimitOutOfRange {
+                limit,
+                sent,
+                peer_rq,
+            } => write!(
                 f,
-                "peer lowered its credit limit to {limit} below the {sent} data messages already \
-                 sent; its credit accounting is broken: the connection is reset"
+                "peer set its credit limit to {limit}, outside {sent}..={sent}+{peer_rq} (data \
+                 messages sent .. plus its receive queue); its credit accounting is broken: the \
+                 connection is reset"
             ),
             ProtocolError::DataAfterShutdown => write!(
                 f,
@@ -504,6 +517,7 @@ pub struct Flow {
     writable: bool,
     err: Option<FlowError>,
     peer_order: ByteOrder,
+    peer_rq: u16,
     actions: VecDeque<Action>,
 
     // Send side.
@@ -544,6 +558,11 @@ impl Flow {
                 "sbuf_size below RS_SNDLOWAT (2048): nothing could ever be sent",
             ));
         }
+        if cfg.sbuf_size > MAX_BUF || cfg.rbuf_size > MAX_BUF {
+            return Err(FlowError::Config(
+                "sbuf_size and rbuf_size are limited to 1 GiB",
+            ));
+        }
         if cfg.rbuf_size < 2 || !cfg.rbuf_size.is_multiple_of(2) {
             return Err(FlowError::Config(
                 "rbuf_size must be even and at least 2 (it is used in halves)",
@@ -556,6 +575,7 @@ impl Flow {
             writable: false,
             err: None,
             peer_order: cfg.order,
+            peer_rq: 0,
             actions: VecDeque::new(),
             sqe_avail: i32::from(cfg.sq_size) - QP_CTRL_SIZE as i32,
             ctrl_seqno: 0,
@@ -675,6 +695,7 @@ impl Flow {
             ));
         }
         self.peer_order = peer.order;
+        self.peer_rq = peer.credits;
         self.remote_sgl = peer.target_sgl;
         self.remote_sge = 1 % peer.target_sgl.length;
         set_slot(target, 0, &peer.data_buf, self.cfg.order);
@@ -878,7 +899,11 @@ impl Flow {
                 if self.peer_write_closed {
                     return Err(ProtocolError::DataAfterShutdown);
                 }
-                if self.rx_count.wrapping_sub(self.rx_limit) as i16 >= 0 {
+                // The limit we granted is never more than rq_size ahead of
+                // the count (limit = rseq_no + rq_size, unread <= rq_size),
+                // and the count grows one at a time: it reaches the limit
+                // exactly, whatever rq_size (up to 0xFFFE).
+                if self.rx_limit.wrapping_sub(self.rx_count) == 0 {
                     return Err(ProtocolError::CreditsExceeded {
                         received: self.rx_count,
                         limit: self.rx_limit,
@@ -896,10 +921,13 @@ impl Flow {
             }
             Message::Sgl { limit } => {
                 let limit = limit as u16;
-                if (limit.wrapping_sub(self.sseq_no) as i16) < 0 {
-                    return Err(ProtocolError::CreditsWithdrawn {
+                // A correct peer sends rseq_no + rq_size with
+                // sseq_no - rq_size <= rseq_no <= sseq_no.
+                if limit.wrapping_sub(self.sseq_no) > self.peer_rq {
+                    return Err(ProtocolError::CreditLimitOutOfRange {
                         limit,
                         sent: self.sseq_no,
+                        peer_rq: self.peer_rq,
                     });
                 }
                 self.sseq_comp = limit;

@@ -4,7 +4,7 @@
 //! fed hostile message words.
 
 use super::*;
-use crate::wire::{ConnDataRepr, MsgWord};
+use crate::wire::ConnDataRepr;
 use proptest::prelude::*;
 
 const TGT_ADDR: u64 = 0x1000_0000;
@@ -543,11 +543,49 @@ fn credit_limit_below_what_was_sent_is_an_error() {
     }
     assert_eq!(
         p.a.flow.on_recv(&le(Message::Sgl { limit: 2 })),
-        Err(FlowError::Protocol(ProtocolError::CreditsWithdrawn {
+        Err(FlowError::Protocol(ProtocolError::CreditLimitOutOfRange {
             limit: 2,
-            sent: 3
+            sent: 3,
+            peer_rq: 16
         }))
     );
+}
+
+#[test]
+fn credit_limit_beyond_the_peer_queue_is_an_error() {
+    let mut b = lone_b();
+    b.on_recv(&le(Message::Sgl { limit: 16 })).unwrap();
+    assert_eq!(
+        b.on_recv(&le(Message::Sgl { limit: 17 })),
+        Err(FlowError::Protocol(ProtocolError::CreditLimitOutOfRange {
+            limit: 17,
+            sent: 0,
+            peer_rq: 16
+        }))
+    );
+}
+
+#[test]
+fn large_queues_do_not_trip_the_credit_checks() {
+    // rq_size 40000 > 32767: a signed 16-bit comparison would misfire.
+    let c = |key| Config {
+        rq_size: 40_000,
+        ..cfg(key, ByteOrder::Little, 16, 4096, 1 << 20)
+    };
+    let a = Flow::new(c(0xA0)).unwrap();
+    let mut b = Flow::new(c(0xB0)).unwrap();
+    b.establish(&a.local_conn_data(), &mut [0; TARGET_SGL_LEN])
+        .unwrap();
+    for _ in 0..100 {
+        b.on_recv(&le(Message::Data { len: 1 })).unwrap();
+    }
+    b.on_recv(&le(Message::Sgl { limit: 40_000 })).unwrap();
+    assert_eq!(b.send_credits(), 40_000);
+    assert!(Flow::new(Config {
+        rbuf_size: 1 << 31,
+        ..Config::default()
+    })
+    .is_err());
 }
 
 #[test]
@@ -782,7 +820,6 @@ fn default_conn_data_matches_rsocket_defaults() {
             0x20, 0x00, 0x00, 0x00, 0x00, 0x00, 0x3c, 0x4d, 0x00, 0x01, 0x00, 0x00,
         ]
     );
-    let _ = MsgWord::from_u32(0);
 }
 
 #[derive(Debug, Clone)]
