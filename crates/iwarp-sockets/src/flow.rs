@@ -115,6 +115,8 @@
 //! 4. Feed every completion: [`Flow::on_send_complete`] with the
 //!    [`SendTag`] of the work request, [`Flow::on_recv`] with the 4 bytes of
 //!    a successful receive, [`Flow::on_recv_failed`] for a failed one.
+//!    Receives that complete before [`Flow::establish`] (the peer was
+//!    connected first) are kept and handled by it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -518,6 +520,7 @@ pub struct Flow {
     err: Option<FlowError>,
     peer_order: ByteOrder,
     peer_rq: u16,
+    early: Vec<[u8; 4]>,
     actions: VecDeque<Action>,
 
     // Send side.
@@ -576,6 +579,7 @@ impl Flow {
             err: None,
             peer_order: cfg.order,
             peer_rq: 0,
+            early: Vec::new(),
             actions: VecDeque::new(),
             sqe_avail: i32::from(cfg.sq_size) - QP_CTRL_SIZE as i32,
             ctrl_seqno: 0,
@@ -671,7 +675,8 @@ impl Flow {
     /// Takes the peer's conn data (`rs_save_conn_data`) and puts its first
     /// half into slot 0 of our target SGL region `target` (which must have
     /// been zeroed before registration: the peer may write slot 1 before
-    /// this call returns on the active side).
+    /// this call returns on the active side). Words received before this
+    /// call ([`Flow::on_recv`] keeps them) are handled now.
     ///
     /// rsocket.c quirk not reproduced: `rs_save_conn_data` *assigns*
     /// `rs->opts = RS_OPT_SWAP_SGL` for a peer of the other endianness,
@@ -704,6 +709,9 @@ impl Flow {
         self.readable = true;
         self.writable = true;
         self.update_credits();
+        for payload in std::mem::take(&mut self.early) {
+            self.on_recv(&payload)?;
+        }
         Ok(())
     }
 
@@ -871,7 +879,17 @@ impl Flow {
             return Err(self.err.unwrap_or(FlowError::SendFailed));
         }
         if self.phase == Phase::Init {
-            return Err(FlowError::NotConnected);
+            // The peer is connected before we are: its first credit update
+            // can complete here before the driver has seen the CM event
+            // with its conn data. Keep the words (at most one per posted
+            // receive) until `establish`.
+            if payload.len() != crate::wire::MSG_SIZE
+                || self.early.len() >= usize::from(self.cfg.rq_size)
+            {
+                return Err(FlowError::NotConnected);
+            }
+            self.early.push(payload.try_into().expect("4 bytes"));
+            return Ok(());
         }
         let msg = match Message::from_send_payload(payload, self.peer_order) {
             Ok(m) => m,

@@ -913,3 +913,21 @@ fn zero_length_read_is_not_end_of_stream() {
     );
     assert_eq!(b.recv(9), Err(FlowError::WouldBlock));
 }
+
+#[test]
+fn words_before_establish_are_kept_until_then() {
+    let a = Flow::new(cfg(0xA0, ByteOrder::Little, 16, 4096, 8192)).unwrap();
+    let mut b = Flow::new(cfg(0xB0, ByteOrder::Little, 16, 4096, 8192)).unwrap();
+    while b.poll_action().is_some() {}
+    // A's first credit update completes at B before B saw A's conn data.
+    b.on_recv(&le(Message::Sgl { limit: 16 })).unwrap();
+    assert_eq!(b.on_recv(&[1, 2, 3]), Err(FlowError::NotConnected));
+    b.establish(&a.local_conn_data(), &mut [0; TARGET_SGL_LEN])
+        .unwrap();
+    assert_eq!(b.send_credits(), 16);
+    // Its receive is reposted once the word is handled.
+    let reposts = std::iter::from_fn(|| b.poll_action())
+        .filter(|x| matches!(x, Action::PostRecv { .. }))
+        .count();
+    assert_eq!(reposts, 1);
+}
