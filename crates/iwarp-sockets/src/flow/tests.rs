@@ -931,3 +931,22 @@ fn words_before_establish_are_kept_until_then() {
         .count();
     assert_eq!(reposts, 1);
 }
+
+proptest! {
+    /// Whatever a hostile peer sends, the machine neither panics nor
+    /// delivers more than the ring holds; after an error it stays failed.
+    #[test]
+    fn hostile_words_never_panic(words in proptest::collection::vec(any::<u32>(), 0..200), reads in any::<u16>()) {
+        let mut b = lone_b();
+        for w in words {
+            let r = b.on_recv(&w.to_le_bytes());
+            prop_assert!(b.bytes_queued() <= 8192);
+            if r.is_err() {
+                prop_assert_eq!(b.phase(), Phase::Error);
+                prop_assert!(b.error().is_some());
+            }
+            let _ = b.recv(u32::from(reads));
+            while b.poll_action().is_some() {}
+        }
+    }
+}
