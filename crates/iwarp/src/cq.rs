@@ -471,6 +471,14 @@ impl CompletionQueue {
         if !self.ready() {
             return None;
         }
+        self.pop()
+    }
+
+    /// The oldest completion, if any, without doing receive work.
+    fn pop(&self) -> Option<WorkCompletion> {
+        if self.inner.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         let wc = q.pop_front();
         self.inner.len.store(q.len(), Ordering::Release);
@@ -685,7 +693,10 @@ impl CompletionQueue {
     pub fn wait_one(&self, timeout: Duration) -> Result<Option<WorkCompletion>, Error> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(wc) = self.poll_one() {
+            // `pop`, not `poll_one`: in application-driven mode `wait`
+            // does the receive work first thing, so doing it here too
+            // would cost a second `recv` per wait.
+            if let Some(wc) = self.pop() {
                 return Ok(Some(wc));
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -143,3 +143,33 @@ fn disconnecting_an_idle_connection_is_prompt() {
         );
     }
 }
+
+/// The same with application-driven CQs, whose receive thread is parked:
+/// teardown wakes it instead of waiting out its park slice (100 ms), so
+/// even the fastest of five disconnects took 100 ms before.
+#[test]
+fn disconnecting_an_app_driven_connection_does_not_wait_for_the_parked_receive_thread() {
+    let driven = iwarp::ProgressMode::AppDriven {
+        spin: Duration::ZERO,
+    };
+    let mut fastest = Duration::MAX;
+    for _ in 0..5 {
+        let (client, _server) = pair_with(MpaConfig::default(), |c, _| {
+            c.scq.set_progress(driven).unwrap();
+            c.rcq.set_progress(driven).unwrap();
+        });
+        // Wait until the receive thread is parked (it steps aside once).
+        let t0 = Instant::now();
+        while client.qp.stats().rx_steps_aside == 0 {
+            assert!(t0.elapsed() < T, "the receive thread never parked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let t = Instant::now();
+        client.qp.disconnect();
+        fastest = fastest.min(t.elapsed());
+    }
+    assert!(
+        fastest < Duration::from_millis(50),
+        "the fastest of five disconnects took {fastest:?}"
+    );
+}

@@ -506,6 +506,12 @@ impl Conn {
         self.stop.store(true, Ordering::Release);
         let _ = self.sock.shutdown(Shutdown::Both);
         self.wake_tx();
+        // A receive thread parked for an application-driven CQ (or
+        // stepping aside) sees `stop` now instead of after its park slice,
+        // so teardown does not wait for it.
+        if let Some(t) = self.rx_thread.get() {
+            t.unpark();
+        }
         self.tx_released();
         qp.report_disconnected();
     }
