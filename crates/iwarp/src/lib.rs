@@ -49,8 +49,9 @@
 //!   `SIOCOUTQ`);
 //! - the two callers of `sys.rs`'s pointer-taking calls in the software
 //!   provider: `soft/rx.rs` (one scatter `recv` straight into a region)
-//!   and `soft/tx.rs` (one gather `sendmsg` from regions, and `Send` for
-//!   the reusable iovec buffer that is empty between calls).
+//!   and `soft/tx.rs` (one gather `sendmsg` from regions), plus `Send`
+//!   for the reusable iovec buffer that is empty between those calls
+//!   (`soft/conn.rs`, where the transmit state lives).
 //!
 //! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`) and the rest of the
 //! provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are

@@ -1,7 +1,10 @@
-//! The connection of a software QP: its socket, its driver threads, the
-//! liveness rules (peer timeout, probes, wake-up nudges) and teardown.
+//! The state of a software QP's connection, which every other module of
+//! the provider works on: the socket, the receive and transmit state
+//! (`RxState`, `TxState`) behind their locks, the liveness rules (peer
+//! timeout, probes, wake-up nudges), and losing the connection. It uses no
+//! sibling module: `rx.rs` and `tx.rs` build on it, and `progress.rs`
+//! (threads, who reads, start and teardown) on all three.
 
-use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -9,20 +12,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use iwarp_proto::engine::TxFrame;
 use socket2::Socket;
+
+use crate::mr::MrInner;
 
 use crate::sys;
 
-use super::progress::*;
-use super::rx::*;
-use super::tx::*;
 use super::{lock, pump, SoftQp};
 
-/// How long `disconnect` lets queued frames (a Terminate) leave before
-/// shutting the socket down.
-pub const LINGER: Duration = Duration::from_secs(1);
-/// How long `disconnect` waits for the driver threads to exit.
-pub(super) const JOIN_WAIT: Duration = Duration::from_secs(2);
 /// Slice of the transmit thread's waits, so that it notices `stop`.
 pub(super) const TICK: Duration = Duration::from_millis(100);
 
@@ -124,117 +122,7 @@ pub(crate) struct Liveness {
     pub(crate) wake_nudge: bool,
 }
 
-pub(super) struct LiveGuard<'a>(&'a Conn);
-
-impl Drop for LiveGuard<'_> {
-    fn drop(&mut self) {
-        let mut n = lock(&self.0.live);
-        *n = n.saturating_sub(1);
-        self.0.live_cond.notify_all();
-    }
-}
-
 impl Conn {
-    /// Start the driver threads for `qp` on the connected, handshaken
-    /// socket. The engine must already be established.
-    pub(crate) fn start(qp: &Arc<SoftQp>, sock: Socket, live: &Liveness) -> io::Result<Arc<Conn>> {
-        let peer_timeout = live.peer_timeout;
-        sock.set_read_timeout(None)?;
-        sock.set_write_timeout(None)?;
-        if !peer_timeout.is_zero() {
-            // Data the peer does not acknowledge (or a window it keeps
-            // shut) ends the connection after `peer_timeout`, instead of
-            // after ~15 minutes of retransmissions.
-            if let Err(e) = sock.set_tcp_user_timeout(Some(peer_timeout)) {
-                tracing::warn!(error = %e, "TCP_USER_TIMEOUT failed; a peer that stops acknowledging is noticed only by TCP's own retransmission limit");
-            }
-        }
-        let local = sock
-            .local_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::other("not an IP socket"))?;
-        let peer = sock
-            .peer_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::other("not an IP socket"))?;
-        let conn = Arc::new(Conn {
-            sock,
-            local,
-            peer,
-            tx: Mutex::new(TxState::default()),
-            rx: Mutex::new(RxState::new()),
-            app_polls: AtomicU64::new(0),
-            handbacks: AtomicU64::new(0),
-            aside: AtomicBool::new(false),
-            app_driven: AtomicBool::new(false),
-            rx_thread: std::sync::OnceLock::new(),
-            wake: Mutex::new(false),
-            wake_cond: Condvar::new(),
-            stop: AtomicBool::new(false),
-            down: AtomicBool::new(false),
-            peer_timeout: live.peer_timeout,
-            epoch: Instant::now(),
-            last_rx_ms: AtomicU64::new(0),
-            quiet_since_ms: AtomicU64::new(NOT_OWED),
-            probe_interval: live.probe_interval,
-            last_probe_ms: AtomicU64::new(0),
-            nudges_left: AtomicU32::new(if live.wake_nudge { NUDGE_MAX } else { 0 }),
-            last_tx_ms: AtomicU64::new(NOT_OWED),
-            last_nudge_ms: AtomicU64::new(0),
-            acked_mark: AtomicU64::new(0),
-            stalled_since_ms: AtomicU64::new(NOT_OWED),
-            write_shut: AtomicBool::new(false),
-            lingering: AtomicBool::new(false),
-            linger_lock: Mutex::new(()),
-            linger_cond: Condvar::new(),
-            live: Mutex::new(2),
-            live_cond: Condvar::new(),
-            threads: Mutex::new(Vec::new()),
-        });
-        let qpn = qp.qpn;
-        if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {
-            // Before the receive thread starts: it must not block in `recv`.
-            conn.set_app_driven(true);
-        }
-        for cq in [&qp.send_cq, &qp.recv_cq] {
-            cq.watch(conn.raw_fd());
-        }
-        let (q, c) = (qp.clone(), conn.clone());
-        let rx = std::thread::Builder::new()
-            .name(format!("iwarp-rx-{qpn}"))
-            .spawn(move || {
-                let _live = LiveGuard(&c);
-                rx_loop(&q, &c);
-            });
-        let rx = match rx {
-            Ok(h) => h,
-            Err(e) => {
-                *lock(&conn.live) = 0;
-                return Err(e);
-            }
-        };
-        let (q, c) = (qp.clone(), conn.clone());
-        let tx = std::thread::Builder::new()
-            .name(format!("iwarp-tx-{qpn}"))
-            .spawn(move || {
-                let _live = LiveGuard(&c);
-                tx_loop(&q, &c);
-            });
-        let tx = match tx {
-            Ok(h) => h,
-            Err(e) => {
-                *lock(&conn.live) -= 1;
-                conn.stop.store(true, Ordering::Release);
-                let _ = conn.sock.shutdown(Shutdown::Both);
-                let _ = rx.join();
-                return Err(e);
-            }
-        };
-        lock(&conn.threads).extend([rx, tx]);
-        tracing::debug!(qpn, %local, %peer, "driver started");
-        Ok(conn)
-    }
-
     pub(super) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
@@ -515,62 +403,107 @@ impl Conn {
         self.tx_released();
         qp.report_disconnected();
     }
+}
 
-    /// Local teardown (`disconnect` / `Drop`), after the engine was closed.
-    pub(crate) fn shutdown(&self, qp: &SoftQp) {
-        // Let queued frames (a Terminate, the last responses) leave: wait
-        // until a writer lets go of `tx` with nothing left to send (it
-        // says so, `tx_released`), the connection ends, or LINGER passes.
-        self.lingering.store(true, Ordering::Release);
-        self.kick(qp);
-        let deadline = Instant::now() + LINGER;
-        let mut g = lock(&self.linger_lock);
-        while !self.stop.load(Ordering::Acquire) {
-            // Checked under `linger_lock`: a writer that releases `tx`
-            // after this look notifies only once this thread waits.
-            let idle = match self.tx.try_lock() {
-                Ok(tx) => tx.off >= tx.frame_len && !lock(&qp.engine).has_transmit(),
-                Err(_) => false,
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            if idle || left.is_zero() {
-                break;
-            }
-            self.wake_tx();
-            g = self
-                .linger_cond
-                .wait_timeout(g, left.min(TICK))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+impl Conn {
+    /// A writer let go of `tx`: if `disconnect` waits for the last frames
+    /// to leave (`Conn::shutdown`), it looks again now. One relaxed load
+    /// when nobody waits.
+    pub(super) fn tx_released(&self) {
+        if self.lingering.load(Ordering::Acquire) {
+            let _g = lock(&self.linger_lock);
+            self.linger_cond.notify_all();
         }
-        drop(g);
-        self.connection_lost(qp, "local disconnect", None);
-        // Wait (bounded) for both threads.
-        let deadline = Instant::now() + JOIN_WAIT;
-        let mut live = lock(&self.live);
-        while *live > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            live = self
-                .live_cond
-                .wait_timeout(live, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+    }
+
+    /// Wake the transmit thread.
+    pub(crate) fn wake_tx(&self) {
+        *lock(&self.wake) = true;
+        self.wake_cond.notify_one();
+    }
+
+    pub(super) fn shut_write(&self) {
+        if !self.write_shut.swap(true, Ordering::AcqRel) {
+            let _ = self.sock.shutdown(Shutdown::Write);
         }
-        let exited = *live == 0;
-        drop(live);
-        let handles = std::mem::take(&mut *lock(&self.threads));
-        if exited {
-            for h in handles {
-                let _ = h.join();
-            }
-        } else {
-            tracing::warn!(
-                qpn = qp.qpn,
-                "driver threads did not exit in time; detaching them"
-            );
+    }
+}
+
+/// Confirm a frame that is entirely in the socket (`tx` held, engine not).
+pub(super) fn confirm_written(qp: &SoftQp, tx: &mut TxState) {
+    if tx.frame_len > 0 && tx.off >= tx.frame_len {
+        let mut eng = lock(&qp.engine);
+        eng.confirm_transmit();
+        pump(qp, &mut eng);
+        tx.frame.clear();
+        tx.frame_len = 0;
+        tx.off = 0;
+    }
+}
+
+/// Bytes of the frame being written and how much of it is out.
+#[derive(Default)]
+pub(crate) struct TxState {
+    pub(super) frame: TxFrame,
+    pub(super) frame_len: usize,
+    pub(super) off: usize,
+    /// Regions held alive during one `sendmsg` (kept for its capacity).
+    pub(super) hold: Vec<Arc<MrInner>>,
+    /// The iovecs of one `sendmsg` (kept for its capacity).
+    pub(super) iov: IovBuf,
+}
+
+/// Reusable iovec storage, so a write allocates nothing.
+#[derive(Default)]
+pub(super) struct IovBuf(pub(super) Vec<libc::iovec>);
+
+// SAFETY: `IovBuf` is empty between calls of `write_some`, which clears it
+// on every exit (errors included), so the raw pointers it holds never
+// outlive the borrow they were taken under and are never seen by another
+// thread; only the capacity moves between threads.
+unsafe impl Send for IovBuf {}
+
+/// Size of the receive thread's buffer (room for any partial FPDU).
+pub const RX_BUF: usize = 256 * 1024;
+
+/// The receive side of a connection: the buffer of bytes read but not yet
+/// consumed by the engine, and the bulk-mode heuristics. Behind
+/// `Conn::rx`: whoever holds it may read the socket (the receive thread,
+/// or an application thread in [`Conn::progress`]).
+pub(crate) struct RxState {
+    pub(super) buf: Vec<u8>,
+    pub(super) start: usize,
+    pub(super) end: usize,
+    /// Bulk tagged traffic: keep buffered reads header-sized so that each
+    /// segment's payload goes through the direct path.
+    pub(super) bulk: bool,
+    /// The last read was a header-sized peek.
+    pub(super) peeked: bool,
+    /// The last read returned less than it asked for: the socket is
+    /// probably empty, so once its bytes are consumed the pass reports
+    /// `Idle` instead of paying for a `recv` that would find nothing (on
+    /// the latency path of a busy poller, that `recv` is a socket lock
+    /// round trip before the application sees its data).
+    pub(super) short: bool,
+    /// Buffered reads block (the receive thread alone reads; see
+    /// `rx_exclusive`).
+    pub(super) block: bool,
+    /// The engine has something to send after this pass (a Read Response,
+    /// a Terminate): the caller transmits (`progress.rs`).
+    pub(super) tx_due: bool,
+}
+
+impl RxState {
+    pub(crate) fn new() -> RxState {
+        RxState {
+            buf: vec![0u8; RX_BUF],
+            start: 0,
+            end: 0,
+            bulk: false,
+            peeked: false,
+            short: false,
+            block: false,
+            tx_due: false,
         }
     }
 }

@@ -10,13 +10,19 @@
 //! - [`cm`]: the connection manager (TCP connect/accept and the MPA
 //!   handshake, RFC 5044 §7 and RFC 6581), which hands a handshaken socket
 //!   to `conn`.
-//! - `conn`: a connected QP's socket, its driver threads, the liveness
-//!   rules and teardown.
+//! - `conn`: a connected QP's state (socket, receive and transmit state,
+//!   liveness rules, losing the connection); it uses no sibling module.
+//! - `rx`: one receive pass (buffered or straight into a region), on
+//!   `conn`.
+//! - `tx`: frames out of the engine and onto the socket, and the transmit
+//!   thread, on `conn`.
 //! - `progress`: **who reads this socket now** (the receive thread, a
-//!   polling application thread, or only application threads) and how the
-//!   receive thread steps aside.
-//! - `rx`: one receive pass (buffered or straight into a region).
-//! - `tx`: frames out of the engine and onto the socket.
+//!   polling application thread, or only application threads), how the
+//!   receive thread steps aside, and starting and tearing down a
+//!   connection's threads; on `conn`, `rx` and `tx`.
+//!
+//! So the modules form a chain, `conn` ← `rx`, `tx` ← `progress`, with
+//! no import loop.
 //! - `link`: FPDU sizing from the TCP MSS and the socket options.
 //!
 //! # Threads and locks
@@ -124,11 +130,12 @@ use crate::mr::MrTable;
 use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::qp::QueuePair;
 
-pub use conn::LINGER;
+pub use conn::RX_BUF;
 pub(crate) use conn::{Conn, Liveness};
 pub(crate) use link::tune_socket;
 pub use link::{mulpdu_for_mss, mulpdu_for_path, MULPDU_CAP};
-pub use rx::{DIRECT_MIN, DIRECT_TAIL, HDR_PEEK, RX_BUF, RX_READ};
+pub use progress::LINGER;
+pub use rx::{DIRECT_MIN, DIRECT_TAIL, HDR_PEEK, RX_READ};
 pub use tx::{fault, SMALL_SEND, TX_BATCH};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -26,10 +26,14 @@
 //! by the other in opposite order (see `Conn::stop_progress`), so no side
 //! can sleep while the other thinks it reads.
 
+use std::io;
+use std::net::Shutdown;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
-use std::sync::TryLockError;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
 
 use crate::sys;
 
@@ -339,4 +343,180 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
     };
     conn.connection_lost(qp, &why, None);
     tracing::trace!(qpn = qp.qpn, "rx thread exits");
+}
+
+/// How long `disconnect` lets queued frames (a Terminate) leave before
+/// shutting the socket down.
+pub const LINGER: Duration = Duration::from_secs(1);
+/// How long `disconnect` waits for the driver threads to exit.
+pub(super) const JOIN_WAIT: Duration = Duration::from_secs(2);
+
+pub(super) struct LiveGuard<'a>(&'a Conn);
+
+impl Drop for LiveGuard<'_> {
+    fn drop(&mut self) {
+        let mut n = lock(&self.0.live);
+        *n = n.saturating_sub(1);
+        self.0.live_cond.notify_all();
+    }
+}
+
+impl Conn {
+    /// Start the driver threads for `qp` on the connected, handshaken
+    /// socket. The engine must already be established.
+    pub(crate) fn start(qp: &Arc<SoftQp>, sock: Socket, live: &Liveness) -> io::Result<Arc<Conn>> {
+        let peer_timeout = live.peer_timeout;
+        sock.set_read_timeout(None)?;
+        sock.set_write_timeout(None)?;
+        if !peer_timeout.is_zero() {
+            // Data the peer does not acknowledge (or a window it keeps
+            // shut) ends the connection after `peer_timeout`, instead of
+            // after ~15 minutes of retransmissions.
+            if let Err(e) = sock.set_tcp_user_timeout(Some(peer_timeout)) {
+                tracing::warn!(error = %e, "TCP_USER_TIMEOUT failed; a peer that stops acknowledging is noticed only by TCP's own retransmission limit");
+            }
+        }
+        let local = sock
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("not an IP socket"))?;
+        let peer = sock
+            .peer_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("not an IP socket"))?;
+        let conn = Arc::new(Conn {
+            sock,
+            local,
+            peer,
+            tx: Mutex::new(TxState::default()),
+            rx: Mutex::new(RxState::new()),
+            app_polls: AtomicU64::new(0),
+            handbacks: AtomicU64::new(0),
+            aside: AtomicBool::new(false),
+            app_driven: AtomicBool::new(false),
+            rx_thread: std::sync::OnceLock::new(),
+            wake: Mutex::new(false),
+            wake_cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            down: AtomicBool::new(false),
+            peer_timeout: live.peer_timeout,
+            epoch: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
+            quiet_since_ms: AtomicU64::new(NOT_OWED),
+            probe_interval: live.probe_interval,
+            last_probe_ms: AtomicU64::new(0),
+            nudges_left: AtomicU32::new(if live.wake_nudge { NUDGE_MAX } else { 0 }),
+            last_tx_ms: AtomicU64::new(NOT_OWED),
+            last_nudge_ms: AtomicU64::new(0),
+            acked_mark: AtomicU64::new(0),
+            stalled_since_ms: AtomicU64::new(NOT_OWED),
+            write_shut: AtomicBool::new(false),
+            lingering: AtomicBool::new(false),
+            linger_lock: Mutex::new(()),
+            linger_cond: Condvar::new(),
+            live: Mutex::new(2),
+            live_cond: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+        });
+        let qpn = qp.qpn;
+        if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {
+            // Before the receive thread starts: it must not block in `recv`.
+            conn.set_app_driven(true);
+        }
+        for cq in [&qp.send_cq, &qp.recv_cq] {
+            cq.watch(conn.raw_fd());
+        }
+        let (q, c) = (qp.clone(), conn.clone());
+        let rx = std::thread::Builder::new()
+            .name(format!("iwarp-rx-{qpn}"))
+            .spawn(move || {
+                let _live = LiveGuard(&c);
+                rx_loop(&q, &c);
+            });
+        let rx = match rx {
+            Ok(h) => h,
+            Err(e) => {
+                *lock(&conn.live) = 0;
+                return Err(e);
+            }
+        };
+        let (q, c) = (qp.clone(), conn.clone());
+        let tx = std::thread::Builder::new()
+            .name(format!("iwarp-tx-{qpn}"))
+            .spawn(move || {
+                let _live = LiveGuard(&c);
+                tx_loop(&q, &c);
+            });
+        let tx = match tx {
+            Ok(h) => h,
+            Err(e) => {
+                *lock(&conn.live) -= 1;
+                conn.stop.store(true, Ordering::Release);
+                let _ = conn.sock.shutdown(Shutdown::Both);
+                let _ = rx.join();
+                return Err(e);
+            }
+        };
+        lock(&conn.threads).extend([rx, tx]);
+        tracing::debug!(qpn, %local, %peer, "driver started");
+        Ok(conn)
+    }
+
+    /// Local teardown (`disconnect` / `Drop`), after the engine was closed.
+    pub(crate) fn shutdown(&self, qp: &SoftQp) {
+        // Let queued frames (a Terminate, the last responses) leave: wait
+        // until a writer lets go of `tx` with nothing left to send (it
+        // says so, `tx_released`), the connection ends, or LINGER passes.
+        self.lingering.store(true, Ordering::Release);
+        self.kick(qp);
+        let deadline = Instant::now() + LINGER;
+        let mut g = lock(&self.linger_lock);
+        while !self.stop.load(Ordering::Acquire) {
+            // Checked under `linger_lock`: a writer that releases `tx`
+            // after this look notifies only once this thread waits.
+            let idle = match self.tx.try_lock() {
+                Ok(tx) => tx.off >= tx.frame_len && !lock(&qp.engine).has_transmit(),
+                Err(_) => false,
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if idle || left.is_zero() {
+                break;
+            }
+            self.wake_tx();
+            g = self
+                .linger_cond
+                .wait_timeout(g, left.min(TICK))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
+        self.connection_lost(qp, "local disconnect", None);
+        // Wait (bounded) for both threads.
+        let deadline = Instant::now() + JOIN_WAIT;
+        let mut live = lock(&self.live);
+        while *live > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            live = self
+                .live_cond
+                .wait_timeout(live, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let exited = *live == 0;
+        drop(live);
+        let handles = std::mem::take(&mut *lock(&self.threads));
+        if exited {
+            for h in handles {
+                let _ = h.join();
+            }
+        } else {
+            tracing::warn!(
+                qpn = qp.qpn,
+                "driver threads did not exit in time; detaching them"
+            );
+        }
+    }
 }

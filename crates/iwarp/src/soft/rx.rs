@@ -17,8 +17,6 @@ use super::{lock, pump, SoftQp};
 
 /// Tagged payload at least this long is read straight into the region.
 pub const DIRECT_MIN: u32 = 8 * 1024;
-/// Size of the receive thread's buffer (room for any partial FPDU).
-pub const RX_BUF: usize = 256 * 1024;
 /// A buffered read from an empty buffer asks for at most this much, so that
 /// a large tagged segment usually ends up partly unread and its remaining
 /// payload takes the direct path.
@@ -45,48 +43,6 @@ pub(super) fn feed(qp: &SoftQp, conn: &Conn, data: &[u8]) -> (usize, bool, bool)
     pump(qp, &mut eng);
     let tx = eng.has_transmit() || eng.wants_close();
     (n, stuck, tx)
-}
-
-/// The receive side of a connection: the buffer of bytes read but not yet
-/// consumed by the engine, and the bulk-mode heuristics. Behind
-/// `Conn::rx`: whoever holds it may read the socket (the receive thread,
-/// or an application thread in [`Conn::progress`]).
-pub(crate) struct RxState {
-    pub(super) buf: Vec<u8>,
-    pub(super) start: usize,
-    pub(super) end: usize,
-    /// Bulk tagged traffic: keep buffered reads header-sized so that each
-    /// segment's payload goes through the direct path.
-    pub(super) bulk: bool,
-    /// The last read was a header-sized peek.
-    pub(super) peeked: bool,
-    /// The last read returned less than it asked for: the socket is
-    /// probably empty, so once its bytes are consumed the pass reports
-    /// `Idle` instead of paying for a `recv` that would find nothing (on
-    /// the latency path of a busy poller, that `recv` is a socket lock
-    /// round trip before the application sees its data).
-    pub(super) short: bool,
-    /// Buffered reads block (the receive thread alone reads; see
-    /// `rx_exclusive`).
-    pub(super) block: bool,
-    /// The engine has something to send after this pass (a Read Response,
-    /// a Terminate): the caller transmits (`progress.rs`).
-    pub(super) tx_due: bool,
-}
-
-impl RxState {
-    pub(crate) fn new() -> RxState {
-        RxState {
-            buf: vec![0u8; RX_BUF],
-            start: 0,
-            end: 0,
-            bulk: false,
-            peeked: false,
-            short: false,
-            block: false,
-            tx_due: false,
-        }
-    }
 }
 
 /// What one receive pass did.

@@ -3,14 +3,12 @@
 //! the opportunistic non-blocking transmit of other threads (`kick`).
 
 use std::io;
-use std::net::Shutdown;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, TryLockError};
+use std::sync::TryLockError;
 
-use iwarp_proto::engine::{TxFrame, TxPiece};
+use iwarp_proto::engine::TxPiece;
 
-use crate::mr::MrInner;
 use crate::sys;
 
 use super::conn::*;
@@ -24,45 +22,7 @@ pub const SMALL_SEND: usize = 512;
 /// Largest iovec count per `sendmsg` (Linux `IOV_MAX` is 1024).
 pub(super) const MAX_IOV: usize = 1024;
 
-/// Bytes of the frame being written and how much of it is out.
-#[derive(Default)]
-pub(crate) struct TxState {
-    pub(super) frame: TxFrame,
-    pub(super) frame_len: usize,
-    pub(super) off: usize,
-    /// Regions held alive during one `sendmsg` (kept for its capacity).
-    pub(super) hold: Vec<Arc<MrInner>>,
-    /// The iovecs of one `sendmsg` (kept for its capacity).
-    pub(super) iov: IovBuf,
-}
-
-/// Reusable iovec storage, so a write allocates nothing.
-#[derive(Default)]
-pub(super) struct IovBuf(Vec<libc::iovec>);
-
-// SAFETY: `IovBuf` is empty between calls of `write_some`, which clears it
-// on every exit (errors included), so the raw pointers it holds never
-// outlive the borrow they were taken under and are never seen by another
-// thread; only the capacity moves between threads.
-unsafe impl Send for IovBuf {}
-
 impl Conn {
-    /// A writer let go of `tx`: if `disconnect` waits for the last frames
-    /// to leave (`Conn::shutdown`), it looks again now. One relaxed load
-    /// when nobody waits.
-    pub(super) fn tx_released(&self) {
-        if self.lingering.load(Ordering::Acquire) {
-            let _g = lock(&self.linger_lock);
-            self.linger_cond.notify_all();
-        }
-    }
-
-    /// Wake the transmit thread.
-    pub(crate) fn wake_tx(&self) {
-        *lock(&self.wake) = true;
-        self.wake_cond.notify_one();
-    }
-
     /// Transmit what the engine has, from the calling thread if `tx` is free
     /// and the socket has room, otherwise by waking the transmit thread.
     /// Never blocks on the network.
@@ -89,12 +49,6 @@ impl Conn {
             Flush::Closed => {}
         }
     }
-
-    pub(super) fn shut_write(&self) {
-        if !self.write_shut.swap(true, Ordering::AcqRel) {
-            let _ = self.sock.shutdown(Shutdown::Write);
-        }
-    }
 }
 
 /// Fault injection for tests of the driver's races (not for applications).
@@ -119,18 +73,6 @@ pub mod fault {
         if us > 0 {
             std::thread::sleep(Duration::from_micros(us));
         }
-    }
-}
-
-/// Confirm a frame that is entirely in the socket (`tx` held, engine not).
-pub(super) fn confirm_written(qp: &SoftQp, tx: &mut TxState) {
-    if tx.frame_len > 0 && tx.off >= tx.frame_len {
-        let mut eng = lock(&qp.engine);
-        eng.confirm_transmit();
-        pump(qp, &mut eng);
-        tx.frame.clear();
-        tx.frame_len = 0;
-        tx.off = 0;
     }
 }
 
