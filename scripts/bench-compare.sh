@@ -28,10 +28,10 @@
 # (e.g. `main`, `d2ef733`; extracted with git archive). SRC itself is not
 # modified: the build happens in a temporary copy. Build each module from
 # the revision its libiwarp.so was built from (the C API may differ). For
-# the provider-seam refactor (old binaries from d2ef733, /work/wt-before):
+# the provider-seam refactor (issue 15; old binaries built at d2ef733):
 #
-#   scripts/bench-compare.sh --build-mod /work/bench-before d2ef733   # old
-#   scripts/bench-compare.sh --build-mod /tmp/bench-new               # new (this checkout)
+#   scripts/bench-compare.sh --build-mod OLD_DIR d2ef733   # old
+#   scripts/bench-compare.sh --build-mod NEW_DIR           # new (this checkout)
 #
 # Parts (PARTS, default "perf rftp modrdma"):
 #   perf     iwarp-perf --loopback --json, iWARP side only (no --compare: the
