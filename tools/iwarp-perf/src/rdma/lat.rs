@@ -115,17 +115,7 @@ pub(super) fn client_write_lat(side: &mut Side) -> Result<ClientResult, String> 
             c.data.write_at(size - 1, &[st]);
         }
         let t0 = Instant::now();
-        c.qp.post_send(&SendWr {
-            wr_id: wrid(K_DATA, 0, i),
-            opcode: WrOpcode::RdmaWrite {
-                remote_addr: c.remote.data_addr + size as u64,
-                rkey: c.remote.data_rkey,
-            },
-            sgl: SgList::single(c.data.sge(0, size)),
-            signaled: true,
-            solicited: false,
-        })
-        .map_err(|e| format!("post_send: {e}"))?;
+        post_echo_write(c, i, size)?;
         outstanding += 1;
         waiter.progress();
         while side.conns[0].peek_data(2 * size - 1) != st {
@@ -248,17 +238,7 @@ pub(super) fn server_write_lat(side: &mut Side) -> Result<u64, String> {
         } else {
             c.data.write_at(size - 1, &[st]);
         }
-        c.qp.post_send(&SendWr {
-            wr_id: wrid(K_DATA, 0, i),
-            opcode: WrOpcode::RdmaWrite {
-                remote_addr: c.remote.data_addr + size as u64,
-                rkey: c.remote.data_rkey,
-            },
-            sgl: SgList::single(c.data.sge(0, size)),
-            signaled: true,
-            solicited: false,
-        })
-        .map_err(|e| format!("post_send: {e}"))?;
+        post_echo_write(c, i, size)?;
         outstanding += 1;
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
@@ -443,4 +423,21 @@ pub(super) fn server_send_lat(side: &mut Side) -> Result<u64, String> {
         reap_lat(side, &mut outstanding, &mut waiter)?;
         i += 1;
     }
+}
+
+/// write_lat's ping or pong: a signaled RDMA Write of the first `size`
+/// bytes of `c`'s data region into the peer's echo slot (offset `size` of
+/// its region), whose last byte is the stamp the other side spins on.
+fn post_echo_write(c: &super::conn::Conn, i: u64, size: usize) -> Result<(), String> {
+    c.qp.post_send(&SendWr {
+        wr_id: wrid(K_DATA, 0, i),
+        opcode: WrOpcode::RdmaWrite {
+            remote_addr: c.remote.data_addr + size as u64,
+            rkey: c.remote.data_rkey,
+        },
+        sgl: SgList::single(c.data.sge(0, size)),
+        signaled: true,
+        solicited: false,
+    })
+    .map_err(|e| format!("post_send: {e}"))
 }
