@@ -13,6 +13,15 @@ use common::*;
 use iwarp::{MemoryRegion, ProgressMode, Sge, WcStatus, WrOpcode};
 use iwarp_proto::handshake::MpaConfig;
 
+/// Post an unsignaled 8-byte Send of the start of `mr` (ping-pong tests).
+fn send_unsignaled(h: &Host, i: u64, mr: &MemoryRegion) {
+    h.qp.post_send(&iwarp::SendWr {
+        signaled: false,
+        ..wr(i, WrOpcode::Send, &[mr.sge(0, 8)])
+    })
+    .unwrap();
+}
+
 /// Post an RDMA Read from `target` at `offset` into `sge`.
 fn post_read(client: &Host, wr_id: u64, target: &MemoryRegion, offset: u64, sge: Sge) {
     client
@@ -122,24 +131,12 @@ fn busy_polling_threads_do_the_receive_work() {
                 assert_eq!(u64::from_le_bytes(got), i, "server saw message {i}");
                 server.post_recv(wc.wr_id, &sbuf, 2048, 64);
                 sbuf.write_at(0, &(i + 1_000_000).to_le_bytes());
-                server
-                    .qp
-                    .post_send(&iwarp::SendWr {
-                        signaled: false,
-                        ..wr(i, WrOpcode::Send, &[sbuf.sge(0, 8)])
-                    })
-                    .unwrap();
+                send_unsignaled(&server, i, &sbuf);
             }
         });
         for i in 0..N {
             cbuf.write_at(0, &i.to_le_bytes());
-            client
-                .qp
-                .post_send(&iwarp::SendWr {
-                    signaled: false,
-                    ..wr(i, WrOpcode::Send, &[cbuf.sge(0, 8)])
-                })
-                .unwrap();
+            send_unsignaled(&client, i, &cbuf);
             let wc = spin_recv(&client);
             assert_eq!(wc.status, WcStatus::Success, "client recv {i}");
             let mut got = [0u8; 8];
@@ -416,23 +413,11 @@ fn busy_poll_wait_does_the_receive_work() {
                 let wc = server.rcq.wait_one(T).unwrap().expect("server recv");
                 assert_eq!(wc.status, WcStatus::Success, "server recv {i}");
                 server.post_recv(2, &sbuf, 32, 32);
-                server
-                    .qp
-                    .post_send(&iwarp::SendWr {
-                        signaled: false,
-                        ..wr(i, WrOpcode::Send, &[sbuf.sge(0, 8)])
-                    })
-                    .unwrap();
+                send_unsignaled(&server, i, &sbuf);
             }
         });
         for i in 0..N {
-            client
-                .qp
-                .post_send(&iwarp::SendWr {
-                    signaled: false,
-                    ..wr(i, WrOpcode::Send, &[cbuf.sge(0, 8)])
-                })
-                .unwrap();
+            send_unsignaled(&client, i, &cbuf);
             let wc = client.rcq.wait_one(T).unwrap().expect("client recv");
             assert_eq!(wc.status, WcStatus::Success, "client recv {i}");
             client.post_recv(1, &cbuf, 32, 32);
