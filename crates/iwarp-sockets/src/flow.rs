@@ -242,6 +242,12 @@ pub enum Source {
     Inline([u8; SGE_LEN]),
     /// Nothing: a zero-length Write (keepalive).
     Empty,
+    /// `len` bytes of the application's own registered memory (zero copy,
+    /// [`Flow::send_zcopy`]): the driver supplies the SGE.
+    External {
+        /// Bytes.
+        len: u32,
+    },
 }
 
 /// What a send work request was, handed back with its completion (the
@@ -250,6 +256,12 @@ pub enum Source {
 pub enum SendTag {
     /// The RDMA Write of `len` data bytes.
     DataWrite {
+        /// Bytes written.
+        len: u32,
+    },
+    /// The RDMA Write of `len` bytes straight from application memory
+    /// ([`Flow::send_zcopy`]); returns no send-buffer space.
+    ZcopyWrite {
         /// Bytes written.
         len: u32,
     },
@@ -309,6 +321,34 @@ pub struct RecvGrant {
     /// The reading side is closed and nothing is queued: end of stream
     /// (`spans` is then empty).
     pub eof: bool,
+}
+
+/// A data message reserved by [`Flow::send_corked`] and not yet queued: later
+/// corked sends that are contiguous in the send buffer and in the peer's
+/// ring join it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Corked {
+    /// Send-buffer offset of its first byte.
+    start: u32,
+    /// Bytes so far.
+    len: u32,
+    /// Peer address of its first byte.
+    addr: u64,
+    /// Peer rkey.
+    rkey: u32,
+    /// The target SGL slot it was taken from.
+    slot: usize,
+}
+
+/// What [`Flow::reserve`] does with the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reserve {
+    /// Queue its actions now.
+    Queue,
+    /// Hold it for appending.
+    Cork,
+    /// Queue it with an external source (zero copy).
+    External,
 }
 
 /// `rshutdown`'s `how`.
@@ -535,6 +575,7 @@ pub struct Flow {
     remote_sgl: Sge,
     remote_sge: u32,
     pending_ctrl: Option<Ctrl>,
+    corked: Option<Corked>,
 
     // Receive side.
     rseq_no: u16,
@@ -592,6 +633,7 @@ impl Flow {
             remote_sgl: Sge::default(),
             remote_sge: 0,
             pending_ctrl: None,
+            corked: None,
             rseq_no: 0,
             rseq_comp: cfg.rq_size >> 1,
             rmsg: VecDeque::with_capacity(usize::from(cfg.rq_size) + 1),
@@ -752,6 +794,7 @@ impl Flow {
         self.writable = false;
         // Nothing more goes on the wire but the teardown.
         self.actions.clear();
+        self.corked = None;
         if let FlowError::Protocol(_) = e {
             // A peer that broke the protocol may have written anywhere in
             // the ring (its RDMA Write lands before the word that gives it
@@ -773,8 +816,115 @@ impl Flow {
 
     /// Reserves up to `want` bytes of the send buffer and queues their RDMA
     /// Write and the `RS_OP_DATA` Send (`rs_write_data`). Copy the bytes
-    /// into the returned spans before posting the actions.
+    /// into the returned spans before posting the actions. A message held
+    /// by [`Flow::send_corked`] is queued first.
     pub fn send(&mut self, want: u32, target: &mut [u8]) -> Result<SendGrant, FlowError> {
+        self.uncork();
+        self.reserve(want, target, Reserve::Queue)
+    }
+
+    /// Like [`Flow::send`], but the message is held back (not queued) so
+    /// that the next corked send can join it: the coalescing by "append"
+    /// of the enhanced socket design. If a held message exists and the new
+    /// bytes continue it in the send buffer and in the peer's ring (same
+    /// target slot, at most [`MAX_TRANSFER`] in all) they join it and cost
+    /// no credit or send-queue entry; otherwise the held message is queued
+    /// and a new one is held. The driver decides when to hold: only while
+    /// earlier data is still waiting to go on the wire, so nothing is ever
+    /// delayed for more data (no Nagle); it calls [`Flow::uncork`] when the
+    /// wire drains.
+    pub fn send_corked(&mut self, want: u32, target: &mut [u8]) -> Result<SendGrant, FlowError> {
+        if want > 0 {
+            if let Some(g) = self.try_append(want, target) {
+                return Ok(g);
+            }
+        }
+        self.uncork();
+        self.reserve(want, target, Reserve::Cork)
+    }
+
+    /// Zero copy: reserves a data message of up to `want` bytes that the
+    /// driver RDMA-Writes straight from the application's registered
+    /// memory ([`Source::External`]); no send-buffer space is used.
+    /// Returns the bytes the message takes (the driver must keep that
+    /// memory unchanged until the Write completes).
+    pub fn send_zcopy(&mut self, want: u32, target: &mut [u8]) -> Result<u32, FlowError> {
+        self.uncork();
+        self.reserve(want, target, Reserve::External)
+            .map(|g| g.spans.len())
+    }
+
+    /// Queues the message held by [`Flow::send_corked`], if any.
+    pub fn uncork(&mut self) {
+        if let Some(c) = self.corked.take() {
+            let spans = Spans::of_ring(c.start, c.len, self.cfg.sbuf_size);
+            self.queue_data(
+                Source::Sbuf(spans),
+                c.addr,
+                c.rkey,
+                c.len,
+                SendTag::DataWrite { len: c.len },
+            );
+        }
+    }
+
+    /// Whether a message is held by [`Flow::send_corked`].
+    pub fn is_corked(&self) -> bool {
+        self.corked.is_some()
+    }
+
+    fn try_append(&mut self, want: u32, target: &mut [u8]) -> Option<SendGrant> {
+        let c = self.corked?;
+        if self.phase != Phase::Connected || !self.writable || c.slot != self.target_sge {
+            return None;
+        }
+        let mut dst = slot(target, self.target_sge, self.cfg.order)?;
+        if dst.length == 0 || dst.addr != c.addr.wrapping_add(u64::from(c.len)) {
+            return None;
+        }
+        let m = want
+            .min(MAX_TRANSFER - c.len)
+            .min(self.sbuf_bytes_avail)
+            .min(dst.length);
+        if m == 0 {
+            return None;
+        }
+        let spans = Spans::of_ring(self.sbuf_head, m, self.cfg.sbuf_size);
+        self.sbuf_head = (self.sbuf_head + m) % self.cfg.sbuf_size;
+        self.sbuf_bytes_avail -= m;
+        dst.addr = dst.addr.wrapping_add(u64::from(m));
+        dst.length -= m;
+        set_slot(target, self.target_sge, &dst, self.cfg.order);
+        if dst.length == 0 {
+            self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
+        }
+        self.corked = Some(Corked {
+            len: c.len + m,
+            ..c
+        });
+        Some(SendGrant { spans })
+    }
+
+    fn queue_data(&mut self, src: Source, addr: u64, rkey: u32, n: u32, tag: SendTag) {
+        self.actions.push_back(Action::RdmaWrite {
+            src,
+            remote_addr: addr,
+            rkey,
+            tag,
+        });
+        let payload = self.word(Message::Data { len: n });
+        self.actions.push_back(Action::Send {
+            payload,
+            tag: SendTag::DataMsg,
+        });
+    }
+
+    fn reserve(
+        &mut self,
+        want: u32,
+        target: &mut [u8],
+        how: Reserve,
+    ) -> Result<SendGrant, FlowError> {
         match self.phase {
             Phase::Error => return Err(self.err.unwrap_or(FlowError::SendFailed)),
             Phase::Init => return Err(FlowError::NotConnected),
@@ -796,34 +946,54 @@ impl Flow {
             return Err(FlowError::WouldBlock);
         }
         let mut dst = slot(target, self.target_sge, self.cfg.order).expect("checked length");
-        let n = want
-            .min(MAX_TRANSFER)
-            .min(self.sbuf_bytes_avail)
-            .min(dst.length);
-        let spans = Spans::of_ring(self.sbuf_head, n, self.cfg.sbuf_size);
-        self.sbuf_head = (self.sbuf_head + n) % self.cfg.sbuf_size;
+        let mut n = want.min(MAX_TRANSFER).min(dst.length);
+        if how != Reserve::External {
+            n = n.min(self.sbuf_bytes_avail);
+        }
+        let spans = if how == Reserve::External {
+            Spans::of_ring(0, n, n)
+        } else {
+            let spans = Spans::of_ring(self.sbuf_head, n, self.cfg.sbuf_size);
+            self.sbuf_head = (self.sbuf_head + n) % self.cfg.sbuf_size;
+            self.sbuf_bytes_avail -= n;
+            spans
+        };
 
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 2;
-        self.sbuf_bytes_avail -= n;
         let (addr, rkey) = (dst.addr, dst.key);
+        let slot_index = self.target_sge;
         dst.addr = dst.addr.wrapping_add(u64::from(n));
         dst.length -= n;
         set_slot(target, self.target_sge, &dst, self.cfg.order);
         if dst.length == 0 {
             self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
         }
-        self.actions.push_back(Action::RdmaWrite {
-            src: Source::Sbuf(spans),
-            remote_addr: addr,
-            rkey,
-            tag: SendTag::DataWrite { len: n },
-        });
-        let payload = self.word(Message::Data { len: n });
-        self.actions.push_back(Action::Send {
-            payload,
-            tag: SendTag::DataMsg,
-        });
+        match how {
+            Reserve::Queue => self.queue_data(
+                Source::Sbuf(spans),
+                addr,
+                rkey,
+                n,
+                SendTag::DataWrite { len: n },
+            ),
+            Reserve::External => self.queue_data(
+                Source::External { len: n },
+                addr,
+                rkey,
+                n,
+                SendTag::ZcopyWrite { len: n },
+            ),
+            Reserve::Cork => {
+                self.corked = Some(Corked {
+                    start: spans.first.offset,
+                    len: n,
+                    addr,
+                    rkey,
+                    slot: slot_index,
+                })
+            }
+        }
         Ok(SendGrant { spans })
     }
 
@@ -841,7 +1011,7 @@ impl Flow {
                 self.sqe_avail += 1;
                 self.sbuf_bytes_avail += len;
             }
-            SendTag::DataMsg => {
+            SendTag::ZcopyWrite { .. } | SendTag::DataMsg => {
                 if sq_outstanding <= 0 {
                     return Err(FlowError::UnexpectedCompletion(tag));
                 }
@@ -1100,6 +1270,7 @@ impl Flow {
         if self.phase != Phase::Connected {
             return Ok(());
         }
+        self.uncork();
         let ctrl = match how {
             Shutdown::Both => {
                 self.readable = false;

@@ -31,6 +31,8 @@ struct Side {
     received: Vec<u8>,
     saw_send_wrap: bool,
     saw_recv_wrap: bool,
+    /// Bytes handed to `send_zcopy`, in order, until their Write is pumped.
+    zcopy: VecDeque<u8>,
 }
 
 fn cfg(key: u32, order: ByteOrder, rq: u16, sbuf: u32, rbuf: u32) -> Config {
@@ -65,6 +67,7 @@ impl Side {
             received: Vec::new(),
             saw_send_wrap: false,
             saw_recv_wrap: false,
+            zcopy: VecDeque::new(),
         }
     }
 
@@ -84,6 +87,7 @@ impl Side {
                     let bytes = match src {
                         Source::Empty => Vec::new(),
                         Source::Inline(b) => b.to_vec(),
+                        Source::External { len } => self.zcopy.drain(..len as usize).collect(),
                         Source::Sbuf(sp) => {
                             let mut v = Vec::new();
                             for s in [Some(sp.first), sp.second].into_iter().flatten() {
@@ -949,4 +953,153 @@ proptest! {
             while b.poll_action().is_some() {}
         }
     }
+}
+
+/// Corked sends: small writes join one held message while it is held.
+impl Side {
+    fn write_corked(&mut self, data: &[u8]) -> usize {
+        let g = self
+            .flow
+            .send_corked(data.len() as u32, &mut self.target)
+            .unwrap();
+        let mut done = 0;
+        for s in [Some(g.spans.first), g.spans.second].into_iter().flatten() {
+            self.sbuf[s.offset as usize..][..s.len as usize]
+                .copy_from_slice(&data[done..done + s.len as usize]);
+            done += s.len as usize;
+        }
+        self.sent.extend_from_slice(&data[..done]);
+        done
+    }
+}
+
+#[test]
+fn corked_sends_append_into_one_message_and_one_credit() {
+    let mut p = Pair::small();
+    p.settle();
+    let credits = p.a.flow.send_credits();
+    for i in 0..10u8 {
+        assert_eq!(p.a.write_corked(&pattern(64, i)), 64);
+    }
+    assert!(p.a.flow.is_corked());
+    // Nothing is queued while the message is held, and it took one credit.
+    assert_eq!(p.a.flow.poll_action(), None);
+    assert_eq!(p.a.flow.send_credits(), credits - 1);
+    p.a.flow.uncork();
+    assert!(!p.a.flow.is_corked());
+    match p.a.flow.poll_action() {
+        Some(Action::RdmaWrite {
+            src: Source::Sbuf(sp),
+            tag: SendTag::DataWrite { len: 640 },
+            ..
+        }) => assert_eq!(sp.len(), 640),
+        other => panic!("expected one 640-byte Write, got {other:?}"),
+    }
+    assert_eq!(
+        p.a.flow.poll_action(),
+        Some(Action::Send {
+            payload: [0x80, 2, 0, 0],
+            tag: SendTag::DataMsg
+        })
+    );
+    // The Write is already taken off the queue; put it on the link by hand.
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&p.a.sbuf[..640]);
+    p.a.link.push_back(Wire::Write {
+        addr: RBUF_ADDR,
+        rkey: 0xB2,
+        bytes,
+    });
+    p.a.link.push_back(Wire::Send([0x80, 2, 0, 0]));
+    p.a.completions.push_back(SendTag::DataWrite { len: 640 });
+    p.a.completions.push_back(SendTag::DataMsg);
+    p.settle();
+    while p.b.read(4096).unwrap_or(0) > 0 {}
+    assert_eq!(p.b.received, p.a.sent);
+}
+
+#[test]
+fn a_corked_message_does_not_append_across_a_target_slot() {
+    let mut p = Pair::new(
+        cfg(0xA0, ByteOrder::Little, 16, 16384, 8192),
+        cfg(0xB0, ByteOrder::Little, 16, 16384, 8192),
+    );
+    p.settle();
+    // The peer's half is 4096 bytes: 4000 fit in the first slot, the next
+    // 200 cannot continue it.
+    p.a.write_corked(&pattern(4000, 1));
+    let g = p.a.flow.send_corked(200, &mut p.a.target).unwrap();
+    assert_eq!(g.spans.len(), 96, "the rest of the slot joins");
+    let g = p.a.flow.send_corked(104, &mut p.a.target).unwrap();
+    assert_eq!(g.spans.len(), 104, "a new message in the next slot");
+    // The first (4096 bytes) was queued when the second was held.
+    assert!(matches!(
+        p.a.flow.poll_action(),
+        Some(Action::RdmaWrite {
+            tag: SendTag::DataWrite { len: 4096 },
+            ..
+        })
+    ));
+    assert!(p.a.flow.is_corked());
+    // A plain send queues the held message first, in order.
+    p.a.flow.poll_action();
+    p.a.flow.send(10, &mut p.a.target).unwrap();
+    assert!(matches!(
+        p.a.flow.poll_action(),
+        Some(Action::RdmaWrite {
+            tag: SendTag::DataWrite { len: 104 },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn shutdown_queues_the_held_message_before_its_control_word() {
+    let mut p = Pair::small();
+    p.settle();
+    p.a.write_corked(&pattern(10, 3));
+    p.a.flow.shutdown(Shutdown::Write).unwrap();
+    assert!(matches!(
+        p.a.flow.poll_action(),
+        Some(Action::RdmaWrite {
+            tag: SendTag::DataWrite { len: 10 },
+            ..
+        })
+    ));
+    assert!(matches!(
+        p.a.flow.poll_action(),
+        Some(Action::Send {
+            tag: SendTag::DataMsg,
+            ..
+        })
+    ));
+    assert_eq!(
+        p.a.flow.poll_action(),
+        Some(Action::Send {
+            payload: [2, 0, 0, 0xe0],
+            tag: SendTag::Ctrl(Ctrl::Shutdown)
+        })
+    );
+}
+
+#[test]
+fn zcopy_sends_use_no_send_buffer_and_deliver_in_order() {
+    let mut p = Pair::small();
+    p.settle();
+    let data = pattern(3000, 9);
+    p.a.write(&data[..100]);
+    let n = p.a.flow.send_zcopy(2900, &mut p.a.target).unwrap();
+    assert_eq!(n, 2900);
+    p.a.zcopy.extend(&data[100..]);
+    p.a.sent.extend_from_slice(&data[100..]);
+    // The zero-copy message returns no send-buffer bytes on completion.
+    p.settle();
+    while p.b.read(8192).unwrap_or(0) > 0 {}
+    assert_eq!(p.b.received, data);
+    assert_eq!(
+        p.a.flow
+            .on_send_complete(SendTag::ZcopyWrite { len: 1 }, true)
+            .unwrap_err(),
+        FlowError::UnexpectedCompletion(SendTag::ZcopyWrite { len: 1 })
+    );
 }
