@@ -323,30 +323,11 @@ pub struct RecvGrant {
     pub eof: bool,
 }
 
-/// A data message reserved by [`Flow::send_corked`] and not yet queued: later
-/// corked sends that are contiguous in the send buffer and in the peer's
-/// ring join it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Corked {
-    /// Send-buffer offset of its first byte.
-    start: u32,
-    /// Bytes so far.
-    len: u32,
-    /// Peer address of its first byte.
-    addr: u64,
-    /// Peer rkey.
-    rkey: u32,
-    /// The target SGL slot it was taken from.
-    slot: usize,
-}
-
 /// What [`Flow::reserve`] does with the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reserve {
     /// Queue its actions now.
     Queue,
-    /// Hold it for appending.
-    Cork,
     /// Queue it with an external source (zero copy).
     External,
 }
@@ -575,7 +556,10 @@ pub struct Flow {
     remote_sgl: Sge,
     remote_sge: u32,
     pending_ctrl: Option<Ctrl>,
-    corked: Option<Corked>,
+    /// Bytes copied into the send buffer by [`Flow::send_buffered`] and
+    /// not yet in a data message: `pend_len` bytes from `pend_start`.
+    pend_start: u32,
+    pend_len: u32,
 
     // Receive side.
     rseq_no: u16,
@@ -633,7 +617,8 @@ impl Flow {
             remote_sgl: Sge::default(),
             remote_sge: 0,
             pending_ctrl: None,
-            corked: None,
+            pend_start: 0,
+            pend_len: 0,
             rseq_no: 0,
             rseq_comp: cfg.rq_size >> 1,
             rmsg: VecDeque::with_capacity(usize::from(cfg.rq_size) + 1),
@@ -794,7 +779,7 @@ impl Flow {
         self.writable = false;
         // Nothing more goes on the wire but the teardown.
         self.actions.clear();
-        self.corked = None;
+        self.pend_len = 0;
         if let FlowError::Protocol(_) = e {
             // A peer that broke the protocol may have written anywhere in
             // the ring (its RDMA Write lands before the word that gives it
@@ -816,31 +801,17 @@ impl Flow {
 
     /// Reserves up to `want` bytes of the send buffer and queues their RDMA
     /// Write and the `RS_OP_DATA` Send (`rs_write_data`). Copy the bytes
-    /// into the returned spans before posting the actions. A message held
-    /// by [`Flow::send_corked`] is queued first.
+    /// into the returned spans before posting the actions. Bytes buffered
+    /// by [`Flow::send_buffered`] go first (`WouldBlock` while they cannot).
     pub fn send(&mut self, want: u32, target: &mut [u8]) -> Result<SendGrant, FlowError> {
-        self.uncork();
-        self.reserve(want, target, Reserve::Queue)
-    }
-
-    /// Like [`Flow::send`], but the message is held back (not queued) so
-    /// that the next corked send can join it: the coalescing by "append"
-    /// of the enhanced socket design. If a held message exists and the new
-    /// bytes continue it in the send buffer and in the peer's ring (same
-    /// target slot, at most [`MAX_TRANSFER`] in all) they join it and cost
-    /// no credit or send-queue entry; otherwise the held message is queued
-    /// and a new one is held. The driver decides when to hold: only while
-    /// earlier data is still waiting to go on the wire, so nothing is ever
-    /// delayed for more data (no Nagle); it calls [`Flow::uncork`] when the
-    /// wire drains.
-    pub fn send_corked(&mut self, want: u32, target: &mut [u8]) -> Result<SendGrant, FlowError> {
-        if want > 0 {
-            if let Some(g) = self.try_append(want, target) {
-                return Ok(g);
+        if self.pend_len > 0 {
+            // Buffered bytes go first.
+            self.push(target);
+            if self.pend_len > 0 {
+                return Err(FlowError::WouldBlock);
             }
         }
-        self.uncork();
-        self.reserve(want, target, Reserve::Cork)
+        self.reserve(want, target, Reserve::Queue)
     }
 
     /// Zero copy: reserves a data message of up to `want` bytes that the
@@ -849,60 +820,120 @@ impl Flow {
     /// Returns the bytes the message takes (the driver must keep that
     /// memory unchanged until the Write completes).
     pub fn send_zcopy(&mut self, want: u32, target: &mut [u8]) -> Result<u32, FlowError> {
-        self.uncork();
+        if self.pend_len > 0 {
+            // Buffered bytes go first.
+            self.push(target);
+            if self.pend_len > 0 {
+                return Err(FlowError::WouldBlock);
+            }
+        }
         self.reserve(want, target, Reserve::External)
             .map(|g| g.spans.len())
     }
 
-    /// Queues the message held by [`Flow::send_corked`], if any.
-    pub fn uncork(&mut self) {
-        if let Some(c) = self.corked.take() {
-            let spans = Spans::of_ring(c.start, c.len, self.cfg.sbuf_size);
+    /// Buffered sending, the enhanced design's path: copies up to `want`
+    /// bytes into the send buffer (copy them into the returned spans) and
+    /// queues them as data messages as far as credits, send-queue entries
+    /// and the peer's ring allow now (when `push` is true); what cannot go
+    /// yet stays buffered, and later bytes join it, so that a run of small
+    /// writes that finds the wire or the credits busy leaves as one message
+    /// ("append") instead of one message each. Nothing waits for more data:
+    /// buffered bytes go with the next [`Flow::push`], which the driver
+    /// calls whenever a completion or a credit arrives.
+    pub fn send_buffered(
+        &mut self,
+        want: u32,
+        target: &mut [u8],
+        push: bool,
+    ) -> Result<SendGrant, FlowError> {
+        match self.phase {
+            Phase::Error => return Err(self.err.unwrap_or(FlowError::SendFailed)),
+            Phase::Init => return Err(FlowError::NotConnected),
+            Phase::Disconnected => return Err(FlowError::NotWritable),
+            Phase::Connected => {}
+        }
+        if !self.writable {
+            return Err(FlowError::NotWritable);
+        }
+        if target.len() < TARGET_SGL_LEN {
+            return Err(FlowError::Config("target SGL region shorter than 32 bytes"));
+        }
+        let n = want.min(self.sbuf_bytes_avail);
+        if want > 0 && n == 0 {
+            if push {
+                self.push(target);
+            }
+            return Err(FlowError::WouldBlock);
+        }
+        if self.pend_len == 0 {
+            self.pend_start = self.sbuf_head;
+        }
+        let spans = Spans::of_ring(self.sbuf_head, n, self.cfg.sbuf_size);
+        self.sbuf_head = (self.sbuf_head + n) % self.cfg.sbuf_size;
+        self.sbuf_bytes_avail -= n;
+        self.pend_len += n;
+        if push {
+            self.push(target);
+        }
+        Ok(SendGrant { spans })
+    }
+
+    /// Whether [`Flow::send_buffered`] would take bytes now (at least
+    /// [`SNDLOWAT`] of send buffer free, or all of it when smaller).
+    pub fn can_buffer(&self) -> bool {
+        self.phase == Phase::Connected
+            && self.writable
+            && self.sbuf_bytes_avail >= SNDLOWAT.min(self.cfg.sbuf_size)
+    }
+
+    /// Bytes buffered by [`Flow::send_buffered`] and not yet sent.
+    pub fn buffered(&self) -> u32 {
+        self.pend_len
+    }
+
+    /// Queues buffered bytes as data messages while a credit, two
+    /// send-queue entries and ring space in the current target slot are
+    /// available; returns the messages queued.
+    pub fn push(&mut self, target: &mut [u8]) -> u32 {
+        let mut msgs = 0;
+        while self.pend_len > 0
+            && self.phase == Phase::Connected
+            && self.sqe_avail >= 2
+            && self.sseq_no != self.sseq_comp
+            && target.len() >= TARGET_SGL_LEN
+        {
+            let Some(mut dst) = slot(target, self.target_sge, self.cfg.order) else {
+                break;
+            };
+            if dst.length == 0 {
+                break;
+            }
+            let n = self.pend_len.min(MAX_TRANSFER).min(dst.length);
+            let spans = Spans::of_ring(self.pend_start, n, self.cfg.sbuf_size);
+            self.pend_start = (self.pend_start + n) % self.cfg.sbuf_size;
+            self.pend_len -= n;
+            self.sseq_no = self.sseq_no.wrapping_add(1);
+            self.sqe_avail -= 2;
+            let (addr, rkey) = (dst.addr, dst.key);
+            dst.addr = dst.addr.wrapping_add(u64::from(n));
+            dst.length -= n;
+            set_slot(target, self.target_sge, &dst, self.cfg.order);
+            if dst.length == 0 {
+                self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
+            }
             self.queue_data(
                 Source::Sbuf(spans),
-                c.addr,
-                c.rkey,
-                c.len,
-                SendTag::DataWrite { len: c.len },
+                addr,
+                rkey,
+                n,
+                SendTag::DataWrite { len: n },
             );
+            msgs += 1;
         }
-    }
-
-    /// Whether a message is held by [`Flow::send_corked`].
-    pub fn is_corked(&self) -> bool {
-        self.corked.is_some()
-    }
-
-    fn try_append(&mut self, want: u32, target: &mut [u8]) -> Option<SendGrant> {
-        let c = self.corked?;
-        if self.phase != Phase::Connected || !self.writable || c.slot != self.target_sge {
-            return None;
+        if self.pend_len == 0 {
+            self.flush_pending_ctrl();
         }
-        let mut dst = slot(target, self.target_sge, self.cfg.order)?;
-        if dst.length == 0 || dst.addr != c.addr.wrapping_add(u64::from(c.len)) {
-            return None;
-        }
-        let m = want
-            .min(MAX_TRANSFER - c.len)
-            .min(self.sbuf_bytes_avail)
-            .min(dst.length);
-        if m == 0 {
-            return None;
-        }
-        let spans = Spans::of_ring(self.sbuf_head, m, self.cfg.sbuf_size);
-        self.sbuf_head = (self.sbuf_head + m) % self.cfg.sbuf_size;
-        self.sbuf_bytes_avail -= m;
-        dst.addr = dst.addr.wrapping_add(u64::from(m));
-        dst.length -= m;
-        set_slot(target, self.target_sge, &dst, self.cfg.order);
-        if dst.length == 0 {
-            self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
-        }
-        self.corked = Some(Corked {
-            len: c.len + m,
-            ..c
-        });
-        Some(SendGrant { spans })
+        msgs
     }
 
     fn queue_data(&mut self, src: Source, addr: u64, rkey: u32, n: u32, tag: SendTag) {
@@ -962,7 +993,6 @@ impl Flow {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 2;
         let (addr, rkey) = (dst.addr, dst.key);
-        let slot_index = self.target_sge;
         dst.addr = dst.addr.wrapping_add(u64::from(n));
         dst.length -= n;
         set_slot(target, self.target_sge, &dst, self.cfg.order);
@@ -984,15 +1014,6 @@ impl Flow {
                 n,
                 SendTag::ZcopyWrite { len: n },
             ),
-            Reserve::Cork => {
-                self.corked = Some(Corked {
-                    start: spans.first.offset,
-                    len: n,
-                    addr,
-                    rkey,
-                    slot: slot_index,
-                })
-            }
         }
         Ok(SendGrant { spans })
     }
@@ -1248,7 +1269,9 @@ impl Flow {
     }
 
     fn flush_pending_ctrl(&mut self) {
-        if self.phase == Phase::Connected && self.ctrl_avail() {
+        // A control word never overtakes buffered data (SHUTDOWN after the
+        // last byte).
+        if self.phase == Phase::Connected && self.ctrl_avail() && self.pend_len == 0 {
             if let Some(c) = self.pending_ctrl.take() {
                 self.post_ctrl(c);
             }
@@ -1270,7 +1293,6 @@ impl Flow {
         if self.phase != Phase::Connected {
             return Ok(());
         }
-        self.uncork();
         let ctrl = match how {
             Shutdown::Both => {
                 self.readable = false;
@@ -1293,7 +1315,7 @@ impl Flow {
                 Ctrl::Disconnect
             }
         };
-        if self.ctrl_avail() && self.pending_ctrl.is_none() {
+        if self.ctrl_avail() && self.pending_ctrl.is_none() && self.pend_len == 0 {
             self.post_ctrl(ctrl);
         } else {
             self.pending_ctrl = Some(ctrl);
@@ -1305,7 +1327,8 @@ impl Flow {
     /// connected any more.
     pub fn all_sends_done(&self) -> bool {
         let ctrl_free = self.ctrl_max_seqno.wrapping_sub(self.ctrl_seqno) as i32;
-        ctrl_free + self.sqe_avail == i32::from(self.cfg.sq_size) || self.phase != Phase::Connected
+        (ctrl_free + self.sqe_avail == i32::from(self.cfg.sq_size) && self.pend_len == 0)
+            || self.phase != Phase::Connected
     }
 
     /// `tcp_svc_send_keepalive`: queues a zero-length RDMA Write if a

@@ -59,5 +59,15 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod conn;
 pub mod flow;
+mod net;
+mod options;
+pub mod progress;
+mod ready;
+mod sys;
 pub mod wire;
+
+pub use conn::Stats;
+pub use net::{Listener, Stream};
+pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};

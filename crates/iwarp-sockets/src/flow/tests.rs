@@ -33,6 +33,8 @@ struct Side {
     saw_recv_wrap: bool,
     /// Bytes handed to `send_zcopy`, in order, until their Write is pumped.
     zcopy: VecDeque<u8>,
+    /// Actions taken out for inspection, pumped first.
+    requeue: VecDeque<Action>,
 }
 
 fn cfg(key: u32, order: ByteOrder, rq: u16, sbuf: u32, rbuf: u32) -> Config {
@@ -68,13 +70,17 @@ impl Side {
             saw_send_wrap: false,
             saw_recv_wrap: false,
             zcopy: VecDeque::new(),
+            requeue: VecDeque::new(),
         }
     }
 
     /// Posts every queued action onto the outgoing link.
     fn pump(&mut self) -> bool {
         let mut any = false;
-        while let Some(a) = self.flow.poll_action() {
+        // As the driver does after every completion: buffered bytes go as
+        // far as credits and queue entries allow.
+        self.flow.push(&mut self.target);
+        while let Some(a) = self.requeue.pop_front().or_else(|| self.flow.poll_action()) {
             any = true;
             match a {
                 Action::PostRecv { slot } => self.posted.push_back(slot),
@@ -955,13 +961,18 @@ proptest! {
     }
 }
 
-/// Corked sends: small writes join one held message while it is held.
+/// Buffered sends: bytes that cannot go yet wait in the send buffer and
+/// later writes join them.
 impl Side {
-    fn write_corked(&mut self, data: &[u8]) -> usize {
-        let g = self
+    fn write_buffered(&mut self, data: &[u8], push: bool) -> usize {
+        let g = match self
             .flow
-            .send_corked(data.len() as u32, &mut self.target)
-            .unwrap();
+            .send_buffered(data.len() as u32, &mut self.target, push)
+        {
+            Ok(g) => g,
+            Err(FlowError::WouldBlock) => return 0,
+            Err(e) => panic!("send_buffered: {e}"),
+        };
         let mut done = 0;
         for s in [Some(g.spans.first), g.spans.second].into_iter().flatten() {
             self.sbuf[s.offset as usize..][..s.len as usize]
@@ -971,115 +982,128 @@ impl Side {
         self.sent.extend_from_slice(&data[..done]);
         done
     }
+
+    fn data_writes_queued(&mut self) -> Vec<u32> {
+        let mut v = Vec::new();
+        let mut keep = VecDeque::new();
+        while let Some(a) = self.flow.poll_action() {
+            if let Action::RdmaWrite {
+                tag: SendTag::DataWrite { len },
+                ..
+            } = a
+            {
+                v.push(len);
+            }
+            keep.push_back(a);
+        }
+        // Put them back for `pump`.
+        self.requeue = keep;
+        v
+    }
 }
 
 #[test]
-fn corked_sends_append_into_one_message_and_one_credit() {
+fn held_bytes_join_into_one_message_and_one_credit() {
     let mut p = Pair::small();
     p.settle();
     let credits = p.a.flow.send_credits();
     for i in 0..10u8 {
-        assert_eq!(p.a.write_corked(&pattern(64, i)), 64);
+        assert_eq!(p.a.write_buffered(&pattern(64, i), false), 64);
     }
-    assert!(p.a.flow.is_corked());
-    // Nothing is queued while the message is held, and it took one credit.
-    assert_eq!(p.a.flow.poll_action(), None);
+    assert_eq!(p.a.flow.buffered(), 640);
+    assert_eq!(p.a.flow.poll_action(), None, "nothing goes while held");
+    assert_eq!(p.a.flow.send_credits(), credits);
+    assert_eq!(p.a.flow.push(&mut p.a.target), 1);
     assert_eq!(p.a.flow.send_credits(), credits - 1);
-    p.a.flow.uncork();
-    assert!(!p.a.flow.is_corked());
-    match p.a.flow.poll_action() {
-        Some(Action::RdmaWrite {
-            src: Source::Sbuf(sp),
-            tag: SendTag::DataWrite { len: 640 },
-            ..
-        }) => assert_eq!(sp.len(), 640),
-        other => panic!("expected one 640-byte Write, got {other:?}"),
-    }
-    assert_eq!(
-        p.a.flow.poll_action(),
-        Some(Action::Send {
-            payload: [0x80, 2, 0, 0],
-            tag: SendTag::DataMsg
-        })
-    );
-    // The Write is already taken off the queue; put it on the link by hand.
-    let mut bytes = Vec::new();
-    bytes.extend_from_slice(&p.a.sbuf[..640]);
-    p.a.link.push_back(Wire::Write {
-        addr: RBUF_ADDR,
-        rkey: 0xB2,
-        bytes,
-    });
-    p.a.link.push_back(Wire::Send([0x80, 2, 0, 0]));
-    p.a.completions.push_back(SendTag::DataWrite { len: 640 });
-    p.a.completions.push_back(SendTag::DataMsg);
+    assert_eq!(p.a.data_writes_queued(), vec![640]);
     p.settle();
     while p.b.read(4096).unwrap_or(0) > 0 {}
     assert_eq!(p.b.received, p.a.sent);
 }
 
 #[test]
-fn a_corked_message_does_not_append_across_a_target_slot() {
+fn without_credits_writes_accumulate_and_leave_when_credits_return() {
+    let mut p = Pair::small();
+    p.settle();
+    // Use up the send queue (16 entries, 4 for control: 6 messages) with
+    // one-byte messages.
+    for i in 0..6u8 {
+        assert_eq!(p.a.write_buffered(&[i], true), 1);
+    }
+    assert_eq!(p.a.flow.buffered(), 0);
+    // More writes are taken into the buffer and wait.
+    for i in 0..50u8 {
+        assert_eq!(p.a.write_buffered(&pattern(10, i), true), 10);
+    }
+    assert_eq!(p.a.flow.buffered(), 500);
+    // The six go out, their completions free the send queue, and the 500
+    // bytes leave as one message.
+    p.a.pump();
+    p.a.complete_all();
+    let mut t = p.a.target;
+    assert_eq!(p.a.flow.push(&mut t), 1);
+    p.a.target = t;
+    assert_eq!(p.a.data_writes_queued(), vec![500]);
+    p.settle();
+    while p.b.read(4096).unwrap_or(0) > 0 {}
+    p.settle();
+    assert_eq!(p.a.flow.buffered(), 0);
+    while p.b.read(4096).unwrap_or(0) > 0 {}
+    assert_eq!(p.b.received, p.a.sent);
+}
+
+#[test]
+fn a_buffered_run_splits_at_the_target_slot_and_at_max_transfer() {
     let mut p = Pair::new(
         cfg(0xA0, ByteOrder::Little, 16, 16384, 8192),
         cfg(0xB0, ByteOrder::Little, 16, 16384, 8192),
     );
     p.settle();
-    // The peer's half is 4096 bytes: 4000 fit in the first slot, the next
-    // 200 cannot continue it.
-    p.a.write_corked(&pattern(4000, 1));
-    let g = p.a.flow.send_corked(200, &mut p.a.target).unwrap();
-    assert_eq!(g.spans.len(), 96, "the rest of the slot joins");
-    let g = p.a.flow.send_corked(104, &mut p.a.target).unwrap();
-    assert_eq!(g.spans.len(), 104, "a new message in the next slot");
-    // The first (4096 bytes) was queued when the second was held.
-    assert!(matches!(
-        p.a.flow.poll_action(),
-        Some(Action::RdmaWrite {
-            tag: SendTag::DataWrite { len: 4096 },
-            ..
-        })
-    ));
-    assert!(p.a.flow.is_corked());
-    // A plain send queues the held message first, in order.
-    p.a.flow.poll_action();
-    p.a.flow.send(10, &mut p.a.target).unwrap();
-    assert!(matches!(
-        p.a.flow.poll_action(),
-        Some(Action::RdmaWrite {
-            tag: SendTag::DataWrite { len: 104 },
-            ..
-        })
-    ));
+    assert_eq!(p.a.write_buffered(&pattern(6000, 1), false), 6000);
+    p.a.flow.push(&mut p.a.target);
+    // The peer's halves are 4096 bytes: one message fills slot 0, the rest
+    // goes to slot 1.
+    assert_eq!(p.a.data_writes_queued(), vec![4096, 1904]);
+    p.settle();
+    while p.b.read(8192).unwrap_or(0) > 0 {}
+    assert_eq!(p.b.received, p.a.sent);
 }
 
 #[test]
-fn shutdown_queues_the_held_message_before_its_control_word() {
+fn shutdown_waits_for_buffered_bytes_then_sends_its_word() {
     let mut p = Pair::small();
     p.settle();
-    p.a.write_corked(&pattern(10, 3));
+    for i in 0..6u8 {
+        p.a.write_buffered(&[i], true);
+    }
+    p.a.write_buffered(b"tail", true);
+    assert_eq!(p.a.flow.buffered(), 4);
     p.a.flow.shutdown(Shutdown::Write).unwrap();
-    assert!(matches!(
-        p.a.flow.poll_action(),
-        Some(Action::RdmaWrite {
-            tag: SendTag::DataWrite { len: 10 },
-            ..
-        })
-    ));
-    assert!(matches!(
-        p.a.flow.poll_action(),
-        Some(Action::Send {
-            tag: SendTag::DataMsg,
-            ..
-        })
-    ));
-    assert_eq!(
-        p.a.flow.poll_action(),
-        Some(Action::Send {
-            payload: [2, 0, 0, 0xe0],
-            tag: SendTag::Ctrl(Ctrl::Shutdown)
-        })
-    );
+    assert!(!p.a.flow.all_sends_done());
+    // The control word must not overtake "tail".
+    let mut saw_shutdown_before_tail = false;
+    let mut tail_sent = false;
+    p.a.pump();
+    for w in &p.a.link {
+        match w {
+            Wire::Send([2, 0, 0, 0xe0]) if !tail_sent => saw_shutdown_before_tail = true,
+            Wire::Write { bytes, .. } if bytes.as_slice() == b"tail" => tail_sent = true,
+            _ => {}
+        }
+    }
+    assert!(!saw_shutdown_before_tail);
+    p.settle();
+    let mut got = Vec::new();
+    loop {
+        match p.b.read(4096) {
+            Some(0) => p.settle(),
+            Some(_) => {}
+            None => break,
+        }
+        got.push(());
+        assert!(got.len() < 10_000, "no end of stream");
+    }
+    assert_eq!(p.b.received, p.a.sent);
 }
 
 #[test]

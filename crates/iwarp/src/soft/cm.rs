@@ -598,44 +598,86 @@ impl Listener {
             during: "accepting a connection",
             source: io::Error::other("peer has no IP address"),
         })?;
-        let _ = sock.set_cloexec(true);
-        let _ = sock.set_tcp_nodelay(true);
-        let x = Exchange {
-            sock: &sock,
-            addr: peer,
-            start: Instant::now(),
-            deadline: deadline.unwrap_or_else(|| Instant::now() + REQUEST_TIMEOUT),
-        };
-        let frame = x.read_frame("waiting for the MPA Request")?;
-        let req = match handshake::parse_request(&frame) {
-            Ok(r) => r,
-            Err(error) => {
-                // RFC 5044 §7.1.1: a bad key or malformed request: close.
-                tracing::warn!(%peer, %error, "bad MPA Request; closing the connection");
-                let _ = sock.shutdown(Shutdown::Both);
-                return Err(CmError::Mpa { addr: peer, error });
-            }
-        };
-        // Negotiate now so that an incompatible request is refused at once
-        // and the request's parameters can be shown before accepting.
-        let neg = match handshake::accept(&self.mpa, &req, &[]) {
-            Ok((_, n)) => n,
-            Err(error) => {
-                tracing::warn!(%peer, %error, "MPA Request incompatible with the listener's policy; rejecting");
-                let reject = handshake::reject(&self.mpa, Some(&req), &[]);
-                let _ = x.send(&reject, "sending the MPA Reject");
-                let _ = sock.shutdown(Shutdown::Both);
-                return Err(CmError::Mpa { addr: peer, error });
-            }
-        };
-        Ok(ConnRequest {
-            sock,
-            peer,
-            req,
-            neg,
-            mpa: self.mpa.clone(),
-        })
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + REQUEST_TIMEOUT);
+        read_request(sock, peer, &self.mpa, deadline)
     }
+}
+
+impl AsRawFd for Listener {
+    /// The listening TCP socket: readable when a connection is waiting
+    /// (its MPA Request may not have arrived yet).
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+}
+
+/// Reads and validates the MPA Request on a TCP connection accepted
+/// elsewhere (`Listener::get_request` does the same on its own socket),
+/// bounded by `timeout`. For servers that share a port between plain TCP
+/// and MPA clients: they accept the connection themselves, peek at its
+/// first bytes ([`handshake`]'s request key, RFC 5044 §7.1) and hand it
+/// here when it is an MPA Request. `mpa` is the policy it is negotiated
+/// against.
+pub fn request_from_stream(
+    stream: std::net::TcpStream,
+    mpa: &MpaConfig,
+    timeout: Duration,
+) -> Result<ConnRequest, CmError> {
+    let peer = stream.peer_addr().map_err(|e| CmError::Io {
+        during: "reading the peer's address",
+        source: e,
+    })?;
+    let sock = Socket::from(stream);
+    sock.set_nonblocking(false).map_err(|e| CmError::Io {
+        during: "making the socket blocking",
+        source: e,
+    })?;
+    read_request(sock, peer, mpa, Instant::now() + timeout)
+}
+
+fn read_request(
+    sock: Socket,
+    peer: SocketAddr,
+    mpa: &MpaConfig,
+    deadline: Instant,
+) -> Result<ConnRequest, CmError> {
+    let _ = sock.set_cloexec(true);
+    let _ = sock.set_tcp_nodelay(true);
+    let x = Exchange {
+        sock: &sock,
+        addr: peer,
+        start: Instant::now(),
+        deadline,
+    };
+    let frame = x.read_frame("waiting for the MPA Request")?;
+    let req = match handshake::parse_request(&frame) {
+        Ok(r) => r,
+        Err(error) => {
+            // RFC 5044 §7.1.1: a bad key or malformed request: close.
+            tracing::warn!(%peer, %error, "bad MPA Request; closing the connection");
+            let _ = sock.shutdown(Shutdown::Both);
+            return Err(CmError::Mpa { addr: peer, error });
+        }
+    };
+    // Negotiate now so that an incompatible request is refused at once
+    // and the request's parameters can be shown before accepting.
+    let neg = match handshake::accept(mpa, &req, &[]) {
+        Ok((_, n)) => n,
+        Err(error) => {
+            tracing::warn!(%peer, %error, "MPA Request incompatible with the listener's policy; rejecting");
+            let reject = handshake::reject(mpa, Some(&req), &[]);
+            let _ = x.send(&reject, "sending the MPA Reject");
+            let _ = sock.shutdown(Shutdown::Both);
+            return Err(CmError::Mpa { addr: peer, error });
+        }
+    };
+    Ok(ConnRequest {
+        sock,
+        peer,
+        req,
+        neg,
+        mpa: mpa.clone(),
+    })
 }
 
 /// An incoming connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`),

@@ -1,0 +1,1105 @@
+//! One rsocket stream connection over the `iwarp` verbs: the thin I/O
+//! driver around [`Flow`].
+//!
+//! A [`Conn`] owns a queue pair, one completion queue for both of its
+//! queues, and four registered regions:
+//!
+//! | region | bytes | rights | what |
+//! |---|---|---|---|
+//! | `rbuf` | `rbuf_size + 4 * rq_size` | local + remote write | the receive ring the peer RDMA-Writes into, then one 4-byte slot per posted receive (`rs_post_recv`) |
+//! | `tsgl` | 32 | local + remote write | the target SGL the peer writes freed ring halves into |
+//! | `sbuf` | `sbuf_size` | local | the send ring: one copy in from `write`, RDMA-Written from here |
+//! | `ctl` | `16 * sq_size` | local | the 4-byte message words and 16-byte `rs_sge`s of posted Sends and credit Writes, one slot per send work request in posting order |
+//!
+//! Everything protocol-related is [`Flow`]'s; this file turns its actions
+//! into work requests, feeds it completions, and copies between the
+//! application's buffers and the rings. All of that happens under one
+//! mutex per connection; threads that must wait sleep on its condition
+//! variable (or, in busy-poll mode, poll the completion queue), and
+//! whoever drains completions (the application thread or the process's
+//! progress thread, [`crate::progress`]) wakes them and updates the
+//! readiness descriptor ([`crate::ready`]).
+//!
+//! Errors: a peer that breaks the rsockets protocol, or a queue pair that
+//! fails (the peer was killed, reset the TCP connection, or sent an RFC
+//! 5040 Terminate), ends the stream: reads return what was already
+//! delivered, then `ConnectionReset`; writes return `ConnectionReset` at
+//! once. A peer that closed in order (`RS_CTRL_DISCONNECT` /
+//! `RS_CTRL_SHUTDOWN`) gives end of stream instead.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use iwarp::cm::{self, ConnParam};
+use iwarp::{
+    Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
+    QueuePair, RecvWr, SendWr, SgList, WcQueue, WcStatus, WorkCompletion, WrOpcode,
+};
+
+use crate::flow::{
+    Action, Config, Flow, FlowError, Phase, Region, SendTag, Shutdown, Source, Spans,
+    TARGET_SGL_LEN,
+};
+use crate::options::{Design, Options};
+use crate::ready::Readiness;
+use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, SGE_LEN};
+
+/// Bytes of one `ctl` slot (an `rs_sge`; a message word uses 4 of them).
+const CTL_SLOT: usize = SGE_LEN;
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(1);
+
+/// Counters of one stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `write` calls that moved data.
+    pub writes: u64,
+    /// Data messages (RDMA Write + `RS_OP_DATA`) put on the wire.
+    pub data_msgs: u64,
+    /// Writes that joined a held message instead of taking their own.
+    pub appended: u64,
+    /// Bytes sent by zero copy.
+    pub zcopy_bytes: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Bytes received (read by the application).
+    pub bytes_received: u64,
+}
+
+struct State {
+    flow: Flow,
+    /// Next `ctl` slot.
+    ctl_next: usize,
+    /// Data Writes posted and not yet completed (on their way to the wire).
+    inflight: u32,
+    /// Zero-copy Writes posted and not yet completed.
+    zc_inflight: u32,
+    /// The SGE of the next [`Source::External`] Write.
+    zc_sge: Option<iwarp::Sge>,
+    /// Why the stream is broken, once it is.
+    broken: Option<(io::ErrorKind, String)>,
+    closed: bool,
+    /// A keepalive tick passed with no traffic.
+    idle: bool,
+    stats: Stats,
+    sends: Vec<SendWr>,
+    recvs: Vec<RecvWr>,
+    /// The private buffer of [`Design::Basic`].
+    basic_buf: Vec<u8>,
+}
+
+/// One connection (see the module docs).
+pub(crate) struct Conn {
+    id: usize,
+    opts: Options,
+    _ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    rbuf: MemoryRegion,
+    tsgl: MemoryRegion,
+    sbuf: MemoryRegion,
+    ctl: MemoryRegion,
+    rbuf_size: u32,
+    sq_size: usize,
+    cq_fd: RawFd,
+    state: Mutex<State>,
+    cond: Condvar,
+    ready: Readiness,
+    /// A thread busy-polls this connection: the progress thread keeps out.
+    busy: AtomicBool,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("id", &self.id)
+            .field("local", &self.local)
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+fn verbs_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("iWARP verbs: {e}"))
+}
+
+/// Resources made before the connection exists.
+pub(crate) struct Parts {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    rbuf: MemoryRegion,
+    tsgl: MemoryRegion,
+    sbuf: MemoryRegion,
+    ctl: MemoryRegion,
+    flow: Flow,
+    opts: Options,
+}
+
+impl Parts {
+    /// Makes the queue pair and regions and posts the receives (they must
+    /// be posted before the connection exists: the peer may send at once).
+    pub(crate) fn new(opts: &Options) -> io::Result<Parts> {
+        let mut opts = opts.clone();
+        opts.rbuf_size = opts.rbuf_size.max(4096) & !1;
+        opts.sbuf_size = opts.sbuf_size.max(4096);
+        let ctx = Context::open().map_err(verbs_err)?;
+        let pd = ctx.alloc_pd();
+        let sq = u32::from(opts.sq_size.max(crate::flow::QP_MIN_SIZE));
+        let rq = u32::from(opts.rq_size.max(crate::flow::QP_MIN_SIZE));
+        let cq = ctx.create_cq((sq + rq) as usize + 16).map_err(verbs_err)?;
+        let mode = if opts.busy_poll {
+            ProgressMode::BusyPoll
+        } else {
+            ProgressMode::Threaded {
+                spin: Duration::ZERO,
+            }
+        };
+        cq.set_progress(mode).map_err(verbs_err)?;
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                max_send_wr: sq,
+                max_recv_wr: rq,
+            })
+            .map_err(verbs_err)?;
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let rbuf = pd
+            .reg_mr(opts.rbuf_size as usize + 4 * rq as usize, rw)
+            .map_err(verbs_err)?;
+        let tsgl = pd.reg_mr(TARGET_SGL_LEN, rw).map_err(verbs_err)?;
+        tsgl.fill(0);
+        let sbuf = pd
+            .reg_mr(opts.sbuf_size as usize, Access::LOCAL_WRITE)
+            .map_err(verbs_err)?;
+        let ctl = pd
+            .reg_mr(CTL_SLOT * sq as usize, Access::LOCAL_WRITE)
+            .map_err(verbs_err)?;
+        let flow = Flow::new(Config {
+            sq_size: sq as u16,
+            rq_size: rq as u16,
+            sbuf_size: opts.sbuf_size,
+            rbuf_size: opts.rbuf_size,
+            order: ByteOrder::NATIVE,
+            target_sgl: Region {
+                addr: tsgl.addr(),
+                key: tsgl.rkey(),
+            },
+            rbuf: Region {
+                addr: rbuf.addr(),
+                key: rbuf.rkey(),
+            },
+        })
+        .map_err(io::Error::from)?;
+        Ok(Parts {
+            ctx,
+            pd,
+            cq,
+            qp,
+            rbuf,
+            tsgl,
+            sbuf,
+            ctl,
+            flow,
+            opts,
+        })
+    }
+
+    /// Our `rs_conn_data`, to send as private data.
+    pub(crate) fn conn_data(&self) -> [u8; crate::wire::CONN_DATA_LEN] {
+        self.flow.local_conn_data().to_bytes()
+    }
+
+    pub(crate) fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+
+    /// The connection is up and `peer` is the peer's private data: start
+    /// the stream.
+    pub(crate) fn establish(self, peer: &[u8]) -> io::Result<Arc<Conn>> {
+        let peer_cd = ConnDataRepr::parse_bytes(peer).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "the peer's private data is not an rsockets rs_conn_data ({e}); it is an \
+                     iWARP endpoint but not an rsocket"
+                ),
+            )
+        })?;
+        let sq_size = self.ctl.len() / CTL_SLOT;
+        let rbuf_size = self.opts.rbuf_size;
+        let cq_fd = self.cq.as_raw_fd();
+        let conn = Arc::new(Conn {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            local: self.qp.local_addr(),
+            peer: self.qp.peer_addr(),
+            opts: self.opts,
+            _ctx: self.ctx,
+            pd: self.pd,
+            cq: self.cq,
+            qp: self.qp,
+            rbuf: self.rbuf,
+            tsgl: self.tsgl,
+            sbuf: self.sbuf,
+            ctl: self.ctl,
+            rbuf_size,
+            sq_size,
+            cq_fd,
+            state: Mutex::new(State {
+                flow: self.flow,
+                ctl_next: 0,
+                inflight: 0,
+                zc_inflight: 0,
+                zc_sge: None,
+                broken: None,
+                closed: false,
+                idle: false,
+                stats: Stats::default(),
+                sends: Vec::with_capacity(64),
+                recvs: Vec::with_capacity(64),
+                basic_buf: Vec::new(),
+            }),
+            cond: Condvar::new(),
+            ready: Readiness::new()?,
+            busy: AtomicBool::new(false),
+        });
+        {
+            let mut st = conn.lock();
+            let mut t = conn.target();
+            let before = t;
+            let r = st.flow.establish(&peer_cd, &mut t);
+            conn.write_back(&before, &t);
+            if let Err(e) = r {
+                conn.qp.disconnect();
+                return Err(e.into());
+            }
+            conn.drain(&mut st);
+            conn.pump(&mut st);
+            conn.refresh(&mut st);
+        }
+        crate::progress::register(&conn, cq_fd)?;
+        Ok(conn)
+    }
+
+    /// Posts what the flow queued so far (the initial receives).
+    pub(crate) fn post_initial(&mut self) -> io::Result<()> {
+        let mut recvs = Vec::new();
+        while let Some(a) = self.flow.poll_action() {
+            match a {
+                Action::PostRecv { slot } => {
+                    recvs.push(recv_wr(&self.rbuf, self.opts.rbuf_size, slot))
+                }
+                other => {
+                    return Err(io::Error::other(format!(
+                        "unexpected action before the connection: {other:?}"
+                    )))
+                }
+            }
+        }
+        self.qp
+            .post_recv_list(&recvs)
+            .map_err(|e| verbs_err(format!("{e:?}")))
+    }
+}
+
+fn recv_wr(rbuf: &MemoryRegion, rbuf_size: u32, slot: u16) -> RecvWr {
+    RecvWr {
+        wr_id: u64::from(slot),
+        sgl: SgList::single(rbuf.sge(rbuf_size as usize + 4 * usize::from(slot), 4)),
+    }
+}
+
+// wr_id of send work requests: kind in the top byte, value below.
+const K_DATA_WRITE: u64 = 1;
+const K_ZC_WRITE: u64 = 2;
+const K_DATA_MSG: u64 = 3;
+const K_SGL_WRITE: u64 = 4;
+const K_SGL_MSG: u64 = 5;
+const K_CTRL: u64 = 6;
+const K_KEEPALIVE: u64 = 7;
+
+fn encode(tag: SendTag) -> u64 {
+    let (k, v) = match tag {
+        SendTag::DataWrite { len } => (K_DATA_WRITE, u64::from(len)),
+        SendTag::ZcopyWrite { len } => (K_ZC_WRITE, u64::from(len)),
+        SendTag::DataMsg => (K_DATA_MSG, 0),
+        SendTag::SglWrite => (K_SGL_WRITE, 0),
+        SendTag::SglMsg => (K_SGL_MSG, 0),
+        SendTag::Ctrl(c) => (K_CTRL, u64::from(c.value())),
+        SendTag::Keepalive => (K_KEEPALIVE, 0),
+    };
+    k << 56 | v
+}
+
+fn decode(wr_id: u64) -> Option<SendTag> {
+    let v = wr_id & ((1 << 56) - 1);
+    Some(match wr_id >> 56 {
+        K_DATA_WRITE => SendTag::DataWrite { len: v as u32 },
+        K_ZC_WRITE => SendTag::ZcopyWrite { len: v as u32 },
+        K_DATA_MSG => SendTag::DataMsg,
+        K_SGL_WRITE => SendTag::SglWrite,
+        K_SGL_MSG => SendTag::SglMsg,
+        K_CTRL => SendTag::Ctrl(Ctrl::from_value(v as u32)?),
+        K_KEEPALIVE => SendTag::Keepalive,
+        _ => return None,
+    })
+}
+
+fn for_spans(spans: Spans, mut f: impl FnMut(usize, usize)) {
+    for s in [Some(spans.first), spans.second].into_iter().flatten() {
+        if s.len > 0 {
+            f(s.offset as usize, s.len as usize);
+        }
+    }
+}
+
+/// Why a wait ended without progress.
+enum Waited {
+    Again,
+    TimedOut,
+}
+
+impl Conn {
+    pub(crate) fn id(&self) -> usize {
+        self.id
+    }
+
+    pub(crate) fn readiness_fd(&self) -> RawFd {
+        self.ready.fd()
+    }
+
+    pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    pub(crate) fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    pub(crate) fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        self.lock().stats
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the target SGL region.
+    fn target(&self) -> [u8; TARGET_SGL_LEN] {
+        let mut t = [0u8; TARGET_SGL_LEN];
+        self.tsgl.read_at(0, &mut t);
+        t
+    }
+
+    /// Writes back the slots the flow changed (only those: the peer may
+    /// be writing the other slot meanwhile).
+    fn write_back(&self, before: &[u8; TARGET_SGL_LEN], after: &[u8; TARGET_SGL_LEN]) {
+        for i in 0..TARGET_SGL_LEN / SGE_LEN {
+            let r = i * SGE_LEN..(i + 1) * SGE_LEN;
+            if before[r.clone()] != after[r.clone()] {
+                self.tsgl.write_at(r.start, &after[r]);
+            }
+        }
+    }
+
+    fn ctl_slot(&self, st: &mut State, bytes: &[u8]) -> iwarp::Sge {
+        let off = st.ctl_next * CTL_SLOT;
+        st.ctl_next = (st.ctl_next + 1) % self.sq_size;
+        self.ctl.write_at(off, bytes);
+        self.ctl.sge(off, bytes.len())
+    }
+
+    /// Posts every action the flow queued.
+    fn pump(&self, st: &mut State) {
+        st.sends.clear();
+        st.recvs.clear();
+        while let Some(a) = st.flow.poll_action() {
+            match a {
+                Action::PostRecv { slot } => {
+                    let wr = recv_wr(&self.rbuf, self.rbuf_size, slot);
+                    st.recvs.push(wr);
+                }
+                Action::RdmaWrite {
+                    src,
+                    remote_addr,
+                    rkey,
+                    tag,
+                } => {
+                    let sgl = match src {
+                        Source::Sbuf(spans) => {
+                            let mut l = SgList::new();
+                            for_spans(spans, |o, n| {
+                                l.push(self.sbuf.sge(o, n));
+                            });
+                            st.inflight += 1;
+                            st.stats.data_msgs += 1;
+                            l
+                        }
+                        Source::Inline(b) => SgList::single(self.ctl_slot(st, &b)),
+                        Source::Empty => SgList::new(),
+                        Source::External { .. } => {
+                            st.zc_inflight += 1;
+                            st.stats.data_msgs += 1;
+                            match st.zc_sge.take() {
+                                Some(s) => SgList::single(s),
+                                None => SgList::new(),
+                            }
+                        }
+                    };
+                    st.sends.push(SendWr {
+                        wr_id: encode(tag),
+                        opcode: WrOpcode::RdmaWrite { remote_addr, rkey },
+                        sgl,
+                        signaled: true,
+                        solicited: false,
+                    });
+                }
+                Action::Send { payload, tag } => {
+                    let sge = self.ctl_slot(st, &payload);
+                    st.sends.push(SendWr {
+                        wr_id: encode(tag),
+                        opcode: WrOpcode::Send,
+                        sgl: SgList::single(sge),
+                        signaled: true,
+                        solicited: false,
+                    });
+                }
+            }
+        }
+        if !st.recvs.is_empty() {
+            if let Err(e) = self.qp.post_recv_list(&st.recvs) {
+                self.broke(
+                    st,
+                    io::ErrorKind::ConnectionReset,
+                    format!("posting receives: {e:?}"),
+                );
+            }
+        }
+        if !st.sends.is_empty() {
+            if let Err(e) = self.qp.post_send_list(&st.sends) {
+                self.broke(
+                    st,
+                    io::ErrorKind::ConnectionReset,
+                    format!("posting sends: {e:?}"),
+                );
+            }
+        }
+    }
+
+    fn broke(&self, st: &mut State, kind: io::ErrorKind, why: String) {
+        if st.broken.is_none() {
+            tracing::debug!(conn = self.id, %why, "stream broken");
+            st.broken = Some((kind, why));
+        }
+    }
+
+    /// The queue pair failed: the stream is reset unless it had closed in
+    /// order.
+    fn qp_failed(&self, st: &mut State, status: WcStatus) {
+        if st.broken.is_some() {
+            return;
+        }
+        let mut why = format!(
+            "the iWARP connection failed ({}): the peer was killed, reset the connection or \
+             sent a Terminate",
+            status.as_str()
+        );
+        while let Some(ev) = self.qp.next_event(Duration::ZERO) {
+            why.push_str(&format!("; {ev:?}"));
+        }
+        match st.flow.phase() {
+            Phase::Disconnected => {} // closed in order; the flush is the teardown
+            _ => self.broke(st, io::ErrorKind::ConnectionReset, why),
+        }
+    }
+
+    fn complete(&self, st: &mut State, wc: WorkCompletion) {
+        let ok = wc.status == WcStatus::Success;
+        match wc.queue {
+            WcQueue::Recv => {
+                if ok {
+                    let slot = (wc.wr_id & 0xffff) as usize;
+                    let n = (wc.byte_len as usize).min(4);
+                    let mut word = [0u8; 4];
+                    self.rbuf
+                        .read_at(self.rbuf_size as usize + 4 * slot, &mut word[..n]);
+                    let r = if wc.byte_len as usize != 4 {
+                        // Let the flow judge it (a malformed word).
+                        st.flow.on_recv(&word[..n])
+                    } else {
+                        st.flow.on_recv(&word)
+                    };
+                    if let Err(e) = r {
+                        self.flow_failed(st, e);
+                    }
+                } else {
+                    st.flow.on_recv_failed();
+                    self.qp_failed(st, wc.status);
+                }
+            }
+            WcQueue::Send => {
+                let Some(tag) = decode(wc.wr_id) else {
+                    self.broke(
+                        st,
+                        io::ErrorKind::Other,
+                        format!("completion with unknown wr_id {:#x}", wc.wr_id),
+                    );
+                    return;
+                };
+                match tag {
+                    SendTag::DataWrite { .. } => st.inflight = st.inflight.saturating_sub(1),
+                    SendTag::ZcopyWrite { .. } => st.zc_inflight = st.zc_inflight.saturating_sub(1),
+                    _ => {}
+                }
+                if let Err(e) = st.flow.on_send_complete(tag, ok) {
+                    self.flow_failed(st, e);
+                }
+                if !ok {
+                    self.qp_failed(st, wc.status);
+                }
+            }
+        }
+    }
+
+    fn flow_failed(&self, st: &mut State, e: FlowError) {
+        let kind = match e {
+            FlowError::SendFailed => io::ErrorKind::ConnectionReset,
+            other => other.kind(),
+        };
+        let why = e.to_string();
+        self.broke(st, kind, why);
+        if let FlowError::Protocol(_) = e {
+            // The peer broke the protocol: tear the connection down now
+            // (it may keep writing into our ring).
+            self.qp.disconnect();
+        }
+    }
+
+    /// Feeds every queued completion to the flow, posts what follows,
+    /// updates readiness and wakes waiters. Returns whether anything came.
+    fn drain(&self, st: &mut State) -> bool {
+        let mut any = false;
+        while let Some(wc) = self.cq.poll_one() {
+            any = true;
+            self.complete(st, wc);
+        }
+        if any {
+            self.push_buffered(st);
+            self.pump(st);
+            self.refresh(st);
+            self.cond.notify_all();
+        }
+        any
+    }
+
+    /// Whether buffered bytes should go now: the wire is idle (no data
+    /// Write of ours waits to be handed to TCP), or a full message is
+    /// ready. Otherwise they wait for the Write ahead of them and later
+    /// writes join them.
+    fn should_push(st: &State) -> bool {
+        st.inflight == 0 || st.flow.buffered() >= crate::flow::MAX_TRANSFER
+    }
+
+    /// Sends buffered bytes if [`Conn::should_push`] says so.
+    fn push_buffered(&self, st: &mut State) {
+        if st.flow.buffered() > 0 && Self::should_push(st) {
+            let mut t = self.target();
+            let before = t;
+            st.flow.push(&mut t);
+            self.write_back(&before, &t);
+        }
+    }
+
+    /// Updates the readiness descriptor from the state.
+    fn refresh(&self, st: &mut State) {
+        let readable = st.flow.poll_readable() || st.broken.is_some();
+        let writable = st.broken.is_some() || !st.flow.is_writable() || self.can_write(st);
+        self.ready.show(readable, writable);
+    }
+
+    /// The progress thread's entry: drain unless a thread busy-polls.
+    pub(crate) fn progress(&self) {
+        if self.busy.load(Ordering::Acquire) {
+            return;
+        }
+        let mut st = self.lock();
+        self.drain(&mut st);
+    }
+
+    /// The progress thread's keepalive tick.
+    pub(crate) fn tick(&self) {
+        if !self.opts.keepalive {
+            return;
+        }
+        let mut st = self.lock();
+        if st.idle && st.broken.is_none() && st.flow.keepalive() {
+            self.pump(&mut st);
+        }
+        st.idle = true;
+    }
+
+    /// Waits for progress until `deadline` (None: forever); the lock is
+    /// released meanwhile.
+    fn wait<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        deadline: Option<Instant>,
+    ) -> (MutexGuard<'a, State>, Waited) {
+        let left = match deadline {
+            Some(d) => {
+                let l = d.saturating_duration_since(Instant::now());
+                if l.is_zero() {
+                    return (st, Waited::TimedOut);
+                }
+                l
+            }
+            None => Duration::from_secs(3600),
+        };
+        if self.opts.busy_poll {
+            self.busy.store(true, Ordering::Release);
+            drop(st);
+            let _ = self.cq.wait(left.min(Duration::from_millis(10)));
+            st = self.lock();
+            self.busy.store(false, Ordering::Release);
+            self.drain(&mut st);
+            return (st, Waited::Again);
+        }
+        let (g, _) = self
+            .cond
+            .wait_timeout(st, left)
+            .unwrap_or_else(|e| e.into_inner());
+        (g, Waited::Again)
+    }
+
+    fn check_broken(st: &State) -> io::Result<()> {
+        match &st.broken {
+            Some((k, why)) => Err(io::Error::new(*k, why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// `rrecv`: up to `buf.len()` bytes; 0 at end of stream.
+    pub(crate) fn read(
+        &self,
+        buf: &mut [u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let max = buf.len().min(u32::MAX as usize) as u32;
+        let mut st = self.lock();
+        loop {
+            self.drain(&mut st);
+            match st.flow.recv(max) {
+                Ok(g) if g.eof => {
+                    self.refresh(&mut st);
+                    return Ok(0);
+                }
+                Ok(g) => {
+                    let n = g.spans.len() as usize;
+                    self.copy_out(&mut st, g.spans, &mut buf[..n]);
+                    st.stats.bytes_received += n as u64;
+                    st.idle = false;
+                    // The credit update the read made possible.
+                    self.pump(&mut st);
+                    self.refresh(&mut st);
+                    return Ok(n);
+                }
+                Err(FlowError::WouldBlock) => {
+                    Self::check_broken(&st)?;
+                }
+                Err(e) => {
+                    Self::check_broken(&st)?;
+                    return Err(e.into());
+                }
+            }
+            if nonblocking {
+                self.refresh(&mut st);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let (g, w) = self.wait(st, deadline);
+            st = g;
+            if let Waited::TimedOut = w {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "read timed out (SO_RCVTIMEO)",
+                ));
+            }
+        }
+    }
+
+    fn copy_out(&self, st: &mut State, spans: Spans, dst: &mut [u8]) {
+        if self.opts.design == Design::Basic {
+            // The basic design's private receive buffer: ring -> private
+            // buffer -> user.
+            let n = dst.len();
+            if st.basic_buf.len() < n {
+                st.basic_buf.resize(n, 0);
+            }
+            let mut done = 0;
+            for_spans(spans, |o, len| {
+                self.rbuf.read_at(o, &mut st.basic_buf[done..done + len]);
+                done += len;
+            });
+            dst.copy_from_slice(&st.basic_buf[..n]);
+            return;
+        }
+        let mut done = 0;
+        for_spans(spans, |o, len| {
+            self.rbuf.read_at(o, &mut dst[done..done + len]);
+            done += len;
+        });
+    }
+
+    fn copy_in(&self, st: &mut State, spans: Spans, src: &[u8]) {
+        if self.opts.design == Design::Basic {
+            let n = src.len();
+            if st.basic_buf.len() < n {
+                st.basic_buf.resize(n, 0);
+            }
+            st.basic_buf[..n].copy_from_slice(src);
+            let mut done = 0;
+            for_spans(spans, |o, len| {
+                self.sbuf.write_at(o, &st.basic_buf[done..done + len]);
+                done += len;
+            });
+            return;
+        }
+        let mut done = 0;
+        for_spans(spans, |o, len| {
+            self.sbuf.write_at(o, &src[done..done + len]);
+            done += len;
+        });
+    }
+
+    /// `rsend`: blocking streams send everything (or fail); non-blocking
+    /// ones send what fits now.
+    pub(crate) fn write(
+        &self,
+        buf: &[u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if !nonblocking {
+            if let Some(t) = self.opts.zcopy() {
+                if buf.len() >= t {
+                    return self.write_zcopy(buf, deadline);
+                }
+            }
+        }
+        let mut st = self.lock();
+        let mut done = 0usize;
+        st.stats.writes += 1;
+        loop {
+            self.drain(&mut st);
+            Self::check_broken(&st)?;
+            let coalesce = self.opts.coalescing();
+            while done < buf.len() {
+                let want = (buf.len() - done).min(u32::MAX as usize) as u32;
+                let mut t = self.target();
+                let before = t;
+                let r = if coalesce {
+                    let push = Self::should_push(&st);
+                    let waiting = st.flow.buffered();
+                    let r = st.flow.send_buffered(want, &mut t, push);
+                    if r.is_ok() && waiting > 0 && done == 0 {
+                        // This write joined bytes that wait for the wire.
+                        st.stats.appended += 1;
+                    }
+                    r
+                } else {
+                    st.flow.send(want, &mut t)
+                };
+                self.write_back(&before, &t);
+                match r {
+                    Ok(g) => {
+                        let n = g.spans.len() as usize;
+                        if n == 0 {
+                            break;
+                        }
+                        self.copy_in(&mut st, g.spans, &buf[done..done + n]);
+                        done += n;
+                    }
+                    Err(FlowError::WouldBlock) => break,
+                    Err(e) => {
+                        if done > 0 {
+                            break;
+                        }
+                        return Err(match e {
+                            FlowError::NotWritable => io::Error::new(
+                                io::ErrorKind::BrokenPipe,
+                                "the stream is shut down for writing (by shutdown or the peer's \
+                                 disconnect)",
+                            ),
+                            other => other.into(),
+                        });
+                    }
+                }
+            }
+            self.push_buffered(&mut st);
+            self.pump(&mut st);
+            st.idle = false;
+            if done == buf.len() || (nonblocking && done > 0) {
+                st.stats.bytes_sent += done as u64;
+                self.refresh(&mut st);
+                return Ok(done);
+            }
+            if nonblocking {
+                self.refresh(&mut st);
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let (g, w) = self.wait(st, deadline);
+            st = g;
+            if let Waited::TimedOut = w {
+                st.stats.bytes_sent += done as u64;
+                if done > 0 {
+                    return Ok(done);
+                }
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "write timed out (SO_SNDTIMEO)",
+                ));
+            }
+        }
+    }
+
+    /// Zero copy: registers `buf`, RDMA-Writes it straight into the peer's
+    /// ring, and returns when every Write from it has completed.
+    fn write_zcopy(&self, buf: &[u8], deadline: Option<Instant>) -> io::Result<usize> {
+        let mr = crate::sys::register_source(&self.pd, buf).map_err(verbs_err)?;
+        let mut st = self.lock();
+        st.stats.writes += 1;
+        let mut done = 0usize;
+        let mut err = None;
+        while done < buf.len() {
+            self.drain(&mut st);
+            if let Err(e) = Self::check_broken(&st) {
+                err = Some(e);
+                break;
+            }
+            let want = (buf.len() - done).min(u32::MAX as usize) as u32;
+            let mut t = self.target();
+            let before = t;
+            let r = st.flow.send_zcopy(want, &mut t);
+            self.write_back(&before, &t);
+            match r {
+                Ok(n) => {
+                    st.zc_sge = Some(mr.sge(done, n as usize));
+                    self.pump(&mut st);
+                    done += n as usize;
+                }
+                Err(FlowError::WouldBlock) => {
+                    let (g, w) = self.wait(st, deadline);
+                    st = g;
+                    if let Waited::TimedOut = w {
+                        err = Some(io::Error::new(
+                            io::ErrorKind::WouldBlock,
+                            "write timed out (SO_SNDTIMEO)",
+                        ));
+                        break;
+                    }
+                }
+                Err(e) => {
+                    err = Some(e.into());
+                    break;
+                }
+            }
+        }
+        // Every Write from `buf` must be done before it is released: wait
+        // for their completions (or the flush of a failed connection),
+        // without a deadline.
+        while st.zc_inflight > 0 {
+            self.drain(&mut st);
+            if st.zc_inflight == 0 {
+                break;
+            }
+            let (g, _) = self.wait(st, Some(Instant::now() + Duration::from_millis(100)));
+            st = g;
+        }
+        st.stats.zcopy_bytes += done as u64;
+        st.stats.bytes_sent += done as u64;
+        st.idle = false;
+        self.refresh(&mut st);
+        drop(st);
+        drop(mr);
+        match err {
+            Some(e) if done == 0 => Err(e),
+            _ => Ok(done),
+        }
+    }
+
+    /// Whether a read would not block.
+    pub(crate) fn poll_read(&self) -> bool {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        st.flow.poll_readable() || st.broken.is_some()
+    }
+
+    /// Whether a write would not block.
+    pub(crate) fn poll_write(&self) -> bool {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        st.broken.is_some() || !st.flow.is_writable() || self.can_write(&st)
+    }
+
+    fn can_write(&self, st: &State) -> bool {
+        if self.opts.coalescing() {
+            st.flow.can_buffer()
+        } else {
+            st.flow.can_send(&self.target())
+        }
+    }
+
+    /// Bytes that can be read now.
+    pub(crate) fn bytes_readable(&self) -> u64 {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        st.flow.bytes_queued()
+    }
+
+    /// `rshutdown`.
+    pub(crate) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        if st.flow.phase() == Phase::Connected {
+            st.flow.shutdown(how).map_err(io::Error::from)?;
+            self.pump(&mut st);
+        }
+        self.refresh(&mut st);
+        self.cond.notify_all();
+        Ok(())
+    }
+
+    /// `rclose`: disconnect message, linger (bounded), tear down.
+    pub(crate) fn close(&self) {
+        {
+            let mut st = self.lock();
+            if st.closed {
+                return;
+            }
+            st.closed = true;
+            self.drain(&mut st);
+            if st.flow.phase() == Phase::Connected && st.broken.is_none() {
+                let _ = st.flow.shutdown(Shutdown::Both);
+                self.pump(&mut st);
+            }
+            let deadline = Instant::now() + self.opts.linger;
+            while !st.flow.all_sends_done() && st.broken.is_none() {
+                let (g, w) = self.wait(st, Some(deadline));
+                st = g;
+                self.drain(&mut st);
+                if let Waited::TimedOut = w {
+                    break;
+                }
+            }
+        }
+        crate::progress::deregister(self.id, self.cq_fd);
+        self.qp.disconnect();
+        let mut st = self.lock();
+        self.broke(
+            &mut st,
+            io::ErrorKind::NotConnected,
+            "the stream is closed".into(),
+        );
+        self.refresh(&mut st);
+        self.cond.notify_all();
+    }
+}
+
+/// Connects to an rsockets listener at `addr`.
+pub(crate) fn connect(addr: SocketAddr, opts: &Options) -> io::Result<Arc<Conn>> {
+    let mut parts = Parts::new(opts)?;
+    parts.post_initial()?;
+    let param = ConnParam {
+        private_data: parts.conn_data().to_vec(),
+        mpa: opts.mpa.clone(),
+        timeout: opts.connect_timeout,
+        ..ConnParam::default()
+    };
+    let peer = cm::connect(parts.qp(), addr, &param).map_err(cm_err)?;
+    parts.establish(&peer)
+}
+
+/// Accepts a validated request (its private data must be an
+/// `rs_conn_data`).
+pub(crate) fn accept(req: cm::ConnRequest, opts: &Options) -> io::Result<Arc<Conn>> {
+    if let Err(e) = ConnDataRepr::parse_bytes(req.private_data()) {
+        let peer = req.peer_addr();
+        let _ = req.reject(&[]);
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{peer} sent an MPA Request whose private data is not an rsockets rs_conn_data \
+                 ({e}): an iWARP client but not an rsocket; rejected"
+            ),
+        ));
+    }
+    let peer_pd = req.private_data().to_vec();
+    let mut parts = Parts::new(opts)?;
+    parts.post_initial()?;
+    let param = ConnParam {
+        private_data: parts.conn_data().to_vec(),
+        mpa: opts.mpa.clone(),
+        timeout: opts.connect_timeout,
+        ..ConnParam::default()
+    };
+    req.accept(parts.qp(), &param).map_err(cm_err)?;
+    parts.establish(&peer_pd)
+}
+
+/// A connection-manager error as the `io::Error` a socket call returns.
+pub(crate) fn cm_err(e: cm::CmError) -> io::Error {
+    use cm::CmError as E;
+    let kind = match &e {
+        E::Refused { .. } => io::ErrorKind::ConnectionRefused,
+        E::Timeout { .. } => io::ErrorKind::TimedOut,
+        E::Rejected { .. } => io::ErrorKind::ConnectionRefused,
+        E::Closed { .. } => io::ErrorKind::ConnectionReset,
+        E::Bind { source, .. } => source.kind(),
+        E::Connect { source, .. } => source.kind(),
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_round_trip() {
+        for tag in [
+            SendTag::DataWrite { len: 65536 },
+            SendTag::ZcopyWrite { len: u32::MAX },
+            SendTag::DataMsg,
+            SendTag::SglWrite,
+            SendTag::SglMsg,
+            SendTag::Ctrl(Ctrl::Disconnect),
+            SendTag::Ctrl(Ctrl::Shutdown),
+            SendTag::Ctrl(Ctrl::Keepalive),
+            SendTag::Keepalive,
+        ] {
+            assert_eq!(decode(encode(tag)), Some(tag));
+        }
+        assert_eq!(decode(0), None);
+        assert_eq!(decode(9 << 56), None);
+    }
+}

@@ -1,0 +1,438 @@
+//! The `std::net`-shaped API: [`Stream`] and [`Listener`], byte streams
+//! over iWARP that speak rsockets on the wire.
+//!
+//! ```no_run
+//! use std::io::{Read, Write};
+//! use iwarp_sockets::{Listener, Stream};
+//!
+//! let listener = Listener::bind("127.0.0.1:7471".parse().unwrap())?;
+//! std::thread::spawn(move || {
+//!     let (mut s, _peer) = listener.accept().unwrap();
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf).unwrap();
+//!     s.write_all(&buf).unwrap();
+//! });
+//! let mut c = Stream::connect("127.0.0.1:7471".parse().unwrap())?;
+//! c.write_all(b"hello")?;
+//! let mut echo = [0u8; 5];
+//! c.read_exact(&mut echo)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! Semantics follow `TcpStream`/`TcpListener`: blocking by default,
+//! `set_nonblocking`, read/write timeouts (`WouldBlock` when they expire),
+//! `shutdown`, `try_clone` (handles share one connection; it closes when
+//! the last handle is dropped), and [`AsRawFd`] for `poll(2)`, `epoll(7)`,
+//! mio or tokio: the descriptor is readable when a read would not block
+//! and writable when a write would not.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use iwarp::cm;
+
+use crate::conn::{self, Conn, Stats};
+use crate::flow::Shutdown;
+use crate::options::Options;
+
+struct Shared {
+    conn: Arc<Conn>,
+    nonblocking: AtomicBool,
+    read_timeout: Mutex<Option<Duration>>,
+    write_timeout: Mutex<Option<Duration>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.conn.close();
+    }
+}
+
+/// A connected rsockets byte stream over iWARP.
+#[derive(Clone)]
+pub struct Stream {
+    s: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("local", &self.s.conn.local_addr())
+            .field("peer", &self.s.conn.peer_addr())
+            .field("fd", &self.as_raw_fd())
+            .finish()
+    }
+}
+
+fn deadline(t: &Mutex<Option<Duration>>) -> Option<Instant> {
+    t.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map(|d| Instant::now() + d)
+}
+
+impl Stream {
+    /// Connects to an rsockets (or `iwarp-sockets`) listener with the
+    /// default [`Options`].
+    pub fn connect(addr: SocketAddr) -> io::Result<Stream> {
+        Stream::connect_with(addr, &Options::default())
+    }
+
+    /// Connects with these options.
+    pub fn connect_with(addr: SocketAddr, opts: &Options) -> io::Result<Stream> {
+        conn::connect(addr, opts).map(Stream::from_conn)
+    }
+
+    fn from_conn(conn: Arc<Conn>) -> Stream {
+        Stream {
+            s: Arc::new(Shared {
+                conn,
+                nonblocking: AtomicBool::new(false),
+                read_timeout: Mutex::new(None),
+                write_timeout: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Another handle to the same connection (`dup`).
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(self.clone())
+    }
+
+    /// Non-blocking mode for every handle of this connection: reads and
+    /// writes that would wait return `WouldBlock`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.s.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether non-blocking mode is on.
+    pub fn is_nonblocking(&self) -> bool {
+        self.s.nonblocking.load(Ordering::Relaxed)
+    }
+
+    /// `SO_RCVTIMEO` (`None`: wait forever). A zero duration is refused,
+    /// as by `TcpStream`.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a zero read timeout is not allowed; use None for no timeout",
+            ));
+        }
+        *self
+            .s
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
+    }
+
+    /// `SO_SNDTIMEO` (`None`: wait forever).
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a zero write timeout is not allowed; use None for no timeout",
+            ));
+        }
+        *self
+            .s
+            .write_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = t;
+        Ok(())
+    }
+
+    /// The read timeout.
+    pub fn read_timeout(&self) -> Option<Duration> {
+        *self
+            .s
+            .read_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The write timeout.
+    pub fn write_timeout(&self) -> Option<Duration> {
+        *self
+            .s
+            .write_timeout
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The local address of the underlying TCP connection.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.s
+            .conn
+            .local_addr()
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.s
+            .conn
+            .peer_addr()
+            .ok_or_else(|| io::ErrorKind::NotConnected.into())
+    }
+
+    /// `rshutdown`: `Write` sends `RS_CTRL_SHUTDOWN` (the peer reads end
+    /// of stream), `Both` sends `RS_CTRL_DISCONNECT`.
+    pub fn shutdown(&self, how: std::net::Shutdown) -> io::Result<()> {
+        self.s.conn.shutdown(match how {
+            std::net::Shutdown::Read => Shutdown::Read,
+            std::net::Shutdown::Write => Shutdown::Write,
+            std::net::Shutdown::Both => Shutdown::Both,
+        })
+    }
+
+    /// Reads like `recv(2)`: at most `buf.len()` bytes, 0 at end of stream.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.s
+            .conn
+            .read(buf, self.is_nonblocking(), deadline(&self.s.read_timeout))
+    }
+
+    /// Reads without blocking, whatever the mode (`MSG_DONTWAIT`).
+    pub fn recv_nonblocking(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.s.conn.read(buf, true, None)
+    }
+
+    /// Writes like `send(2)`: a blocking stream sends all of `buf`.
+    pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.s
+            .conn
+            .write(buf, self.is_nonblocking(), deadline(&self.s.write_timeout))
+    }
+
+    /// Writes without blocking, whatever the mode (`MSG_DONTWAIT`).
+    pub fn send_nonblocking(&self, buf: &[u8]) -> io::Result<usize> {
+        self.s.conn.write(buf, true, None)
+    }
+
+    /// Whether a read would not block now (data, end of stream or error).
+    pub fn poll_read_ready(&self) -> bool {
+        self.s.conn.poll_read()
+    }
+
+    /// Whether a write would not block now.
+    pub fn poll_write_ready(&self) -> bool {
+        self.s.conn.poll_write()
+    }
+
+    /// Bytes readable now (`FIONREAD`).
+    pub fn bytes_readable(&self) -> u64 {
+        self.s.conn.bytes_readable()
+    }
+
+    /// This connection's counters.
+    pub fn stats(&self) -> Stats {
+        self.s.conn.stats()
+    }
+
+    /// The options the stream was made with.
+    pub fn options(&self) -> &Options {
+        self.s.conn.options()
+    }
+}
+
+impl AsRawFd for Stream {
+    /// The readiness descriptor (see [`crate::ready`]): poll it, never read
+    /// or write it.
+    fn as_raw_fd(&self) -> RawFd {
+        self.s.conn.readiness_fd()
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.recv(buf)
+    }
+
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        // One copy out of the ring per buffer; stops at the first short one.
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            let r = if total == 0 {
+                self.recv(b)
+            } else {
+                match self.recv_nonblocking(b) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    r => r,
+                }
+            };
+            let n = match r {
+                Ok(n) => n,
+                Err(e) if total > 0 => {
+                    let _ = e;
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            total += n;
+            if n < b.len() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.send(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            match self.send(b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(e) if total > 0 => {
+                    let _ = e;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(total)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        // Nothing is held back for long: a coalesced message leaves as soon
+        // as the data before it has.
+        Ok(())
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+    fn read_vectored(&mut self, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        (&*self).read_vectored(bufs)
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A listening rsockets endpoint.
+pub struct Listener {
+    cm: cm::Listener,
+    opts: Options,
+    nonblocking: AtomicBool,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("local", &self.cm.local_addr())
+            .finish()
+    }
+}
+
+impl Listener {
+    /// Listens on `addr` with the default [`Options`] (port 0: any free).
+    pub fn bind(addr: SocketAddr) -> io::Result<Listener> {
+        Listener::bind_with(addr, &Options::default())
+    }
+
+    /// Listens with these options (they apply to every accepted stream).
+    pub fn bind_with(addr: SocketAddr, opts: &Options) -> io::Result<Listener> {
+        let cm = cm::Listener::bind(addr, opts.mpa.clone()).map_err(conn::cm_err)?;
+        Ok(Listener {
+            cm,
+            opts: opts.clone(),
+            nonblocking: AtomicBool::new(false),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.cm.local_addr())
+    }
+
+    /// Non-blocking `accept`: `WouldBlock` when no connection waits.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.nonblocking.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Accepts the next rsockets connection. Connections that are not
+    /// (bad MPA Request, private data that is not an `rs_conn_data`) are
+    /// refused, logged and skipped.
+    pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
+        loop {
+            let nb = self.nonblocking.load(Ordering::Relaxed);
+            if nb && crate::sys::poll_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let req = match self.cm.get_request(Some(if nb {
+                self.opts.connect_timeout
+            } else {
+                Duration::from_secs(365 * 24 * 3600)
+            })) {
+                Ok(r) => r,
+                Err(cm::CmError::Timeout { .. }) if nb => {
+                    return Err(io::ErrorKind::WouldBlock.into())
+                }
+                Err(
+                    e @ (cm::CmError::Mpa { .. }
+                    | cm::CmError::Closed { .. }
+                    | cm::CmError::Timeout { .. }),
+                ) => {
+                    tracing::warn!(error = %e, "refused a connection that is not a valid MPA client");
+                    continue;
+                }
+                Err(e) => return Err(conn::cm_err(e)),
+            };
+            let peer = req.peer_addr();
+            match conn::accept(req, &self.opts) {
+                Ok(c) => return Ok((Stream::from_conn(c), peer)),
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    tracing::warn!(error = %e, "refused a connection");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "accept failed");
+                    continue;
+                }
+            }
+        }
+    }
+
+    /// Accepts a connection that arrived elsewhere (a shared port) and
+    /// whose first bytes are an MPA Request: reads it and accepts it.
+    pub fn accept_tcp(stream: std::net::TcpStream, opts: &Options) -> io::Result<Stream> {
+        let req = cm::request_from_stream(stream, &opts.mpa, opts.connect_timeout)
+            .map_err(conn::cm_err)?;
+        conn::accept(req, opts).map(Stream::from_conn)
+    }
+}
+
+impl AsRawFd for Listener {
+    /// The listening TCP socket: readable when a connection waits.
+    fn as_raw_fd(&self) -> RawFd {
+        self.cm.as_raw_fd()
+    }
+}

@@ -1,0 +1,163 @@
+//! What a stream is made of: ring sizes, queue depths, the connection's
+//! MPA terms, and the switches of the enhanced design, so that the
+//! paper's "basic" and "enhanced" socket designs can be measured side by
+//! side.
+
+use std::time::Duration;
+
+use iwarp::cm::MpaConfig;
+
+/// The socket design a stream follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Design {
+    /// Every enhancement on (the default): integrated buffering (one copy
+    /// into the registered send ring, one copy out of the receive ring),
+    /// coalescing by append, zero copy above [`Options::zcopy_threshold`].
+    Enhanced,
+    /// The paper's basic design, for comparison: each side also copies
+    /// through a private buffer of its own (user buffer → private buffer
+    /// → registered ring, and back), every `write` is its own message, no
+    /// zero copy.
+    Basic,
+}
+
+/// How a stream is set up; [`Options::default`] is rsocket.c's defaults
+/// with the enhanced design.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Send ring bytes (rsocket.c `def_wmem`, 128 KiB; `SO_SNDBUF`).
+    pub sbuf_size: u32,
+    /// Receive ring bytes (rsocket.c `def_mem`, 128 KiB; `SO_RCVBUF`).
+    pub rbuf_size: u32,
+    /// Send queue entries (rsocket.c `def_sqsize`, 384).
+    pub sq_size: u16,
+    /// Receive queue entries and credits granted (rsocket.c `def_rqsize`).
+    pub rq_size: u16,
+    /// The MPA terms (RFC 5044 / RFC 6581) of the connection.
+    pub mpa: MpaConfig,
+    /// Bound on connection setup (TCP connect plus the MPA exchange).
+    pub connect_timeout: Duration,
+    /// The design; see [`Design`].
+    pub design: Design,
+    /// Coalescing by append: a small write that finds earlier data still
+    /// waiting for the wire joins the message being built instead of
+    /// taking a message of its own; nothing is ever held back for more
+    /// data once the wire is idle. Ignored by [`Design::Basic`].
+    pub coalesce: bool,
+    /// Writes of at least this many bytes go by zero copy: the caller's
+    /// buffer is registered and RDMA-Written straight to the peer's ring,
+    /// and `write` returns once the last Write has left (`None`: never).
+    /// Ignored by [`Design::Basic`] and by non-blocking streams.
+    pub zcopy_threshold: Option<usize>,
+    /// Busy polling: a blocked `read` or `write` does the receive work of
+    /// its own connection in a loop instead of sleeping (lowest latency,
+    /// one CPU busy while it waits).
+    pub busy_poll: bool,
+    /// Keepalive: a zero-length RDMA Write every
+    /// [`KEEPALIVE_TICK`](crate::progress::KEEPALIVE_TICK) (`SO_KEEPALIVE`).
+    pub keepalive: bool,
+    /// How long `close` waits for queued data and the disconnect message
+    /// to leave before it drops the connection anyway.
+    pub linger: Duration,
+}
+
+/// The default zero-copy threshold (see docs/SOCKETS.md for how it was
+/// measured).
+pub const DEFAULT_ZCOPY_THRESHOLD: usize = 256 * 1024;
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            sbuf_size: 1 << 17,
+            rbuf_size: 1 << 17,
+            sq_size: 384,
+            rq_size: 384,
+            mpa: MpaConfig::default(),
+            connect_timeout: Duration::from_secs(5),
+            design: Design::Enhanced,
+            coalesce: true,
+            zcopy_threshold: Some(DEFAULT_ZCOPY_THRESHOLD),
+            busy_poll: false,
+            keepalive: false,
+            linger: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Options {
+    /// The paper's basic design with the same sizes.
+    pub fn basic() -> Options {
+        Options {
+            design: Design::Basic,
+            coalesce: false,
+            zcopy_threshold: None,
+            ..Options::default()
+        }
+    }
+
+    /// Options from the environment, over the defaults:
+    /// `IWARP_SOCKETS_DESIGN` (`enhanced` | `basic`), `IWARP_SOCKETS_SBUF`,
+    /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_ZCOPY` (bytes, or
+    /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
+    /// (`0`/`1`), `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`). Values that
+    /// do not parse are reported and ignored.
+    pub fn from_env() -> Options {
+        let mut o = Options::default();
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(v) = get("IWARP_SOCKETS_DESIGN") {
+            match v.as_str() {
+                "basic" => o = Options::basic(),
+                "enhanced" => {}
+                _ => tracing::warn!(value = %v, "IWARP_SOCKETS_DESIGN must be enhanced or basic"),
+            }
+        }
+        for (k, slot) in [
+            ("IWARP_SOCKETS_SBUF", &mut o.sbuf_size),
+            ("IWARP_SOCKETS_RBUF", &mut o.rbuf_size),
+        ] {
+            if let Some(v) = get(k) {
+                match v.parse::<u32>() {
+                    Ok(n) if n >= 4096 => *slot = n & !1,
+                    _ => tracing::warn!(key = k, value = %v, "not a byte count >= 4096; ignored"),
+                }
+            }
+        }
+        if let Some(v) = get("IWARP_SOCKETS_ZCOPY") {
+            match v.as_str() {
+                "off" | "0" => o.zcopy_threshold = None,
+                n => match n.parse::<usize>() {
+                    Ok(n) => o.zcopy_threshold = Some(n),
+                    Err(_) => tracing::warn!(value = %v, "IWARP_SOCKETS_ZCOPY: bytes or off"),
+                },
+            }
+        }
+        if let Some(v) = get("IWARP_SOCKETS_COALESCE") {
+            o.coalesce = v != "0";
+        }
+        if let Some(v) = get("IWARP_SOCKETS_BUSY_POLL") {
+            o.busy_poll = v != "0";
+        }
+        if let Some(v) = get("IWARP_SOCKETS_CRC") {
+            use iwarp::cm::Policy;
+            o.mpa.crc = match v.as_str() {
+                "on" | "required" => Policy::Required,
+                "off" => Policy::Off,
+                _ => Policy::Optional,
+            };
+        }
+        o
+    }
+
+    /// Whether writes coalesce.
+    pub(crate) fn coalescing(&self) -> bool {
+        self.coalesce && self.design == Design::Enhanced
+    }
+
+    /// The zero-copy threshold in force.
+    pub(crate) fn zcopy(&self) -> Option<usize> {
+        match self.design {
+            Design::Enhanced => self.zcopy_threshold,
+            Design::Basic => None,
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The crate's system-call edge: `poll(2)` on raw descriptors and the
+//! registration of application memory for zero-copy sends. Everything
+//! else in the crate is safe code (`#![deny(unsafe_code)]` in `lib.rs`).
+#![allow(unsafe_code)]
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use iwarp::{Access, MemoryRegion, ProtectionDomain};
+
+/// `poll(2)` of one descriptor for `events` with a zero timeout; returns
+/// its `revents` (0 on error).
+pub(crate) fn poll_now(fd: RawFd, events: i16) -> i16 {
+    poll_one(fd, events, Duration::ZERO)
+}
+
+/// `poll(2)` of one descriptor, waiting up to `timeout`; returns its
+/// `revents` (0 on timeout or error).
+pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Duration) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: `p` is one valid pollfd that lives across the call; poll(2)
+    // writes only its `revents`.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    if rc > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+/// Registers `buf` as the source of zero-copy RDMA Writes: no access
+/// rights beyond local read, so no receive, Read Response or peer Write
+/// can ever target it.
+///
+/// The caller must drop the region before `buf`'s borrow ends (the
+/// stream's zero-copy send waits for every Write from it to complete,
+/// then drops it; dropping waits until no driver thread still reads it).
+pub(crate) fn register_source(
+    pd: &ProtectionDomain,
+    buf: &[u8],
+) -> Result<MemoryRegion, iwarp::Error> {
+    // SAFETY: `buf` is valid for reads for its whole length while the
+    // borrow lasts, and the region outlives no part of it (see above).
+    // `reg_mr_raw` asks for memory valid for writes too, because a region
+    // with write rights may be written; this one has none
+    // (`Access::NONE`), so the stack only ever reads it (RDMA Write
+    // sources are read at transmit time) and the shared borrow's promise
+    // of immutability holds.
+    unsafe { pd.reg_mr_raw(buf.as_ptr().cast_mut(), buf.len(), Access::NONE) }
+}

@@ -1,0 +1,371 @@
+//! `Stream` / `Listener` over loopback: data integrity in both designs,
+//! shutdown and end of stream, readiness through the descriptor,
+//! non-blocking mode and timeouts, zero copy and coalescing, and the
+//! fault cases the issue names (a peer killed mid-stream; `close` with a
+//! dead peer). Every wait is bounded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use iwarp_sockets::{Listener, Options, Stream};
+
+const T: Duration = Duration::from_secs(20);
+
+fn any_port() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A listener, a connected client and the accepted server stream.
+fn pair_with(client: &Options, server: &Options) -> (Stream, Stream) {
+    let l = Listener::bind_with(any_port(), server).unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let h = thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        tx.send(s).unwrap();
+    });
+    let c = Stream::connect_with(addr, client).unwrap();
+    let s = rx.recv_timeout(T).expect("accepted in time");
+    h.join().unwrap();
+    (c, s)
+}
+
+fn pair() -> (Stream, Stream) {
+    pair_with(&Options::default(), &Options::default())
+}
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn poll_fd(fd: i32, events: i16, ms: i32) -> i16 {
+    let mut p = nix_free_pollfd(fd, events);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let rc = unsafe { libc::poll(&mut p, 1, ms) };
+    if rc > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+fn nix_free_pollfd(fd: i32, events: i16) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// Sends `data` from `a` to `b` on two threads with odd-sized reads and
+/// writes; returns what `b` read.
+fn transfer(a: &Stream, b: &Stream, data: &[u8], wchunk: usize, rchunk: usize) -> Vec<u8> {
+    let a = a.clone();
+    let d = data.to_vec();
+    let w = thread::spawn(move || {
+        for c in d.chunks(wchunk) {
+            (&a).write_all(c).unwrap();
+        }
+    });
+    let mut got = Vec::with_capacity(data.len());
+    let mut buf = vec![0u8; rchunk];
+    b.set_read_timeout(Some(T)).unwrap();
+    while got.len() < data.len() {
+        let n = (&*b).read(&mut buf).unwrap();
+        assert!(n > 0, "early end of stream at {}", got.len());
+        got.extend_from_slice(&buf[..n]);
+    }
+    w.join().unwrap();
+    got
+}
+
+#[test]
+fn echo_both_designs_and_mixed() {
+    for (c, s) in [
+        (Options::default(), Options::default()),
+        (Options::basic(), Options::basic()),
+        (Options::basic(), Options::default()),
+    ] {
+        let (mut a, mut b) = pair_with(&c, &s);
+        a.write_all(b"hello, rsockets").unwrap();
+        let mut buf = [0u8; 15];
+        b.set_read_timeout(Some(T)).unwrap();
+        b.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello, rsockets");
+        b.write_all(&buf).unwrap();
+        a.set_read_timeout(Some(T)).unwrap();
+        let mut back = [0u8; 15];
+        a.read_exact(&mut back).unwrap();
+        assert_eq!(back, buf);
+    }
+}
+
+#[test]
+fn every_byte_arrives_in_order_across_ring_wraps_both_ways() {
+    // Small rings, so the send ring, the receive ring and the credits all
+    // wrap many times.
+    let small = Options {
+        sbuf_size: 8192,
+        rbuf_size: 8192,
+        sq_size: 16,
+        rq_size: 16,
+        ..Options::default()
+    };
+    let (a, b) = pair_with(&small, &small);
+    let data = pattern(3 << 20, 1);
+    assert!(transfer(&a, &b, &data, 7777, 3001) == data, "a -> b");
+    let data = pattern(1 << 20, 2);
+    assert!(transfer(&b, &a, &data, 100, 65536) == data, "b -> a");
+}
+
+#[test]
+fn large_transfer_default_sizes_zero_copy_and_basic() {
+    for opts in [Options::default(), Options::basic()] {
+        let (a, b) = pair_with(&opts, &opts);
+        let data = pattern(32 << 20, 3);
+        // 1 MiB writes: above the zero-copy threshold in the enhanced design.
+        let got = transfer(&a, &b, &data, 1 << 20, 1 << 16);
+        assert!(got == data, "{:?}", opts.design);
+        let st = a.stats();
+        if opts.zcopy_threshold.is_some() {
+            assert_eq!(st.zcopy_bytes, data.len() as u64, "{st:?}");
+        } else {
+            assert_eq!(st.zcopy_bytes, 0);
+        }
+        assert_eq!(st.bytes_sent, data.len() as u64);
+        assert_eq!(b.stats().bytes_received, data.len() as u64);
+    }
+}
+
+#[test]
+fn small_writes_coalesce_while_the_wire_is_busy() {
+    let (a, b) = pair();
+    let data = pattern(4 << 20, 4);
+    let got = transfer(&a, &b, &data, 64, 1 << 16);
+    assert!(got == data);
+    let st = a.stats();
+    assert!(
+        st.data_msgs < st.writes,
+        "64-byte writes should share messages: {st:?}"
+    );
+    // Basic: one message per write.
+    let (a, b) = pair_with(&Options::basic(), &Options::basic());
+    let data = pattern(256 << 10, 5);
+    assert!(transfer(&a, &b, &data, 64, 1 << 16) == data);
+    let st = a.stats();
+    assert_eq!(st.appended, 0);
+    assert_eq!(st.data_msgs, st.writes, "{st:?}");
+}
+
+#[test]
+fn shutdown_write_gives_the_peer_end_of_stream_and_it_can_still_answer() {
+    let (mut a, mut b) = pair();
+    a.write_all(b"last words").unwrap();
+    a.shutdown(std::net::Shutdown::Write).unwrap();
+    b.set_read_timeout(Some(T)).unwrap();
+    let mut got = Vec::new();
+    b.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"last words");
+    assert_eq!(b.read(&mut [0u8; 8]).unwrap(), 0, "end of stream stays");
+    // The other direction is still open.
+    b.write_all(b"reply").unwrap();
+    let mut r = [0u8; 5];
+    a.set_read_timeout(Some(T)).unwrap();
+    a.read_exact(&mut r).unwrap();
+    assert_eq!(&r, b"reply");
+    // Writing after our own shutdown is EPIPE.
+    let e = a.write(b"x").unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+}
+
+#[test]
+fn drop_is_end_of_stream_for_the_peer() {
+    let (a, mut b) = pair();
+    (&a).write_all(b"bye").unwrap();
+    drop(a);
+    b.set_read_timeout(Some(T)).unwrap();
+    let mut got = Vec::new();
+    b.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"bye");
+}
+
+#[test]
+fn the_descriptor_follows_readability_and_writability() {
+    let (a, b) = pair();
+    let fd = b.as_raw_fd();
+    assert_eq!(poll_fd(fd, libc::POLLIN, 0) & libc::POLLIN, 0);
+    assert_ne!(poll_fd(fd, libc::POLLOUT, 0) & libc::POLLOUT, 0);
+    (&a).write_all(&pattern(1000, 6)).unwrap();
+    // Becomes readable without any call on `b` (the progress thread).
+    assert_ne!(poll_fd(fd, libc::POLLIN, 5000) & libc::POLLIN, 0);
+    let mut buf = vec![0u8; 1000];
+    (&b).read_exact(&mut buf).unwrap();
+    assert_eq!(poll_fd(fd, libc::POLLIN, 0) & libc::POLLIN, 0);
+
+    // Fill b's ring without reading: a's writes stop, and a's descriptor
+    // stops being writable.
+    a.set_nonblocking(true).unwrap();
+    let chunk = vec![7u8; 4096];
+    let start = Instant::now();
+    let mut sent = 0usize;
+    loop {
+        match (&a).write(&chunk) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(start.elapsed() < T, "the ring never filled");
+    }
+    assert!(sent >= 64 << 10, "sent only {sent}");
+    assert_eq!(
+        poll_fd(a.as_raw_fd(), libc::POLLOUT, 0) & libc::POLLOUT,
+        0,
+        "a full stream must not poll writable"
+    );
+    // Reading on b returns credits: a becomes writable again by itself.
+    let mut sink = vec![0u8; 1 << 20];
+    let mut got = 0;
+    while got < sent {
+        got += (&b).read(&mut sink).unwrap();
+    }
+    assert_ne!(
+        poll_fd(a.as_raw_fd(), libc::POLLOUT, 5000) & libc::POLLOUT,
+        0
+    );
+}
+
+#[test]
+fn nonblocking_and_timeouts() {
+    let (a, b) = pair();
+    b.set_nonblocking(true).unwrap();
+    let e = (&b).read(&mut [0u8; 4]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    b.set_nonblocking(false).unwrap();
+    b.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let t = Instant::now();
+    let e = (&b).read(&mut [0u8; 4]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    assert!(t.elapsed() >= Duration::from_millis(90));
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(b.set_read_timeout(Some(Duration::ZERO)).is_err());
+    drop(a);
+}
+
+#[test]
+fn connect_to_nothing_is_refused_and_to_a_plain_tcp_server_times_out_cleanly() {
+    // Nobody listens.
+    let l = std::net::TcpListener::bind(any_port()).unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let e = Stream::connect(addr).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+    // A plain TCP server that never answers MPA: bounded by the timeout.
+    let l = std::net::TcpListener::bind(any_port()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let opts = Options {
+        connect_timeout: Duration::from_millis(300),
+        ..Options::default()
+    };
+    let t = Instant::now();
+    let e = Stream::connect_with(addr, &opts).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+    drop(l);
+}
+
+#[test]
+fn peer_process() {
+    if std::env::var_os("IWARP_SOCKETS_PEER").is_none() {
+        return; // Only meaningful as the child of the kill test.
+    }
+    let l = Listener::bind(any_port()).unwrap();
+    println!("LISTEN {}", l.local_addr().unwrap());
+    let (s, _) = l.accept().unwrap();
+    // Send a little, then sit there until killed (bounded).
+    (&s).write_all(b"ready").unwrap();
+    thread::sleep(Duration::from_secs(60));
+}
+
+fn spawn_peer() -> (std::process::Child, SocketAddr) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(exe)
+        .args(["--exact", "peer_process", "--nocapture", "--test-threads=1"])
+        .env("IWARP_SOCKETS_PEER", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("peer printed its address").unwrap();
+        if let Some(at) = line.find("LISTEN ") {
+            break line[at + 7..].trim().parse().unwrap();
+        }
+    };
+    (child, addr)
+}
+
+#[test]
+fn peer_killed_mid_stream_blocked_read_and_write_return_within_a_second() {
+    let (mut child, addr) = spawn_peer();
+    let s = Stream::connect(addr).unwrap();
+    let mut r = [0u8; 5];
+    s.set_read_timeout(Some(T)).unwrap();
+    (&s).read_exact(&mut r).unwrap();
+    assert_eq!(&r, b"ready");
+    // A reader blocked in read, a writer blocked on a full ring (the peer
+    // never reads).
+    let rs = s.clone();
+    let reader = thread::spawn(move || {
+        let t = (&rs).read(&mut [0u8; 16]);
+        (t.map_err(|e| e.kind()), Instant::now())
+    });
+    let ws = s.clone();
+    let writer = thread::spawn(move || {
+        let chunk = vec![1u8; 1 << 16];
+        loop {
+            if let Err(e) = (&ws).write(&chunk) {
+                return (e.kind(), Instant::now());
+            }
+        }
+    });
+    thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    let killed = Instant::now();
+    let _ = child.wait();
+    let (r, rt) = reader.join().unwrap();
+    let (w, wt) = writer.join().unwrap();
+    assert_eq!(r, Err(std::io::ErrorKind::ConnectionReset));
+    assert_eq!(w, std::io::ErrorKind::ConnectionReset);
+    assert!(
+        rt.duration_since(killed) < Duration::from_secs(1),
+        "read took {:?}",
+        rt - killed
+    );
+    assert!(
+        wt.duration_since(killed) < Duration::from_secs(1),
+        "write took {:?}",
+        wt - killed
+    );
+    // close with a dead peer does not hang.
+    let t = Instant::now();
+    drop(s);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "close took {:?}",
+        t.elapsed()
+    );
+}
