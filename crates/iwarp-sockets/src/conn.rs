@@ -70,8 +70,36 @@ pub struct Stats {
     pub bytes_received: u64,
 }
 
+/// What a watermark callback is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watermark {
+    /// At least the receive watermark is readable, or the stream reached
+    /// end of stream or an error (a read returns at once).
+    Readable,
+    /// At least the send watermark of send buffer is free, or the stream
+    /// can no longer be written (a write returns at once).
+    Writable,
+}
+
+/// A watermark callback (see `Stream::set_watermarks`).
+pub type WatermarkFn = Arc<dyn Fn(Watermark) + Send + Sync>;
+
+/// The watermarks and callback of a stream.
+#[derive(Default)]
+struct Marks {
+    cb: Option<WatermarkFn>,
+    rcvlowat: u64,
+    sndlowat: u32,
+    /// Fired, and the condition has not gone false since.
+    read_fired: bool,
+    write_fired: bool,
+    /// To call once the lock is released.
+    due: Vec<Watermark>,
+}
+
 struct State {
     flow: Flow,
+    marks: Marks,
     /// Next `ctl` slot.
     ctl_next: usize,
     /// Data Writes posted and not yet completed (on their way to the wire).
@@ -85,6 +113,8 @@ struct State {
     closed: bool,
     /// A keepalive tick passed with no traffic.
     idle: bool,
+    /// Completions handled so far (progress, for `close`'s linger).
+    completions: u64,
     stats: Stats,
     sends: Vec<SendWr>,
     recvs: Vec<RecvWr>,
@@ -154,7 +184,12 @@ impl Parts {
         let ctx = Context::open().map_err(verbs_err)?;
         let pd = ctx.alloc_pd();
         let sq = u32::from(opts.sq_size.max(crate::flow::QP_MIN_SIZE));
-        let rq = u32::from(opts.rq_size.max(crate::flow::QP_MIN_SIZE));
+        // Credits granted; the queue holds RQ_EXTRA more (flow::RQ_EXTRA).
+        let credits = opts.rq_size.clamp(
+            crate::flow::QP_MIN_SIZE,
+            crate::flow::QP_MAX_SIZE - crate::flow::RQ_EXTRA,
+        );
+        let rq = u32::from(credits + crate::flow::RQ_EXTRA);
         let cq = ctx.create_cq((sq + rq) as usize + 16).map_err(verbs_err)?;
         let mode = if opts.busy_poll {
             ProgressMode::BusyPoll
@@ -186,7 +221,7 @@ impl Parts {
             .map_err(verbs_err)?;
         let flow = Flow::new(Config {
             sq_size: sq as u16,
-            rq_size: rq as u16,
+            rq_size: credits,
             sbuf_size: opts.sbuf_size,
             rbuf_size: opts.rbuf_size,
             order: ByteOrder::NATIVE,
@@ -256,6 +291,7 @@ impl Parts {
             cq_fd,
             state: Mutex::new(State {
                 flow: self.flow,
+                marks: Marks::default(),
                 ctl_next: 0,
                 inflight: 0,
                 zc_inflight: 0,
@@ -263,6 +299,7 @@ impl Parts {
                 broken: None,
                 closed: false,
                 idle: false,
+                completions: 0,
                 stats: Stats::default(),
                 sends: Vec::with_capacity(64),
                 recvs: Vec::with_capacity(64),
@@ -527,6 +564,7 @@ impl Conn {
     }
 
     fn complete(&self, st: &mut State, wc: WorkCompletion) {
+        st.completions += 1;
         let ok = wc.status == WcStatus::Success;
         match wc.queue {
             WcQueue::Recv => {
@@ -628,6 +666,60 @@ impl Conn {
         let readable = st.flow.poll_readable() || st.broken.is_some();
         let writable = st.broken.is_some() || !st.flow.is_writable() || self.can_write(st);
         self.ready.show(readable, writable);
+        if st.marks.cb.is_some() {
+            let r = st.broken.is_some()
+                || !st.flow.is_readable()
+                || (st.flow.bytes_queued() >= st.marks.rcvlowat.max(1));
+            let w = st.broken.is_some()
+                || !st.flow.is_writable()
+                || (st.flow.send_space() >= st.marks.sndlowat.max(1) && self.can_write(st));
+            if r && !st.marks.read_fired {
+                st.marks.read_fired = true;
+                st.marks.due.push(Watermark::Readable);
+            }
+            st.marks.read_fired &= r;
+            if w && !st.marks.write_fired {
+                st.marks.write_fired = true;
+                st.marks.due.push(Watermark::Writable);
+            }
+            st.marks.write_fired &= w;
+        }
+    }
+
+    /// Releases the lock, then runs the watermark callbacks that became
+    /// due (never under the lock: a callback may read or write).
+    fn unlock_and_notify(&self, mut st: MutexGuard<'_, State>) {
+        if st.marks.due.is_empty() {
+            return;
+        }
+        let due = std::mem::take(&mut st.marks.due);
+        let cb = st.marks.cb.clone();
+        drop(st);
+        if let Some(cb) = cb {
+            for ev in due {
+                cb(ev);
+            }
+        }
+    }
+
+    /// Sets the watermark callback: `cb(Readable)` when at least
+    /// `rcvlowat` bytes are readable (or end of stream / error),
+    /// `cb(Writable)` when at least `sndlowat` bytes of send buffer are
+    /// free (or writes would fail). Each fires once per crossing: again
+    /// only after its condition went false (data read, buffer filled). It
+    /// runs on the progress thread or on a thread inside a stream call,
+    /// never with the stream locked.
+    pub(crate) fn set_watermarks(&self, rcvlowat: u64, sndlowat: u32, cb: Option<WatermarkFn>) {
+        let mut st = self.lock();
+        st.marks = Marks {
+            cb,
+            rcvlowat,
+            sndlowat,
+            ..Marks::default()
+        };
+        self.drain(&mut st);
+        self.refresh(&mut st);
+        self.unlock_and_notify(st);
     }
 
     /// The progress thread's entry: drain unless a thread busy-polls.
@@ -637,6 +729,7 @@ impl Conn {
         }
         let mut st = self.lock();
         self.drain(&mut st);
+        self.unlock_and_notify(st);
     }
 
     /// The progress thread's keepalive tick.
@@ -693,6 +786,17 @@ impl Conn {
 
     /// `rrecv`: up to `buf.len()` bytes; 0 at end of stream.
     pub(crate) fn read(
+        &self,
+        buf: &mut [u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let r = self.read_inner(buf, nonblocking, deadline);
+        self.unlock_and_notify(self.lock());
+        r
+    }
+
+    fn read_inner(
         &self,
         buf: &mut [u8],
         nonblocking: bool,
@@ -790,6 +894,17 @@ impl Conn {
     /// `rsend`: blocking streams send everything (or fail); non-blocking
     /// ones send what fits now.
     pub(crate) fn write(
+        &self,
+        buf: &[u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let r = self.write_inner(buf, nonblocking, deadline);
+        self.unlock_and_notify(self.lock());
+        r
+    }
+
+    fn write_inner(
         &self,
         buf: &[u8],
         nonblocking: bool,
@@ -1001,12 +1116,26 @@ impl Conn {
                 let _ = st.flow.shutdown(Shutdown::Both);
                 self.pump(&mut st);
             }
-            let deadline = Instant::now() + self.opts.linger;
+            // Linger while the data still queued keeps moving: give up
+            // after `linger` without progress (a peer that stopped reading;
+            // a dead peer resets the stream at once).
+            let mut deadline = Instant::now() + self.opts.linger;
             while !st.flow.all_sends_done() && st.broken.is_none() {
+                let seen = st.completions;
                 let (g, w) = self.wait(st, Some(deadline));
                 st = g;
                 self.drain(&mut st);
+                if st.completions != seen {
+                    deadline = Instant::now() + self.opts.linger;
+                }
                 if let Waited::TimedOut = w {
+                    if !st.flow.all_sends_done() {
+                        tracing::debug!(
+                            conn = self.id,
+                            buffered = st.flow.buffered(),
+                            "close: the peer took nothing for the linger time; dropping what is queued"
+                        );
+                    }
                     break;
                 }
             }

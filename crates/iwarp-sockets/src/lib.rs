@@ -68,6 +68,6 @@ mod ready;
 mod sys;
 pub mod wire;
 
-pub use conn::Stats;
+pub use conn::{Stats, Watermark, WatermarkFn};
 pub use net::{Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};
