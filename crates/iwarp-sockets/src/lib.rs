@@ -66,6 +66,8 @@ mod options;
 pub mod progress;
 mod ready;
 mod sys;
+#[cfg(feature = "tokio")]
+pub mod tokio_io;
 pub mod wire;
 
 pub use conn::{Stats, Watermark, WatermarkFn};
