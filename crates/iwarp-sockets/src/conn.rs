@@ -30,7 +30,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,10 @@ use crate::flow::{
 use crate::options::{Design, Options};
 use crate::ready::Readiness;
 use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, SGE_LEN};
+
+/// The longest a blocked call waits on the completion queue before it
+/// looks at the stream again (a close or shutdown from another thread).
+const WAIT_SLICE: Duration = Duration::from_millis(20);
 
 /// Bytes of one `ctl` slot (an `rs_sge`; a message word uses 4 of them).
 const CTL_SLOT: usize = SGE_LEN;
@@ -140,8 +144,9 @@ pub(crate) struct Conn {
     state: Mutex<State>,
     cond: Condvar,
     ready: Readiness,
-    /// A thread busy-polls this connection: the progress thread keeps out.
-    busy: AtomicBool,
+    /// Threads waiting on the completion queue in a stream call: they
+    /// drain it themselves, so the progress thread keeps out meanwhile.
+    cq_waiters: AtomicUsize,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
 }
@@ -307,7 +312,7 @@ impl Parts {
             }),
             cond: Condvar::new(),
             ready: Readiness::new()?,
-            busy: AtomicBool::new(false),
+            cq_waiters: AtomicUsize::new(0),
         });
         {
             let mut st = conn.lock();
@@ -722,12 +727,19 @@ impl Conn {
         self.unlock_and_notify(st);
     }
 
-    /// The progress thread's entry: drain unless a thread busy-polls.
+    /// The progress thread's entry: drain, unless a thread waits on the
+    /// completion queue in a stream call (it is woken by the same
+    /// completion and drains it itself).
     pub(crate) fn progress(&self) {
-        if self.busy.load(Ordering::Acquire) {
+        if self.cq_waiters.load(Ordering::Acquire) > 0 {
             return;
         }
         let mut st = self.lock();
+        // Again under the lock: a thread that started waiting meanwhile
+        // (it registers before it releases the lock) drains it itself.
+        if self.cq_waiters.load(Ordering::Acquire) > 0 {
+            return;
+        }
         self.drain(&mut st);
         self.unlock_and_notify(st);
     }
@@ -761,20 +773,19 @@ impl Conn {
             }
             None => Duration::from_secs(3600),
         };
-        if self.opts.busy_poll {
-            self.busy.store(true, Ordering::Release);
-            drop(st);
-            let _ = self.cq.wait(left.min(Duration::from_millis(10)));
-            st = self.lock();
-            self.busy.store(false, Ordering::Release);
-            self.drain(&mut st);
-            return (st, Waited::Again);
-        }
-        let (g, _) = self
-            .cond
-            .wait_timeout(st, left)
-            .unwrap_or_else(|e| e.into_inner());
-        (g, Waited::Again)
+        // Wait on the completion queue itself, so that the receive thread
+        // that queues the next completion wakes this thread directly (one
+        // hand-over, as for a TCP reader); the progress thread keeps out
+        // while anyone waits here (see `progress`). In busy-poll mode the
+        // CQ's `wait` does the receive work itself. The wait is sliced so
+        // that a local close or shutdown from another thread is seen too.
+        self.cq_waiters.fetch_add(1, Ordering::AcqRel);
+        drop(st);
+        let _ = self.cq.wait(left.min(WAIT_SLICE));
+        st = self.lock();
+        self.cq_waiters.fetch_sub(1, Ordering::AcqRel);
+        self.drain(&mut st);
+        (st, Waited::Again)
     }
 
     fn check_broken(st: &State) -> io::Result<()> {
