@@ -1837,3 +1837,65 @@ fn the_wake_up_nudge_is_a_zero_length_write_that_changes_nothing_at_either_end()
         p.a.eng.post_send(send_wr(k, WrOpcode::Send, &[])).unwrap();
     }
 }
+
+/// RFC 5044 §7.1.2: a Responder that holds its transmit sends nothing
+/// (its posted Send waits) until the Initiator's first FPDU arrives, then
+/// everything flows as usual.
+#[test]
+fn a_held_responder_sends_nothing_before_the_initiators_first_fpdu() {
+    let mut p = Pair::new(10, Link::default());
+    // b is the responder: it wants to speak first.
+    p.b.eng.hold_transmit_until_input();
+    assert!(p.b.eng.transmit_held());
+    let a_buf = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+    p.a.eng
+        .post_recv(recv_wr(
+            7,
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: a_buf,
+            }],
+        ))
+        .unwrap();
+    let b_src = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+    p.b.mem.write(b_src, 0, b"responder first").unwrap();
+    p.b.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 0,
+                length: 15,
+                lkey: b_src,
+            }],
+        ))
+        .unwrap();
+    assert!(!p.b.eng.has_transmit(), "held: nothing to transmit");
+    p.run();
+    assert!(p.a.wcs.is_empty(), "the Send left before any input");
+    assert!(p.b.wcs.is_empty());
+    // The initiator's first FPDU (here the RFC 6581-style zero-length
+    // Write) releases the responder.
+    p.a.eng
+        .post_send(send_wr(
+            2,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0,
+            },
+            &[],
+        ))
+        .unwrap();
+    p.run();
+    assert!(!p.b.eng.transmit_held());
+    assert_eq!(
+        p.a.wcs
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(2, WcStatus::Success), (7, WcStatus::Success)]
+    );
+    assert_eq!(p.a.wcs[1].byte_len, 15);
+    assert_eq!(p.b.wcs[0].wr_id, 1);
+}

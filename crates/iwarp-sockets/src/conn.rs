@@ -607,11 +607,12 @@ impl Conn {
                     SendTag::ZcopyWrite { .. } => st.zc_inflight = st.zc_inflight.saturating_sub(1),
                     _ => {}
                 }
+                if !ok {
+                    // First, so the error names the failed connection.
+                    self.qp_failed(st, wc.status);
+                }
                 if let Err(e) = st.flow.on_send_complete(tag, ok) {
                     self.flow_failed(st, e);
-                }
-                if !ok {
-                    self.qp_failed(st, wc.status);
                 }
             }
         }
@@ -1200,6 +1201,13 @@ pub(crate) fn accept(req: cm::ConnRequest, opts: &Options) -> io::Result<Arc<Con
         mpa: opts.mpa.clone(),
         timeout: opts.connect_timeout,
         ..ConnParam::default()
+    };
+    // rsockets' initiator sends its credit update first thing; wait for it
+    // before sending ours (RFC 5044 §7.1.2; Linux siw resets a connection
+    // whose Responder sends right behind the MPA Reply).
+    let param = ConnParam {
+        hold_until_first_fpdu: true,
+        ..param
     };
     req.accept(parts.qp(), &param).map_err(cm_err)?;
     parts.establish(&peer_pd)

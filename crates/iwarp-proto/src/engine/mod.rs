@@ -235,6 +235,9 @@ pub struct Engine {
     events: VecDeque<EngineEvent>,
     rx: rx::Rx,
     tx: tx::Tx,
+    /// The responder's startup rule: send nothing until the initiator's
+    /// first FPDU arrives ([`Engine::hold_transmit_until_input`]).
+    tx_hold: bool,
 }
 
 impl Engine {
@@ -264,7 +267,26 @@ impl Engine {
             events: VecDeque::new(),
             rx: rx::Rx::new(),
             tx: tx::Tx::new(),
+            tx_hold: false,
         }
+    }
+
+    /// RFC 5044 §7.1.2 (connection startup rules): the Responder sends no
+    /// FPDU until it has received the first FPDU from the Initiator (in
+    /// peer-to-peer mode that first FPDU is the RFC 6581 RTR message, which
+    /// exists to lift exactly this rule). Until input arrives,
+    /// [`Engine::has_transmit`] is false and [`Engine::poll_transmit`]
+    /// produces nothing but a Terminate; posted work waits. Linux siw's
+    /// initiator enforces it: an FPDU right behind the MPA Reply makes its
+    /// Reply read fail (`siw_recv_mpa_rr`: -EPROTO) and the connection is
+    /// reset. The connection manager calls this on the passive side.
+    pub fn hold_transmit_until_input(&mut self) {
+        self.tx_hold = true;
+    }
+
+    /// Whether the responder still waits for the initiator's first FPDU.
+    pub fn transmit_held(&self) -> bool {
+        self.tx_hold
     }
 
     /// The static configuration.

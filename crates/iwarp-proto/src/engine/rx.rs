@@ -252,6 +252,11 @@ impl Engine {
         if self.state == QpState::Init {
             return 0;
         }
+        if !data.is_empty() {
+            // The initiator's first FPDU is arriving: the responder may
+            // send (RFC 5044 §7.1.2, see `hold_transmit_until_input`).
+            self.tx_hold = false;
+        }
         let mut i = 0;
         while i < data.len() {
             if self.rx.phase == Phase::Dead || self.state != QpState::Rts {

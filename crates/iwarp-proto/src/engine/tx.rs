@@ -140,7 +140,7 @@ impl Engine {
         if self.tx.pending_term.is_some() {
             return true;
         }
-        if self.state != QpState::Rts {
+        if self.state != QpState::Rts || self.tx_hold {
             return false;
         }
         self.tx.cursor.is_some()
@@ -166,6 +166,7 @@ impl Engine {
             }
             let added = (self.tx.stream_pos - start) as usize;
             if self.state != QpState::Rts
+                || self.tx_hold
                 || added >= max_bytes
                 || frame.pieces.len() + 8 >= MAX_PIECES
             {

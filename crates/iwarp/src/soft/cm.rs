@@ -90,6 +90,18 @@ pub struct ConnParam {
     /// (RFC 6581's write-form ready-to-receive message); turn it off for a
     /// peer that refuses zero-length Writes at RTS.
     pub wake_nudge: bool,
+    /// On the passive side: send no FPDU until the initiator's first FPDU
+    /// has arrived, as RFC 5044 §7.1.2's connection startup rules require
+    /// of the Responder (outside peer-to-peer mode, whose RTR message is
+    /// that first FPDU). Linux siw's initiator enforces the rule: an FPDU
+    /// that follows the MPA Reply before siw has read it makes the Reply
+    /// read fail (`siw_recv_mpa_rr`: -EPROTO) and the connection is reset.
+    /// Off by default because applications whose server speaks first
+    /// (iwarp-demo's advertisement, rdma-xfer's session setup) would wait
+    /// forever against an initiator that waits too; protocols whose
+    /// initiator always sends first (rsockets) turn it on. Ignored on the
+    /// active side.
+    pub hold_until_first_fpdu: bool,
 }
 
 /// The default [`ConnParam::probe_interval`]: off. The probe is a
@@ -112,6 +124,7 @@ impl Default for ConnParam {
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             wake_nudge: true,
+            hold_until_first_fpdu: false,
         }
     }
 }
@@ -395,6 +408,11 @@ fn go_live(
             ird: u32::from(neg.ird),
             ord: u32::from(neg.ord),
         });
+        if !initiator && param.hold_until_first_fpdu {
+            // RFC 5044 §7.1.2: the Responder waits for the Initiator's
+            // first FPDU before it sends any.
+            eng.hold_transmit_until_input();
+        }
         if let (true, Some(rtr)) = (initiator, neg.rtr) {
             // RFC 6581 §3: in peer-to-peer mode the initiator's first FPDU
             // is a zero-length message of the negotiated kind. STag 0 and
