@@ -134,6 +134,9 @@ pub enum ErrorCode {
     Malformed,
     /// A message only the module sends arrived from a client.
     NotARequest,
+    /// The module could not answer now (a version slot kept changing);
+    /// ask again.
+    Busy,
     /// A code this version does not know.
     Unknown(u64),
 }
@@ -145,6 +148,7 @@ impl From<u64> for ErrorCode {
             2 => ErrorCode::OutOfOrder,
             3 => ErrorCode::Malformed,
             4 => ErrorCode::NotARequest,
+            5 => ErrorCode::Busy,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -157,6 +161,7 @@ impl From<ErrorCode> for u64 {
             ErrorCode::OutOfOrder => 2,
             ErrorCode::Malformed => 3,
             ErrorCode::NotARequest => 4,
+            ErrorCode::Busy => 5,
             ErrorCode::Unknown(v) => v,
         }
     }
