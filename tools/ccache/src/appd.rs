@@ -309,6 +309,18 @@ fn expect(s: &mut UnixStream, kind: Kind, doc: u32) -> io::Result<u64> {
     }
 }
 
+/// Append the initial version of every document to the update log (so a
+/// checker knows the versions current from the start of this run).
+pub fn log_initial(log: &Path, docs: u32, version: u64) -> io::Result<()> {
+    let mut f = OpenOptions::new().create(true).append(true).open(log)?;
+    let t = now_ns();
+    let mut s = String::new();
+    for d in 0..docs {
+        s.push_str(&format!("{t} {d} {version}\n"));
+    }
+    f.write_all(s.as_bytes())
+}
+
 /// One update of `doc` through the IPC: returns the new version.
 pub fn update_once(s: &mut UnixStream, cfg: &UpdaterCfg, doc: u32) -> io::Result<u64> {
     write_msg(s, &Repr::new(Kind::UpdateRequest, doc))?;

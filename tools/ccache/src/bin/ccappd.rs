@@ -25,9 +25,11 @@ struct Args {
     /// Number of documents (version slots); documents are 0..DOCS.
     #[arg(long, default_value_t = 64)]
     docs: u32,
-    /// Initial version of every document.
-    #[arg(long, default_value_t = 1)]
-    initial_version: u64,
+    /// Initial version of every document. Default: the start time in
+    /// nanoseconds since 1970, so versions never repeat across restarts (a
+    /// proxy's cached copy of an old run can never match a new version).
+    #[arg(long)]
+    initial_version: Option<u64>,
     /// iWARP listen address for proxies' RDMA version reads.
     #[arg(long, default_value = "127.0.0.1:7471")]
     rdma_listen: SocketAddr,
@@ -87,18 +89,27 @@ fn run(a: Args) -> Result<(), String> {
             a.ipc_mode
         )
     })?;
+    let initial = a.initial_version.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
     if let (true, Some(root)) = (a.init_docs, &a.docroot) {
-        appd::init_docs(root, a.docs, a.initial_version, a.doc_size)
+        appd::init_docs(root, a.docs, initial, a.doc_size)
             .map_err(|e| format!("writing documents under {}: {e}", root.display()))?;
     }
     let ctx = Context::open().map_err(|e| e.to_string())?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).map_err(|e| e.to_string())?;
     let table = Arc::new(
-        VersionTable::new(&pd, a.docs, a.initial_version)
+        VersionTable::new(&pd, a.docs, initial)
             .map_err(|e| format!("registering the version table: {e}"))?,
     );
     let idle = Duration::from_secs(a.idle_secs.max(1));
+    if let Some(p) = &a.update_log {
+        appd::log_initial(p, a.docs, initial)
+            .map_err(|e| format!("--update-log {}: {e}", p.display()))?;
+    }
 
     // MPA CRC off: a slot may change between the CRC and the copy of a
     // Read Response (docs/CACHE.md); the slots carry their own check.
@@ -139,7 +150,7 @@ fn run(a: Args) -> Result<(), String> {
         "ccappd ready"
     );
 
-    let state = Arc::new(IpcState::new(table.clone(), a.initial_version));
+    let state = Arc::new(IpcState::new(table.clone(), initial));
     let t2 = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t2, idle));
     std::thread::spawn(move || appd::serve_ipc(il, state, idle));

@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# The t_* functions are called through `check`, which shellcheck cannot see.
+# shellcheck disable=SC2317
+# The strongly coherent cache (issue 13) end to end on 127.0.0.1:
+#
+#   ccappd (version table, IPC, version thread, update thread at a rate)
+#   Debian apache2 (prefork) with tools/ccache/cgi/doc.cgi, which wraps each
+#     document read in the Table 1 IPC and reports X-CC-Doc-Version
+#   ccproxy three times: --mode none, tcp, rdma
+#   scripts/cache-load.py: many GETs per mode while updates run; fails on
+#     any stale response (older than the version committed before the
+#     request was sent) and on any body that is not the served version
+#   faults: a malformed IPC message, a document outside the version table,
+#     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
+#     document) and restarted (they recover)
+#
+#   scripts/test-cache.sh                 # about 1-3 minutes
+#   KEEP=1 scripts/test-cache.sh          # keep the temp dir (logs, results)
+#   CACHE_REQUESTS=5000 CACHE_UPDATE_RATE=50 scripts/test-cache.sh
+#
+# Last line: "N passed, M failed"; exit status non-zero on failure.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 1
+PASS=0
+FAIL=0
+T="$(mktemp -d /tmp/cache.XXXXXX)"
+chmod 755 "$T"
+DOCS=16
+REQS="${CACHE_REQUESTS:-3000}"
+RATE="${CACHE_UPDATE_RATE:-50}"
+APPD_PID=""
+APACHE_PID=""
+PX_PIDS=""
+
+stop_pid() { # $1 pid: TERM, wait at most 10 s, then KILL
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null
+    timeout 10 tail --pid="$1" -f /dev/null 2>/dev/null || kill -KILL "$1" 2>/dev/null
+}
+cleanup() {
+    for p in $PX_PIDS $APPD_PID $APACHE_PID; do stop_pid "$p"; done
+    if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; }
+# check NAME CMD...: run CMD (bounded by the caller), pass if it exits 0.
+check() {
+    local name="$1"
+    shift
+    local log="$T/check-$((PASS + FAIL + 1)).log"
+    if "$@" >"$log" 2>&1; then ok "$name"; else bad "$name (output below)"; tail -n 15 "$log" | sed 's/^/     /'; fi
+}
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
+# ---- prerequisites -----------------------------------------------------------
+
+need_pkgs=()
+command -v apache2 >/dev/null || need_pkgs+=(apache2)
+command -v curl >/dev/null || need_pkgs+=(curl)
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    echo "installing ${need_pkgs[*]}"
+    timeout 300 apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+for c in apache2 curl /usr/bin/python3; do
+    command -v "$c" >/dev/null || { bad "prerequisite $c missing (apt-get install failed?)"; finish; }
+done
+
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p ccache"; finish; fi
+APPD="$TARGET/release/ccappd"
+PROXY="$TARGET/release/ccproxy"
+LOAD=(timeout 900 /usr/bin/python3 "$ROOT/scripts/cache-load.py")
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# wait_port PORT PID: until something accepts on PORT (at most 10 s) and PID lives.
+wait_port() {
+    for _ in $(seq 1 100); do
+        if /usr/bin/python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.5).close()' "$1" 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+P_RDMA=$(free_port)
+P_VER=$(free_port)
+P_HTTP=$(free_port)
+P_NONE=$(free_port)
+P_TCP=$(free_port)
+P_RD=$(free_port)
+IPC="$T/ipc.sock"
+mkdir -p "$T/docs" "$T/cgi-bin" "$T/run" "$T/logs"
+cp tools/ccache/cgi/doc.cgi "$T/cgi-bin/doc.cgi"
+chmod 755 "$T/cgi-bin/doc.cgi" "$T/docs"
+
+start_appd() {
+    "$APPD" --docs "$DOCS" --docroot "$T/docs" --init-docs --doc-size 4096 \
+        --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
+        --ipc "$IPC" --ipc-mode 666 --update-rate "$RATE" --update-log "$T/updates.log" \
+        >>"$T/ccappd.log" 2>&1 &
+    APPD_PID=$!
+    disown "$APPD_PID" 2>/dev/null # no "Killed" notice for the fault below
+    wait_port "$P_VER" "$APPD_PID"
+}
+
+cat >"$T/apache.conf" <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+Listen 127.0.0.1:$P_HTTP
+DefaultRuntimeDir $T/run
+PidFile $T/run/httpd.pid
+ErrorLog $T/logs/error.log
+LogLevel warn
+User www-data
+Group www-data
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
+LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
+LoadModule env_module /usr/lib/apache2/modules/mod_env.so
+StartServers 4
+MinSpareServers 2
+MaxSpareServers 8
+ServerLimit 16
+MaxRequestWorkers 16
+KeepAlive On
+DocumentRoot $T/docs
+ScriptAlias /cgi-bin/ $T/cgi-bin/
+SetEnv CCAPPD_IPC $IPC
+SetEnv CCACHE_DOCROOT $T/docs
+<Directory />
+    Require all granted
+</Directory>
+EOF
+
+if start_appd; then ok "ccappd starts ($DOCS documents, $RATE updates/s)"; else
+    bad "ccappd did not start"; cat "$T/ccappd.log"; finish; fi
+
+# Own session: on shutdown prefork signals its whole process group.
+setsid apache2 -d /etc/apache2 -f "$T/apache.conf" -DFOREGROUND >>"$T/logs/apache-stdout.log" 2>&1 &
+APACHE_PID=$!
+if wait_port "$P_HTTP" "$APACHE_PID"; then ok "apache2 starts (prefork, CGI doc.cgi, port $P_HTTP)"; else
+    bad "apache2 did not start"; cat "$T/logs/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
+
+start_proxy() { # $1 mode, $2 port -> sets PX_PID
+    "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" \
+        --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" \
+        --check-timeout-ms 1000 >>"$T/ccproxy-$1.log" 2>&1 &
+    PX_PID=$!
+    PX_PIDS="$PX_PIDS $PX_PID"
+    wait_port "$2" "$PX_PID"
+}
+for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
+    if start_proxy "${m%%:*}" "${m##*:}"; then ok "ccproxy --mode ${m%%:*} starts"; else
+        bad "ccproxy --mode ${m%%:*} did not start"; cat "$T/ccproxy-${m%%:*}.log"; finish; fi
+done
+
+url() { echo "http://127.0.0.1:$1/cgi-bin/doc.cgi/"; }
+
+# ---- functional checks ----------------------------------------------------------
+
+t_backend_versioned() {
+    curl -s --max-time 20 -D "$T/h0" -o "$T/b0" "$(url "$P_HTTP")3" || return 1
+    grep -qi '^X-CC-Doc-Version: [0-9]' "$T/h0" && grep -q '^doc 000003 version ' "$T/b0"
+}
+check "apache2 serves a document through the IPC, with X-CC-Doc-Version" t_backend_versioned
+
+t_hit() { # $1 port: a repeated request becomes a cache hit (within 10 tries)
+    for _ in $(seq 1 10); do
+        curl -s --max-time 20 -D "$T/h1" -o /dev/null "$(url "$1")15" || return 1
+        grep -qi '^X-CC-Cache: hit' "$T/h1" && grep -qi '^X-CC-Version: [0-9]' "$T/h1" && return 0
+    done
+    cat "$T/h1"
+    return 1
+}
+check "rdma: a repeated request is answered from cache (validated by RDMA Read)" t_hit "$P_RD"
+check "tcp: a repeated request is answered from cache (validated by the version thread)" t_hit "$P_TCP"
+
+t_status() { # $1 port, $2 path, $3 expected status
+    local code
+    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2") || return 1
+    echo "got $code"
+    [ "$code" = "$3" ]
+}
+check "rdma: a document outside the version table is 404 (no Read of a foreign slot)" t_status "$P_RD" /cgi-bin/doc.cgi/99999 404
+check "tcp: a document outside the version table is 404" t_status "$P_TCP" /cgi-bin/doc.cgi/99999 404
+t_post() {
+    local code
+    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -X POST -d x "$(url "$P_RD")1") || return 1
+    echo "got $code"
+    [ "$code" = 501 ]
+}
+check "ccproxy refuses POST with 501" t_post
+
+t_malformed_ipc() {
+    /usr/bin/python3 - "$IPC" <<'EOF' || return 1
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+s.sendall(b"GET / HTTP/1.1\r\n")
+b = s.recv(16)
+magic, fmt, kind, doc, value = struct.unpack(">HBBIQ", b)
+assert (magic, kind, value) == (0x4343, 15, 3), (magic, kind, value)
+assert s.recv(16) == b"", "connection not closed after a malformed message"
+EOF
+    kill -0 "$APPD_PID" && t_backend_versioned
+}
+check "malformed IPC message: ERROR(malformed), connection closed, ccappd keeps serving" t_malformed_ipc
+
+# ---- load with updates: zero stale responses -------------------------------------
+
+t_load() { # $1 mode, $2 port
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests "$REQS" --threads 8 \
+        --update-log "$T/updates.log" --out "$T/results-$1.jsonl" | tee -a "$T/summary" |
+        sed "s/^/$1: /" | tee "$T/summary-$1"
+}
+for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
+    check "${m%%:*}: $REQS requests under $RATE updates/s, zero stale, every body whole" t_load "${m%%:*}" "${m##*:}"
+    cat "$T/summary-${m%%:*}" 2>/dev/null
+done
+
+# ---- fault: ccappd killed mid-run ------------------------------------------------
+
+kill -KILL "$APPD_PID" 2>/dev/null
+timeout 10 tail --pid="$APPD_PID" -f /dev/null 2>/dev/null
+APPD_PID=""
+t_502() { # $1 port
+    "${LOAD[@]}" expect --url "$(url "$1")" --docs "$DOCS" --requests 40 --threads 4 --status 502
+}
+check "ccappd killed: rdma proxy answers 502 for every document, never content" t_502 "$P_RD"
+check "ccappd killed: tcp proxy answers 502 for every document, never content" t_502 "$P_TCP"
+for p in $PX_PIDS; do
+    kill -0 "$p" 2>/dev/null || bad "ccproxy pid $p died"
+done
+
+if start_appd; then ok "ccappd restarts"; else bad "ccappd did not restart"; tail "$T/ccappd.log"; finish; fi
+t_recover() { # $1 mode, $2 port
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests 300 --threads 4 \
+        --update-log "$T/updates.log" | sed "s/^/$1 after restart: /"
+}
+check "rdma proxy recovers after ccappd returns (zero stale)" t_recover rdma "$P_RD"
+check "tcp proxy recovers after ccappd returns (zero stale)" t_recover tcp "$P_TCP"
+
+echo "updates committed: $(wc -l <"$T/updates.log") log lines"
+finish
