@@ -138,10 +138,8 @@ def summarize(recs, elapsed):
     }
 
 
-def cmd_run(args):
-    recs, elapsed = load(args)
-    commits = read_log(args.update_log)
-    s = summarize(recs, elapsed)
+def judge(recs, commits):
+    """Split the 200 responses into (stale, bad_body, unversioned, no_log_entry)."""
     stale, bad_body, unversioned, unknown = [], [], [], 0
     for r in recs:
         if r["status"] != 200:
@@ -157,6 +155,14 @@ def cmd_run(args):
         elif int(r["version"]) < need:
             r["required"] = need
             stale.append(r)
+    return stale, bad_body, unversioned, unknown
+
+
+def cmd_run(args):
+    recs, elapsed = load(args)
+    commits = read_log(args.update_log)
+    s = summarize(recs, elapsed)
+    stale, bad_body, unversioned, unknown = judge(recs, commits)
     s.update(stale=len(stale), bad_body=len(bad_body), unversioned=len(unversioned),
              no_log_entry=unknown, updates_logged=sum(len(v) for v in commits.values()))
     if args.out:
@@ -170,6 +176,32 @@ def cmd_run(args):
                  and ok200 >= args.min_ok * len(recs))
     print(json.dumps(s))
     return 0 if s["pass"] else 1
+
+
+def cmd_selftest(_args):
+    """The checker catches what it must: stale, half-written, mislabelled."""
+    commits = {3: [(100, 5), (200, 6), (300, 7)]}
+
+    def rec(t0, version, body):
+        return {"doc": 3, "t0": t0, "status": 200, "version": str(version),
+                "body_ok": body_ok(body, 3, str(version))}
+
+    whole = lambda v: (f"doc 000003 version {v:020}\n" * 3).encode()[:100]  # noqa: E731
+    half = whole(7)[:50] + whole(6)[50:]
+    cases = [
+        (rec(250, 6, whole(6)), (0, 0)),   # current when sent
+        (rec(250, 7, whole(7)), (0, 0)),   # newer than required: fine
+        (rec(301, 6, whole(6)), (1, 0)),   # version 7 committed before: stale
+        (rec(301, 7, half), (0, 1)),       # half-written body
+        (rec(301, 7, whole(6)), (0, 1)),   # body of another version
+        (rec(150, 5, whole(5)[:7]), (0, 0)),  # a cut line at the end is fine
+    ]
+    for r, (want_stale, want_bad) in cases:
+        st, bb, _, _ = judge([r], commits)
+        assert (len(st), len(bb)) == (want_stale, want_bad), (r, len(st), len(bb))
+    assert judge([rec(50, 5, whole(5))], commits)[3] == 1  # before any log entry
+    print(json.dumps({"selftest": "pass", "cases": len(cases) + 1}))
+    return 0
 
 
 def cmd_expect(args):
@@ -187,6 +219,7 @@ def cmd_expect(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("selftest", help="check the checker on made-up responses")
     for name in ("run", "expect"):
         c = sub.add_parser(name)
         c.add_argument("--url", required=True, help="document URL prefix, the number is appended")
@@ -202,7 +235,7 @@ def main():
         else:
             c.add_argument("--status", type=int, required=True)
     args = p.parse_args()
-    sys.exit(cmd_run(args) if args.cmd == "run" else cmd_expect(args))
+    sys.exit({"run": cmd_run, "expect": cmd_expect, "selftest": cmd_selftest}[args.cmd](args))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ T="$(mktemp -d /tmp/cache.XXXXXX)"
 chmod 755 "$T"
 DOCS=16
 REQS="${CACHE_REQUESTS:-3000}"
+# Mode none sends every request through the CGI (a process per request).
+REQS_NONE="${CACHE_REQUESTS_NONE:-1000}"
 RATE="${CACHE_UPDATE_RATE:-50}"
 APPD_PID=""
 APACHE_PID=""
@@ -173,6 +175,8 @@ url() { echo "http://127.0.0.1:$1/cgi-bin/doc.cgi/"; }
 
 # ---- functional checks ----------------------------------------------------------
 
+check "the stale/half-written checker catches made-up bad responses" "${LOAD[@]}" selftest
+
 t_backend_versioned() {
     curl -s --max-time 20 -D "$T/h0" -o "$T/b0" "$(url "$P_HTTP")3" || return 1
     grep -qi '^X-CC-Doc-Version: [0-9]' "$T/h0" && grep -q '^doc 000003 version ' "$T/b0"
@@ -222,14 +226,15 @@ check "malformed IPC message: ERROR(malformed), connection closed, ccappd keeps 
 
 # ---- load with updates: zero stale responses -------------------------------------
 
-t_load() { # $1 mode, $2 port
-    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests "$REQS" --threads 8 \
+t_load() { # $1 mode, $2 port, $3 requests
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests "$3" --threads 8 \
         --update-log "$T/updates.log" --out "$T/results-$1.jsonl" | tee -a "$T/summary" |
         sed "s/^/$1: /" | tee "$T/summary-$1"
 }
-for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
-    check "${m%%:*}: $REQS requests under $RATE updates/s, zero stale, every body whole" t_load "${m%%:*}" "${m##*:}"
-    cat "$T/summary-${m%%:*}" 2>/dev/null
+for m in none:$P_NONE:$REQS_NONE tcp:$P_TCP:$REQS rdma:$P_RD:$REQS; do
+    IFS=: read -r mode port n <<<"$m"
+    check "$mode: $n requests under $RATE updates/s, zero stale, every body whole" t_load "$mode" "$port" "$n"
+    cat "$T/summary-$mode" 2>/dev/null
 done
 
 # ---- fault: ccappd killed mid-run ------------------------------------------------
