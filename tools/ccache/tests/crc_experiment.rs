@@ -17,7 +17,7 @@ fn reads_during_updates_crc_required_vs_off() {
         .with_test_writer()
         .try_init();
     for crc in [Policy::Required, Policy::Off] {
-        let r = run(crc.clone());
+        let r = run(crc);
         eprintln!("MPA CRC {crc:?}: {r}");
     }
 }
