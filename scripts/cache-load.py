@@ -17,7 +17,12 @@ every response:
   cache-load.py expect --url ... --docs 16 --requests 50 --status 502
 
 checks that every response has that status and carries no document (the
-fault phase: ccappd killed). Prints one JSON summary line; exit status 0
+fault phase: ccappd killed).
+
+  cache-load.py mixed --url http://127.0.0.1:80/raw/ --docs 16 --requests 3000
+
+is the control: documents served without the read protocol; it counts
+bodies that mix two versions (informational, never fails). Prints one JSON summary line; exit status 0
 only if the check passed. Standard library only.
 """
 import argparse
@@ -52,6 +57,7 @@ def worker(url, docs, n, seed, out, timeout):
             rec["version"] = r.getheader("X-CC-Version")
             rec["cache"] = r.getheader("X-CC-Cache")
             rec["body_ok"] = body_ok(body, doc, rec["version"]) if r.status == 200 else None
+            rec["versions_in_body"] = len({m.group(2) for m in LINE.finditer(body)})
             if r.getheader("Connection", "").lower() == "close":
                 conn.close()
                 conn = None
@@ -178,6 +184,16 @@ def cmd_run(args):
     return 0 if s["pass"] else 1
 
 
+def cmd_mixed(args):
+    """Control run against documents served WITHOUT the read protocol:
+    count bodies that mix two versions (what the protocol prevents)."""
+    recs, elapsed = load(args)
+    s = summarize(recs, elapsed)
+    s["mixed_bodies"] = sum(1 for r in recs if r["status"] == 200 and r.get("versions_in_body", 0) > 1)
+    print(json.dumps(s))
+    return 0
+
+
 def cmd_selftest(_args):
     """The checker catches what it must: stale, half-written, mislabelled."""
     commits = {3: [(100, 5), (200, 6), (300, 7)]}
@@ -220,7 +236,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("selftest", help="check the checker on made-up responses")
-    for name in ("run", "expect"):
+    for name in ("run", "expect", "mixed"):
         c = sub.add_parser(name)
         c.add_argument("--url", required=True, help="document URL prefix, the number is appended")
         c.add_argument("--docs", type=int, default=16)
@@ -232,10 +248,10 @@ def main():
             c.add_argument("--update-log", required=True)
             c.add_argument("--out")
             c.add_argument("--min-ok", type=float, default=0.99, help="fraction of 200s required")
-        else:
+        elif name == "expect":
             c.add_argument("--status", type=int, required=True)
     args = p.parse_args()
-    sys.exit({"run": cmd_run, "expect": cmd_expect, "selftest": cmd_selftest}[args.cmd](args))
+    sys.exit({"run": cmd_run, "expect": cmd_expect, "mixed": cmd_mixed, "selftest": cmd_selftest}[args.cmd](args))
 
 
 if __name__ == "__main__":

@@ -4,17 +4,19 @@
 # The strongly coherent cache (issue 13) end to end on 127.0.0.1:
 #
 #   ccappd (version table, IPC, version thread, update thread at a rate)
-#   Debian apache2 (prefork) with tools/ccache/cgi/doc.cgi, which wraps each
-#     document read in the Table 1 IPC and reports X-CC-Doc-Version
-#   ccproxy three times: --mode none, tcp, rdma
+#   Debian apache2 (prefork) with mod_ccache (tools/ccache/apache), which
+#     serves /docs/<n> (static files) inside the Table 1 read protocol and
+#     reports X-CC-Doc-Version; also tools/ccache/cgi/doc.cgi, the same as a
+#     CGI; /raw/<n> serves the same files WITHOUT the protocol (control)
+#   ccproxy three times on /docs/: --mode none, tcp, rdma; once rdma on the CGI
 #   scripts/cache-load.py: many GETs per mode while updates run; fails on
 #     any stale response (older than the version committed before the
 #     request was sent) and on any body that is not the served version
 #   faults: a malformed IPC message, a document outside the version table,
 #     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
-#     document) and restarted (they recover)
+#     document; Apache 503) and restarted (they recover)
 #
-#   scripts/test-cache.sh                 # about 1-3 minutes
+#   scripts/test-cache.sh                 # about 1-2 minutes
 #   KEEP=1 scripts/test-cache.sh          # keep the temp dir (logs, results)
 #   CACHE_REQUESTS=5000 CACHE_UPDATE_RATE=50 scripts/test-cache.sh
 #
@@ -28,9 +30,7 @@ FAIL=0
 T="$(mktemp -d /tmp/cache.XXXXXX)"
 chmod 755 "$T"
 DOCS=16
-REQS="${CACHE_REQUESTS:-3000}"
-# Mode none sends every request through the CGI (a process per request).
-REQS_NONE="${CACHE_REQUESTS_NONE:-1000}"
+REQS="${CACHE_REQUESTS:-20000}"
 RATE="${CACHE_UPDATE_RATE:-50}"
 APPD_PID=""
 APACHE_PID=""
@@ -66,6 +66,7 @@ finish() {
 
 need_pkgs=()
 command -v apache2 >/dev/null || need_pkgs+=(apache2)
+command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
 command -v curl >/dev/null || need_pkgs+=(curl)
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
@@ -73,12 +74,15 @@ if [ "${#need_pkgs[@]}" -gt 0 ]; then
     timeout 300 apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
 fi
-for c in apache2 curl /usr/bin/python3; do
+for c in apache2 apxs curl /usr/bin/python3; do
     command -v "$c" >/dev/null || { bad "prerequisite $c missing (apt-get install failed?)"; finish; }
 done
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p ccache"; finish; fi
+if ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
+    bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish; fi
+MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
 APPD="$TARGET/release/ccappd"
 PROXY="$TARGET/release/ccproxy"
 LOAD=(timeout 900 /usr/bin/python3 "$ROOT/scripts/cache-load.py")
@@ -104,6 +108,7 @@ P_HTTP=$(free_port)
 P_NONE=$(free_port)
 P_TCP=$(free_port)
 P_RD=$(free_port)
+P_CGI=$(free_port)
 IPC="$T/ipc.sock"
 mkdir -p "$T/docs" "$T/cgi-bin" "$T/run" "$T/logs"
 cp tools/ccache/cgi/doc.cgi "$T/cgi-bin/doc.cgi"
@@ -134,6 +139,7 @@ LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
 LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
 LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
 LoadModule env_module /usr/lib/apache2/modules/mod_env.so
+LoadModule ccache_module $MOD
 StartServers 4
 MinSpareServers 2
 MaxSpareServers 8
@@ -144,9 +150,16 @@ DocumentRoot $T/docs
 ScriptAlias /cgi-bin/ $T/cgi-bin/
 SetEnv CCAPPD_IPC $IPC
 SetEnv CCACHE_DOCROOT $T/docs
+CCacheIPC $IPC
+CCacheTimeout 10000
+Alias /docs/ $T/docs/
+Alias /raw/ $T/docs/
 <Directory />
     Require all granted
 </Directory>
+<Location /docs/>
+    CCache On
+</Location>
 EOF
 
 if start_appd; then ok "ccappd starts ($DOCS documents, $RATE updates/s)"; else
@@ -155,11 +168,11 @@ if start_appd; then ok "ccappd starts ($DOCS documents, $RATE updates/s)"; else
 # Own session: on shutdown prefork signals its whole process group.
 setsid apache2 -d /etc/apache2 -f "$T/apache.conf" -DFOREGROUND >>"$T/logs/apache-stdout.log" 2>&1 &
 APACHE_PID=$!
-if wait_port "$P_HTTP" "$APACHE_PID"; then ok "apache2 starts (prefork, CGI doc.cgi, port $P_HTTP)"; else
+if wait_port "$P_HTTP" "$APACHE_PID"; then ok "apache2 starts (prefork, mod_ccache, CGI doc.cgi, port $P_HTTP)"; else
     bad "apache2 did not start"; cat "$T/logs/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
 
-start_proxy() { # $1 mode, $2 port -> sets PX_PID
-    "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" \
+start_proxy() { # $1 mode, $2 port [, $3 prefix] -> sets PX_PID
+    "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" --prefix "${3:-/docs/}" \
         --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" \
         --check-timeout-ms 1000 >>"$T/ccproxy-$1.log" 2>&1 &
     PX_PID=$!
@@ -170,18 +183,28 @@ for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
     if start_proxy "${m%%:*}" "${m##*:}"; then ok "ccproxy --mode ${m%%:*} starts"; else
         bad "ccproxy --mode ${m%%:*} did not start"; cat "$T/ccproxy-${m%%:*}.log"; finish; fi
 done
+if start_proxy rdma "$P_CGI" /cgi-bin/doc.cgi/; then ok "ccproxy --mode rdma on the CGI starts"; else
+    bad "ccproxy on the CGI did not start"; finish; fi
 
-url() { echo "http://127.0.0.1:$1/cgi-bin/doc.cgi/"; }
+url() { echo "http://127.0.0.1:$1${2:-/docs/}"; }
 
 # ---- functional checks ----------------------------------------------------------
 
 check "the stale/half-written checker catches made-up bad responses" "${LOAD[@]}" selftest
 
-t_backend_versioned() {
-    curl -s --max-time 20 -D "$T/h0" -o "$T/b0" "$(url "$P_HTTP")3" || return 1
+t_status() { # $1 port, $2 path, $3 expected status
+    local code
+    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2") || return 1
+    echo "got $code"
+    [ "$code" = "$3" ]
+}
+t_backend_versioned() { # [$1 path prefix]
+    curl -s --max-time 20 -D "$T/h0" -o "$T/b0" "$(url "$P_HTTP" "${1:-/docs/}")3" || return 1
     grep -qi '^X-CC-Doc-Version: [0-9]' "$T/h0" && grep -q '^doc 000003 version ' "$T/b0"
 }
-check "apache2 serves a document through the IPC, with X-CC-Doc-Version" t_backend_versioned
+check "apache2 + mod_ccache serves a static document inside the IPC read, with X-CC-Doc-Version" t_backend_versioned /docs/
+check "apache2 CGI doc.cgi serves a document inside the IPC read, with X-CC-Doc-Version" t_backend_versioned /cgi-bin/doc.cgi/
+check "apache2 + mod_ccache: a document outside the version table is 404" t_status "$P_HTTP" /docs/99999 404
 
 t_hit() { # $1 port: a repeated request becomes a cache hit (within 10 tries)
     for _ in $(seq 1 10); do
@@ -194,14 +217,8 @@ t_hit() { # $1 port: a repeated request becomes a cache hit (within 10 tries)
 check "rdma: a repeated request is answered from cache (validated by RDMA Read)" t_hit "$P_RD"
 check "tcp: a repeated request is answered from cache (validated by the version thread)" t_hit "$P_TCP"
 
-t_status() { # $1 port, $2 path, $3 expected status
-    local code
-    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2") || return 1
-    echo "got $code"
-    [ "$code" = "$3" ]
-}
-check "rdma: a document outside the version table is 404 (no Read of a foreign slot)" t_status "$P_RD" /cgi-bin/doc.cgi/99999 404
-check "tcp: a document outside the version table is 404" t_status "$P_TCP" /cgi-bin/doc.cgi/99999 404
+check "rdma: a document outside the version table is 404 (no Read of a foreign slot)" t_status "$P_RD" /docs/99999 404
+check "tcp: a document outside the version table is 404" t_status "$P_TCP" /docs/99999 404
 t_post() {
     local code
     code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -X POST -d x "$(url "$P_RD")1") || return 1
@@ -220,22 +237,28 @@ magic, fmt, kind, doc, value = struct.unpack(">HBBIQ", b)
 assert (magic, kind, value) == (0x4343, 15, 3), (magic, kind, value)
 assert s.recv(16) == b"", "connection not closed after a malformed message"
 EOF
-    kill -0 "$APPD_PID" && t_backend_versioned
+    kill -0 "$APPD_PID" && t_backend_versioned /docs/
 }
 check "malformed IPC message: ERROR(malformed), connection closed, ccappd keeps serving" t_malformed_ipc
 
 # ---- load with updates: zero stale responses -------------------------------------
 
-t_load() { # $1 mode, $2 port, $3 requests
-    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests "$3" --threads 8 \
+t_load() { # $1 mode, $2 port, $3 requests [, $4 path prefix]
+    "${LOAD[@]}" run --url "$(url "$2" "${4:-/docs/}")" --docs "$DOCS" --requests "$3" --threads 8 \
         --update-log "$T/updates.log" --out "$T/results-$1.jsonl" | tee -a "$T/summary" |
         sed "s/^/$1: /" | tee "$T/summary-$1"
 }
-for m in none:$P_NONE:$REQS_NONE tcp:$P_TCP:$REQS rdma:$P_RD:$REQS; do
-    IFS=: read -r mode port n <<<"$m"
-    check "$mode: $n requests under $RATE updates/s, zero stale, every body whole" t_load "$mode" "$port" "$n"
+for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
+    mode="${m%%:*}"
+    check "$mode: $REQS requests under $RATE updates/s, zero stale, every body whole" t_load "$mode" "${m##*:}" "$REQS"
     cat "$T/summary-$mode" 2>/dev/null
 done
+check "rdma on the CGI: 500 requests, zero stale, every body whole" t_load rdma-cgi "$P_CGI" 500 /cgi-bin/doc.cgi/
+cat "$T/summary-rdma-cgi" 2>/dev/null
+# Control: the same files without the read protocol (/raw/, direct). Bodies
+# that mix two versions show what the protocol prevents (informational).
+"${LOAD[@]}" mixed --url "$(url "$P_HTTP" /raw/)" --docs "$DOCS" --requests "$REQS" --threads 8 |
+    sed 's/^/control, no read protocol: /' | tee -a "$T/summary"
 
 # ---- fault: ccappd killed mid-run ------------------------------------------------
 
@@ -247,6 +270,7 @@ t_502() { # $1 port
 }
 check "ccappd killed: rdma proxy answers 502 for every document, never content" t_502 "$P_RD"
 check "ccappd killed: tcp proxy answers 502 for every document, never content" t_502 "$P_TCP"
+check "ccappd killed: apache2 + mod_ccache answers 503, never the document" t_status "$P_HTTP" /docs/1 503
 for p in $PX_PIDS; do
     kill -0 "$p" 2>/dev/null || bad "ccproxy pid $p died"
 done
