@@ -309,6 +309,17 @@ fn expect(s: &mut UnixStream, kind: Kind, doc: u32) -> io::Result<u64> {
     }
 }
 
+/// A compute thread: spins forever on arithmetic the optimizer cannot
+/// remove.
+pub fn compute_loop() {
+    let mut x = 1u64;
+    loop {
+        for _ in 0..1_000_000 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
 /// Append the initial version of every document to the update log (so a
 /// checker knows the versions current from the start of this run).
 pub fn log_initial(log: &Path, docs: u32, version: u64) -> io::Result<()> {

@@ -65,6 +65,10 @@ struct Args {
     /// Append `<unix ns> <doc> <version>` here for every committed update.
     #[arg(long)]
     update_log: Option<PathBuf>,
+    /// Busy-loop threads that load this host's CPUs, standing in for a
+    /// busy application server (the seed's "compute threads").
+    #[arg(long, default_value_t = 0)]
+    compute_threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -150,6 +154,9 @@ fn run(a: Args) -> Result<(), String> {
         "ccappd ready"
     );
 
+    for _ in 0..a.compute_threads {
+        std::thread::spawn(appd::compute_loop);
+    }
     let state = Arc::new(IpcState::new(table.clone(), initial));
     let t2 = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t2, idle));
