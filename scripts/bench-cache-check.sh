@@ -45,8 +45,9 @@ for n in $THREADS; do
         sleep 0.1
     done
     if [ "$up" != 1 ]; then echo "ccappd did not start"; cat "$T/ccappd.log"; exit 1; fi
-    for m in rdma tcp; do
-        timeout 600 "$TARGET/release/ccping" --mode "$m" --appd-rdma "127.0.0.1:$PR" --appd-tcp "127.0.0.1:$PV" \
+    for m in rdma:threaded rdma:sleep tcp:threaded; do
+        timeout 600 "$TARGET/release/ccping" --mode "${m%%:*}" --progress "${m##*:}" \
+            --appd-rdma "127.0.0.1:$PR" --appd-tcp "127.0.0.1:$PV" \
             --count "$COUNT" --label "threads=$n" | tee -a "$OUT"
     done
     kill -TERM "$APPD_PID" 2>/dev/null
@@ -56,8 +57,9 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("\n| compute threads | mode | p50 us | p90 us | p99 us | max us |")
-print("|---|---|---|---|---|---|")
+print("\n| compute threads | mode | wait | p50 us | p90 us | p99 us | max us | failed checks |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r['label'].split('=')[1]} | {r['mode'].lower()} | {r['p50_us']} | {r['p90_us']} | {r['p99_us']} | {r['max_us']} |")
+    wait = r["progress"].lower() if r["mode"] == "Rdma" else "-"
+    print(f"| {r['label'].split('=')[1]} | {r['mode'].lower()} | {wait} | {r['p50_us']} | {r['p90_us']} | {r['p99_us']} | {r['max_us']} | {r['errors']} |")
 PY

@@ -94,6 +94,7 @@ impl Drop for RdmaConn {
 pub struct RdmaCheck {
     addr: SocketAddr,
     timeout: Duration,
+    progress: Option<iwarp::ProgressMode>,
     conn: Option<RdmaConn>,
 }
 
@@ -113,8 +114,16 @@ impl RdmaCheck {
         RdmaCheck {
             addr,
             timeout,
+            progress: None,
             conn: None,
         }
+    }
+
+    /// Wait for the Read's completion this way (default: the CQ's default,
+    /// `Threaded` with a short spin).
+    pub fn with_progress(mut self, mode: iwarp::ProgressMode) -> RdmaCheck {
+        self.progress = Some(mode);
+        self
     }
 
     fn connect(&self) -> Result<RdmaConn, CheckError> {
@@ -122,6 +131,9 @@ impl RdmaCheck {
         let ctx = Context::open().map_err(|e| un(e.to_string()))?;
         let pd = ctx.alloc_pd();
         let cq = ctx.create_cq(8).map_err(|e| un(e.to_string()))?;
+        if let Some(mode) = self.progress {
+            cq.set_progress(mode).map_err(|e| un(e.to_string()))?;
+        }
         let qp = pd
             .create_qp(&QpInitAttr {
                 send_cq: cq.clone(),

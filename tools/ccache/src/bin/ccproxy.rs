@@ -20,6 +20,16 @@ enum ModeArg {
     Tcp,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum WaitArg {
+    /// Sleep until the Read completes (no spin): flat tails on a busy host.
+    Sleep,
+    /// The CQ's default: spin (yielding) for 50 us, then sleep.
+    Threaded,
+    /// The waiting thread reads the socket itself in a loop.
+    BusyPoll,
+}
+
 /// HTTP/1.1 caching reverse proxy with strong coherency (issue 13): every
 /// request for a document (PREFIX<n>) is validated at the application
 /// module before it is answered from cache; responses carry X-CC-Version.
@@ -44,6 +54,10 @@ struct Args {
     /// Path prefix of documents; the rest of the path is the document number.
     #[arg(long, default_value = "/cgi-bin/doc.cgi/")]
     prefix: String,
+    /// How an RDMA check waits for its Read (see docs/CACHE.md: the
+    /// spinning default had p90 in milliseconds under CPU contention).
+    #[arg(long, value_enum, default_value = "sleep")]
+    rdma_wait: WaitArg,
     /// Version-check connections (each serves one check at a time).
     #[arg(long, default_value_t = 4)]
     check_conns: usize,
@@ -71,7 +85,19 @@ fn main() -> ExitCode {
         ModeArg::Rdma => (
             Mode::Rdma,
             (0..n)
-                .map(|_| Box::new(RdmaCheck::new(a.appd_rdma, t)) as Box<dyn VersionCheck>)
+                .map(|_| {
+                    let mode = match a.rdma_wait {
+                        WaitArg::Sleep => iwarp::ProgressMode::Threaded {
+                            spin: Duration::ZERO,
+                        },
+                        WaitArg::Threaded => iwarp::ProgressMode::Threaded {
+                            spin: iwarp::DEFAULT_SPIN,
+                        },
+                        WaitArg::BusyPoll => iwarp::ProgressMode::BusyPoll,
+                    };
+                    Box::new(RdmaCheck::new(a.appd_rdma, t).with_progress(mode))
+                        as Box<dyn VersionCheck>
+                })
                 .collect(),
         ),
         ModeArg::Tcp => (
