@@ -14,7 +14,8 @@
 #     request was sent) and on any body that is not the served version
 #   faults: a malformed IPC message, a document outside the version table,
 #     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
-#     document; Apache 503) and restarted (they recover)
+#     document; Apache 503) and restarted (they recover); the rdma proxy
+#     restarted
 #
 #   scripts/test-cache.sh                 # about 1-2 minutes
 #   KEEP=1 scripts/test-cache.sh          # keep the temp dir (logs, results)
@@ -282,6 +283,14 @@ t_recover() { # $1 mode, $2 port
 }
 check "rdma proxy recovers after ccappd returns (zero stale)" t_recover rdma "$P_RD"
 check "tcp proxy recovers after ccappd returns (zero stale)" t_recover tcp "$P_TCP"
+
+# ---- fault: proxy restart (empty cache, new version connections) ---------------
+
+RD_OLD=$(for p in $PX_PIDS; do echo "$p"; done | sed -n 3p)
+stop_pid "$RD_OLD"
+if start_proxy rdma "$P_RD"; then ok "ccproxy --mode rdma restarts"; else
+    bad "ccproxy --mode rdma did not restart"; tail "$T/ccproxy-rdma.log"; finish; fi
+check "restarted rdma proxy: zero stale" t_recover rdma "$P_RD"
 
 echo "updates committed: $(wc -l <"$T/updates.log") log lines"
 finish
