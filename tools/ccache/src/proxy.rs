@@ -14,8 +14,9 @@
 //!    200, and answer with it.
 //!
 //! Every document response carries `X-CC-Version` (the version served)
-//! and `X-CC-Cache` (`hit`, `miss`, `off`). Other paths are forwarded
-//! without caching (`X-CC-Cache: bypass`).
+//! and `X-CC-Cache` (`hit`, `miss`, `off`). Other paths, and document
+//! paths with a query string, are forwarded without caching or validation
+//! (`X-CC-Cache: bypass`).
 //!
 //! Version checks go through a small pool of checkers (one connection
 //! each), picked round-robin; a checker is busy for one check only.
@@ -63,6 +64,20 @@ struct Cached {
     body: Arc<Vec<u8>>,
 }
 
+/// The document number of a request target: `PREFIX` then a number in
+/// canonical decimal (digits only, no leading zero, below 2^32), nothing
+/// after it. A query string makes it not a document: the cache is keyed by
+/// the number alone, so `?a=1` and `?a=2` must not share an entry (such
+/// requests are forwarded uncached).
+pub fn doc_number(target: &str, prefix: &str) -> Option<u32> {
+    let n = target.strip_prefix(prefix)?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
+    {
+        return None;
+    }
+    n.parse().ok()
+}
+
 /// The proxy's shared state.
 pub struct Proxy {
     cfg: ProxyCfg,
@@ -106,8 +121,7 @@ impl Proxy {
     }
 
     fn doc_of(&self, target: &str) -> Option<u32> {
-        let path = target.split('?').next().unwrap_or(target);
-        path.strip_prefix(&self.cfg.prefix)?.parse().ok()
+        doc_number(target, &self.cfg.prefix)
     }
 
     fn check(&self, doc: u32) -> Result<u64, CheckError> {
@@ -332,5 +346,30 @@ pub fn serve(listener: TcpListener, proxy: Arc<Proxy>, max_conns: usize) {
             p.serve_conn(s);
             l.fetch_sub(1, Ordering::AcqRel);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::doc_number;
+
+    #[test]
+    fn document_numbers() {
+        assert_eq!(doc_number("/docs/7", "/docs/"), Some(7));
+        assert_eq!(doc_number("/docs/0", "/docs/"), Some(0));
+        assert_eq!(doc_number("/docs/4294967295", "/docs/"), Some(u32::MAX));
+        for t in [
+            "/docs/",
+            "/docs/07",
+            "/docs/+7",
+            "/docs/-1",
+            "/docs/7?x=1",
+            "/docs/7/",
+            "/docs/4294967296",
+            "/other/7",
+            "/docs/7a",
+        ] {
+            assert_eq!(doc_number(t, "/docs/"), None, "{t}");
+        }
     }
 }
