@@ -178,8 +178,11 @@ def cmd_run(args):
     for r in (stale + bad_body + unversioned)[:5]:
         print("offending:", json.dumps(r), file=sys.stderr)
     ok200 = s["status"].get("200", 0)
+    allowed = {200, *args.allow_status}
+    others = sum(1 for r in recs if r["status"] not in allowed)
+    s["unexpected_status"] = others
     s["pass"] = (not stale and not bad_body and not unversioned and unknown == 0
-                 and ok200 >= args.min_ok * len(recs))
+                 and others == 0 and ok200 >= args.min_ok * len(recs))
     print(json.dumps(s))
     return 0 if s["pass"] else 1
 
@@ -248,6 +251,8 @@ def main():
             c.add_argument("--update-log", required=True)
             c.add_argument("--out")
             c.add_argument("--min-ok", type=float, default=0.99, help="fraction of 200s required")
+            c.add_argument("--allow-status", type=int, action="append", default=[],
+                           help="a status besides 200 that is not a failure (repeatable)")
         elif name == "expect":
             c.add_argument("--status", type=int, required=True)
     args = p.parse_args()

@@ -263,9 +263,42 @@ cat "$T/summary-rdma-cgi" 2>/dev/null
 
 # ---- fault: ccappd killed mid-run ------------------------------------------------
 
+# Loads on the rdma and tcp proxies; ccappd is killed 1 s into them. Every
+# response must be a 200 that is not stale or a 502, both must occur, and
+# no request sent after ccappd was dead may get a 200.
+midrun() { # $1 mode, $2 port
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests 20000 --threads 4 \
+        --update-log "$T/updates.log" --min-ok 0 --allow-status 502 --out "$T/midrun-$1.jsonl" \
+        >"$T/midrun-$1.json" 2>"$T/midrun-$1.err"
+    echo $? >"$T/midrun-$1.rc"
+}
+midrun rdma "$P_RD" &
+MR1=$!
+midrun tcp "$P_TCP" &
+MR2=$!
+sleep 1
 kill -KILL "$APPD_PID" 2>/dev/null
 timeout 10 tail --pid="$APPD_PID" -f /dev/null 2>/dev/null
+KILLED_NS=$(date +%s%N)
 APPD_PID=""
+timeout 900 tail --pid="$MR1" -f /dev/null
+timeout 900 tail --pid="$MR2" -f /dev/null
+t_midrun() { # $1 mode
+    cat "$T/midrun-$1.json" "$T/midrun-$1.err"
+    [ "$(cat "$T/midrun-$1.rc")" = 0 ] || return 1
+    /usr/bin/python3 - "$T/midrun-$1.json" "$T/midrun-$1.jsonl" "$KILLED_NS" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))["status"]
+assert s.get("200") and s.get("502"), f"want both 200s and 502s: {s}"
+late = [r for r in map(json.loads, open(sys.argv[2])) if r["status"] == 200 and r["t0"] > int(sys.argv[3])]
+assert not late, f"{len(late)} requests sent after ccappd died got 200: {late[:3]}"
+print("no 200 for a request sent after the kill")
+EOF
+}
+check "ccappd killed mid-run: rdma proxy answered fresh 200s and 502s, no 200 after the kill, zero stale" t_midrun rdma
+sed 's/^/rdma, killed mid-run: /' "$T/midrun-rdma.json"
+check "ccappd killed mid-run: tcp proxy answered fresh 200s and 502s, no 200 after the kill, zero stale" t_midrun tcp
+sed 's/^/tcp, killed mid-run: /' "$T/midrun-tcp.json"
 t_502() { # $1 port
     "${LOAD[@]}" expect --url "$(url "$1")" --docs "$DOCS" --requests 40 --threads 4 --status 502
 }

@@ -1,5 +1,6 @@
 //! `ccappd`: the application module of the strongly coherent cache. See
 //! `docs/CACHE.md`.
+#![deny(unsafe_code)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;

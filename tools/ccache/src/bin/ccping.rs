@@ -1,4 +1,5 @@
 //! `ccping`: time version checks against a ccappd, one at a time.
+#![deny(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! `ccproxy`: the strongly coherent caching reverse proxy. See
 //! `docs/CACHE.md`.
+#![deny(unsafe_code)]
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
