@@ -336,7 +336,7 @@ pub fn log_initial(log: &Path, docs: u32, version: u64) -> io::Result<()> {
 pub fn update_once(s: &mut UnixStream, cfg: &UpdaterCfg, doc: u32) -> io::Result<u64> {
     write_msg(s, &Repr::new(Kind::UpdateRequest, doc))?;
     let old = expect(s, Kind::UpdateProceed, doc)?;
-    let body = doc_body(doc, old + 1, cfg.doc_size);
+    let body = doc_body(doc, old.wrapping_add(1), cfg.doc_size);
     let f = OpenOptions::new()
         .write(true)
         .open(doc_path(&cfg.docroot, doc))?;
@@ -347,10 +347,10 @@ pub fn update_once(s: &mut UnixStream, cfg: &UpdaterCfg, doc: u32) -> io::Result
     }
     write_msg(s, &Repr::new(Kind::UpdateDone, doc))?;
     let new = expect(s, Kind::UpdateCommitted, doc)?;
-    if new != old + 1 {
+    if new != old.wrapping_add(1) {
         return Err(io::Error::other(format!(
             "document {doc} went from version {old} to {new}, expected {}",
-            old + 1
+            old.wrapping_add(1)
         )));
     }
     Ok(new)
