@@ -12,6 +12,7 @@
 #   scripts/cache-load.py: many GETs per mode while updates run; fails on
 #     any stale response (older than the version committed before the
 #     request was sent) and on any body that is not the served version
+#   ccupdate: the update server as a program of its own, beside the thread
 #   faults: a malformed IPC message, a document outside the version table,
 #     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
 #     document; Apache 503) and restarted (they recover); the rdma proxy
@@ -85,6 +86,7 @@ if ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
     bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish; fi
 MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
 APPD="$TARGET/release/ccappd"
+UPDATE="$TARGET/release/ccupdate"
 PROXY="$TARGET/release/ccproxy"
 LOAD=(timeout 900 /usr/bin/python3 "$ROOT/scripts/cache-load.py")
 
@@ -316,6 +318,19 @@ t_recover() { # $1 mode, $2 port
 }
 check "rdma proxy recovers after ccappd returns (zero stale)" t_recover rdma "$P_RD"
 check "tcp proxy recovers after ccappd returns (zero stale)" t_recover tcp "$P_TCP"
+
+# A second, separate update server (ccupdate) at 100/s beside ccappd's own
+# update thread, during a load on the rdma proxy.
+t_ccupdate() {
+    timeout 120 "$UPDATE" --ipc "$IPC" --docroot "$T/docs" --docs "$DOCS" --doc-size 4096 \
+        --rate 100 --count 200 --log "$T/updates.log" 2>"$T/ccupdate.log" &
+    local up=$! rc=0
+    "${LOAD[@]}" run --url "$(url "$P_RD")" --docs "$DOCS" --requests 5000 --threads 8 \
+        --update-log "$T/updates.log" | sed "s/^/rdma with ccupdate: /" || rc=1
+    wait "$up" || { echo "ccupdate failed:"; cat "$T/ccupdate.log"; rc=1; }
+    return "$rc"
+}
+check "ccupdate (separate update server, 200 updates) beside the update thread: zero stale" t_ccupdate
 
 # ---- fault: proxy restart (empty cache, new version connections) ---------------
 

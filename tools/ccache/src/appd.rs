@@ -287,6 +287,8 @@ pub struct UpdaterCfg {
     pub log: Option<PathBuf>,
     /// Answer timeout for each IPC reply.
     pub timeout: Duration,
+    /// Stop after this many updates (`None`: run until an error).
+    pub count: Option<u64>,
 }
 
 fn now_ns() -> u128 {
@@ -356,8 +358,8 @@ pub fn update_once(s: &mut UnixStream, cfg: &UpdaterCfg, doc: u32) -> io::Result
     Ok(new)
 }
 
-/// Run updates at `cfg.rate` until an error; documents are picked by a
-/// xorshift generator seeded from the clock.
+/// Run updates at `cfg.rate` until an error (or `cfg.count` updates);
+/// documents are picked by a xorshift generator seeded from the clock.
 pub fn run_updater(cfg: UpdaterCfg) -> io::Result<()> {
     let mut s = UnixStream::connect(&cfg.ipc).map_err(|e| {
         io::Error::other(format!(
@@ -374,7 +376,9 @@ pub fn run_updater(cfg: UpdaterCfg) -> io::Result<()> {
     let period = Duration::from_secs_f64(1.0 / cfg.rate.max(0.001));
     let mut x = (now_ns() as u64) | 1;
     let mut next = std::time::Instant::now() + period;
-    loop {
+    let mut done = 0u64;
+    while cfg.count.is_none_or(|c| done < c) {
+        done += 1;
         let now = std::time::Instant::now();
         if next > now {
             std::thread::sleep(next - now);
@@ -388,7 +392,11 @@ pub fn run_updater(cfg: UpdaterCfg) -> io::Result<()> {
         let t = now_ns();
         tracing::debug!(doc, version = v, "update committed");
         if let Some(f) = log.as_mut() {
-            writeln!(f, "{t} {doc} {v}")?;
+            // One write(2) per line: with O_APPEND, lines of several
+            // updaters sharing the log do not interleave (`writeln!` may
+            // write a line in pieces).
+            f.write_all(format!("{t} {doc} {v}\n").as_bytes())?;
         }
     }
+    Ok(())
 }

@@ -235,6 +235,7 @@ fn update_thread_rewrites_files_and_bumps_versions() {
         steps: 3,
         log: None,
         timeout: T,
+        count: None,
     };
     let mut s = ipc(&a);
     assert_eq!(appd::update_once(&mut s, &cfg, 2).unwrap(), 2);

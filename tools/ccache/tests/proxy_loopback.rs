@@ -111,6 +111,7 @@ fn start(tag: &str) -> World {
         steps: 3,
         log: None,
         timeout: T,
+        count: None,
     };
     std::thread::spawn(move || appd::run_updater(cfg));
     World {

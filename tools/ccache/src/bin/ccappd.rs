@@ -172,6 +172,7 @@ fn run(a: Args) -> Result<(), String> {
             steps: a.update_steps,
             log: a.update_log.clone(),
             timeout: Duration::from_secs(10),
+            count: None,
         };
         std::thread::spawn(move || {
             if let Err(e) = appd::run_updater(cfg) {
