@@ -104,17 +104,25 @@ def load(args):
 
 
 def read_log(path):
-    commits = {}
+    """Commits per document, sorted by time; and the number of lines that
+    are not "<ns> <doc> <version>" with each field below 2^64 (a garbled
+    log would make the stale check meaningless, so they fail the run)."""
+    commits, bad = {}, 0
     with open(path) as f:
         for line in f:
             parts = line.split()
-            if len(parts) != 3:
+            try:
+                t, d, v = (int(p) for p in parts)
+            except ValueError:
+                bad += 1
                 continue
-            t, d, v = int(parts[0]), int(parts[1]), int(parts[2])
+            if max(t, d, v) >= 2**64 or min(t, d, v) < 0:
+                bad += 1
+                continue
             commits.setdefault(d, []).append((t, v))
     for d in commits:
         commits[d].sort()
-    return commits
+    return commits, bad
 
 
 def required(commits, doc, t0):
@@ -166,11 +174,12 @@ def judge(recs, commits):
 
 def cmd_run(args):
     recs, elapsed = load(args)
-    commits = read_log(args.update_log)
+    commits, bad_log = read_log(args.update_log)
     s = summarize(recs, elapsed)
     stale, bad_body, unversioned, unknown = judge(recs, commits)
     s.update(stale=len(stale), bad_body=len(bad_body), unversioned=len(unversioned),
-             no_log_entry=unknown, updates_logged=sum(len(v) for v in commits.values()))
+             no_log_entry=unknown, updates_logged=sum(len(v) for v in commits.values()),
+             bad_log_lines=bad_log)
     if args.out:
         with open(args.out, "w") as f:
             for r in recs:
@@ -182,7 +191,7 @@ def cmd_run(args):
     others = sum(1 for r in recs if r["status"] not in allowed)
     s["unexpected_status"] = others
     s["pass"] = (not stale and not bad_body and not unversioned and unknown == 0
-                 and others == 0 and ok200 >= args.min_ok * len(recs))
+                 and others == 0 and bad_log == 0 and ok200 >= args.min_ok * len(recs))
     print(json.dumps(s))
     return 0 if s["pass"] else 1
 
