@@ -149,6 +149,7 @@ MaxSpareServers 8
 ServerLimit 16
 MaxRequestWorkers 16
 KeepAlive On
+EnableSendfile On
 DocumentRoot $T/docs
 ScriptAlias /cgi-bin/ $T/cgi-bin/
 SetEnv CCAPPD_IPC $IPC

@@ -11,10 +11,17 @@
  *                     (waits while an update of n is queued or running)
  *                     sets X-CC-Doc-Version: version
  *   handler:          any (static file, CGI, ...), unchanged
- *   request pool end: READ_DONE(n)     (after the response left)
+ *   CCACHE_SNAPSHOT:  output filter: copies file, mmap and pipe data into
+ *                     heap buckets while the read is held
+ *   request pool end: READ_DONE(n)
  *
  * so the document cannot change while it is served, and the proxy learns
- * the version it was read under. If ccappd cannot be asked, the request
+ * the version it was read under. The snapshot filter is needed because
+ * httpd may write a response after the request pool is gone: the core
+ * output filter sets a short response aside on a keep-alive connection,
+ * and a file bucket set aside is read only when it is written (sendfile,
+ * or a shared mmap of the file). Without the filter, with EnableSendfile On,
+ * test-cache.sh saw bodies that mixed two versions. If ccappd cannot be asked, the request
  * fails with 503 and no document is served. A document ccappd does not
  * know is 404. The IPC message is the 16-byte frame of
  * crates/ccache-proto/src/ipc.rs: "CC" | format 1 | kind | doc (BE u32) |
@@ -308,6 +315,7 @@ static int ccache_fixups(request_rec *r)
     h->doc = doc;
     h->s = r->server;
     apr_pool_cleanup_register(r->pool, h, release_read, apr_pool_cleanup_null);
+    ap_add_output_filter("CCACHE_SNAPSHOT", NULL, r, r->connection);
     /* err_headers_out: kept whatever the handler does with headers_out
      * (a CGI's own headers replace those). */
     apr_table_setn(r->err_headers_out, "X-CC-Doc-Version",
@@ -315,9 +323,40 @@ static int ccache_fixups(request_rec *r)
     return DECLINED;
 }
 
+/* Turn every data bucket whose bytes still live in the file (FILE, MMAP)
+ * or in a pipe into a heap copy, while the request holds its read. */
+static apr_status_t snapshot_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    apr_bucket *b = APR_BRIGADE_FIRST(bb);
+    while (b != APR_BRIGADE_SENTINEL(bb)) {
+        if (!APR_BUCKET_IS_METADATA(b) && !APR_BUCKET_IS_HEAP(b) && !APR_BUCKET_IS_POOL(b) &&
+            !APR_BUCKET_IS_IMMORTAL(b) && !APR_BUCKET_IS_TRANSIENT(b)) {
+            const char *data;
+            apr_size_t len;
+            /* Reading morphs a FILE or PIPE bucket into the bytes read
+             * (HEAP or MMAP) followed by the rest, handled next. */
+            apr_status_t rv = apr_bucket_read(b, &data, &len, APR_BLOCK_READ);
+            if (rv != APR_SUCCESS) {
+                ap_log_rerror(APLOG_MARK, APLOG_ERR, rv, f->r,
+                              "mod_ccache: reading the response to snapshot it failed");
+                return rv;
+            }
+            if (!APR_BUCKET_IS_HEAP(b)) {
+                apr_bucket *h = apr_bucket_heap_create(data, len, NULL, f->c->bucket_alloc);
+                APR_BUCKET_INSERT_BEFORE(b, h);
+                apr_bucket_delete(b);
+                b = h;
+            }
+        }
+        b = APR_BUCKET_NEXT(b);
+    }
+    return ap_pass_brigade(f->next, bb);
+}
+
 static void ccache_hooks(apr_pool_t *p)
 {
     ap_hook_fixups(ccache_fixups, NULL, NULL, APR_HOOK_LAST);
+    ap_register_output_filter("CCACHE_SNAPSHOT", snapshot_filter, NULL, AP_FTYPE_CONTENT_SET);
 }
 
 AP_DECLARE_MODULE(ccache) = {
