@@ -1,0 +1,345 @@
+#!/usr/bin/env bash
+# The t_* functions are called through `check`, which shellcheck cannot see.
+# shellcheck disable=SC2317
+# The strongly coherent cache (issue 13) end to end on 127.0.0.1:
+#
+#   ccappd (version table, IPC, version thread, update thread at a rate)
+#   Debian apache2 (prefork) with mod_ccache (tools/ccache/apache), which
+#     serves /docs/<n> (static files) inside the Table 1 read protocol and
+#     reports X-CC-Doc-Version; also tools/ccache/cgi/doc.cgi, the same as a
+#     CGI; /raw/<n> serves the same files WITHOUT the protocol (control)
+#   ccproxy three times on /docs/: --mode none, tcp, rdma; once rdma on the CGI
+#   scripts/cache-load.py: many GETs per mode while updates run; fails on
+#     any stale response (older than the version committed before the
+#     request was sent) and on any body that is not the served version
+#   ccupdate: the update server as a program of its own, beside the thread
+#   faults: a malformed IPC message, a document outside the version table,
+#     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
+#     document; Apache 503) and restarted (they recover); the rdma proxy
+#     restarted
+#
+#   scripts/test-cache.sh                 # about 1-2 minutes
+#   KEEP=1 scripts/test-cache.sh          # keep the temp dir (logs, results)
+#   CACHE_REQUESTS=5000 CACHE_UPDATE_RATE=50 scripts/test-cache.sh
+#
+# Last line: "N passed, M failed"; exit status non-zero on failure.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 1
+PASS=0
+FAIL=0
+T="$(mktemp -d /tmp/cache.XXXXXX)"
+chmod 755 "$T"
+DOCS=16
+REQS="${CACHE_REQUESTS:-20000}"
+RATE="${CACHE_UPDATE_RATE:-50}"
+APPD_PID=""
+APACHE_PID=""
+PX_PIDS=""
+
+stop_pid() { # $1 pid: TERM, wait at most 10 s, then KILL
+    [ -n "$1" ] || return 0
+    kill -TERM "$1" 2>/dev/null
+    timeout 10 tail --pid="$1" -f /dev/null 2>/dev/null || kill -KILL "$1" 2>/dev/null
+}
+cleanup() {
+    for p in $PX_PIDS $APPD_PID $APACHE_PID; do stop_pid "$p"; done
+    if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; }
+# check NAME CMD...: run CMD (bounded by the caller), pass if it exits 0.
+check() {
+    local name="$1"
+    shift
+    local log="$T/check-$((PASS + FAIL + 1)).log"
+    if "$@" >"$log" 2>&1; then ok "$name"; else bad "$name (output below)"; tail -n 15 "$log" | sed 's/^/     /'; fi
+}
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
+# ---- prerequisites -----------------------------------------------------------
+
+need_pkgs=()
+command -v apache2 >/dev/null || need_pkgs+=(apache2)
+command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
+command -v curl >/dev/null || need_pkgs+=(curl)
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    echo "installing ${need_pkgs[*]}"
+    timeout 300 apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+for c in apache2 apxs curl /usr/bin/python3; do
+    command -v "$c" >/dev/null || { bad "prerequisite $c missing (apt-get install failed?)"; finish; }
+done
+
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p ccache"; finish; fi
+if ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
+    bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish; fi
+MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
+APPD="$TARGET/release/ccappd"
+UPDATE="$TARGET/release/ccupdate"
+PROXY="$TARGET/release/ccproxy"
+LOAD=(timeout 900 /usr/bin/python3 "$ROOT/scripts/cache-load.py")
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# wait_port PORT PID: until something accepts on PORT (at most 10 s) and PID lives.
+wait_port() {
+    for _ in $(seq 1 100); do
+        if /usr/bin/python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.5).close()' "$1" 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+P_RDMA=$(free_port)
+P_VER=$(free_port)
+P_HTTP=$(free_port)
+P_NONE=$(free_port)
+P_TCP=$(free_port)
+P_RD=$(free_port)
+P_CGI=$(free_port)
+IPC="$T/ipc.sock"
+mkdir -p "$T/docs" "$T/cgi-bin" "$T/run" "$T/logs"
+cp tools/ccache/cgi/doc.cgi "$T/cgi-bin/doc.cgi"
+chmod 755 "$T/cgi-bin/doc.cgi" "$T/docs"
+
+start_appd() {
+    "$APPD" --docs "$DOCS" --docroot "$T/docs" --init-docs --doc-size 4096 \
+        --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
+        --ipc "$IPC" --ipc-mode 666 --update-rate "$RATE" --update-log "$T/updates.log" \
+        >>"$T/ccappd.log" 2>&1 &
+    APPD_PID=$!
+    disown "$APPD_PID" 2>/dev/null # no "Killed" notice for the fault below
+    wait_port "$P_VER" "$APPD_PID"
+}
+
+cat >"$T/apache.conf" <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+Listen 127.0.0.1:$P_HTTP
+DefaultRuntimeDir $T/run
+PidFile $T/run/httpd.pid
+ErrorLog $T/logs/error.log
+LogLevel warn
+User www-data
+Group www-data
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
+LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
+LoadModule env_module /usr/lib/apache2/modules/mod_env.so
+LoadModule ccache_module $MOD
+StartServers 4
+MinSpareServers 2
+MaxSpareServers 8
+ServerLimit 16
+MaxRequestWorkers 16
+KeepAlive On
+EnableSendfile On
+DocumentRoot $T/docs
+ScriptAlias /cgi-bin/ $T/cgi-bin/
+SetEnv CCAPPD_IPC $IPC
+SetEnv CCACHE_DOCROOT $T/docs
+CCacheIPC $IPC
+CCacheTimeout 10000
+Alias /docs/ $T/docs/
+Alias /raw/ $T/docs/
+<Directory />
+    Require all granted
+</Directory>
+<Location /docs/>
+    CCache On
+</Location>
+EOF
+
+if start_appd; then ok "ccappd starts ($DOCS documents, $RATE updates/s)"; else
+    bad "ccappd did not start"; cat "$T/ccappd.log"; finish; fi
+
+# Own session: on shutdown prefork signals its whole process group.
+setsid apache2 -d /etc/apache2 -f "$T/apache.conf" -DFOREGROUND >>"$T/logs/apache-stdout.log" 2>&1 &
+APACHE_PID=$!
+if wait_port "$P_HTTP" "$APACHE_PID"; then ok "apache2 starts (prefork, mod_ccache, CGI doc.cgi, port $P_HTTP)"; else
+    bad "apache2 did not start"; cat "$T/logs/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
+
+start_proxy() { # $1 mode, $2 port [, $3 prefix] -> sets PX_PID
+    "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" --prefix "${3:-/docs/}" \
+        --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" \
+        --check-timeout-ms 1000 >>"$T/ccproxy-$1.log" 2>&1 &
+    PX_PID=$!
+    PX_PIDS="$PX_PIDS $PX_PID"
+    wait_port "$2" "$PX_PID"
+}
+for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
+    if start_proxy "${m%%:*}" "${m##*:}"; then ok "ccproxy --mode ${m%%:*} starts"; else
+        bad "ccproxy --mode ${m%%:*} did not start"; cat "$T/ccproxy-${m%%:*}.log"; finish; fi
+done
+if start_proxy rdma "$P_CGI" /cgi-bin/doc.cgi/; then ok "ccproxy --mode rdma on the CGI starts"; else
+    bad "ccproxy on the CGI did not start"; finish; fi
+
+url() { echo "http://127.0.0.1:$1${2:-/docs/}"; }
+
+# ---- functional checks ----------------------------------------------------------
+
+check "the stale/half-written checker catches made-up bad responses" "${LOAD[@]}" selftest
+
+t_status() { # $1 port, $2 path, $3 expected status
+    local code
+    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$1$2") || return 1
+    echo "got $code"
+    [ "$code" = "$3" ]
+}
+t_backend_versioned() { # [$1 path prefix]
+    curl -s --max-time 20 -D "$T/h0" -o "$T/b0" "$(url "$P_HTTP" "${1:-/docs/}")3" || return 1
+    grep -qi '^X-CC-Doc-Version: [0-9]' "$T/h0" && grep -q '^doc 000003 version ' "$T/b0"
+}
+check "apache2 + mod_ccache serves a static document inside the IPC read, with X-CC-Doc-Version" t_backend_versioned /docs/
+check "apache2 CGI doc.cgi serves a document inside the IPC read, with X-CC-Doc-Version" t_backend_versioned /cgi-bin/doc.cgi/
+check "apache2 + mod_ccache: a document outside the version table is 404" t_status "$P_HTTP" /docs/99999 404
+
+t_hit() { # $1 port: a repeated request becomes a cache hit (within 10 tries)
+    for _ in $(seq 1 10); do
+        curl -s --max-time 20 -D "$T/h1" -o /dev/null "$(url "$1")15" || return 1
+        grep -qi '^X-CC-Cache: hit' "$T/h1" && grep -qi '^X-CC-Version: [0-9]' "$T/h1" && return 0
+    done
+    cat "$T/h1"
+    return 1
+}
+check "rdma: a repeated request is answered from cache (validated by RDMA Read)" t_hit "$P_RD"
+check "tcp: a repeated request is answered from cache (validated by the version thread)" t_hit "$P_TCP"
+
+check "rdma: a document outside the version table is 404 (no Read of a foreign slot)" t_status "$P_RD" /docs/99999 404
+check "tcp: a document outside the version table is 404" t_status "$P_TCP" /docs/99999 404
+t_post() {
+    local code
+    code=$(curl -s --max-time 20 -o /dev/null -w '%{http_code}' -X POST -d x "$(url "$P_RD")1") || return 1
+    echo "got $code"
+    [ "$code" = 501 ]
+}
+check "ccproxy refuses POST with 501" t_post
+
+t_malformed_ipc() {
+    /usr/bin/python3 - "$IPC" <<'EOF' || return 1
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+s.sendall(b"GET / HTTP/1.1\r\n")
+b = s.recv(16)
+magic, fmt, kind, doc, value = struct.unpack(">HBBIQ", b)
+assert (magic, kind, value) == (0x4343, 15, 3), (magic, kind, value)
+assert s.recv(16) == b"", "connection not closed after a malformed message"
+EOF
+    kill -0 "$APPD_PID" && t_backend_versioned /docs/
+}
+check "malformed IPC message: ERROR(malformed), connection closed, ccappd keeps serving" t_malformed_ipc
+
+# ---- load with updates: zero stale responses -------------------------------------
+
+t_load() { # $1 mode, $2 port, $3 requests [, $4 path prefix]
+    "${LOAD[@]}" run --url "$(url "$2" "${4:-/docs/}")" --docs "$DOCS" --requests "$3" --threads 8 \
+        --update-log "$T/updates.log" --out "$T/results-$1.jsonl" | tee -a "$T/summary" |
+        sed "s/^/$1: /" | tee "$T/summary-$1"
+}
+for m in none:$P_NONE tcp:$P_TCP rdma:$P_RD; do
+    mode="${m%%:*}"
+    check "$mode: $REQS requests under $RATE updates/s, zero stale, every body whole" t_load "$mode" "${m##*:}" "$REQS"
+    cat "$T/summary-$mode" 2>/dev/null
+done
+check "rdma on the CGI: 500 requests, zero stale, every body whole" t_load rdma-cgi "$P_CGI" 500 /cgi-bin/doc.cgi/
+cat "$T/summary-rdma-cgi" 2>/dev/null
+# Control: the same files without the read protocol (/raw/, direct). Bodies
+# that mix two versions show what the protocol prevents (informational).
+"${LOAD[@]}" mixed --url "$(url "$P_HTTP" /raw/)" --docs "$DOCS" --requests "$REQS" --threads 8 |
+    sed 's/^/control, no read protocol: /' | tee -a "$T/summary"
+
+# ---- fault: ccappd killed mid-run ------------------------------------------------
+
+# Loads on the rdma and tcp proxies; ccappd is killed 1 s into them. Every
+# response must be a 200 that is not stale or a 502, both must occur, and
+# no request sent after ccappd was dead may get a 200.
+midrun() { # $1 mode, $2 port
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests 20000 --threads 4 \
+        --update-log "$T/updates.log" --min-ok 0 --allow-status 502 --out "$T/midrun-$1.jsonl" \
+        >"$T/midrun-$1.json" 2>"$T/midrun-$1.err"
+    echo $? >"$T/midrun-$1.rc"
+}
+midrun rdma "$P_RD" &
+MR1=$!
+midrun tcp "$P_TCP" &
+MR2=$!
+sleep 1
+kill -KILL "$APPD_PID" 2>/dev/null
+timeout 10 tail --pid="$APPD_PID" -f /dev/null 2>/dev/null
+KILLED_NS=$(date +%s%N)
+APPD_PID=""
+timeout 900 tail --pid="$MR1" -f /dev/null
+timeout 900 tail --pid="$MR2" -f /dev/null
+t_midrun() { # $1 mode
+    cat "$T/midrun-$1.json" "$T/midrun-$1.err"
+    [ "$(cat "$T/midrun-$1.rc")" = 0 ] || return 1
+    /usr/bin/python3 - "$T/midrun-$1.json" "$T/midrun-$1.jsonl" "$KILLED_NS" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))["status"]
+assert s.get("200") and s.get("502"), f"want both 200s and 502s: {s}"
+late = [r for r in map(json.loads, open(sys.argv[2])) if r["status"] == 200 and r["t0"] > int(sys.argv[3])]
+assert not late, f"{len(late)} requests sent after ccappd died got 200: {late[:3]}"
+print("no 200 for a request sent after the kill")
+EOF
+}
+check "ccappd killed mid-run: rdma proxy answered fresh 200s and 502s, no 200 after the kill, zero stale" t_midrun rdma
+sed 's/^/rdma, killed mid-run: /' "$T/midrun-rdma.json"
+check "ccappd killed mid-run: tcp proxy answered fresh 200s and 502s, no 200 after the kill, zero stale" t_midrun tcp
+sed 's/^/tcp, killed mid-run: /' "$T/midrun-tcp.json"
+t_502() { # $1 port
+    "${LOAD[@]}" expect --url "$(url "$1")" --docs "$DOCS" --requests 40 --threads 4 --status 502
+}
+check "ccappd killed: rdma proxy answers 502 for every document, never content" t_502 "$P_RD"
+check "ccappd killed: tcp proxy answers 502 for every document, never content" t_502 "$P_TCP"
+check "ccappd killed: apache2 + mod_ccache answers 503, never the document" t_status "$P_HTTP" /docs/1 503
+for p in $PX_PIDS; do
+    kill -0 "$p" 2>/dev/null || bad "ccproxy pid $p died"
+done
+
+if start_appd; then ok "ccappd restarts"; else bad "ccappd did not restart"; tail "$T/ccappd.log"; finish; fi
+t_recover() { # $1 mode, $2 port
+    "${LOAD[@]}" run --url "$(url "$2")" --docs "$DOCS" --requests 300 --threads 4 \
+        --update-log "$T/updates.log" | sed "s/^/$1 after restart: /"
+}
+check "rdma proxy recovers after ccappd returns (zero stale)" t_recover rdma "$P_RD"
+check "tcp proxy recovers after ccappd returns (zero stale)" t_recover tcp "$P_TCP"
+
+# A second, separate update server (ccupdate) at 100/s beside ccappd's own
+# update thread, during a load on the rdma proxy.
+t_ccupdate() {
+    timeout 120 "$UPDATE" --ipc "$IPC" --docroot "$T/docs" --docs "$DOCS" --doc-size 4096 \
+        --rate 100 --count 200 --log "$T/updates.log" 2>"$T/ccupdate.log" &
+    local up=$! rc=0
+    "${LOAD[@]}" run --url "$(url "$P_RD")" --docs "$DOCS" --requests 5000 --threads 8 \
+        --update-log "$T/updates.log" | sed "s/^/rdma with ccupdate: /" || rc=1
+    wait "$up" || { echo "ccupdate failed:"; cat "$T/ccupdate.log"; rc=1; }
+    return "$rc"
+}
+check "ccupdate (separate update server, 200 updates) beside the update thread: zero stale" t_ccupdate
+
+# ---- fault: proxy restart (empty cache, new version connections) ---------------
+
+RD_OLD=$(for p in $PX_PIDS; do echo "$p"; done | sed -n 3p)
+stop_pid "$RD_OLD"
+if start_proxy rdma "$P_RD"; then ok "ccproxy --mode rdma restarts"; else
+    bad "ccproxy --mode rdma did not restart"; tail "$T/ccproxy-rdma.log"; finish; fi
+check "restarted rdma proxy: zero stale" t_recover rdma "$P_RD"
+
+echo "updates committed: $(wc -l <"$T/updates.log") log lines"
+finish
