@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""Socket programs for scripts/test-preload.sh, written with nothing but
+Python's `socket`/`selectors` modules, so that they run unmodified under
+libiwarp_preload.so.
+
+  helper.py serve-file PORT FILE         serve FILE to every client, forever
+  helper.py echo-server PORT MODE        echo, MODE blocking|select; forever
+  helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
+                                         echo back, exit 0 if identical
+  helper.py hold-server PORT             accept one client, block in recv;
+                                         print the wall time when recv ends
+  helper.py hold-client PORT             connect, send a little, sleep
+"""
+import hashlib
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+
+
+def listener(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+
+def serve_file(port, path):
+    data = open(path, "rb").read()
+    s = listener(port)
+    while True:
+        c, _ = s.accept()
+        try:
+            c.sendall(data)
+        except OSError:
+            pass  # a client that went away (an MPA probe of a plain server)
+        c.close()
+
+
+def echo_blocking(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+
+
+def echo_server(port, mode):
+    s = listener(port)
+    if mode == "blocking":
+        while True:
+            c, _ = s.accept()
+            threading.Thread(target=echo_blocking, args=(c,), daemon=True).start()
+    sel = selectors.DefaultSelector()
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
+    pending = {}
+    eof = set()
+    while True:
+        for key, ev in sel.select():
+            so = key.fileobj
+            if so is s:
+                try:
+                    c, _ = s.accept()
+                except BlockingIOError:
+                    continue
+                c.setblocking(False)
+                pending[c] = b""
+                sel.register(c, selectors.EVENT_READ)
+                continue
+            if ev & selectors.EVENT_READ:
+                try:
+                    b = so.recv(65536)
+                except BlockingIOError:
+                    b = None
+                if b == b"":
+                    eof.add(so)
+                elif b:
+                    pending[so] += b
+            if so in eof and not pending.get(so):
+                sel.unregister(so)
+                so.close()
+                pending.pop(so, None)
+                eof.discard(so)
+                continue
+            if pending.get(so):
+                try:
+                    n = so.send(pending[so])
+                    pending[so] = pending[so][n:]
+                except BlockingIOError:
+                    pass
+                want = (0 if so in eof else selectors.EVENT_READ) | (
+                    selectors.EVENT_WRITE if pending[so] else 0)
+                if not want:
+                    sel.unregister(so)
+                    so.close()
+                    pending.pop(so, None)
+                    eof.discard(so)
+                    continue
+                sel.modify(so, want)
+            elif so in pending:
+                sel.modify(so, selectors.EVENT_READ)
+
+
+def echo_client(port, mode, nbytes):
+    data = os.urandom(nbytes)
+    c = socket.create_connection(("127.0.0.1", port), timeout=20)
+    got = bytearray()
+    if mode == "blocking":
+        def writer():
+            c.sendall(data)
+            c.shutdown(socket.SHUT_WR)
+        t = threading.Thread(target=writer)
+        t.start()
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got += b
+        t.join()
+    else:
+        c.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(c, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        off = 0
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            for _, ev in sel.select(timeout=1):
+                if ev & selectors.EVENT_WRITE and off < len(data):
+                    try:
+                        off += c.send(data[off:off + 65536])
+                    except BlockingIOError:
+                        pass
+                    if off == len(data):
+                        c.shutdown(socket.SHUT_WR)
+                        sel.modify(c, selectors.EVENT_READ)
+                if ev & selectors.EVENT_READ:
+                    try:
+                        b = c.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    if not b:
+                        deadline = 0
+                        break
+                    got += b
+    c.close()
+    ok = hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest()
+    print(f"echo {mode}: sent {len(data)}, got {len(got)}, {'match' if ok else 'MISMATCH'}")
+    sys.exit(0 if ok else 1)
+
+
+def hold_server(port):
+    s = listener(port)
+    c, _ = s.accept()
+    c.recv(16)
+    print("ready", flush=True)
+    try:
+        b = c.recv(65536)
+        r = f"eof {len(b)}"
+    except OSError as e:
+        r = f"error {e.errno}"
+    print(f"returned {time.time():.3f} {r}", flush=True)
+
+
+def hold_client(port):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"x" * 16)
+    time.sleep(60)
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "serve-file":
+        serve_file(int(args[0]), args[1])
+    elif cmd == "echo-server":
+        echo_server(int(args[0]), args[1])
+    elif cmd == "echo-client":
+        echo_client(int(args[0]), args[1], int(args[2]))
+    elif cmd == "hold-server":
+        hold_server(int(args[0]))
+    elif cmd == "hold-client":
+        hold_client(int(args[0]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
