@@ -7,9 +7,17 @@ libiwarp_preload.so.
   helper.py echo-server PORT MODE        echo, MODE blocking|select; forever
   helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
                                          echo back, exit 0 if identical
-  helper.py hold-server PORT             accept one client, block in recv;
-                                         print the wall time when recv ends
-  helper.py hold-client PORT             connect, send a little, sleep
+  helper.py fetch PORT N                 connect N times, read to the end,
+                                         print each SHA-256
+  helper.py hold-server PORT read|sleep  accept one client, read 16 bytes,
+                                         print "ready", then block in recv
+                                         (print the wall time when it ends)
+                                         or sleep
+  helper.py hold-client PORT read|sleep  connect, send 16 bytes, then sleep
+                                         or block in recv (as above)
+  helper.py fork-echo PORT               accept one client, fork: the child
+                                         closes its copy and exits, the
+                                         parent then echoes
 """
 import hashlib
 import os
@@ -153,11 +161,23 @@ def echo_client(port, mode, nbytes):
     sys.exit(0 if ok else 1)
 
 
-def hold_server(port):
-    s = listener(port)
-    c, _ = s.accept()
-    c.recv(16)
-    print("ready", flush=True)
+def fetch(port, n):
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port), timeout=20)
+        h = hashlib.sha256()
+        while True:
+            b = c.recv(1 << 16)
+            if not b:
+                break
+            h.update(b)
+        c.close()
+        print(h.hexdigest(), flush=True)
+
+
+def block(c, mode):
+    if mode == "sleep":
+        time.sleep(60)
+        return
     try:
         b = c.recv(65536)
         r = f"eof {len(b)}"
@@ -166,10 +186,31 @@ def hold_server(port):
     print(f"returned {time.time():.3f} {r}", flush=True)
 
 
-def hold_client(port):
+def hold_server(port, mode):
+    s = listener(port)
+    c, _ = s.accept()
+    c.recv(16)
+    print("ready", flush=True)
+    block(c, mode)
+
+
+def hold_client(port, mode):
     c = socket.create_connection(("127.0.0.1", port))
     c.sendall(b"x" * 16)
-    time.sleep(60)
+    print("ready", flush=True)
+    block(c, mode)
+
+
+def fork_echo(port):
+    s = listener(port)
+    c, _ = s.accept()
+    pid = os.fork()
+    if pid == 0:
+        c.close()
+        s.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    echo_blocking(c)
 
 
 def main():
@@ -180,10 +221,14 @@ def main():
         echo_server(int(args[0]), args[1])
     elif cmd == "echo-client":
         echo_client(int(args[0]), args[1], int(args[2]))
+    elif cmd == "fetch":
+        fetch(int(args[0]), int(args[1]))
     elif cmd == "hold-server":
-        hold_server(int(args[0]))
+        hold_server(int(args[0]), args[1])
     elif cmd == "hold-client":
-        hold_client(int(args[0]))
+        hold_client(int(args[0]), args[1])
+    elif cmd == "fork-echo":
+        fork_echo(int(args[0]))
     else:
         sys.exit(__doc__)
 

@@ -38,6 +38,17 @@ use iwarp_rsocket::real::real;
 use iwarp_rsocket::{attach, ops, table};
 use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 
+/// Reads the configuration when the library is loaded, before `main`:
+/// some servers clear their environment before they accept (nginx
+/// workers keep only `TZ`), and the settings must still hold there.
+#[used]
+#[link_section = ".init_array"]
+static LOAD_CONFIG: extern "C" fn() = load_config;
+
+extern "C" fn load_config() {
+    let _ = std::panic::catch_unwind(config::get);
+}
+
 macro_rules! on_stream {
     ($fd:expr, $what:literal, |$s:ident| $body:expr, else $real:expr) => {
         match table::lookup($fd) {
@@ -369,6 +380,7 @@ pub extern "C" fn close(fd: c_int) -> c_int {
         // SAFETY: passed through.
         return unsafe { (real().close)(fd) };
     }
+    tracing::debug!(fd, "close of an iWARP stream");
     boundary("close", || table::close(fd))
 }
 
@@ -392,7 +404,7 @@ pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_
 #[no_mangle]
 pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: passed through.
-    on_stream!(fd, "shutdown", |s| ops::shutdown(&s, how), else unsafe { (real().shutdown)(fd, how) })
+    on_stream!(fd, "shutdown", |s| { tracing::debug!(fd, how, "shutdown of an iWARP stream"); ops::shutdown(&s, how) }, else unsafe { (real().shutdown)(fd, how) })
 }
 
 #[no_mangle]

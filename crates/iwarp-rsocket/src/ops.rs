@@ -5,6 +5,7 @@
 
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
@@ -27,7 +28,7 @@ pub fn recv_into(s: &Sock, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     if s.inherited() {
         return Err(unsupported_inherited());
     }
-    if buf.is_empty() {
+    if buf.is_empty() || s.read_shut.load(Ordering::Acquire) {
         return Ok(0);
     }
     let peek = flags & libc::MSG_PEEK != 0;
@@ -58,6 +59,7 @@ pub fn recv_into(s: &Sock, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
         match r {
             Ok(0) => return Ok(done),
             Ok(n) => {
+                s.last_was_send.store(false, Ordering::Release);
                 if peek {
                     s.pushback
                         .lock()
@@ -87,7 +89,11 @@ pub fn send_from(s: &Sock, buf: &[u8], flags: c_int) -> io::Result<usize> {
     } else {
         s.stream.send(buf)
     };
+    if matches!(r, Ok(n) if n > 0) {
+        s.last_was_send.store(true, Ordering::Release);
+    }
     if let Err(e) = &r {
+        tracing::debug!(error = %e, len = buf.len(), "send on an iWARP stream failed");
         if crate::errno::code(e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
             // Like a TCP socket: writing to a closed connection raises
             // SIGPIPE unless MSG_NOSIGNAL.
@@ -233,6 +239,9 @@ pub unsafe fn writev(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> s
                 return total as ssize_t;
             }
             let r = (&s.stream).write_vectored(&io);
+            if matches!(r, Ok(n) if n > 0) {
+                s.last_was_send.store(true, Ordering::Release);
+            }
             if let Err(e) = &r {
                 if crate::errno::code(e) == libc::EPIPE && flags & libc::MSG_NOSIGNAL == 0 {
                     // SAFETY: raising a signal in this thread.
@@ -337,21 +346,28 @@ pub unsafe fn sendfile(s: &Sock, in_fd: c_int, offset: *mut libc::off_t, count: 
     total as ssize_t
 }
 
-/// `shutdown(2)`.
+/// `shutdown(2)`. The read side is shut locally (as on TCP, nothing goes
+/// on the wire for it); the write side sends the end of stream. The
+/// disconnect message goes when the stream closes.
 pub fn shutdown(s: &Sock, how: c_int) -> c_int {
-    let how = match how {
-        libc::SHUT_RD => std::net::Shutdown::Read,
-        libc::SHUT_WR => std::net::Shutdown::Write,
-        libc::SHUT_RDWR => std::net::Shutdown::Both,
+    let (rd, wr) = match how {
+        libc::SHUT_RD => (true, false),
+        libc::SHUT_WR => (false, true),
+        libc::SHUT_RDWR => (true, true),
         _ => return fail_with(libc::EINVAL),
     };
     if s.inherited() {
         return fail(&unsupported_inherited());
     }
-    match s.stream.shutdown(how) {
-        Ok(()) => 0,
-        Err(e) => fail(&e),
+    if rd {
+        s.read_shut.store(true, Ordering::Release);
     }
+    if wr {
+        if let Err(e) = s.stream.shutdown(std::net::Shutdown::Write) {
+            return fail(&e);
+        }
+    }
+    0
 }
 
 /// Writes `a` as a `sockaddr` into `addr`/`len` (truncated like the

@@ -112,6 +112,14 @@ pub struct Sock {
     pub timeouts: Mutex<(Option<Duration>, Option<Duration>)>,
     /// `SO_KEEPALIVE` as set (for `getsockopt`).
     pub keepalive: AtomicBool,
+    /// The program's last successful call on the stream was a send (see
+    /// [`graceful_end`]).
+    pub last_was_send: AtomicBool,
+    /// The program shut down the read side (`SHUT_RD`, `SHUT_RDWR`): reads
+    /// return end of stream. Local only, as on TCP (nothing goes on the
+    /// wire for it), so the stream can still see the peer's end of stream
+    /// in [`graceful_end`].
+    pub read_shut: AtomicBool,
     generation: u32,
 }
 
@@ -165,9 +173,77 @@ fn release(sock: Option<Arc<Sock>>) {
             std::mem::forget(s);
         } else {
             let _inside = Inside::enter();
+            if Arc::strong_count(&s) == 1 && s.last_was_send.load(Ordering::Acquire) {
+                graceful_end(&s);
+            }
             drop(s);
         }
     }
+}
+
+/// Before the last descriptor of a stream whose last call was a send
+/// closes: sends the end of stream and waits (bounded by the stream's
+/// linger) for the peer's end of stream, discarding what arrives.
+///
+/// Why: closing the stream closes its TCP connection at once, and a TCP
+/// socket closed with unread input sends a reset, on which the peer's
+/// kernel drops the data it has not yet handed to the peer's stack: the
+/// last bytes of an upload that ends with `close` (socat does exactly
+/// that) would be lost. Waiting for the peer's end of stream means the
+/// peer has read everything first. (This belongs in the stack's close;
+/// until it moves there, the table does it.)
+fn graceful_end(s: &Sock) {
+    let _ = s.stream.shutdown(std::net::Shutdown::Write);
+    let start = std::time::Instant::now();
+    let deadline = start + s.stream.options().linger;
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.stream.recv_nonblocking(&mut buf) {
+            Ok(0) => {
+                tracing::debug!(waited = ?start.elapsed(), "close: the peer's end of stream came");
+                return;
+            }
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                tracing::debug!(waited = ?start.elapsed(), error = %e, "close: the stream ended");
+                return;
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            tracing::debug!("close: no end of stream from the peer within the linger time");
+            return;
+        }
+        let mut p = libc::pollfd {
+            fd: s.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { (real().poll)(&mut p, 1, left.as_millis().clamp(1, 1000) as libc::c_int) };
+    }
+}
+
+/// At `exit`: every stream still open is closed as `close` would, so that
+/// data still queued in the send ring leaves and the peer reads it (a
+/// program that ends with `exit` without closing its sockets, like socat,
+/// would otherwise lose its last bytes: the kernel closes the TCP
+/// connection with the stack's buffers unsent).
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let all: Vec<Arc<Sock>> = {
+            let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+            let fds: Vec<RawFd> = t.keys().copied().collect();
+            for fd in &fds {
+                set(&TAKEN, *fd, false);
+            }
+            std::mem::take(&mut *t).into_values().collect()
+        };
+        for s in all {
+            release(Some(s));
+        }
+    });
 }
 
 extern "C" fn after_fork_child() {
@@ -189,10 +265,12 @@ pub fn new_streams_allowed() -> bool {
 pub fn note_stream() {
     static ATFORK: Once = Once::new();
     ATFORK.call_once(|| {
-        // SAFETY: registers a plain function without arguments as the
-        // child handler; it only touches atomics.
+        // SAFETY: registers plain functions without arguments: the fork
+        // child handler only touches atomics; the exit handler runs
+        // before the process's threads are gone.
         unsafe {
             libc::pthread_atfork(None, None, Some(after_fork_child));
+            libc::atexit(at_exit);
         }
     });
     EVER_STREAM.store(true, Ordering::Release);
@@ -226,6 +304,8 @@ pub fn install(fd: RawFd, stream: Stream, cloexec: bool) -> io::Result<()> {
         pushback: Mutex::new(Vec::new()),
         timeouts: Mutex::new((None, None)),
         keepalive: AtomicBool::new(false),
+        last_was_send: AtomicBool::new(false),
+        read_shut: AtomicBool::new(false),
         generation: GENERATION.load(Ordering::Acquire),
     });
     clear_pending(fd);
