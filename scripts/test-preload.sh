@@ -246,6 +246,31 @@ t_remembered() {
 }
 check "b) matrix: a plain peer is remembered (second connect plain at once)" t_remembered
 stop "$MSRV"
+MSRV=""
+
+# t_config: IWARP_PRELOAD_PORTS leaves other ports alone; the same key in
+# an IWARP_PRELOAD_CONFIG file takes the port over.
+t_config() {
+    local s out
+    next_port
+    rm -f "$T/b-cfg-srv.stats" "$T/b-cfg-cli.stats"
+    printf '# test config\nports = %s\npeek_ms = 300\n' "$PORT" >"$T/preload.conf"
+    chmod 644 "$T/preload.conf"
+    bgpre "$T/b-cfg-srv.stats" env IWARP_PRELOAD_CONFIG="$T/preload.conf" \
+        timeout 60 "$PY" "$HELPER" serve-file "$PORT" "$T/in4"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/b-cfg-cli.stats" env IWARP_PRELOAD_PORTS=1 timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (PORTS=1)"; return 1; }
+    [ ! -s "$T/b-cfg-cli.stats" ] || { echo "a client limited to port 1 took port $PORT over:"; cat "$T/b-cfg-cli.stats"; return 1; }
+    has "$T/b-cfg-srv.stats" "accept plain" || return 1
+    out=$(pre "$T/b-cfg-cli.stats" env IWARP_PRELOAD_CONFIG="$T/preload.conf" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (config file)"; return 1; }
+    stop "$s"
+    has "$T/b-cfg-cli.stats" "connect iwarp" && has "$T/b-cfg-srv.stats" "accept iwarp" || return 1
+    echo "info: IWARP_PRELOAD_PORTS=1 left port $PORT plain; ports = $PORT in the config file took it over"
+}
+check "b) config: IWARP_PRELOAD_PORTS filter and IWARP_PRELOAD_CONFIG file" t_config
 
 # ---- c) Python's socket module ----------------------------------------------------
 t_python() { # server mode, client mode
