@@ -382,11 +382,12 @@ EOF
 check "f) curl -> nginx (sendfile), preloaded and plain curl, 64 MiB, SHA-256" t_nginx
 
 # ---- g) faults and fork ----------------------------------------------------------------------------
-# t_kill WHO: WHO (client|server) is killed while the other side is blocked
-# in recv; that recv must return within 1 s.
+# t_kill WHO [write]: WHO (client|server) is killed while the other side
+# is blocked in recv (or, with `write`, the client in send to a server that
+# does not read); that call must return within 1 s.
 t_kill() {
     next_port
-    local victim=$1 s c blocked_out killed ret
+    local victim=$1 how=${2:-read} s c blocked_out killed ret
     rm -f "$T/g-srv.out" "$T/g-cli.out"
     if [ "$victim" = client ]; then
         bgpre "$T/g.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" read >"$T/g-srv.out"
@@ -401,7 +402,7 @@ t_kill() {
         bgpre "$T/g.stats" "$PY" "$HELPER" hold-server "$PORT" sleep >"$T/g-srv.out"
         s=$BGPID
         wait_listen "$PORT" || return 1
-        bgpre "$T/g.stats" timeout 30 "$PY" "$HELPER" hold-client "$PORT" read >"$T/g-cli.out"
+        bgpre "$T/g.stats" timeout 30 "$PY" "$HELPER" hold-client "$PORT" "$how" >"$T/g-cli.out"
         c=$BGPID
         blocked_out="$T/g-cli.out"
         killed=$s
@@ -421,12 +422,13 @@ t_kill() {
     [ -n "$ret" ] || { echo "the blocked recv did not return"; cat "$blocked_out"; return 1; }
     local ms
     ms=$("$PY" -c "print(int((max($ret - $t0, 0)) * 1000))")
-    echo "info: recv returned $((ms)) ms after the kill ($(sed -n 's/^returned [0-9.]* //p' "$blocked_out"))"
+    echo "info: $how returned $((ms)) ms after the kill ($(sed -n 's/^returned [0-9.]* //p' "$blocked_out"))"
     [ "$ms" -le 1000 ] || { echo "too slow: $ms ms"; return 1; }
     has "$T/g.stats" "connect iwarp"
 }
 check "g) client killed: the server's blocked recv returns within 1 s" t_kill client
 check "g) server killed: the client's blocked recv returns within 1 s" t_kill server
+check "g) server killed: the client's blocked send returns within 1 s" t_kill server write
 t_fork() {
     next_port
     local s

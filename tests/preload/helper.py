@@ -13,8 +13,10 @@ libiwarp_preload.so.
                                          print "ready", then block in recv
                                          (print the wall time when it ends)
                                          or sleep
-  helper.py hold-client PORT read|sleep  connect, send 16 bytes, then sleep
-                                         or block in recv (as above)
+  helper.py hold-client PORT read|sleep|write
+                                         connect, send 16 bytes, then sleep,
+                                         block in recv (as above) or send
+                                         until a send blocks and fails
   helper.py fork-echo PORT               accept one client, fork: the child
                                          closes its copy and exits, the
                                          parent then echoes
@@ -177,6 +179,16 @@ def fetch(port, n):
 def block(c, mode):
     if mode == "sleep":
         time.sleep(60)
+        return
+    if mode == "write":
+        # Fill the peer (which does not read) until send blocks, and
+        # report when it fails.
+        chunk = b"w" * 65536
+        try:
+            while True:
+                c.sendall(chunk)
+        except OSError as e:
+            print(f"returned {time.time():.3f} error {e.errno}", flush=True)
         return
     try:
         b = c.recv(65536)

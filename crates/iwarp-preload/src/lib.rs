@@ -212,8 +212,15 @@ pub unsafe extern "C" fn accept(lfd: c_int, addr: *mut sockaddr, len: *mut sockl
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
-    // SAFETY: the caller's promise: `buf` valid for `n` bytes.
-    on_stream!(fd, "read", |s| unsafe { ops::recv(&s, buf, n, 0) }, else unsafe { (real().read)(fd, buf, n) })
+    on_stream!(
+        fd,
+        "read",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recv(&s, buf, n, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().read)(fd, buf, n) }
+    )
 }
 
 #[no_mangle]
@@ -234,26 +241,54 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    // SAFETY: the caller's promise: `buf` valid for `n` bytes.
-    on_stream!(fd, "write", |s| unsafe { ops::send(&s, buf, n, 0) }, else unsafe { (real().write)(fd, buf, n) })
+    on_stream!(
+        fd,
+        "write",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().write)(fd, buf, n) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "readv", |s| unsafe { ops::readv(&s, iov, cnt, 0) }, else unsafe { (real().readv)(fd, iov, cnt) })
+    on_stream!(
+        fd,
+        "readv",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::readv(&s, iov, cnt, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().readv)(fd, iov, cnt) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "writev", |s| unsafe { ops::writev(&s, iov, cnt, 0) }, else unsafe { (real().writev)(fd, iov, cnt) })
+    on_stream!(
+        fd,
+        "writev",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::writev(&s, iov, cnt, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().writev)(fd, iov, cnt) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "recv", |s| unsafe { ops::recv(&s, buf, n, flags) }, else unsafe { (real().recv)(fd, buf, n, flags) })
+    on_stream!(
+        fd,
+        "recv",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recv(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().recv)(fd, buf, n, flags) }
+    )
 }
 
 #[no_mangle]
@@ -274,8 +309,15 @@ pub unsafe extern "C" fn __recv_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "send", |s| unsafe { ops::send(&s, buf, n, flags) }, else unsafe { (real().send)(fd, buf, n, flags) })
+    on_stream!(
+        fd,
+        "send",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().send)(fd, buf, n, flags) }
+    )
 }
 
 #[no_mangle]
@@ -331,20 +373,41 @@ pub unsafe extern "C" fn sendto(
     dst: *const sockaddr,
     dstlen: socklen_t,
 ) -> ssize_t {
-    // SAFETY: the caller's promise (the address is ignored on a stream).
-    on_stream!(fd, "sendto", |s| unsafe { ops::send(&s, buf, n, flags) }, else unsafe { (real().sendto)(fd, buf, n, flags, dst, dstlen) })
+    on_stream!(
+        fd,
+        "sendto",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendto)(fd, buf, n, flags, dst, dstlen) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "recvmsg", |s| unsafe { ops::recvmsg(&s, msg, flags) }, else unsafe { (real().recvmsg)(fd, msg, flags) })
+    on_stream!(
+        fd,
+        "recvmsg",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recvmsg(&s, msg, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().recvmsg)(fd, msg, flags) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "sendmsg", |s| unsafe { ops::sendmsg(&s, msg, flags) }, else unsafe { (real().sendmsg)(fd, msg, flags) })
+    on_stream!(
+        fd,
+        "sendmsg",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sendmsg(&s, msg, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendmsg)(fd, msg, flags) }
+    )
 }
 
 #[no_mangle]
@@ -357,8 +420,15 @@ pub unsafe extern "C" fn sendfile(
     if table::lookup(in_fd).is_some() {
         return fail_with(libc::EINVAL);
     }
-    // SAFETY: the caller's promise.
-    on_stream!(out, "sendfile", |s| unsafe { ops::sendfile(&s, in_fd, off, count) }, else unsafe { (real().sendfile)(out, in_fd, off, count) })
+    on_stream!(
+        out,
+        "sendfile",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sendfile(&s, in_fd, off, count) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendfile)(out, in_fd, off, count) }
+    )
 }
 
 #[no_mangle]
@@ -404,7 +474,16 @@ pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_
 #[no_mangle]
 pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: passed through.
-    on_stream!(fd, "shutdown", |s| { tracing::debug!(fd, how, "shutdown of an iWARP stream"); ops::shutdown(&s, how) }, else unsafe { (real().shutdown)(fd, how) })
+    on_stream!(
+        fd,
+        "shutdown",
+        |s| {
+            tracing::debug!(fd, how, "shutdown of an iWARP stream");
+            ops::shutdown(&s, how)
+        },
+        // SAFETY: passed through.
+        else unsafe { (real().shutdown)(fd, how) }
+    )
 }
 
 #[no_mangle]
@@ -452,9 +531,11 @@ pub extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     if let Some(s) = table::lookup(fd) {
-        // SAFETY: the caller's promise about `arg`.
         let rc = boundary("ioctl", || {
-            unsafe { ops::ioctl(&s, req, arg) }.unwrap_or(-2)
+            // SAFETY: the caller's promise: `arg` points to what `req`
+            // says (an int for FIONREAD and FIONBIO).
+            let r = unsafe { ops::ioctl(&s, req, arg) };
+            r.unwrap_or(-2)
         });
         if rc != -2 {
             return rc;
@@ -468,14 +549,28 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
 
 #[no_mangle]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "getsockname", |s| unsafe { ops::sockname(&s, false, addr, len) }, else unsafe { (real().getsockname)(fd, addr, len) })
+    on_stream!(
+        fd,
+        "getsockname",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sockname(&s, false, addr, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getsockname)(fd, addr, len) }
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "getpeername", |s| unsafe { ops::sockname(&s, true, addr, len) }, else unsafe { (real().getpeername)(fd, addr, len) })
+    on_stream!(
+        fd,
+        "getpeername",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sockname(&s, true, addr, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getpeername)(fd, addr, len) }
+    )
 }
 
 #[no_mangle]
@@ -508,6 +603,13 @@ pub unsafe extern "C" fn getsockopt(
     val: *mut c_void,
     len: *mut socklen_t,
 ) -> c_int {
-    // SAFETY: the caller's promise.
-    on_stream!(fd, "getsockopt", |s| unsafe { ops::getsockopt(&s, level, name, val, len) }, else unsafe { (real().getsockopt)(fd, level, name, val, len) })
+    on_stream!(
+        fd,
+        "getsockopt",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::getsockopt(&s, level, name, val, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getsockopt)(fd, level, name, val, len) }
+    )
 }

@@ -174,9 +174,11 @@ pub extern "C" fn rclose(fd: c_int) -> c_int {
 /// `buf` must be valid for `len` bytes of writes.
 #[no_mangle]
 pub unsafe extern "C" fn rrecv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rrecv", || {
-        with_stream!(fd, |s| unsafe { ops::recv(&s, buf, len, flags) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::recv(&s, buf, len, flags) }
+        })
     })
 }
 
@@ -212,9 +214,11 @@ pub unsafe extern "C" fn rrecvfrom(
 /// `msg` must be a valid `msghdr`.
 #[no_mangle]
 pub unsafe extern "C" fn rrecvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rrecvmsg", || {
-        with_stream!(fd, |s| unsafe { ops::recvmsg(&s, msg, flags) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::recvmsg(&s, msg, flags) }
+        })
     })
 }
 
@@ -229,9 +233,11 @@ pub unsafe extern "C" fn rsend(
     len: size_t,
     flags: c_int,
 ) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rsend", || {
-        with_stream!(fd, |s| unsafe { ops::send(&s, buf, len, flags) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::send(&s, buf, len, flags) }
+        })
     })
 }
 
@@ -249,9 +255,11 @@ pub unsafe extern "C" fn rsendto(
     _dest: *const sockaddr,
     _destlen: socklen_t,
 ) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rsendto", || {
-        with_stream!(fd, |s| unsafe { ops::send(&s, buf, len, flags) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::send(&s, buf, len, flags) }
+        })
     })
 }
 
@@ -261,9 +269,11 @@ pub unsafe extern "C" fn rsendto(
 /// `msg` must be a valid `msghdr`.
 #[no_mangle]
 pub unsafe extern "C" fn rsendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rsendmsg", || {
-        with_stream!(fd, |s| unsafe { ops::sendmsg(&s, msg, flags) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::sendmsg(&s, msg, flags) }
+        })
     })
 }
 
@@ -273,9 +283,11 @@ pub unsafe extern "C" fn rsendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -
 /// As `rrecv`.
 #[no_mangle]
 pub unsafe extern "C" fn rread(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rread", || {
-        with_stream!(fd, |s| unsafe { ops::recv(&s, buf, len, 0) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::recv(&s, buf, len, 0) }
+        })
     })
 }
 
@@ -285,9 +297,11 @@ pub unsafe extern "C" fn rread(fd: c_int, buf: *mut c_void, len: size_t) -> ssiz
 /// `iov` must point to `cnt` valid `iovec`s.
 #[no_mangle]
 pub unsafe extern "C" fn rreadv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rreadv", || {
-        with_stream!(fd, |s| unsafe { ops::readv(&s, iov, cnt, 0) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::readv(&s, iov, cnt, 0) }
+        })
     })
 }
 
@@ -297,9 +311,11 @@ pub unsafe extern "C" fn rreadv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
 /// As `rsend`.
 #[no_mangle]
 pub unsafe extern "C" fn rwrite(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rwrite", || {
-        with_stream!(fd, |s| unsafe { ops::send(&s, buf, len, 0) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::send(&s, buf, len, 0) }
+        })
     })
 }
 
@@ -309,9 +325,11 @@ pub unsafe extern "C" fn rwrite(fd: c_int, buf: *const c_void, len: size_t) -> s
 /// `iov` must point to `cnt` valid `iovec`s.
 #[no_mangle]
 pub unsafe extern "C" fn rwritev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    // SAFETY: the caller's promise.
     boundary("rwritev", || {
-        with_stream!(fd, |s| unsafe { ops::writev(&s, iov, cnt, 0) })
+        with_stream!(fd, |s| {
+            // SAFETY: the caller's promise (see the function's doc).
+            unsafe { ops::writev(&s, iov, cnt, 0) }
+        })
     })
 }
 
