@@ -177,7 +177,10 @@ step_cargo_test() {
     # rdma-xfer and rftp are tested by scripts/test-rftp.sh (which first
     # installs the FTP clients their tests drive), so not twice.
     timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release \
-        --exclude rdma-xfer --exclude rftp
+        --exclude rdma-xfer --exclude rftp || return 1
+    # The sockets library's optional tokio wrapper.
+    timeout --kill-after=30 600 cargo test --release -p iwarp-sockets \
+        --features tokio --lib tokio_io
 }
 
 # The siw interop step: test-siw.sh exits 77 when the guest cannot run

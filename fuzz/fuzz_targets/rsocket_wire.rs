@@ -63,9 +63,29 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(g) = flow.recv(u32::MAX) {
             assert!(g.spans.len() <= cfg.rbuf_size, "granted more than the ring");
         }
-        if i % 3 == 0 {
-            let _ = flow.send(64, &mut target);
+        // The application's sends, chosen by the input: plain, buffered
+        // (held or pushed), zero copy, and a push of what is held.
+        let pick = w.get(1).copied().unwrap_or(0);
+        let want = u32::from(w.get(2).copied().unwrap_or(64)) * 37;
+        match (i % 3, pick % 5) {
+            (0, 0) => {
+                let _ = flow.send(want, &mut target);
+            }
+            (0, 1) => {
+                let _ = flow.send_buffered(want, &mut target, false);
+            }
+            (0, 2) => {
+                let _ = flow.send_buffered(want, &mut target, true);
+            }
+            (0, 3) => {
+                let _ = flow.send_zcopy(want, &mut target);
+            }
+            (0, _) => {
+                flow.push(&mut target);
+            }
+            _ => {}
         }
+        assert!(flow.buffered() <= cfg.sbuf_size, "buffered more than the send ring");
         // Complete what the flow posts, as a driver would (the peer's
         // input decides whether the completions succeed).
         let ok = w.first().is_none_or(|b| b & 0x80 == 0);

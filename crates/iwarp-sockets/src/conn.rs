@@ -30,7 +30,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,10 @@ use crate::flow::{
 use crate::options::{Design, Options};
 use crate::ready::Readiness;
 use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, SGE_LEN};
+
+/// The longest a blocked call waits on the completion queue before it
+/// looks at the stream again (a close or shutdown from another thread).
+const WAIT_SLICE: Duration = Duration::from_millis(20);
 
 /// Bytes of one `ctl` slot (an `rs_sge`; a message word uses 4 of them).
 const CTL_SLOT: usize = SGE_LEN;
@@ -70,8 +74,36 @@ pub struct Stats {
     pub bytes_received: u64,
 }
 
+/// What a watermark callback is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Watermark {
+    /// At least the receive watermark is readable, or the stream reached
+    /// end of stream or an error (a read returns at once).
+    Readable,
+    /// At least the send watermark of send buffer is free, or the stream
+    /// can no longer be written (a write returns at once).
+    Writable,
+}
+
+/// A watermark callback (see `Stream::set_watermarks`).
+pub type WatermarkFn = Arc<dyn Fn(Watermark) + Send + Sync>;
+
+/// The watermarks and callback of a stream.
+#[derive(Default)]
+struct Marks {
+    cb: Option<WatermarkFn>,
+    rcvlowat: u64,
+    sndlowat: u32,
+    /// Fired, and the condition has not gone false since.
+    read_fired: bool,
+    write_fired: bool,
+    /// To call once the lock is released.
+    due: Vec<Watermark>,
+}
+
 struct State {
     flow: Flow,
+    marks: Marks,
     /// Next `ctl` slot.
     ctl_next: usize,
     /// Data Writes posted and not yet completed (on their way to the wire).
@@ -85,6 +117,8 @@ struct State {
     closed: bool,
     /// A keepalive tick passed with no traffic.
     idle: bool,
+    /// Completions handled so far (progress, for `close`'s linger).
+    completions: u64,
     stats: Stats,
     sends: Vec<SendWr>,
     recvs: Vec<RecvWr>,
@@ -110,8 +144,9 @@ pub(crate) struct Conn {
     state: Mutex<State>,
     cond: Condvar,
     ready: Readiness,
-    /// A thread busy-polls this connection: the progress thread keeps out.
-    busy: AtomicBool,
+    /// Threads waiting on the completion queue in a stream call: they
+    /// drain it themselves, so the progress thread keeps out meanwhile.
+    cq_waiters: AtomicUsize,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
 }
@@ -154,7 +189,12 @@ impl Parts {
         let ctx = Context::open().map_err(verbs_err)?;
         let pd = ctx.alloc_pd();
         let sq = u32::from(opts.sq_size.max(crate::flow::QP_MIN_SIZE));
-        let rq = u32::from(opts.rq_size.max(crate::flow::QP_MIN_SIZE));
+        // Credits granted; the queue holds RQ_EXTRA more (flow::RQ_EXTRA).
+        let credits = opts.rq_size.clamp(
+            crate::flow::QP_MIN_SIZE,
+            crate::flow::QP_MAX_SIZE - crate::flow::RQ_EXTRA,
+        );
+        let rq = u32::from(credits + crate::flow::RQ_EXTRA);
         let cq = ctx.create_cq((sq + rq) as usize + 16).map_err(verbs_err)?;
         let mode = if opts.busy_poll {
             ProgressMode::BusyPoll
@@ -186,7 +226,7 @@ impl Parts {
             .map_err(verbs_err)?;
         let flow = Flow::new(Config {
             sq_size: sq as u16,
-            rq_size: rq as u16,
+            rq_size: credits,
             sbuf_size: opts.sbuf_size,
             rbuf_size: opts.rbuf_size,
             order: ByteOrder::NATIVE,
@@ -256,6 +296,7 @@ impl Parts {
             cq_fd,
             state: Mutex::new(State {
                 flow: self.flow,
+                marks: Marks::default(),
                 ctl_next: 0,
                 inflight: 0,
                 zc_inflight: 0,
@@ -263,6 +304,7 @@ impl Parts {
                 broken: None,
                 closed: false,
                 idle: false,
+                completions: 0,
                 stats: Stats::default(),
                 sends: Vec::with_capacity(64),
                 recvs: Vec::with_capacity(64),
@@ -270,7 +312,7 @@ impl Parts {
             }),
             cond: Condvar::new(),
             ready: Readiness::new()?,
-            busy: AtomicBool::new(false),
+            cq_waiters: AtomicUsize::new(0),
         });
         {
             let mut st = conn.lock();
@@ -527,6 +569,7 @@ impl Conn {
     }
 
     fn complete(&self, st: &mut State, wc: WorkCompletion) {
+        st.completions += 1;
         let ok = wc.status == WcStatus::Success;
         match wc.queue {
             WcQueue::Recv => {
@@ -628,15 +671,77 @@ impl Conn {
         let readable = st.flow.poll_readable() || st.broken.is_some();
         let writable = st.broken.is_some() || !st.flow.is_writable() || self.can_write(st);
         self.ready.show(readable, writable);
+        if st.marks.cb.is_some() {
+            let r = st.broken.is_some()
+                || !st.flow.is_readable()
+                || (st.flow.bytes_queued() >= st.marks.rcvlowat.max(1));
+            let w = st.broken.is_some()
+                || !st.flow.is_writable()
+                || (st.flow.send_space() >= st.marks.sndlowat.max(1) && self.can_write(st));
+            if r && !st.marks.read_fired {
+                st.marks.read_fired = true;
+                st.marks.due.push(Watermark::Readable);
+            }
+            st.marks.read_fired &= r;
+            if w && !st.marks.write_fired {
+                st.marks.write_fired = true;
+                st.marks.due.push(Watermark::Writable);
+            }
+            st.marks.write_fired &= w;
+        }
     }
 
-    /// The progress thread's entry: drain unless a thread busy-polls.
+    /// Releases the lock, then runs the watermark callbacks that became
+    /// due (never under the lock: a callback may read or write).
+    fn unlock_and_notify(&self, mut st: MutexGuard<'_, State>) {
+        if st.marks.due.is_empty() {
+            return;
+        }
+        let due = std::mem::take(&mut st.marks.due);
+        let cb = st.marks.cb.clone();
+        drop(st);
+        if let Some(cb) = cb {
+            for ev in due {
+                cb(ev);
+            }
+        }
+    }
+
+    /// Sets the watermark callback: `cb(Readable)` when at least
+    /// `rcvlowat` bytes are readable (or end of stream / error),
+    /// `cb(Writable)` when at least `sndlowat` bytes of send buffer are
+    /// free (or writes would fail). Each fires once per crossing: again
+    /// only after its condition went false (data read, buffer filled). It
+    /// runs on the progress thread or on a thread inside a stream call,
+    /// never with the stream locked.
+    pub(crate) fn set_watermarks(&self, rcvlowat: u64, sndlowat: u32, cb: Option<WatermarkFn>) {
+        let mut st = self.lock();
+        st.marks = Marks {
+            cb,
+            rcvlowat,
+            sndlowat,
+            ..Marks::default()
+        };
+        self.drain(&mut st);
+        self.refresh(&mut st);
+        self.unlock_and_notify(st);
+    }
+
+    /// The progress thread's entry: drain, unless a thread waits on the
+    /// completion queue in a stream call (it is woken by the same
+    /// completion and drains it itself).
     pub(crate) fn progress(&self) {
-        if self.busy.load(Ordering::Acquire) {
+        if self.cq_waiters.load(Ordering::Acquire) > 0 {
             return;
         }
         let mut st = self.lock();
+        // Again under the lock: a thread that started waiting meanwhile
+        // (it registers before it releases the lock) drains it itself.
+        if self.cq_waiters.load(Ordering::Acquire) > 0 {
+            return;
+        }
         self.drain(&mut st);
+        self.unlock_and_notify(st);
     }
 
     /// The progress thread's keepalive tick.
@@ -668,20 +773,19 @@ impl Conn {
             }
             None => Duration::from_secs(3600),
         };
-        if self.opts.busy_poll {
-            self.busy.store(true, Ordering::Release);
-            drop(st);
-            let _ = self.cq.wait(left.min(Duration::from_millis(10)));
-            st = self.lock();
-            self.busy.store(false, Ordering::Release);
-            self.drain(&mut st);
-            return (st, Waited::Again);
-        }
-        let (g, _) = self
-            .cond
-            .wait_timeout(st, left)
-            .unwrap_or_else(|e| e.into_inner());
-        (g, Waited::Again)
+        // Wait on the completion queue itself, so that the receive thread
+        // that queues the next completion wakes this thread directly (one
+        // hand-over, as for a TCP reader); the progress thread keeps out
+        // while anyone waits here (see `progress`). In busy-poll mode the
+        // CQ's `wait` does the receive work itself. The wait is sliced so
+        // that a local close or shutdown from another thread is seen too.
+        self.cq_waiters.fetch_add(1, Ordering::AcqRel);
+        drop(st);
+        let _ = self.cq.wait(left.min(WAIT_SLICE));
+        st = self.lock();
+        self.cq_waiters.fetch_sub(1, Ordering::AcqRel);
+        self.drain(&mut st);
+        (st, Waited::Again)
     }
 
     fn check_broken(st: &State) -> io::Result<()> {
@@ -693,6 +797,17 @@ impl Conn {
 
     /// `rrecv`: up to `buf.len()` bytes; 0 at end of stream.
     pub(crate) fn read(
+        &self,
+        buf: &mut [u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let r = self.read_inner(buf, nonblocking, deadline);
+        self.unlock_and_notify(self.lock());
+        r
+    }
+
+    fn read_inner(
         &self,
         buf: &mut [u8],
         nonblocking: bool,
@@ -790,6 +905,17 @@ impl Conn {
     /// `rsend`: blocking streams send everything (or fail); non-blocking
     /// ones send what fits now.
     pub(crate) fn write(
+        &self,
+        buf: &[u8],
+        nonblocking: bool,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        let r = self.write_inner(buf, nonblocking, deadline);
+        self.unlock_and_notify(self.lock());
+        r
+    }
+
+    fn write_inner(
         &self,
         buf: &[u8],
         nonblocking: bool,
@@ -1001,12 +1127,26 @@ impl Conn {
                 let _ = st.flow.shutdown(Shutdown::Both);
                 self.pump(&mut st);
             }
-            let deadline = Instant::now() + self.opts.linger;
+            // Linger while the data still queued keeps moving: give up
+            // after `linger` without progress (a peer that stopped reading;
+            // a dead peer resets the stream at once).
+            let mut deadline = Instant::now() + self.opts.linger;
             while !st.flow.all_sends_done() && st.broken.is_none() {
+                let seen = st.completions;
                 let (g, w) = self.wait(st, Some(deadline));
                 st = g;
                 self.drain(&mut st);
+                if st.completions != seen {
+                    deadline = Instant::now() + self.opts.linger;
+                }
                 if let Waited::TimedOut = w {
+                    if !st.flow.all_sends_done() {
+                        tracing::debug!(
+                            conn = self.id,
+                            buffered = st.flow.buffered(),
+                            "close: the peer took nothing for the linger time; dropping what is queued"
+                        );
+                    }
                     break;
                 }
             }

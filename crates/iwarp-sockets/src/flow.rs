@@ -131,6 +131,22 @@ pub const QP_CTRL_SIZE: u32 = 4;
 pub const QP_MIN_SIZE: u16 = 16;
 /// `RS_QP_MAX_SIZE`: the largest queue `rs_set_qp_size` allows.
 pub const QP_MAX_SIZE: u16 = 0xFFFE;
+/// Receives posted beyond the credits granted. rsocket.c posts exactly
+/// `rq_size` receives and grants `rq_size` credits, but its credit
+/// updates and control words consume the peer's receives too, and a
+/// receive is only reposted when its completion is handled: a peer whose
+/// credit update arrives just before a full window of data finds one
+/// receive short. On InfiniBand the RNR retry hides that; iWARP has no
+/// RNR retry (RFC 5041 §7: an untagged message with no buffer is fatal),
+/// so this side posts a few more than it grants.
+pub const RQ_EXTRA: u16 = 8;
+
+/// Credits this side leaves unused when the peer's queue is large enough
+/// (at least 32): the room its own credit updates and control words need
+/// in a peer that, like rsocket.c, posts exactly as many receives as it
+/// grants credits (see [`RQ_EXTRA`]).
+pub const CREDIT_RESERVE: u16 = 2;
+
 /// `RS_MAX_TRANSFER`: the most bytes rsocket.c moves per data message.
 pub const MAX_TRANSFER: u32 = 65536;
 /// The largest send or receive buffer [`Flow::new`] accepts (1 GiB), so
@@ -565,6 +581,8 @@ pub struct Flow {
     rseq_no: u16,
     rseq_comp: u16,
     rmsg: VecDeque<u32>,
+    /// Sum of `rmsg`.
+    rmsg_bytes: u64,
     rbuf_offset: u32,
     rbuf_bytes_avail: u32,
     rbuf_free_offset: u32,
@@ -580,7 +598,7 @@ impl Flow {
     /// `rs_init_bufs`); queues the `rq_size` initial receives.
     pub fn new(mut cfg: Config) -> Result<Flow, FlowError> {
         cfg.sq_size = cfg.sq_size.clamp(QP_MIN_SIZE, QP_MAX_SIZE);
-        cfg.rq_size = cfg.rq_size.clamp(QP_MIN_SIZE, QP_MAX_SIZE);
+        cfg.rq_size = cfg.rq_size.clamp(QP_MIN_SIZE, QP_MAX_SIZE - RQ_EXTRA);
         if cfg.sbuf_size < SNDLOWAT {
             return Err(FlowError::Config(
                 "sbuf_size below RS_SNDLOWAT (2048): nothing could ever be sent",
@@ -622,6 +640,7 @@ impl Flow {
             rseq_no: 0,
             rseq_comp: cfg.rq_size >> 1,
             rmsg: VecDeque::with_capacity(usize::from(cfg.rq_size) + 1),
+            rmsg_bytes: 0,
             rbuf_offset: 0,
             rbuf_bytes_avail: cfg.rbuf_size >> 1,
             rbuf_free_offset: cfg.rbuf_size >> 1,
@@ -631,10 +650,26 @@ impl Flow {
             rx_limit: cfg.rq_size,
             rx_window: u64::from(cfg.rbuf_size >> 1),
         };
-        for _ in 0..cfg.rq_size {
+        for _ in 0..f.recv_slots() {
             f.queue_recv();
         }
         Ok(f)
+    }
+
+    /// Receives this side keeps posted: `rq_size` plus [`RQ_EXTRA`] (the
+    /// driver sizes the receive queue and the message slots by it).
+    pub fn recv_slots(&self) -> u16 {
+        self.cfg.rq_size.saturating_add(RQ_EXTRA)
+    }
+
+    /// Whether a credit may be used now (see [`CREDIT_RESERVE`]).
+    fn has_credit(&self) -> bool {
+        let reserve = if self.peer_rq >= 32 {
+            CREDIT_RESERVE
+        } else {
+            0
+        };
+        self.sseq_comp.wrapping_sub(self.sseq_no) > reserve
     }
 
     /// The configuration in force (sizes after clamping).
@@ -674,7 +709,7 @@ impl Flow {
 
     /// Bytes received and not yet read.
     pub fn bytes_queued(&self) -> u64 {
-        self.rmsg.iter().map(|&n| u64::from(n)).sum()
+        self.rmsg_bytes
     }
 
     /// Our `rs_conn_data` (`rs_format_conn_data`): credits = `rq_size`,
@@ -747,7 +782,7 @@ impl Flow {
             slot: self.rbuf_msg_index,
         });
         self.rbuf_msg_index += 1;
-        if self.rbuf_msg_index == self.cfg.rq_size {
+        if self.rbuf_msg_index == self.recv_slots() {
             self.rbuf_msg_index = 0;
         }
     }
@@ -785,6 +820,7 @@ impl Flow {
             // the ring (its RDMA Write lands before the word that gives it
             // away): nothing queued is trusted any more.
             self.rmsg.clear();
+            self.rmsg_bytes = 0;
         }
         e
     }
@@ -795,7 +831,7 @@ impl Flow {
             && self.writable
             && self.sqe_avail >= 2
             && self.sbuf_bytes_avail >= SNDLOWAT
-            && self.sseq_no != self.sseq_comp
+            && self.has_credit()
             && slot(target, self.target_sge, self.cfg.order).is_some_and(|s| s.length != 0)
     }
 
@@ -886,6 +922,11 @@ impl Flow {
             && self.sbuf_bytes_avail >= SNDLOWAT.min(self.cfg.sbuf_size)
     }
 
+    /// Free bytes of the send buffer.
+    pub fn send_space(&self) -> u32 {
+        self.sbuf_bytes_avail
+    }
+
     /// Bytes buffered by [`Flow::send_buffered`] and not yet sent.
     pub fn buffered(&self) -> u32 {
         self.pend_len
@@ -899,7 +940,7 @@ impl Flow {
         while self.pend_len > 0
             && self.phase == Phase::Connected
             && self.sqe_avail >= 2
-            && self.sseq_no != self.sseq_comp
+            && self.has_credit()
             && target.len() >= TARGET_SGL_LEN
         {
             let Some(mut dst) = slot(target, self.target_sge, self.cfg.order) else {
@@ -1075,7 +1116,7 @@ impl Flow {
             // with its conn data. Keep the words (at most one per posted
             // receive) until `establish`.
             if payload.len() != crate::wire::MSG_SIZE
-                || self.early.len() >= usize::from(self.cfg.rq_size)
+                || self.early.len() >= usize::from(self.recv_slots())
             {
                 return Err(FlowError::NotConnected);
             }
@@ -1127,6 +1168,7 @@ impl Flow {
                 self.rx_count = self.rx_count.wrapping_add(1);
                 self.rx_window -= u64::from(len);
                 self.rmsg.push_back(len);
+                self.rmsg_bytes += u64::from(len);
             }
             Message::Sgl { limit } => {
                 let limit = limit as u16;
@@ -1201,6 +1243,7 @@ impl Flow {
                 left -= n;
             }
         }
+        self.rmsg_bytes -= u64::from(taken);
         let spans = Spans::of_ring(self.rbuf_offset, taken, self.cfg.rbuf_size);
         self.rbuf_offset = (self.rbuf_offset + taken) % self.cfg.rbuf_size;
         self.rbuf_bytes_avail += taken;

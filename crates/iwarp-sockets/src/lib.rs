@@ -66,8 +66,10 @@ mod options;
 pub mod progress;
 mod ready;
 mod sys;
+#[cfg(feature = "tokio")]
+pub mod tokio_io;
 pub mod wire;
 
-pub use conn::Stats;
+pub use conn::{Stats, Watermark, WatermarkFn};
 pub use net::{Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};

@@ -230,6 +230,24 @@ impl Stream {
         self.s.conn.bytes_readable()
     }
 
+    /// Watermark callbacks for asynchronous use: `cb(Watermark::Readable)`
+    /// once at least `rcvlowat` bytes can be read (or the stream ended or
+    /// failed), `cb(Watermark::Writable)` once at least `sndlowat` bytes
+    /// of send buffer are free (or writes would fail). Each fires once per
+    /// crossing of its watermark, from the library's progress thread or
+    /// from inside a stream call, never with the stream locked, so the
+    /// callback may read or write. `None` removes it.
+    pub fn set_watermarks(
+        &self,
+        rcvlowat: usize,
+        sndlowat: usize,
+        cb: Option<crate::conn::WatermarkFn>,
+    ) {
+        self.s
+            .conn
+            .set_watermarks(rcvlowat as u64, sndlowat.min(u32::MAX as usize) as u32, cb);
+    }
+
     /// This connection's counters.
     pub fn stats(&self) -> Stats {
         self.s.conn.stats()

@@ -56,8 +56,9 @@ pub struct Options {
     /// Keepalive: a zero-length RDMA Write every
     /// [`KEEPALIVE_TICK`](crate::progress::KEEPALIVE_TICK) (`SO_KEEPALIVE`).
     pub keepalive: bool,
-    /// How long `close` waits for queued data and the disconnect message
-    /// to leave before it drops the connection anyway.
+    /// How long `close` waits without progress for queued data and the
+    /// disconnect message to leave before it drops the connection anyway
+    /// (while the peer keeps taking data, `close` keeps waiting).
     pub linger: Duration,
 }
 

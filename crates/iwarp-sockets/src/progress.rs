@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
@@ -30,34 +30,51 @@ use crate::conn::Conn;
 pub const KEEPALIVE_TICK: Duration = Duration::from_secs(10);
 
 struct Progress {
+    /// The process that started the thread: a child after `fork` has no
+    /// such thread, so it starts its own (see [`get`]).
+    pid: u32,
     registry: Registry,
     conns: Mutex<HashMap<usize, Weak<Conn>>>,
 }
 
-static PROGRESS: OnceLock<Result<Progress, String>> = OnceLock::new();
+static PROGRESS: Mutex<Option<Arc<Progress>>> = Mutex::new(None);
 
-fn get() -> Result<&'static Progress, std::io::Error> {
-    let p = PROGRESS.get_or_init(|| {
+/// The progress thread of this process, started on first use, and again in
+/// a child process after `fork` (threads do not survive `fork`; the
+/// parent's streams stay the parent's, and the child's new ones are
+/// watched by the child's own thread).
+fn get() -> Result<Arc<Progress>, std::io::Error> {
+    let mut g = PROGRESS.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if let Some(p) = g.as_ref().filter(|p| p.pid == pid) {
+        return Ok(p.clone());
+    }
+    let start = || -> Result<Arc<Progress>, String> {
         let poll = Poll::new().map_err(|e| format!("epoll_create: {e}"))?;
         let registry = poll
             .registry()
             .try_clone()
             .map_err(|e| format!("epoll dup: {e}"))?;
-        std::thread::Builder::new()
-            .name("iwarp-sockets-progress".into())
-            .spawn(move || run(poll))
-            .map_err(|e| format!("spawning the progress thread: {e}"))?;
-        Ok(Progress {
+        let p = Arc::new(Progress {
+            pid,
             registry,
             conns: Mutex::new(HashMap::new()),
-        })
-    });
-    p.as_ref().map_err(|e| {
+        });
+        let weak = Arc::downgrade(&p);
+        std::thread::Builder::new()
+            .name("iwarp-sockets-progress".into())
+            .spawn(move || run(poll, weak))
+            .map_err(|e| format!("spawning the progress thread: {e}"))?;
+        Ok(p)
+    };
+    let p = start().map_err(|e| {
         std::io::Error::other(format!(
             "the socket library's progress thread could not start ({e}); raise the process's \
              thread or descriptor limit"
         ))
-    })
+    })?;
+    *g = Some(p.clone());
+    Ok(p)
 }
 
 /// Watches `conn`'s completion queue descriptor `fd` from now on.
@@ -84,7 +101,7 @@ pub(crate) fn deregister(id: usize, fd: RawFd) {
     }
 }
 
-fn run(mut poll: Poll) {
+fn run(mut poll: Poll, me: Weak<Progress>) {
     let mut events = Events::with_capacity(256);
     let mut next_tick = Instant::now() + KEEPALIVE_TICK;
     loop {
@@ -96,7 +113,7 @@ fn run(mut poll: Poll) {
             }
             continue;
         }
-        let Ok(p) = get() else { return };
+        let Some(p) = me.upgrade() else { return };
         for ev in events.iter() {
             let conn = p
                 .conns

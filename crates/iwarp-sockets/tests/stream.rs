@@ -369,3 +369,80 @@ fn peer_killed_mid_stream_blocked_read_and_write_return_within_a_second() {
         t.elapsed()
     );
 }
+
+#[test]
+fn close_waits_for_a_slow_reader_as_long_as_it_keeps_reading() {
+    // The writer closes with more queued than the reader takes in one
+    // linger time; the reader keeps taking data slowly, so nothing is lost.
+    let opts = Options {
+        linger: Duration::from_millis(300),
+        ..Options::default()
+    };
+    let (a, b) = pair_with(&opts, &opts);
+    let data = pattern(512 << 10, 8);
+    let d = data.clone();
+    let w = thread::spawn(move || {
+        // Below the zero-copy threshold: the bytes wait in the send ring.
+        for c in d.chunks(16 << 10) {
+            (&a).write_all(c).unwrap();
+        }
+        let t = Instant::now();
+        drop(a);
+        t.elapsed()
+    });
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 << 10];
+    b.set_read_timeout(Some(T)).unwrap();
+    loop {
+        thread::sleep(Duration::from_millis(50));
+        let n = (&b).read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let closing = w.join().unwrap();
+    assert!(got == data, "got {} of {} bytes", got.len(), data.len());
+    assert!(
+        closing > Duration::from_millis(300),
+        "close did not wait: {closing:?}"
+    );
+}
+
+#[test]
+fn watermark_callbacks_fire_once_per_crossing() {
+    use iwarp_sockets::Watermark;
+    use std::sync::{Arc, Mutex};
+    let (a, b) = pair();
+    let (tx, rx) = mpsc::channel();
+    let tx = Mutex::new(tx);
+    b.set_watermarks(
+        1000,
+        4096,
+        Some(Arc::new(move |ev| {
+            let _ = tx.lock().unwrap().send(ev);
+        })),
+    );
+    // Writable at once (the send buffer is empty).
+    assert_eq!(rx.recv_timeout(T).unwrap(), Watermark::Writable);
+    (&a).write_all(&[1u8; 500]).unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "500 bytes are below the receive watermark"
+    );
+    (&a).write_all(&[2u8; 600]).unwrap();
+    assert_eq!(rx.recv_timeout(T).unwrap(), Watermark::Readable);
+    // More data while above the watermark: no second call.
+    (&a).write_all(&[3u8; 100]).unwrap();
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    let mut buf = vec![0u8; 1200];
+    (&b).read_exact(&mut buf).unwrap();
+    // Below again, then above: a new call, and it may read from inside.
+    (&a).write_all(&[4u8; 2000]).unwrap();
+    assert_eq!(rx.recv_timeout(T).unwrap(), Watermark::Readable);
+    // End of stream is readable too.
+    (&b).read_exact(&mut vec![0u8; 2000]).unwrap();
+    drop(a);
+    assert_eq!(rx.recv_timeout(T).unwrap(), Watermark::Readable);
+    assert_eq!((&b).read(&mut buf).unwrap(), 0);
+}

@@ -258,7 +258,9 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 #[test]
 fn first_actions_are_the_receives_and_the_second_half() {
     let mut b = Flow::new(cfg(0xB0, ByteOrder::Little, 16, 4096, 8192)).unwrap();
-    for slot in 0..16 {
+    // 16 credits, 16 + RQ_EXTRA receives.
+    assert_eq!(b.recv_slots(), 16 + RQ_EXTRA);
+    for slot in 0..16 + RQ_EXTRA {
         assert_eq!(b.poll_action(), Some(Action::PostRecv { slot }));
     }
     assert_eq!(b.poll_action(), None);
@@ -802,7 +804,12 @@ fn bad_conn_data_and_config_are_refused() {
         ..Config::default()
     })
     .unwrap();
-    assert_eq!((f.config().sq_size, f.config().rq_size), (16, 0xFFFE));
+    // The receive queue (credits + RQ_EXTRA) stays within 0xFFFE.
+    assert_eq!(
+        (f.config().sq_size, f.config().rq_size),
+        (16, 0xFFFE - RQ_EXTRA)
+    );
+    assert_eq!(f.recv_slots(), 0xFFFE);
     assert_eq!(b.recv(1), Err(FlowError::NotConnected));
 }
 
@@ -1126,4 +1133,27 @@ fn zcopy_sends_use_no_send_buffer_and_deliver_in_order() {
             .unwrap_err(),
         FlowError::UnexpectedCompletion(SendTag::ZcopyWrite { len: 1 })
     );
+}
+
+#[test]
+fn a_large_peer_queue_keeps_a_reserve_of_credits_unused() {
+    // Peer rq 64 >= 32: two credits stay unused, for the credit updates and
+    // control words that also take its receives.
+    let mut p = Pair::new(
+        cfg(0xA0, ByteOrder::Little, 64, 1 << 20, 1 << 20),
+        cfg(0xB0, ByteOrder::Little, 64, 1 << 20, 1 << 20),
+    );
+    p.settle();
+    let mut sent = 0;
+    for i in 0..200u8 {
+        if p.a.write_buffered(&[i], true) == 0 || p.a.flow.buffered() > 0 {
+            break;
+        }
+        sent += 1;
+        // Free the send queue (nothing is delivered: no credit returns).
+        p.a.pump();
+        p.a.complete_all();
+    }
+    assert_eq!(p.a.flow.send_credits(), CREDIT_RESERVE);
+    assert_eq!(sent, 64 - CREDIT_RESERVE);
 }
