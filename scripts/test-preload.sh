@@ -440,6 +440,25 @@ t_fork() {
     wait_pid "$s" 10 && has "$T/g-fork.stats" "accept iwarp"
 }
 check "g) fork: the child closes an inherited stream, the parent echoes on" t_fork
+# A child forked after its parent made a stream makes no new ones: an
+# iWARP client it accepts is closed, and falls back to plain TCP.
+t_fork_child() {
+    next_port
+    local s out
+    rm -f "$T/g-fs-srv.stats" "$T/g-fs-cli.stats"
+    bgpre "$T/g-fs-srv.stats" timeout 30 "$PY" "$HELPER" fork-serve "$PORT" "$T/in4"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-fs-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (parent)"; return 1; }
+    out=$(pre "$T/g-fs-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (child)"; return 1; }
+    wait_pid "$s" 10 || return 1
+    has "$T/g-fs-cli.stats" "connect iwarp" && has "$T/g-fs-cli.stats" "connect plain" &&
+        has "$T/g-fs-srv.stats" "accept refused" && has "$T/g-fs-srv.stats" "accept plain" || return 1
+    echo "info: parent served over iWARP; the child's client fell back to plain TCP"
+}
+check "g) fork: a child of a parent with streams serves its client over plain TCP" t_fork_child
 
 # ---- h) the C API ----------------------------------------------------------------------------
 t_capi() {

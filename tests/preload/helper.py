@@ -17,6 +17,8 @@ libiwarp_preload.so.
                                          connect, send 16 bytes, then sleep,
                                          block in recv (as above) or send
                                          until a send blocks and fails
+  helper.py fork-serve PORT FILE         serve FILE to one client, then fork:
+                                         the child serves the next client
   helper.py fork-echo PORT               accept one client, fork: the child
                                          closes its copy and exits, the
                                          parent then echoes
@@ -213,6 +215,22 @@ def hold_client(port, mode):
     block(c, mode)
 
 
+def fork_serve(port, path):
+    data = open(path, "rb").read()
+    s = listener(port)
+    c, _ = s.accept()
+    c.sendall(data)
+    c.close()
+    pid = os.fork()
+    if pid == 0:
+        c, _ = s.accept()
+        c.sendall(data)
+        c.close()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(0 if status == 0 else 1)
+
+
 def fork_echo(port):
     s = listener(port)
     c, _ = s.accept()
@@ -239,6 +257,8 @@ def main():
         hold_server(int(args[0]), args[1])
     elif cmd == "hold-client":
         hold_client(int(args[0]), args[1])
+    elif cmd == "fork-serve":
+        fork_serve(int(args[0]), args[1])
     elif cmd == "fork-echo":
         fork_echo(int(args[0]))
     else:
