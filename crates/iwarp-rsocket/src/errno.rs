@@ -68,3 +68,37 @@ pub fn boundary<T: From<i8>>(what: &str, f: impl FnOnce() -> T) -> T {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_map_to_socket_errnos() {
+        use io::ErrorKind as K;
+        for (k, n) in [
+            (K::ConnectionReset, libc::ECONNRESET),
+            (K::WouldBlock, libc::EAGAIN),
+            (K::BrokenPipe, libc::EPIPE),
+            (K::TimedOut, libc::ETIMEDOUT),
+            (K::ConnectionRefused, libc::ECONNREFUSED),
+            (K::NotConnected, libc::ENOTCONN),
+            (K::Unsupported, libc::EOPNOTSUPP),
+            (K::Other, libc::EIO),
+        ] {
+            assert_eq!(code(&io::Error::new(k, "x")), n, "{k:?}");
+        }
+        // An OS error keeps its own number.
+        assert_eq!(
+            code(&io::Error::from_raw_os_error(libc::EMFILE)),
+            libc::EMFILE
+        );
+    }
+
+    #[test]
+    fn a_panic_becomes_eio() {
+        let r: c_int = boundary("test", || panic!("boom"));
+        assert_eq!(r, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EIO));
+    }
+}

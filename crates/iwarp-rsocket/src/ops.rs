@@ -728,3 +728,35 @@ pub fn is_tcp_socket(fd: c_int) -> bool {
     }
     ty == libc::SOCK_STREAM && is_inet(dom)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_addresses_round_trip_and_truncate() {
+        for a in ["127.0.0.1:7471", "[::1]:80", "[fe80::1%2]:9"] {
+            let a: SocketAddr = a.parse().unwrap();
+            // SAFETY: an all-zero sockaddr_storage is a valid value.
+            let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of_val(&st) as socklen_t;
+            let p = (&mut st as *mut libc::sockaddr_storage).cast::<sockaddr>();
+            // SAFETY: `st` is valid for `len` bytes.
+            assert_eq!(unsafe { write_addr(a, p, &mut len) }, 0);
+            // SAFETY: `write_addr` wrote `len` bytes.
+            assert_eq!(unsafe { read_addr(p, len) }, Some(a));
+        }
+        // A short buffer gets the first bytes and the full length.
+        let mut buf = [0u8; 4];
+        let mut len = 4 as socklen_t;
+        let a: SocketAddr = "10.0.0.1:8".parse().unwrap();
+        // SAFETY: `buf` is valid for `len` bytes.
+        unsafe { write_addr(a, buf.as_mut_ptr().cast(), &mut len) };
+        assert_eq!(len as usize, std::mem::size_of::<libc::sockaddr_in>());
+        assert_eq!(u16::from_ne_bytes([buf[0], buf[1]]), libc::AF_INET as u16);
+        assert_eq!(u16::from_be_bytes([buf[2], buf[3]]), 8);
+        // Not an internet address.
+        // SAFETY: a null pointer is refused before any read.
+        assert_eq!(unsafe { read_addr(std::ptr::null(), 16) }, None);
+    }
+}
