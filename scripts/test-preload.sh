@@ -288,6 +288,8 @@ check "c) Python: blocking client -> blocking (threads) server" t_python blockin
 check "c) Python: select() client -> blocking server" t_python blocking select
 check "c) Python: blocking client -> select() server" t_python select blocking
 check "c) Python: select() client -> select() server" t_python select select
+check "c) Python: epoll then blocking reads (mixed) -> select() server" t_python select mixed
+check "c) Python: dup()/dup2() copies, originals closed -> blocking server" t_python blocking dup
 
 # ---- d) iperf3 -------------------------------------------------------------------------
 IPERF_TCP=""

@@ -6,7 +6,10 @@ libiwarp_preload.so.
   helper.py serve-file PORT FILE         serve FILE to every client, forever
   helper.py echo-server PORT MODE        echo, MODE blocking|select; forever
   helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
-                                         echo back, exit 0 if identical
+                                         echo back, exit 0 if identical; MODE
+                                         blocking|select|mixed (epoll, then
+                                         blocking reads)|dup (through dup()
+                                         and dup2() copies, originals closed)
   helper.py fetch PORT N                 connect N times, read to the end,
                                          print each SHA-256
   helper.py hold-server PORT read|sleep  accept one client, read 16 bytes,
@@ -25,6 +28,7 @@ libiwarp_preload.so.
 """
 import hashlib
 import os
+import select
 import selectors
 import socket
 import sys
@@ -122,7 +126,36 @@ def echo_client(port, mode, nbytes):
     data = os.urandom(nbytes)
     c = socket.create_connection(("127.0.0.1", port), timeout=20)
     got = bytearray()
-    if mode == "blocking":
+    if mode == "dup":
+        # Work through copies: dup() then close the original, dup2() onto
+        # another number then close the first copy.
+        d = c.dup()
+        c.close()
+        spare = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        os.dup2(d.fileno(), spare.fileno())
+        d.close()
+        c = spare
+        # O_NONBLOCK belongs to the open file description, which the
+        # copies share with the original (put in non-blocking mode by its
+        # timeout): make it blocking, as on TCP.
+        c.setblocking(True)
+        mode = "blocking"
+    if mode == "mixed":
+        # Wait with epoll, then read in blocking mode.
+        ep = select.epoll()
+        ep.register(c.fileno(), select.EPOLLIN)
+        c.sendall(data)
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(None)
+        while True:
+            if not ep.poll(20):
+                break
+            b = c.recv(65536)
+            if not b:
+                break
+            got += b
+        ep.close()
+    elif mode == "blocking":
         def writer():
             c.sendall(data)
             c.shutdown(socket.SHUT_WR)
