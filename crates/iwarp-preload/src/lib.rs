@@ -58,24 +58,26 @@ macro_rules! on_stream {
     };
 }
 
-/// The local address of socket `fd`.
-fn local_addr(fd: RawFd) -> Option<std::net::SocketAddr> {
+/// The local (`peer` false) or peer address of socket `fd`.
+fn sock_addr(fd: RawFd, peer: bool) -> Option<std::net::SocketAddr> {
+    let r = real();
     // SAFETY: an all-zero sockaddr_storage is a valid value.
     let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    let p = (&mut st as *mut libc::sockaddr_storage).cast::<sockaddr>();
     // SAFETY: `st` is valid for `len` bytes.
     let rc = unsafe {
-        (real().getsockname)(
-            fd,
-            (&mut st as *mut libc::sockaddr_storage).cast(),
-            &mut len,
-        )
+        if peer {
+            (r.getpeername)(fd, p, &mut len)
+        } else {
+            (r.getsockname)(fd, p, &mut len)
+        }
     };
     if rc != 0 {
         return None;
     }
     // SAFETY: the kernel wrote `len` bytes into `st`.
-    unsafe { ops::read_addr((&st as *const libc::sockaddr_storage).cast(), len) }
+    unsafe { ops::read_addr(p, len) }
 }
 
 // --- connect and accept --------------------------------------------------
@@ -162,25 +164,11 @@ pub unsafe extern "C" fn accept4(
             nfd
         };
         let cfg = config::get();
-        let local = local_addr(nfd);
+        let local = sock_addr(nfd, false);
         if !local.is_some_and(|l| cfg.wants(&l)) || !ops::is_tcp_socket(nfd) {
             return plain(nfd);
         }
-        let peer_addr = {
-            // SAFETY: an all-zero sockaddr_storage is a valid value.
-            let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            let mut l = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
-            // SAFETY: `st` is valid for `l` bytes.
-            let rc = unsafe {
-                (r.getpeername)(nfd, (&mut st as *mut libc::sockaddr_storage).cast(), &mut l)
-            };
-            // SAFETY: the kernel wrote `l` bytes.
-            (rc == 0)
-                .then(|| unsafe {
-                    ops::read_addr((&st as *const libc::sockaddr_storage).cast(), l)
-                })
-                .flatten()
-        };
+        let peer_addr = sock_addr(nfd, true);
         if !attach::peek_is_mpa(nfd, cfg.peek) {
             cfg.record("accept", "plain", peer_addr, "");
             return plain(nfd);
