@@ -14,7 +14,8 @@
 #      clients;
 #   d) iperf3 client and server, both directions;
 #   e) redis-benchmark and redis-cli against redis-server;
-#   f) curl against nginx (sendfile on), preloaded and plain curl;
+#   f) curl against nginx (sendfile on) and Apache httpd (prefork, when
+#      installed), preloaded and plain curl;
 #   g) a peer killed mid-stream: the other side's blocked read returns
 #      within 1 s (both directions); fork: a child closes an inherited
 #      stream and the parent carries on;
@@ -382,6 +383,53 @@ EOF
     echo "info: 64 MiB body over iWARP (preloaded curl) and over TCP (plain curl), same port"
 }
 check "f) curl -> nginx (sendfile), preloaded and plain curl, 64 MiB, SHA-256" t_nginx
+
+# Apache prefork: the children accept (each makes its own streams).
+t_apache() {
+    next_port
+    local s a="$T/apache" i
+    mkdir -p "$a/www" "$a/run"
+    chmod 755 "$a" "$a/www" "$a/run"
+    cp "$T/in4" "$a/www/f.bin"
+    chmod 644 "$a/www/f.bin"
+    cat >"$a/httpd.conf" <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+Listen 127.0.0.1:$PORT
+DefaultRuntimeDir $a/run
+PidFile $a/run/pid
+ErrorLog $a/error.log
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+User www-data
+Group www-data
+StartServers 2
+DocumentRoot $a/www
+<Directory $a/www>
+    Require all granted
+</Directory>
+EnableSendfile On
+EOF
+    rm -f "$T/f-ap-srv.stats" "$T/f-ap-cli.stats"
+    bgpre "$T/f-ap-srv.stats" timeout 120 apache2 -d /etc/apache2 -f "$a/httpd.conf" -DFOREGROUND
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    for i in 1 2 3 4; do
+        pre "$T/f-ap-cli.stats" timeout 20 curl -sS -o "$T/f-ap-got" "http://127.0.0.1:$PORT/f.bin" || return 1
+        [ "$(sha "$T/f-ap-got")" = "$(sha "$T/in4")" ] || { echo "request $i: SHA-256 differs"; return 1; }
+    done
+    timeout 20 curl -sS -o "$T/f-ap-got" "http://127.0.0.1:$PORT/f.bin" || return 1
+    [ "$(sha "$T/f-ap-got")" = "$(sha "$T/in4")" ] || { echo "plain curl: SHA-256 differs"; return 1; }
+    stop "$s"
+    [ "$(grep -c "accept iwarp" "$T/f-ap-srv.stats")" = 4 ] || { echo "not 4 iWARP accepts:"; cat "$T/f-ap-srv.stats"; return 1; }
+    has "$T/f-ap-srv.stats" "accept plain" || return 1
+    echo "info: 4 requests over iWARP and 1 plain, served by prefork children"
+}
+if [ -x /usr/sbin/apache2 ] && [ -e /usr/lib/apache2/modules/mod_mpm_prefork.so ]; then
+    check "f) curl -> Apache httpd (prefork, sendfile), preloaded and plain curl" t_apache
+else
+    echo "skip - f) Apache httpd: not installed (scripts/test.sh installs it)"
+fi
 
 # ---- g) faults and fork ----------------------------------------------------------------------------
 # t_kill WHO [write]: WHO (client|server) is killed while the other side
