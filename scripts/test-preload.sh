@@ -183,6 +183,24 @@ t_socat() {
     echo "info: 64 MiB in $(((t1 - t0) / 1000000)) ms (process start included), SHA-256 ${c:0:16}…"
 }
 check "a) socat -> socat, both preloaded, 64 MiB over iWARP, SHA-256" t_socat
+t_socat6() {
+    next_port
+    local s
+    rm -f "$T/a6-srv.stats" "$T/a6-cli.stats" "$T/out6"
+    bgpre "$T/a6-srv.stats" timeout 60 socat -u "TCP6-LISTEN:$PORT,bind=[::1],reuseaddr" \
+        "CREATE:$T/out6"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/a6-cli.stats" timeout 60 socat -u "OPEN:$T/in4" "TCP6:[::1]:$PORT" || return 1
+    wait_pid "$s" 60 || return 1
+    [ "$(sha "$T/out6")" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs"; return 1; }
+    has "$T/a6-cli.stats" "connect iwarp \[::1\]" && has "$T/a6-srv.stats" "accept iwarp \[::1\]"
+}
+if ip -6 addr show dev lo 2>/dev/null | grep -q '::1/128'; then
+    check "a) socat -> socat over IPv6 ([::1]), 4 MiB, SHA-256" t_socat6
+else
+    echo "skip - a) IPv6: no ::1 on lo"
+fi
 
 # ---- b) the fallback matrix ----------------------------------------------------
 MPORT=0
