@@ -193,36 +193,53 @@ fn release(sock: Option<Arc<Sock>>) {
 /// peer has read everything first. (This belongs in the stack's close;
 /// until it moves there, the table does it.)
 fn graceful_end(s: &Sock) {
-    let _ = s.stream.shutdown(std::net::Shutdown::Write);
+    graceful_end_all(std::slice::from_ref(&s));
+}
+
+/// [`graceful_end`] of several streams at once, under one deadline.
+fn graceful_end_all(socks: &[&Sock]) {
     let start = std::time::Instant::now();
-    let deadline = start + s.stream.options().linger;
-    let mut buf = [0u8; 16384];
-    loop {
-        match s.stream.recv_nonblocking(&mut buf) {
-            Ok(0) => {
-                tracing::debug!(waited = ?start.elapsed(), "close: the peer's end of stream came");
-                return;
-            }
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => {
-                tracing::debug!(waited = ?start.elapsed(), error = %e, "close: the stream ended");
-                return;
-            }
-        }
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            tracing::debug!("close: no end of stream from the peer within the linger time");
-            return;
-        }
-        let mut p = libc::pollfd {
-            fd: s.stream.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { (real().poll)(&mut p, 1, left.as_millis().clamp(1, 1000) as libc::c_int) };
+    let mut open: Vec<&Sock> = Vec::with_capacity(socks.len());
+    let mut linger = std::time::Duration::ZERO;
+    for s in socks {
+        let _ = s.stream.shutdown(std::net::Shutdown::Write);
+        linger = linger.max(s.stream.options().linger);
+        open.push(s);
     }
+    let deadline = start + linger;
+    let mut buf = [0u8; 16384];
+    while !open.is_empty() {
+        open.retain(|s| loop {
+            match s.stream.recv_nonblocking(&mut buf) {
+                Ok(0) => return false,
+                Ok(_) if std::time::Instant::now() < deadline => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                _ => return false,
+            }
+        });
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if open.is_empty() || left.is_zero() {
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = left.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the
+        // duration of the call.
+        unsafe { (real().poll)(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+    tracing::debug!(
+        streams = socks.len(),
+        waited = ?start.elapsed(),
+        without_end_of_stream = open.len(),
+        "close: waited for the peers' end of stream"
+    );
 }
 
 /// At `exit`: every stream still open is closed as `close` would, so that
@@ -232,6 +249,7 @@ fn graceful_end(s: &Sock) {
 /// connection with the stack's buffers unsent).
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        let _inside = Inside::enter();
         let all: Vec<Arc<Sock>> = {
             let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
             let fds: Vec<RawFd> = t.keys().copied().collect();
@@ -240,9 +258,24 @@ extern "C" fn at_exit() {
             }
             std::mem::take(&mut *t).into_values().collect()
         };
+        // One reference per stream; the peers' end of stream awaited for
+        // all of them at once (a server with many idle clients must not
+        // take a linger time per client to exit).
+        let mut unique: Vec<Arc<Sock>> = Vec::new();
         for s in all {
-            release(Some(s));
+            if s.inherited() {
+                std::mem::forget(s);
+            } else if !unique.iter().any(|u| Arc::ptr_eq(u, &s)) {
+                unique.push(s);
+            }
         }
+        let sent: Vec<&Sock> = unique
+            .iter()
+            .filter(|s| s.last_was_send.load(Ordering::Acquire))
+            .map(|s| &**s)
+            .collect();
+        graceful_end_all(&sent);
+        drop(unique);
     });
 }
 
