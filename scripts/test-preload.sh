@@ -507,6 +507,25 @@ t_fork() {
     pre "$T/g-fork.stats" timeout 30 "$PY" "$HELPER" echo-client "$PORT" blocking 1000000 || return 1
     wait_pid "$s" 10 && has "$T/g-fork.stats" "accept iwarp"
 }
+# close with a live peer that does not read: bounded (the linger time,
+# then the wait for the peer's end of stream), never a hang.
+t_close_stuck() {
+    next_port
+    local s out secs
+    rm -f "$T/g-cs.stats"
+    bgpre "$T/g-cs.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" sleep >/dev/null
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-cs.stats" timeout 20 "$PY" "$HELPER" hold-client "$PORT" close) || return 1
+    stop "$s"
+    echo "$out"
+    secs=$(sed -n 's/^closed in \([0-9.]*\) s/\1/p' <<<"$out")
+    [ -n "$secs" ] || return 1
+    "$PY" -c "import sys; sys.exit(0 if float('$secs') <= 3.0 else 1)" || { echo "close took $secs s"; return 1; }
+    has "$T/g-cs.stats" "connect iwarp" || return 1
+    echo "info: close with unsent data and a peer that does not read returned in $secs s"
+}
+check "g) close with a live peer that does not read returns (bounded)" t_close_stuck
 check "g) fork: the child closes an inherited stream, the parent echoes on" t_fork
 # A child forked after its parent made a stream makes no new ones: an
 # iWARP client it accepts is closed, and falls back to plain TCP.

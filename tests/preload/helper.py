@@ -16,10 +16,11 @@ libiwarp_preload.so.
                                          print "ready", then block in recv
                                          (print the wall time when it ends)
                                          or sleep
-  helper.py hold-client PORT read|sleep|write
+  helper.py hold-client PORT read|sleep|write|close
                                          connect, send 16 bytes, then sleep,
                                          block in recv (as above) or send
-                                         until a send blocks and fails
+                                         until a send blocks and fails, or
+                                         fill the send path and close
   helper.py fork-serve PORT FILE         serve FILE to one client, then fork:
                                          the child serves the next client
   helper.py fork-echo PORT               accept one client, fork: the child
@@ -214,6 +215,20 @@ def fetch(port, n):
 def block(c, mode):
     if mode == "sleep":
         time.sleep(60)
+        return
+    if mode == "close":
+        # Fill the send path to a peer that does not read, then close:
+        # close must come back (bounded), not hang.
+        c.setblocking(False)
+        chunk = b"c" * 65536
+        try:
+            while True:
+                c.send(chunk)
+        except BlockingIOError:
+            pass
+        t0 = time.time()
+        c.close()
+        print(f"closed in {time.time() - t0:.3f} s", flush=True)
         return
     if mode == "write":
         # Fill the peer (which does not read) until send blocks, and
