@@ -555,12 +555,17 @@ t_capi() {
         gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra -Werror -pthread -Iinclude \
             "$src" -o "$T/$name" -L"$LIBDIR" -liwarp_rsocket -Wl,-rpath,"$LIBDIR" || return 1
         timeout 60 "$T/$name" || return 1
+        # And against the static library.
+        gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra -Werror -pthread -Iinclude \
+            "$src" -o "$T/$name-static" "$LIBDIR/libiwarp_rsocket.a" \
+            -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc || return 1
+        timeout 60 "$T/$name-static" || return 1
     done
     if command -v g++ >/dev/null; then
         echo '#include "iwarp_rsocket.h"' | g++ -x c++ -std=c++11 -Wall -Wextra -Werror -Iinclude \
             -fsyntax-only - || { echo "iwarp_rsocket.h is not valid C++"; return 1; }
     fi
 }
-check "h) C API: rsocket echo with a poll loop (tests/c/rsocket)" t_capi
+check "h) C API: rsocket echo with a poll loop (tests/c/rsocket), shared and static" t_capi
 
 finish
