@@ -526,6 +526,28 @@ t_close_stuck() {
     echo "info: close with unsent data and a peer that does not read returned in $secs s"
 }
 check "g) close with a live peer that does not read returns (bounded)" t_close_stuck
+# A signal interrupts a blocked recv (EINTR, as on TCP): Python's Ctrl-C.
+t_sigint() {
+    next_port
+    local s c t0 t1
+    rm -f "$T/g-si.stats" "$T/g-si.out"
+    bgpre "$T/g-si.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" sleep >/dev/null
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    bgpre "$T/g-si.stats" "$PY" "$HELPER" hold-client "$PORT" read >"$T/g-si.out" 2>&1
+    c=$BGPID
+    for _i in $(seq 100); do grep -q ready "$T/g-si.out" && break; sleep 0.1; done
+    sleep 0.5
+    t0=$(date +%s%N)
+    kill -INT "$c"
+    wait_pid "$c" 10 || { echo "SIGINT did not end the blocked recv"; kill -KILL "$c"; return 1; }
+    t1=$(date +%s%N)
+    stop "$s"
+    grep -q KeyboardInterrupt "$T/g-si.out" || { cat "$T/g-si.out"; return 1; }
+    has "$T/g-si.stats" "connect iwarp" || return 1
+    echo "info: KeyboardInterrupt; the process ended $(((t1 - t0) / 1000000)) ms after SIGINT (its exit closes the stream: bounded linger)"
+}
+check "g) SIGINT interrupts a blocked recv (Python KeyboardInterrupt)" t_sigint
 check "g) fork: the child closes an inherited stream, the parent echoes on" t_fork
 # A child forked after its parent made a stream makes no new ones: an
 # iWARP client it accepts is closed, and falls back to plain TCP.

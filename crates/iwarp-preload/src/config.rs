@@ -37,6 +37,7 @@ const KEYS: &[&str] = &[
     "CONNECT_MS",
     "STATS",
     "LOG",
+    "EINTR",
 ];
 
 fn parse_file(path: &str) -> HashMap<String, String> {
@@ -126,6 +127,9 @@ fn load() -> Config {
                 eprintln!("iwarp-preload: IWARP_PRELOAD_ADDRS: `{a}` is not an IP address; ignored")
             }
         }
+    }
+    if get("EINTR").is_some_and(|v| v.trim() == "0") {
+        iwarp_rsocket::ops::INTERRUPTIBLE.store(false, std::sync::atomic::Ordering::Relaxed);
     }
     let connect_timeout = Duration::from_millis(num("CONNECT_MS", 1000).max(1));
     let mut opts = Options::from_env();

@@ -5,7 +5,7 @@
 
 use std::io::{self, IoSlice, Write};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
@@ -53,6 +53,10 @@ pub fn recv_into(s: &Sock, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     loop {
         let r = if dontwait {
             s.stream.recv_nonblocking(&mut buf[done..])
+        } else if interruptible(s) {
+            wait_then(s, libc::POLLIN, s.stream.read_timeout(), || {
+                s.stream.recv_nonblocking(&mut buf[done..])
+            })
         } else {
             s.stream.recv(&mut buf[done..])
         };
@@ -78,6 +82,74 @@ pub fn recv_into(s: &Sock, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     }
 }
 
+/// Whether blocking calls wait in `poll(2)` on the readiness descriptor
+/// (so that a signal interrupts them with `EINTR`, as on TCP) instead of
+/// inside the stream (which no signal interrupts). On by default; the
+/// preload shim turns it off with `IWARP_PRELOAD_EINTR=0`.
+pub static INTERRUPTIBLE: AtomicBool = AtomicBool::new(true);
+
+fn interruptible(s: &Sock) -> bool {
+    INTERRUPTIBLE.load(Ordering::Relaxed) && !s.stream.is_nonblocking()
+}
+
+/// Tries `op` (a non-blocking call); while it would block, waits in
+/// `poll(2)` for `events` on the stream's readiness descriptor, up to
+/// `timeout` (`SO_RCVTIMEO`/`SO_SNDTIMEO`; `WouldBlock` when it passes,
+/// as on TCP). A signal ends the wait with `Interrupted` (`EINTR`).
+fn wait_then(
+    s: &Sock,
+    events: i16,
+    timeout: Option<Duration>,
+    mut op: impl FnMut() -> io::Result<usize>,
+) -> io::Result<usize> {
+    let deadline = timeout.map(|t| std::time::Instant::now() + t);
+    loop {
+        match op() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+        let ms = match deadline {
+            None => -1,
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                left.as_millis().clamp(1, i32::MAX as u128) as c_int
+            }
+        };
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&s.stream),
+            events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let rc = unsafe { (real().poll)(&mut p, 1, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// A blocking `send` that waits in `poll(2)`: all of `buf`, or what went
+/// before a signal or an error (then the count, as TCP does).
+fn send_all_interruptible(s: &Sock, buf: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match wait_then(s, libc::POLLOUT, s.stream.write_timeout(), || {
+            s.stream.send_nonblocking(&buf[done..])
+        }) {
+            Ok(n) => done += n,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 /// Writes `buf` with `send(2)` flags (`MSG_DONTWAIT`, `MSG_NOSIGNAL`;
 /// `MSG_MORE` is ignored: nothing is held back anyway).
 pub fn send_from(s: &Sock, buf: &[u8], flags: c_int) -> io::Result<usize> {
@@ -86,6 +158,8 @@ pub fn send_from(s: &Sock, buf: &[u8], flags: c_int) -> io::Result<usize> {
     }
     let r = if flags & libc::MSG_DONTWAIT != 0 {
         s.stream.send_nonblocking(buf)
+    } else if interruptible(s) {
+        send_all_interruptible(s, buf)
     } else {
         s.stream.send(buf)
     };
