@@ -281,9 +281,10 @@ if ((BUILD_OK)); then
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
     run_step "mod_rdma (Apache httpd with rhttp and curl)" scripts/test-modrdma.sh || true
+    run_step "preload shim (real programs over iWARP sockets)" scripts/test-preload.sh || true
     run_step "cache (ccappd/ccproxy)" scripts/test-cache.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)"; do
         skip_step "$s" "release build failed"
     done
 fi

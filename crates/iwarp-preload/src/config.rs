@@ -1,0 +1,207 @@
+//! The shim's configuration: environment variables, over a `key = value`
+//! file (`IWARP_PRELOAD_CONFIG`), over the defaults; and the record of
+//! peers that did not answer MPA (the negative cache).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use iwarp_rsocket::table::Inside;
+use iwarp_sockets::Options;
+
+/// What the shim takes over, and how.
+#[derive(Debug)]
+pub struct Config {
+    /// TCP ports to take over (empty: all).
+    pub ports: Vec<u16>,
+    /// Addresses to take over (the peer's for connect, ours for accept;
+    /// empty: all).
+    pub addrs: Vec<IpAddr>,
+    /// How long a server waits for a client's first bytes.
+    pub peek: Duration,
+    /// How long a peer that did not answer MPA is remembered.
+    pub fallback: Duration,
+    /// Where to append one line per connection decision.
+    pub stats: Option<String>,
+    /// The stream options (`IWARP_SOCKETS_*`).
+    pub opts: Options,
+}
+
+const KEYS: &[&str] = &[
+    "PORTS",
+    "ADDRS",
+    "PEEK_MS",
+    "FALLBACK_SECS",
+    "CONNECT_MS",
+    "STATS",
+    "LOG",
+    "EINTR",
+];
+
+fn parse_file(path: &str) -> HashMap<String, String> {
+    let mut m = HashMap::new();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!(
+                "iwarp-preload: cannot read IWARP_PRELOAD_CONFIG={path} ({e}); using the \
+                 environment and defaults. Fix the path or unset the variable"
+            );
+            return m;
+        }
+    };
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            eprintln!(
+                "iwarp-preload: {path}:{}: expected `key = value`; line ignored",
+                i + 1
+            );
+            continue;
+        };
+        let k = k.trim().to_ascii_uppercase();
+        let k = k.strip_prefix("IWARP_PRELOAD_").unwrap_or(&k).to_string();
+        if !KEYS.contains(&k.as_str()) {
+            eprintln!(
+                "iwarp-preload: {path}:{}: unknown key `{k}` (known: {}); line ignored",
+                i + 1,
+                KEYS.join(", ")
+            );
+            continue;
+        }
+        m.insert(k, v.trim().to_string());
+    }
+    m
+}
+
+fn load() -> Config {
+    let file = std::env::var("IWARP_PRELOAD_CONFIG")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(|p| parse_file(&p))
+        .unwrap_or_default();
+    let get = |k: &str| {
+        std::env::var(format!("IWARP_PRELOAD_{k}"))
+            .ok()
+            .or_else(|| file.get(k).cloned())
+            .filter(|v| !v.trim().is_empty())
+    };
+    if let Some(filter) = get("LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let num = |k: &str, default: u64| -> u64 {
+        match get(k) {
+            None => default,
+            Some(v) => v.trim().parse().unwrap_or_else(|_| {
+                eprintln!("iwarp-preload: IWARP_PRELOAD_{k}={v} is not a number; using {default}");
+                default
+            }),
+        }
+    };
+    let mut ports = Vec::new();
+    for p in get("PORTS").unwrap_or_default().split(',').map(str::trim) {
+        if p.is_empty() {
+            continue;
+        }
+        match p.parse::<u16>() {
+            Ok(n) => ports.push(n),
+            Err(_) => eprintln!("iwarp-preload: IWARP_PRELOAD_PORTS: `{p}` is not a port; ignored"),
+        }
+    }
+    let mut addrs = Vec::new();
+    for a in get("ADDRS").unwrap_or_default().split(',').map(str::trim) {
+        if a.is_empty() {
+            continue;
+        }
+        match a.parse::<IpAddr>() {
+            Ok(ip) => addrs.push(ip),
+            Err(_) => {
+                eprintln!("iwarp-preload: IWARP_PRELOAD_ADDRS: `{a}` is not an IP address; ignored")
+            }
+        }
+    }
+    if get("EINTR").is_some_and(|v| v.trim() == "0") {
+        iwarp_rsocket::ops::INTERRUPTIBLE.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+    let connect_timeout = Duration::from_millis(num("CONNECT_MS", 1000).max(1));
+    let mut opts = Options::from_env();
+    opts.connect_timeout = connect_timeout;
+    Config {
+        ports,
+        addrs,
+        peek: Duration::from_millis(num("PEEK_MS", 200)),
+        fallback: Duration::from_secs(num("FALLBACK_SECS", 60)),
+        stats: get("STATS"),
+        opts,
+    }
+}
+
+/// The configuration, read once (inside the library: reading the file
+/// must not come back through the shim).
+pub fn get() -> &'static Config {
+    static C: OnceLock<Config> = OnceLock::new();
+    C.get_or_init(|| {
+        let _inside = Inside::enter();
+        load()
+    })
+}
+
+impl Config {
+    /// Whether connections to or from `a` are taken over.
+    pub fn wants(&self, a: &SocketAddr) -> bool {
+        (self.ports.is_empty() || self.ports.contains(&a.port()))
+            && (self.addrs.is_empty() || self.addrs.contains(&a.ip()))
+    }
+
+    /// Records one decision (`IWARP_PRELOAD_STATS` and the log).
+    pub fn record(&self, what: &str, how: &str, addr: Option<SocketAddr>, why: &str) {
+        let _inside = Inside::enter();
+        let addr = addr.map(|a| a.to_string()).unwrap_or_else(|| "?".into());
+        tracing::info!(what, how, %addr, why, "iwarp-preload");
+        if let Some(path) = &self.stats {
+            let line = format!(
+                "{} {what} {how} {addr}{}{why}\n",
+                std::process::id(),
+                if why.is_empty() { "" } else { " " }
+            );
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+    }
+}
+
+static NEGATIVE: Mutex<Option<HashMap<SocketAddr, Instant>>> = Mutex::new(None);
+
+/// Whether `a` is remembered as a peer that does not speak MPA.
+pub fn is_plain_peer(a: &SocketAddr) -> bool {
+    let mut g = NEGATIVE.lock().unwrap_or_else(|e| e.into_inner());
+    let m = g.get_or_insert_with(HashMap::new);
+    match m.get(a) {
+        Some(&until) if Instant::now() < until => true,
+        Some(_) => {
+            m.remove(a);
+            false
+        }
+        None => false,
+    }
+}
+
+/// Remembers `a` as a plain TCP peer for `for_`.
+pub fn remember_plain_peer(a: SocketAddr, for_: Duration) {
+    let mut g = NEGATIVE.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(HashMap::new)
+        .insert(a, Instant::now() + for_);
+}

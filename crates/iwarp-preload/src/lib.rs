@@ -1,0 +1,603 @@
+//! # libiwarp_preload.so: unmodified TCP programs over iWARP sockets
+//!
+//! `LD_PRELOAD=libiwarp_preload.so program ...` runs a program's TCP
+//! connections over iWARP (rsockets protocol, `iwarp-sockets`), with TCP
+//! fallback on both sides of the same port:
+//!
+//! - **connect**: to a port (and address) the configuration takes over,
+//!   the shim first connects over iWARP (bounded by
+//!   `IWARP_PRELOAD_CONNECT_MS`, default 1000). If the peer does not
+//!   answer MPA (timeout, closed, MPA error), it remembers the peer for
+//!   `IWARP_PRELOAD_FALLBACK_SECS` (default 60) and connects the
+//!   program's socket over plain TCP, so the program sees a normal
+//!   connect. Peers in that memory get plain TCP at once.
+//! - **accept**: the listening socket stays a real TCP socket. Each
+//!   accepted connection is peeked at (`MSG_PEEK`, up to
+//!   `IWARP_PRELOAD_PEEK_MS`, default 200): if its first 16 bytes are the
+//!   MPA Request key (RFC 5044 §7.1), it becomes an iWARP stream on the
+//!   same descriptor number; otherwise the program gets the TCP
+//!   connection untouched.
+//!
+//! A stream's descriptor number refers to its readiness descriptor (see
+//! `iwarp_rsocket::table`), so `poll`, `select` and `epoll` need no
+//! interception; the calls below go to the stream for descriptors in the
+//! table and straight to the C library for every other descriptor, and
+//! for every call the library itself makes ([`table::inside`]).
+//!
+//! Not intercepted, so not supported on streams: stdio on a socket
+//! (`fdopen`: glibc calls its internal `read`/`close`), `recvmmsg`/
+//! `sendmmsg`, `splice`, raw `syscall(2)`. See docs/SOCKETS.md.
+#![allow(clippy::missing_safety_doc)]
+
+mod config;
+
+use std::os::fd::RawFd;
+
+use iwarp_rsocket::errno::{boundary, fail_with};
+use iwarp_rsocket::real::real;
+use iwarp_rsocket::{attach, ops, table};
+use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
+
+/// Reads the configuration when the library is loaded, before `main`:
+/// some servers clear their environment before they accept (nginx
+/// workers keep only `TZ`), and the settings must still hold there.
+#[used]
+#[link_section = ".init_array"]
+static LOAD_CONFIG: extern "C" fn() = load_config;
+
+extern "C" fn load_config() {
+    let _ = std::panic::catch_unwind(config::get);
+}
+
+macro_rules! on_stream {
+    ($fd:expr, $what:literal, |$s:ident| $body:expr, else $real:expr) => {
+        match table::lookup($fd) {
+            Some($s) => boundary($what, || $body),
+            None => $real,
+        }
+    };
+}
+
+/// The local (`peer` false) or peer address of socket `fd`.
+fn sock_addr(fd: RawFd, peer: bool) -> Option<std::net::SocketAddr> {
+    let r = real();
+    // SAFETY: an all-zero sockaddr_storage is a valid value.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
+    let p = (&mut st as *mut libc::sockaddr_storage).cast::<sockaddr>();
+    // SAFETY: `st` is valid for `len` bytes.
+    let rc = unsafe {
+        if peer {
+            (r.getpeername)(fd, p, &mut len)
+        } else {
+            (r.getsockname)(fd, p, &mut len)
+        }
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote `len` bytes into `st`.
+    unsafe { ops::read_addr(p, len) }
+}
+
+// --- connect and accept --------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
+    let r = real();
+    if table::inside() || addr.is_null() {
+        // SAFETY: the caller's arguments, passed through.
+        return unsafe { (r.connect)(fd, addr, len) };
+    }
+    // SAFETY: the caller's promise: `addr` is valid for `len` bytes.
+    let Some(a) = (unsafe { ops::read_addr(addr, len) }) else {
+        // SAFETY: passed through.
+        return unsafe { (r.connect)(fd, addr, len) };
+    };
+    boundary("connect", || {
+        let cfg = config::get();
+        if !cfg.wants(&a) || !ops::is_tcp_socket(fd) {
+            // SAFETY: passed through.
+            return unsafe { (r.connect)(fd, addr, len) };
+        }
+        if table::is_taken(fd) {
+            return fail_with(libc::EISCONN);
+        }
+        if config::is_plain_peer(&a) {
+            cfg.record("connect", "plain", Some(a), "(remembered: no MPA)");
+            // SAFETY: passed through.
+            return unsafe { (r.connect)(fd, addr, len) };
+        }
+        let opts = table::options_for(fd, &cfg.opts);
+        match attach::connect(fd, a, &opts) {
+            Ok(()) => {
+                cfg.record("connect", "iwarp", Some(a), "");
+                0
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                // Nobody listens (or an iWARP listener rejected us):
+                // plain TCP gives the program its own answer.
+                cfg.record("connect", "plain", Some(a), "(refused over iWARP)");
+                // SAFETY: passed through.
+                unsafe { (r.connect)(fd, addr, len) }
+            }
+            Err(e) => {
+                config::remember_plain_peer(a, cfg.fallback);
+                let why = format!("(no MPA answer: {e})");
+                cfg.record("connect", "plain", Some(a), &why.replace('\n', " "));
+                // SAFETY: passed through.
+                unsafe { (r.connect)(fd, addr, len) }
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    lfd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let r = real();
+    if table::inside() {
+        // SAFETY: passed through.
+        return unsafe { (r.accept4)(lfd, addr, len, flags) };
+    }
+    boundary("accept", || loop {
+        // Blocking until decided; SOCK_NONBLOCK is applied after.
+        // SAFETY: the caller's arguments, passed through.
+        let nfd = unsafe { (r.accept4)(lfd, addr, len, flags & !libc::SOCK_NONBLOCK) };
+        if nfd < 0 {
+            return nfd;
+        }
+        let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
+        let cloexec = flags & libc::SOCK_CLOEXEC != 0;
+        let plain = |nfd: c_int| {
+            if nonblocking {
+                // SAFETY: plain descriptor calls on our new descriptor.
+                unsafe {
+                    let fl = (r.fcntl)(nfd, libc::F_GETFL, 0);
+                    (r.fcntl)(nfd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_ulong);
+                }
+            }
+            nfd
+        };
+        let cfg = config::get();
+        let local = sock_addr(nfd, false);
+        if !local.is_some_and(|l| cfg.wants(&l)) || !ops::is_tcp_socket(nfd) {
+            return plain(nfd);
+        }
+        let peer_addr = sock_addr(nfd, true);
+        if !attach::peek_is_mpa(nfd, cfg.peek) {
+            cfg.record("accept", "plain", peer_addr, "");
+            return plain(nfd);
+        }
+        match attach::accept(nfd, &cfg.opts, nonblocking, cloexec) {
+            Ok(()) => {
+                cfg.record("accept", "iwarp", peer_addr, "");
+                return nfd;
+            }
+            Err(e) => {
+                let why = format!(
+                    "(MPA Request but the iWARP accept failed: {e}; closed, the client falls back)"
+                );
+                cfg.record("accept", "refused", peer_addr, &why.replace('\n', " "));
+                // SAFETY: our descriptor.
+                unsafe { (r.close)(nfd) };
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn accept(lfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: the caller's promise.
+    unsafe { accept4(lfd, addr, len, 0) }
+}
+
+// --- data ----------------------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    on_stream!(
+        fd,
+        "read",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recv(&s, buf, n, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().read)(fd, buf, n) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if n > buflen {
+        // What glibc's __chk_fail does: the program has a buffer overflow.
+        eprintln!("*** buffer overflow detected ***: read of {n} bytes into {buflen}");
+        std::process::abort();
+    }
+    // SAFETY: the caller's promise.
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    on_stream!(
+        fd,
+        "write",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().write)(fd, buf, n) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "readv",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::readv(&s, iov, cnt, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().readv)(fd, iov, cnt) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "writev",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::writev(&s, iov, cnt, 0) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().writev)(fd, iov, cnt) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "recv",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recv(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().recv)(fd, buf, n, flags) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    if n > buflen {
+        eprintln!("*** buffer overflow detected ***: recv of {n} bytes into {buflen}");
+        std::process::abort();
+    }
+    // SAFETY: the caller's promise.
+    unsafe { recv(fd, buf, n, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "send",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().send)(fd, buf, n, flags) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    flags: c_int,
+    src: *mut sockaddr,
+    srclen: *mut socklen_t,
+) -> ssize_t {
+    on_stream!(
+        fd,
+        "recvfrom",
+        |s| {
+            // SAFETY: the caller's promise.
+            let got = unsafe { ops::recv(&s, buf, n, flags) };
+            if got >= 0 && !src.is_null() && !srclen.is_null() {
+                // SAFETY: the caller's promise.
+                unsafe { ops::sockname(&s, true, src, srclen) };
+            }
+            got
+        },
+        // SAFETY: passed through.
+        else unsafe { (real().recvfrom)(fd, buf, n, flags, src, srclen) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    buflen: size_t,
+    flags: c_int,
+    src: *mut sockaddr,
+    srclen: *mut socklen_t,
+) -> ssize_t {
+    if n > buflen {
+        eprintln!("*** buffer overflow detected ***: recvfrom of {n} bytes into {buflen}");
+        std::process::abort();
+    }
+    // SAFETY: the caller's promise.
+    unsafe { recvfrom(fd, buf, n, flags, src, srclen) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendto(
+    fd: c_int,
+    buf: *const c_void,
+    n: size_t,
+    flags: c_int,
+    dst: *const sockaddr,
+    dstlen: socklen_t,
+) -> ssize_t {
+    on_stream!(
+        fd,
+        "sendto",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::send(&s, buf, n, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendto)(fd, buf, n, flags, dst, dstlen) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "recvmsg",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::recvmsg(&s, msg, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().recvmsg)(fd, msg, flags) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
+    on_stream!(
+        fd,
+        "sendmsg",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sendmsg(&s, msg, flags) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendmsg)(fd, msg, flags) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out: c_int,
+    in_fd: c_int,
+    off: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    if table::lookup(in_fd).is_some() {
+        return fail_with(libc::EINVAL);
+    }
+    on_stream!(
+        out,
+        "sendfile",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sendfile(&s, in_fd, off, count) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().sendfile)(out, in_fd, off, count) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out: c_int,
+    in_fd: c_int,
+    off: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: off_t is 64-bit on the 64-bit targets this builds for.
+    unsafe { sendfile(out, in_fd, off, count) }
+}
+
+// --- descriptors -----------------------------------------------------------
+
+#[no_mangle]
+pub extern "C" fn close(fd: c_int) -> c_int {
+    if !table::is_taken(fd) || table::inside() {
+        // SAFETY: passed through.
+        return unsafe { (real().close)(fd) };
+    }
+    tracing::debug!(fd, "close of an iWARP stream");
+    boundary("close", || table::close(fd))
+}
+
+#[no_mangle]
+pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
+    if !table::inside() {
+        let hi = (last as usize).min(table::MAX_FD - 1);
+        for fd in table::taken() {
+            if (fd as usize) >= first as usize
+                && (fd as usize) <= hi
+                && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0
+            {
+                boundary("close_range", || table::close(fd));
+            }
+        }
+    }
+    // SAFETY: the raw system call, as glibc's close_range makes it.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+}
+
+#[no_mangle]
+pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
+    // SAFETY: passed through.
+    on_stream!(
+        fd,
+        "shutdown",
+        |s| {
+            tracing::debug!(fd, how, "shutdown of an iWARP stream");
+            ops::shutdown(&s, how)
+        },
+        // SAFETY: passed through.
+        else unsafe { (real().shutdown)(fd, how) }
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: plain descriptor call.
+    let rc = unsafe { (real().dup)(fd) };
+    if rc >= 0 && table::is_taken(fd) && !table::inside() {
+        table::duplicated(fd, rc);
+    }
+    rc
+}
+
+#[no_mangle]
+pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
+        // SAFETY: passed through.
+        return unsafe { (real().dup2)(old, new) };
+    }
+    boundary("dup2", || table::dup3(old, new, 0, false))
+}
+
+#[no_mangle]
+pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
+        // SAFETY: passed through.
+        return unsafe { (real().dup3)(old, new, flags) };
+    }
+    boundary("dup3", || table::dup3(old, new, flags, true))
+}
+
+#[no_mangle]
+pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if table::inside() || !table::is_taken(fd) {
+        // SAFETY: passed through.
+        return unsafe { (real().fcntl)(fd, cmd, arg) };
+    }
+    boundary("fcntl", || iwarp_rsocket::fcntl(fd, cmd, arg))
+}
+
+#[no_mangle]
+pub extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    fcntl(fd, cmd, arg)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if let Some(s) = table::lookup(fd) {
+        let rc = boundary("ioctl", || {
+            // SAFETY: the caller's promise: `arg` points to what `req`
+            // says (an int for FIONREAD and FIONBIO).
+            let r = unsafe { ops::ioctl(&s, req, arg) };
+            r.unwrap_or(-2)
+        });
+        if rc != -2 {
+            return rc;
+        }
+    }
+    // SAFETY: passed through.
+    unsafe { (real().ioctl)(fd, req, arg) }
+}
+
+// --- names and options -----------------------------------------------------
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    on_stream!(
+        fd,
+        "getsockname",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sockname(&s, false, addr, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getsockname)(fd, addr, len) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    on_stream!(
+        fd,
+        "getpeername",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::sockname(&s, true, addr, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getpeername)(fd, addr, len) }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) -> c_int {
+    if let Some(s) = table::lookup(fd) {
+        // SAFETY: the caller's promise.
+        return boundary("setsockopt", || unsafe {
+            ops::setsockopt(&s, level, name, val, len)
+        });
+    }
+    if !table::inside() && level == libc::SOL_SOCKET {
+        // SAFETY: the caller's promise.
+        unsafe { iwarp_rsocket::note_sockopt(fd, level, name, val, len) };
+    }
+    // SAFETY: passed through.
+    unsafe { (real().setsockopt)(fd, level, name, val, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
+    on_stream!(
+        fd,
+        "getsockopt",
+        // SAFETY: the caller's promise: its pointers are valid for the
+        // lengths it gives, as the C prototype requires.
+        |s| unsafe { ops::getsockopt(&s, level, name, val, len) },
+        // SAFETY: the caller's arguments, passed through unchanged.
+        else unsafe { (real().getsockopt)(fd, level, name, val, len) }
+    )
+}

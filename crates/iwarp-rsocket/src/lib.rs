@@ -1,0 +1,77 @@
+//! # iwarp-rsocket: descriptors that are iWARP streams, and the C API
+//!
+//! The layer between C programs and `iwarp_sockets::Stream`:
+//!
+//! - [`table`]: which descriptor numbers are streams. A stream keeps the
+//!   program's descriptor number: its readiness descriptor is `dup2`ed
+//!   onto it, so `poll`, `select` and `epoll` work on it natively, and the
+//!   socket calls on it come here.
+//! - [`attach`]: making a descriptor a stream, after connect or on an
+//!   accepted TCP connection whose first bytes are an MPA Request (RFC
+//!   5044 §7.1), the way to share a port with plain TCP clients.
+//! - [`ops`]: the socket calls on a stream, from C arguments.
+//! - `capi`: the `rsocket.h`-style C API (`include/iwarp_rsocket.h`,
+//!   `libiwarp_rsocket.so`).
+//! - [`real`]: the C library's functions, for the preload shim
+//!   (`crates/iwarp-preload`), which interposes the same names.
+//!
+//! `unsafe` lives at the C edge only: [`real`] (the function table),
+//! [`ops`] (C pointers to slices), `capi` (the exported functions), and
+//! two descriptor handovers in [`attach`] and [`table`]; each block says
+//! why it holds.
+
+pub mod attach;
+mod capi;
+pub mod errno;
+pub mod ops;
+pub mod real;
+pub mod table;
+
+use libc::{c_int, c_void, socklen_t};
+
+pub use capi::*;
+
+/// Notes the socket options that shape a stream made later on `fd`
+/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`).
+///
+/// # Safety
+/// `val` must be valid for `len` bytes of reads.
+pub unsafe fn note_sockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) {
+    if level != libc::SOL_SOCKET {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let Some(v) = (unsafe { ops::opt_int(val, len) }) else {
+        return;
+    };
+    match name {
+        libc::SO_RCVBUF => table::note_pending(fd, |p| p.rcvbuf = Some(v.max(0) as u32)),
+        libc::SO_SNDBUF => table::note_pending(fd, |p| p.sndbuf = Some(v.max(0) as u32)),
+        libc::SO_KEEPALIVE => table::note_pending(fd, |p| p.keepalive = Some(v != 0)),
+        _ => {}
+    }
+}
+
+/// `fcntl` with the stream's view: `F_GETFL`/`F_SETFL` on a stream, and
+/// the `F_DUPFD` family recorded in the table; everything else goes to the
+/// C library.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    if let Some(s) = table::lookup(fd) {
+        if let Some(rc) = ops::fcntl_flags(&s, cmd, arg) {
+            return rc;
+        }
+    }
+    // SAFETY: plain descriptor call; `arg` is passed through as the C
+    // caller gave it.
+    let rc = unsafe { (real::real().fcntl)(fd, cmd, arg) };
+    if rc >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && !table::inside() {
+        table::duplicated(fd, rc);
+    }
+    rc
+}

@@ -1,0 +1,467 @@
+//! The descriptor table: which descriptor numbers of the process are
+//! iWARP streams.
+//!
+//! A program's socket keeps its own descriptor number when it becomes an
+//! iWARP stream: [`install`] `dup2`s the stream's readiness descriptor
+//! (see `iwarp_sockets::Stream::as_raw_fd`) onto that number, so `poll`,
+//! `select` and `epoll` on it work natively, and records the number here
+//! so that the socket calls on it go to the stream. Every number that
+//! refers to a stream (after `dup`, `dup2`, `F_DUPFD`) has its own entry,
+//! and the entries share one [`Sock`]; the stream closes when the last of
+//! them is closed.
+//!
+//! The check "is this descriptor a stream" is one atomic bit per
+//! descriptor number ([`is_taken`]), so the calls the shim passes through
+//! (every `read`/`write` of a file, and the stack's own socket calls) pay
+//! only that.
+//!
+//! ## fork
+//!
+//! A child process shares the parent's TCP connections but not its
+//! threads, so it cannot drive the parent's streams. Entries made before a
+//! `fork` are *inherited* in the child: `close` on them only closes the
+//! descriptor (the parent's stream carries on), and reads and writes on
+//! them fail with `EOPNOTSUPP`. If the parent had made any stream, the
+//! socket library's progress thread existed in the parent and does not in
+//! the child, so the child makes no new streams ([`new_streams_allowed`]).
+//! Listening sockets are real TCP sockets and work in the child as they
+//! do in the parent.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once, RwLock};
+use std::time::Duration;
+
+use iwarp_sockets::{Options, Stream};
+
+use crate::real::real;
+
+/// Descriptor numbers at or above this are never taken over.
+pub const MAX_FD: usize = 1 << 20;
+
+static TAKEN: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
+static PENDING: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
+static TABLE: RwLock<BTreeMap<RawFd, Arc<Sock>>> = RwLock::new(BTreeMap::new());
+static GENERATION: AtomicU32 = AtomicU32::new(0);
+static EVER_STREAM: AtomicBool = AtomicBool::new(false);
+static NO_NEW_STREAMS: AtomicBool = AtomicBool::new(false);
+
+fn bit(map: &[AtomicU64], fd: RawFd) -> Option<(&AtomicU64, u64)> {
+    let i = usize::try_from(fd).ok().filter(|&i| i < MAX_FD)?;
+    Some((&map[i / 64], 1u64 << (i % 64)))
+}
+
+fn test(map: &[AtomicU64], fd: RawFd) -> bool {
+    bit(map, fd).is_some_and(|(w, b)| w.load(Ordering::Acquire) & b != 0)
+}
+
+fn set(map: &[AtomicU64], fd: RawFd, on: bool) {
+    if let Some((w, b)) = bit(map, fd) {
+        if on {
+            w.fetch_or(b, Ordering::AcqRel);
+        } else {
+            w.fetch_and(!b, Ordering::AcqRel);
+        }
+    }
+}
+
+thread_local! {
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is inside the library (its socket calls must go
+/// straight to the C library).
+pub fn inside() -> bool {
+    INSIDE.with(Cell::get)
+}
+
+/// Marks this thread as inside the library until dropped.
+#[derive(Debug)]
+pub struct Inside {
+    was: bool,
+}
+
+impl Inside {
+    /// Enters.
+    pub fn enter() -> Inside {
+        Inside {
+            was: INSIDE.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let was = self.was;
+        INSIDE.with(|c| c.set(was));
+    }
+}
+
+/// One iWARP stream and what the socket calls keep beside it.
+#[derive(Debug)]
+pub struct Sock {
+    /// The stream.
+    pub stream: Stream,
+    /// Bytes taken out of the stream by `MSG_PEEK`, returned first by the
+    /// next reads.
+    pub pushback: Mutex<Vec<u8>>,
+    /// `SO_RCVTIMEO` / `SO_SNDTIMEO` as set (for `getsockopt`).
+    pub timeouts: Mutex<(Option<Duration>, Option<Duration>)>,
+    /// `SO_KEEPALIVE` as set (for `getsockopt`).
+    pub keepalive: AtomicBool,
+    /// The program's last successful call on the stream was a send (see
+    /// [`graceful_end`]).
+    pub last_was_send: AtomicBool,
+    /// The program shut down the read side (`SHUT_RD`, `SHUT_RDWR`): reads
+    /// return end of stream. Local only, as on TCP (nothing goes on the
+    /// wire for it), so the stream can still see the peer's end of stream
+    /// in [`graceful_end`].
+    pub read_shut: AtomicBool,
+    generation: u32,
+}
+
+impl Sock {
+    /// Whether this stream was made by another process (inherited through
+    /// `fork`); such a stream cannot be driven here.
+    pub fn inherited(&self) -> bool {
+        self.generation != GENERATION.load(Ordering::Acquire)
+    }
+}
+
+/// Whether `fd` is an iWARP stream (one atomic load).
+pub fn is_taken(fd: RawFd) -> bool {
+    test(&TAKEN, fd)
+}
+
+/// The stream behind `fd`, unless this thread is inside the library.
+pub fn lookup(fd: RawFd) -> Option<Arc<Sock>> {
+    if !is_taken(fd) || inside() {
+        return None;
+    }
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&fd)
+        .cloned()
+}
+
+fn insert(fd: RawFd, sock: Arc<Sock>) -> Option<Arc<Sock>> {
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    let old = t.insert(fd, sock);
+    set(&TAKEN, fd, true);
+    old
+}
+
+fn remove(fd: RawFd) -> Option<Arc<Sock>> {
+    if !is_taken(fd) {
+        return None;
+    }
+    let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+    set(&TAKEN, fd, false);
+    t.remove(&fd)
+}
+
+/// Lets go of one entry's reference: in a child after `fork`, an inherited
+/// stream is never torn down (that would disconnect the parent's
+/// connection); otherwise the last reference closes the stream.
+fn release(sock: Option<Arc<Sock>>) {
+    if let Some(s) = sock {
+        if s.inherited() {
+            std::mem::forget(s);
+        } else {
+            let _inside = Inside::enter();
+            if Arc::strong_count(&s) == 1 && s.last_was_send.load(Ordering::Acquire) {
+                graceful_end(&s);
+            }
+            drop(s);
+        }
+    }
+}
+
+/// Before the last descriptor of a stream whose last call was a send
+/// closes: sends the end of stream and waits (bounded by the stream's
+/// linger) for the peer's end of stream, discarding what arrives.
+///
+/// Why: closing the stream closes its TCP connection at once, and a TCP
+/// socket closed with unread input sends a reset, on which the peer's
+/// kernel drops the data it has not yet handed to the peer's stack: the
+/// last bytes of an upload that ends with `close` (socat does exactly
+/// that) would be lost. Waiting for the peer's end of stream means the
+/// peer has read everything first. (This belongs in the stack's close;
+/// until it moves there, the table does it.)
+fn graceful_end(s: &Sock) {
+    graceful_end_all(std::slice::from_ref(&s));
+}
+
+/// [`graceful_end`] of several streams at once, under one deadline.
+fn graceful_end_all(socks: &[&Sock]) {
+    let start = std::time::Instant::now();
+    let mut open: Vec<&Sock> = Vec::with_capacity(socks.len());
+    let mut linger = std::time::Duration::ZERO;
+    for s in socks {
+        let _ = s.stream.shutdown(std::net::Shutdown::Write);
+        linger = linger.max(s.stream.options().linger);
+        open.push(s);
+    }
+    let deadline = start + linger;
+    let mut buf = [0u8; 16384];
+    while !open.is_empty() {
+        open.retain(|s| loop {
+            match s.stream.recv_nonblocking(&mut buf) {
+                Ok(0) => return false,
+                Ok(_) if std::time::Instant::now() < deadline => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                _ => return false,
+            }
+        });
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if open.is_empty() || left.is_zero() {
+            break;
+        }
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.stream.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = left.as_millis().clamp(1, 1000) as libc::c_int;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds for the
+        // duration of the call.
+        unsafe { (real().poll)(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+    tracing::debug!(
+        streams = socks.len(),
+        waited = ?start.elapsed(),
+        without_end_of_stream = open.len(),
+        "close: waited for the peers' end of stream"
+    );
+}
+
+/// At `exit`: every stream still open is closed as `close` would, so that
+/// data still queued in the send ring leaves and the peer reads it (a
+/// program that ends with `exit` without closing its sockets, like socat,
+/// would otherwise lose its last bytes: the kernel closes the TCP
+/// connection with the stack's buffers unsent).
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let _inside = Inside::enter();
+        let all: Vec<Arc<Sock>> = {
+            let mut t = TABLE.write().unwrap_or_else(|e| e.into_inner());
+            let fds: Vec<RawFd> = t.keys().copied().collect();
+            for fd in &fds {
+                set(&TAKEN, *fd, false);
+            }
+            std::mem::take(&mut *t).into_values().collect()
+        };
+        // One reference per stream; the peers' end of stream awaited for
+        // all of them at once (a server with many idle clients must not
+        // take a linger time per client to exit).
+        let mut unique: Vec<Arc<Sock>> = Vec::new();
+        for s in all {
+            if s.inherited() {
+                std::mem::forget(s);
+            } else if !unique.iter().any(|u| Arc::ptr_eq(u, &s)) {
+                unique.push(s);
+            }
+        }
+        let sent: Vec<&Sock> = unique
+            .iter()
+            .filter(|s| s.last_was_send.load(Ordering::Acquire))
+            .map(|s| &**s)
+            .collect();
+        graceful_end_all(&sent);
+        drop(unique);
+    });
+}
+
+extern "C" fn after_fork_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    if EVER_STREAM.load(Ordering::Acquire) {
+        NO_NEW_STREAMS.store(true, Ordering::Release);
+    }
+}
+
+/// Whether this process may make new streams (false in a child forked
+/// after the parent made one: the socket library's progress thread does
+/// not exist here).
+pub fn new_streams_allowed() -> bool {
+    !NO_NEW_STREAMS.load(Ordering::Acquire)
+}
+
+/// Records that a stream is about to be made (for [`new_streams_allowed`]
+/// in children) and registers the `fork` handler once.
+pub fn note_stream() {
+    static ATFORK: Once = Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: registers plain functions without arguments: the fork
+        // child handler only touches atomics; the exit handler runs
+        // before the process's threads are gone.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(after_fork_child));
+            libc::atexit(at_exit);
+        }
+    });
+    EVER_STREAM.store(true, Ordering::Release);
+}
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// Makes descriptor `fd` the stream `stream`: its readiness descriptor is
+/// `dup2`ed onto `fd` (closing what `fd` was), close-on-exec as asked.
+pub fn install(fd: RawFd, stream: Stream, cloexec: bool) -> io::Result<()> {
+    if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is beyond the table ({MAX_FD}); lower RLIMIT_NOFILE"),
+        ));
+    }
+    let r = real();
+    // SAFETY: plain descriptor calls; `stream` keeps its descriptor open.
+    unsafe {
+        if (r.dup2)(stream.as_raw_fd(), fd) < 0 {
+            return Err(errno());
+        }
+        if cloexec {
+            (r.fcntl)(fd, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
+        }
+    }
+    let sock = Arc::new(Sock {
+        stream,
+        pushback: Mutex::new(Vec::new()),
+        timeouts: Mutex::new((None, None)),
+        keepalive: AtomicBool::new(false),
+        last_was_send: AtomicBool::new(false),
+        read_shut: AtomicBool::new(false),
+        generation: GENERATION.load(Ordering::Acquire),
+    });
+    clear_pending(fd);
+    release(insert(fd, sock));
+    Ok(())
+}
+
+/// `close(fd)`.
+pub fn close(fd: RawFd) -> libc::c_int {
+    let old = remove(fd);
+    clear_pending(fd);
+    // SAFETY: plain descriptor call.
+    let rc = unsafe { (real().close)(fd) };
+    if old.is_some() {
+        let e = errno();
+        release(old);
+        if rc < 0 {
+            // SAFETY: restores errno after the release may have changed it.
+            unsafe { *libc::__errno_location() = e.raw_os_error().unwrap_or(0) };
+        }
+    }
+    rc
+}
+
+/// After a successful `dup`-like call made `new` a copy of `old`: records
+/// it if `old` is a stream (and forgets what `new` was).
+pub fn duplicated(old: RawFd, new: RawFd) {
+    if old == new {
+        return;
+    }
+    let was = remove(new);
+    clear_pending(new);
+    let src = TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&old)
+        .cloned();
+    if let Some(s) = src {
+        release(insert(new, s));
+    }
+    release(was);
+}
+
+/// `dup2(old, new)` / `dup3`: the real call, then the table.
+pub fn dup3(old: RawFd, new: RawFd, flags: libc::c_int, three: bool) -> libc::c_int {
+    // SAFETY: plain descriptor calls.
+    let rc = unsafe {
+        if three {
+            (real().dup3)(old, new, flags)
+        } else {
+            (real().dup2)(old, new)
+        }
+    };
+    if rc >= 0 {
+        duplicated(old, rc);
+    }
+    rc
+}
+
+/// Socket options set on a descriptor before it became a stream, applied
+/// when it does.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pending {
+    /// `SO_RCVBUF`.
+    pub rcvbuf: Option<u32>,
+    /// `SO_SNDBUF`.
+    pub sndbuf: Option<u32>,
+    /// `SO_KEEPALIVE`.
+    pub keepalive: Option<bool>,
+}
+
+static PENDING_OPTS: Mutex<BTreeMap<RawFd, Pending>> = Mutex::new(BTreeMap::new());
+
+fn clear_pending(fd: RawFd) {
+    if test(&PENDING, fd) {
+        set(&PENDING, fd, false);
+        PENDING_OPTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fd);
+    }
+}
+
+/// Notes a socket option set on a descriptor that is not a stream (yet).
+pub fn note_pending(fd: RawFd, f: impl FnOnce(&mut Pending)) {
+    if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
+        return;
+    }
+    let mut m = PENDING_OPTS.lock().unwrap_or_else(|e| e.into_inner());
+    f(m.entry(fd).or_default());
+    set(&PENDING, fd, true);
+}
+
+/// `base` with the options noted on `fd` applied.
+pub fn options_for(fd: RawFd, base: &Options) -> Options {
+    let mut o = base.clone();
+    if test(&PENDING, fd) {
+        if let Some(p) = PENDING_OPTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fd)
+        {
+            let ring = |v: u32| v.clamp(4096, 64 << 20) & !1;
+            if let Some(v) = p.rcvbuf {
+                o.rbuf_size = ring(v);
+            }
+            if let Some(v) = p.sndbuf {
+                o.sbuf_size = ring(v);
+            }
+            if let Some(k) = p.keepalive {
+                o.keepalive = k;
+            }
+        }
+    }
+    o
+}
+
+/// Descriptors that are streams now (for diagnostics and tests).
+pub fn taken() -> Vec<RawFd> {
+    TABLE
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .copied()
+        .collect()
+}

@@ -1,0 +1,593 @@
+#!/usr/bin/env bash
+# The t_* functions are called through `check`, which shellcheck cannot see.
+# shellcheck disable=SC2317
+# The preload shim (libiwarp_preload.so, crates/iwarp-preload) with real,
+# unmodified programs on 127.0.0.1, and the rsocket C API
+# (libiwarp_rsocket.so, include/iwarp_rsocket.h):
+#
+#   a) socat -> socat, both preloaded: 64 MiB, SHA-256 checked;
+#   b) the fallback matrix on one port: preloaded/plain client x
+#      preloaded/plain server, SHA-256 checked, and which ones ran over
+#      iWARP (IWARP_PRELOAD_STATS records each decision); a plain server
+#      remembered as plain by a preloaded client;
+#   c) Python's socket module: echo with blocking and select() servers and
+#      clients;
+#   d) iperf3 client and server, both directions;
+#   e) redis-benchmark and redis-cli against redis-server;
+#   f) curl against nginx (sendfile on) and Apache httpd (prefork, when
+#      installed), preloaded and plain curl;
+#   g) a peer killed mid-stream: the other side's blocked read returns
+#      within 1 s (both directions); fork: a child closes an inherited
+#      stream and the parent carries on;
+#   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h.
+#
+#   scripts/test-preload.sh          # everything (about a minute)
+#   KEEP=1 scripts/test-preload.sh   # keep the temp dir (logs, stats)
+#   PORT_BASE=27400 scripts/test-preload.sh
+#
+# Missing Debian packages (socat, iperf3, redis-server, redis-tools, nginx,
+# curl, python3, gcc) are installed with apt-get. Last line: "N passed, M
+# failed"; the exit status is non-zero on failure.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 1
+PASS=0
+FAIL=0
+T="$(mktemp -d /tmp/preload.XXXXXX)"
+# nginx workers run as nobody: they must read the files here and append to
+# the stats files.
+chmod 755 "$T"
+PIDS=()
+PORT=${PORT_BASE:-27400}
+HELPER="$ROOT/tests/preload/helper.py"
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do
+        timeout 5 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
+    done
+    if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; }
+# check NAME CMD...: run CMD (bounded inside), pass if it exits 0.
+check() {
+    local name="$1"
+    shift
+    local log="$T/check-$((PASS + FAIL + 1)).log"
+    if "$@" >"$log" 2>&1; then
+        ok "$name"
+        grep '^info:' "$log" | sed 's/^info:/     /'
+    else
+        bad "$name (output below)"
+        tail -n 20 "$log" | sed 's/^/     /'
+    fi
+}
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+next_port() { PORT=$((PORT + 1)); }
+
+# ---- prerequisites ----------------------------------------------------------
+need_pkgs=()
+command -v socat >/dev/null || need_pkgs+=(socat)
+command -v iperf3 >/dev/null || need_pkgs+=(iperf3)
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)
+command -v redis-benchmark >/dev/null || need_pkgs+=(redis-tools)
+command -v nginx >/dev/null || need_pkgs+=(nginx-light)
+command -v curl >/dev/null || need_pkgs+=(curl)
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
+command -v gcc >/dev/null || need_pkgs+=(gcc)
+command -v ss >/dev/null || need_pkgs+=(iproute2)
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    echo "installing ${need_pkgs[*]}"
+    timeout 300 apt-get update -qq >/dev/null
+    # policy-rc.d exit 101: the packages must not start system services
+    # (the tests start their own on loopback ports).
+    POLICY=/usr/sbin/policy-rc.d
+    ADDED_POLICY=0
+    if [ ! -e "$POLICY" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod +x "$POLICY" && ADDED_POLICY=1
+    fi
+    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    [ "$ADDED_POLICY" = 1 ] && rm -f "$POLICY"
+fi
+# The system Python (a pyenv shim in front of it starts slowly).
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3)
+
+echo "building libiwarp_preload.so and libiwarp_rsocket.so (release)"
+if ! timeout 1200 cargo build --release -q -p iwarp-preload -p iwarp-rsocket; then
+    bad "cargo build -p iwarp-preload -p iwarp-rsocket"
+    finish
+fi
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+LIBDIR=$TARGET_DIR/release
+LIB=$LIBDIR/libiwarp_preload.so
+
+# pre STATS CMD...: run CMD preloaded, its decisions appended to STATS.
+pre() {
+    local stats="$1"
+    shift
+    touch "$stats" && chmod 666 "$stats"
+    env LD_PRELOAD="$LIB" IWARP_PRELOAD_STATS="$stats" "$@"
+}
+# bgpre STATS CMD...: `pre` in the background, as the process itself (so
+# that $BGPID is the program's pid, or its `timeout`'s).
+bgpre() {
+    local stats="$1"
+    shift
+    touch "$stats" && chmod 666 "$stats"
+    (exec env LD_PRELOAD="$LIB" IWARP_PRELOAD_STATS="$stats" "$@") &
+    BGPID=$!
+    PIDS+=("$BGPID")
+}
+# bg CMD...: start CMD in the background; its pid is $BGPID.
+bg() {
+    "$@" &
+    BGPID=$!
+    PIDS+=("$BGPID")
+}
+# wait_listen PORT: until something listens there (at most 10 s). Only
+# looks (ss), never connects: a connection would use up a one-shot server.
+wait_listen() {
+    local _i
+    for _i in $(seq 100); do
+        ss -Hltn "sport = :$1" | grep -q . && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1 after 10 s"
+    return 1
+}
+# wait_pid PID [SECS]: wait for a background process to end (bounded).
+wait_pid() {
+    timeout "${2:-30}" tail --pid="$1" -f /dev/null
+}
+stop() {
+    kill -TERM "$1" 2>/dev/null
+    wait_pid "$1" 5 || kill -KILL "$1" 2>/dev/null
+}
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+# has STATS PATTERN: the stats file records PATTERN.
+has() {
+    if grep -q -- "$2" "$1"; then return 0; fi
+    echo "$1 does not record \"$2\"; it has:"
+    cat "$1"
+    return 1
+}
+
+head -c 64M /dev/urandom >"$T/in64"
+head -c 4M /dev/urandom >"$T/in4"
+
+# ---- a) socat --------------------------------------------------------------
+t_socat() {
+    next_port
+    local s c t0 t1
+    bgpre "$T/a-srv.stats" timeout 60 socat -u "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr" \
+        "CREATE:$T/out64"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    t0=$(date +%s%N)
+    pre "$T/a-cli.stats" timeout 60 socat -u "OPEN:$T/in64" "TCP:127.0.0.1:$PORT" || return 1
+    wait_pid "$s" 60 || return 1
+    t1=$(date +%s%N)
+    c=$(sha "$T/out64")
+    [ "$c" = "$(sha "$T/in64")" ] || { echo "SHA-256 differs: $c"; return 1; }
+    has "$T/a-cli.stats" "connect iwarp" && has "$T/a-srv.stats" "accept iwarp" || return 1
+    echo "info: 64 MiB in $(((t1 - t0) / 1000000)) ms (process start included), SHA-256 ${c:0:16}…"
+}
+check "a) socat -> socat, both preloaded, 64 MiB over iWARP, SHA-256" t_socat
+t_socat6() {
+    next_port
+    local s
+    rm -f "$T/a6-srv.stats" "$T/a6-cli.stats" "$T/out6"
+    bgpre "$T/a6-srv.stats" timeout 60 socat -u "TCP6-LISTEN:$PORT,bind=[::1],reuseaddr" \
+        "CREATE:$T/out6"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/a6-cli.stats" timeout 60 socat -u "OPEN:$T/in4" "TCP6:[::1]:$PORT" || return 1
+    wait_pid "$s" 60 || return 1
+    [ "$(sha "$T/out6")" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs"; return 1; }
+    has "$T/a6-cli.stats" "connect iwarp \[::1\]" && has "$T/a6-srv.stats" "accept iwarp \[::1\]"
+}
+if ip -6 addr show dev lo 2>/dev/null | grep -q '::1/128'; then
+    check "a) socat -> socat over IPv6 ([::1]), 4 MiB, SHA-256" t_socat6
+else
+    echo "skip - a) IPv6: no ::1 on lo"
+fi
+
+# ---- b) the fallback matrix ----------------------------------------------------
+MPORT=0
+MSRV=""
+start_matrix_server() { # pre|plain
+    [ -n "$MSRV" ] && stop "$MSRV"
+    next_port
+    MPORT=$PORT
+    rm -f "$T/b-srv.stats"
+    if [ "$1" = pre ]; then
+        bgpre "$T/b-srv.stats" timeout 120 "$PY" "$HELPER" serve-file "$MPORT" "$T/in4"
+    else
+        touch "$T/b-srv.stats"
+        bg timeout 120 "$PY" "$HELPER" serve-file "$MPORT" "$T/in4"
+    fi
+    MSRV=$BGPID
+    wait_listen "$MPORT"
+}
+# t_matrix SRV CLI: one download from the server started last.
+t_matrix() {
+    local srv=$1 cli=$2 out="$T/b-out" before
+    rm -f "$out" "$T/b-cli.stats"
+    before=$(wc -l <"$T/b-srv.stats")
+    if [ "$cli" = pre ]; then
+        pre "$T/b-cli.stats" timeout 20 socat -u "TCP:127.0.0.1:$MPORT" "CREATE:$out" || return 1
+    else
+        timeout 20 socat -u "TCP:127.0.0.1:$MPORT" "CREATE:$out" || return 1
+    fi
+    [ "$(sha "$out")" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs"; return 1; }
+    sleep 0.2
+    local new
+    new=$(tail -n +"$((before + 1))" "$T/b-srv.stats")
+    echo "server recorded: ${new:-nothing}"
+    case "$srv/$cli" in
+        pre/pre)
+            has "$T/b-cli.stats" "connect iwarp" || return 1
+            grep -q "accept iwarp" <<<"$new" || { echo "server did not accept over iWARP"; return 1; }
+            echo "info: ran over iWARP" ;;
+        pre/plain)
+            grep -q "accept plain" <<<"$new" || { echo "server did not hand over plain TCP"; return 1; }
+            echo "info: plain TCP (the preloaded server saw no MPA Request)" ;;
+        plain/pre)
+            has "$T/b-cli.stats" "connect plain" || return 1
+            echo "info: plain TCP after the MPA attempt: $(cut -d' ' -f5- "$T/b-cli.stats" | cut -c1-80)" ;;
+        plain/plain) echo "info: plain TCP" ;;
+    esac
+}
+check "b) matrix: start a preloaded server" start_matrix_server pre
+check "b) matrix: preloaded client -> preloaded server (same port)" t_matrix pre pre
+check "b) matrix: plain client -> preloaded server (same port)" t_matrix pre plain
+check "b) matrix: start a plain server" start_matrix_server plain
+check "b) matrix: preloaded client -> plain server (same port)" t_matrix plain pre
+check "b) matrix: plain client -> plain server (same port)" t_matrix plain plain
+t_remembered() {
+    rm -f "$T/b-fetch.stats"
+    local out
+    out=$(pre "$T/b-fetch.stats" timeout 20 "$PY" "$HELPER" fetch "$MPORT" 2) || return 1
+    echo "$out"
+    [ "$(sort -u <<<"$out")" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs"; return 1; }
+    has "$T/b-fetch.stats" "no MPA answer" && has "$T/b-fetch.stats" "remembered" || return 1
+    echo "info: the second connect to the plain server went plain at once (remembered)"
+}
+check "b) matrix: a plain peer is remembered (second connect plain at once)" t_remembered
+stop "$MSRV"
+MSRV=""
+
+# t_config: IWARP_PRELOAD_PORTS leaves other ports alone; the same key in
+# an IWARP_PRELOAD_CONFIG file takes the port over.
+t_config() {
+    local s out
+    next_port
+    rm -f "$T/b-cfg-srv.stats" "$T/b-cfg-cli.stats"
+    printf '# test config\nports = %s\npeek_ms = 300\n' "$PORT" >"$T/preload.conf"
+    chmod 644 "$T/preload.conf"
+    bgpre "$T/b-cfg-srv.stats" env IWARP_PRELOAD_CONFIG="$T/preload.conf" \
+        timeout 60 "$PY" "$HELPER" serve-file "$PORT" "$T/in4"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/b-cfg-cli.stats" env IWARP_PRELOAD_PORTS=1 timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (PORTS=1)"; return 1; }
+    [ ! -s "$T/b-cfg-cli.stats" ] || { echo "a client limited to port 1 took port $PORT over:"; cat "$T/b-cfg-cli.stats"; return 1; }
+    has "$T/b-cfg-srv.stats" "accept plain" || return 1
+    out=$(pre "$T/b-cfg-cli.stats" env IWARP_PRELOAD_CONFIG="$T/preload.conf" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (config file)"; return 1; }
+    stop "$s"
+    has "$T/b-cfg-cli.stats" "connect iwarp" && has "$T/b-cfg-srv.stats" "accept iwarp" || return 1
+    echo "info: IWARP_PRELOAD_PORTS=1 left port $PORT plain; ports = $PORT in the config file took it over"
+}
+check "b) config: IWARP_PRELOAD_PORTS filter and IWARP_PRELOAD_CONFIG file" t_config
+
+# ---- c) Python's socket module ----------------------------------------------------
+t_python() { # server mode, client mode
+    next_port
+    local s
+    rm -f "$T/c-srv.stats" "$T/c-cli.stats"
+    bgpre "$T/c-srv.stats" timeout 60 "$PY" "$HELPER" echo-server "$PORT" "$1"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/c-cli.stats" timeout 30 "$PY" "$HELPER" echo-client "$PORT" "$2" 4000000 || return 1
+    stop "$s"
+    has "$T/c-cli.stats" "connect iwarp" && has "$T/c-srv.stats" "accept iwarp"
+}
+check "c) Python: blocking client -> blocking (threads) server" t_python blocking blocking
+check "c) Python: select() client -> blocking server" t_python blocking select
+check "c) Python: blocking client -> select() server" t_python select blocking
+check "c) Python: select() client -> select() server" t_python select select
+check "c) Python: epoll then blocking reads (mixed) -> select() server" t_python select mixed
+check "c) Python: dup()/dup2() copies, originals closed -> blocking server" t_python blocking dup
+
+# ---- d) iperf3 -------------------------------------------------------------------------
+IPERF_TCP=""
+t_iperf() { # pre|plain, extra client args
+    local mode=$1 s
+    shift
+    next_port
+    rm -f "$T/d-srv.stats" "$T/d-cli.stats"
+    if [ "$mode" = pre ]; then
+        bgpre "$T/d-srv.stats" timeout 60 iperf3 -s -B 127.0.0.1 -p "$PORT" -1
+    else
+        bg timeout 60 iperf3 -s -B 127.0.0.1 -p "$PORT" -1
+    fi
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    if [ "$mode" = pre ]; then
+        pre "$T/d-cli.stats" timeout 60 iperf3 -c 127.0.0.1 -p "$PORT" -t 3 -J "$@" >"$T/d.json" || return 1
+    else
+        timeout 60 iperf3 -c 127.0.0.1 -p "$PORT" -t 3 -J "$@" >"$T/d.json" || return 1
+    fi
+    wait_pid "$s" 20 || return 1
+    local bps
+    bps=$("$PY" -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["end"]["sum_received"]["bits_per_second"]))' "$T/d.json") || return 1
+    [ "$bps" -gt 0 ] || { echo "zero throughput"; return 1; }
+    if [ "$mode" = pre ]; then
+        has "$T/d-cli.stats" "connect iwarp" && has "$T/d-srv.stats" "accept iwarp" || return 1
+        echo "info: iperf3 ${*:-client sends} over iWARP: $((bps / 1000000)) Mbit/s${IPERF_TCP:+ (kernel TCP, same run: $IPERF_TCP Mbit/s)}"
+    else
+        IPERF_TCP=$((bps / 1000000))
+    fi
+}
+t_iperf plain >"$T/d-baseline.log" 2>&1 || IPERF_TCP=""
+check "d) iperf3 -c -> iperf3 -s, both preloaded, 3 s" t_iperf pre
+check "d) iperf3 -c -R (server sends), both preloaded, 3 s" t_iperf pre -R
+
+# ---- e) redis ------------------------------------------------------------------------------
+t_redis() {
+    next_port
+    local s v
+    rm -f "$T/e-srv.stats" "$T/e-cli.stats"
+    bgpre "$T/e-srv.stats" timeout 120 redis-server --port "$PORT" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize no --dir "$T"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/e-cli.stats" timeout 60 redis-benchmark -h 127.0.0.1 -p "$PORT" -n 2000 -c 4 \
+        -t set,get,incr,lpush -q >"$T/e-bench.txt" || return 1
+    pre "$T/e-cli.stats" timeout 10 redis-cli -h 127.0.0.1 -p "$PORT" set k preload-ok || return 1
+    v=$(pre "$T/e-cli.stats" timeout 10 redis-cli -h 127.0.0.1 -p "$PORT" get k) || return 1
+    stop "$s"
+    [ "$v" = preload-ok ] || { echo "GET returned '$v'"; return 1; }
+    has "$T/e-cli.stats" "connect iwarp" && has "$T/e-srv.stats" "accept iwarp" || return 1
+    echo "info: $(tr '\r' '\n' <"$T/e-bench.txt" | grep 'requests per second' | cut -d, -f1 | tr '\n' ';')"
+}
+check "e) redis-benchmark and redis-cli -> redis-server, all preloaded" t_redis
+
+# ---- f) nginx and curl -------------------------------------------------------------------------
+t_nginx() {
+    next_port
+    local s n="$T/nginx"
+    mkdir -p "$n/www" "$n/logs" "$n/tmp"
+    chmod 755 "$n" "$n/www"
+    cp "$T/in64" "$n/www/f.bin"
+    chmod 644 "$n/www/f.bin"
+    cat >"$n/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes 2;
+error_log $n/logs/error.log info;
+pid $n/nginx.pid;
+events { worker_connections 64; }
+http {
+    access_log $n/logs/access.log;
+    client_body_temp_path $n/tmp; proxy_temp_path $n/tmp; fastcgi_temp_path $n/tmp;
+    uwsgi_temp_path $n/tmp; scgi_temp_path $n/tmp;
+    sendfile on;
+    server { listen 127.0.0.1:$PORT; root $n/www; }
+}
+EOF
+    rm -f "$T/f-srv.stats" "$T/f-cli.stats"
+    bgpre "$T/f-srv.stats" timeout 120 nginx -p "$n" -c "$n/nginx.conf" -e "$n/logs/error.log"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/f-cli.stats" timeout 60 curl -sS -o "$T/f-got" "http://127.0.0.1:$PORT/f.bin" || return 1
+    [ "$(sha "$T/f-got")" = "$(sha "$T/in64")" ] || { echo "preloaded curl: SHA-256 differs"; return 1; }
+    timeout 60 curl -sS -o "$T/f-got2" "http://127.0.0.1:$PORT/f.bin" || return 1
+    [ "$(sha "$T/f-got2")" = "$(sha "$T/in64")" ] || { echo "plain curl: SHA-256 differs"; return 1; }
+    stop "$s"
+    has "$T/f-cli.stats" "connect iwarp" && has "$T/f-srv.stats" "accept iwarp" &&
+        has "$T/f-srv.stats" "accept plain" || return 1
+    echo "info: 64 MiB body over iWARP (preloaded curl) and over TCP (plain curl), same port"
+}
+check "f) curl -> nginx (sendfile), preloaded and plain curl, 64 MiB, SHA-256" t_nginx
+
+# Apache prefork: the children accept (each makes its own streams).
+t_apache() {
+    next_port
+    local s a="$T/apache" i
+    mkdir -p "$a/www" "$a/run"
+    chmod 755 "$a" "$a/www" "$a/run"
+    cp "$T/in4" "$a/www/f.bin"
+    chmod 644 "$a/www/f.bin"
+    cat >"$a/httpd.conf" <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+Listen 127.0.0.1:$PORT
+DefaultRuntimeDir $a/run
+PidFile $a/run/pid
+ErrorLog $a/error.log
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+User www-data
+Group www-data
+StartServers 2
+DocumentRoot $a/www
+<Directory $a/www>
+    Require all granted
+</Directory>
+EnableSendfile On
+EOF
+    rm -f "$T/f-ap-srv.stats" "$T/f-ap-cli.stats"
+    bgpre "$T/f-ap-srv.stats" timeout 120 apache2 -d /etc/apache2 -f "$a/httpd.conf" -DFOREGROUND
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    for i in 1 2 3 4; do
+        pre "$T/f-ap-cli.stats" timeout 20 curl -sS -o "$T/f-ap-got" "http://127.0.0.1:$PORT/f.bin" || return 1
+        [ "$(sha "$T/f-ap-got")" = "$(sha "$T/in4")" ] || { echo "request $i: SHA-256 differs"; return 1; }
+    done
+    timeout 20 curl -sS -o "$T/f-ap-got" "http://127.0.0.1:$PORT/f.bin" || return 1
+    [ "$(sha "$T/f-ap-got")" = "$(sha "$T/in4")" ] || { echo "plain curl: SHA-256 differs"; return 1; }
+    stop "$s"
+    [ "$(grep -c "accept iwarp" "$T/f-ap-srv.stats")" = 4 ] || { echo "not 4 iWARP accepts:"; cat "$T/f-ap-srv.stats"; return 1; }
+    has "$T/f-ap-srv.stats" "accept plain" || return 1
+    echo "info: 4 requests over iWARP and 1 plain, served by prefork children"
+}
+if [ -x /usr/sbin/apache2 ] && [ -e /usr/lib/apache2/modules/mod_mpm_prefork.so ]; then
+    check "f) curl -> Apache httpd (prefork, sendfile), preloaded and plain curl" t_apache
+else
+    echo "skip - f) Apache httpd: not installed (scripts/test.sh installs it)"
+fi
+
+# ---- g) faults and fork ----------------------------------------------------------------------------
+# t_kill WHO [write]: WHO (client|server) is killed while the other side
+# is blocked in recv (or, with `write`, the client in send to a server that
+# does not read); that call must return within 1 s.
+t_kill() {
+    next_port
+    local victim=$1 how=${2:-read} s c blocked_out killed ret
+    rm -f "$T/g-srv.out" "$T/g-cli.out"
+    if [ "$victim" = client ]; then
+        bgpre "$T/g.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" read >"$T/g-srv.out"
+        s=$BGPID
+        wait_listen "$PORT" || return 1
+        # Not under `timeout`: the kill must reach Python itself.
+        bgpre "$T/g.stats" "$PY" "$HELPER" hold-client "$PORT" sleep >"$T/g-cli.out"
+        c=$BGPID
+        blocked_out="$T/g-srv.out"
+        killed=$c
+    else
+        bgpre "$T/g.stats" "$PY" "$HELPER" hold-server "$PORT" sleep >"$T/g-srv.out"
+        s=$BGPID
+        wait_listen "$PORT" || return 1
+        bgpre "$T/g.stats" timeout 30 "$PY" "$HELPER" hold-client "$PORT" "$how" >"$T/g-cli.out"
+        c=$BGPID
+        blocked_out="$T/g-cli.out"
+        killed=$s
+    fi
+    local _i
+    for _i in $(seq 100); do
+        grep -q ready "$T/g-srv.out" && grep -q ready "$T/g-cli.out" && break
+        sleep 0.1
+    done
+    sleep 0.5 # the survivor is in recv by now
+    local t0
+    t0=$(date +%s.%N)
+    kill -KILL "$killed"
+    wait_pid "$s" 10
+    wait_pid "$c" 10
+    ret=$(sed -n 's/^returned \([0-9.]*\) .*/\1/p' "$blocked_out")
+    [ -n "$ret" ] || { echo "the blocked recv did not return"; cat "$blocked_out"; return 1; }
+    local ms
+    ms=$("$PY" -c "print(int((max($ret - $t0, 0)) * 1000))")
+    echo "info: $how returned $((ms)) ms after the kill ($(sed -n 's/^returned [0-9.]* //p' "$blocked_out"))"
+    [ "$ms" -le 1000 ] || { echo "too slow: $ms ms"; return 1; }
+    has "$T/g.stats" "connect iwarp"
+}
+check "g) client killed: the server's blocked recv returns within 1 s" t_kill client
+check "g) server killed: the client's blocked recv returns within 1 s" t_kill server
+check "g) server killed: the client's blocked send returns within 1 s" t_kill server write
+t_fork() {
+    next_port
+    local s
+    rm -f "$T/g-fork.stats"
+    bgpre "$T/g-fork.stats" timeout 30 "$PY" "$HELPER" fork-echo "$PORT"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/g-fork.stats" timeout 30 "$PY" "$HELPER" echo-client "$PORT" blocking 1000000 || return 1
+    wait_pid "$s" 10 && has "$T/g-fork.stats" "accept iwarp"
+}
+# close with a live peer that does not read: bounded (the linger time,
+# then the wait for the peer's end of stream), never a hang.
+t_close_stuck() {
+    next_port
+    local s out secs
+    rm -f "$T/g-cs.stats"
+    bgpre "$T/g-cs.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" sleep >/dev/null
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-cs.stats" timeout 20 "$PY" "$HELPER" hold-client "$PORT" close) || return 1
+    stop "$s"
+    echo "$out"
+    secs=$(sed -n 's/^closed in \([0-9.]*\) s/\1/p' <<<"$out")
+    [ -n "$secs" ] || return 1
+    "$PY" -c "import sys; sys.exit(0 if float('$secs') <= 3.0 else 1)" || { echo "close took $secs s"; return 1; }
+    has "$T/g-cs.stats" "connect iwarp" || return 1
+    echo "info: close with unsent data and a peer that does not read returned in $secs s"
+}
+check "g) close with a live peer that does not read returns (bounded)" t_close_stuck
+# A signal interrupts a blocked recv (EINTR, as on TCP): Python's Ctrl-C.
+t_sigint() {
+    next_port
+    local s c t0 t1
+    rm -f "$T/g-si.stats" "$T/g-si.out"
+    bgpre "$T/g-si.stats" timeout 30 "$PY" "$HELPER" hold-server "$PORT" sleep >/dev/null
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    bgpre "$T/g-si.stats" "$PY" "$HELPER" hold-client "$PORT" read >"$T/g-si.out" 2>&1
+    c=$BGPID
+    for _i in $(seq 100); do grep -q ready "$T/g-si.out" && break; sleep 0.1; done
+    sleep 0.5
+    t0=$(date +%s%N)
+    kill -INT "$c"
+    wait_pid "$c" 10 || { echo "SIGINT did not end the blocked recv"; kill -KILL "$c"; return 1; }
+    t1=$(date +%s%N)
+    stop "$s"
+    grep -q KeyboardInterrupt "$T/g-si.out" || { cat "$T/g-si.out"; return 1; }
+    has "$T/g-si.stats" "connect iwarp" || return 1
+    echo "info: KeyboardInterrupt; the process ended $(((t1 - t0) / 1000000)) ms after SIGINT (its exit closes the stream: bounded linger)"
+}
+check "g) SIGINT interrupts a blocked recv (Python KeyboardInterrupt)" t_sigint
+check "g) fork: the child closes an inherited stream, the parent echoes on" t_fork
+# A child forked after its parent made a stream makes no new ones: an
+# iWARP client it accepts is closed, and falls back to plain TCP.
+t_fork_child() {
+    next_port
+    local s out
+    rm -f "$T/g-fs-srv.stats" "$T/g-fs-cli.stats"
+    bgpre "$T/g-fs-srv.stats" timeout 30 "$PY" "$HELPER" fork-serve "$PORT" "$T/in4"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-fs-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (parent)"; return 1; }
+    out=$(pre "$T/g-fs-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (child)"; return 1; }
+    wait_pid "$s" 10 || return 1
+    has "$T/g-fs-cli.stats" "connect iwarp" && has "$T/g-fs-cli.stats" "connect plain" &&
+        has "$T/g-fs-srv.stats" "accept refused" && has "$T/g-fs-srv.stats" "accept plain" || return 1
+    echo "info: parent served over iWARP; the child's client fell back to plain TCP"
+}
+check "g) fork: a child of a parent with streams serves its client over plain TCP" t_fork_child
+
+# ---- h) the C API ----------------------------------------------------------------------------
+t_capi() {
+    local src name
+    for src in tests/c/rsocket/test_*.c; do
+        name=$(basename "$src" .c)
+        gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra -Werror -pthread -Iinclude \
+            "$src" -o "$T/$name" -L"$LIBDIR" -liwarp_rsocket -Wl,-rpath,"$LIBDIR" || return 1
+        timeout 60 "$T/$name" || return 1
+        # And against the static library.
+        gcc -std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra -Werror -pthread -Iinclude \
+            "$src" -o "$T/$name-static" "$LIBDIR/libiwarp_rsocket.a" \
+            -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc || return 1
+        timeout 60 "$T/$name-static" || return 1
+    done
+    if command -v g++ >/dev/null; then
+        echo '#include "iwarp_rsocket.h"' | g++ -x c++ -std=c++11 -Wall -Wextra -Werror -Iinclude \
+            -fsyntax-only - || { echo "iwarp_rsocket.h is not valid C++"; return 1; }
+    fi
+}
+check "h) C API: rsocket echo with a poll loop (tests/c/rsocket), shared and static" t_capi
+
+finish

@@ -1,0 +1,317 @@
+#!/usr/bin/env python3
+"""Socket programs for scripts/test-preload.sh, written with nothing but
+Python's `socket`/`selectors` modules, so that they run unmodified under
+libiwarp_preload.so.
+
+  helper.py serve-file PORT FILE         serve FILE to every client, forever
+  helper.py echo-server PORT MODE        echo, MODE blocking|select; forever
+  helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
+                                         echo back, exit 0 if identical; MODE
+                                         blocking|select|mixed (epoll, then
+                                         blocking reads)|dup (through dup()
+                                         and dup2() copies, originals closed)
+  helper.py fetch PORT N                 connect N times, read to the end,
+                                         print each SHA-256
+  helper.py hold-server PORT read|sleep  accept one client, read 16 bytes,
+                                         print "ready", then block in recv
+                                         (print the wall time when it ends)
+                                         or sleep
+  helper.py hold-client PORT read|sleep|write|close
+                                         connect, send 16 bytes, then sleep,
+                                         block in recv (as above) or send
+                                         until a send blocks and fails, or
+                                         fill the send path and close
+  helper.py fork-serve PORT FILE         serve FILE to one client, then fork:
+                                         the child serves the next client
+  helper.py fork-echo PORT               accept one client, fork: the child
+                                         closes its copy and exits, the
+                                         parent then echoes
+"""
+import hashlib
+import os
+import select
+import selectors
+import socket
+import sys
+import threading
+import time
+
+
+def listener(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    return s
+
+
+def serve_file(port, path):
+    data = open(path, "rb").read()
+    s = listener(port)
+    while True:
+        c, _ = s.accept()
+        try:
+            c.sendall(data)
+        except OSError:
+            pass  # a client that went away (an MPA probe of a plain server)
+        c.close()
+
+
+def echo_blocking(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+
+
+def echo_server(port, mode):
+    s = listener(port)
+    if mode == "blocking":
+        while True:
+            c, _ = s.accept()
+            threading.Thread(target=echo_blocking, args=(c,), daemon=True).start()
+    sel = selectors.DefaultSelector()
+    s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
+    pending = {}
+    eof = set()
+    while True:
+        for key, ev in sel.select():
+            so = key.fileobj
+            if so is s:
+                try:
+                    c, _ = s.accept()
+                except BlockingIOError:
+                    continue
+                c.setblocking(False)
+                pending[c] = b""
+                sel.register(c, selectors.EVENT_READ)
+                continue
+            if ev & selectors.EVENT_READ:
+                try:
+                    b = so.recv(65536)
+                except BlockingIOError:
+                    b = None
+                if b == b"":
+                    eof.add(so)
+                elif b:
+                    pending[so] += b
+            if so in eof and not pending.get(so):
+                sel.unregister(so)
+                so.close()
+                pending.pop(so, None)
+                eof.discard(so)
+                continue
+            if pending.get(so):
+                try:
+                    n = so.send(pending[so])
+                    pending[so] = pending[so][n:]
+                except BlockingIOError:
+                    pass
+                want = (0 if so in eof else selectors.EVENT_READ) | (
+                    selectors.EVENT_WRITE if pending[so] else 0)
+                if not want:
+                    sel.unregister(so)
+                    so.close()
+                    pending.pop(so, None)
+                    eof.discard(so)
+                    continue
+                sel.modify(so, want)
+            elif so in pending:
+                sel.modify(so, selectors.EVENT_READ)
+
+
+def echo_client(port, mode, nbytes):
+    data = os.urandom(nbytes)
+    c = socket.create_connection(("127.0.0.1", port), timeout=20)
+    got = bytearray()
+    if mode == "dup":
+        # Work through copies: dup() then close the original, dup2() onto
+        # another number then close the first copy.
+        d = c.dup()
+        c.close()
+        spare = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        os.dup2(d.fileno(), spare.fileno())
+        d.close()
+        c = spare
+        # O_NONBLOCK belongs to the open file description, which the
+        # copies share with the original (put in non-blocking mode by its
+        # timeout): make it blocking, as on TCP.
+        c.setblocking(True)
+        mode = "blocking"
+    if mode == "mixed":
+        # Wait with epoll, then read in blocking mode.
+        ep = select.epoll()
+        ep.register(c.fileno(), select.EPOLLIN)
+        c.sendall(data)
+        c.shutdown(socket.SHUT_WR)
+        c.settimeout(None)
+        while True:
+            if not ep.poll(20):
+                break
+            b = c.recv(65536)
+            if not b:
+                break
+            got += b
+        ep.close()
+    elif mode == "blocking":
+        def writer():
+            c.sendall(data)
+            c.shutdown(socket.SHUT_WR)
+        t = threading.Thread(target=writer)
+        t.start()
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            got += b
+        t.join()
+    else:
+        c.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(c, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        off = 0
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            for _, ev in sel.select(timeout=1):
+                if ev & selectors.EVENT_WRITE and off < len(data):
+                    try:
+                        off += c.send(data[off:off + 65536])
+                    except BlockingIOError:
+                        pass
+                    if off == len(data):
+                        c.shutdown(socket.SHUT_WR)
+                        sel.modify(c, selectors.EVENT_READ)
+                if ev & selectors.EVENT_READ:
+                    try:
+                        b = c.recv(65536)
+                    except BlockingIOError:
+                        continue
+                    if not b:
+                        deadline = 0
+                        break
+                    got += b
+    c.close()
+    ok = hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest()
+    print(f"echo {mode}: sent {len(data)}, got {len(got)}, {'match' if ok else 'MISMATCH'}")
+    sys.exit(0 if ok else 1)
+
+
+def fetch(port, n):
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port), timeout=20)
+        h = hashlib.sha256()
+        while True:
+            b = c.recv(1 << 16)
+            if not b:
+                break
+            h.update(b)
+        c.close()
+        print(h.hexdigest(), flush=True)
+
+
+def block(c, mode):
+    if mode == "sleep":
+        time.sleep(60)
+        return
+    if mode == "close":
+        # Fill the send path to a peer that does not read, then close:
+        # close must come back (bounded), not hang.
+        c.setblocking(False)
+        chunk = b"c" * 65536
+        try:
+            while True:
+                c.send(chunk)
+        except BlockingIOError:
+            pass
+        t0 = time.time()
+        c.close()
+        print(f"closed in {time.time() - t0:.3f} s", flush=True)
+        return
+    if mode == "write":
+        # Fill the peer (which does not read) until send blocks, and
+        # report when it fails.
+        chunk = b"w" * 65536
+        try:
+            while True:
+                c.sendall(chunk)
+        except OSError as e:
+            print(f"returned {time.time():.3f} error {e.errno}", flush=True)
+        return
+    try:
+        b = c.recv(65536)
+        r = f"eof {len(b)}"
+    except OSError as e:
+        r = f"error {e.errno}"
+    print(f"returned {time.time():.3f} {r}", flush=True)
+
+
+def hold_server(port, mode):
+    s = listener(port)
+    c, _ = s.accept()
+    c.recv(16)
+    print("ready", flush=True)
+    block(c, mode)
+
+
+def hold_client(port, mode):
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"x" * 16)
+    print("ready", flush=True)
+    block(c, mode)
+
+
+def fork_serve(port, path):
+    data = open(path, "rb").read()
+    s = listener(port)
+    c, _ = s.accept()
+    c.sendall(data)
+    c.close()
+    pid = os.fork()
+    if pid == 0:
+        c, _ = s.accept()
+        c.sendall(data)
+        c.close()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(0 if status == 0 else 1)
+
+
+def fork_echo(port):
+    s = listener(port)
+    c, _ = s.accept()
+    pid = os.fork()
+    if pid == 0:
+        c.close()
+        s.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    echo_blocking(c)
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "serve-file":
+        serve_file(int(args[0]), args[1])
+    elif cmd == "echo-server":
+        echo_server(int(args[0]), args[1])
+    elif cmd == "echo-client":
+        echo_client(int(args[0]), args[1], int(args[2]))
+    elif cmd == "fetch":
+        fetch(int(args[0]), int(args[1]))
+    elif cmd == "hold-server":
+        hold_server(int(args[0]), args[1])
+    elif cmd == "hold-client":
+        hold_client(int(args[0]), args[1])
+    elif cmd == "fork-serve":
+        fork_serve(int(args[0]), args[1])
+    elif cmd == "fork-echo":
+        fork_echo(int(args[0]))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()
