@@ -526,7 +526,7 @@ impl Conn {
                 self.broke(
                     st,
                     io::ErrorKind::ConnectionReset,
-                    format!("posting receives: {e:?}"),
+                    format!("the iWARP connection failed (posting receives: {e:?})"),
                 );
             }
         }
@@ -535,7 +535,7 @@ impl Conn {
                 self.broke(
                     st,
                     io::ErrorKind::ConnectionReset,
-                    format!("posting sends: {e:?}"),
+                    format!("the iWARP connection failed (posting sends: {e:?})"),
                 );
             }
         }

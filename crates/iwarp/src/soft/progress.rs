@@ -348,6 +348,10 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
 /// How long `disconnect` lets queued frames (a Terminate) leave before
 /// shutting the socket down.
 pub const LINGER: Duration = Duration::from_secs(1);
+
+/// How long a local disconnect waits for the peer's FIN after sending its
+/// own (see [`Conn::close_gracefully`]).
+pub const FIN_WAIT: Duration = Duration::from_millis(500);
 /// How long `disconnect` waits for the driver threads to exit.
 pub(super) const JOIN_WAIT: Duration = Duration::from_secs(2);
 
@@ -462,6 +466,45 @@ impl Conn {
         Ok(conn)
     }
 
+    /// Half-close, then read (and discard: the engine is closed) until the
+    /// peer's FIN, at most [`FIN_WAIT`]. Closing a TCP socket that still
+    /// holds unread input makes the kernel send a reset instead of a FIN
+    /// (RFC 2525 §2.17; Linux `tcp_close`), and a reset makes the *peer's*
+    /// kernel drop what it has received and not yet read, such as our last
+    /// Sends and Writes, which we already completed as handed to TCP. The
+    /// peer's own stack answers our FIN with its FIN at once (this one in
+    /// `connection_lost`, Linux siw when its socket closes), so the wait is
+    /// a round trip, and bounded for a peer that stays silent.
+    fn close_gracefully(&self) {
+        if self.down.load(Ordering::Acquire) {
+            return;
+        }
+        self.shut_write();
+        let fd = self.sock.as_raw_fd();
+        let deadline = Instant::now() + FIN_WAIT;
+        let mut sink = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::debug!(peer = %self.peer, "no FIN from the peer within FIN_WAIT; closing anyway");
+                return;
+            }
+            match crate::sys::recv_nonblocking(fd, &mut sink) {
+                Ok(0) => return, // the peer's FIN
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    // The receive thread may take the bytes (and the FIN)
+                    // first: wait in short slices and look again.
+                    let _ = crate::sys::poll_one(fd, libc::POLLIN, left.min(TICK));
+                    if self.down.load(Ordering::Acquire) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
     /// Local teardown (`disconnect` / `Drop`), after the engine was closed.
     pub(crate) fn shutdown(&self, qp: &SoftQp) {
         // Let queued frames (a Terminate, the last responses) leave: wait
@@ -490,6 +533,7 @@ impl Conn {
                 .0;
         }
         drop(g);
+        self.close_gracefully();
         self.connection_lost(qp, "local disconnect", None);
         // Wait (bounded) for both threads.
         let deadline = Instant::now() + JOIN_WAIT;
