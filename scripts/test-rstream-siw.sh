@@ -19,6 +19,9 @@
 #                                              every credit update on the wire
 #   async   -T v -T a -T b -C 50 -S 8192       poll() before every call (our readiness descriptor)
 #   basic   -T v -T b -C 50 -S 65536           our side in the basic design (--design basic)
+#   tcp     -T s -T v -T b -C 100 -S 65536     plain TCP on both ends: rstream's exchange itself
+#   sweep   -T s -T v -T b                     not in the default set (about 7 minutes): rstream's
+#                                              sweep, a latency and a bandwidth connection, 8 rows
 #
 # A scenario passes when both ends exit 0 and print their table row. The
 # rows (our side and rstream's) are printed, and the whole conversation is
@@ -37,7 +40,7 @@
 # when our first FPDUs land in siw's setup window and the wake-up nudge is
 # suppressed (both ends wait for the sync until --timeout).
 #
-# Environment: RSTREAM_SIW_SCENARIOS (default "lat bw nb big ring async basic"),
+# Environment: RSTREAM_SIW_SCENARIOS (default "lat bw nb big ring async basic tcp"),
 # SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest artifacts,
 # default /var/tmp/siw-vm, shared with test-siw.sh), SIW_LOG_DIR (logs,
 # default a temporary directory, kept on failure), RSTREAM_SIW_NETNS
@@ -57,7 +60,7 @@ BIN="$ROOT/target/release/iwarp-rstream"
 GUEST=10.77.0.2
 HOST=10.77.0.1
 PORT=7471
-SCENARIOS="${RSTREAM_SIW_SCENARIOS:-lat bw nb big ring async basic}"
+SCENARIOS="${RSTREAM_SIW_SCENARIOS:-lat bw nb big ring async basic tcp}"
 
 note() { printf '[test-rstream-siw] %s\n' "$*"; }
 skip() {
@@ -74,7 +77,17 @@ args_of() {
     ring) echo "-T v -T b -B 16384 -C 50 -S 100000" ;;
     async) echo "-T v -T a -T b -C 50 -S 8192" ;;
     basic) echo "-T v -T b -C 50 -S 65536" ;;
+    tcp) echo "-T s -T v -T b -C 100 -S 65536" ;;
+    sweep) echo "-T s -T v -T b" ;;
     *) return 1 ;;
+    esac
+}
+
+# Seconds one run of a scenario may take (rstream itself, under TCG).
+limit_of() {
+    case "$1" in
+    sweep) echo 400 ;;
+    *) echo 90 ;;
     esac
 }
 
@@ -88,7 +101,7 @@ ours_of() {
 
 for sc in $SCENARIOS; do
     args_of "$sc" >/dev/null || {
-        note "unknown scenario $sc (known: lat bw nb big ring async basic)"
+        note "unknown scenario $sc (known: lat bw nb big ring async basic tcp sweep)"
         exit 2
     }
 done
@@ -160,8 +173,9 @@ wait_line() {
     echo '#!/bin/sh'
     for sc in $SCENARIOS; do
         a="$(args_of "$sc")"
+        lim="$(limit_of "$sc")"
         cat <<EOF
-timeout 90 $RSTREAM -b $GUEST -p $PORT $a > /tmp/s.log 2>&1 &
+timeout $lim $RSTREAM -b $GUEST -p $PORT $a > /tmp/s.log 2>&1 &
 pid=\$!
 sleep 1
 echo "RSX READY $sc-s"
@@ -171,7 +185,7 @@ echo "RSX RESULT $sc-s rc=\$rc"
 sleep 2
 n=0
 while :; do
-  timeout 90 $RSTREAM -s $HOST -p $PORT $a > /tmp/c.log 2>&1; rc=\$?
+  timeout $lim $RSTREAM -s $HOST -p $PORT $a > /tmp/c.log 2>&1; rc=\$?
   if [ \$rc -ne 0 ] && grep -q rconnect /tmp/c.log && [ \$n -lt 15 ]; then n=\$((n+1)); sleep 1; continue; fi
   break
 done
@@ -183,9 +197,13 @@ EOF
 } >"$LOGS/job.sh"
 chmod +x "$LOGS/job.sh"
 
+# The guest's whole lifetime: boot, then every scenario at its limit.
+VM_TIMEOUT=60
+for sc in $SCENARIOS; do VM_TIMEOUT=$((VM_TIMEOUT + 2 * $(limit_of "$sc") + 30)); done
+
 "$SIW_VM/run.sh" up >/dev/null
 if command -v tcpdump >/dev/null; then
-    ip netns exec "$NETNS" timeout 900 tcpdump -i "$BRIDGE" -s 0 -U -w "$LOGS/rstream-siw.pcap" tcp \
+    ip netns exec "$NETNS" timeout "$VM_TIMEOUT" tcpdump -i "$BRIDGE" -s 0 -U -w "$LOGS/rstream-siw.pcap" tcp \
         >"$LOGS/tcpdump.log" 2>&1 &
     DUMP_PID=$!
 fi
@@ -193,27 +211,31 @@ note "logs in $LOGS; scenarios: $SCENARIOS"
 
 G="$LOGS/guest.log"
 : >"$G"
-SHARE="$SHARE_DIR" TIMEOUT=900 "$SIW_VM/run.sh" "$LOGS/job.sh" >"$G" 2>&1 &
+SHARE="$SHARE_DIR" TIMEOUT="$VM_TIMEOUT" "$SIW_VM/run.sh" "$LOGS/job.sh" >"$G" 2>&1 &
 BOOT_PID=$!
 
 PASSES=0
 FAILS=0
 declare -a SUMMARY=()
 
-# The data row of an rstream table in FILE (the line after the header).
-row_of() {
-    grep -aE '^[[:space:]]*custom ' "$1" | tail -1 | tr -d '\r' || true
+# The data rows of an rstream table: `custom`, or the sweep's `64_lat`...
+ROW='(custom|[0-9.]+[kmg]?_(lat|bw)) '
+rows_of() {
+    { grep -aE "^$ROW" "$1" || true; } | tr -d '\r'
 }
-guest_row() {
-    grep -aE "^RSX OUT $1 +custom " "$G" | tail -1 | sed -E "s/^RSX OUT $1 //" | tr -d '\r' || true
+guest_rows() {
+    { grep -aE "^RSX OUT $1 $ROW" "$G" || true; } | sed -E "s/^RSX OUT $1 //" | tr -d '\r'
 }
 
 verdict() {
-    local tag="$1" ours_rc="$2" ours_log="$3" desc="$4" grc ours theirs
+    local tag="$1" ours_rc="$2" ours_log="$3" desc="$4" want=1 grc ours theirs
+    [[ "$tag" != sweep-* ]] || want=8
     grc="$(grep -aoE "RSX RESULT $tag rc=[0-9]+" "$G" | tail -1 | sed 's/.*rc=//')"
-    ours="$(row_of "$ours_log")"
-    theirs="$(guest_row "$tag")"
-    if [[ "$ours_rc" == 0 && "$grc" == 0 && -n "$ours" && -n "$theirs" ]]; then
+    ours="$(rows_of "$ours_log")"
+    theirs="$(guest_rows "$tag")"
+    # rstream's sweep exits 0 even when a test failed: count the rows too.
+    if [[ "$ours_rc" == 0 && "$grc" == 0 && "$(grep -c . <<<"$ours")" == "$want" &&
+        "$(grep -c . <<<"$theirs")" == "$want" ]]; then
         note "PASS $tag: $desc"
         PASSES=$((PASSES + 1))
         SUMMARY+=("PASS $tag $desc")
@@ -224,18 +246,21 @@ verdict() {
         FAILS=$((FAILS + 1))
         SUMMARY+=("FAIL $tag $desc")
     fi
-    SUMMARY+=("    iwarp-rstream: ${ours:-<no row>}" "    rstream:       ${theirs:-<no row>}")
+    local r
+    while read -r r; do SUMMARY+=("    iwarp-rstream: $r"); done <<<"${ours:-<no row>}"
+    while read -r r; do SUMMARY+=("    rstream:       $r"); done <<<"${theirs:-<no row>}"
 }
 
 for sc in $SCENARIOS; do
     R="$(args_of "$sc")"
+    LIM="$(limit_of "$sc")"
     read -ra A <<<"$R $(ours_of "$sc")"
     # s: rstream server in the guest, our client.
     if wait_line "$G" "RSX READY $sc-s" 300; then
         rc=0
-        timeout -k 2 100 ip netns exec "$NETNS" "$BIN" -s "$GUEST" -p "$PORT" --timeout 30 "${A[@]}" \
+        timeout -k 2 $((LIM + 10)) ip netns exec "$NETNS" "$BIN" -s "$GUEST" -p "$PORT" --timeout 30 "${A[@]}" \
             >"$LOGS/$sc-s.log" 2>&1 || rc=$?
-        wait_line "$G" "RSX RESULT $sc-s rc=" 100 || true
+        wait_line "$G" "RSX RESULT $sc-s rc=" $((LIM + 10)) || true
     else
         rc=none
         note "$sc-s: the guest never announced its server"
@@ -243,11 +268,11 @@ for sc in $SCENARIOS; do
     verdict "$sc-s" "$rc" "$LOGS/$sc-s.log" "iwarp-rstream -s $GUEST ${A[*]} -> rstream -b $GUEST $R"
 
     # c: our server, rstream client in the guest.
-    ip netns exec "$NETNS" timeout -k 2 200 "$BIN" -b "$HOST" -p "$PORT" --timeout 120 "${A[@]}" \
+    ip netns exec "$NETNS" timeout -k 2 $((2 * LIM + 20)) "$BIN" -b "$HOST" -p "$PORT" --timeout 120 "${A[@]}" \
         >"$LOGS/$sc-c.log" 2>&1 &
     SERVER_PID=$!
     rc=0
-    if wait_line "$G" "RSX RESULT $sc-c rc=" 200; then
+    if wait_line "$G" "RSX RESULT $sc-c rc=" $((2 * LIM + 20)); then
         wait "$SERVER_PID" || rc=$?
     else
         note "$sc-c: the guest's rstream client never finished"
