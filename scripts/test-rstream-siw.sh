@@ -17,7 +17,11 @@
 #   big     -T v -T b -C 20 -S 1048576         1 MiB transfers (16 rsockets messages each)
 #   ring    -T v -T b -B 16384 -C 50 -S 100000 32 KiB rings: transfers larger than the ring,
 #                                              every credit update on the wire
-#   async   -T v -T a -T b -C 50 -S 8192       poll() before every call (our readiness descriptor)
+#   async   -T v -T a -T b -C 50 -S 8192       poll() before every call (our readiness descriptor);
+#                                              "s" only: rstream -T a as the client fails on its
+#                                              own (do_poll treats the POLLHUP that rpoll adds
+#                                              once the server's RS_CTRL_DISCONNECT is in as an
+#                                              error; 1 of 4 runs between two real rstreams)
 #   basic   -T v -T b -C 50 -S 65536           our side in the basic design (--design basic)
 #   tcp     -T s -T v -T b -C 100 -S 65536     plain TCP on both ends: rstream's exchange itself
 #   sweep   -T s -T v -T b                     not in the default set (about 7 minutes): rstream's
@@ -88,6 +92,14 @@ limit_of() {
     case "$1" in
     sweep) echo 400 ;;
     *) echo 90 ;;
+    esac
+}
+
+# The directions a scenario runs: "s c" (both) or "s".
+dirs_of() {
+    case "$1" in
+    async) echo "s" ;;
+    *) echo "s c" ;;
     esac
 }
 
@@ -182,6 +194,9 @@ echo "RSX READY $sc-s"
 wait \$pid; rc=\$?
 sed 's/^/RSX OUT $sc-s /' /tmp/s.log
 echo "RSX RESULT $sc-s rc=\$rc"
+EOF
+        [[ "$(dirs_of "$sc")" == *c* ]] || continue
+        cat <<EOF
 sleep 2
 n=0
 while :; do
@@ -267,6 +282,7 @@ for sc in $SCENARIOS; do
     fi
     verdict "$sc-s" "$rc" "$LOGS/$sc-s.log" "iwarp-rstream -s $GUEST ${A[*]} -> rstream -b $GUEST $R"
 
+    [[ "$(dirs_of "$sc")" == *c* ]] || continue
     # c: our server, rstream client in the guest.
     ip netns exec "$NETNS" timeout -k 2 $((2 * LIM + 20)) "$BIN" -b "$HOST" -p "$PORT" --timeout 120 "${A[@]}" \
         >"$LOGS/$sc-c.log" 2>&1 &
