@@ -277,6 +277,7 @@ if ((BUILD_OK)); then
     else
         step_siw
     fi
+    n="rstream interop with real rsockets (Linux siw in QEMU)" t0=$SECONDS rc=0 l="$(mktemp)"; section "$n"; FAST="$FAST" scripts/test-rstream-siw.sh 2>&1 | tee "$l" || rc=${PIPESTATUS[0]}; if ((rc == 77)); then RESULTS+=("SKIP  $n ($(grep -o 'SKIPPED: .*' "$l" | head -1))"); elif ((rc == 0)); then RESULTS+=("PASS  $n ($((SECONDS - t0))s)"); else RESULTS+=("FAIL  $n ($((SECONDS - t0))s, exit $rc)"); FAILED=$((FAILED + 1)); fi; rm -f "$l"
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
