@@ -198,6 +198,25 @@ step_siw() {
     rm -f "$log"
 }
 
+# The rdma-core provider on kernel siw and rxe in the same QEMU guest:
+# test-rdmacore.sh also exits 77 (SKIP with its reason) where the guest
+# cannot run.
+step_rdmacore() {
+    local name="rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)" t0=$SECONDS rc=0 log
+    section "$name"
+    log="$(mktemp)"
+    scripts/test-rdmacore.sh 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+    if ((rc == 77)); then
+        RESULTS+=("SKIP  ${name} ($(grep -o 'SKIPPED: .*' "$log" | head -1))")
+    elif ((rc == 0)); then
+        RESULTS+=("PASS  ${name} ($((SECONDS - t0))s)")
+    else
+        RESULTS+=("FAIL  ${name} ($((SECONDS - t0))s, exit ${rc})")
+        FAILED=$((FAILED + 1))
+    fi
+    rm -f "$log"
+}
+
 step_demo() {
     timeout --kill-after=5 120 target/release/iwarp-demo
 }
@@ -271,15 +290,17 @@ if ((BUILD_OK)); then
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     if [[ "$FAST" == 1 ]]; then
         skip_step "siw interop (Linux kernel siw in QEMU)" "FAST=1"
+        skip_step "rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)" "FAST=1"
     else
         step_siw
+        step_rdmacore
     fi
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
     run_step "mod_rdma (Apache httpd with rhttp and curl)" scripts/test-modrdma.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)"; do
         skip_step "$s" "release build failed"
     done
 fi
