@@ -5,7 +5,9 @@
 # a 4 KiB RDMA Write, a 4 KiB RDMA Read with the data checked, and a
 # disconnect that flushes a posted receive) run inside the QEMU guest of
 # ../shared/tools/siw-vm, first on siw0 (Linux soft-iWARP), then on rxe0
-# (Linux soft-RoCE, rdma_rxe), over the guest's eth0 address.
+# (Linux soft-RoCE, rdma_rxe), over the guest's eth0 address; on siw0 also
+# as two processes, and as mixed pairs against this crate's software stack
+# (`soft`) on the host side of the guest's private network, both ways.
 #
 #   scripts/test-rdmacore.sh            about 30 s under TCG once built
 #
@@ -30,6 +32,7 @@ LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore.XXXXXX)}"
 mkdir -p "$LOGS"
 BIN="$ROOT/target/release/examples/rdma_loopback"
 GUEST=10.77.0.2
+HOST=10.77.0.1
 
 note() { printf '[test-rdmacore] %s\n' "$*"; }
 skip() {
@@ -55,7 +58,9 @@ fi
 command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
 
 SHARE_DIR="$(mktemp -d /tmp/test-rdmacore-share.XXXXXX)"
+HOST_SERVER=""
 cleanup() {
+    if [[ -n "$HOST_SERVER" ]]; then kill "$HOST_SERVER" 2>/dev/null || true; fi
     rm -rf "$SHARE_DIR"
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
 }
@@ -74,57 +79,131 @@ else
     note "no crc32_generic.ko under $WORK/kroot-$KVER: rxe0 will likely fail to come up"
 fi
 
-# The guest job. siw0 and rxe0 would both sit on eth0 with one address, and
-# rdma_cm resolves an address to one device, so the devices take turns:
-# siw0 (created by the guest's init) first, then it is removed and rxe0
-# added. Every command is bounded by `timeout`.
-cat >"$SHARE_DIR/guest.sh" <<EOF
+# wait_line FILE PATTERN SECS: wait until FILE has a line matching PATTERN.
+wait_line() {
+    local file="$1" pat="$2" secs="$3" t=0
+    while ((t < secs * 10)); do
+        grep -aqE "$pat" "$file" 2>/dev/null && return 0
+        sleep 0.1
+        t=$((t + 1))
+    done
+    return 1
+}
+
+# The guest job; each scenario ends with "RDMACORE RESULT <tag> rc=N":
+#   siw0, rxe0        server and client threads in one process
+#   siw0-2p, rxe0-2p  server and client as two processes
+#   mixA              guest server on siw0 (rdma-core) <- host client on soft
+#   mixB              guest client on siw0 (rdma-core) -> host server on soft
+# siw0 and rxe0 would both sit on eth0 with one address, and rdma_cm
+# resolves an address to one device, so the devices take turns: siw0
+# (created by the guest's init) first, then it is removed and rxe0 added.
+# Every command is bounded by `timeout`.
+cat >"$SHARE_DIR/guest.sh" <<GUEST_JOB
 #!/bin/sh
 B=/mnt/host/rdma_loopback
 echo "RDMACORE LIST BEGIN"
 timeout 30 \$B list
 echo "RDMACORE LIST END"
+show() { sed "s/^/RDMACORE \$1: /" "\$2"; }
 run() {
-  dev=\$1 port=\$2
-  timeout 90 \$B \$dev $GUEST \$port > /tmp/\$dev.log 2>&1; rc=\$?
-  sed "s/^/RDMACORE \$dev: /" /tmp/\$dev.log
-  echo "RDMACORE RESULT \$dev rc=\$rc"
+  timeout 90 \$B \$1 $GUEST \$2 > /tmp/\$1.log 2>&1; rc=\$?
+  show \$1 /tmp/\$1.log
+  echo "RDMACORE RESULT \$1 rc=\$rc"
+}
+ready() {
+  i=0; while [ \$i -lt 300 ] && ! grep -q READY "\$1"; do sleep 0.1; i=\$((i+1)); done
+}
+pair() {
+  timeout 90 \$B server \$1 $GUEST \$2 > /tmp/s.log 2>&1 &
+  spid=\$!
+  ready /tmp/s.log
+  timeout 90 \$B client \$1 $GUEST \$2 > /tmp/c.log 2>&1; crc=\$?
+  wait \$spid; src=\$?
+  show \$1-2p /tmp/s.log; show \$1-2p /tmp/c.log
+  echo "RDMACORE RESULT \$1-2p rc=\$((crc + src))"
 }
 run siw0 7400
+pair siw0 7402
+timeout 90 \$B server siw0 $GUEST 7403 > /tmp/ma.log 2>&1 &
+mpid=\$!
+ready /tmp/ma.log
+echo "RDMACORE READY mixA"
+wait \$mpid; rc=\$?
+show mixA /tmp/ma.log
+echo "RDMACORE RESULT mixA rc=\$rc"
+timeout 90 \$B client siw0 $HOST 7404 > /tmp/mb.log 2>&1; rc=\$?
+show mixB /tmp/mb.log
+echo "RDMACORE RESULT mixB rc=\$rc"
 rdma link delete siw0 || echo "RDMACORE note: rdma link delete siw0 failed"
 [ -f /mnt/host/crc32_generic.ko ] && { insmod /mnt/host/crc32_generic.ko || echo "RDMACORE note: insmod crc32_generic failed"; }
 modprobe rdma_rxe || echo "RDMACORE note: modprobe rdma_rxe failed"
 rdma link add rxe0 type rxe netdev eth0 || echo "RDMACORE note: rdma link add rxe0 failed"
 rdma link show
 run rxe0 7401
+pair rxe0 7405
 echo "RDMACORE ALLDONE"
-EOF
+GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
+
+"$SIW_VM/run.sh" up >/dev/null
+# mixB's host side: this crate's software stack, listening before the
+# guest boots.
+ip netns exec siwvm timeout 300 "$BIN" server soft "$HOST" 7404 >"$LOGS/mixB-host.log" 2>&1 &
+HOST_SERVER=$!
 
 GLOG="$LOGS/guest.log"
 note "booting the guest (logs in $LOGS)"
+: >"$GLOG"
+SHARE="$SHARE_DIR" TIMEOUT=300 "$SIW_VM/run.sh" </dev/null >"$GLOG" 2>&1 &
+BOOT=$!
+# mixA's host side: the software client, once the guest's server listens.
+MIXA_RC=1
+if wait_line "$GLOG" "RDMACORE READY mixA" 200; then
+    MIXA_RC=0
+    ip netns exec siwvm timeout 60 "$BIN" client soft "$GUEST" 7403 >"$LOGS/mixA-host.log" 2>&1 || MIXA_RC=$?
+else
+    note "the guest never announced mixA"
+fi
 rc=0
-SHARE="$SHARE_DIR" TIMEOUT=300 "$SIW_VM/run.sh" </dev/null >"$GLOG" 2>&1 || rc=$?
+wait "$BOOT" || rc=$?
+MIXB_RC=0
+wait "$HOST_SERVER" || MIXB_RC=$?
+HOST_SERVER=""
 tr -d '\r' <"$GLOG" | sed -n '/RDMACORE LIST BEGIN/,/RDMACORE LIST END/p' | grep -v 'RDMACORE LIST' | sed 's/^/    /'
 
 FAILS=0
-for dev in siw0 rxe0; do
-    tr -d '\r' <"$GLOG" | grep -a "^RDMACORE $dev: " | sed "s/^RDMACORE $dev: /    /" || true
-    if tr -d '\r' <"$GLOG" | grep -aqE "^RDMACORE RESULT $dev rc=0\$"; then
-        note "PASS $dev: Send/Recv, RDMA Write, RDMA Read, flush through rdma-core"
+PASSES=0
+# check TAG HOST_RC DESC: the guest's result for TAG, and the host side's
+# exit status (0 where there is no host side).
+check() {
+    local tag="$1" hrc="$2" desc="$3"
+    tr -d '\r' <"$GLOG" | grep -a "^RDMACORE $tag: " | sed "s/^RDMACORE $tag: /    /" || true
+    if ((hrc == 0)) && tr -d '\r' <"$GLOG" | grep -aqE "^RDMACORE RESULT $tag rc=0\$"; then
+        note "PASS $tag: $desc"
+        PASSES=$((PASSES + 1))
     else
-        note "FAIL $dev: $(tr -d '\r' <"$GLOG" | grep -a "^RDMACORE RESULT $dev " || echo "no result (guest exit $rc)")"
+        note "FAIL $tag: $desc: host side exit $hrc; $(tr -d '\r' <"$GLOG" | grep -a "^RDMACORE RESULT $tag " || echo "no guest result (guest exit $rc)")"
         FAILS=$((FAILS + 1))
     fi
-done
+}
+OPS="Send/Recv with private data both ways, 4 KiB RDMA Write, 4 KiB RDMA Read (data checked), flush on disconnect"
+check siw0 0 "siw0, one process: $OPS"
+check siw0-2p 0 "siw0, server and client processes: $OPS"
+sed 's/^/    host: /' "$LOGS/mixA-host.log" 2>/dev/null || true
+check mixA "$MIXA_RC" "guest server on siw0 (rdma-core) <- host client on soft: $OPS"
+sed 's/^/    host: /' "$LOGS/mixB-host.log" 2>/dev/null || true
+check mixB "$MIXB_RC" "guest client on siw0 (rdma-core) -> host server on soft: $OPS"
+check rxe0 0 "rxe0, one process: $OPS"
+check rxe0-2p 0 "rxe0, server and client processes: $OPS"
 if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
     note "the guest did not finish its job (log: $GLOG)"
     FAILS=$((FAILS + 1))
 fi
 
+note "$PASSES passed, $FAILS failed"
 if ((FAILS > 0)); then
-    note "$FAILS failed; logs kept in $LOGS"
+    note "logs kept in $LOGS"
     exit 1
 fi
-note "2 passed"
 [[ -n "${RDMACORE_LOG_DIR:-}" ]] || rm -rf "$LOGS"

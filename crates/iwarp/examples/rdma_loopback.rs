@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use iwarp::rdma::cm;
 use iwarp::{
-    Access, CompletionQueue, Context, QpEvent, QpInitAttr, RecvWr, SendWr, SgList, WcOpcode,
-    WcStatus, WorkCompletion, WrOpcode,
+    Access, CompletionQueue, Context, QpEvent, QpInitAttr, QueuePair, RecvWr, SendWr, SgList,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -40,6 +40,72 @@ fn expect_ok(wc: &WorkCompletion, op: WcOpcode, what: &str) -> Res<()> {
         return Err(format!("{what}: {wc:?}"));
     }
     Ok(())
+}
+
+/// A listener of either provider: rdma_cm for a kernel device, this
+/// crate's cm for `soft` (the mixed pairs: soft on one end, a kernel device
+/// on the other).
+enum Listener {
+    Soft(iwarp::cm::Listener),
+    Rdma(cm::Listener),
+}
+
+impl Listener {
+    fn bind(ctx: &Context, addr: SocketAddr) -> Res<Listener> {
+        if ctx.device_name() == "soft" {
+            iwarp::cm::Listener::bind(addr, iwarp::cm::MpaConfig::default())
+                .map(Listener::Soft)
+                .map_err(|e| e.to_string())
+        } else {
+            cm::Listener::bind(ctx, addr)
+                .map(Listener::Rdma)
+                .map_err(|e| e.to_string())
+        }
+    }
+
+    /// Take one request, check its private data, accept it on `qp` with
+    /// `reply`.
+    fn accept_one(&mut self, qp: &QueuePair, expect: &[u8], reply: &[u8]) -> Res<()> {
+        let check = |got: &[u8]| {
+            if got.starts_with(expect) {
+                Ok(())
+            } else {
+                Err(format!("client private data {got:?}"))
+            }
+        };
+        match self {
+            Listener::Soft(l) => {
+                let req = l.get_request(Some(T)).map_err(|e| e.to_string())?;
+                check(req.private_data())?;
+                let param = iwarp::cm::ConnParam {
+                    private_data: reply.to_vec(),
+                    ..iwarp::cm::ConnParam::default()
+                };
+                req.accept(qp, &param).map_err(|e| e.to_string())
+            }
+            Listener::Rdma(l) => {
+                let req = l
+                    .get_request(T)
+                    .map_err(|e| e.to_string())?
+                    .ok_or("no connect request")?;
+                check(req.private_data())?;
+                req.accept(qp, reply, T).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+fn connect(ctx: &Context, qp: &QueuePair, addr: SocketAddr, data: &[u8]) -> Res<Vec<u8>> {
+    if ctx.device_name() == "soft" {
+        let param = iwarp::cm::ConnParam {
+            private_data: data.to_vec(),
+            timeout: T,
+            ..iwarp::cm::ConnParam::default()
+        };
+        iwarp::cm::connect(qp, addr, &param).map_err(|e| e.to_string())
+    } else {
+        cm::connect(qp, addr, data, T).map_err(|e| e.to_string())
+    }
 }
 
 fn list() -> ExitCode {
@@ -86,19 +152,12 @@ fn server(ctx: Context, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res<()> {
         sgl: SgList::single(rbuf.sge(0, LEN)),
     })
     .map_err(|e| e.to_string())?;
-    let mut l = cm::Listener::bind(&ctx, addr).map_err(|e| e.to_string())?;
+    let mut l = Listener::bind(&ctx, addr)?;
     ready.send(()).ok();
-    let req = l
-        .get_request(T)
-        .map_err(|e| e.to_string())?
-        .ok_or("no connect request")?;
-    if !req.private_data().starts_with(b"client hello") {
-        return Err(format!("client private data {:?}", req.private_data()));
-    }
     let mut pd_out = Vec::new();
     pd_out.extend_from_slice(&buf.addr().to_be_bytes());
     pd_out.extend_from_slice(&buf.rkey().to_be_bytes());
-    req.accept(&qp, &pd_out, T).map_err(|e| e.to_string())?;
+    l.accept_one(&qp, b"client hello", &pd_out)?;
     let wc = wait(&cq, "server receive")?;
     expect_ok(&wc, WcOpcode::Recv, "server receive")?;
     let mut got = vec![0u8; wc.byte_len as usize];
@@ -182,13 +241,13 @@ fn client(ctx: Context, addr: SocketAddr) -> Res<Vec<&'static str>> {
         sgl: SgList::single(rx.sge(0, 64)),
     })
     .map_err(|e| e.to_string())?;
-    let peer = cm::connect(&qp, addr, b"client hello", T).map_err(|e| e.to_string())?;
+    let peer = connect(&ctx, &qp, addr, b"client hello")?;
     if peer.len() < 12 {
         return Err(format!("server private data too short: {peer:?}"));
     }
     let raddr = u64::from_be_bytes(peer[..8].try_into().unwrap());
     let rkey = u32::from_be_bytes(peer[8..12].try_into().unwrap());
-    passed.push("connect (rdma_cm, private data both ways)");
+    passed.push("connect (private data both ways)");
 
     mem.write_at(0, b"ping over rdma-core");
     qp.post_send(&SendWr {
@@ -275,13 +334,48 @@ fn client(ctx: Context, addr: SocketAddr) -> Res<Vec<&'static str>> {
     Ok(passed)
 }
 
+fn report(client: Option<Res<Vec<&'static str>>>, server: Option<Res<()>>) -> ExitCode {
+    let mut ok = true;
+    match client {
+        Some(Ok(steps)) => {
+            for s in steps {
+                println!("PASS {s}");
+            }
+        }
+        Some(Err(e)) => {
+            ok = false;
+            println!("FAIL client: {e}");
+        }
+        None => {}
+    }
+    match server {
+        Some(Ok(())) => println!("PASS server side (receive, reply, write data checked, flush)"),
+        Some(Err(e)) => {
+            ok = false;
+            println!("FAIL server: {e}");
+        }
+        None => {}
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("list") {
         return list();
     }
+    let role = match args.first().map(String::as_str) {
+        Some("server") | Some("client") => Some(args.remove(0)),
+        _ => None,
+    };
     if args.len() != 3 {
-        eprintln!("usage: rdma_loopback list | rdma_loopback DEVICE ADDR PORT");
+        eprintln!(
+            "usage: rdma_loopback list | rdma_loopback [server|client] DEVICE ADDR PORT  (DEVICE: soft, auto, siw0, rxe0, ...)"
+        );
         return ExitCode::from(2);
     }
     let ctx = match Context::open_device(&args[0]) {
@@ -304,39 +398,34 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let (tx, rx) = mpsc::channel();
-    let sctx = ctx.clone();
-    let srv = std::thread::spawn(move || server(sctx, addr, tx));
-    if rx.recv_timeout(T).is_err() {
-        println!("FAIL server did not start: {:?}", srv.join());
-        return ExitCode::FAILURE;
-    }
-    let c = client(ctx, addr);
-    let s = srv
-        .join()
-        .unwrap_or_else(|_| Err("server thread panicked".into()));
-    let mut ok = true;
-    match c {
-        Ok(steps) => {
-            for s in steps {
-                println!("PASS {s}");
+    match role.as_deref() {
+        Some("server") => {
+            let (tx, rx) = mpsc::channel();
+            let h = std::thread::spawn(move || {
+                // Say READY once listening, for scripts that start the
+                // client then.
+                if rx.recv_timeout(T).is_ok() {
+                    println!("READY");
+                }
+            });
+            let r = server(ctx, addr, tx);
+            let _ = h.join();
+            report(None, Some(r))
+        }
+        Some(_) => report(Some(client(ctx, addr)), None),
+        None => {
+            let (tx, rx) = mpsc::channel();
+            let sctx = ctx.clone();
+            let srv = std::thread::spawn(move || server(sctx, addr, tx));
+            if rx.recv_timeout(T).is_err() {
+                println!("FAIL server did not start: {:?}", srv.join());
+                return ExitCode::FAILURE;
             }
+            let c = client(ctx, addr);
+            let s = srv
+                .join()
+                .unwrap_or_else(|_| Err("server thread panicked".into()));
+            report(Some(c), Some(s))
         }
-        Err(e) => {
-            ok = false;
-            println!("FAIL client: {e}");
-        }
-    }
-    match s {
-        Ok(()) => println!("PASS server side (receive, reply, write data checked, flush)"),
-        Err(e) => {
-            ok = false;
-            println!("FAIL server: {e}");
-        }
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
