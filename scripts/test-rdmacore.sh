@@ -16,6 +16,9 @@
 # libibverbs, librdmacm and the siw/rxe user-space providers (siw-vm's
 # build.sh puts them there for rping).
 #
+# Before the guest: the unit tests of the crate built without the provider
+# (`--no-default-features`), which need no RDMA.
+#
 # Skips (exit 77, with the reason) only where the guest cannot run: no
 # ../shared/tools/siw-vm, not root (network namespace, tap), or no
 # /dev/net/tun. A failed build of the guest or of the example is a failure.
@@ -39,6 +42,16 @@ skip() {
     note "SKIPPED: $*"
     exit 77
 }
+
+# First what needs no RDMA: the crate with the provider compiled out still
+# builds and picks the software device (tests/device.rs, the lib's tests).
+note "unit tests with the provider compiled out (cargo feature rdma-core off)"
+if ! cargo test -q -p iwarp --no-default-features --lib --test device >"$LOGS/feature-off.log" 2>&1; then
+    tail -20 "$LOGS/feature-off.log"
+    note "FAILED: cargo test -p iwarp --no-default-features (log: $LOGS/feature-off.log)"
+    exit 1
+fi
+note "PASS feature off: $(grep -o '[0-9]* passed' "$LOGS/feature-off.log" | awk '{n += $1} END {print n + 0}') tests"
 
 [[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
 ((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
@@ -149,7 +162,7 @@ chmod +x "$SHARE_DIR/guest.sh"
 "$SIW_VM/run.sh" up >/dev/null
 # mixB's host side: this crate's software stack, listening before the
 # guest boots.
-ip netns exec siwvm timeout 300 "$BIN" server soft "$HOST" 7404 >"$LOGS/mixB-host.log" 2>&1 &
+ip netns exec siwvm timeout 300 "$BIN" server soft "$HOST" 7404 280 >"$LOGS/mixB-host.log" 2>&1 &
 HOST_SERVER=$!
 
 GLOG="$LOGS/guest.log"

@@ -5,7 +5,12 @@
 //! ```text
 //! rdma_loopback list                      devices and what they report
 //! rdma_loopback DEVICE ADDR PORT          Send, RDMA Write, RDMA Read, flush
+//! rdma_loopback server DEVICE ADDR PORT [WAIT_SECS]
+//! rdma_loopback client DEVICE ADDR PORT   the same as two processes
 //! ```
+//!
+//! DEVICE is `soft` (this crate's TCP stack), `auto`, or a kernel device;
+//! a `soft` end talks to a kernel iWARP end (siw) over the wire.
 //!
 //! Each step prints `PASS <step>` or `FAIL <step>: why`; the exit status is
 //! 0 only when every step passed. Used by scripts/test-rdmacore.sh inside
@@ -65,7 +70,13 @@ impl Listener {
 
     /// Take one request, check its private data, accept it on `qp` with
     /// `reply`.
-    fn accept_one(&mut self, qp: &QueuePair, expect: &[u8], reply: &[u8]) -> Res<()> {
+    fn accept_one(
+        &mut self,
+        qp: &QueuePair,
+        expect: &[u8],
+        reply: &[u8],
+        accept_wait: Duration,
+    ) -> Res<()> {
         let check = |got: &[u8]| {
             if got.starts_with(expect) {
                 Ok(())
@@ -75,7 +86,9 @@ impl Listener {
         };
         match self {
             Listener::Soft(l) => {
-                let req = l.get_request(Some(T)).map_err(|e| e.to_string())?;
+                let req = l
+                    .get_request(Some(accept_wait))
+                    .map_err(|e| e.to_string())?;
                 check(req.private_data())?;
                 let param = iwarp::cm::ConnParam {
                     private_data: reply.to_vec(),
@@ -85,7 +98,7 @@ impl Listener {
             }
             Listener::Rdma(l) => {
                 let req = l
-                    .get_request(T)
+                    .get_request(accept_wait)
                     .map_err(|e| e.to_string())?
                     .ok_or("no connect request")?;
                 check(req.private_data())?;
@@ -126,7 +139,12 @@ fn list() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn server(ctx: Context, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res<()> {
+fn server(
+    ctx: Context,
+    addr: SocketAddr,
+    ready: mpsc::Sender<()>,
+    accept_wait: Duration,
+) -> Res<()> {
     let cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
     let pd = ctx.alloc_pd();
     // The client writes into `buf` and reads it back: remote write and read.
@@ -157,7 +175,7 @@ fn server(ctx: Context, addr: SocketAddr, ready: mpsc::Sender<()>) -> Res<()> {
     let mut pd_out = Vec::new();
     pd_out.extend_from_slice(&buf.addr().to_be_bytes());
     pd_out.extend_from_slice(&buf.rkey().to_be_bytes());
-    l.accept_one(&qp, b"client hello", &pd_out)?;
+    l.accept_one(&qp, b"client hello", &pd_out, accept_wait)?;
     let wc = wait(&cq, "server receive")?;
     expect_ok(&wc, WcOpcode::Recv, "server receive")?;
     let mut got = vec![0u8; wc.byte_len as usize];
@@ -372,9 +390,20 @@ fn main() -> ExitCode {
         Some("server") | Some("client") => Some(args.remove(0)),
         _ => None,
     };
+    // `server ... WAIT_SECS`: how long to wait for the client (default 10).
+    let mut accept_wait = T;
+    if role.as_deref() == Some("server") && args.len() == 4 {
+        match args.pop().and_then(|w| w.parse::<u64>().ok()) {
+            Some(secs) => accept_wait = Duration::from_secs(secs),
+            None => {
+                eprintln!("WAIT_SECS must be a number of seconds");
+                return ExitCode::from(2);
+            }
+        }
+    }
     if args.len() != 3 {
         eprintln!(
-            "usage: rdma_loopback list | rdma_loopback [server|client] DEVICE ADDR PORT  (DEVICE: soft, auto, siw0, rxe0, ...)"
+            "usage: rdma_loopback list | rdma_loopback [server|client] DEVICE ADDR PORT [WAIT_SECS (server)]  (DEVICE: soft, auto, siw0, rxe0, ...)"
         );
         return ExitCode::from(2);
     }
@@ -408,7 +437,7 @@ fn main() -> ExitCode {
                     println!("READY");
                 }
             });
-            let r = server(ctx, addr, tx);
+            let r = server(ctx, addr, tx, accept_wait);
             let _ = h.join();
             report(None, Some(r))
         }
@@ -416,7 +445,7 @@ fn main() -> ExitCode {
         None => {
             let (tx, rx) = mpsc::channel();
             let sctx = ctx.clone();
-            let srv = std::thread::spawn(move || server(sctx, addr, tx));
+            let srv = std::thread::spawn(move || server(sctx, addr, tx, T));
             if rx.recv_timeout(T).is_err() {
                 println!("FAIL server did not start: {:?}", srv.join());
                 return ExitCode::FAILURE;

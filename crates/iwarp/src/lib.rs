@@ -53,8 +53,12 @@
 //!   for the reusable iovec buffer that is empty between those calls
 //!   (`soft/conn.rs`, where the transmit state lives).
 //!
-//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`) and the rest of the
-//! provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
+//! - the rdma-core provider (`rdma/`, feature `rdma-core`): the FFI edge to
+//!   libibverbs and librdmacm (`dlopen`, the verbs calls, reading the
+//!   structures they return), and `Send`/`Sync` for its device objects.
+//!
+//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`, `device.rs`) and the
+//! rest of the software provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
 //! the one other `unsafe` of the stack: CPU intrinsics.)
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
