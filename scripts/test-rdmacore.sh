@@ -34,6 +34,7 @@ export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
 LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore.XXXXXX)}"
 mkdir -p "$LOGS"
 BIN="$ROOT/target/release/examples/rdma_loopback"
+PING="$ROOT/target/release/iwarp-ping"
 GUEST=10.77.0.2
 HOST=10.77.0.1
 
@@ -57,8 +58,9 @@ note "PASS feature off: $(grep -o '[0-9]* passed' "$LOGS/feature-off.log" | awk 
 ((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
 [[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
 
-note "building examples/rdma_loopback (feature rdma-core)"
+note "building examples/rdma_loopback and iwarp-ping (feature rdma-core)"
 cargo build --release -q -p iwarp --example rdma_loopback
+cargo build --release -q -p iwarp-tools --bin iwarp-ping
 
 if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
     note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
@@ -72,13 +74,16 @@ command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not inst
 
 SHARE_DIR="$(mktemp -d /tmp/test-rdmacore-share.XXXXXX)"
 HOST_SERVER=""
+HOST_PING=""
 cleanup() {
     if [[ -n "$HOST_SERVER" ]]; then kill "$HOST_SERVER" 2>/dev/null || true; fi
+    if [[ -n "$HOST_PING" ]]; then kill "$HOST_PING" 2>/dev/null || true; fi
     rm -rf "$SHARE_DIR"
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
 install -m755 "$BIN" "$SHARE_DIR/rdma_loopback"
+install -m755 "$PING" "$SHARE_DIR/iwarp-ping"
 # rdma_rxe computes its ICRC with the kernel's "crc32" shash, which Debian
 # builds as crc32_generic.ko; siw-vm's initramfs does not carry it (siw
 # needs only crc32c), so rdma_rxe refuses to add a device ("failed to add
@@ -108,6 +113,12 @@ wait_line() {
 #   siw0-2p, rxe0-2p  server and client as two processes
 #   mixA              guest server on siw0 (rdma-core) <- host client on soft
 #   mixB              guest client on siw0 (rdma-core) -> host server on soft
+#   ping-siw0, ping-rxe0  the application iwarp-ping, unchanged, as client
+#                     with IWARP_DEVICE=siw0 / rxe0 against rdma-core's
+#                     rping -s on the same device (rping's Send, Read,
+#                     Write exchange, 3 pings, data validated)
+#   ping-mix          IWARP_DEVICE=siw0 iwarp-ping -c in the guest -> host
+#                     iwarp-ping -s on soft
 # siw0 and rxe0 would both sit on eth0 with one address, and rdma_cm
 # resolves an address to one device, so the devices take turns: siw0
 # (created by the guest's init) first, then it is removed and rxe0 added.
@@ -148,6 +159,21 @@ echo "RDMACORE RESULT mixA rc=\$rc"
 timeout 90 \$B client siw0 $HOST 7404 > /tmp/mb.log 2>&1; rc=\$?
 show mixB /tmp/mb.log
 echo "RDMACORE RESULT mixB rc=\$rc"
+P=/mnt/host/iwarp-ping
+# ping DEV PORT: rdma-core's rping -s on DEV's address, our iwarp-ping -c on DEV.
+ping() {
+  timeout 60 rping -s -a $GUEST -p \$2 -C 3 > /tmp/rs.log 2>&1 &
+  rpid=\$!
+  sleep 1
+  IWARP_DEVICE=\$1 timeout 60 \$P -c -a $GUEST -p \$2 -C 3 -V --timeout 10 > /tmp/ip.log 2>&1; prc=\$?
+  wait \$rpid; rrc=\$?
+  show ping-\$1 /tmp/ip.log; show ping-\$1 /tmp/rs.log
+  echo "RDMACORE RESULT ping-\$1 rc=\$((prc + rrc))"
+}
+ping siw0 7406
+IWARP_DEVICE=siw0 timeout 60 \$P -c -a $HOST -p 7407 -C 3 -V --timeout 10 > /tmp/pm.log 2>&1; rc=\$?
+show ping-mix /tmp/pm.log
+echo "RDMACORE RESULT ping-mix rc=\$rc"
 rdma link delete siw0 || echo "RDMACORE note: rdma link delete siw0 failed"
 [ -f /mnt/host/crc32_generic.ko ] && { insmod /mnt/host/crc32_generic.ko || echo "RDMACORE note: insmod crc32_generic failed"; }
 modprobe rdma_rxe || echo "RDMACORE note: modprobe rdma_rxe failed"
@@ -155,6 +181,7 @@ rdma link add rxe0 type rxe netdev eth0 || echo "RDMACORE note: rdma link add rx
 rdma link show
 run rxe0 7401
 pair rxe0 7405
+ping rxe0 7408
 echo "RDMACORE ALLDONE"
 GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
@@ -164,6 +191,10 @@ chmod +x "$SHARE_DIR/guest.sh"
 # guest boots.
 ip netns exec siwvm timeout 300 "$BIN" server soft "$HOST" 7404 280 >"$LOGS/mixB-host.log" 2>&1 &
 HOST_SERVER=$!
+# ping-mix's host side: iwarp-ping -s -P (persistent) on soft; it must still
+# be running when the guest is done.
+ip netns exec siwvm timeout 300 "$PING" -s -P -a "$HOST" -p 7407 --timeout 10 >"$LOGS/ping-mix-host.log" 2>&1 &
+HOST_PING=$!
 
 GLOG="$LOGS/guest.log"
 note "booting the guest (logs in $LOGS)"
@@ -183,6 +214,14 @@ wait "$BOOT" || rc=$?
 MIXB_RC=0
 wait "$HOST_SERVER" || MIXB_RC=$?
 HOST_SERVER=""
+PINGMIX_RC=0
+if ! kill -0 "$HOST_PING" 2>/dev/null; then
+    note "iwarp-ping -s exited during the run (log: $LOGS/ping-mix-host.log)"
+    PINGMIX_RC=1
+fi
+kill "$HOST_PING" 2>/dev/null || true
+wait "$HOST_PING" 2>/dev/null || true
+HOST_PING=""
 tr -d '\r' <"$GLOG" | sed -n '/RDMACORE LIST BEGIN/,/RDMACORE LIST END/p' | grep -v 'RDMACORE LIST' | sed 's/^/    /'
 
 FAILS=0
@@ -207,8 +246,12 @@ sed 's/^/    host: /' "$LOGS/mixA-host.log" 2>/dev/null || true
 check mixA "$MIXA_RC" "guest server on siw0 (rdma-core) <- host client on soft: $OPS"
 sed 's/^/    host: /' "$LOGS/mixB-host.log" 2>/dev/null || true
 check mixB "$MIXB_RC" "guest client on siw0 (rdma-core) -> host server on soft: $OPS"
+check ping-siw0 0 "IWARP_DEVICE=siw0 iwarp-ping -c -V -> rping -s on siw0 (3 pings)"
+sed 's/^/    host: /' "$LOGS/ping-mix-host.log" 2>/dev/null || true
+check ping-mix "$PINGMIX_RC" "IWARP_DEVICE=siw0 iwarp-ping -c -V in the guest -> iwarp-ping -s on soft on the host (3 pings)"
 check rxe0 0 "rxe0, one process: $OPS"
 check rxe0-2p 0 "rxe0, server and client processes: $OPS"
+check ping-rxe0 0 "IWARP_DEVICE=rxe0 iwarp-ping -c -V -> rping -s on rxe0 (3 pings)"
 if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
     note "the guest did not finish its job (log: $GLOG)"
     FAILS=$((FAILS + 1))

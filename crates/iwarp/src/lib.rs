@@ -63,6 +63,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod cm;
 mod cq;
 pub mod device;
 mod mr;
@@ -74,8 +75,6 @@ pub mod soft;
 mod sys;
 
 pub use device::{list_devices, DeviceError, DeviceInfo, DeviceSpec, Transport, DEVICE_ENV};
-
-pub use soft::cm;
 
 use std::fmt;
 use std::io;

@@ -1,6 +1,6 @@
 //! The rdma-core provider: the verbs API over a kernel RDMA device
 //! (siw, rxe, an RNIC) through libibverbs and librdmacm (cargo feature
-//! `rdma-core`; the libraries are loaded at run time, see [`ffi`]).
+//! `rdma-core`; the libraries are loaded at run time, see `ffi.rs`).
 //!
 //! What maps to what:
 //!
@@ -11,10 +11,10 @@
 //!   on first use (`alloc_pd` cannot fail in this API).
 //! - [`MemoryRegion`](crate::MemoryRegion): the crate's buffer, also
 //!   registered with `ibv_reg_mr`; `lkey`/`rkey` are the device's.
-//! - [`CompletionQueue`](crate::CompletionQueue): an `ibv_cq` with a
+//! - [`CompletionQueue`]: an `ibv_cq` with a
 //!   completion channel, drained into the CQ's queue by a pump thread
 //!   (so `poll`, `wait`, and the eventfd behave as with the software
-//!   provider) and by [`CompletionQueue::progress`](crate::CompletionQueue::progress).
+//!   provider) and by [`CompletionQueue::progress`].
 //! - [`QueuePair`](crate::QueuePair): an RC `ibv_qp`, moved to INIT at
 //!   creation (so receives can be posted before connecting, as with the
 //!   software provider); connected by [`cm`] (rdma_cm), which moves it on.
@@ -24,7 +24,7 @@
 //! no counterpart in [`WcStatus`] (InfiniBand's retry and RNR errors, EEC
 //! errors) become [`WcStatus::GeneralErr`] and are logged with their name.
 //!
-//! `unsafe` is confined to this module and [`ffi`]; each use says why it
+//! `unsafe` is confined to this module and `ffi.rs`; each use says why it
 //! holds. libibverbs objects are thread-safe (verbs may be called from any
 //! thread), which is what the `Send`/`Sync` impls rely on.
 
@@ -49,6 +49,11 @@ use crate::device::{DeviceError, DeviceInfo, Transport};
 use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::Error;
 use ffi::Lib;
+
+/// Whether `qp` was made by this provider.
+pub(crate) fn owns(qp: &crate::QueuePair) -> bool {
+    qp.ops.clone().into_any().downcast::<Qp>().is_ok()
+}
 
 /// The kernel devices librdmacm knows (name and transport).
 pub(crate) fn list() -> Result<Vec<DeviceInfo>, String> {
