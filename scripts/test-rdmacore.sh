@@ -119,6 +119,8 @@ wait_line() {
 #                     Write exchange, 3 pings, data validated)
 #   ping-mix          IWARP_DEVICE=siw0 iwarp-ping -c in the guest -> host
 #                     iwarp-ping -s on soft
+#   auto              device `auto` with siw0 present picks siw0; with
+#                     IWARP_RDMA_CORE=off it lists only soft and runs on soft
 # siw0 and rxe0 would both sit on eth0 with one address, and rdma_cm
 # resolves an address to one device, so the devices take turns: siw0
 # (created by the guest's init) first, then it is removed and rxe0 added.
@@ -159,6 +161,16 @@ echo "RDMACORE RESULT mixA rc=\$rc"
 timeout 90 \$B client siw0 $HOST 7404 > /tmp/mb.log 2>&1; rc=\$?
 show mixB /tmp/mb.log
 echo "RDMACORE RESULT mixB rc=\$rc"
+# auto: a kernel device is present, so auto must pick it (siw0 is the only
+# one now); with rdma-core switched off, auto must fall back to soft.
+timeout 90 \$B auto $GUEST 7409 > /tmp/auto.log 2>&1; arc=\$?
+grep -q "^device siw0 " /tmp/auto.log || arc=\$((arc + 10))
+IWARP_RDMA_CORE=off timeout 30 \$B list > /tmp/off.log 2>&1 || arc=\$((arc + 20))
+[ "\$(grep -c rdma-core /tmp/off.log)" = 0 ] || arc=\$((arc + 40))
+IWARP_RDMA_CORE=off timeout 90 \$B auto $GUEST 7410 >> /tmp/off.log 2>&1 || arc=\$((arc + 80))
+grep -q "^device soft " /tmp/off.log || arc=\$((arc + 160))
+show auto /tmp/auto.log; show auto /tmp/off.log
+echo "RDMACORE RESULT auto rc=\$arc"
 P=/mnt/host/iwarp-ping
 # ping DEV PORT: rdma-core's rping -s on DEV's address, our iwarp-ping -c on DEV.
 ping() {
@@ -222,20 +234,24 @@ fi
 kill "$HOST_PING" 2>/dev/null || true
 wait "$HOST_PING" 2>/dev/null || true
 HOST_PING=""
-tr -d '\r' <"$GLOG" | sed -n '/RDMACORE LIST BEGIN/,/RDMACORE LIST END/p' | grep -v 'RDMACORE LIST' | sed 's/^/    /'
 
 FAILS=0
 PASSES=0
+# The serial console writes CRLF; grep a cleaned copy (a `tr | grep -q`
+# pipeline fails under pipefail when grep quits before tr is done).
+CLEAN="$LOGS/guest.clean.log"
+tr -d '\r' <"$GLOG" >"$CLEAN"
+sed -n '/RDMACORE LIST BEGIN/,/RDMACORE LIST END/p' "$CLEAN" | grep -v 'RDMACORE LIST' | sed 's/^/    /' || true
 # check TAG HOST_RC DESC: the guest's result for TAG, and the host side's
 # exit status (0 where there is no host side).
 check() {
     local tag="$1" hrc="$2" desc="$3"
-    tr -d '\r' <"$GLOG" | grep -a "^RDMACORE $tag: " | sed "s/^RDMACORE $tag: /    /" || true
-    if ((hrc == 0)) && tr -d '\r' <"$GLOG" | grep -aqE "^RDMACORE RESULT $tag rc=0\$"; then
+    grep -a "^RDMACORE $tag: " "$CLEAN" | sed "s/^RDMACORE $tag: /    /" || true
+    if ((hrc == 0)) && grep -aqE "^RDMACORE RESULT $tag rc=0\$" "$CLEAN"; then
         note "PASS $tag: $desc"
         PASSES=$((PASSES + 1))
     else
-        note "FAIL $tag: $desc: host side exit $hrc; $(tr -d '\r' <"$GLOG" | grep -a "^RDMACORE RESULT $tag " || echo "no guest result (guest exit $rc)")"
+        note "FAIL $tag: $desc: host side exit $hrc; $(grep -a "^RDMACORE RESULT $tag " "$CLEAN" || echo "no guest result (guest exit $rc)")"
         FAILS=$((FAILS + 1))
     fi
 }
@@ -249,6 +265,7 @@ check mixB "$MIXB_RC" "guest client on siw0 (rdma-core) -> host server on soft: 
 check ping-siw0 0 "IWARP_DEVICE=siw0 iwarp-ping -c -V -> rping -s on siw0 (3 pings)"
 sed 's/^/    host: /' "$LOGS/ping-mix-host.log" 2>/dev/null || true
 check ping-mix "$PINGMIX_RC" "IWARP_DEVICE=siw0 iwarp-ping -c -V in the guest -> iwarp-ping -s on soft on the host (3 pings)"
+check auto 0 "device auto picks siw0 when present and soft when rdma-core is off (IWARP_RDMA_CORE=off), both running the loopback"
 check rxe0 0 "rxe0, one process: $OPS"
 check rxe0-2p 0 "rxe0, server and client processes: $OPS"
 check ping-rxe0 0 "IWARP_DEVICE=rxe0 iwarp-ping -c -V -> rping -s on rxe0 (3 pings)"

@@ -956,8 +956,8 @@ impl QpOps for Qp {
             self.state.store(ST_CLOSED, Ordering::Release);
             self.mark_disconnected();
         } else {
-            // Never connected: flush posted receives like the software
-            // provider does when an unconnected QP is dropped.
+            // Never connected: move to ERR so that posted receives
+            // complete (flushed) instead of vanishing with the QP.
             self.state.store(ST_CLOSED, Ordering::Release);
             self.to_error();
         }
