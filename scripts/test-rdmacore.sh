@@ -24,13 +24,17 @@
 # /dev/net/tun. A failed build of the guest or of the example is a failure.
 #
 # Environment: SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest
-# artifacts, default /var/tmp/siw-vm), RDMACORE_LOG_DIR (logs, default a
+# artifacts, default /var/tmp/siw-vm), NETNS/TAP/BRIDGE (passed to siw-vm's
+# run.sh, default its siwvm/siwtap0/siwbr0), RDMACORE_LOG_DIR (logs, default a
 # temporary directory, kept on failure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
 export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+# siw-vm's run.sh takes the network namespace (and TAP, BRIDGE) from the
+# environment; another one keeps concurrent guests apart.
+export NETNS="${NETNS:-siwvm}"
 LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore.XXXXXX)}"
 mkdir -p "$LOGS"
 BIN="$ROOT/target/release/examples/rdma_loopback"
@@ -201,11 +205,11 @@ chmod +x "$SHARE_DIR/guest.sh"
 "$SIW_VM/run.sh" up >/dev/null
 # mixB's host side: this crate's software stack, listening before the
 # guest boots.
-ip netns exec siwvm timeout 300 "$BIN" server soft "$HOST" 7404 280 >"$LOGS/mixB-host.log" 2>&1 &
+ip netns exec "$NETNS" timeout 300 "$BIN" server soft "$HOST" 7404 280 >"$LOGS/mixB-host.log" 2>&1 &
 HOST_SERVER=$!
 # ping-mix's host side: iwarp-ping -s -P (persistent) on soft; it must still
 # be running when the guest is done.
-ip netns exec siwvm timeout 300 "$PING" -s -P -a "$HOST" -p 7407 --timeout 10 >"$LOGS/ping-mix-host.log" 2>&1 &
+ip netns exec "$NETNS" timeout 300 "$PING" -s -P -a "$HOST" -p 7407 --timeout 10 >"$LOGS/ping-mix-host.log" 2>&1 &
 HOST_PING=$!
 
 GLOG="$LOGS/guest.log"
@@ -217,7 +221,7 @@ BOOT=$!
 MIXA_RC=1
 if wait_line "$GLOG" "RDMACORE READY mixA" 200; then
     MIXA_RC=0
-    ip netns exec siwvm timeout 60 "$BIN" client soft "$GUEST" 7403 >"$LOGS/mixA-host.log" 2>&1 || MIXA_RC=$?
+    ip netns exec "$NETNS" timeout 60 "$BIN" client soft "$GUEST" 7403 >"$LOGS/mixA-host.log" 2>&1 || MIXA_RC=$?
 else
     note "the guest never announced mixA"
 fi
