@@ -45,6 +45,7 @@ HOST=10.77.0.1
 note() { printf '[test-rdmacore] %s\n' "$*"; }
 skip() {
     note "SKIPPED: $*"
+    [[ -n "${RDMACORE_LOG_DIR:-}" ]] || rm -rf "$LOGS"
     exit 77
 }
 
