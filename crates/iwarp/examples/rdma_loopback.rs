@@ -244,6 +244,9 @@ fn client(ctx: Context, addr: SocketAddr) -> Res<Vec<&'static str>> {
             max_recv_wr: 16,
         })
         .map_err(|e| e.to_string())?;
+    if let Some(caps) = iwarp::rdma::qp_caps(&qp) {
+        println!("queue pair granted {caps:?}");
+    }
     // iWARP: the sink of an RDMA Read needs REMOTE_WRITE.
     let mem = pd
         .reg_mr(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)

@@ -422,10 +422,10 @@ pub fn connect(
     // SAFETY: after ADDR_RESOLVED, `verbs` is the device the route uses.
     let verbs = unsafe { (*p.id).verbs };
     if verbs != dev.ctx {
-        // SAFETY: `verbs` is one of librdmacm's open contexts.
         let other = if verbs.is_null() {
             String::from("none")
         } else {
+            // SAFETY: non-null `verbs` is one of librdmacm's open contexts.
             ffi::cstr_field(unsafe { &(*(*verbs).device).name })
         };
         return Err(err(

@@ -50,6 +50,35 @@ use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::Error;
 use ffi::Lib;
 
+/// What the device granted a queue pair at creation (`ibv_qp_init_attr.cap`
+/// as `ibv_create_qp` wrote it back): the depths and SGE counts (the
+/// requested ones capped at [`DeviceAttr`]'s limits, possibly rounded up)
+/// and the inline data size, which `ibv_query_device` does not report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    /// Largest inline send (this provider requests 0 and never sends
+    /// inline; a device may grant more).
+    pub max_inline_data: u32,
+}
+
+/// The capabilities of a queue pair of a kernel device; `None` for one of
+/// the software provider.
+pub fn qp_caps(qp: &crate::QueuePair) -> Option<QpCaps> {
+    let q = qp.ops.clone().into_any().downcast::<Qp>().ok()?;
+    let c = q.cap;
+    Some(QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    })
+}
+
 /// Whether `qp` was made by this provider.
 pub(crate) fn owns(qp: &crate::QueuePair) -> bool {
     qp.ops.clone().into_any().downcast::<Qp>().is_ok()
@@ -647,6 +676,8 @@ pub(crate) struct Qp {
     recv_cq: Arc<HwCq>,
     send_q: CompletionQueue,
     recv_q: CompletionQueue,
+    /// What `ibv_create_qp` granted.
+    cap: ffi::ibv_qp_cap,
     state: AtomicU8,
     /// The rdma_cm connection, once connected.
     pub(crate) conn: Mutex<Option<cm::CmConn>>,
@@ -737,6 +768,7 @@ impl Qp {
             recv_cq: recv.1,
             send_q: send.0.clone(),
             recv_q: recv.0.clone(),
+            cap: init.cap,
             state: AtomicU8::new(ST_INIT),
             conn: Mutex::new(None),
             events: Mutex::new(VecDeque::new()),
