@@ -183,13 +183,15 @@ step_cargo_test() {
         --features tokio --lib tokio_io
 }
 
-# The siw interop step: test-siw.sh exits 77 when the guest cannot run
-# here (recorded as SKIP with its reason), 0 or 1 otherwise.
-step_siw() {
-    local name="siw interop (Linux kernel siw in QEMU)" t0=$SECONDS rc=0 log
+# A step that boots the QEMU guest (../shared/tools/siw-vm): its script
+# exits 77 when the guest cannot run here (recorded as SKIP with its
+# reason), 0 or 1 otherwise.
+#   step_vm NAME SCRIPT
+step_vm() {
+    local name="$1" script="$2" t0=$SECONDS rc=0 log
     section "$name"
     log="$(mktemp)"
-    scripts/test-siw.sh 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+    FAST="$FAST" "$script" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
     if ((rc == 77)); then
         RESULTS+=("SKIP  ${name} ($(grep -o 'SKIPPED: .*' "$log" | head -1))")
     elif ((rc == 0)); then
@@ -200,6 +202,10 @@ step_siw() {
     fi
     rm -f "$log"
 }
+
+VM_SIW="siw interop (Linux kernel siw in QEMU)"
+VM_RDMACORE="rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)"
+VM_RSTREAM="rstream interop with real rsockets (Linux siw in QEMU)"
 
 step_demo() {
     timeout --kill-after=5 120 target/release/iwarp-demo
@@ -273,11 +279,12 @@ if ((BUILD_OK)); then
     fi
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     if [[ "$FAST" == 1 ]]; then
-        skip_step "siw interop (Linux kernel siw in QEMU)" "FAST=1"
+        for s in "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM"; do skip_step "$s" "FAST=1"; done
     else
-        step_siw
+        step_vm "$VM_SIW" scripts/test-siw.sh
+        step_vm "$VM_RDMACORE" scripts/test-rdmacore.sh
+        step_vm "$VM_RSTREAM" scripts/test-rstream-siw.sh
     fi
-    n="rstream interop with real rsockets (Linux siw in QEMU)" t0=$SECONDS rc=0 l="$(mktemp)"; section "$n"; FAST="$FAST" scripts/test-rstream-siw.sh 2>&1 | tee "$l" || rc=${PIPESTATUS[0]}; if ((rc == 77)); then RESULTS+=("SKIP  $n ($(grep -o 'SKIPPED: .*' "$l" | head -1))"); elif ((rc == 0)); then RESULTS+=("PASS  $n ($((SECONDS - t0))s)"); else RESULTS+=("FAIL  $n ($((SECONDS - t0))s, exit $rc)"); FAILED=$((FAILED + 1)); fi; rm -f "$l"
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
     run_step "RFTP (rftpd/rftp with curl, lftp, ftplib)" scripts/test-rftp.sh || true
@@ -285,7 +292,7 @@ if ((BUILD_OK)); then
     run_step "preload shim (real programs over iWARP sockets)" scripts/test-preload.sh || true
     run_step "cache (ccappd/ccproxy)" scripts/test-cache.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "siw interop (Linux kernel siw in QEMU)" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)"; do
         skip_step "$s" "release build failed"
     done
 fi

@@ -170,6 +170,22 @@ struct CqInner {
     /// The QPs whose completions come here, for
     /// [`CompletionQueue::progress`].
     sources: Mutex<Vec<Weak<dyn CqSource>>>,
+    /// The device CQ behind this one, for a provider that has one (the
+    /// rdma-core provider's `ibv_cq`); set once at creation.
+    hw: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+/// A handle that does not keep a [`CompletionQueue`] alive (for a
+/// provider's thread that fills it).
+#[derive(Clone)]
+#[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+pub(crate) struct WeakCq(Weak<CqInner>);
+
+impl WeakCq {
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn upgrade(&self) -> Option<CompletionQueue> {
+        self.0.upgrade().map(|inner| CompletionQueue { inner })
+    }
 }
 
 /// A completion queue. Cloning yields another handle to the same CQ.
@@ -213,6 +229,7 @@ impl CompletionQueue {
                 epoll: OnceLock::new(),
                 overrun_logged: Default::default(),
                 sources: Mutex::new(Vec::new()),
+                hw: OnceLock::new(),
             }),
         })
     }
@@ -377,6 +394,23 @@ impl CompletionQueue {
     /// True if no completion is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn downgrade(&self) -> WeakCq {
+        WeakCq(Arc::downgrade(&self.inner))
+    }
+
+    /// Attach the provider's device CQ (once).
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn set_hw(&self, hw: Arc<dyn std::any::Any + Send + Sync>) {
+        let _ = self.inner.hw.set(hw);
+    }
+
+    /// The provider's device CQ, if any.
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn hw(&self) -> Option<&Arc<dyn std::any::Any + Send + Sync>> {
+        self.inner.hw.get()
     }
 
     pub(crate) fn push(&self, wc: WorkCompletion) {

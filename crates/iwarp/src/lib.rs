@@ -53,20 +53,28 @@
 //!   for the reusable iovec buffer that is empty between those calls
 //!   (`soft/conn.rs`, where the transmit state lives).
 //!
-//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`) and the rest of the
-//! provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
+//! - the rdma-core provider (`rdma/`, feature `rdma-core`): the FFI edge to
+//!   libibverbs and librdmacm (`dlopen`, the verbs calls, reading the
+//!   structures they return), and `Send`/`Sync` for its device objects.
+//!
+//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`, `device.rs`) and the
+//! rest of the software provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
 //! the one other `unsafe` of the stack: CPU intrinsics.)
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod cm;
 mod cq;
+pub mod device;
 mod mr;
 mod provider;
 mod qp;
+#[cfg(feature = "rdma-core")]
+pub mod rdma;
 pub mod soft;
 mod sys;
 
-pub use soft::cm;
+pub use device::{list_devices, DeviceError, DeviceInfo, DeviceSpec, Transport, DEVICE_ENV};
 
 use std::fmt;
 use std::io;
@@ -109,6 +117,13 @@ pub enum Error {
     InvalidQpAttr(&'static str),
     /// The CQ's eventfd could not be created.
     EventFd(io::Error),
+    /// The device could not be chosen or opened.
+    Device(DeviceError),
+    /// An rdma-core call failed (the rdma-core provider).
+    RdmaCore { op: &'static str, why: String },
+    /// Objects of two devices were mixed (a CQ of one context given to a
+    /// QP of another).
+    WrongDevice(&'static str),
 }
 
 impl fmt::Display for Error {
@@ -123,6 +138,9 @@ impl fmt::Display for Error {
             Error::ZeroDepth => f.write_str("cannot create a completion queue of depth 0: pass the number of completions it must hold"),
             Error::InvalidQpAttr(why) => write!(f, "invalid queue pair attributes: {why}"),
             Error::EventFd(e) => write!(f, "could not create the completion queue's eventfd ({e}): raise the open-file limit (ulimit -n)"),
+            Error::Device(e) => e.fmt(f),
+            Error::RdmaCore { op, why } => write!(f, "rdma-core {op} failed: {why}"),
+            Error::WrongDevice(what) => write!(f, "{what} belongs to another device: create every object of a connection from one Context"),
         }
     }
 }
@@ -131,6 +149,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::EventFd(e) => Some(e),
+            Error::Device(e) => Some(e),
             _ => None,
         }
     }
@@ -140,10 +159,14 @@ struct ContextInner {
     mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     next_qpn: AtomicU32,
+    /// The kernel device, when the context runs on rdma-core.
+    #[cfg(feature = "rdma-core")]
+    rdma: Option<Arc<rdma::Device>>,
 }
 
-/// The software iWARP "device" (`struct ibv_context`). Cloning yields
-/// another handle to the same device.
+/// A device (`struct ibv_context`): the software iWARP provider (`soft`)
+/// or, with the `rdma-core` feature, a kernel RDMA device (see
+/// [`device`]). Cloning yields another handle to the same device.
 #[derive(Clone)]
 pub struct Context {
     inner: Arc<ContextInner>,
@@ -152,21 +175,98 @@ pub struct Context {
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context")
+            .field("device", &self.device_name())
             .field("mrs", &self.inner.mrs)
             .finish()
     }
 }
 
 impl Context {
-    /// Open the device (`ibv_open_device`).
+    /// Open the device named by the environment variable
+    /// [`DEVICE_ENV`] (`IWARP_DEVICE`: `soft`, `auto`, or a kernel device
+    /// such as `siw0`), or the software device when it is unset
+    /// (`ibv_open_device`).
     pub fn open() -> Result<Context, Error> {
-        Ok(Context {
+        let spec = DeviceSpec::from_env().map_err(Error::Device)?;
+        Context::open_spec(&spec)
+    }
+
+    /// Open the device `name`: `soft`, `auto` (a kernel device when one is
+    /// present, else `soft`), or a kernel device name as `ibv_devices`
+    /// lists it (`siw0`, `rxe0`, `mlx5_0`). The error names the cause and
+    /// the fix (`--device soft` when there is no RDMA device).
+    pub fn open_device(name: &str) -> Result<Context, Error> {
+        let spec: DeviceSpec = name.parse().map_err(Error::Device)?;
+        Context::open_spec(&spec)
+    }
+
+    /// Open the device `spec` names.
+    pub fn open_spec(spec: &DeviceSpec) -> Result<Context, Error> {
+        let kernel = match spec {
+            DeviceSpec::Soft => Ok(Vec::new()),
+            _ => device::kernel_devices().map(|v| v.into_iter().map(|d| d.name).collect()),
+        };
+        match device::resolve(spec, kernel).map_err(Error::Device)? {
+            device::Choice::Soft => Ok(Context::soft()),
+            device::Choice::Kernel(name) => Context::kernel(&name),
+        }
+    }
+
+    fn soft() -> Context {
+        Context {
             inner: Arc::new(ContextInner {
                 mrs: Arc::new(MrTable::default()),
                 next_pd: AtomicU32::new(1),
                 next_qpn: AtomicU32::new(1),
+                #[cfg(feature = "rdma-core")]
+                rdma: None,
             }),
-        })
+        }
+    }
+
+    #[cfg(feature = "rdma-core")]
+    fn kernel(name: &str) -> Result<Context, Error> {
+        let dev = rdma::Device::open(name).map_err(Error::Device)?;
+        let mut ctx = Context::soft();
+        Arc::get_mut(&mut ctx.inner).expect("new context").rdma = Some(dev);
+        Ok(ctx)
+    }
+
+    #[cfg(not(feature = "rdma-core"))]
+    fn kernel(name: &str) -> Result<Context, Error> {
+        Err(Error::Device(DeviceError::FeatureOff {
+            name: name.to_string(),
+        }))
+    }
+
+    /// The device's name: `soft`, or the kernel device's (`siw0`).
+    pub fn device_name(&self) -> &str {
+        #[cfg(feature = "rdma-core")]
+        if let Some(d) = &self.inner.rdma {
+            return &d.attr.name;
+        }
+        "soft"
+    }
+
+    /// The transport the device speaks.
+    pub fn transport(&self) -> Transport {
+        #[cfg(feature = "rdma-core")]
+        if let Some(d) = &self.inner.rdma {
+            return d.attr.transport;
+        }
+        Transport::SoftIwarp
+    }
+
+    /// What a kernel device reports about itself (`ibv_query_device`,
+    /// `ibv_query_port`); `None` for the software device.
+    #[cfg(feature = "rdma-core")]
+    pub fn device_attr(&self) -> Option<&rdma::DeviceAttr> {
+        self.inner.rdma.as_ref().map(|d| &d.attr)
+    }
+
+    #[cfg(feature = "rdma-core")]
+    pub(crate) fn rdma_device(&self) -> Option<&Arc<rdma::Device>> {
+        self.inner.rdma.as_ref()
     }
 
     /// Allocate a protection domain (`ibv_alloc_pd`).
@@ -174,6 +274,8 @@ impl Context {
         ProtectionDomain {
             ctx: self.clone(),
             id: self.inner.next_pd.fetch_add(1, Ordering::Relaxed),
+            #[cfg(feature = "rdma-core")]
+            hw: Arc::new(std::sync::OnceLock::new()),
         }
     }
 
@@ -188,7 +290,13 @@ impl Context {
     /// Create a completion queue holding up to `depth` completions
     /// (`ibv_create_cq`).
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue, Error> {
-        CompletionQueue::new(depth)
+        let cq = CompletionQueue::new(depth)?;
+        #[cfg(feature = "rdma-core")]
+        if let Some(dev) = &self.inner.rdma {
+            let hw = rdma::HwCq::create(dev, &cq, depth)?;
+            cq.set_hw(hw);
+        }
+        Ok(cq)
     }
 }
 
@@ -198,6 +306,9 @@ impl Context {
 pub struct ProtectionDomain {
     ctx: Context,
     id: PdId,
+    /// The `ibv_pd` (rdma-core), allocated on first use.
+    #[cfg(feature = "rdma-core")]
+    hw: Arc<std::sync::OnceLock<Arc<rdma::Pd>>>,
 }
 
 impl fmt::Debug for ProtectionDomain {
@@ -222,7 +333,38 @@ impl ProtectionDomain {
     /// Register a new zeroed, page-aligned buffer of `len` bytes
     /// (`ibv_reg_mr` over memory the region owns).
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, Error> {
-        MemoryRegion::register_owned(&self.ctx.inner.mrs, self.id, len, access)
+        let mr = MemoryRegion::register_owned(&self.ctx.inner.mrs, self.id, len, access)?;
+        self.register_hw(mr, access)
+    }
+
+    /// The `ibv_pd` of a kernel device's domain.
+    #[cfg(feature = "rdma-core")]
+    fn hw_pd(&self) -> Result<Option<&Arc<rdma::Pd>>, Error> {
+        let Some(dev) = &self.ctx.inner.rdma else {
+            return Ok(None);
+        };
+        if let Some(pd) = self.hw.get() {
+            return Ok(Some(pd));
+        }
+        let pd = rdma::Pd::alloc(dev)?;
+        // A racing thread may have set it first; either Pd is fine.
+        let _ = self.hw.set(pd);
+        Ok(self.hw.get())
+    }
+
+    #[cfg(feature = "rdma-core")]
+    fn register_hw(&self, mut mr: MemoryRegion, access: Access) -> Result<MemoryRegion, Error> {
+        if let Some(pd) = self.hw_pd()? {
+            let (ptr, len) = mr.raw_parts();
+            let hw = rdma::HwMr::register(pd, ptr, len, access)?;
+            mr.set_hw(hw.lkey, hw.rkey, Box::new(hw));
+        }
+        Ok(mr)
+    }
+
+    #[cfg(not(feature = "rdma-core"))]
+    fn register_hw(&self, mr: MemoryRegion, _access: Access) -> Result<MemoryRegion, Error> {
+        Ok(mr)
     }
 
     /// Register caller-owned memory (`ibv_reg_mr`). The region's address
@@ -240,7 +382,9 @@ impl ProtectionDomain {
         access: Access,
     ) -> Result<MemoryRegion, Error> {
         // SAFETY: forwarded from the caller.
-        unsafe { MemoryRegion::register_raw(&self.ctx.inner.mrs, self.id, ptr, len, access) }
+        let mr =
+            unsafe { MemoryRegion::register_raw(&self.ctx.inner.mrs, self.id, ptr, len, access) }?;
+        self.register_hw(mr, access)
     }
 
     /// Create a queue pair in [`QpState::Init`] (`ibv_create_qp`).
@@ -249,6 +393,32 @@ impl ProtectionDomain {
             return Err(Error::InvalidQpAttr(
                 "max_send_wr and max_recv_wr must be at least 1",
             ));
+        }
+        #[cfg(feature = "rdma-core")]
+        if let Some(pd) = self.hw_pd()? {
+            let hw = |cq: &CompletionQueue| {
+                cq.hw()
+                    .and_then(|h| h.clone().downcast::<rdma::HwCq>().ok())
+                    .ok_or(Error::WrongDevice("a completion queue of another device"))
+            };
+            let s = hw(&attr.send_cq)?;
+            let r = hw(&attr.recv_cq)?;
+            let qp = rdma::Qp::create(
+                pd,
+                (&attr.send_cq, s),
+                (&attr.recv_cq, r),
+                attr.max_send_wr,
+                attr.max_recv_wr,
+            )?;
+            return Ok(QueuePair::new(
+                qp,
+                attr.send_cq.clone(),
+                attr.recv_cq.clone(),
+            ));
+        }
+        #[cfg(feature = "rdma-core")]
+        if attr.send_cq.hw().is_some() || attr.recv_cq.hw().is_some() {
+            return Err(Error::WrongDevice("a completion queue of a kernel device"));
         }
         let qpn = self.ctx.inner.next_qpn.fetch_add(1, Ordering::Relaxed);
         let qp = soft::create_qp(

@@ -430,6 +430,9 @@ impl MemoryAccess for MrTable {
 pub struct MemoryRegion {
     table: Arc<MrTable>,
     inner: Arc<MrInner>,
+    /// The device registration of a provider with one (rdma-core's
+    /// `ibv_mr`), and the keys it gave; deregistered first on drop.
+    hw: Option<(u32, u32, Box<dyn std::any::Any + Send + Sync>)>,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -458,6 +461,7 @@ impl MemoryRegion {
         Ok(MemoryRegion {
             table: table.clone(),
             inner,
+            hw: None,
         })
     }
 
@@ -484,16 +488,42 @@ impl MemoryRegion {
         Ok(MemoryRegion {
             table: table.clone(),
             inner,
+            hw: None,
         })
+    }
+
+    /// Attach a device registration of the region's memory (its lkey,
+    /// rkey, and the object that deregisters it when dropped).
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn set_hw(
+        &mut self,
+        lkey: u32,
+        rkey: u32,
+        hw: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        self.hw = Some((lkey, rkey, hw));
+    }
+
+    /// The region's memory and length, for a device registration.
+    #[cfg_attr(not(feature = "rdma-core"), allow(dead_code))]
+    pub(crate) fn raw_parts(&self) -> (*mut u8, usize) {
+        (self.inner.ptr, self.inner.len)
     }
 
     /// Local key: names the region in a local [`Sge`].
     pub fn lkey(&self) -> u32 {
-        self.inner.stag
+        match &self.hw {
+            Some((l, _, _)) => *l,
+            None => self.inner.stag,
+        }
     }
-    /// Remote key: the STag the peer uses for RDMA Write / Read (== lkey).
+    /// Remote key: the STag the peer uses for RDMA Write / Read (== lkey
+    /// in the software provider; the device's rkey with rdma-core).
     pub fn rkey(&self) -> u32 {
-        self.inner.stag
+        match &self.hw {
+            Some((_, r, _)) => *r,
+            None => self.inner.stag,
+        }
     }
     /// Start address (iova / tagged offset base): the buffer's real address,
     /// as with ibverbs.
@@ -637,6 +667,8 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        // Deregister from the device before the memory can go away.
+        self.hw = None;
         let stag = self.inner.stag;
         self.table.remove(stag);
         tracing::debug!(stag = format_args!("{stag:#010x}"), "dereg_mr");

@@ -1,0 +1,311 @@
+//! Device selection: which provider a [`Context`](crate::Context) runs on.
+//!
+//! A device is named the way rdma-core names them (`ibv_devices`):
+//!
+//! | name | provider |
+//! |---|---|
+//! | `soft` | this crate's software iWARP over TCP sockets ([`crate::soft`]) |
+//! | `siw0`, `rxe0`, `mlx5_0`, ... | a kernel RDMA device through rdma-core (libibverbs + librdmacm), cargo feature `rdma-core` |
+//! | `auto` | the first kernel device when there is one, else `soft` |
+//!
+//! [`Context::open`](crate::Context::open) takes the name from the
+//! environment variable [`DEVICE_ENV`] (`IWARP_DEVICE`) and uses `soft` when
+//! it is unset, so programs that never heard of devices behave as before;
+//! [`Context::open_device`](crate::Context::open_device) takes it from the
+//! caller (a `--device` option). [`list_devices`] lists what is there.
+//!
+//! The choice itself ([`resolve`]) is a pure function of the name and of
+//! the kernel devices rdma-core reports, so it is tested without RDMA.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// The environment variable [`Context::open`](crate::Context::open) reads.
+pub const DEVICE_ENV: &str = "IWARP_DEVICE";
+
+/// A device name as the user gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// `soft`: the software provider.
+    Soft,
+    /// `auto`: a kernel device if any, else soft.
+    Auto,
+    /// A kernel device name (`siw0`, `rxe0`, `mlx5_0`).
+    Named(String),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<DeviceSpec, DeviceError> {
+        let t = s.trim();
+        match t {
+            "soft" | "software" => Ok(DeviceSpec::Soft),
+            "auto" => Ok(DeviceSpec::Auto),
+            // Kernel IB device names: at most 63 bytes (IB_DEVICE_NAME_MAX
+            // is 64 with the NUL), letters, digits, '_', '-', '.'.
+            _ if !t.is_empty()
+                && t.len() < 64
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b)) =>
+            {
+                Ok(DeviceSpec::Named(t.to_string()))
+            }
+            _ => Err(DeviceError::BadName(s.to_string())),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The spec in [`DEVICE_ENV`], or `Soft` when it is unset or empty.
+    pub fn from_env() -> Result<DeviceSpec, DeviceError> {
+        match std::env::var(DEVICE_ENV) {
+            Ok(v) if !v.trim().is_empty() => v.parse(),
+            _ => Ok(DeviceSpec::Soft),
+        }
+    }
+}
+
+/// The transport a device speaks (`ibv_device::transport_type`, and for
+/// InfiniBand-transport devices the port's link layer, which tells
+/// InfiniBand from RoCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transport {
+    /// This crate's software iWARP (RFC 5040/5041/5044 over TCP).
+    SoftIwarp,
+    /// iWARP (`IBV_TRANSPORT_IWARP`): kernel siw, Chelsio, Intel iWARP.
+    Iwarp,
+    /// InfiniBand transport over an InfiniBand link.
+    InfiniBand,
+    /// InfiniBand transport over Ethernet (RoCE: rxe, mlx5 on Ethernet).
+    Roce,
+    /// Something else (`ibv_transport_type` value).
+    Other(i32),
+}
+
+impl Transport {
+    /// True for the iWARP transports, which have no Write with Immediate,
+    /// no RNR retry (a Send without a posted receive is a fatal error),
+    /// and need `REMOTE_WRITE` on the sink of an RDMA Read.
+    pub fn is_iwarp(self) -> bool {
+        matches!(self, Transport::SoftIwarp | Transport::Iwarp)
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transport::SoftIwarp => f.write_str("iWARP (software, TCP)"),
+            Transport::Iwarp => f.write_str("iWARP"),
+            Transport::InfiniBand => f.write_str("InfiniBand"),
+            Transport::Roce => f.write_str("RoCE"),
+            Transport::Other(v) => write!(f, "transport {v}"),
+        }
+    }
+}
+
+/// A device [`list_devices`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The name to pass to [`Context::open_device`](crate::Context::open_device).
+    pub name: String,
+    /// What it speaks.
+    pub transport: Transport,
+    /// `"soft"` or `"rdma-core"`.
+    pub provider: &'static str,
+}
+
+/// Why a device could not be chosen or opened. `Display` names the cause
+/// and the fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// Not `soft`, `auto` or a plausible kernel device name.
+    BadName(String),
+    /// A kernel device was asked for but rdma-core cannot be used: the
+    /// libraries are missing, or the kernel has no RDMA device at all.
+    NoRdma { name: String, why: String },
+    /// rdma-core works but has no device of that name.
+    NoSuchDevice {
+        name: String,
+        available: Vec<String>,
+    },
+    /// This build has no rdma-core provider (cargo feature `rdma-core` off).
+    FeatureOff { name: String },
+    /// rdma-core refused to open the device.
+    Open { name: String, why: String },
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::BadName(s) => write!(f, "invalid device name {s:?}: use soft, auto, or a kernel RDMA device name as `ibv_devices` lists it (siw0, rxe0, mlx5_0)"),
+            DeviceError::NoRdma { name, why } => write!(f, "no RDMA device {name}: {why}; use --device soft (or IWARP_DEVICE=soft) for the software provider"),
+            DeviceError::NoSuchDevice { name, available } => write!(f, "no RDMA device {name}: rdma-core lists [{}]; pick one of them, auto, or soft", available.join(", ")),
+            DeviceError::FeatureOff { name } => write!(f, "device {name} needs the rdma-core provider, which this build lacks: rebuild with the cargo feature rdma-core (on by default), or use --device soft"),
+            DeviceError::Open { name, why } => write!(f, "cannot open RDMA device {name}: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// What [`resolve`] picked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// The software provider.
+    Soft,
+    /// The kernel device of that name, through rdma-core.
+    Kernel(String),
+}
+
+/// Pick a device: `kernel` is the list of kernel device names rdma-core
+/// reports, or why it cannot report any (libraries missing, feature off,
+/// no RDMA in the kernel). `auto` never fails: without a kernel device it
+/// is `soft`.
+pub fn resolve(
+    spec: &DeviceSpec,
+    kernel: Result<Vec<String>, String>,
+) -> Result<Choice, DeviceError> {
+    match spec {
+        DeviceSpec::Soft => Ok(Choice::Soft),
+        DeviceSpec::Auto => match kernel {
+            Ok(names) if !names.is_empty() => Ok(Choice::Kernel(names[0].clone())),
+            _ => Ok(Choice::Soft),
+        },
+        DeviceSpec::Named(name) => match kernel {
+            Err(why) => Err(DeviceError::NoRdma {
+                name: name.clone(),
+                why,
+            }),
+            Ok(names) if names.is_empty() => Err(DeviceError::NoRdma {
+                name: name.clone(),
+                why: no_device_reason(),
+            }),
+            Ok(names) if names.iter().any(|n| n == name) => Ok(Choice::Kernel(name.clone())),
+            Ok(available) => Err(DeviceError::NoSuchDevice {
+                name: name.clone(),
+                available,
+            }),
+        },
+    }
+}
+
+/// Why rdma-core sees no device, from what `/sys` shows.
+pub(crate) fn no_device_reason() -> String {
+    if std::path::Path::new("/sys/class/infiniband").exists() {
+        String::from("the kernel has RDMA support but no RDMA device (load a driver or add one: `rdma link add siw0 type siw netdev eth0`)")
+    } else {
+        String::from("the kernel has no RDMA modules loaded (/sys/class/infiniband is missing)")
+    }
+}
+
+/// The kernel devices rdma-core reports (name and transport), or why there
+/// are none to ask about.
+pub(crate) fn kernel_devices() -> Result<Vec<DeviceInfo>, String> {
+    #[cfg(feature = "rdma-core")]
+    {
+        crate::rdma::list()
+    }
+    #[cfg(not(feature = "rdma-core"))]
+    {
+        Err(String::from(
+            "this build has no rdma-core provider (cargo feature rdma-core off)",
+        ))
+    }
+}
+
+/// Every device a [`Context`](crate::Context) can open: `soft` first, then
+/// the kernel devices rdma-core reports (none when the libraries or the
+/// kernel support are missing).
+pub fn list_devices() -> Vec<DeviceInfo> {
+    let mut v = vec![DeviceInfo {
+        name: String::from("soft"),
+        transport: Transport::SoftIwarp,
+        provider: "soft",
+    }];
+    if let Ok(k) = kernel_devices() {
+        v.extend(k);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names() {
+        assert_eq!("soft".parse::<DeviceSpec>().unwrap(), DeviceSpec::Soft);
+        assert_eq!(" auto ".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+        assert_eq!(
+            "mlx5_0".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Named("mlx5_0".into())
+        );
+        assert_eq!(
+            "siw0".parse::<DeviceSpec>().unwrap(),
+            DeviceSpec::Named("siw0".into())
+        );
+        for bad in ["", "a b", "x/y", &"n".repeat(64)] {
+            assert!(matches!(
+                bad.parse::<DeviceSpec>(),
+                Err(DeviceError::BadName(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn auto_falls_back_to_soft() {
+        let none: Result<Vec<String>, String> = Err("cannot load libibverbs.so.1".into());
+        assert_eq!(resolve(&DeviceSpec::Auto, none).unwrap(), Choice::Soft);
+        assert_eq!(
+            resolve(&DeviceSpec::Auto, Ok(vec![])).unwrap(),
+            Choice::Soft
+        );
+        assert_eq!(
+            resolve(&DeviceSpec::Auto, Ok(vec!["siw0".into(), "rxe0".into()])).unwrap(),
+            Choice::Kernel("siw0".into())
+        );
+    }
+
+    #[test]
+    fn named_device_errors_name_cause_and_fix() {
+        let e = resolve(
+            &DeviceSpec::Named("siw0".into()),
+            Err("cannot load libibverbs.so.1".into()),
+        )
+        .unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("libibverbs") && s.contains("--device soft"),
+            "{s}"
+        );
+        let e = resolve(&DeviceSpec::Named("siw0".into()), Ok(vec![])).unwrap_err();
+        assert!(e.to_string().contains("--device soft"), "{e}");
+        let e = resolve(&DeviceSpec::Named("mlx5_0".into()), Ok(vec!["rxe0".into()])).unwrap_err();
+        assert_eq!(
+            e,
+            DeviceError::NoSuchDevice {
+                name: "mlx5_0".into(),
+                available: vec!["rxe0".into()]
+            }
+        );
+        assert!(e.to_string().contains("rxe0"));
+        assert_eq!(
+            resolve(&DeviceSpec::Named("rxe0".into()), Ok(vec!["rxe0".into()])).unwrap(),
+            Choice::Kernel("rxe0".into())
+        );
+        assert_eq!(
+            resolve(&DeviceSpec::Soft, Ok(vec!["rxe0".into()])).unwrap(),
+            Choice::Soft
+        );
+    }
+
+    #[test]
+    fn soft_is_always_listed_first() {
+        let l = list_devices();
+        assert_eq!(l[0].name, "soft");
+        assert_eq!(l[0].transport, Transport::SoftIwarp);
+        assert!(l[0].transport.is_iwarp());
+    }
+}
