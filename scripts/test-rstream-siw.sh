@@ -37,12 +37,13 @@
 # no rstream (build.sh copies it only when the host has rdmacm-utils), the
 # host's rstream and its libraries are handed to the guest over 9p.
 #
-# Known failures (as of this script; both reproduced without siw, and
-# explained, in tools/rstream/tests/siw_startup_races.rs): "c" scenarios
-# fail when our server's first FPDU leaves right behind its MPA Reply (siw
-# resets the connection: "rconnect: Connection refused"), "s" scenarios
-# when our first FPDUs land in siw's setup window and the wake-up nudge is
-# suppressed (both ends wait for the sync until --timeout).
+# Formerly known failures (both reproduced without siw and now guarded by
+# tools/rstream/tests/siw_startup_races.rs): "c" scenarios failed when our
+# server's first FPDU left right behind its MPA Reply (siw reset the
+# connection; fixed by the RFC 5044 §7.1.2 responder hold), "s" scenarios
+# when our first FPDUs landed in siw's setup window and the wake-up nudge
+# was suppressed by the server's own first message (fixed by the nudge owed
+# at the peer's first bytes).
 #
 # Environment: RSTREAM_SIW_SCENARIOS (default "lat bw nb big ring async basic tcp"),
 # SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest artifacts,

@@ -1,9 +1,11 @@
 //! Two connection-startup problems that `scripts/test-rstream-siw.sh`
 //! found between `iwarp-sockets` and rdma-core's rstream over Linux siw,
 //! reproduced here without siw: a raw TCP peer plays siw's side and
-//! checks the bytes our side puts on the wire. Both tests fail today and
-//! are `#[ignore]`d so the suite stays green; run them with
-//! `cargo test -p iwarp-rstream --test siw_startup_races -- --ignored`.
+//! checks the bytes our side puts on the wire. Both are fixed, and these
+//! tests keep them fixed: (1) by `ConnParam::hold_until_first_fpdu`
+//! (RFC 5044 §7.1.2), which `iwarp-sockets` turns on for accepted streams;
+//! (2) by the nudge owed when the peer's first bytes arrive after ours
+//! (`heard_from_peer` in `crates/iwarp/src/soft/conn.rs`).
 //!
 //! 1. **Our server sends an FPDU before the client's first FPDU.** An
 //!    accepted `iwarp-sockets` stream posts its first credit update (an RDMA
@@ -153,7 +155,6 @@ fn is_data_msg(seen: &Seen) -> bool {
 }
 
 #[test]
-#[ignore = "fails until the responder holds its FPDUs until the initiator's first FPDU (RFC 5044 §7.1)"]
 fn our_server_sends_nothing_after_its_mpa_reply_until_the_client_has_sent_an_fpdu() {
     let l = Listener::bind_with("127.0.0.1:0".parse().unwrap(), &Options::default()).unwrap();
     let addr = l.local_addr().unwrap();
@@ -186,7 +187,6 @@ fn our_server_sends_nothing_after_its_mpa_reply_until_the_client_has_sent_an_fpd
 }
 
 #[test]
-#[ignore = "fails until the wake-up nudge also covers a peer that sends before it has read our first FPDUs"]
 fn our_client_nudges_a_server_that_talks_but_never_read_our_first_fpdus() {
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr: SocketAddr = fake.local_addr().unwrap();
