@@ -147,6 +147,8 @@ pub(crate) struct Conn {
     /// Threads waiting on the completion queue in a stream call: they
     /// drain it themselves, so the progress thread keeps out meanwhile.
     cq_waiters: AtomicUsize,
+    /// Threads inside `read`/`write` (see [`Conn::enter`]).
+    in_call: AtomicUsize,
     local: Option<SocketAddr>,
     peer: Option<SocketAddr>,
 }
@@ -313,6 +315,7 @@ impl Parts {
             cond: Condvar::new(),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
+            in_call: AtomicUsize::new(0),
         });
         {
             let mut st = conn.lock();
@@ -415,8 +418,12 @@ impl Conn {
         self.id
     }
 
+    /// The readiness descriptor; kept in step from the first call on.
     pub(crate) fn readiness_fd(&self) -> RawFd {
-        self.ready.fd()
+        let fd = self.ready.fd();
+        let mut st = self.lock();
+        self.refresh(&mut st);
+        fd
     }
 
     pub(crate) fn local_addr(&self) -> Option<SocketAddr> {
@@ -732,13 +739,16 @@ impl Conn {
     /// completion queue in a stream call (it is woken by the same
     /// completion and drains it itself).
     pub(crate) fn progress(&self) {
-        if self.cq_waiters.load(Ordering::Acquire) > 0 {
+        let busy = || {
+            self.cq_waiters.load(Ordering::Acquire) > 0 || self.in_call.load(Ordering::Acquire) > 0
+        };
+        if busy() {
             return;
         }
         let mut st = self.lock();
         // Again under the lock: a thread that started waiting meanwhile
         // (it registers before it releases the lock) drains it itself.
-        if self.cq_waiters.load(Ordering::Acquire) > 0 {
+        if busy() {
             return;
         }
         self.drain(&mut st);
@@ -796,6 +806,30 @@ impl Conn {
         }
     }
 
+    /// A thread starts a stream call: the first one pauses the CQ
+    /// descriptor's updates (`CompletionQueue::set_fd_updates`), so the
+    /// progress thread is not woken for completions this thread handles
+    /// itself (on two cores those wake-ups cost a busy-polled ping-pong
+    /// most of its time); the progress thread keeps out meanwhile.
+    fn enter(&self) {
+        let _st = self.lock();
+        if self.in_call.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.cq.set_fd_updates(false);
+        }
+    }
+
+    /// The call is over: handle what completed meanwhile, and the last one
+    /// out resumes the descriptor (readable at once if completions arrived
+    /// since), then runs due watermark callbacks.
+    fn leave(&self) {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        if self.in_call.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.cq.set_fd_updates(true);
+        }
+        self.unlock_and_notify(st);
+    }
+
     /// `rrecv`: up to `buf.len()` bytes; 0 at end of stream.
     pub(crate) fn read(
         &self,
@@ -803,8 +837,9 @@ impl Conn {
         nonblocking: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
+        self.enter();
         let r = self.read_inner(buf, nonblocking, deadline);
-        self.unlock_and_notify(self.lock());
+        self.leave();
         r
     }
 
@@ -911,8 +946,9 @@ impl Conn {
         nonblocking: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
+        self.enter();
         let r = self.write_inner(buf, nonblocking, deadline);
-        self.unlock_and_notify(self.lock());
+        self.leave();
         r
     }
 

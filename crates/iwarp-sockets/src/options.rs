@@ -25,9 +25,15 @@ pub enum Design {
 /// with the enhanced design.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Send ring bytes (rsocket.c `def_wmem`, 128 KiB; `SO_SNDBUF`).
+    /// Send ring bytes (`SO_SNDBUF`; default 1 MiB, rsocket.c's `def_wmem`
+    /// is 128 KiB).
     pub sbuf_size: u32,
-    /// Receive ring bytes (rsocket.c `def_mem`, 128 KiB; `SO_RCVBUF`).
+    /// Receive ring bytes (`SO_RCVBUF`; default 1 MiB, rsocket.c's
+    /// `def_mem` is 128 KiB). The peer may write two halves of it before
+    /// the next credit update, so it bounds the data in flight: 128 KiB
+    /// held a single loopback stream to about 7 Gbit/s, 1 MiB lets it
+    /// reach 15-18 (docs/BENCHMARKS.md). Each side advertises its own, so
+    /// a real rsocket peer keeps its sizes.
     pub rbuf_size: u32,
     /// Send queue entries (rsocket.c `def_sqsize`, 384).
     pub sq_size: u16,
@@ -46,8 +52,11 @@ pub struct Options {
     pub coalesce: bool,
     /// Writes of at least this many bytes go by zero copy: the caller's
     /// buffer is registered and RDMA-Written straight to the peer's ring,
-    /// and `write` returns once the last Write has left (`None`: never).
-    /// Ignored by [`Design::Basic`] and by non-blocking streams.
+    /// and `write` returns once the last Write has left (`None`: never,
+    /// the default: on loopback the copy into the ring, which lets the
+    /// next write overlap the transfer, was as fast or faster at every
+    /// size up to 4 MiB; see docs/BENCHMARKS.md). Ignored by
+    /// [`Design::Basic`] and by non-blocking streams.
     pub zcopy_threshold: Option<usize>,
     /// Busy polling: a blocked `read` or `write` does the receive work of
     /// its own connection in a loop instead of sleeping (lowest latency,
@@ -62,22 +71,23 @@ pub struct Options {
     pub linger: Duration,
 }
 
-/// The default zero-copy threshold (see docs/SOCKETS.md for how it was
-/// measured).
+/// A zero-copy threshold for hosts where copies are dear (set it in
+/// [`Options::zcopy_threshold`] or `IWARP_SOCKETS_ZCOPY`); not the default,
+/// see there.
 pub const DEFAULT_ZCOPY_THRESHOLD: usize = 256 * 1024;
 
 impl Default for Options {
     fn default() -> Options {
         Options {
-            sbuf_size: 1 << 17,
-            rbuf_size: 1 << 17,
+            sbuf_size: 1 << 20,
+            rbuf_size: 1 << 20,
             sq_size: 384,
             rq_size: 384,
             mpa: MpaConfig::default(),
             connect_timeout: Duration::from_secs(5),
             design: Design::Enhanced,
             coalesce: true,
-            zcopy_threshold: Some(DEFAULT_ZCOPY_THRESHOLD),
+            zcopy_threshold: None,
             busy_poll: false,
             keepalive: false,
             linger: Duration::from_secs(1),

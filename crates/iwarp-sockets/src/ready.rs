@@ -22,6 +22,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// The readiness pair of one stream.
@@ -31,6 +32,10 @@ pub(crate) struct Readiness {
     ctl: UnixStream,
     /// (readable, writable) as the pair shows it now.
     shown: Mutex<(bool, bool)>,
+    /// Somebody asked for the descriptor: keep it in step from now on.
+    /// Until then `show` costs nothing (no system calls), which matters
+    /// for programs that only read and write.
+    armed: AtomicBool,
 }
 
 impl Readiness {
@@ -45,16 +50,22 @@ impl Readiness {
             app,
             ctl,
             shown: Mutex::new((false, true)),
+            armed: AtomicBool::new(false),
         })
     }
 
-    /// The descriptor the application polls.
+    /// The descriptor the application polls; from now on `show` keeps it
+    /// in step (the caller then calls `show` with the current state).
     pub(crate) fn fd(&self) -> RawFd {
+        self.armed.store(true, Ordering::Release);
         self.app.as_raw_fd()
     }
 
-    /// Makes the pair show `readable` / `writable`.
+    /// Makes the pair show `readable` / `writable` (once armed by `fd`).
     pub(crate) fn show(&self, readable: bool, writable: bool) {
+        if !self.armed.load(Ordering::Acquire) {
+            return;
+        }
         let mut shown = self.shown.lock().unwrap_or_else(|e| e.into_inner());
         if shown.0 != readable {
             if readable {

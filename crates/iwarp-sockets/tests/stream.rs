@@ -133,10 +133,14 @@ fn every_byte_arrives_in_order_across_ring_wraps_both_ways() {
 
 #[test]
 fn large_transfer_default_sizes_zero_copy_and_basic() {
-    for opts in [Options::default(), Options::basic()] {
+    let zcopy = Options {
+        zcopy_threshold: Some(iwarp_sockets::DEFAULT_ZCOPY_THRESHOLD),
+        ..Options::default()
+    };
+    for opts in [Options::default(), zcopy, Options::basic()] {
         let (a, b) = pair_with(&opts, &opts);
         let data = pattern(32 << 20, 3);
-        // 1 MiB writes: above the zero-copy threshold in the enhanced design.
+        // 1 MiB writes: above the zero-copy threshold where it is set.
         let got = transfer(&a, &b, &data, 1 << 20, 1 << 16);
         assert!(got == data, "{:?}", opts.design);
         let st = a.stats();
@@ -376,6 +380,9 @@ fn close_waits_for_a_slow_reader_as_long_as_it_keeps_reading() {
     // linger time; the reader keeps taking data slowly, so nothing is lost.
     let opts = Options {
         linger: Duration::from_millis(300),
+        // Rings smaller than the data, so some of it waits in ours.
+        sbuf_size: 128 << 10,
+        rbuf_size: 128 << 10,
         ..Options::default()
     };
     let (a, b) = pair_with(&opts, &opts);

@@ -296,3 +296,34 @@ fn background_waiter_under_the_default_policy_is_woken_like_any() {
     );
     assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(4));
 }
+
+#[test]
+fn paused_descriptor_updates_skip_arrivals_and_resume_in_step() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let qp = qp_on(&pd, &cq);
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let fd = cq.as_raw_fd();
+    cq.set_fd_updates(false);
+    for wr_id in [1, 2] {
+        qp.post_recv(&RecvWr {
+            wr_id,
+            sgl: SgList::single(mr.sge(0, 64)),
+        })
+        .unwrap();
+    }
+    qp.disconnect();
+    assert!(cq.wait(Duration::from_secs(5)).unwrap());
+    assert!(!readable(fd), "paused: arrivals leave the descriptor alone");
+    // Resuming with completions queued makes it readable at once...
+    cq.set_fd_updates(true);
+    assert!(readable(fd));
+    assert_eq!(cq.poll_one().unwrap().wr_id, 1);
+    assert!(readable(fd), "still one left");
+    // ...and a pause while readable, drained meanwhile, resumes cleared.
+    cq.set_fd_updates(false);
+    assert_eq!(cq.poll_one().unwrap().wr_id, 2);
+    cq.set_fd_updates(true);
+    assert!(!readable(fd), "resumed empty: cleared");
+}
