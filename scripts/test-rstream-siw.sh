@@ -42,8 +42,8 @@
 # server's first FPDU left right behind its MPA Reply (siw reset the
 # connection; fixed by the RFC 5044 §7.1.2 responder hold), "s" scenarios
 # when our first FPDUs landed in siw's setup window and the wake-up nudge
-# was suppressed by the server's own first message (fixed by the nudge owed
-# at the peer's first bytes).
+# was suppressed by the server's own first message (fixed by the zero-length
+# Write an active rsocket sends when the peer's first message arrives).
 #
 # Environment: RSTREAM_SIW_SCENARIOS (default "lat bw nb big ring async basic tcp"),
 # SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest artifacts,

@@ -119,6 +119,9 @@ struct State {
     idle: bool,
     /// Completions handled so far (progress, for `close`'s linger).
     completions: u64,
+    /// Active side: the peer's first message has not arrived yet (see
+    /// [`Conn::first_word`]).
+    awaiting_first_word: bool,
     stats: Stats,
     sends: Vec<SendWr>,
     recvs: Vec<RecvWr>,
@@ -267,7 +270,7 @@ impl Parts {
 
     /// The connection is up and `peer` is the peer's private data: start
     /// the stream.
-    pub(crate) fn establish(self, peer: &[u8]) -> io::Result<Arc<Conn>> {
+    pub(crate) fn establish(self, peer: &[u8], active: bool) -> io::Result<Arc<Conn>> {
         let peer_cd = ConnDataRepr::parse_bytes(peer).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -307,6 +310,7 @@ impl Parts {
                 closed: false,
                 idle: false,
                 completions: 0,
+                awaiting_first_word: active,
                 stats: Stats::default(),
                 sends: Vec::with_capacity(64),
                 recvs: Vec::with_capacity(64),
@@ -586,6 +590,9 @@ impl Conn {
                     let mut word = [0u8; 4];
                     self.rbuf
                         .read_at(self.rbuf_size as usize + 4 * slot, &mut word[..n]);
+                    if st.awaiting_first_word {
+                        self.first_word(st);
+                    }
                     let r = if wc.byte_len as usize != 4 {
                         // Let the flow judge it (a malformed word).
                         st.flow.on_recv(&word[..n])
@@ -623,6 +630,24 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The peer's first message arrived on the active side, which always
+    /// sent first (its credit update, then maybe data): send one
+    /// zero-length RDMA Write (the rsockets keepalive frame) now. A Linux
+    /// siw responder can leave FPDUs that arrive while it finishes its
+    /// connection setup unread in its socket until more bytes come, and an
+    /// rsockets server on siw sends its own credit update unprompted, which
+    /// the `iwarp` crate's wake-up nudge takes for an answer (it nudges only
+    /// a silent peer): without this, our first FPDUs could wait there for
+    /// ever while both sides wait for each other. Bytes from the peer prove
+    /// its receive path is installed, so these arrive where it reads them.
+    fn first_word(&self, st: &mut State) {
+        st.awaiting_first_word = false;
+        // Queued now, posted with the other actions of this drain; without
+        // a free control slot it is skipped (control words are on the way,
+        // and they wake the peer's reader the same way).
+        let _ = st.flow.keepalive();
     }
 
     fn flow_failed(&self, st: &mut State, e: FlowError) {
@@ -853,6 +878,12 @@ impl Conn {
             return Ok(0);
         }
         let max = buf.len().min(u32::MAX as usize) as u32;
+        if nonblocking && self.opts.busy_poll {
+            // A program that spins on EAGAIN never waits on the CQ, so the
+            // receive work (which busy-poll mode leaves to the waiting
+            // thread) is done here.
+            self.cq.progress();
+        }
         let mut st = self.lock();
         loop {
             self.drain(&mut st);
@@ -967,6 +998,9 @@ impl Conn {
                     return self.write_zcopy(buf, deadline);
                 }
             }
+        }
+        if nonblocking && self.opts.busy_poll {
+            self.cq.progress();
         }
         let mut st = self.lock();
         let mut done = 0usize;
@@ -1212,7 +1246,7 @@ pub(crate) fn connect(addr: SocketAddr, opts: &Options) -> io::Result<Arc<Conn>>
         ..ConnParam::default()
     };
     let peer = cm::connect(parts.qp(), addr, &param).map_err(cm_err)?;
-    parts.establish(&peer)
+    parts.establish(&peer, true)
 }
 
 /// Accepts a validated request (its private data must be an
@@ -1246,7 +1280,7 @@ pub(crate) fn accept(req: cm::ConnRequest, opts: &Options) -> io::Result<Arc<Con
         ..param
     };
     req.accept(parts.qp(), &param).map_err(cm_err)?;
-    parts.establish(&peer_pd)
+    parts.establish(&peer_pd, false)
 }
 
 /// A connection-manager error as the `io::Error` a socket call returns.

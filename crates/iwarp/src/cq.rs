@@ -140,6 +140,9 @@ struct CqInner {
     queue: Mutex<VecDeque<WorkCompletion>>,
     cond: Condvar,
     efd: EventFd,
+    /// Whether `efd` is readable now (changed only under `queue`), so that
+    /// clearing an already clear descriptor costs no system call.
+    efd_readable: AtomicBool,
     /// `as_raw_fd` was called: keep the eventfd in step with the queue.
     /// Until then the eventfd is left alone, which saves two system calls
     /// per empty/non-empty transition for applications that only poll or
@@ -188,6 +191,22 @@ impl WeakCq {
     }
 }
 
+impl CqInner {
+    /// Make the eventfd readable (call with `queue` locked).
+    fn efd_set(&self) {
+        self.efd.set();
+        self.efd_readable.store(true, Ordering::Relaxed);
+    }
+
+    /// Make the eventfd unreadable if it is readable (call with `queue`
+    /// locked).
+    fn efd_clear(&self) {
+        if self.efd_readable.swap(false, Ordering::Relaxed) {
+            self.efd.clear();
+        }
+    }
+}
+
 /// A completion queue. Cloning yields another handle to the same CQ.
 #[derive(Clone)]
 pub struct CompletionQueue {
@@ -217,6 +236,7 @@ impl CompletionQueue {
                 queue: Mutex::new(VecDeque::with_capacity(depth)),
                 cond: Condvar::new(),
                 efd,
+                efd_readable: AtomicBool::new(false),
                 fd_armed: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
                 wake_newest: AtomicBool::new(false),
@@ -429,7 +449,7 @@ impl CompletionQueue {
         inner.len.store(q.len(), Ordering::Release);
         if was_empty {
             if inner.fd_armed.load(Ordering::Acquire) {
-                inner.efd.set();
+                inner.efd_set();
             }
             // Read under the queue lock: a waiter registers itself before it
             // takes the lock to check the queue, so none is missed.
@@ -495,7 +515,7 @@ impl CompletionQueue {
         }
         self.inner.len.store(q.len(), Ordering::Release);
         if n > 0 && q.is_empty() && self.inner.fd_armed.load(Ordering::Acquire) {
-            self.inner.efd.clear();
+            self.inner.efd_clear();
         }
         n
     }
@@ -517,7 +537,7 @@ impl CompletionQueue {
         let wc = q.pop_front();
         self.inner.len.store(q.len(), Ordering::Release);
         if wc.is_some() && q.is_empty() && self.inner.fd_armed.load(Ordering::Acquire) {
-            self.inner.efd.clear();
+            self.inner.efd_clear();
         }
         wc
     }
@@ -726,9 +746,9 @@ impl CompletionQueue {
         inner.fd_armed.store(on, Ordering::Release);
         if on {
             if q.is_empty() {
-                inner.efd.clear();
+                inner.efd_clear();
             } else {
-                inner.efd.set();
+                inner.efd_set();
             }
         }
     }
@@ -740,7 +760,7 @@ impl CompletionQueue {
             // Arm under the queue lock so the fd matches the queue from now on.
             let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
             if !inner.fd_armed.swap(true, Ordering::AcqRel) && !q.is_empty() {
-                inner.efd.set();
+                inner.efd_set();
             }
         }
         inner.efd.as_raw_fd()

@@ -227,6 +227,11 @@ impl Runner<'_> {
             self.recv(ep, SYNC_LEN, "sync")?;
             self.send(ep, SYNC_LEN, "sync")?;
         }
+        let stats = |ep: &Endpoint| match ep {
+            Endpoint::Rsockets(s) => Some(s.stats()),
+            Endpoint::Tcp(_) => None,
+        };
+        let before = stats(ep);
         let start = Instant::now();
         for _ in 0..iterations {
             for _ in 0..count {
@@ -250,6 +255,12 @@ impl Runner<'_> {
             count,
             iterations,
             elapsed: start.elapsed(),
+            msgs: before.zip(stats(ep)).map(|(b, a)| {
+                (
+                    a.writes.saturating_sub(b.writes),
+                    a.data_msgs.saturating_sub(b.data_msgs),
+                )
+            }),
         };
         self.print(ep.kind(), &sample);
         self.results.push((ep.kind(), sample));

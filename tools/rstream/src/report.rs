@@ -100,6 +100,10 @@ pub struct Sample {
     pub iterations: u32,
     /// Wall time of the timed part.
     pub elapsed: Duration,
+    /// On an rsockets stream: the application writes of the timed part and
+    /// the data messages they went out as (coalescing makes the second
+    /// smaller). `None` over TCP.
+    pub msgs: Option<(u64, u64)>,
 }
 
 impl Sample {
@@ -161,6 +165,9 @@ impl Sample {
             self.gbps(),
             self.usec_per_xfer(),
         );
+        if let Some((writes, msgs)) = self.msgs {
+            let _ = write!(s, ",\"writes\":{writes},\"data_msgs\":{msgs}");
+        }
         s.push('}');
         s
     }
@@ -268,6 +275,7 @@ mod tests {
             count: 1,
             iterations: 100_000,
             elapsed: Duration::from_micros(1_234_567),
+            msgs: None,
         };
         assert_eq!(s.total_bytes(), 12_800_000);
         // 1.234567 s; 102.4 Mbit / 1.234567 s = 0.083 Gb/s; 1234567 / 100000 / 2 us.
@@ -288,7 +296,11 @@ mod tests {
             count: 1,
             iterations: 1,
             elapsed: Duration::from_secs(1),
+            msgs: Some((10, 4)),
         };
+        assert!(s
+            .json("rsockets", "enhanced", "client")
+            .ends_with(",\"writes\":10,\"data_msgs\":4}"));
         assert!(s.row().starts_with("123456789 "));
     }
 

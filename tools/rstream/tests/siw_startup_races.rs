@@ -4,8 +4,9 @@
 //! checks the bytes our side puts on the wire. Both are fixed, and these
 //! tests keep them fixed: (1) by `ConnParam::hold_until_first_fpdu`
 //! (RFC 5044 §7.1.2), which `iwarp-sockets` turns on for accepted streams;
-//! (2) by the nudge owed when the peer's first bytes arrive after ours
-//! (`heard_from_peer` in `crates/iwarp/src/soft/conn.rs`).
+//! (2) by the zero-length RDMA Write an active rsocket sends when the
+//! peer's first message arrives (`Conn::first_word` in
+//! `crates/iwarp-sockets/src/conn.rs`).
 //!
 //! 1. **Our server sends an FPDU before the client's first FPDU.** An
 //!    accepted `iwarp-sockets` stream posts its first credit update (an RDMA

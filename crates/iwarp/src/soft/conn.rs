@@ -7,7 +7,7 @@
 
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,13 +23,6 @@ use super::{lock, pump, SoftQp};
 
 /// Slice of the transmit thread's waits, so that it notices `stop`.
 pub(super) const TICK: Duration = Duration::from_millis(100);
-
-/// `Conn::first_rx`: nothing heard from the peer yet.
-pub(super) const FIRST_RX_NONE: u8 = 0;
-/// The peer's first bytes came after ours: one nudge is due now.
-pub(super) const FIRST_RX_NUDGE: u8 = 1;
-/// Settled (no nudge owed for the first bytes, or it was sent).
-pub(super) const FIRST_RX_DONE: u8 = 2;
 
 /// `Conn::quiet_since_ms` when the peer owes nothing.
 pub(super) const NOT_OWED: u64 = u64::MAX;
@@ -84,9 +77,6 @@ pub(crate) struct Conn {
     pub(super) last_tx_ms: AtomicU64,
     /// Milliseconds since `epoch` when the last nudge was queued.
     pub(super) last_nudge_ms: AtomicU64,
-    /// The nudge owed when the peer's first bytes arrive after ours
-    /// (`FIRST_RX_*`; see [`Conn::heard_from_peer`]).
-    pub(super) first_rx: AtomicU8,
     /// When the connection started (the clock of the fields below).
     pub(super) epoch: Instant,
     /// Milliseconds since `epoch` when bytes last arrived.
@@ -138,35 +128,8 @@ impl Conn {
     }
 
     /// Bytes arrived from the peer.
-    ///
-    /// The first time: if we had written bytes before the peer said
-    /// anything, one wake-up nudge is due at once. A Linux siw peer can
-    /// leave our first FPDUs unread in its socket (they arrived before it
-    /// installed its receive callback, see [`Conn::maybe_nudge`]) and then
-    /// speak first itself: an rsockets server sends its credit update
-    /// unprompted. That message would otherwise count as an answer and
-    /// suppress the nudge, and both sides would wait for each other. Bytes
-    /// from the peer prove its receive path is live, so a nudge sent now
-    /// makes it read what it left behind.
     pub(super) fn heard_from_peer(&self) {
         self.last_rx_ms.store(self.now_ms(), Ordering::Relaxed);
-        if self.first_rx.load(Ordering::Relaxed) == FIRST_RX_NONE {
-            let wrote_first = self.last_tx_ms.load(Ordering::Relaxed) != NOT_OWED
-                && self.nudges_left.load(Ordering::Relaxed) > 0;
-            let next = if wrote_first {
-                FIRST_RX_NUDGE
-            } else {
-                FIRST_RX_DONE
-            };
-            if self
-                .first_rx
-                .compare_exchange(FIRST_RX_NONE, next, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-                && wrote_first
-            {
-                self.wake_tx();
-            }
-        }
     }
 
     /// Checked by the transmit thread at every wake-up (at least every
@@ -333,12 +296,6 @@ impl Conn {
         }
         self.nudges_left.fetch_sub(1, Ordering::Relaxed);
         self.last_nudge_ms.store(now, Ordering::Relaxed);
-        let _ = self.first_rx.compare_exchange(
-            FIRST_RX_NUDGE,
-            FIRST_RX_DONE,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
         tracing::debug!(
             qpn = qp.qpn,
             peer = %self.peer,
@@ -355,9 +312,6 @@ impl Conn {
         let left = self.nudges_left.load(Ordering::Relaxed);
         if left == 0 {
             return None;
-        }
-        if self.first_rx.load(Ordering::Relaxed) == FIRST_RX_NUDGE {
-            return Some(0);
         }
         let last_tx = self.last_tx_ms.load(Ordering::Relaxed);
         if last_tx == NOT_OWED {

@@ -412,7 +412,6 @@ impl Conn {
             nudges_left: AtomicU32::new(if live.wake_nudge { NUDGE_MAX } else { 0 }),
             last_tx_ms: AtomicU64::new(NOT_OWED),
             last_nudge_ms: AtomicU64::new(0),
-            first_rx: std::sync::atomic::AtomicU8::new(super::conn::FIRST_RX_NONE),
             acked_mark: AtomicU64::new(0),
             stalled_since_ms: AtomicU64::new(NOT_OWED),
             write_shut: AtomicBool::new(false),
