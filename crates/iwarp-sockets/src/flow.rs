@@ -882,18 +882,7 @@ impl Flow {
         target: &mut [u8],
         push: bool,
     ) -> Result<SendGrant, FlowError> {
-        match self.phase {
-            Phase::Error => return Err(self.err.unwrap_or(FlowError::SendFailed)),
-            Phase::Init => return Err(FlowError::NotConnected),
-            Phase::Disconnected => return Err(FlowError::NotWritable),
-            Phase::Connected => {}
-        }
-        if !self.writable {
-            return Err(FlowError::NotWritable);
-        }
-        if target.len() < TARGET_SGL_LEN {
-            return Err(FlowError::Config("target SGL region shorter than 32 bytes"));
-        }
+        self.check_sendable(target)?;
         let n = want.min(self.sbuf_bytes_avail);
         if want > 0 && n == 0 {
             if push {
@@ -943,7 +932,7 @@ impl Flow {
             && self.has_credit()
             && target.len() >= TARGET_SGL_LEN
         {
-            let Some(mut dst) = slot(target, self.target_sge, self.cfg.order) else {
+            let Some(dst) = slot(target, self.target_sge, self.cfg.order) else {
                 break;
             };
             if dst.length == 0 {
@@ -953,15 +942,7 @@ impl Flow {
             let spans = Spans::of_ring(self.pend_start, n, self.cfg.sbuf_size);
             self.pend_start = (self.pend_start + n) % self.cfg.sbuf_size;
             self.pend_len -= n;
-            self.sseq_no = self.sseq_no.wrapping_add(1);
-            self.sqe_avail -= 2;
-            let (addr, rkey) = (dst.addr, dst.key);
-            dst.addr = dst.addr.wrapping_add(u64::from(n));
-            dst.length -= n;
-            set_slot(target, self.target_sge, &dst, self.cfg.order);
-            if dst.length == 0 {
-                self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
-            }
+            let (addr, rkey) = self.take_slot(target, dst, n);
             self.queue_data(
                 Source::Sbuf(spans),
                 addr,
@@ -975,6 +956,41 @@ impl Flow {
             self.flush_pending_ctrl();
         }
         msgs
+    }
+
+    /// Whether a send may be asked for at all (connected, writable, a
+    /// whole target SGL region).
+    fn check_sendable(&self, target: &[u8]) -> Result<(), FlowError> {
+        match self.phase {
+            Phase::Error => return Err(self.err.unwrap_or(FlowError::SendFailed)),
+            Phase::Init => return Err(FlowError::NotConnected),
+            Phase::Disconnected => return Err(FlowError::NotWritable),
+            Phase::Connected => {}
+        }
+        if !self.writable {
+            return Err(FlowError::NotWritable);
+        }
+        if target.len() < TARGET_SGL_LEN {
+            return Err(FlowError::Config("target SGL region shorter than 32 bytes"));
+        }
+        Ok(())
+    }
+
+    /// Takes `n` bytes (at most its length) from the front of the current
+    /// target slot `dst` for one data message: one credit and two
+    /// send-queue entries; advances the slot in `target` and moves to the
+    /// next slot when it is used up. Returns the peer address and rkey.
+    fn take_slot(&mut self, target: &mut [u8], mut dst: Sge, n: u32) -> (u64, u32) {
+        self.sseq_no = self.sseq_no.wrapping_add(1);
+        self.sqe_avail -= 2;
+        let at = (dst.addr, dst.key);
+        dst.addr = dst.addr.wrapping_add(u64::from(n));
+        dst.length -= n;
+        set_slot(target, self.target_sge, &dst, self.cfg.order);
+        if dst.length == 0 {
+            self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
+        }
+        at
     }
 
     fn queue_data(&mut self, src: Source, addr: u64, rkey: u32, n: u32, tag: SendTag) {
@@ -997,18 +1013,7 @@ impl Flow {
         target: &mut [u8],
         how: Reserve,
     ) -> Result<SendGrant, FlowError> {
-        match self.phase {
-            Phase::Error => return Err(self.err.unwrap_or(FlowError::SendFailed)),
-            Phase::Init => return Err(FlowError::NotConnected),
-            Phase::Disconnected => return Err(FlowError::NotWritable),
-            Phase::Connected => {}
-        }
-        if !self.writable {
-            return Err(FlowError::NotWritable);
-        }
-        if target.len() < TARGET_SGL_LEN {
-            return Err(FlowError::Config("target SGL region shorter than 32 bytes"));
-        }
+        self.check_sendable(target)?;
         if want == 0 {
             return Ok(SendGrant {
                 spans: Spans::of_ring(self.sbuf_head, 0, self.cfg.sbuf_size),
@@ -1017,7 +1022,7 @@ impl Flow {
         if !self.can_send(target) {
             return Err(FlowError::WouldBlock);
         }
-        let mut dst = slot(target, self.target_sge, self.cfg.order).expect("checked length");
+        let dst = slot(target, self.target_sge, self.cfg.order).expect("checked length");
         let mut n = want.min(MAX_TRANSFER).min(dst.length);
         if how != Reserve::External {
             n = n.min(self.sbuf_bytes_avail);
@@ -1031,15 +1036,7 @@ impl Flow {
             spans
         };
 
-        self.sseq_no = self.sseq_no.wrapping_add(1);
-        self.sqe_avail -= 2;
-        let (addr, rkey) = (dst.addr, dst.key);
-        dst.addr = dst.addr.wrapping_add(u64::from(n));
-        dst.length -= n;
-        set_slot(target, self.target_sge, &dst, self.cfg.order);
-        if dst.length == 0 {
-            self.target_sge = (self.target_sge + 1) % SGL_SIZE as usize;
-        }
+        let (addr, rkey) = self.take_slot(target, dst, n);
         match how {
             Reserve::Queue => self.queue_data(
                 Source::Sbuf(spans),
