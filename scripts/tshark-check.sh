@@ -474,7 +474,28 @@ live() {
         section "live capture: $name"
         # shellcheck disable=SC2086 # args is a word list on purpose
         if capture_run "$name" "$port" opcodes $args; then
-            check_capture "$WORK/$name.pcapng" "$mode" "$markers" "${ALL_OPCODES[@]}" || results=1
+            if ! check_capture "$WORK/$name.pcapng" "$mode" "$markers" "${ALL_OPCODES[@]}"; then
+                # Loopback TCP itself can reorder a segment when the sending
+                # thread moves between CPUs (seen once in CI: out-of-order,
+                # dup ACKs, a fast retransmission); Wireshark then cannot
+                # reassemble the FPDU after the gap. That is no iWARP defect,
+                # so such a capture is taken once more; one without TCP
+                # anomalies, or a second failure, fails the check.
+                local anomalies
+                anomalies="$(tshark -r "$WORK/$name.pcapng" -Y 'tcp.analysis.retransmission || tcp.analysis.out_of_order || tcp.analysis.lost_segment || tcp.analysis.fast_retransmission' 2>/dev/null | wc -l)"
+                if ((anomalies > 0)); then
+                    log "  $anomalies TCP-level anomalies (reordering/retransmission) in the capture: capturing $name once more"
+                    port=$((port + 10))
+                    # shellcheck disable=SC2086 # args is a word list on purpose
+                    if capture_run "$name" "$port" opcodes $args; then
+                        check_capture "$WORK/$name.pcapng" "$mode" "$markers" "${ALL_OPCODES[@]}" || results=1
+                    else
+                        results=1
+                    fi
+                else
+                    results=1
+                fi
+            fi
         else
             results=1
         fi
