@@ -650,6 +650,52 @@ pub fn send_wr_fields(wr: &SendWr) -> (c_int, u32, u32, u64, u32) {
     (op, flags, inv, addr, rkey)
 }
 
+/// A work request structure of verbs' singly linked lists.
+trait Chained: Sized {
+    fn set_next(&mut self, next: *mut Self);
+}
+
+impl Chained for ffi::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+impl Chained for ffi::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// Links `chain` (non-empty) into the list verbs takes, hands its head and
+/// the bad-request out pointer to `post` (the provider's post call), and
+/// maps a failure to the `wr_id` (`id(index)`) of the request it names.
+fn post_chain<T: Chained>(
+    chain: &mut [T],
+    id: impl Fn(usize) -> u64,
+    post: impl FnOnce(*mut T, *mut *mut T) -> c_int,
+) -> Result<(), PostError> {
+    let n = chain.len();
+    let base = chain.as_mut_ptr();
+    for i in 1..n {
+        // SAFETY: `i` and `i - 1` are in bounds of `chain`, which is not
+        // moved again before `post` returns.
+        unsafe { (*base.add(i - 1)).set_next(base.add(i)) };
+    }
+    let mut bad: *mut T = std::ptr::null_mut();
+    let rc = post(base, &mut bad);
+    if rc == 0 {
+        return Ok(());
+    }
+    let idx = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: `bad` points into `chain` (verbs.h contract).
+        unsafe { bad.offset_from(base) }.max(0) as usize
+    };
+    Err(map_post_errno(rc, id(idx.min(n - 1))))
+}
+
 /// `ibv_post_*` error numbers → [`PostError`].
 pub fn map_post_errno(errno: i32, wr_id: u64) -> PostError {
     match errno {
@@ -893,32 +939,23 @@ impl QpOps for Qp {
                 }
             })
             .collect();
-        let base = chain.as_mut_ptr();
-        for i in 1..chain.len() {
-            // SAFETY: `i` and `i - 1` are in bounds of `chain`, which is not
-            // moved again before the call below.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
-        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: the QP is valid; the chain and its SGE arrays live until
-        // the call returns (the device copies them); post_send is the ops
-        // call verbs.h's inline ibv_post_send makes.
-        let rc = unsafe {
-            match (*self.pd.dev.ctx).ops.post_send {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let idx = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `chain` (verbs.h contract).
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(map_post_errno(rc, wrs[idx.min(wrs.len() - 1)].wr_id))
+        let ctx = self.pd.dev.ctx;
+        let qp = self.qp;
+        post_chain(
+            &mut chain,
+            |i| wrs[i].wr_id,
+            |head, bad| {
+                // SAFETY: the QP is valid; the chain and its SGE arrays live
+                // until the call returns (the device copies them); post_send is
+                // the ops call verbs.h's inline ibv_post_send makes.
+                unsafe {
+                    match (*ctx).ops.post_send {
+                        Some(f) => f(qp, head, bad),
+                        None => libc::ENOSYS,
+                    }
+                }
+            },
+        )
     }
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
@@ -942,29 +979,21 @@ impl QpOps for Qp {
                 num_sge: *n as c_int,
             })
             .collect();
-        let base = chain.as_mut_ptr();
-        for i in 1..chain.len() {
-            // SAFETY: in bounds, as in post_send.
-            unsafe { (*base.add(i - 1)).next = base.add(i) };
-        }
-        let mut bad: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: as in post_send, for the ops table's post_recv.
-        let rc = unsafe {
-            match (*self.pd.dev.ctx).ops.post_recv {
-                Some(f) => f(self.qp, base, &mut bad),
-                None => libc::ENOSYS,
-            }
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let idx = if bad.is_null() {
-            0
-        } else {
-            // SAFETY: `bad` points into `chain`.
-            unsafe { bad.offset_from(base) }.max(0) as usize
-        };
-        Err(map_post_errno(rc, wrs[idx.min(wrs.len() - 1)].wr_id))
+        let ctx = self.pd.dev.ctx;
+        let qp = self.qp;
+        post_chain(
+            &mut chain,
+            |i| wrs[i].wr_id,
+            |head, bad| {
+                // SAFETY: as in post_send, for the ops table's post_recv.
+                unsafe {
+                    match (*ctx).ops.post_recv {
+                        Some(f) => f(qp, head, bad),
+                        None => libc::ENOSYS,
+                    }
+                }
+            },
+        )
     }
 
     fn state(&self) -> QpState {
