@@ -14,11 +14,14 @@
 //! Everything protocol-related is [`Flow`]'s; this file turns its actions
 //! into work requests, feeds it completions, and copies between the
 //! application's buffers and the rings. All of that happens under one
-//! mutex per connection; threads that must wait sleep on its condition
-//! variable (or, in busy-poll mode, poll the completion queue), and
-//! whoever drains completions (the application thread or the process's
-//! progress thread, [`crate::progress`]) wakes them and updates the
-//! readiness descriptor ([`crate::ready`]).
+//! mutex per connection. Threads that must wait sleep on (or, in
+//! busy-poll mode, poll) the completion queue itself, in slices so that a
+//! close or shutdown from another thread is seen; whoever drains
+//! completions (the application thread or the process's progress thread,
+//! [`crate::progress`]) updates the readiness descriptor
+//! ([`crate::ready`]). There is no condition variable of our own: its
+//! notify would cost a futex system call on every drain (std's futex
+//! condvar wakes unconditionally) for no waiter.
 //!
 //! Errors: a peer that breaks the rsockets protocol, or a queue pair that
 //! fails (the peer was killed, reset the TCP connection, or sent an RFC
@@ -31,7 +34,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use iwarp::cm::{self, ConnParam};
@@ -145,7 +148,6 @@ pub(crate) struct Conn {
     sq_size: usize,
     cq_fd: RawFd,
     state: Mutex<State>,
-    cond: Condvar,
     ready: Readiness,
     /// Threads waiting on the completion queue in a stream call: they
     /// drain it themselves, so the progress thread keeps out meanwhile.
@@ -316,7 +318,6 @@ impl Parts {
                 recvs: Vec::with_capacity(64),
                 basic_buf: Vec::new(),
             }),
-            cond: Condvar::new(),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
             in_call: AtomicUsize::new(0),
@@ -676,7 +677,6 @@ impl Conn {
             self.push_buffered(st);
             self.pump(st);
             self.refresh(st);
-            self.cond.notify_all();
         }
         any
     }
@@ -1181,7 +1181,6 @@ impl Conn {
             self.pump(&mut st);
         }
         self.refresh(&mut st);
-        self.cond.notify_all();
         Ok(())
     }
 
@@ -1231,7 +1230,6 @@ impl Conn {
             "the stream is closed".into(),
         );
         self.refresh(&mut st);
-        self.cond.notify_all();
     }
 }
 
