@@ -33,6 +33,11 @@ struct Peer {
     frame: TxFrame,
     wcs: Vec<WorkCompletion>,
     events: Vec<EngineEvent>,
+    /// Rewrite this region (with the next generation of `pattern`) after
+    /// every frame is built and before it is written: the application
+    /// changing memory while its bytes are on their way to the socket.
+    scribble: Option<(u32, usize)>,
+    generation: u8,
 }
 
 impl Peer {
@@ -47,6 +52,8 @@ impl Peer {
             frame: TxFrame::default(),
             wcs: Vec::new(),
             events: Vec::new(),
+            scribble: None,
+            generation: 0,
         }
     }
 
@@ -149,6 +156,10 @@ impl Pair {
         let _ = wire;
         if !p.eng.poll_transmit(&mut p.frame, budget, &p.mem) {
             return Vec::new();
+        }
+        if let Some((stag, len)) = p.scribble {
+            p.generation = p.generation.wrapping_add(1);
+            p.mem.fill(stag, &pattern(len, p.generation));
         }
         let bytes = p.flatten();
         p.eng.confirm_transmit();
@@ -527,6 +538,65 @@ fn reads_beyond_ord_wait_and_complete_in_order() {
         );
     }
     assert!(term_sent(&p.b).is_none());
+}
+
+/// RFC 5044 §6 / RFC 5040 §5.2: a Read Response is built from memory
+/// that the responder's application may keep rewriting (a version slot
+/// being published). With CRC on, the CRC must cover the bytes that go
+/// out, whatever the memory holds by the time the frame is written; each
+/// FPDU then carries one consistent snapshot. (Before the payload was
+/// copied into the frame when CRC is on, this ended in a CRC Terminate.)
+#[test]
+fn read_responses_of_memory_rewritten_in_flight_keep_a_good_crc() {
+    for (i, link) in LINKS.iter().enumerate() {
+        let mut p = Pair::new(17 + i as u64, *link);
+        let len = 4096usize;
+        let src = p.b.mem.register(PD, Access::REMOTE_READ, 0, len);
+        p.b.mem.fill(src, &pattern(len, 0));
+        p.b.scribble = Some((src, len));
+        let sink = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, len * 4);
+        for k in 0..4u64 {
+            p.a.eng
+                .post_send(send_wr(
+                    k,
+                    WrOpcode::RdmaRead {
+                        remote_addr: 0,
+                        rkey: src,
+                    },
+                    &[Sge {
+                        addr: k * len as u64,
+                        length: len as u32,
+                        lkey: sink,
+                    }],
+                ))
+                .unwrap();
+        }
+        p.run();
+        assert_eq!(term_sent(&p.a), None, "link {i}: the reader found a bad FPDU");
+        assert_eq!(term_received(&p.b), None, "link {i}");
+        assert_eq!(p.a.wcs.len(), 4, "link {i}");
+        assert!(
+            p.a.wcs
+                .iter()
+                .all(|w| w.status == WcStatus::Success && w.byte_len == len as u32),
+            "link {i}: {:?}",
+            p.a.wcs
+        );
+        // Every byte read is the byte of some generation the region held
+        // (the pattern of generation g at offset j is 31 j + g), and the
+        // generations seen only move forward within a read.
+        let got = p.a.mem.contents(sink);
+        for k in 0..4 {
+            let mut last = 0u8;
+            for j in 0..len {
+                let g = got[k * len + j].wrapping_sub((j as u8).wrapping_mul(31));
+                assert!(g <= p.b.generation, "link {i}: byte {j} of read {k} from nowhere");
+                assert!(g >= last, "link {i}: read {k} went back in time at byte {j}");
+                last = g;
+            }
+        }
+        assert!(p.b.generation > 0, "link {i}: the region was never rewritten");
+    }
 }
 
 #[test]

@@ -402,8 +402,12 @@ impl MemoryAccess for MrTable {
         }
         // SAFETY: `src..src + len` lies inside the live region (see `write`).
         // The shared slice exists only for the duration of `f`; per the RDMA
-        // contract the application does not modify memory that an
-        // outstanding work request or a remote Read is transmitting.
+        // contract the application does not modify memory that its own
+        // outstanding work request is transmitting. Memory a peer
+        // RDMA-Reads may be rewritten meanwhile (a published version
+        // slot): `f` only reads the bytes once, as a DMA engine would,
+        // and callers must not assume they stay put (the engine copies
+        // them before computing a CRC over them, engine/tx.rs `put_mem`).
         let bytes = unsafe { std::slice::from_raw_parts(src, len as usize) };
         f(bytes);
         Ok(())

@@ -464,7 +464,12 @@ impl Engine {
             cur.sge_off += k;
             rem -= k;
         }
-        if !self.emit_fpdu(frame, &hdr[..hdr_len], &pieces[..np], mem) {
+        // A Read Response's source is memory the responder's application
+        // may be rewriting (see `put_mem`); a Send's or Write's is the
+        // requester's own posted buffer, which it leaves alone until the
+        // completion (the verbs contract), so it goes by reference.
+        let snapshot = matches!(cur.kind, CurKind::ReadResp { .. });
+        if !self.emit_fpdu(frame, &hdr[..hdr_len], &pieces[..np], snapshot, mem) {
             self.tx.cursor = None;
             if let Some(seq) = cur.seq {
                 if let Some(slot) = self.slot_mut(seq) {
@@ -490,7 +495,7 @@ impl Engine {
     /// Emit one FPDU whose ULPDU is entirely inline.
     fn emit_ulpdu(&mut self, frame: &mut TxFrame, ulpdu: &[u8]) {
         // Inline ULPDUs never touch registered memory, so this cannot fail.
-        let ok = self.emit_fpdu(frame, ulpdu, &[], &NoMemory);
+        let ok = self.emit_fpdu(frame, ulpdu, &[], false, &NoMemory);
         debug_assert!(ok);
     }
 
@@ -503,6 +508,7 @@ impl Engine {
         frame: &mut TxFrame,
         head: &[u8],
         pieces: &[(u32, u64, u32)],
+        snapshot: bool,
         mem: &dyn MemoryAccess,
     ) -> bool {
         let snap = Snapshot {
@@ -517,7 +523,7 @@ impl Engine {
         self.put_inline(frame, &(ulpdu_len as u16).to_be_bytes(), true);
         self.put_inline(frame, head, true);
         for &(stag, to, len) in pieces {
-            if self.put_mem(frame, stag, to, len, mem).is_err() {
+            if self.put_mem(frame, stag, to, len, snapshot, mem).is_err() {
                 frame.pieces.truncate(snap.pieces);
                 frame.inline.truncate(snap.inline);
                 self.tx.stream_pos = snap.stream_pos;
@@ -581,24 +587,42 @@ impl Engine {
         stag: u32,
         to: u64,
         len: u32,
+        snapshot: bool,
         mem: &dyn MemoryAccess,
     ) -> Result<(), MemError> {
         let mut done = 0u32;
         while done < len {
             let k = self.marker_gap(frame).min((len - done) as usize) as u32;
             let at = to.wrapping_add(done as u64);
-            if self.link.crc {
-                let mut c = self.tx.crc;
-                mem.visit(stag, at, k, &mut |b| c = crc::crc32c_append(c, b))?;
-                self.tx.crc = c;
+            if self.link.crc && snapshot {
+                // RFC 5044 §6: the CRC covers the bytes on the wire. The
+                // writer hands a `Mem` piece to the kernel later than its
+                // CRC is computed, and a Read Response's source may change
+                // in between: RFC 5040 §5.2 lets the responder's
+                // application keep writing a region that a peer reads
+                // (e.g. a version slot being published). So a Read
+                // Response's payload is copied into the frame once and the
+                // CRC is computed over that copy: what is sent is what is
+                // covered, as an RNIC's CRC covers what it DMAs.
+                let start = frame.inline.len();
+                let inline = &mut frame.inline;
+                mem.visit(stag, at, k, &mut |b| inline.extend_from_slice(b))?;
+                self.tx.crc = crc::crc32c_append(self.tx.crc, &frame.inline[start..]);
+                record_inline(frame, start as u32, k);
             } else {
-                mem.check(stag, at, k, self.cfg.pd, Access::NONE)?;
+                if self.link.crc {
+                    let mut c = self.tx.crc;
+                    mem.visit(stag, at, k, &mut |b| c = crc::crc32c_append(c, b))?;
+                    self.tx.crc = c;
+                } else {
+                    mem.check(stag, at, k, self.cfg.pd, Access::NONE)?;
+                }
+                frame.pieces.push(TxPiece::Mem {
+                    stag,
+                    to: at,
+                    len: k,
+                });
             }
-            frame.pieces.push(TxPiece::Mem {
-                stag,
-                to: at,
-                len: k,
-            });
             self.tx.stream_pos += k as u64;
             done += k;
         }
@@ -614,16 +638,22 @@ fn push_inline(frame: &mut TxFrame, bytes: &[u8]) {
     }
     let start = frame.inline.len() as u32;
     frame.inline.extend_from_slice(bytes);
-    if let Some(TxPiece::Inline { start: s, len }) = frame.pieces.last_mut() {
-        if *s + *len == start {
-            *len += bytes.len() as u32;
+    record_inline(frame, start, bytes.len() as u32);
+}
+
+/// Record `len` bytes already appended to `frame.inline` at `start` as the
+/// next piece, merged with the previous inline piece when contiguous.
+fn record_inline(frame: &mut TxFrame, start: u32, len: u32) {
+    if len == 0 {
+        return;
+    }
+    if let Some(TxPiece::Inline { start: s, len: l }) = frame.pieces.last_mut() {
+        if *s + *l == start {
+            *l += len;
             return;
         }
     }
-    frame.pieces.push(TxPiece::Inline {
-        start,
-        len: bytes.len() as u32,
-    });
+    frame.pieces.push(TxPiece::Inline { start, len });
 }
 
 /// Memory for FPDUs that carry no payload by reference.
