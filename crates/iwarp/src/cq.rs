@@ -59,7 +59,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::thread::{Thread, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -176,7 +176,17 @@ struct CqInner {
     /// The device CQ behind this one, for a provider that has one (the
     /// rdma-core provider's `ibv_cq`); set once at creation.
     hw: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+    /// [`CompletionQueue::set_completion_hook`].
+    hook: RwLock<Option<CompletionHook>>,
+    /// Completions arrived in the empty queue and the hook has not run for
+    /// them yet (only while a hook is set).
+    hook_due: AtomicBool,
+    /// A hook is set (checked by `push` without taking `hook`).
+    hook_set: AtomicBool,
 }
+
+/// See [`CompletionQueue::set_completion_hook`].
+pub type CompletionHook = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// A handle that does not keep a [`CompletionQueue`] alive (for a
 /// provider's thread that fills it).
@@ -250,6 +260,9 @@ impl CompletionQueue {
                 overrun_logged: Default::default(),
                 sources: Mutex::new(Vec::new()),
                 hw: OnceLock::new(),
+                hook: RwLock::new(None),
+                hook_due: AtomicBool::new(false),
+                hook_set: AtomicBool::new(false),
             }),
         })
     }
@@ -448,7 +461,11 @@ impl CompletionQueue {
         q.push_back(wc);
         inner.len.store(q.len(), Ordering::Release);
         if was_empty {
-            if inner.fd_armed.load(Ordering::Acquire) {
+            if inner.hook_set.load(Ordering::Acquire) {
+                // The provider runs the hook once its locks are released
+                // (`run_hook`); the descriptor is the hook's fallback.
+                inner.hook_due.store(true, Ordering::Release);
+            } else if inner.fd_armed.load(Ordering::Acquire) {
                 inner.efd_set();
             }
             // Read under the queue lock: a waiter registers itself before it
@@ -727,6 +744,59 @@ impl CompletionQueue {
         match self.inner.epoll.get() {
             Some(ep) if self.app_driven() => ep.as_raw_fd(),
             _ => efd,
+        }
+    }
+
+    /// Have the provider's own threads (receive, transmit, device pump) call
+    /// `hook` after they queued completions into this empty queue, once they
+    /// hold none of the provider's locks, instead of making the descriptor
+    /// ([`as_raw_fd`](Self::as_raw_fd)) readable. The hook returns whether it
+    /// took care of the completions (polled them); when it returns false the
+    /// descriptor is made readable as without a hook, so a thread that
+    /// sleeps on it still wakes. Threads sleeping in [`wait`](Self::wait)
+    /// are woken as before.
+    ///
+    /// This saves a thread hand-off per batch of completions for a consumer
+    /// that can handle them on whatever thread produced them (the socket
+    /// library updates a stream's state and readiness from the receive
+    /// thread instead of waking its progress thread to do it). The hook
+    /// runs on threads the application does not own, possibly while the
+    /// provider's receive or transmit path waits for it: it must not block
+    /// (take its own locks with `try_lock` and return false when busy) and
+    /// may post work requests. `None` removes it.
+    pub fn set_completion_hook(&self, hook: Option<CompletionHook>) {
+        let inner = &*self.inner;
+        let on = hook.is_some();
+        *inner.hook.write().unwrap_or_else(|e| e.into_inner()) = hook;
+        inner.hook_set.store(on, Ordering::Release);
+        if !on {
+            // Completions that were left for a hook now go to the descriptor.
+            let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if inner.hook_due.swap(false, Ordering::AcqRel)
+                && !q.is_empty()
+                && inner.fd_armed.load(Ordering::Acquire)
+            {
+                inner.efd_set();
+            }
+        }
+    }
+
+    /// For the provider, holding none of its locks: run the hook if
+    /// completions arrived for it; if it declines, make the descriptor
+    /// readable. One relaxed load when nothing is due.
+    pub(crate) fn run_hook(&self) {
+        let inner = &*self.inner;
+        if !inner.hook_due.load(Ordering::Relaxed) || !inner.hook_due.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        let hook = inner.hook.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let handled = hook.is_some_and(|h| h());
+        if !handled {
+            let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            if !q.is_empty() && inner.fd_armed.load(Ordering::Acquire) {
+                inner.efd_set();
+            }
         }
     }
 

@@ -534,6 +534,8 @@ impl HwCq {
                 cq.push(map_wc(wc));
             }
         }
+        drop(_g);
+        cq.run_hook();
     }
 }
 

@@ -190,7 +190,7 @@ impl Conn {
                 self.peer_timeout.as_secs_f64()
             ));
         }
-        let owed = lock(&qp.engine).reads_outstanding();
+        let owed = qp.lock_engine().reads_outstanding();
         if clock(&self.quiet_since_ms, owed > 0 && unacked == 0, false) {
             return Some(format!(
                 "the peer sent nothing for {:.1} s while {owed} RDMA Read(s) waited for their \
@@ -230,7 +230,7 @@ impl Conn {
         if now.saturating_sub(quiet_since) < every {
             return false;
         }
-        let mut eng = lock(&qp.engine);
+        let mut eng = qp.lock_engine();
         if eng.reads_outstanding() > 0 || !eng.post_probe(super::PROBE_WR_ID) {
             return false;
         }
@@ -291,7 +291,7 @@ impl Conn {
         if now < due {
             return false;
         }
-        if !lock(&qp.engine).post_nudge(super::PROBE_WR_ID) {
+        if !qp.lock_engine().post_nudge(super::PROBE_WR_ID) {
             return false;
         }
         self.nudges_left.fetch_sub(1, Ordering::Relaxed);
@@ -381,7 +381,7 @@ impl Conn {
                 // hold at most `rx` here.
                 None => confirm_written(qp, &mut lock(&self.tx)),
             }
-            let mut eng = lock(&qp.engine);
+            let mut eng = qp.lock_engine();
             eng.on_peer_closed();
             pump(qp, &mut eng);
             drop(eng);
@@ -432,7 +432,7 @@ impl Conn {
 /// Confirm a frame that is entirely in the socket (`tx` held, engine not).
 pub(super) fn confirm_written(qp: &SoftQp, tx: &mut TxState) {
     if tx.frame_len > 0 && tx.off >= tx.frame_len {
-        let mut eng = lock(&qp.engine);
+        let mut eng = qp.lock_engine();
         eng.confirm_transmit();
         pump(qp, &mut eng);
         tx.frame.clear();

@@ -250,9 +250,48 @@ pub(crate) fn of(qp: &QueuePair) -> Option<Arc<SoftQp>> {
     qp.ops.clone().into_any().downcast::<SoftQp>().ok()
 }
 
+/// The engine, locked; on release, the CQs' completion hooks run for what
+/// [`pump`] queued meanwhile (see [`CompletionQueue::set_completion_hook`]),
+/// on whichever thread let go, with the engine unlocked. Every lock of the
+/// engine goes through this guard, so no completion misses its hook.
+pub(crate) struct EngineGuard<'a> {
+    qp: &'a SoftQp,
+    guard: Option<MutexGuard<'a, Engine>>,
+}
+
+impl std::ops::Deref for EngineGuard<'_> {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        self.guard
+            .as_ref()
+            .expect("engine guard is live until dropped")
+    }
+}
+
+impl std::ops::DerefMut for EngineGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Engine {
+        self.guard
+            .as_mut()
+            .expect("engine guard is live until dropped")
+    }
+}
+
+impl Drop for EngineGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        self.qp.send_cq.run_hook();
+        if !self.qp.recv_cq.same_as(&self.qp.send_cq) {
+            self.qp.recv_cq.run_hook();
+        }
+    }
+}
+
 impl SoftQp {
-    pub(crate) fn lock_engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn lock_engine(&self) -> EngineGuard<'_> {
+        EngineGuard {
+            qp: self,
+            guard: Some(self.engine.lock().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     pub(crate) fn push_event(&self, ev: QpEvent) {

@@ -518,7 +518,7 @@ impl Conn {
             // Checked under `linger_lock`: a writer that releases `tx`
             // after this look notifies only once this thread waits.
             let idle = match self.tx.try_lock() {
-                Ok(tx) => tx.off >= tx.frame_len && !lock(&qp.engine).has_transmit(),
+                Ok(tx) => tx.off >= tx.frame_len && !qp.lock_engine().has_transmit(),
                 Err(_) => false,
             };
             let left = deadline.saturating_duration_since(Instant::now());

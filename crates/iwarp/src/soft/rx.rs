@@ -13,7 +13,7 @@ use iwarp_proto::engine::{QpState, RxHint};
 use crate::sys;
 
 use super::conn::*;
-use super::{lock, pump, SoftQp};
+use super::{pump, SoftQp};
 
 /// Tagged payload at least this long is read straight into the region.
 pub const DIRECT_MIN: u32 = 8 * 1024;
@@ -37,7 +37,7 @@ pub(super) fn feed(qp: &SoftQp, conn: &Conn, data: &[u8]) -> (usize, bool, bool)
     if !data.is_empty() {
         conn.heard_from_peer();
     }
-    let mut eng = lock(&qp.engine);
+    let mut eng = qp.lock_engine();
     let n = eng.handle_input(data, &*qp.mem);
     let stuck = n == 0 && eng.state() != QpState::Rts;
     pump(qp, &mut eng);
@@ -103,7 +103,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
         return Pass::Drained;
     }
     let hint = if rx.end == 0 {
-        lock(&qp.engine).rx_hint()
+        qp.lock_engine().rx_hint()
     } else {
         RxHint::Buffered
     };
@@ -177,7 +177,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                     qp.counters
                         .rx_buffered_bytes
                         .fetch_add(rx.end as u64, Ordering::Relaxed);
-                    let mut eng = lock(&qp.engine);
+                    let mut eng = qp.lock_engine();
                     eng.handle_direct(direct, &*qp.mem);
                     pump(qp, &mut eng);
                     rx.tx_due |= eng.has_transmit() || eng.wants_close();

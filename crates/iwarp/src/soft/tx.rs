@@ -41,7 +41,7 @@ impl Conn {
         self.tx_released();
         match r {
             Flush::Done => {
-                if lock(&qp.engine).has_transmit() {
+                if qp.lock_engine().has_transmit() {
                     self.wake_tx();
                 }
             }
@@ -218,7 +218,7 @@ pub(super) fn flush(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> Flush {
             }
             continue;
         }
-        let mut eng = lock(&qp.engine);
+        let mut eng = qp.lock_engine();
         if tx.frame_len > 0 {
             eng.confirm_transmit();
             tx.frame.clear();
@@ -292,7 +292,7 @@ pub(super) fn tx_loop(qp: &SoftQp, conn: &Conn) {
         if closed {
             break;
         }
-        if lock(&qp.engine).has_transmit() {
+        if qp.lock_engine().has_transmit() {
             conn.wake_tx();
         }
     }
