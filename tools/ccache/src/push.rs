@@ -402,12 +402,65 @@ fn rdma_read_state(
     Err(format!("every read of the state region was torn: {last}"))
 }
 
+/// Reads one proxy's state region by RDMA Read, connecting on first use
+/// and again after a failure.
+pub struct RdmaStateReader {
+    addr: SocketAddr,
+    reg: Registration,
+    timeout: Duration,
+    conn: Option<RdmaState>,
+}
+
+impl std::fmt::Debug for RdmaStateReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStateReader")
+            .field("addr", &self.addr)
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+impl RdmaStateReader {
+    /// A reader of the region `reg` behind the iWARP listener `addr`.
+    pub fn new(addr: SocketAddr, reg: Registration, timeout: Duration) -> RdmaStateReader {
+        RdmaStateReader {
+            addr,
+            reg,
+            timeout,
+            conn: None,
+        }
+    }
+
+    /// One consistent snapshot (torn copies are read again, at most 16
+    /// times).
+    pub fn read(&mut self) -> Result<Snapshot, String> {
+        if self
+            .conn
+            .as_ref()
+            .is_none_or(|c| c.qp.state() != QpState::Rts)
+        {
+            self.conn = None;
+            self.conn = Some(rdma_connect(
+                self.addr,
+                self.reg.len as usize,
+                self.timeout,
+            )?);
+        }
+        let c = self.conn.as_mut().expect("connected above");
+        let r = rdma_read_state(c, &self.reg, self.timeout);
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+}
+
 struct Link {
     id: u64,
     peer: SocketAddr,
     reg: Registration,
     chan: Mutex<TcpStream>,
-    rdma: Mutex<Option<RdmaState>>,
+    rdma: Mutex<Option<RdmaStateReader>>,
 }
 
 /// The module's side: registrations, state reads, pushes.
@@ -532,20 +585,14 @@ impl Pusher {
     fn state_of(&self, l: &Link) -> Result<Snapshot, String> {
         if let (StateRead::Rdma, Some(addr)) = (self.cfg.state_read, l.reg.rdma) {
             let mut r = l.rdma.lock().unwrap_or_else(|p| p.into_inner());
-            let res = (|| {
-                if r.as_ref().is_none_or(|c| c.qp.state() != QpState::Rts) {
-                    *r = Some(rdma_connect(addr, l.reg.len as usize, self.cfg.timeout)?);
-                }
-                let c = r.as_mut().expect("connected above");
-                rdma_read_state(c, &l.reg, self.cfg.timeout)
-            })();
-            match res {
+            let reader =
+                r.get_or_insert_with(|| RdmaStateReader::new(addr, l.reg, self.cfg.timeout));
+            match reader.read() {
                 Ok(s) => {
                     self.stats.state_rdma.fetch_add(1, Ordering::Relaxed);
                     return Ok(s);
                 }
                 Err(e) => {
-                    *r = None;
                     tracing::warn!(proxy = l.id, error = %e, "RDMA Read of the proxy's state failed; asking over the push channel");
                 }
             }

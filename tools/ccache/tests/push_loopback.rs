@@ -19,7 +19,7 @@ use ccache::check::{TcpCheck, VersionCheck};
 use ccache::http;
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
-use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, StateRead};
+use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
 use ccache::state::CacheState;
 use ccache::table::VersionTable;
 use ccache_proto::ipc::{Kind as IpcKind, Repr};
@@ -541,4 +541,74 @@ fn pusher_refuses_a_bad_registration_and_forgets_a_dead_proxy() {
     wait_until("the dead proxy dropped", || p.proxies() == 0);
     assert_eq!(w.pusher.stats.dropped.load(Ordering::Relaxed), 1);
     appd::update_once(&mut u, &cfg, 1).unwrap();
+}
+
+#[test]
+fn rdma_reads_of_the_state_region_during_publishes_are_consistent() {
+    // The writer keeps every listed document at one version and bumps
+    // them all before each publish; a snapshot mixing two publishes would
+    // list two versions. 2000 RDMA Reads race the publishes.
+    let cache = Arc::new(CacheState::new(0, 48));
+    for d in 0..48 {
+        cache.store_fetched(d, 1, None, Arc::new(vec![0; 10]));
+    }
+    cache.publish();
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).unwrap();
+    let len = cache.region_len();
+    let mr = pd
+        .reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let reg = Registration {
+        rdma: None,
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: len as u32,
+    };
+    cache.attach_region(mr);
+    let mpa = MpaConfig {
+        crc: Crc::Off,
+        ..MpaConfig::default()
+    };
+    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), mpa).unwrap();
+    let at = l.local_addr();
+    std::thread::spawn(move || push::accept_rdma(l, pd, cq, Vec::new(), "cache state"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (c, st) = (cache.clone(), stop.clone());
+    let writer = std::thread::spawn(move || {
+        let mut v = 1u64;
+        while !st.load(Ordering::Relaxed) {
+            v += 1;
+            for d in 0..48 {
+                c.store_fetched(d, v, None, Arc::new(vec![0; 10]));
+                if v % 3 == 0 {
+                    c.lookup(d, v); // reorder the list now and then
+                }
+            }
+            c.publish();
+        }
+        v
+    });
+    let mut r = RdmaStateReader::new(at, reg, T);
+    let mut last = 0;
+    for _ in 0..2000 {
+        let s = r.read().unwrap();
+        assert_eq!(s.entries.len(), 48);
+        let v = s.entries[0].version;
+        assert!(
+            s.entries.iter().all(|e| e.version == v),
+            "a snapshot mixes publishes: {:?}",
+            s.entries.iter().map(|e| e.version).collect::<Vec<_>>()
+        );
+        assert!(s.generation >= last, "generation went back");
+        last = s.generation;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let published = writer.join().unwrap();
+    assert!(
+        published > 10,
+        "the writer published only {published} times"
+    );
+    drop(ctx);
 }

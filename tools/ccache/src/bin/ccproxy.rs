@@ -38,8 +38,12 @@ enum WaitArg {
 /// request for a document (PREFIX<n>) is validated at the application
 /// module before it is answered from cache; responses carry X-CC-Version.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
+    /// Read settings from FILE first: lines `key = value`, keys are the
+    /// long flags (e.g. `mode = tcp`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Listen address for clients.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -100,7 +104,13 @@ struct Args {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = Args::parse();
+    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+        Ok(args) => Args::parse_from(args),
+        Err(e) => {
+            eprintln!("ccproxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let t = Duration::from_millis(a.check_timeout_ms.max(1));
     let n = a.check_conns.max(1);
     let (mode, checkers): (Mode, Vec<Box<dyn VersionCheck>>) = match a.mode {
