@@ -582,7 +582,7 @@ fn rdma_reads_of_the_state_region_during_publishes_are_consistent() {
             v += 1;
             for d in 0..48 {
                 c.store_fetched(d, v, None, Arc::new(vec![0; 10]));
-                if v % 3 == 0 {
+                if v.is_multiple_of(3) {
                     c.lookup(d, v); // reorder the list now and then
                 }
             }
