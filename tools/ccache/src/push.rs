@@ -530,8 +530,21 @@ impl Pusher {
         s.set_read_timeout(t).map_err(|e| e.to_string())?;
         s.set_write_timeout(t).map_err(|e| e.to_string())?;
         let (h, body) = read_frame(&mut s, false).map_err(|e| format!("{peer}: {e}"))?;
+        let max = ccache_proto::state::region_len(ccache_proto::state::MAX_CAPACITY);
         let reg = match (h.kind, Registration::parse(&body)) {
-            (Kind::Register, Ok(r)) => r,
+            (Kind::Register, Ok(r))
+                if (ccache_proto::state::HEADER_LEN..=max).contains(&(r.len as usize)) =>
+            {
+                r
+            }
+            (Kind::Register, Ok(r)) => {
+                let _ = write_frame(&mut s, error_frame(PushStatus::Malformed), &[]);
+                return Err(format!(
+                    "{peer}: state region of {} bytes registered; a region is {} to {max} bytes",
+                    r.len,
+                    ccache_proto::state::HEADER_LEN
+                ));
+            }
             (k, r) => {
                 let _ = write_frame(&mut s, error_frame(PushStatus::Malformed), &[]);
                 return Err(format!(
@@ -631,7 +644,24 @@ impl Pusher {
     }
 
     /// Read `doc` under the read protocol through `ipc`: (version, body).
+    /// A connection kept from before that fails (ccappd's IPC server closes
+    /// idle ones) is replaced once.
     fn read_doc(&self, ipc: &mut Option<UnixStream>, doc: u32) -> Result<(u64, Vec<u8>), String> {
+        let reused = ipc.is_some();
+        match self.read_doc_once(ipc, doc) {
+            Err(e) if reused => {
+                tracing::debug!(error = %e, "IPC connection of the pusher broke; connecting again");
+                self.read_doc_once(ipc, doc)
+            }
+            r => r,
+        }
+    }
+
+    fn read_doc_once(
+        &self,
+        ipc: &mut Option<UnixStream>,
+        doc: u32,
+    ) -> Result<(u64, Vec<u8>), String> {
         if ipc.is_none() {
             let s = UnixStream::connect(&self.cfg.ipc)
                 .map_err(|e| format!("connecting to {}: {e}", self.cfg.ipc.display()))?;

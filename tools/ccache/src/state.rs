@@ -21,17 +21,25 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ccache_proto::push::PushStatus;
 use ccache_proto::state::{self, Entry, Snapshot};
 use iwarp::MemoryRegion;
 
+/// Microseconds since the epoch, from a monotonic clock: the wall clock
+/// read once, plus the time elapsed since (a wall clock stepped back by
+/// NTP would reorder the recently-accessed list and the LRU choice).
 fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+    static START: OnceLock<(Instant, u64)> = OnceLock::new();
+    let (t0, wall0) = START.get_or_init(|| {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        (Instant::now(), wall)
+    });
+    wall0 + t0.elapsed().as_micros() as u64
 }
 
 #[derive(Debug)]

@@ -291,7 +291,10 @@ fn pull_never_pushes() {
     get(&w, px, 2);
     let (mut s, cfg) = updater(&w);
     let v = appd::update_once(&mut s, &cfg, 2).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
+    let p = w.pusher.clone();
+    wait_until("the update seen by the pusher", || {
+        p.stats.updates.load(Ordering::Relaxed) >= 1
+    });
     assert_eq!(cache.cached_version(2), Some(v - 1), "pull pushed");
     assert_eq!(get(&w, px, 2), (v, "miss".to_string()));
     assert_eq!(cache.stats.misses_stale.load(Ordering::Relaxed), 1);
@@ -307,7 +310,7 @@ fn hybrid_pushes_only_the_hot() {
         get(&w, px, d);
         std::thread::sleep(Duration::from_millis(2));
     }
-    std::thread::sleep(Duration::from_millis(50)); // a publish
+    cache.publish(); // (the publisher thread may be late on a loaded host)
     let (mut s, cfg) = updater(&w);
     let v9 = appd::update_once(&mut s, &cfg, 9).unwrap();
     let v0 = appd::update_once(&mut s, &cfg, 0).unwrap();
@@ -335,7 +338,7 @@ fn update_server_picks_accessed_documents() {
     s.set_read_timeout(Some(T)).unwrap();
     // No proxy: nothing to pick from.
     assert_eq!(appd::pick_accessed(&mut s, 1).unwrap(), None);
-    let (px, _cache) = start_proxy(&w, false);
+    let (px, cache) = start_proxy(&w, false);
     assert_eq!(
         appd::pick_accessed(&mut s, 1).unwrap(),
         None,
@@ -343,7 +346,7 @@ fn update_server_picks_accessed_documents() {
     );
     get(&w, px, 4);
     get(&w, px, 6);
-    std::thread::sleep(Duration::from_millis(50));
+    cache.publish();
     let mut seen = std::collections::BTreeSet::new();
     for r in 0..20 {
         seen.insert(appd::pick_accessed(&mut s, r).unwrap().unwrap());
@@ -524,6 +527,22 @@ fn pusher_refuses_a_bad_registration_and_forgets_a_dead_proxy() {
     let (h, _) = read_frame(&mut s, false).unwrap();
     assert_eq!(h.kind, Kind::Error);
     assert_eq!(w.pusher.proxies(), 0);
+    // A registration whose region length could not be a state region
+    // (here 4 GiB - 1: the pusher would allocate it for its Reads).
+    for len in [u32::MAX, 3] {
+        let mut s = TcpStream::connect(w.push_addr).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        let r = Registration {
+            rdma: None,
+            addr: 0,
+            rkey: 0,
+            len,
+        };
+        write_frame(&mut s, Header::new(Kind::Register, 0), &r.emit()).unwrap();
+        let (h, _) = read_frame(&mut s, false).unwrap();
+        assert_eq!(h.kind, Kind::Error, "len {len}");
+    }
+    assert_eq!(w.pusher.proxies(), 0);
     // A proxy that registers and then dies: the next push drops it, and
     // updates go on.
     let reg = Registration {
@@ -587,13 +606,16 @@ fn rdma_reads_of_the_state_region_during_publishes_are_consistent() {
                 }
             }
             c.publish();
+            // Far more often than ccproxy's 10 ms, but not back to back
+            // (a Read that overlaps every publish would be retried away).
+            std::thread::sleep(Duration::from_micros(200));
         }
         v
     });
     let mut r = RdmaStateReader::new(at, reg, T);
     let mut last = 0;
     for _ in 0..2000 {
-        let s = r.read().unwrap();
+        let s = r.read().expect("a consistent snapshot");
         assert_eq!(s.entries.len(), 48);
         let v = s.entries[0].version;
         assert!(
