@@ -120,7 +120,7 @@ keys = [("updates", lambda r: r["updates"]),
 med = {p: {k: statistics.median(f(r) for r in runs if r["policy"] == p) for k, f in keys} for p in pols}
 lines = [f"Zipf {zipf} over {docs} documents of 4 KiB, {rate} requests/s for {secs} s, "
          f"{urate} updates/s on random accessed documents, hybrid = top {hyb} % of the "
-         f"most-recently-accessed list, cache limit {cdocs if cdocs != '0' else 'none'} documents; "
+         f"most-recently-accessed list, {('cache limit ' + cdocs + ' documents') if cdocs != '0' else 'no cache limit'}; "
          f"counted after a {warm} s warm-up; "
          f"median of {reps} repetitions (one run per policy each); CPU: {cpu}.", "",
          "| | " + " | ".join(pols) + " |", "|---|" + "---|" * len(pols)]

@@ -18,6 +18,10 @@
 //! paths with a query string, are forwarded without caching or validation
 //! (`X-CC-Cache: bypass`).
 //!
+//! The cache is a [`CacheState`]: it may also be refreshed by pushes from
+//! the application module (adaptive push-pull, [`crate::push`]), and its
+//! counters are answered at [`STATS_PATH`].
+//!
 //! Version checks go through a small pool of checkers (one connection
 //! each), picked round-robin; a checker is busy for one check only.
 
@@ -25,12 +29,11 @@ use std::io::{BufReader, BufWriter};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-
-use crate::state::CacheState;
 use std::time::Duration;
 
 use crate::check::{CheckError, VersionCheck};
 use crate::http::{self, HttpError, Request, Response};
+use crate::state::CacheState;
 
 /// How documents are validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
