@@ -60,6 +60,12 @@ pub enum Kind {
     VersionRequest,
     /// Version thread → proxy (value: the version).
     VersionReply,
+    /// Update server → module: name a document some registered proxy has
+    /// accessed recently (value: a random number the module picks with).
+    PickAccessed,
+    /// Module → update server: that document (`doc`; value: how many
+    /// documents it picked from).
+    Picked,
     /// Module → client: the request was refused (value: an [`ErrorCode`]).
     Error,
     /// A code this version does not know.
@@ -78,6 +84,8 @@ impl From<u8> for Kind {
             7 => Kind::UpdateCommitted,
             8 => Kind::VersionRequest,
             9 => Kind::VersionReply,
+            10 => Kind::PickAccessed,
+            11 => Kind::Picked,
             15 => Kind::Error,
             other => Kind::Unknown(other),
         }
@@ -96,6 +104,8 @@ impl From<Kind> for u8 {
             Kind::UpdateCommitted => 7,
             Kind::VersionRequest => 8,
             Kind::VersionReply => 9,
+            Kind::PickAccessed => 10,
+            Kind::Picked => 11,
             Kind::Error => 15,
             Kind::Unknown(b) => b,
         }
@@ -115,6 +125,8 @@ impl Kind {
             Kind::UpdateCommitted => "UPDATE_COMMITTED",
             Kind::VersionRequest => "VERSION_REQUEST",
             Kind::VersionReply => "VERSION_REPLY",
+            Kind::PickAccessed => "PICK_ACCESSED",
+            Kind::Picked => "PICKED",
             Kind::Error => "ERROR",
             Kind::Unknown(_) => "UNKNOWN",
         }
@@ -410,6 +422,8 @@ mod tests {
             Kind::UpdateCommitted,
             Kind::VersionRequest,
             Kind::VersionReply,
+            Kind::PickAccessed,
+            Kind::Picked,
             Kind::Error,
         ] {
             let r = Repr::with_value(k, u32::MAX, u64::MAX);

@@ -21,9 +21,17 @@
 //! - [`slot`]: how one version is laid out in the region (value plus a
 //!   check word, so a torn read is detected) and the advertisement of the
 //!   region (address, rkey, slot count) carried in the MPA private data.
+//! - [`state`]: a proxy's cache state region (most-recently-accessed list
+//!   with access time, frequency, weight and cached version), published
+//!   with a generation in every part so a concurrent reader never takes a
+//!   torn entry; and the push / pull / hybrid [`state::Policy`].
+//! - [`push`]: the frames of the push channel (registration, pushed
+//!   documents and their acknowledgements, state requests).
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod ipc;
 pub mod mrsw;
+pub mod push;
 pub mod slot;
+pub mod state;

@@ -572,7 +572,11 @@ fn read_responses_of_memory_rewritten_in_flight_keep_a_good_crc() {
                 .unwrap();
         }
         p.run();
-        assert_eq!(term_sent(&p.a), None, "link {i}: the reader found a bad FPDU");
+        assert_eq!(
+            term_sent(&p.a),
+            None,
+            "link {i}: the reader found a bad FPDU"
+        );
         assert_eq!(term_received(&p.b), None, "link {i}");
         assert_eq!(p.a.wcs.len(), 4, "link {i}");
         assert!(
@@ -590,12 +594,21 @@ fn read_responses_of_memory_rewritten_in_flight_keep_a_good_crc() {
             let mut last = 0u8;
             for j in 0..len {
                 let g = got[k * len + j].wrapping_sub((j as u8).wrapping_mul(31));
-                assert!(g <= p.b.generation, "link {i}: byte {j} of read {k} from nowhere");
-                assert!(g >= last, "link {i}: read {k} went back in time at byte {j}");
+                assert!(
+                    g <= p.b.generation,
+                    "link {i}: byte {j} of read {k} from nowhere"
+                );
+                assert!(
+                    g >= last,
+                    "link {i}: read {k} went back in time at byte {j}"
+                );
                 last = g;
             }
         }
-        assert!(p.b.generation > 0, "link {i}: the region was never rewritten");
+        assert!(
+            p.b.generation > 0,
+            "link {i}: the region was never rewritten"
+        );
     }
 }
 

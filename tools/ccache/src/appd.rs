@@ -28,10 +28,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
 use ccache_proto::mrsw::{Action, ClientId, Mrsw};
-use iwarp::cm::{ConnParam, Listener};
-use iwarp::{CompletionQueue, ProtectionDomain, QpInitAttr, QpState, QueuePair};
+use iwarp::cm::Listener;
+use iwarp::{CompletionQueue, ProtectionDomain};
 
 use crate::msgio::{read_msg, write_msg, MsgError};
+use crate::push::Pusher;
 use crate::table::VersionTable;
 
 /// The document body at a version: the line `doc D version V` repeated
@@ -65,43 +66,7 @@ pub fn serve_rdma(
     table: Arc<VersionTable>,
 ) -> io::Result<()> {
     let advert = table.advert().emit().to_vec();
-    let mut qps: Vec<QueuePair> = Vec::new();
-    loop {
-        qps.retain(|qp| !matches!(qp.state(), QpState::Error | QpState::Closed));
-        let req = match listener.get_request(Some(Duration::from_secs(1))) {
-            Ok(r) => r,
-            Err(iwarp::cm::CmError::Timeout { .. }) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "RDMA connection request failed");
-                continue;
-            }
-        };
-        let peer = req.peer_addr();
-        let qp = match pd.create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 4,
-        }) {
-            Ok(qp) => qp,
-            Err(e) => {
-                tracing::warn!(error = %e, %peer, "cannot create a QP; rejecting");
-                let _ = req.reject(b"ccappd: no QP");
-                continue;
-            }
-        };
-        let param = ConnParam {
-            private_data: advert.clone(),
-            ..ConnParam::default()
-        };
-        match req.accept(&qp, &param) {
-            Ok(()) => {
-                tracing::info!(%peer, live = qps.len() + 1, "proxy connected for RDMA version reads");
-                qps.push(qp);
-            }
-            Err(e) => tracing::warn!(error = %e, %peer, "accepting a proxy failed"),
-        }
-    }
+    crate::push::accept_rdma(listener, pd, cq, advert, "version table")
 }
 
 /// The version thread(s): answer `VERSION_REQUEST`s over TCP. A
@@ -154,6 +119,7 @@ pub struct IpcState {
     core: Mutex<Core>,
     table: Arc<VersionTable>,
     next_id: AtomicU64,
+    pusher: Option<Arc<Pusher>>,
 }
 
 #[derive(Debug)]
@@ -172,6 +138,25 @@ impl IpcState {
             }),
             table,
             next_id: AtomicU64::new(1),
+            pusher: None,
+        }
+    }
+
+    /// Tell `pusher` about every committed update (it pushes the new
+    /// version to proxies), and let it answer `PICK_ACCESSED`.
+    pub fn with_pusher(mut self, pusher: Arc<Pusher>) -> IpcState {
+        self.pusher = Some(pusher);
+        self
+    }
+
+    /// `PICK_ACCESSED`: a document some registered proxy has accessed.
+    fn pick(&self, m: &Repr) -> Repr {
+        match self.pusher.as_ref().and_then(|p| p.pick_accessed(m.value)) {
+            Some((doc, n)) => Repr::with_value(Kind::Picked, doc, n as u64),
+            None => {
+                tracing::debug!("PICK_ACCESSED: no registered proxy has accessed a document");
+                error_msg(m.doc, ErrorCode::NoSuchDocument)
+            }
         }
     }
 
@@ -181,6 +166,9 @@ impl IpcState {
                 Action::Publish { doc, version } => {
                     self.table.publish(doc, version);
                     tracing::debug!(doc, version, "published");
+                    if let Some(p) = &self.pusher {
+                        p.notify(doc);
+                    }
                 }
                 Action::Send { to, msg } => {
                     if let Some(s) = core.clients.get_mut(&to) {
@@ -218,6 +206,15 @@ impl IpcState {
         }
         loop {
             match read_msg(&mut s) {
+                Ok(m) if m.kind == Kind::PickAccessed => {
+                    // Not a Table 1 message: answered without the lock (it
+                    // reads the proxies' states).
+                    let reply = self.pick(&m);
+                    let _core = self.lock(); // replies to one client are sent under the lock
+                    if write_msg(&mut s, &reply).is_err() {
+                        break;
+                    }
+                }
                 Ok(m) => {
                     let mut core = self.lock();
                     match core.mrsw.handle(id, m) {
@@ -289,6 +286,20 @@ pub struct UpdaterCfg {
     pub timeout: Duration,
     /// Stop after this many updates (`None`: run until an error).
     pub count: Option<u64>,
+    /// Which document each update picks.
+    pub select: Select,
+}
+
+/// How the update server picks a document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Select {
+    /// Uniformly among all documents.
+    Uniform,
+    /// Uniformly among the documents registered proxies have accessed
+    /// recently (the seed's "a random accessed document"), asked of ccappd
+    /// with `PICK_ACCESSED`. While none has been accessed, the tick passes
+    /// without an update.
+    Accessed,
 }
 
 fn now_ns() -> u128 {
@@ -332,6 +343,21 @@ pub fn log_initial(log: &Path, docs: u32, version: u64) -> io::Result<()> {
         s.push_str(&format!("{t} {d} {version}\n"));
     }
     f.write_all(s.as_bytes())
+}
+
+/// Ask ccappd for a recently accessed document (`PICK_ACCESSED`).
+pub fn pick_accessed(s: &mut UnixStream, rnd: u64) -> io::Result<Option<u32>> {
+    write_msg(s, &Repr::with_value(Kind::PickAccessed, 0, rnd))?;
+    match read_msg(s) {
+        Ok(m) if m.kind == Kind::Picked => Ok(Some(m.doc)),
+        Ok(m) if m.kind == Kind::Error && ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {
+            Ok(None)
+        }
+        Ok(m) => Err(io::Error::other(format!(
+            "ccappd answered {m} to PICK_ACCESSED (is it run with --push-listen?)"
+        ))),
+        Err(e) => Err(io::Error::other(format!("waiting for PICKED: {e}"))),
+    }
 }
 
 /// One update of `doc` through the IPC: returns the new version.
@@ -387,7 +413,24 @@ pub fn run_updater(cfg: UpdaterCfg) -> io::Result<()> {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let doc = (x % u64::from(cfg.docs.max(1))) as u32;
+        let doc = match cfg.select {
+            Select::Uniform => (x % u64::from(cfg.docs.max(1))) as u32,
+            Select::Accessed => match pick_accessed(&mut s, x)? {
+                Some(d) if d < cfg.docs => d,
+                Some(d) => {
+                    tracing::warn!(
+                        doc = d,
+                        docs = cfg.docs,
+                        "picked document outside --docs; skipped"
+                    );
+                    continue;
+                }
+                None => {
+                    tracing::debug!("no accessed document yet; this tick has no update");
+                    continue;
+                }
+            },
+        };
         let v = update_once(&mut s, &cfg, doc)?;
         let t = now_ns();
         tracing::debug!(doc, version = v, "update committed");

@@ -18,10 +18,13 @@
 //! paths with a query string, are forwarded without caching or validation
 //! (`X-CC-Cache: bypass`).
 //!
+//! The cache is a [`CacheState`]: it may also be refreshed by pushes from
+//! the application module (adaptive push-pull, [`crate::push`]), and its
+//! counters are answered at [`STATS_PATH`].
+//!
 //! Version checks go through a small pool of checkers (one connection
 //! each), picked round-robin; a checker is busy for one check only.
 
-use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +33,7 @@ use std::time::Duration;
 
 use crate::check::{CheckError, VersionCheck};
 use crate::http::{self, HttpError, Request, Response};
+use crate::state::CacheState;
 
 /// How documents are validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,12 +61,9 @@ pub struct ProxyCfg {
     pub idle: Duration,
 }
 
-#[derive(Debug)]
-struct Cached {
-    version: u64,
-    content_type: Option<String>,
-    body: Arc<Vec<u8>>,
-}
+/// The path at which the proxy answers its cache counters as JSON
+/// (hits, misses, pushes, wasted updates: [`CacheState::stats_json`]).
+pub const STATS_PATH: &str = "/_ccproxy/stats";
 
 /// The document number of a request target: `PREFIX` then a number in
 /// canonical decimal (digits only, no leading zero, below 2^32), nothing
@@ -81,7 +82,7 @@ pub fn doc_number(target: &str, prefix: &str) -> Option<u32> {
 /// The proxy's shared state.
 pub struct Proxy {
     cfg: ProxyCfg,
-    cache: Mutex<HashMap<u32, Cached>>,
+    cache: Arc<CacheState>,
     checkers: Vec<Mutex<Box<dyn VersionCheck>>>,
     next: AtomicUsize,
 }
@@ -112,9 +113,19 @@ fn error_answer(status: u16, why: String) -> Answer {
 impl Proxy {
     /// A proxy with these checkers (empty for mode `none`).
     pub fn new(cfg: ProxyCfg, checkers: Vec<Box<dyn VersionCheck>>) -> Proxy {
+        Proxy::with_cache(cfg, checkers, Arc::new(CacheState::new(0, 1024)))
+    }
+
+    /// A proxy over this cache (shared with the push agent and the state
+    /// publisher; see [`crate::state`]).
+    pub fn with_cache(
+        cfg: ProxyCfg,
+        checkers: Vec<Box<dyn VersionCheck>>,
+        cache: Arc<CacheState>,
+    ) -> Proxy {
         Proxy {
             cfg,
-            cache: Mutex::new(HashMap::new()),
+            cache,
             checkers: checkers.into_iter().map(Mutex::new).collect(),
             next: AtomicUsize::new(0),
         }
@@ -174,13 +185,7 @@ impl Proxy {
                 return error_answer(502, format!("cannot validate document {doc}: {e}"));
             }
         };
-        let hit = {
-            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache
-                .get(&doc)
-                .filter(|c| c.version == v)
-                .map(|c| (c.body.clone(), c.content_type.clone()))
-        };
+        let hit = self.cache.lookup(doc, v);
         if let Some((body, ct)) = hit {
             let mut headers = vec![
                 ("X-CC-Version", v.to_string()),
@@ -237,20 +242,7 @@ impl Proxy {
         }
         let ct = r.header("content-type").map(str::to_string);
         let body = Arc::new(r.body);
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            let newer = cache.get(&doc).is_none_or(|c| c.version < w);
-            if newer {
-                cache.insert(
-                    doc,
-                    Cached {
-                        version: w,
-                        content_type: ct.clone(),
-                        body: body.clone(),
-                    },
-                );
-            }
-        }
+        self.cache.store_fetched(doc, w, ct.clone(), body.clone());
         let mut headers = vec![
             ("X-CC-Version", w.to_string()),
             ("X-CC-Cache", "miss".into()),
@@ -271,6 +263,13 @@ impl Proxy {
                 501,
                 format!("method {} is not proxied (GET and HEAD only)", req.method),
             );
+        }
+        if req.target == STATS_PATH {
+            return Answer {
+                status: 200,
+                headers: vec![("Content-Type", "application/json".into())],
+                body: Arc::new(format!("{}\n", self.cache.stats_json()).into_bytes()),
+            };
         }
         match self.doc_of(&req.target) {
             Some(doc) => self.answer_doc(doc, &req.target),

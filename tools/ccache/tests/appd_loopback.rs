@@ -236,6 +236,7 @@ fn update_thread_rewrites_files_and_bumps_versions() {
         log: None,
         timeout: T,
         count: None,
+        select: ccache::appd::Select::Uniform,
     };
     let mut s = ipc(&a);
     assert_eq!(appd::update_once(&mut s, &cfg, 2).unwrap(), 2);

@@ -112,6 +112,7 @@ fn start(tag: &str) -> World {
         log: None,
         timeout: T,
         count: None,
+        select: ccache::appd::Select::Uniform,
     };
     std::thread::spawn(move || appd::run_updater(cfg));
     World {

@@ -11,8 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccache::appd::{self, IpcState, UpdaterCfg};
+use ccache::push::{PushCfg, Pusher, StateRead};
 use ccache::table::VersionTable;
-use clap::Parser;
+use ccache_proto::state::Policy as PushPolicy;
+use clap::{Parser, ValueEnum};
 use iwarp::cm::{Listener, MpaConfig, Policy};
 use iwarp::Context;
 
@@ -21,8 +23,12 @@ use iwarp::Context;
 /// version requests, serves the Table 1 read/update IPC to the application
 /// server, and optionally runs the update thread.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
+    /// Read settings from FILE first: lines `key = value`, keys are the
+    /// long flags (e.g. `push-policy = hybrid`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Number of documents (version slots); documents are 0..DOCS.
     #[arg(long, default_value_t = 64)]
     docs: u32,
@@ -70,11 +76,64 @@ struct Args {
     /// busy application server (the seed's "compute threads").
     #[arg(long, default_value_t = 0)]
     compute_threads: usize,
+    /// TCP listen address where proxies register for pushes (and through
+    /// which the update thread learns which documents are accessed).
+    /// Needs --docroot.
+    #[arg(long, requires = "docroot")]
+    push_listen: Option<SocketAddr>,
+    /// When to push an updated document to registered proxies.
+    #[arg(long, value_enum, default_value = "pull")]
+    push_policy: PolicyArg,
+    /// Hybrid: push only if the document is in the top PERCENT of the
+    /// proxy's most-recently-accessed list.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=100))]
+    hybrid_percent: u8,
+    /// How proxies' cache states are read.
+    #[arg(long, value_enum, default_value = "rdma")]
+    state_read: StateReadArg,
+    /// Which document the update thread updates.
+    #[arg(long, value_enum, default_value = "uniform")]
+    update_select: SelectArg,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PolicyArg {
+    /// Never push: proxies fetch on a miss or a stale copy.
+    Pull,
+    /// Push to every proxy that has the document cached.
+    Push,
+    /// Push only to proxies where it is in the top --hybrid-percent of the
+    /// recently accessed.
+    Hybrid,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StateReadArg {
+    /// RDMA Read of the proxy's state region (if it registered an iWARP
+    /// listener; else, or if the Read fails, over the push channel).
+    Rdma,
+    /// Always ask over the push channel.
+    Tcp,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SelectArg {
+    /// Any document, uniformly.
+    Uniform,
+    /// A random document that a registered proxy accessed recently (the
+    /// seed's update server); needs --push-listen.
+    Accessed,
 }
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = Args::parse();
+    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+        Ok(args) => Args::parse_from(args),
+        Err(e) => {
+            eprintln!("ccappd: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -158,7 +217,37 @@ fn run(a: Args) -> Result<(), String> {
     for _ in 0..a.compute_threads {
         std::thread::spawn(appd::compute_loop);
     }
-    let state = Arc::new(IpcState::new(table.clone(), initial));
+    let mut state = IpcState::new(table.clone(), initial);
+    if let Some(addr) = a.push_listen {
+        let pl = TcpListener::bind(addr)
+            .map_err(|e| format!("--push-listen {addr}: {e} (port in use? pick another)"))?;
+        let policy = match a.push_policy {
+            PolicyArg::Pull => PushPolicy::Pull,
+            PolicyArg::Push => PushPolicy::Push,
+            PolicyArg::Hybrid => PushPolicy::Hybrid {
+                percent: a.hybrid_percent,
+            },
+        };
+        let pusher = Arc::new(Pusher::new(PushCfg {
+            policy,
+            ipc: a.ipc.clone(),
+            docroot: a.docroot.clone().expect("clap requires --docroot"),
+            state_read: match a.state_read {
+                StateReadArg::Rdma => StateRead::Rdma,
+                StateReadArg::Tcp => StateRead::Tcp,
+            },
+            timeout: Duration::from_secs(5),
+        }));
+        tracing::info!(listen = %addr, %policy, "push listener ready");
+        let p = pusher.clone();
+        std::thread::spawn(move || p.serve_registrations(pl));
+        let p = pusher.clone();
+        std::thread::spawn(move || p.run());
+        state = state.with_pusher(pusher);
+    } else if matches!(a.update_select, SelectArg::Accessed) {
+        return Err("--update-select accessed needs --push-listen (proxies register there, and their states say what was accessed)".into());
+    }
+    let state = Arc::new(state);
     let t2 = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t2, idle));
     std::thread::spawn(move || appd::serve_ipc(il, state, idle));
@@ -173,6 +262,10 @@ fn run(a: Args) -> Result<(), String> {
             log: a.update_log.clone(),
             timeout: Duration::from_secs(10),
             count: None,
+            select: match a.update_select {
+                SelectArg::Uniform => appd::Select::Uniform,
+                SelectArg::Accessed => appd::Select::Accessed,
+            },
         };
         std::thread::spawn(move || {
             if let Err(e) = appd::run_updater(cfg) {

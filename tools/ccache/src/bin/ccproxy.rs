@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use ccache::check::{RdmaCheck, TcpCheck, VersionCheck};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
+use ccache::push;
+use ccache::state::CacheState;
+use ccache_proto::push::Registration;
 use clap::{Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -35,8 +38,12 @@ enum WaitArg {
 /// request for a document (PREFIX<n>) is validated at the application
 /// module before it is answered from cache; responses carry X-CC-Version.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
+    /// Read settings from FILE first: lines `key = value`, keys are the
+    /// long flags (e.g. `mode = tcp`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// Listen address for clients.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
@@ -74,11 +81,36 @@ struct Args {
     /// Most client connections served at once.
     #[arg(long, default_value_t = 256)]
     max_conns: usize,
+    /// Most documents cached; the least recently accessed is evicted
+    /// (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    cache_docs: usize,
+    /// Register for pushes with ccappd's --push-listen at this address
+    /// (adaptive push-pull; see docs/CACHE.md).
+    #[arg(long)]
+    push_appd: Option<SocketAddr>,
+    /// iWARP listen address from which ccappd RDMA-Reads this proxy's
+    /// cache state region (default: none; ccappd then asks over the push
+    /// channel).
+    #[arg(long, requires = "push_appd")]
+    state_rdma_listen: Option<SocketAddr>,
+    /// Entries of the most-recently-accessed list in the state region.
+    #[arg(long, default_value_t = 1024)]
+    state_entries: u32,
+    /// Publish the cache state this often, milliseconds.
+    #[arg(long, default_value_t = 10)]
+    state_interval_ms: u64,
 }
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = Args::parse();
+    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+        Ok(args) => Args::parse_from(args),
+        Err(e) => {
+            eprintln!("ccproxy: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let t = Duration::from_millis(a.check_timeout_ms.max(1));
     let n = a.check_conns.max(1);
     let (mode, checkers): (Mode, Vec<Box<dyn VersionCheck>>) = match a.mode {
@@ -115,6 +147,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let cache = Arc::new(CacheState::new(a.cache_docs, a.state_entries));
+    cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
+    if let Some(appd) = a.push_appd {
+        match push_setup(&cache, a.state_rdma_listen) {
+            Ok(reg) => {
+                let c = cache.clone();
+                std::thread::spawn(move || {
+                    push::run_agent(appd, reg, c, Duration::from_secs(5), Duration::from_secs(1))
+                });
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let cfg = ProxyCfg {
         backend: a.backend,
         prefix: a.prefix,
@@ -125,8 +173,51 @@ fn main() -> ExitCode {
     tracing::info!(listen = %a.listen, backend = %a.backend, mode = ?a.mode, "ccproxy ready");
     proxy::serve(
         listener,
-        Arc::new(Proxy::new(cfg, checkers)),
+        Arc::new(Proxy::with_cache(cfg, checkers, cache)),
         a.max_conns.max(1),
     );
     ExitCode::FAILURE
+}
+
+/// Register the state region (and, with `rdma`, listen for ccappd's RDMA
+/// Reads of it); the registration to send.
+fn push_setup(cache: &Arc<CacheState>, rdma: Option<SocketAddr>) -> Result<Registration, String> {
+    let len = cache.region_len();
+    let Some(addr) = rdma else {
+        return Ok(Registration {
+            rdma: None,
+            addr: 0,
+            rkey: 0,
+            len: len as u32,
+        });
+    };
+    let ctx = iwarp::Context::open().map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(16).map_err(|e| e.to_string())?;
+    let mr = pd
+        .reg_mr(len, iwarp::Access::LOCAL_WRITE | iwarp::Access::REMOTE_READ)
+        .map_err(|e| format!("registering the cache state region: {e}"))?;
+    let reg = Registration {
+        rdma: Some(addr),
+        addr: mr.addr(),
+        rkey: mr.rkey(),
+        len: len as u32,
+    };
+    cache.attach_region(mr);
+    // CRC off: the region changes while a Read Response may carry it
+    // (docs/CACHE.md); the region's check words cover it.
+    let mpa = iwarp::cm::MpaConfig {
+        crc: iwarp::cm::Policy::Off,
+        ..iwarp::cm::MpaConfig::default()
+    };
+    let l = iwarp::cm::Listener::bind(addr, mpa)
+        .map_err(|e| format!("--state-rdma-listen {addr}: {e}"))?;
+    tracing::info!(listen = %l.local_addr(), len, "cache state region readable by RDMA");
+    std::thread::spawn(move || {
+        let _ctx = ctx;
+        if let Err(e) = push::accept_rdma(l, pd, cq, Vec::new(), "cache state") {
+            tracing::error!("state region listener stopped: {e}");
+        }
+    });
+    Ok(reg)
 }

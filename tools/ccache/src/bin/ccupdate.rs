@@ -6,7 +6,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use ccache::appd::{self, UpdaterCfg};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SelectArg {
+    /// Any document 0..DOCS, uniformly.
+    Uniform,
+    /// A random document a registered proxy accessed recently.
+    Accessed,
+}
 
 /// Update server (issue 13): at a set rate, picks a document, takes it from
 /// ccappd with UPDATE_REQUEST (waiting until its readers are done),
@@ -15,8 +23,18 @@ use clap::Parser;
 /// <version>`. Same as ccappd's built-in update thread (--update-rate),
 /// but runnable on its own and stoppable after --count updates.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_override_self = true)]
 struct Args {
+    /// Read settings from FILE first: lines `key = value`, keys are the
+    /// long flags (e.g. `rate = 2`); the command line wins.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Which document each update picks: `accessed` asks ccappd
+    /// (PICK_ACCESSED) for a random document that a registered proxy has
+    /// accessed recently (the seed: a random accessed document every
+    /// second; ccappd needs --push-listen); `uniform` picks any.
+    #[arg(long, value_enum, default_value = "uniform")]
+    select: SelectArg,
     /// ccappd's IPC socket (its --ipc).
     #[arg(long, default_value = "/tmp/ccappd.sock")]
     ipc: PathBuf,
@@ -48,7 +66,13 @@ struct Args {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = Args::parse();
+    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+        Ok(args) => Args::parse_from(args),
+        Err(e) => {
+            eprintln!("ccupdate: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if a.docs == 0 || a.rate <= 0.0 {
         tracing::error!("--docs and --rate must be positive");
         return ExitCode::FAILURE;
@@ -63,6 +87,10 @@ fn main() -> ExitCode {
         log: a.log,
         timeout: Duration::from_millis(a.timeout_ms.max(1)),
         count: a.count,
+        select: match a.select {
+            SelectArg::Uniform => appd::Select::Uniform,
+            SelectArg::Accessed => appd::Select::Accessed,
+        },
     };
     match appd::run_updater(cfg) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,762 @@
+//! Adaptive push-pull: the push channel's two ends.
+//!
+//! - Proxy side, [`run_agent`]: registers the proxy's cache state region
+//!   with ccappd's push listener and keeps the connection; answers `PUSH`
+//!   (store the document if it is cached at an older version; see
+//!   [`CacheState::store_pushed`]) and `STATE_REQUEST`. Reconnects and
+//!   registers again when the connection ends (ccappd restarted). A frame
+//!   cut short (ccappd killed mid-push) stores nothing.
+//! - Module side, [`Pusher`]: accepts registrations; after each committed
+//!   update it reads the document **under the Table 1 read protocol** (its
+//!   own IPC client: `READ_REQUEST` → `READ_PROCEED(v)` → read the file →
+//!   `READ_DONE`), so the body is exactly version `v`; then for each
+//!   registered proxy it reads the proxy's state (one RDMA Read of the
+//!   region, or `STATE_REQUEST` on the channel), asks the [`Policy`] and
+//!   pushes `(doc, v, body)` where it says so. Pushes run on a thread of
+//!   their own, after the update committed: the updater never waits for a
+//!   proxy. Updates of the same document that pile up while a push runs
+//!   are pushed once, at the newest version.
+//! - [`accept_rdma`]: the iWARP accept loop both sides use (ccappd for its
+//!   version table, ccproxy for its state region).
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use ccache_proto::ipc::{Kind as IpcKind, Repr};
+use ccache_proto::push::{Header, Kind, PushError, PushStatus, Registration, HEADER_LEN};
+use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
+use iwarp::cm::{self, ConnParam, Listener, MpaConfig, Policy as CrcPolicy};
+use iwarp::{
+    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpState,
+    QueuePair, SendWr, SgList, WcStatus, WrOpcode,
+};
+
+use crate::appd::doc_path;
+use crate::msgio::{read_msg, write_msg};
+use crate::state::CacheState;
+
+/// Accept iWARP connections until the listener fails, replying with
+/// `private_data`; each gets a QP on `pd` (with `max_send_wr` 4: enough to
+/// answer Reads). Dead QPs are dropped as new ones arrive.
+pub fn accept_rdma(
+    listener: Listener,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    private_data: Vec<u8>,
+    what: &'static str,
+) -> io::Result<()> {
+    let mut qps: Vec<QueuePair> = Vec::new();
+    loop {
+        qps.retain(|qp| !matches!(qp.state(), QpState::Error | QpState::Closed));
+        let req = match listener.get_request(Some(Duration::from_secs(1))) {
+            Ok(r) => r,
+            Err(iwarp::cm::CmError::Timeout { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, what, "RDMA connection request failed");
+                continue;
+            }
+        };
+        let peer = req.peer_addr();
+        let qp = match pd.create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        }) {
+            Ok(qp) => qp,
+            Err(e) => {
+                tracing::warn!(error = %e, %peer, what, "cannot create a QP; rejecting");
+                let _ = req.reject(b"no QP");
+                continue;
+            }
+        };
+        let param = ConnParam {
+            private_data: private_data.clone(),
+            ..ConnParam::default()
+        };
+        match req.accept(&qp, &param) {
+            Ok(()) => {
+                tracing::info!(%peer, live = qps.len() + 1, what, "RDMA reader connected");
+                qps.push(qp);
+            }
+            Err(e) => tracing::warn!(error = %e, %peer, what, "accepting an RDMA reader failed"),
+        }
+    }
+}
+
+/// A frame could not be read.
+#[derive(Debug)]
+pub enum FrameError {
+    /// Clean close between frames.
+    Closed,
+    /// Socket error or timeout (mid-frame, or waiting for a reply).
+    Io(io::Error),
+    /// Not a valid frame.
+    Malformed(PushError),
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::Closed => f.write_str("the peer closed the push channel"),
+            FrameError::Io(e) => write!(f, "push channel: {e}"),
+            FrameError::Malformed(e) => write!(f, "push channel: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8], idle_ok: bool) -> Result<(), FrameError> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 && idle_ok => return Err(FrameError::Closed),
+            Ok(0) => {
+                return Err(FrameError::Malformed(PushError::Truncated {
+                    len: got,
+                    need: buf.len(),
+                }))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if idle_ok
+                    && got == 0
+                    && matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+            {
+                // Idle between frames: keep waiting (the socket's timeout
+                // bounds each wait inside a frame).
+            }
+            Err(e) => return Err(FrameError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Read one frame. With `idle_ok`, waiting for its first byte is unbounded
+/// (the caller is a server between requests); the rest of the frame is
+/// bounded by the socket's read timeout.
+pub fn read_frame(r: &mut impl Read, idle_ok: bool) -> Result<(Header, Vec<u8>), FrameError> {
+    let mut h = [0u8; HEADER_LEN];
+    read_full(r, &mut h, idle_ok)?;
+    let h = Header::parse(&h).map_err(FrameError::Malformed)?;
+    let mut body = vec![0u8; h.body_len as usize];
+    read_full(r, &mut body, false)?;
+    Ok((h, body))
+}
+
+/// Write one frame.
+pub fn write_frame(w: &mut impl Write, mut h: Header, body: &[u8]) -> io::Result<()> {
+    h.body_len = u32::try_from(body.len()).map_err(|_| io::Error::other("frame body too long"))?;
+    let mut b = Vec::with_capacity(HEADER_LEN + body.len());
+    b.extend_from_slice(&h.emit());
+    b.extend_from_slice(body);
+    w.write_all(&b)
+}
+
+fn error_frame(status: PushStatus) -> Header {
+    Header {
+        status: status.into(),
+        ..Header::new(Kind::Error, 0)
+    }
+}
+
+/// Serve one registered push channel (proxy side) until it ends.
+/// `Ok(())` is a clean close by ccappd.
+pub fn serve_channel(s: &mut TcpStream, state: &CacheState) -> Result<(), FrameError> {
+    loop {
+        let (h, body) = match read_frame(s, true) {
+            Ok(f) => f,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(FrameError::Malformed(e)) => {
+                tracing::warn!(error = %e, "malformed push frame; closing the channel");
+                let _ = write_frame(s, error_frame(PushStatus::Malformed), &[]);
+                return Err(FrameError::Malformed(e));
+            }
+            Err(e) => return Err(e),
+        };
+        match h.kind {
+            Kind::Push => {
+                let status = state.store_pushed(h.doc, h.version, body);
+                tracing::debug!(doc = h.doc, version = h.version, ?status, "push");
+                let ack = Header {
+                    version: h.version,
+                    status: status.into(),
+                    ..Header::new(Kind::PushAck, h.doc)
+                };
+                write_frame(s, ack, &[]).map_err(FrameError::Io)?;
+            }
+            Kind::StateRequest => {
+                let b = state.region_bytes();
+                write_frame(s, Header::new(Kind::StateReply, 0), &b).map_err(FrameError::Io)?;
+            }
+            k => {
+                tracing::warn!(kind = ?k, "unexpected frame on the push channel; closing");
+                let _ = write_frame(s, error_frame(PushStatus::Malformed), &[]);
+                return Err(FrameError::Malformed(PushError::UnknownKind(0)));
+            }
+        }
+    }
+}
+
+/// Register with ccappd's push listener at `appd` and serve pushes, for
+/// ever: when the channel ends, register again (every `retry`). Each
+/// connect and each wait inside a frame is bounded by `timeout`.
+pub fn run_agent(
+    appd: SocketAddr,
+    reg: Registration,
+    state: Arc<CacheState>,
+    timeout: Duration,
+    retry: Duration,
+) {
+    let mut warned = false;
+    loop {
+        match register(appd, &reg, timeout) {
+            Ok(mut s) => {
+                warned = false;
+                tracing::info!(%appd, "registered for pushes");
+                match serve_channel(&mut s, &state) {
+                    Ok(()) => tracing::info!(%appd, "push channel closed by ccappd"),
+                    Err(e) => tracing::warn!(%appd, error = %e, "push channel ended"),
+                }
+            }
+            Err(e) if !warned => {
+                tracing::warn!(%appd, error = %e, "cannot register for pushes (retrying; is ccappd --push-listen up?)");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+        std::thread::sleep(retry);
+    }
+}
+
+/// Connect and register; returns the channel.
+pub fn register(appd: SocketAddr, reg: &Registration, timeout: Duration) -> io::Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&appd, timeout)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write_frame(&mut s, Header::new(Kind::Register, 0), &reg.emit())?;
+    match read_frame(&mut s, false) {
+        Ok((h, _)) if h.kind == Kind::Registered => Ok(s),
+        Ok((h, _)) => Err(io::Error::other(format!(
+            "ccappd answered {:?} (status {}) to REGISTER",
+            h.kind, h.status
+        ))),
+        Err(e) => Err(io::Error::other(e.to_string())),
+    }
+}
+
+/// How ccappd reads a proxy's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateRead {
+    /// One RDMA Read of the region (if the proxy registered an iWARP
+    /// listener; otherwise, or if it fails, a `STATE_REQUEST`).
+    Rdma,
+    /// Always a `STATE_REQUEST` on the push channel.
+    Tcp,
+}
+
+/// ccappd's push settings.
+#[derive(Debug, Clone)]
+pub struct PushCfg {
+    /// The policy.
+    pub policy: Policy,
+    /// ccappd's own IPC socket (the pusher reads documents through it).
+    pub ipc: PathBuf,
+    /// The documents' files.
+    pub docroot: PathBuf,
+    /// How proxies' states are read.
+    pub state_read: StateRead,
+    /// Bound on every step (connect, Read, reply).
+    pub timeout: Duration,
+}
+
+/// ccappd's push counters.
+#[derive(Debug, Default)]
+pub struct PushStats {
+    /// Committed updates considered.
+    pub updates: AtomicU64,
+    /// Pushes sent.
+    pub sent: AtomicU64,
+    /// ... acknowledged as stored.
+    pub stored: AtomicU64,
+    /// ... ignored by the proxy (not newer or not cached).
+    pub ignored: AtomicU64,
+    /// Decisions not to push: not cached, up to date, or cold (hybrid).
+    pub skipped: AtomicU64,
+    /// State reads by RDMA Read.
+    pub state_rdma: AtomicU64,
+    /// State reads by `STATE_REQUEST`.
+    pub state_tcp: AtomicU64,
+    /// Proxies dropped after an error.
+    pub dropped: AtomicU64,
+}
+
+struct RdmaState {
+    _ctx: Context,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    buf: MemoryRegion,
+    next: u64,
+}
+
+impl Drop for RdmaState {
+    fn drop(&mut self) {
+        self.qp.disconnect();
+    }
+}
+
+/// One RDMA Read of a proxy's region: connect once, read, retry a torn
+/// copy (at most 16 times).
+fn rdma_connect(addr: SocketAddr, len: usize, timeout: Duration) -> Result<RdmaState, String> {
+    let ctx = Context::open().map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8).map_err(|e| e.to_string())?;
+    cq.set_progress(iwarp::ProgressMode::Threaded {
+        spin: Duration::ZERO,
+    })
+    .map_err(|e| e.to_string())?;
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 1,
+        })
+        .map_err(|e| e.to_string())?;
+    let buf = pd
+        .reg_mr(len.max(1), Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    // CRC off: the proxy rewrites the region while it may be sent (the
+    // same reason as for version slots, docs/CACHE.md).
+    let param = ConnParam {
+        mpa: MpaConfig {
+            crc: CrcPolicy::Off,
+            ..MpaConfig::default()
+        },
+        timeout,
+        ..ConnParam::default()
+    };
+    cm::connect(&qp, addr, &param).map_err(|e| e.to_string())?;
+    Ok(RdmaState {
+        _ctx: ctx,
+        cq,
+        qp,
+        buf,
+        next: 1,
+    })
+}
+
+fn rdma_read_state(
+    c: &mut RdmaState,
+    reg: &Registration,
+    timeout: Duration,
+) -> Result<Snapshot, String> {
+    let len = reg.len as usize;
+    let mut last = String::new();
+    for _ in 0..16 {
+        let wr_id = c.next;
+        c.next += 1;
+        c.qp.post_send(&SendWr {
+            wr_id,
+            opcode: WrOpcode::RdmaRead {
+                remote_addr: reg.addr,
+                rkey: reg.rkey,
+            },
+            sgl: SgList::single(c.buf.sge(0, len)),
+            signaled: true,
+            solicited: false,
+        })
+        .map_err(|e| format!("posting the RDMA Read of the state region: {e:?}"))?;
+        let wc =
+            c.cq.wait_one(timeout)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no RDMA Read completion within {timeout:?}"))?;
+        if wc.wr_id != wr_id || wc.status != WcStatus::Success {
+            return Err(format!(
+                "RDMA Read of the state region completed with {} (wr {})",
+                wc.status.as_str(),
+                wc.wr_id
+            ));
+        }
+        let mut b = vec![0u8; len];
+        c.buf.read_at(0, &mut b);
+        match Snapshot::parse(&b) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.is_transient() => last = e.to_string(),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("every read of the state region was torn: {last}"))
+}
+
+/// Reads one proxy's state region by RDMA Read, connecting on first use
+/// and again after a failure.
+pub struct RdmaStateReader {
+    addr: SocketAddr,
+    reg: Registration,
+    timeout: Duration,
+    conn: Option<RdmaState>,
+}
+
+impl std::fmt::Debug for RdmaStateReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaStateReader")
+            .field("addr", &self.addr)
+            .field("connected", &self.conn.is_some())
+            .finish()
+    }
+}
+
+impl RdmaStateReader {
+    /// A reader of the region `reg` behind the iWARP listener `addr`.
+    pub fn new(addr: SocketAddr, reg: Registration, timeout: Duration) -> RdmaStateReader {
+        RdmaStateReader {
+            addr,
+            reg,
+            timeout,
+            conn: None,
+        }
+    }
+
+    /// One consistent snapshot (torn copies are read again, at most 16
+    /// times).
+    pub fn read(&mut self) -> Result<Snapshot, String> {
+        if self
+            .conn
+            .as_ref()
+            .is_none_or(|c| c.qp.state() != QpState::Rts)
+        {
+            self.conn = None;
+            self.conn = Some(rdma_connect(
+                self.addr,
+                self.reg.len as usize,
+                self.timeout,
+            )?);
+        }
+        let c = self.conn.as_mut().expect("connected above");
+        let r = rdma_read_state(c, &self.reg, self.timeout);
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+}
+
+struct Link {
+    id: u64,
+    peer: SocketAddr,
+    reg: Registration,
+    chan: Mutex<TcpStream>,
+    rdma: Mutex<Option<RdmaStateReader>>,
+}
+
+/// The module's side: registrations, state reads, pushes.
+pub struct Pusher {
+    cfg: PushCfg,
+    links: Mutex<Vec<Arc<Link>>>,
+    pending: Mutex<BTreeSet<u32>>,
+    wake: Condvar,
+    next_id: AtomicU64,
+    /// Counters.
+    pub stats: PushStats,
+}
+
+impl std::fmt::Debug for Pusher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pusher")
+            .field("policy", &self.cfg.policy)
+            .field("proxies", &self.proxies())
+            .finish()
+    }
+}
+
+impl Pusher {
+    /// A pusher with this configuration and no proxies.
+    pub fn new(cfg: PushCfg) -> Pusher {
+        Pusher {
+            cfg,
+            links: Mutex::new(Vec::new()),
+            pending: Mutex::new(BTreeSet::new()),
+            wake: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            stats: PushStats::default(),
+        }
+    }
+
+    /// Registered proxies.
+    pub fn proxies(&self) -> usize {
+        self.links.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> Policy {
+        self.cfg.policy
+    }
+
+    /// Accept registrations on `listener`, for ever.
+    pub fn serve_registrations(self: &Arc<Self>, listener: TcpListener) {
+        for conn in listener.incoming() {
+            let s = match conn {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "push listener accept failed");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            if let Err(e) = self.accept_one(s) {
+                tracing::warn!(error = %e, "refused a push registration");
+            }
+        }
+    }
+
+    fn accept_one(&self, mut s: TcpStream) -> Result<(), String> {
+        let peer = s.peer_addr().map_err(|e| e.to_string())?;
+        let t = Some(self.cfg.timeout);
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        s.set_read_timeout(t).map_err(|e| e.to_string())?;
+        s.set_write_timeout(t).map_err(|e| e.to_string())?;
+        let (h, body) = read_frame(&mut s, false).map_err(|e| format!("{peer}: {e}"))?;
+        let max = ccache_proto::state::region_len(ccache_proto::state::MAX_CAPACITY);
+        let reg = match (h.kind, Registration::parse(&body)) {
+            (Kind::Register, Ok(r))
+                if (ccache_proto::state::HEADER_LEN..=max).contains(&(r.len as usize)) =>
+            {
+                r
+            }
+            (Kind::Register, Ok(r)) => {
+                let _ = write_frame(&mut s, error_frame(PushStatus::Malformed), &[]);
+                return Err(format!(
+                    "{peer}: state region of {} bytes registered; a region is {} to {max} bytes",
+                    r.len,
+                    ccache_proto::state::HEADER_LEN
+                ));
+            }
+            (k, r) => {
+                let _ = write_frame(&mut s, error_frame(PushStatus::Malformed), &[]);
+                return Err(format!(
+                    "{peer}: expected REGISTER with a 40-byte registration, got {k:?} ({})",
+                    r.err().map_or("kind".to_string(), |e| e.to_string())
+                ));
+            }
+        };
+        write_frame(&mut s, Header::new(Kind::Registered, 0), &[]).map_err(|e| e.to_string())?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(proxy = id, %peer, rdma = ?reg.rdma, len = reg.len, "proxy registered for pushes");
+        self.links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::new(Link {
+                id,
+                peer,
+                reg,
+                chan: Mutex::new(s),
+                rdma: Mutex::new(None),
+            }));
+        Ok(())
+    }
+
+    fn drop_link(&self, id: u64, why: &str) {
+        let mut l = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = l.iter().position(|x| x.id == id) {
+            let x = l.remove(i);
+            tracing::warn!(proxy = id, peer = %x.peer, why, "proxy dropped from pushes");
+            if let Ok(c) = x.chan.lock() {
+                let _ = c.shutdown(std::net::Shutdown::Both);
+            }
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn state_over_channel(&self, l: &Link) -> Result<Snapshot, String> {
+        self.stats.state_tcp.fetch_add(1, Ordering::Relaxed);
+        let mut c = l.chan.lock().unwrap_or_else(|p| p.into_inner());
+        write_frame(&mut *c, Header::new(Kind::StateRequest, 0), &[]).map_err(|e| e.to_string())?;
+        match read_frame(&mut *c, false) {
+            Ok((h, b)) if h.kind == Kind::StateReply => {
+                Snapshot::parse(&b).map_err(|e: StateError| e.to_string())
+            }
+            Ok((h, _)) => Err(format!("answered {:?} to STATE_REQUEST", h.kind)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A proxy's current state.
+    fn state_of(&self, l: &Link) -> Result<Snapshot, String> {
+        if let (StateRead::Rdma, Some(addr)) = (self.cfg.state_read, l.reg.rdma) {
+            let mut r = l.rdma.lock().unwrap_or_else(|p| p.into_inner());
+            let reader =
+                r.get_or_insert_with(|| RdmaStateReader::new(addr, l.reg, self.cfg.timeout));
+            match reader.read() {
+                Ok(s) => {
+                    self.stats.state_rdma.fetch_add(1, Ordering::Relaxed);
+                    return Ok(s);
+                }
+                Err(e) => {
+                    tracing::warn!(proxy = l.id, error = %e, "RDMA Read of the proxy's state failed; asking over the push channel");
+                }
+            }
+        }
+        self.state_over_channel(l)
+    }
+
+    /// A committed update of `doc`: push it (later, on the push thread).
+    pub fn notify(&self, doc: u32) {
+        if self.cfg.policy == Policy::Pull {
+            self.stats.updates.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(doc);
+        self.wake.notify_one();
+    }
+
+    /// A document some registered proxy has in its recently-accessed list,
+    /// picked with `rnd`, and how many there were to pick from; `None` if
+    /// no proxy has accessed anything (or none is registered).
+    pub fn pick_accessed(&self, rnd: u64) -> Option<(u32, usize)> {
+        let links: Vec<Arc<Link>> = self.links.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut docs = BTreeSet::new();
+        for l in links {
+            match self.state_of(&l) {
+                Ok(s) => docs.extend(s.entries.iter().map(|e| e.doc)),
+                Err(e) => self.drop_link(l.id, &e),
+            }
+        }
+        let n = docs.len();
+        let i = usize::try_from(rnd % (n.max(1) as u64)).unwrap_or(0);
+        docs.into_iter().nth(i).map(|d| (d, n))
+    }
+
+    /// Read `doc` under the read protocol through `ipc`: (version, body).
+    /// A connection kept from before that fails (ccappd's IPC server closes
+    /// idle ones) is replaced once.
+    fn read_doc(&self, ipc: &mut Option<UnixStream>, doc: u32) -> Result<(u64, Vec<u8>), String> {
+        let reused = ipc.is_some();
+        match self.read_doc_once(ipc, doc) {
+            Err(e) if reused => {
+                tracing::debug!(error = %e, "IPC connection of the pusher broke; connecting again");
+                self.read_doc_once(ipc, doc)
+            }
+            r => r,
+        }
+    }
+
+    fn read_doc_once(
+        &self,
+        ipc: &mut Option<UnixStream>,
+        doc: u32,
+    ) -> Result<(u64, Vec<u8>), String> {
+        if ipc.is_none() {
+            let s = UnixStream::connect(&self.cfg.ipc)
+                .map_err(|e| format!("connecting to {}: {e}", self.cfg.ipc.display()))?;
+            s.set_read_timeout(Some(self.cfg.timeout))
+                .map_err(|e| e.to_string())?;
+            s.set_write_timeout(Some(self.cfg.timeout))
+                .map_err(|e| e.to_string())?;
+            *ipc = Some(s);
+        }
+        let s = ipc.as_mut().expect("connected above");
+        let r = (|| {
+            write_msg(s, &Repr::new(IpcKind::ReadRequest, doc)).map_err(|e| e.to_string())?;
+            let m = read_msg(s).map_err(|e| e.to_string())?;
+            if m.kind != IpcKind::ReadProceed || m.doc != doc {
+                return Err(format!("ccappd answered {m} to READ_REQUEST"));
+            }
+            // The read is held: no update runs until READ_DONE.
+            let mut body = Vec::new();
+            let read = File::open(doc_path(&self.cfg.docroot, doc))
+                .and_then(|mut f| f.read_to_end(&mut body));
+            write_msg(s, &Repr::new(IpcKind::ReadDone, doc)).map_err(|e| e.to_string())?;
+            read.map_err(|e| format!("reading document {doc}: {e}"))?;
+            Ok((m.value, body))
+        })();
+        if r.is_err() {
+            *ipc = None;
+        }
+        r
+    }
+
+    /// Push `doc` at `version` to one proxy if the policy says so.
+    fn push_to(&self, l: &Link, doc: u32, version: u64, body: &[u8]) -> Result<(), String> {
+        let snap = self.state_of(l)?;
+        match self.cfg.policy.decide(&snap, doc, version) {
+            Decision::Push { rank } => {
+                self.stats.sent.fetch_add(1, Ordering::Relaxed);
+                let mut c = l.chan.lock().unwrap_or_else(|p| p.into_inner());
+                let h = Header {
+                    version,
+                    ..Header::new(Kind::Push, doc)
+                };
+                write_frame(&mut *c, h, body).map_err(|e| e.to_string())?;
+                let (a, _) = read_frame(&mut *c, false).map_err(|e| e.to_string())?;
+                if a.kind != Kind::PushAck || a.doc != doc {
+                    return Err(format!("answered {:?} to PUSH", a.kind));
+                }
+                let st = PushStatus::from(a.status);
+                tracing::debug!(proxy = l.id, doc, version, rank, status = ?st, "pushed");
+                if st == PushStatus::Stored {
+                    self.stats.stored.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.stats.ignored.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            d => {
+                tracing::trace!(proxy = l.id, doc, version, decision = ?d, "not pushed");
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The push thread: for ever, take a committed document, read it, and
+    /// push it where the policy says.
+    pub fn run(self: &Arc<Self>) {
+        let mut ipc: Option<UnixStream> = None;
+        loop {
+            let doc = {
+                let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(d) = p.pop_first() {
+                        break d;
+                    }
+                    p = self.wake.wait(p).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            self.stats.updates.fetch_add(1, Ordering::Relaxed);
+            if self.proxies() == 0 {
+                continue;
+            }
+            let (version, body) = match self.read_doc(&mut ipc, doc) {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(doc, error = %e, "cannot read the updated document; not pushed");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let links: Vec<Arc<Link>> =
+                self.links.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for l in links {
+                if let Err(e) = self.push_to(&l, doc, version, &body) {
+                    self.drop_link(l.id, &e);
+                }
+            }
+        }
+    }
+}
