@@ -27,7 +27,10 @@ fn reads_during_updates_crc_required_and_off() {
         assert_eq!(r.fail, None, "MPA CRC {crc:?}: a Read failed: {r:?}");
         assert_eq!(r.torn, 0, "MPA CRC {crc:?}: torn slots: {r:?}");
         assert_eq!(r.ok, READS, "MPA CRC {crc:?}");
-        assert!(r.writes > 0, "MPA CRC {crc:?}: the slot was never rewritten");
+        assert!(
+            r.writes > 0,
+            "MPA CRC {crc:?}: the slot was never rewritten"
+        );
     }
 }
 
