@@ -70,6 +70,6 @@ mod sys;
 pub mod tokio_io;
 pub mod wire;
 
-pub use conn::{Stats, Watermark, WatermarkFn};
+pub use conn::{IoMap, Stats, Watermark, WatermarkFn};
 pub use net::{Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};
