@@ -317,6 +317,11 @@ impl Stream {
         )
     }
 
+    /// `riowrite` without blocking, whatever the mode (`MSG_DONTWAIT`).
+    pub fn riowrite_nonblocking(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.s.conn.riowrite(buf, offset, true, None)
+    }
+
     /// The peer's mappings announced so far: `(offset, length)`.
     pub fn peer_iomaps(&self) -> Vec<(u64, u32)> {
         self.s.conn.peer_iomaps()
