@@ -80,7 +80,8 @@
 //! a credit limit below what we already sent or beyond its receive queue,
 //! sends data after it shut
 //! down, or sends a malformed or unexpected word (reserved ops,
-//! `RS_OP_WRITE`, `RS_OP_IOMAP_SGL` although we advertise no iomap).
+//! `RS_OP_WRITE`, `RS_OP_IOMAP_SGL` although we advertise no iomap table
+//! or for an entry beyond it).
 //!
 //! # Covered, and not covered
 //!
@@ -90,8 +91,11 @@
 //! control slots, shutdown in all three directions, keepalive, completion
 //! errors.
 //!
-//! Not covered (yet): `riomap`/`riowrite` and the iomap
-//! (`RS_OP_IOMAP_SGL`, `RS_OP_WRITE`) — we advertise `target_iomap_size` 0;
+//! `riomap`/`riowrite`/`riounmap` and the iomap table (`RS_OP_IOMAP_SGL`;
+//! `RS_OP_WRITE` is never transmitted) are in the `iomap` submodule
+//! (`flow/iomap.rs`), as more methods of [`Flow`].
+//!
+//! Not covered (yet):
 //! `MSG_PEEK`/`MSG_WAITALL` (driver-level loops over [`Flow::recv`]);
 //! rsocket.c's growing per-call transfer size (`RS_OLAP_START_SIZE` 2048
 //! doubling to `RS_MAX_TRANSFER`): [`Flow::send`] takes the size the driver
