@@ -1237,6 +1237,7 @@ impl Conn {
         }
         crate::progress::deregister(self.id, self.cq_fd);
         self.qp.disconnect();
+        self.iomap_close();
         let mut st = self.lock();
         self.broke(
             &mut st,

@@ -289,6 +289,24 @@ impl Conn {
         r.map_err(io::Error::from)
     }
 
+    /// At close, after the queue pair is disconnected: deregisters the C
+    /// caller's mappings (`rclose` ends them, as rsocket.c's
+    /// `rs_free_iomappings` does), so that the caller may free the memory
+    /// once `rclose` returns. [`IoMap`]s own their memory and end with
+    /// their handles.
+    pub(super) fn iomap_close(&self) {
+        let raw: Vec<LocalMap> = {
+            let mut st = self.lock();
+            let (raw, keep) = std::mem::take(&mut st.iomaps.maps)
+                .into_iter()
+                .partition(|m| m.raw.is_some());
+            st.iomaps.maps = keep;
+            raw
+        };
+        // Deregistered outside the lock.
+        drop(raw);
+    }
+
     /// The peer's mappings as known now: `(offset, length)`.
     pub(crate) fn peer_iomaps(&self) -> Vec<(u64, u32)> {
         let mut st = self.lock();
