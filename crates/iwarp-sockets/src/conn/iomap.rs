@@ -160,7 +160,7 @@ impl Conn {
         if pushed > 0 {
             self.pump(st);
             // `pump` counted each entry's Write as a data message.
-            st.stats.data_msgs -= pushed;
+            st.stats.data_msgs = st.stats.data_msgs.saturating_sub(pushed);
         }
     }
 
@@ -378,7 +378,7 @@ impl Conn {
                     self.pump(&mut st);
                     // `pump` counts a Write from application memory as a
                     // data message; a direct write is none.
-                    st.stats.data_msgs -= 1;
+                    st.stats.data_msgs = st.stats.data_msgs.saturating_sub(1);
                     done += n as usize;
                 }
                 Err(IomapError::Flow(FlowError::WouldBlock)) => {
