@@ -22,6 +22,7 @@
 #define IWARP_RSOCKET_H
 
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -64,6 +65,38 @@ int rsetsockopt(int socket, int level, int optname,
 int rgetsockopt(int socket, int level, int optname,
                 void *optval, socklen_t *optlen);
 int rfcntl(int socket, int cmd, ... /* arg */);
+
+/*
+ * rsocket's own option level, as in <rdma/rsocket.h>. Only RDMA_IOMAPSIZE
+ * is honoured: set it (an int, entries) before rconnect, or on the
+ * listening socket before raccept, to let the peer riomap that many
+ * buffers toward this socket.
+ */
+#ifndef SOL_RDMA
+#define SOL_RDMA 0x10000
+enum {
+    RDMA_SQSIZE,
+    RDMA_RQSIZE,
+    RDMA_INLINE,
+    RDMA_IOMAPSIZE,
+    RDMA_ROUTE
+};
+#endif
+
+/*
+ * Direct data placement (rsocket.h's iomap calls). riomap maps buf for the
+ * peer's riowrite at offset (-1: at buf's address) and returns the offset;
+ * prot must be PROT_WRITE; buf must stay valid until riounmap or rclose.
+ * riowrite writes straight from buf into the peer's mapping at offset (zero
+ * copy) and tells the peer nothing: agree on a completion signal (a marker
+ * byte, or an rsend after the writes). Errors: EINVAL (outside the peer's
+ * mappings, bad arguments, unknown mapping), ENOMEM (the peer's iomap table
+ * is full or absent), ECONNRESET, EAGAIN. riowrite returns (size_t) -1 on
+ * error, as in rsocket.h.
+ */
+off_t riomap(int socket, void *buf, size_t len, int prot, int flags, off_t offset);
+int riounmap(int socket, void *buf, size_t len);
+size_t riowrite(int socket, const void *buf, size_t count, off_t offset, int flags);
 
 #ifdef __cplusplus
 }

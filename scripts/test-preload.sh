@@ -19,7 +19,7 @@
 #   g) a peer killed mid-stream: the other side's blocked read returns
 #      within 1 s (both directions); fork: a child closes an inherited
 #      stream and the parent carries on;
-#   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h.
+#   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite).
 #
 #   scripts/test-preload.sh          # everything (about a minute)
 #   KEEP=1 scripts/test-preload.sh   # keep the temp dir (logs, stats)
@@ -588,6 +588,6 @@ t_capi() {
             -fsyntax-only - || { echo "iwarp_rsocket.h is not valid C++"; return 1; }
     fi
 }
-check "h) C API: rsocket echo with a poll loop (tests/c/rsocket), shared and static" t_capi
+check "h) C API: rsocket echo with a poll loop, riomap/riowrite (tests/c/rsocket), shared and static" t_capi
 
 finish

@@ -3,11 +3,14 @@
 //! by a hostile peer. Nothing may panic. A message word or conn data that
 //! parses emits back to the same meaning; a flow given words and target
 //! SGL bytes the peer chose either goes on or ends in an error, and never
-//! hands out more receive bytes than its buffer holds.
+//! hands out more receive bytes than its buffer holds. The iomap calls
+//! (riomap, riounmap, the peer's announced entries, riowrite) are driven
+//! by the input too: a direct write never leaves the peer's mapping it
+//! was aimed at.
 #![no_main]
 
-use iwarp_sockets::flow::{Action, Config, Flow, TARGET_SGL_LEN};
-use iwarp_sockets::wire::{ByteOrder, ConnData, ConnDataRepr, Message, CONN_DATA_LEN};
+use iwarp_sockets::flow::{Action, Config, Flow, Source, TARGET_SGL_LEN};
+use iwarp_sockets::wire::{ByteOrder, ConnData, ConnDataRepr, Message, Sge, CONN_DATA_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -53,6 +56,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut flow) = Flow::new(cfg) else {
         return;
     };
+    let _ = flow.set_iomap_size(u16::from(sel >> 1) & 7);
+    // Our iomap table as the peer wrote it: input bytes.
+    let table: Vec<u8> = words
+        .iter()
+        .copied()
+        .cycle()
+        .take(24 * usize::from(flow.iomap_size()))
+        .collect();
     let mut target = [0u8; TARGET_SGL_LEN];
     if flow.establish(&peer, &mut target).is_err() {
         return;
@@ -82,6 +93,60 @@ fuzz_target!(|data: &[u8]| {
             }
             (0, _) => {
                 flow.push(&mut target);
+            }
+            // riomap / riounmap / sending entries / the peer's entries /
+            // riowrite.
+            (1, 0) => {
+                let _ = flow.map_remote(
+                    u64::from(want),
+                    Sge {
+                        addr: u64::from(pick) << 12,
+                        key: 7,
+                        length: want,
+                    },
+                );
+            }
+            (1, 1) => {
+                let _ = flow.unmap_remote(u16::from(pick % 4));
+            }
+            (1, 2) => {
+                if let Some(g) = flow.push_iomap() {
+                    assert_eq!(g.spans.len(), 24, "an rs_iomap is 24 bytes");
+                }
+            }
+            (1, 3) => flow.iomap_refresh(&table),
+            (1, _) => {
+                let off = u64::from(want) * u64::from(pick);
+                if let Ok(n) = flow.write_direct(off, u64::from(want)) {
+                    // The Write it queued lies inside the peer's mapping
+                    // that holds `off`.
+                    let maps: Vec<_> = flow.peer_iomaps().map(|(_, e)| e).collect();
+                    let mut last = None;
+                    while let Some(a) = flow.poll_action() {
+                        if let Action::RdmaWrite {
+                            src: Source::External { len },
+                            remote_addr,
+                            tag,
+                            ..
+                        } = a
+                        {
+                            last = Some((len, remote_addr));
+                            let _ = flow.on_send_complete(tag, true);
+                        } else if let Action::Send { tag, .. } | Action::RdmaWrite { tag, .. } = a {
+                            let _ = flow.on_send_complete(tag, true);
+                        }
+                    }
+                    if n > 0 {
+                        let (len, at) = last.expect("a direct write queues an RDMA Write");
+                        assert_eq!(len, n);
+                        assert!(
+                            maps.iter().any(|e| off >= e.offset
+                                && at == e.sge.addr.wrapping_add(off - e.offset)
+                                && u64::from(n) <= u64::from(e.sge.length) - (off - e.offset)),
+                            "a direct write left the peer's mapping"
+                        );
+                    }
+                }
             }
             _ => {}
         }

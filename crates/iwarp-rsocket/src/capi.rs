@@ -117,7 +117,10 @@ pub unsafe extern "C" fn raccept(fd: c_int, addr: *mut sockaddr, len: *mut sockl
         if nfd < 0 {
             return nfd;
         }
-        match crate::attach::accept(nfd, base_options(), false, false) {
+        // As rsocket.c's rs_alloc, the new stream inherits the listening
+        // socket's options (sizes, RDMA_IOMAPSIZE).
+        let opts = table::options_for(fd, base_options());
+        match crate::attach::accept(nfd, &opts, false, false) {
             Ok(()) => return nfd,
             Err(e) => {
                 tracing::warn!(error = %e, "raccept: refused a connection that is not an rsockets client");
@@ -414,7 +417,9 @@ pub unsafe extern "C" fn rgetpeername(
 
 /// `rsetsockopt(2)`: on a stream, see `ops::setsockopt`; before connect,
 /// `SO_RCVBUF`/`SO_SNDBUF` size the rings and `SO_KEEPALIVE` turns on
-/// keepalives (and the option is also set on the TCP socket).
+/// keepalives (and the option is also set on the TCP socket), and
+/// `SOL_RDMA`/`RDMA_IOMAPSIZE` sizes the iomap table (a listening socket
+/// passes its options on to the streams it accepts).
 ///
 /// # Safety
 /// `val` must be valid for `len` bytes of reads.
@@ -436,6 +441,14 @@ pub unsafe extern "C" fn rsetsockopt(
             None => {
                 // SAFETY: the caller's promise.
                 unsafe { crate::note_sockopt(fd, level, name, val, len) };
+                if level == crate::SOL_RDMA {
+                    // rsocket's own level: no TCP counterpart.
+                    return if name == crate::RDMA_IOMAPSIZE {
+                        0
+                    } else {
+                        fail_with(libc::ENOPROTOOPT)
+                    };
+                }
                 // SAFETY: the caller's promise.
                 unsafe { (real().setsockopt)(fd, level, name, val, len) }
             }

@@ -23,6 +23,7 @@
 pub mod attach;
 mod capi;
 pub mod errno;
+mod iomap;
 pub mod ops;
 pub mod real;
 pub mod table;
@@ -30,9 +31,17 @@ pub mod table;
 use libc::{c_int, c_void, socklen_t};
 
 pub use capi::*;
+pub use iomap::*;
+
+/// `SOL_RDMA`, the level of rsocket's own options (`<rdma/rsocket.h>`).
+pub const SOL_RDMA: c_int = 0x10000;
+/// `RDMA_IOMAPSIZE`: entries of the iomap table a socket advertises
+/// (the fourth of `RDMA_SQSIZE`, `RDMA_RQSIZE`, `RDMA_INLINE`,
+/// `RDMA_IOMAPSIZE`, `RDMA_ROUTE`).
+pub const RDMA_IOMAPSIZE: c_int = 3;
 
 /// Notes the socket options that shape a stream made later on `fd`
-/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`).
+/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`, `RDMA_IOMAPSIZE`).
 ///
 /// # Safety
 /// `val` must be valid for `len` bytes of reads.
@@ -43,6 +52,15 @@ pub unsafe fn note_sockopt(
     val: *const c_void,
     len: socklen_t,
 ) {
+    if level == SOL_RDMA && name == RDMA_IOMAPSIZE {
+        // SAFETY: the caller's promise.
+        if let Some(v) = unsafe { ops::opt_int(val, len) } {
+            table::note_pending(fd, |p| {
+                p.iomap_size = Some(v.clamp(0, i32::from(u16::MAX)) as u16)
+            });
+        }
+        return;
+    }
     if level != libc::SOL_SOCKET {
         return;
     }

@@ -607,6 +607,9 @@ pub unsafe fn setsockopt(
             tracing::debug!(level, name, "socket option ignored on an iWARP stream");
             0
         }
+        // rsocket.c: the table is part of the connection's private data,
+        // so it cannot change once connected.
+        (crate::SOL_RDMA, crate::RDMA_IOMAPSIZE) => fail_with(libc::EINVAL),
         _ => fail_with(libc::ENOPROTOOPT),
     }
 }
@@ -659,6 +662,7 @@ pub unsafe fn getsockopt(
             _ => libc::AF_INET,
         }),
         (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(0),
+        (crate::SOL_RDMA, crate::RDMA_IOMAPSIZE) => int(c_int::from(o.iomap_size)),
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rbuf_size as c_int),
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sbuf_size as c_int),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => int(c_int::from(

@@ -408,6 +408,8 @@ pub struct Pending {
     pub sndbuf: Option<u32>,
     /// `SO_KEEPALIVE`.
     pub keepalive: Option<bool>,
+    /// `RDMA_IOMAPSIZE` (level `SOL_RDMA`).
+    pub iomap_size: Option<u16>,
 }
 
 static PENDING_OPTS: Mutex<BTreeMap<RawFd, Pending>> = Mutex::new(BTreeMap::new());
@@ -450,6 +452,9 @@ pub fn options_for(fd: RawFd, base: &Options) -> Options {
             }
             if let Some(k) = p.keepalive {
                 o.keepalive = k;
+            }
+            if let Some(n) = p.iomap_size {
+                o.iomap_size = n;
             }
         }
     }

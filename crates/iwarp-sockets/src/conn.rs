@@ -51,6 +51,9 @@ use crate::options::{Design, Options};
 use crate::ready::Readiness;
 use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, SGE_LEN};
 
+mod iomap;
+pub use iomap::IoMap;
+
 /// The longest a blocked call waits on the completion queue before it
 /// looks at the stream again (a close or shutdown from another thread).
 const WAIT_SLICE: Duration = Duration::from_millis(20);
@@ -77,6 +80,9 @@ pub struct Stats {
     pub appended: u64,
     /// Bytes sent by zero copy.
     pub zcopy_bytes: u64,
+    /// Bytes written into the peer's mappings by `riowrite` (not part of
+    /// the stream, not in `bytes_sent`).
+    pub iowrite_bytes: u64,
     /// Bytes sent.
     pub bytes_sent: u64,
     /// Bytes received (read by the application).
@@ -136,6 +142,8 @@ struct State {
     recvs: Vec<RecvWr>,
     /// The private buffer of [`Design::Basic`].
     basic_buf: Vec<u8>,
+    /// Our `riomap` mappings (conn/iomap.rs).
+    iomaps: iomap::LocalMaps,
 }
 
 /// One connection (see the module docs).
@@ -229,7 +237,8 @@ impl Parts {
         let rbuf = pd
             .reg_mr(opts.rbuf_size as usize + 4 * rq as usize, rw)
             .map_err(verbs_err)?;
-        let tsgl = pd.reg_mr(TARGET_SGL_LEN, rw).map_err(verbs_err)?;
+        // The target SGL, then our iomap table (conn/iomap.rs).
+        let tsgl = pd.reg_mr(iomap::region_len(&opts), rw).map_err(verbs_err)?;
         tsgl.fill(0);
         let sbuf = pd
             .reg_mr(opts.sbuf_size as usize, Access::LOCAL_WRITE)
@@ -237,7 +246,7 @@ impl Parts {
         let ctl = pd
             .reg_mr(CTL_SLOT * sq as usize, Access::LOCAL_WRITE)
             .map_err(verbs_err)?;
-        let flow = Flow::new(Config {
+        let mut flow = Flow::new(Config {
             sq_size: sq as u16,
             rq_size: credits,
             sbuf_size: opts.sbuf_size,
@@ -253,6 +262,8 @@ impl Parts {
             },
         })
         .map_err(io::Error::from)?;
+        flow.set_iomap_size(iomap::table_entries(&opts))
+            .map_err(io::Error::from)?;
         Ok(Parts {
             ctx,
             pd,
@@ -323,6 +334,7 @@ impl Parts {
                 sends: Vec::with_capacity(64),
                 recvs: Vec::with_capacity(64),
                 basic_buf: Vec::new(),
+                iomaps: iomap::LocalMaps::default(),
             }),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
@@ -686,6 +698,7 @@ impl Conn {
             self.complete(st, wc);
         }
         if any {
+            self.iomap_progress(st);
             self.push_buffered(st);
             self.pump(st);
             self.refresh(st);
@@ -1280,6 +1293,7 @@ impl Conn {
         crate::progress::deregister(self.id, self.cq_fd);
         self.cq.set_completion_hook(None);
         self.qp.disconnect();
+        self.iomap_close();
         let mut st = self.lock();
         self.broke(
             &mut st,

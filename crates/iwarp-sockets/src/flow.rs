@@ -80,7 +80,8 @@
 //! a credit limit below what we already sent or beyond its receive queue,
 //! sends data after it shut
 //! down, or sends a malformed or unexpected word (reserved ops,
-//! `RS_OP_WRITE`, `RS_OP_IOMAP_SGL` although we advertise no iomap).
+//! `RS_OP_WRITE`, `RS_OP_IOMAP_SGL` although we advertise no iomap table
+//! or for an entry beyond it).
 //!
 //! # Covered, and not covered
 //!
@@ -90,8 +91,11 @@
 //! control slots, shutdown in all three directions, keepalive, completion
 //! errors.
 //!
-//! Not covered (yet): `riomap`/`riowrite` and the iomap
-//! (`RS_OP_IOMAP_SGL`, `RS_OP_WRITE`) — we advertise `target_iomap_size` 0;
+//! `riomap`/`riowrite`/`riounmap` and the iomap table (`RS_OP_IOMAP_SGL`;
+//! `RS_OP_WRITE` is never transmitted) are in the `iomap` submodule
+//! (`flow/iomap.rs`), as more methods of [`Flow`].
+//!
+//! Not covered (yet):
 //! `MSG_PEEK`/`MSG_WAITALL` (driver-level loops over [`Flow::recv`]);
 //! rsocket.c's growing per-call transfer size (`RS_OLAP_START_SIZE` 2048
 //! doubling to `RS_MAX_TRANSFER`): [`Flow::send`] takes the size the driver
@@ -122,6 +126,9 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, Message, Op, Sge, WireError, SGE_LEN, SGL_SIZE};
+
+mod iomap;
+pub use iomap::{IomapError, IomapGrant, DIRECT_MAX, IOMAP_SIZE_MAX};
 
 /// `RS_SNDLOWAT`: the send buffer space `rs_can_send` requires.
 pub const SNDLOWAT: u32 = 2048;
@@ -409,6 +416,14 @@ pub enum ProtocolError {
     /// A word rsocket.c never sends to us (`RS_OP_WRITE`, or
     /// `RS_OP_IOMAP_SGL` although we advertised no iomap).
     Unexpected(Op),
+    /// An `RS_OP_IOMAP_SGL` for an entry beyond the iomap table we
+    /// advertised.
+    IomapIndex {
+        /// The index in the word.
+        index: u16,
+        /// Entries we advertised.
+        size: u16,
+    },
 }
 
 /// Why a [`Flow`] call did not succeed.
@@ -466,8 +481,14 @@ impl fmt::Display for ProtocolError {
             ),
             ProtocolError::Unexpected(op) => write!(
                 f,
-                "peer sent op {op:?}, which this rsocket never asked for (no iomap advertised): \
+                "peer sent op {op:?}, which this rsocket never asked for (RS_OP_WRITE is never \
+                 transmitted; RS_OP_IOMAP_SGL only toward an advertised iomap table, none was): \
                  the connection is reset"
+            ),
+            ProtocolError::IomapIndex { index, size } => write!(
+                f,
+                "peer announced iomap entry {index}, but our table has {size} entries; it wrote \
+                 outside the table: the connection is reset"
             ),
         }
     }
@@ -591,6 +612,9 @@ pub struct Flow {
     rx_count: u16,
     rx_limit: u16,
     rx_window: u64,
+
+    // riomap / riowrite (flow/iomap.rs).
+    iomap: iomap::Iomaps,
 }
 
 impl Flow {
@@ -649,6 +673,7 @@ impl Flow {
             rx_count: 0,
             rx_limit: cfg.rq_size,
             rx_window: u64::from(cfg.rbuf_size >> 1),
+            iomap: iomap::Iomaps::default(),
         };
         for _ in 0..f.recv_slots() {
             f.queue_recv();
@@ -720,7 +745,7 @@ impl Flow {
             iomap: true,
             other_flags: 0,
             credits: self.cfg.rq_size,
-            target_iomap_size: 0,
+            target_iomap_size: self.iomap.local_size(),
             target_sgl: Sge {
                 addr: self.cfg.target_sgl.addr,
                 key: self.cfg.target_sgl.key,
@@ -765,6 +790,7 @@ impl Flow {
         self.peer_rq = peer.credits;
         self.remote_sgl = peer.target_sgl;
         self.remote_sge = 1 % peer.target_sgl.length;
+        self.iomap.on_establish(peer);
         set_slot(target, 0, &peer.data_buf, self.cfg.order);
         self.sseq_comp = peer.credits;
         self.phase = Phase::Connected;
@@ -1194,7 +1220,7 @@ impl Flow {
             }
             Message::Ctrl(Ctrl::Keepalive) => {}
             Message::Write { .. } => return Err(ProtocolError::Unexpected(Op::Write)),
-            Message::IomapSgl { .. } => return Err(ProtocolError::Unexpected(Op::IomapSgl)),
+            Message::IomapSgl { index } => self.iomap_announced(index)?,
         }
         Ok(())
     }

@@ -47,6 +47,9 @@
 //! | At most 4 control work requests are outstanding, carved out of the send queue | `RS_QP_CTRL_SIZE`, `rs_init_bufs`, `rs_ctrl_avail`, `rs_2ctrl_avail` |
 //! | Shutdown: SHUT_RDWR → DISCONNECT; SHUT_WR → SHUTDOWN, or DISCONNECT if no longer readable; SHUT_RD → DISCONNECT only if no longer writable | `rshutdown` |
 //! | Keepalive is a zero-length plain RDMA Write to address 0, rkey 0; the peer sees no message | `tcp_svc_send_keepalive` → `rs_post_write` |
+//! | The iomap table (`target_iomap_size` entries of `rs_iomap`, 24 bytes) follows the 2-entry target SGL in the same region; the peer finds it at `target_sgl.addr + 16 * target_sgl.length` with the SGL's rkey | `rs_init_bufs`, `rs_save_conn_data` (`remote_iomap`) |
+//! | `riomap` takes the first free entry of the peer's table, RDMA-Writes the `rs_iomap` (peer's order) to `table + 24 * index`, then sends `RS_OP_IOMAP_SGL | index`, costing a credit like data | `rs_get_iomap_mr`, `rs_send_iomaps`, `rs_write_iomap` |
+//! | `riowrite` is plain RDMA Writes to `entry.addr + offset - entry.offset`; `RS_OP_WRITE` tags the local work request only and is never transmitted; `riounmap` tells the peer nothing | `rs_write_direct`, `rs_post_write`, `riounmap` |
 //!
 //! ## Where we are stricter than rsocket.c
 //!
@@ -70,6 +73,6 @@ mod sys;
 pub mod tokio_io;
 pub mod wire;
 
-pub use conn::{Stats, Watermark, WatermarkFn};
+pub use conn::{IoMap, Stats, Watermark, WatermarkFn};
 pub use net::{Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};

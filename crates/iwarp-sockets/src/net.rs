@@ -257,6 +257,75 @@ impl Stream {
     pub fn options(&self) -> &Options {
         self.s.conn.options()
     }
+
+    /// `riomap(PROT_WRITE)`: maps a new zeroed buffer of `len` bytes for
+    /// the peer's `riowrite` at `offset` (`None`: at the buffer's address,
+    /// rsocket.c's offset -1) and announces it (an RDMA Write of its
+    /// `rs_iomap` entry into the peer's table, then `RS_OP_IOMAP_SGL`).
+    /// The peer's writes land straight in the buffer (zero copy); it is
+    /// told nothing, so the two programs agree on their own how completion
+    /// is signalled (a marker byte as `riostream` does, or a message after
+    /// the writes). Dropping the [`IoMap`] unmaps it.
+    ///
+    /// Errors: `OutOfMemory` (`ENOMEM`) when the peer advertised no free
+    /// iomap entry (it sets `RDMA_IOMAPSIZE` / [`Options::iomap_size`]),
+    /// `InvalidInput` for 0 bytes or 4 GiB and more, `ConnectionReset` on a
+    /// broken stream.
+    pub fn riomap(&self, len: usize, offset: Option<u64>) -> io::Result<crate::IoMap> {
+        self.s.conn.riomap(len, offset)
+    }
+
+    /// `riomap(PROT_WRITE)` of the caller's own memory (the C API's
+    /// `riomap`); returns the offset. Unmap with [`Stream::riounmap_raw`].
+    ///
+    /// # Safety
+    /// `buf` must be valid for reads and writes of `len` bytes until
+    /// `riounmap_raw(buf, len)` returns or the last handle to the stream is
+    /// dropped, and no Rust reference to that memory may exist meanwhile:
+    /// the peer writes into it at any time.
+    #[allow(unsafe_code)]
+    pub unsafe fn riomap_raw(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        offset: Option<u64>,
+    ) -> io::Result<u64> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.s.conn.riomap_raw(buf, len, offset) }
+    }
+
+    /// `riounmap(buf, len)` of a [`Stream::riomap_raw`] mapping: the memory
+    /// is deregistered before this returns (the peer's next write there
+    /// ends the connection with a Terminate). `InvalidInput` if there is no
+    /// such mapping.
+    pub fn riounmap_raw(&self, buf: *mut u8, len: usize) -> io::Result<()> {
+        self.s.conn.riounmap_raw(buf, len)
+    }
+
+    /// `riowrite`: writes `buf` into the peer's mapped memory at `offset`,
+    /// straight from `buf` (zero copy on both sides), without a message
+    /// (as rsocket.c). The whole range must lie in the peer's mappings:
+    /// otherwise `InvalidInput` (`EINVAL`) and nothing is written. A
+    /// blocking stream writes everything; a non-blocking one what the send
+    /// queue takes now (`WouldBlock` if nothing).
+    pub fn riowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.s.conn.riowrite(
+            buf,
+            offset,
+            self.is_nonblocking(),
+            deadline(&self.s.write_timeout),
+        )
+    }
+
+    /// `riowrite` without blocking, whatever the mode (`MSG_DONTWAIT`).
+    pub fn riowrite_nonblocking(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        self.s.conn.riowrite(buf, offset, true, None)
+    }
+
+    /// The peer's mappings announced so far: `(offset, length)`.
+    pub fn peer_iomaps(&self) -> Vec<(u64, u32)> {
+        self.s.conn.peer_iomaps()
+    }
 }
 
 impl AsRawFd for Stream {

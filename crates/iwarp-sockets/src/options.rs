@@ -69,6 +69,12 @@ pub struct Options {
     /// disconnect message to leave before it drops the connection anyway
     /// (while the peer keeps taking data, `close` keeps waiting).
     pub linger: Duration,
+    /// Entries of the iomap table this side advertises (`RDMA_IOMAPSIZE`,
+    /// rsocket.c's `iomap_size`, default 0 there and here): how many
+    /// `riomap` mappings the *peer* may announce to us, so that our
+    /// `riowrite` can reach them. Rounded as `target_iomap_size` carries it
+    /// (exact up to 128, then multiples of 256).
+    pub iomap_size: u16,
 }
 
 /// A zero-copy threshold for hosts where copies are dear (set it in
@@ -91,6 +97,7 @@ impl Default for Options {
             busy_poll: false,
             keepalive: false,
             linger: Duration::from_secs(1),
+            iomap_size: 0,
         }
     }
 }
@@ -110,7 +117,8 @@ impl Options {
     /// `IWARP_SOCKETS_DESIGN` (`enhanced` | `basic`), `IWARP_SOCKETS_SBUF`,
     /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_ZCOPY` (bytes, or
     /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
-    /// (`0`/`1`), `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`). Values that
+    /// (`0`/`1`), `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
+    /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table). Values that
     /// do not parse are reported and ignored.
     pub fn from_env() -> Options {
         let mut o = Options::default();
@@ -140,6 +148,12 @@ impl Options {
                     Ok(n) => o.zcopy_threshold = Some(n),
                     Err(_) => tracing::warn!(value = %v, "IWARP_SOCKETS_ZCOPY: bytes or off"),
                 },
+            }
+        }
+        if let Some(v) = get("IWARP_SOCKETS_IOMAP_SIZE") {
+            match v.parse::<u16>() {
+                Ok(n) => o.iomap_size = n,
+                Err(_) => tracing::warn!(value = %v, "IWARP_SOCKETS_IOMAP_SIZE: entries, 0-32512"),
             }
         }
         if let Some(v) = get("IWARP_SOCKETS_COALESCE") {

@@ -1,5 +1,5 @@
 //! The crate's system-call edge: `poll(2)` on raw descriptors and the
-//! registration of application memory for zero-copy sends. Everything
+//! registration of application memory for zero-copy sends and `riomap`. Everything
 //! else in the crate is safe code (`#![deny(unsafe_code)]` in `lib.rs`).
 #![allow(unsafe_code)]
 
@@ -52,4 +52,21 @@ pub(crate) fn register_source(
     // sources are read at transmit time) and the shared borrow's promise
     // of immutability holds.
     unsafe { pd.reg_mr_raw(buf.as_ptr().cast_mut(), buf.len(), Access::NONE) }
+}
+
+/// Registers the caller's memory at `ptr` as the target of the peer's
+/// `riowrite` (local and remote write), for the C API's `riomap`.
+///
+/// # Safety
+/// `ptr` must be valid for reads and writes of `len` bytes for as long as
+/// the returned region lives, and no Rust reference to that memory may
+/// exist meanwhile (the peer writes into it at any time).
+pub(crate) unsafe fn register_target(
+    pd: &ProtectionDomain,
+    ptr: *mut u8,
+    len: usize,
+) -> Result<MemoryRegion, iwarp::Error> {
+    // SAFETY: forwarded from the caller: valid for reads and writes of
+    // `len` bytes while the region lives, aliased by no Rust reference.
+    unsafe { pd.reg_mr_raw(ptr, len, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }
 }

@@ -357,3 +357,77 @@ fn the_connection_ends_with_rs_ctrl_disconnect() {
         Message::Ctrl(Ctrl::Disconnect)
     );
 }
+
+#[test]
+fn our_riomap_puts_riostreams_bytes_on_the_wire() {
+    use iwarp_sockets::flow::{Action, Config, Flow, Region, SendTag, Source, TARGET_SGL_LEN};
+    // The riostream connection's peer, as its conn data would say: the
+    // target SGL the entry went behind, with its STag, one iomap entry.
+    let peer = ConnDataRepr {
+        order: ByteOrder::Little,
+        iomap: true,
+        other_flags: 0,
+        credits: 384,
+        target_iomap_size: 1,
+        target_sgl: Sge {
+            addr: 0x0000_7fbf_2400_3000,
+            key: 0x0ee5_bd00,
+            length: 2,
+        },
+        data_buf: Sge {
+            addr: 0x0000_7fbf_2500_0000,
+            key: 0x1234_5600,
+            length: 65536,
+        },
+    };
+    let mut f = Flow::new(Config {
+        order: ByteOrder::Little,
+        target_sgl: Region { addr: 1, key: 2 },
+        rbuf: Region { addr: 3, key: 4 },
+        ..Config::default()
+    })
+    .unwrap();
+    let mut t = [0u8; TARGET_SGL_LEN];
+    f.establish(&peer, &mut t).unwrap();
+    while f.poll_action().is_some() {}
+    // The mapping riostream made: 4096 bytes at offset 0.
+    let index = f
+        .map_remote(
+            0,
+            Sge {
+                addr: 0x0000_559e_7ce1_b810,
+                key: 0xba4b_d300,
+                length: 4096,
+            },
+        )
+        .unwrap();
+    assert_eq!(index, 0);
+    let g = f.push_iomap().expect("credits available");
+    let (_, place, payload) = fpdu(&RIO_IOMAP_WRITE);
+    assert_eq!(g.bytes[..], payload[..], "the 24 bytes of frame 338");
+    match f.poll_action() {
+        Some(Action::RdmaWrite {
+            src: Source::Sbuf(spans),
+            remote_addr,
+            rkey,
+            tag: SendTag::DataWrite { len: 24 },
+        }) => {
+            assert_eq!(spans, g.spans);
+            assert_eq!(
+                Placement::Tagged {
+                    stag: rkey,
+                    to: remote_addr
+                },
+                place,
+                "frame 338's STag and tagged offset"
+            );
+        }
+        other => panic!("expected the entry's RDMA Write, got {other:?}"),
+    }
+    match f.poll_action() {
+        Some(Action::Send { payload, .. }) => {
+            assert_eq!(payload[..], RIO_IOMAP_SGL_SEND[20..24], "frame 339's word")
+        }
+        other => panic!("expected the RS_OP_IOMAP_SGL Send, got {other:?}"),
+    }
+}
