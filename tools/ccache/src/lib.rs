@@ -12,12 +12,15 @@
 //!   a request to the version thread.
 //! - [`http`] and [`proxy`]: `ccproxy`, a minimal HTTP/1.1 caching reverse
 //!   proxy that validates every request.
+//! - [`load`]: `ccload`'s workloads (Zipf, sizes, access-log replay, a
+//!   WorldCup-98-shaped log) and the stale checker.
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
 pub mod appd;
 pub mod check;
 pub mod http;
+pub mod load;
 pub mod msgio;
 pub mod proxy;
 pub mod table;
