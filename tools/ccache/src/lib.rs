@@ -12,6 +12,10 @@
 //!   a request to the version thread.
 //! - [`http`] and [`proxy`]: `ccproxy`, a minimal HTTP/1.1 caching reverse
 //!   proxy that validates every request.
+//! - [`sockets`]: the `sockets` mode, the version request over
+//!   iWARP sockets (ccappd's listener and the proxy's check).
+//! - [`shard`]: documents sharded over application servers (the shard
+//!   map file and the proxy's front).
 //! - [`load`]: `ccload`'s workloads (Zipf, sizes, access-log replay, a
 //!   WorldCup-98-shaped log) and the stale checker.
 #![deny(unsafe_code)]
@@ -23,6 +27,8 @@ pub mod http;
 pub mod load;
 pub mod msgio;
 pub mod proxy;
+pub mod shard;
+pub mod sockets;
 pub mod table;
 
 /// Install the `tracing` subscriber (`RUST_LOG`, default `info`).
