@@ -67,6 +67,10 @@ struct RunArgs {
     /// Zipf exponent (0 = uniform).
     #[arg(long, default_value_t = 1.0)]
     zipf: f64,
+    /// Added to every document number (e.g. the single workload on
+    /// document 20 while 0..19 hold the Zipf set).
+    #[arg(long, default_value_t = 0)]
+    first_doc: u32,
     /// Access log to replay (workload log): Common or Combined Log Format.
     #[arg(long)]
     log: Option<PathBuf>,
@@ -463,6 +467,7 @@ struct Shared {
     timeout: Duration,
     check_bodies: bool,
     keep_recs: bool,
+    first_doc: u32,
     measuring: AtomicBool,
     stop: AtomicBool,
     budget: Option<AtomicU64>,
@@ -507,6 +512,7 @@ fn client_loop(sh: Arc<Shared>, picker: Picker, seed: u64) -> Worker {
                 docs[i % docs.len()]
             }
         };
+        let doc = doc.saturating_add(sh.first_doc);
         let target = format!("{}{doc}", sh.path);
         let t0 = now_ns();
         let start = Instant::now();
@@ -620,6 +626,7 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
         timeout: Duration::from_secs_f64(a.timeout.max(0.001)),
         check_bodies: log.is_some(),
         keep_recs: log.is_some() || a.records.is_some(),
+        first_doc: a.first_doc,
         measuring: AtomicBool::new(a.warmup <= 0.0),
         stop: AtomicBool::new(false),
         budget: a.requests.map(AtomicU64::new),
