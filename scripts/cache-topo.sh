@@ -231,3 +231,20 @@ start_nginx() {
     TOPO_PIDS+=("$!")
     wait_tcp "p$i" "$a" "$port" "$!"
 }
+
+# kill_node NAME: SIGKILL every process in the node's namespace (a server
+# that dies at once: no FIN from its processes' orderly exit paths).
+kill_node() {
+    local pids
+    pids="$(ip netns pids "$(ns "$1")" 2>/dev/null)"
+    if [ -n "$pids" ]; then
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null
+    fi
+    local _
+    for _ in $(seq 1 50); do
+        [ -z "$(ip netns pids "$(ns "$1")" 2>/dev/null)" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}

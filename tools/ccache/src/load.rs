@@ -470,11 +470,10 @@ pub fn gen_wc98(w: &mut impl Write, cfg: &Wc98) -> io::Result<()> {
     let mut t = cfg.start as f64;
     let mut in_burst = false;
     let mut phase_end = t + 60.0;
-    let every_bad = if cfg.malformed > 0 {
-        (cfg.requests / cfg.malformed).max(1)
-    } else {
-        u64::MAX
-    };
+    let every_bad = cfg
+        .requests
+        .checked_div(cfg.malformed)
+        .map_or(u64::MAX, |n| n.max(1));
     let mut bad_written = 0;
     for n in 0..cfg.requests {
         if t >= phase_end {
@@ -539,6 +538,28 @@ impl UpdateLog {
     /// Parse a log (`<unix ns> <doc> <version>` per line).
     pub fn read(r: impl BufRead) -> io::Result<UpdateLog> {
         let mut log = UpdateLog::default();
+        log.add(r, |_| true)?;
+        log.finish();
+        Ok(log)
+    }
+
+    /// Parse several logs, one per shard of `n`: the log of shard `j`
+    /// counts only for documents `d` with `d % n == j` (every module has
+    /// a slot for every document, and its update thread may update
+    /// documents it does not serve; those commits are not the served
+    /// versions).
+    pub fn read_sharded(rs: Vec<impl BufRead>) -> io::Result<UpdateLog> {
+        let n = rs.len().max(1) as u32;
+        let mut log = UpdateLog::default();
+        for (j, r) in rs.into_iter().enumerate() {
+            log.add(r, |d| d % n == j as u32)?;
+        }
+        log.finish();
+        Ok(log)
+    }
+
+    fn add(&mut self, r: impl BufRead, keep: impl Fn(u32) -> bool) -> io::Result<()> {
+        let log = self;
         for line in r.lines() {
             let line = line?;
             if line.trim().is_empty() {
@@ -554,11 +575,16 @@ impl UpdateLog {
                 _ => None,
             };
             match parsed {
-                Some((t, d, v)) => log.commits.entry(d).or_default().push((t, v)),
+                Some((t, d, v)) if keep(d) => log.commits.entry(d).or_default().push((t, v)),
+                Some(_) => {}
                 None => log.bad_lines += 1,
             }
         }
-        for cs in log.commits.values_mut() {
+        Ok(())
+    }
+
+    fn finish(&mut self) {
+        for cs in self.commits.values_mut() {
             cs.sort_unstable();
             let mut m = 0;
             for c in cs.iter_mut() {
@@ -566,7 +592,6 @@ impl UpdateLog {
                 c.1 = m;
             }
         }
-        Ok(log)
     }
 
     /// The newest version of `doc` committed strictly before `t0` (unix
@@ -813,6 +838,13 @@ a - - [10/Oct/2000:13:55:41 +0000] \"GET /z HTTP/1.0\" 200 70
         // Out-of-order lines (two updaters) are sorted.
         let l = UpdateLog::read("300 1 8\n100 1 7\n".as_bytes()).unwrap();
         assert_eq!(l.required(1, 200), Some(7));
+        // Two shards: shard 0's log counts for even documents only.
+        let l = UpdateLog::read_sharded(vec![
+            "100 0 5\n100 1 900\n".as_bytes(),
+            "100 0 900\n100 1 6\n".as_bytes(),
+        ])
+        .unwrap();
+        assert_eq!((l.required(0, 200), l.required(1, 200)), (Some(5), Some(6)));
     }
 
     #[test]

@@ -85,9 +85,11 @@ impl ShardMap {
                             "rdma" => &mut rdma,
                             "tcp" => &mut tcp,
                             "sockets" => &mut sockets,
-                            _ => return Err(format!(
+                            _ => {
+                                return Err(format!(
                                 "line {n}: unknown key {key:?} (keys: backend, rdma, tcp, sockets)"
-                            )),
+                            ))
+                            }
                         };
                         *slot = Some(addr);
                     }

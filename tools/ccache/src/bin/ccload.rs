@@ -91,9 +91,11 @@ struct RunArgs {
     timeout: f64,
     /// The update log (`<unix ns> <doc> <version>`): check every 200 for
     /// staleness and its body for being that version of the document;
-    /// any stale, unversioned or wrong body fails the run.
+    /// any stale, unversioned or wrong body fails the run. Repeat it for
+    /// documents sharded over several modules (doc % N; the N logs in
+    /// shard order).
     #[arg(long)]
-    update_log: Option<PathBuf>,
+    update_log: Vec<PathBuf>,
     /// Statuses besides 200 that are not a failure (repeatable), e.g. 502
     /// during a fault test.
     #[arg(long)]
@@ -618,7 +620,7 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
         }
         _ => None,
     };
-    let log = a.update_log.clone();
+    let log = (!a.update_log.is_empty()).then(|| a.update_log.clone());
     let sh = Arc::new(Shared {
         addr,
         host,
@@ -692,10 +694,14 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
     // The stale check.
     let mut verdict = String::new();
     let mut pass = true;
-    if let Some(p) = &log {
-        let f = File::open(p).map_err(|e| format!("--update-log {}: {e}", p.display()))?;
-        let ul = UpdateLog::read(BufReader::new(f))
-            .map_err(|e| format!("reading {}: {e}", p.display()))?;
+    if let Some(ps) = &log {
+        let mut files = Vec::new();
+        for p in ps {
+            let f = File::open(p).map_err(|e| format!("--update-log {}: {e}", p.display()))?;
+            files.push(BufReader::new(f));
+        }
+        let ul =
+            UpdateLog::read_sharded(files).map_err(|e| format!("reading the update logs: {e}"))?;
         let (mut stale, mut unversioned, mut nolog, mut bad_body) = (0u64, 0u64, 0u64, 0u64);
         let mut shown = 0;
         for r in recs.iter().filter(|r| r.status == 200) {
