@@ -86,7 +86,7 @@ timeout 300 make -s -C tools/ccache/apache >/dev/null || { say "mod_ccache build
 
 T="$(mktemp -d /tmp/bench-cache.XXXXXX)"
 chmod 755 "$T"
-# shellcheck source=scripts/cache-topo.sh
+# shellcheck source=scripts/cache-topo.sh disable=SC1091
 . "$ROOT/scripts/cache-topo.sh"
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {

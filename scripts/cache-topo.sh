@@ -232,19 +232,27 @@ start_nginx() {
     wait_tcp "p$i" "$a" "$port" "$!"
 }
 
+# live_pids NAME: the processes in the node's namespace that are not zombies.
+live_pids() {
+    local p st
+    for p in $(ip netns pids "$(ns "$1")" 2>/dev/null); do
+        st="$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)"
+        if [ -n "$st" ] && [ "$st" != Z ]; then echo "$p"; fi
+    done
+}
+
 # kill_node NAME: SIGKILL every process in the node's namespace (a server
-# that dies at once: no FIN from its processes' orderly exit paths).
+# that dies at once), again until none is left: a parent may fork a child
+# between the listing and the kill.
 kill_node() {
-    local pids
-    pids="$(ip netns pids "$(ns "$1")" 2>/dev/null)"
-    if [ -n "$pids" ]; then
+    local pids _
+    for _ in $(seq 1 100); do
+        pids="$(live_pids "$1")"
+        [ -z "$pids" ] && return 0
         # shellcheck disable=SC2086
         kill -KILL $pids 2>/dev/null
-    fi
-    local _
-    for _ in $(seq 1 50); do
-        [ -z "$(ip netns pids "$(ns "$1")" 2>/dev/null)" ] && return 0
         sleep 0.1
     done
+    echo "still alive in $(ns "$1"): $(live_pids "$1")"
     return 1
 }
