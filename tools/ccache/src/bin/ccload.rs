@@ -100,7 +100,7 @@ struct RunArgs {
     /// during a fault test.
     #[arg(long)]
     allow_status: Vec<u16>,
-    /// Fail if fewer than this fraction of responses are 200.
+    /// Fail if fewer than this fraction of requests got a 200.
     #[arg(long, default_value_t = 0.99)]
     min_ok: f64,
     /// Write the JSON summary here too.
@@ -523,9 +523,11 @@ fn client_loop(sh: Arc<Shared>, picker: Picker, seed: u64) -> Worker {
         if !measuring {
             continue;
         }
-        let _ = w.hist.record(lat_us.min(120_000_000));
         match r {
             Ok(resp) => {
+                // Latency and throughput count HTTP responses only; a
+                // connection or protocol failure is an error, below.
+                let _ = w.hist.record(lat_us.min(120_000_000));
                 *w.status.entry(resp.status).or_default() += 1;
                 w.hits += u64::from(resp.cache == Cache::Hit);
                 w.misses += u64::from(resp.cache == Cache::Miss);
@@ -693,7 +695,8 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
 
     // The stale check.
     let mut verdict = String::new();
-    let mut pass = true;
+    let ok200 = status.get(&200).copied().unwrap_or(0);
+    let mut pass = (ok200 as f64) >= a.min_ok * (total + errors) as f64;
     if let Some(ps) = &log {
         let mut files = Vec::new();
         for p in ps {
@@ -729,7 +732,7 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
             .iter()
             .filter(|r| r.status != 200 && !a.allow_status.contains(&r.status))
             .count();
-        pass = stale == 0
+        pass &= stale == 0
             && unversioned == 0
             && nolog == 0
             && bad_body == 0
@@ -808,7 +811,17 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("--json {}: {e}", p.display()))?;
     }
     if total == 0 {
-        return Err("no request completed".into());
+        return Err(format!(
+            "no request got a response ({errors} failed; first: {})",
+            first_error.as_deref().unwrap_or("none")
+        ));
+    }
+    if !pass && log.is_none() {
+        eprintln!(
+            "FAIL: {ok200} of {} requests got a 200, below --min-ok {}",
+            total + errors,
+            a.min_ok
+        );
     }
     Ok(if pass {
         ExitCode::SUCCESS
