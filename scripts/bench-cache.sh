@@ -12,8 +12,11 @@
 #   APPS=2 PROXIES=1 scripts/bench-cache.sh  # documents sharded over 2 servers
 #   OUT=/tmp/cc scripts/bench-cache.sh     # results elsewhere (default docs/bench/cache)
 #
-# Workloads (WORKLOADS): single (one 8 KB document, the seed's) and zipf (20
-# documents of 200 B - 1 MB, Zipf exponent ZIPF). Each run: WARMUP seconds
+# Workloads (WORKLOADS): single (one 8 KB document, the seed's), zipf (20
+# documents of 200 B - 1 MB, Zipf exponent ZIPF), and, if asked for, wc98:
+# a replay of a generated WorldCup-98-shaped access log (ccload gen-log),
+# its URLs mapped onto WC_DOCS documents sized from the log; LOG=FILE
+# replays your own Common/Combined Log Format log instead. Each run: WARMUP seconds
 # unrecorded, then DURATION seconds of CLIENTS keep-alive clients (ccload).
 # Modes run in a rotated order in each rep, so each mode's runs are paired
 # in time with the others'; the report takes the median over reps.
@@ -101,13 +104,25 @@ RESULTS="$OUT/results.jsonl"
 say "topology: $PROXIES proxies, $APPS application servers (namespaces $TOPO-*), app CPUs ${APP_CPUS:-all}, front CPUs ${FRONT_CPUS:-all}"
 topo_up "$PROXIES" "$APPS" || { say "cannot build the topology"; exit 1; }
 
-# Documents: 0..19 the Zipf set (200 B - 1 MB), 20 the single 8 KB one.
+# Documents: 0..19 the Zipf set (200 B - 1 MB), 20 the single 8 KB one,
+# 100.. the access log's (workload wc98).
 VERSION="$(date +%s%N)"
 DOCS=21
+WC_DOCS="${WC_DOCS:-200}"
+if [[ " $WORKLOADS " == *" wc98 "* ]]; then
+    if [ -z "${LOG:-}" ]; then
+        LOG="$T/wc98.log"
+        "$TARGET/release/ccload" gen-log --out "$LOG" --requests 200000 --urls 3000 || exit 1
+    fi
+    DOCS=$((100 + WC_DOCS))
+fi
 for j in $(seq 0 $((APPS - 1))); do
     mkdir -p "$T/a$j/docs"
     "$TARGET/release/ccload" mkdocs --docroot "$T/a$j/docs" --docs 21 --min-size 8192 --max-size 8192 --version "$VERSION" >/dev/null
     "$TARGET/release/ccload" mkdocs --docroot "$T/a$j/docs" --docs 20 --min-size 200 --max-size 1048576 --version "$VERSION" >"$T/sizes.txt"
+    if [ "$DOCS" -gt 21 ]; then
+        "$TARGET/release/ccload" mkdocs --docroot "$T/a$j/docs" --log "$LOG" --docs "$WC_DOCS" --first-doc 100 --version "$VERSION" >/dev/null || exit 1
+    fi
     chmod -R a+rX "$T/a$j"
     start_apache "$j" || { say "apache2 in a$j did not start"; cat "$T/a$j/logs/"* 2>/dev/null; exit 1; }
 done
@@ -156,7 +171,12 @@ for n in $THREADS; do
         k=$(((rep - 1) % ${#ms[@]}))
         order=("${ms[@]:$k}" "${ms[@]:0:$k}")
         for w in $WORKLOADS; do
-            if [ "$w" = single ]; then wargs=(--workload single --first-doc 20); else wargs=(--workload zipf --docs 20 --zipf "$ZIPF"); fi
+            case "$w" in
+            single) wargs=(--workload single --first-doc 20) ;;
+            zipf) wargs=(--workload zipf --docs 20 --zipf "$ZIPF") ;;
+            wc98) wargs=(--workload log --log "$LOG" --docs "$WC_DOCS" --first-doc 100) ;;
+            *) say "unknown workload $w (single, zipf, wc98)"; exit 1 ;;
+            esac
             for m in "${order[@]}"; do
                 label="workload=$w,mode=$m,threads=$n,rep=$rep"
                 if ! in_ns cl "${PIN_FRONT[@]}" timeout $((DURATION + WARMUP + 120)) "$TARGET/release/ccload" run \

@@ -166,6 +166,9 @@ struct MkdocsArgs {
     /// Version written into the files (ccappd --initial-version).
     #[arg(long)]
     version: u64,
+    /// Number the files from this document on (as `run --first-doc`).
+    #[arg(long, default_value_t = 0)]
+    first_doc: u32,
     /// Seed of the size shuffle.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -251,9 +254,10 @@ fn mkdocs(a: MkdocsArgs) -> Result<ExitCode, String> {
         None => load::doc_sizes(a.docs, a.min_size, a.max_size, a.seed),
     };
     std::fs::create_dir_all(&a.docroot).map_err(|e| format!("{}: {e}", a.docroot.display()))?;
-    for (d, &size) in sizes.iter().enumerate() {
-        let p = appd::doc_path(&a.docroot, d as u32);
-        std::fs::write(&p, appd::doc_body(d as u32, a.version, size))
+    for (i, &size) in sizes.iter().enumerate() {
+        let d = a.first_doc.saturating_add(i as u32);
+        let p = appd::doc_path(&a.docroot, d);
+        std::fs::write(&p, appd::doc_body(d, a.version, size))
             .map_err(|e| format!("{}: {e}", p.display()))?;
         println!("{d} {size}");
     }
