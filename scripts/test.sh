@@ -294,8 +294,9 @@ if ((BUILD_OK)); then
     run_step "preload shim (real programs over iWARP sockets)" scripts/test-preload.sh || true
     run_step "cache (ccappd/ccproxy)" scripts/test-cache.sh || true
     run_step "cache push-pull (ccappd pushes to ccproxy)" scripts/test-cache-push.sh || true
+    run_step "cache topology (namespaces, sharding, faults)" scripts/test-cache-topology.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)"; do
         skip_step "$s" "release build failed"
     done
 fi

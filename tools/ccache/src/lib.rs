@@ -17,15 +17,24 @@
 //!   counters (misses, wasted updates).
 //! - [`push`]: adaptive push-pull: the proxy's registration and push
 //!   channel, and the module's pusher (state reads, policy, pushes).
+//! - [`sockets`]: the `sockets` mode, the version request over
+//!   iWARP sockets (ccappd's listener and the proxy's check).
+//! - [`shard`]: documents sharded over application servers (the shard
+//!   map file and the proxy's front).
+//! - [`load`]: `ccload`'s workloads (Zipf, sizes, access-log replay, a
+//!   WorldCup-98-shaped log) and the stale checker.
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
 pub mod appd;
 pub mod check;
 pub mod http;
+pub mod load;
 pub mod msgio;
 pub mod proxy;
 pub mod push;
+pub mod shard;
+pub mod sockets;
 pub mod state;
 pub mod table;
 

@@ -29,7 +29,7 @@ use std::io::{BufReader, BufWriter};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::check::{CheckError, VersionCheck};
 use crate::http::{self, HttpError, Request, Response};
@@ -44,6 +44,8 @@ pub enum Mode {
     Rdma,
     /// Ask the version thread over TCP.
     Tcp,
+    /// Ask the version thread over iWARP sockets (`crate::sockets`).
+    Sockets,
 }
 
 /// Settings.
@@ -96,13 +98,27 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
-struct Answer {
+/// A response, before it is written.
+#[derive(Debug)]
+pub struct Answer {
     status: u16,
     headers: Vec<(&'static str, String)>,
     body: Arc<Vec<u8>>,
 }
 
-fn error_answer(status: u16, why: String) -> Answer {
+/// Where a document request's time went (the response-time breakdown):
+/// the version check and the fetch from the application server. The
+/// rest of the time inside the proxy is the proxy module (cache lookup
+/// and store). Sent as `X-CC-Timing: check=..;fetch=..;module=..;total=..`
+/// in microseconds; `total` runs from the parsed request to the built
+/// answer, so HTTP parsing and writing are outside it.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stages {
+    check: Duration,
+    fetch: Duration,
+}
+
+pub(crate) fn error_answer(status: u16, why: String) -> Answer {
     Answer {
         status,
         headers: vec![("Content-Type", "text/plain".into())],
@@ -171,11 +187,17 @@ impl Proxy {
         }
     }
 
-    fn answer_doc(&self, doc: u32, target: &str) -> Answer {
+    fn answer_doc(&self, doc: u32, target: &str, st: &mut Stages) -> Answer {
         if self.cfg.mode == Mode::None {
-            return self.forward(target, "off");
+            let t = Instant::now();
+            let a = self.forward(target, "off");
+            st.fetch = t.elapsed();
+            return a;
         }
-        let v = match self.check(doc) {
+        let t = Instant::now();
+        let checked = self.check(doc);
+        st.check = t.elapsed();
+        let v = match checked {
             Ok(v) => v,
             Err(CheckError::NoSuchDocument { doc }) => {
                 return error_answer(404, format!("document {doc} is not in the version table"))
@@ -200,7 +222,10 @@ impl Proxy {
                 body,
             };
         }
-        let r = match self.fetch(target) {
+        let t = Instant::now();
+        let fetched = self.fetch(target);
+        st.fetch = t.elapsed();
+        let r = match fetched {
             Ok(r) => r,
             Err(a) => return a,
         };
@@ -257,7 +282,39 @@ impl Proxy {
         }
     }
 
-    fn answer(&self, req: &Request) -> Answer {
+    /// The answer to one request, with `X-CC-Timing` on document requests.
+    pub fn answer(&self, req: &Request) -> Answer {
+        let start = Instant::now();
+        let mut st = Stages::default();
+        let mut a = self.answer_untimed(req, &mut st);
+        if self.doc_of(&req.target).is_some() {
+            let total = start.elapsed();
+            let module = total.saturating_sub(st.check + st.fetch);
+            a.headers.push((
+                "X-CC-Timing",
+                format!(
+                    "check={};fetch={};module={};total={}",
+                    st.check.as_micros(),
+                    st.fetch.as_micros(),
+                    module.as_micros(),
+                    total.as_micros()
+                ),
+            ));
+        }
+        a
+    }
+
+    /// The document number of a request target, if it is a document.
+    pub fn doc_of_target(&self, target: &str) -> Option<u32> {
+        self.doc_of(target)
+    }
+
+    /// Connections idle this long are closed.
+    pub fn idle(&self) -> Duration {
+        self.cfg.idle
+    }
+
+    fn answer_untimed(&self, req: &Request, st: &mut Stages) -> Answer {
         if req.method != "GET" && req.method != "HEAD" {
             return error_answer(
                 501,
@@ -272,17 +329,25 @@ impl Proxy {
             };
         }
         match self.doc_of(&req.target) {
-            Some(doc) => self.answer_doc(doc, &req.target),
+            Some(doc) => self.answer_doc(doc, &req.target, st),
             None => self.forward(&req.target, "bypass"),
         }
     }
 
     /// Serve one client connection until it closes or idles.
     pub fn serve_conn(&self, s: TcpStream) {
+        serve_client(s, self.cfg.idle, |req| self.answer(req));
+    }
+}
+
+/// Serve one client connection with `answer` until it closes or idles
+/// (shared by [`Proxy`] and the sharded front, `crate::shard`).
+pub fn serve_client(s: TcpStream, idle: Duration, answer: impl Fn(&Request) -> Answer) {
+    {
         let peer = s.peer_addr().ok();
         let _ = s.set_nodelay(true);
-        let _ = s.set_read_timeout(Some(self.cfg.idle));
-        let _ = s.set_write_timeout(Some(self.cfg.idle));
+        let _ = s.set_read_timeout(Some(idle));
+        let _ = s.set_write_timeout(Some(idle));
         let Ok(w) = s.try_clone() else { return };
         let mut r = BufReader::new(s);
         let mut w = BufWriter::new(w);
@@ -304,7 +369,7 @@ impl Proxy {
                     return;
                 }
             };
-            let a = self.answer(&req);
+            let a = answer(&req);
             let keep = req.keep_alive();
             if http::write_response(
                 &mut w,

@@ -43,6 +43,10 @@ struct Args {
     /// TCP listen address of the version thread (two-sided checks).
     #[arg(long, default_value = "127.0.0.1:7472")]
     version_listen: SocketAddr,
+    /// Listen address of the version thread over iWARP sockets (mode
+    /// sockets of ccproxy); off unless given.
+    #[arg(long)]
+    sockets_listen: Option<SocketAddr>,
     /// Unix socket of the Table 1 IPC (application server, update thread).
     #[arg(long, default_value = "/tmp/ccappd.sock")]
     ipc: PathBuf,
@@ -250,6 +254,10 @@ fn run(a: Args) -> Result<(), String> {
     let state = Arc::new(state);
     let t2 = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t2, idle));
+    if let Some(addr) = a.sockets_listen {
+        let at = ccache::sockets::spawn_listener(addr, table.clone(), idle)?;
+        tracing::info!(sockets = %at, "version thread listening on iWARP sockets");
+    }
     std::thread::spawn(move || appd::serve_ipc(il, state, idle));
     if a.update_rate > 0.0 {
         let cfg = UpdaterCfg {

@@ -10,6 +10,8 @@ use std::time::Duration;
 use ccache::check::{RdmaCheck, TcpCheck, VersionCheck};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push;
+use ccache::shard::{self, ShardMap, Sharded};
+use ccache::sockets::SocketsCheck;
 use ccache::state::CacheState;
 use ccache_proto::push::Registration;
 use clap::{Parser, ValueEnum};
@@ -22,6 +24,8 @@ enum ModeArg {
     Rdma,
     /// Validate every request by asking ccappd's version thread over TCP.
     Tcp,
+    /// The same request as tcp, over Sockets over iWARP (iwarp-sockets).
+    Sockets,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -48,8 +52,8 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
     /// The application server (HTTP).
-    #[arg(long)]
-    backend: SocketAddr,
+    #[arg(long, required_unless_present = "shards")]
+    backend: Option<SocketAddr>,
     /// Validation mode.
     #[arg(long, value_enum, default_value = "rdma")]
     mode: ModeArg,
@@ -59,6 +63,13 @@ struct Args {
     /// ccappd's --version-listen address (mode tcp).
     #[arg(long, default_value = "127.0.0.1:7472")]
     appd_tcp: SocketAddr,
+    /// ccappd's --sockets-listen address (mode sockets).
+    #[arg(long, default_value = "127.0.0.1:7473")]
+    appd_sockets: SocketAddr,
+    /// Shard map file: documents spread over several application servers
+    /// (see docs/CACHE.md); replaces --backend and --appd-*.
+    #[arg(long, conflicts_with = "backend")]
+    shards: Option<std::path::PathBuf>,
     /// Path prefix of documents; the rest of the path is the document number.
     #[arg(long, default_value = "/cgi-bin/doc.cgi/")]
     prefix: String,
@@ -102,6 +113,64 @@ struct Args {
     state_interval_ms: u64,
 }
 
+fn checkers(
+    a: &Args,
+    rdma: Option<SocketAddr>,
+    tcp: Option<SocketAddr>,
+    sockets: Option<SocketAddr>,
+) -> Result<(Mode, Vec<Box<dyn VersionCheck>>), String> {
+    let t = Duration::from_millis(a.check_timeout_ms.max(1));
+    let n = a.check_conns.max(1);
+    let need = |x: Option<SocketAddr>, what: &str| {
+        x.ok_or(format!(
+            "mode {:?} needs the module's {what} address (rdma=/tcp=/sockets= in the shard map)",
+            a.mode
+        ))
+    };
+    Ok(match a.mode {
+        ModeArg::None => (Mode::None, Vec::new()),
+        ModeArg::Rdma => {
+            let addr = need(rdma, "RDMA")?;
+            let mode = match a.rdma_wait {
+                WaitArg::Sleep => iwarp::ProgressMode::Threaded {
+                    spin: Duration::ZERO,
+                },
+                WaitArg::Threaded => iwarp::ProgressMode::Threaded {
+                    spin: iwarp::DEFAULT_SPIN,
+                },
+                WaitArg::BusyPoll => iwarp::ProgressMode::BusyPoll,
+            };
+            (
+                Mode::Rdma,
+                (0..n)
+                    .map(|_| {
+                        Box::new(RdmaCheck::new(addr, t).with_progress(mode))
+                            as Box<dyn VersionCheck>
+                    })
+                    .collect(),
+            )
+        }
+        ModeArg::Tcp => {
+            let addr = need(tcp, "TCP version")?;
+            (
+                Mode::Tcp,
+                (0..n)
+                    .map(|_| Box::new(TcpCheck::new(addr, t)) as Box<dyn VersionCheck>)
+                    .collect(),
+            )
+        }
+        ModeArg::Sockets => {
+            let addr = need(sockets, "sockets version")?;
+            (
+                Mode::Sockets,
+                (0..n)
+                    .map(|_| Box::new(SocketsCheck::new(addr, t)) as Box<dyn VersionCheck>)
+                    .collect(),
+            )
+        }
+    })
+}
+
 fn main() -> ExitCode {
     ccache::init_logging();
     let a = match ccache::args_with_config(std::env::args_os().collect()) {
@@ -111,72 +180,68 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let t = Duration::from_millis(a.check_timeout_ms.max(1));
-    let n = a.check_conns.max(1);
-    let (mode, checkers): (Mode, Vec<Box<dyn VersionCheck>>) = match a.mode {
-        ModeArg::None => (Mode::None, Vec::new()),
-        ModeArg::Rdma => (
-            Mode::Rdma,
-            (0..n)
-                .map(|_| {
-                    let mode = match a.rdma_wait {
-                        WaitArg::Sleep => iwarp::ProgressMode::Threaded {
-                            spin: Duration::ZERO,
-                        },
-                        WaitArg::Threaded => iwarp::ProgressMode::Threaded {
-                            spin: iwarp::DEFAULT_SPIN,
-                        },
-                        WaitArg::BusyPoll => iwarp::ProgressMode::BusyPoll,
-                    };
-                    Box::new(RdmaCheck::new(a.appd_rdma, t).with_progress(mode))
-                        as Box<dyn VersionCheck>
-                })
-                .collect(),
-        ),
-        ModeArg::Tcp => (
-            Mode::Tcp,
-            (0..n)
-                .map(|_| Box::new(TcpCheck::new(a.appd_tcp, t)) as Box<dyn VersionCheck>)
-                .collect(),
-        ),
-    };
-    let listener = match TcpListener::bind(a.listen) {
-        Ok(l) => l,
+    match run(a) {
+        // `serve` returns only if the listener fails.
+        Ok(()) => ExitCode::FAILURE,
         Err(e) => {
-            tracing::error!("--listen {}: {e} (port in use? pick another)", a.listen);
-            return ExitCode::FAILURE;
-        }
-    };
-    let cache = Arc::new(CacheState::new(a.cache_docs, a.state_entries));
-    cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
-    if let Some(appd) = a.push_appd {
-        match push_setup(&cache, a.state_rdma_listen) {
-            Ok(reg) => {
-                let c = cache.clone();
-                std::thread::spawn(move || {
-                    push::run_agent(appd, reg, c, Duration::from_secs(5), Duration::from_secs(1))
-                });
-            }
-            Err(e) => {
-                tracing::error!("{e}");
-                return ExitCode::FAILURE;
-            }
+            tracing::error!("{e}");
+            ExitCode::FAILURE
         }
     }
-    let cfg = ProxyCfg {
-        backend: a.backend,
-        prefix: a.prefix,
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let cfg_for = |backend: SocketAddr, mode: Mode| ProxyCfg {
+        backend,
+        prefix: a.prefix.clone(),
         mode,
         backend_timeout: Duration::from_millis(a.backend_timeout_ms.max(1)),
         idle: Duration::from_secs(a.idle_secs.max(1)),
     };
-    tracing::info!(listen = %a.listen, backend = %a.backend, mode = ?a.mode, "ccproxy ready");
+    let listener = TcpListener::bind(a.listen)
+        .map_err(|e| format!("--listen {}: {e} (port in use? pick another)", a.listen))?;
+    // One cache (and one cache state region) for every shard.
+    let cache = Arc::new(CacheState::new(a.cache_docs, a.state_entries));
+    cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
+    if let Some(appd) = a.push_appd {
+        let reg = push_setup(&cache, a.state_rdma_listen)?;
+        let c = cache.clone();
+        std::thread::spawn(move || {
+            push::run_agent(appd, reg, c, Duration::from_secs(5), Duration::from_secs(1))
+        });
+    }
+    if let Some(path) = &a.shards {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("--shards {}: {e}", path.display()))?;
+        let map =
+            ShardMap::parse(&text).map_err(|e| format!("--shards {}: {e}", path.display()))?;
+        let mut proxies = Vec::new();
+        for s in &map.shards {
+            let (mode, c) = checkers(&a, s.rdma, s.tcp, s.sockets)?;
+            proxies.push(Proxy::with_cache(cfg_for(s.backend, mode), c, cache.clone()));
+        }
+        tracing::info!(listen = %a.listen, shards = map.shards.len(), mode = ?a.mode, "ccproxy ready (sharded)");
+        shard::serve(
+            listener,
+            Arc::new(Sharded::new(map, proxies)),
+            a.max_conns.max(1),
+        );
+        return Ok(());
+    }
+    let backend = a.backend.ok_or("--backend or --shards is required")?;
+    let (mode, c) = checkers(
+        &a,
+        Some(a.appd_rdma),
+        Some(a.appd_tcp),
+        Some(a.appd_sockets),
+    )?;
+    tracing::info!(listen = %a.listen, %backend, mode = ?a.mode, "ccproxy ready");
     proxy::serve(
         listener,
-        Arc::new(Proxy::with_cache(cfg, checkers, cache)),
+        Arc::new(Proxy::with_cache(cfg_for(backend, mode), c, cache)),
         a.max_conns.max(1),
     );
-    ExitCode::FAILURE
+    Ok(())
 }
 
 /// Register the state region (and, with `rdma`, listen for ccappd's RDMA

@@ -1,0 +1,188 @@
+//! The `sockets` validation mode: the two-sided version request of the
+//! `tcp` mode, carried over the Sockets-over-iWARP library
+//! (`iwarp-sockets`, rsockets-compatible) instead of kernel TCP.
+//!
+//! - [`serve_versions_sockets`]: ccappd's version thread on an
+//!   `iwarp_sockets::Listener` (`ccappd --sockets-listen`): a thread per
+//!   connection answers `VERSION_REQUEST` with `VERSION_REPLY` from the
+//!   version table, exactly as [`crate::appd::serve_versions`] does on TCP.
+//! - [`SocketsCheck`]: the proxy's side (`ccproxy --mode sockets
+//!   --appd-sockets A`), one stream per checker, reconnected once when a
+//!   stream that was up breaks (ccappd restarted).
+//!
+//! Like the `tcp` mode, every check runs the version thread on the
+//! application server; only the transport differs (RDMA Writes of the
+//! message into the peer's ring and a 4-byte Send, by rsockets' protocol).
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccache_proto::ipc::{ErrorCode, Kind, Repr};
+use iwarp_sockets::{Listener, Options, Stream};
+
+use crate::check::{CheckError, VersionCheck};
+use crate::msgio::{read_msg, write_msg, MsgError};
+use crate::table::VersionTable;
+
+/// The stream options for version requests: small rings (messages are 16
+/// bytes), the rest from `IWARP_SOCKETS_*` in the environment.
+pub fn options() -> Options {
+    Options {
+        sbuf_size: 64 * 1024,
+        rbuf_size: 64 * 1024,
+        sq_size: 64,
+        rq_size: 64,
+        ..Options::from_env()
+    }
+}
+
+/// Answer version requests on one stream until it closes, errs, idles, or
+/// sends a malformed message (answered with `ERROR(malformed)`, then
+/// closed: the stream's framing is lost).
+pub fn answer_versions<S: Read + Write>(s: &mut S, table: &VersionTable) {
+    loop {
+        let reply = match read_msg(s) {
+            Ok(m) if m.kind == Kind::VersionRequest => match table.get(m.doc) {
+                Some(Ok(v)) => Repr::with_value(Kind::VersionReply, m.doc, v),
+                Some(Err(_)) => Repr::with_value(Kind::Error, m.doc, ErrorCode::Busy.into()),
+                None => Repr::with_value(Kind::Error, m.doc, ErrorCode::NoSuchDocument.into()),
+            },
+            Ok(m) => Repr::with_value(Kind::Error, m.doc, ErrorCode::NotARequest.into()),
+            Err(MsgError::Malformed(e)) => {
+                tracing::warn!(error = %e, "malformed version request over sockets; closing");
+                let _ = write_msg(
+                    s,
+                    &Repr::with_value(Kind::Error, 0, ErrorCode::Malformed.into()),
+                );
+                return;
+            }
+            Err(_) => return,
+        };
+        if write_msg(s, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+/// The version thread over iWARP sockets: accept streams, a thread each.
+/// A stream idle for `idle` is closed.
+pub fn serve_versions_sockets(listener: Listener, table: Arc<VersionTable>, idle: Duration) {
+    loop {
+        let (mut s, peer) = match listener.accept() {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "sockets version listener accept failed");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        tracing::debug!(%peer, "proxy connected for version requests over iWARP sockets");
+        let table = table.clone();
+        std::thread::spawn(move || {
+            let _ = s.set_read_timeout(Some(idle));
+            let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+            answer_versions(&mut s, &table);
+        });
+    }
+}
+
+/// Bind the sockets version listener (`ccappd --sockets-listen`) and
+/// serve it on a thread of its own.
+pub fn spawn_listener(
+    addr: SocketAddr,
+    table: Arc<VersionTable>,
+    idle: Duration,
+) -> Result<SocketAddr, String> {
+    let l = Listener::bind_with(addr, &options())
+        .map_err(|e| format!("--sockets-listen {addr}: {e} (port in use? pick another)"))?;
+    let local = l.local_addr().map_err(|e| e.to_string())?;
+    std::thread::spawn(move || serve_versions_sockets(l, table, idle));
+    Ok(local)
+}
+
+/// Version checks by a request to the version thread over iWARP sockets.
+#[derive(Debug)]
+pub struct SocketsCheck {
+    addr: SocketAddr,
+    timeout: Duration,
+    conn: Option<Stream>,
+}
+
+impl SocketsCheck {
+    /// Checks against ccappd's `--sockets-listen` at `addr`.
+    pub fn new(addr: SocketAddr, timeout: Duration) -> SocketsCheck {
+        SocketsCheck {
+            addr,
+            timeout,
+            conn: None,
+        }
+    }
+
+    fn connect(&self) -> Result<Stream, CheckError> {
+        let opts = Options {
+            connect_timeout: self.timeout,
+            ..options()
+        };
+        let s = Stream::connect_with(self.addr, &opts)
+            .map_err(|e| CheckError::Unreachable(format!("{} (iWARP sockets): {e}", self.addr)))?;
+        let io = |e: io::Error| CheckError::Unreachable(e.to_string());
+        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
+        s.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        Ok(s)
+    }
+
+    fn ask(s: &mut Stream, doc: u32, timeout: Duration) -> Result<u64, CheckError> {
+        write_msg(s, &Repr::new(Kind::VersionRequest, doc))
+            .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
+        let m = read_msg(s).map_err(|e| match e {
+            MsgError::Io(io)
+                if matches!(
+                    io.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                CheckError::Timeout(timeout)
+            }
+            e => CheckError::Protocol(e.to_string()),
+        })?;
+        match m.kind {
+            Kind::VersionReply if m.doc == doc => Ok(m.value),
+            Kind::Error if ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {
+                Err(CheckError::NoSuchDocument { doc })
+            }
+            _ => Err(CheckError::Protocol(format!(
+                "the version thread answered {m} to a request for document {doc}"
+            ))),
+        }
+    }
+}
+
+impl VersionCheck for SocketsCheck {
+    fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
+        let reused = self.conn.is_some();
+        let mut s = match self.conn.take() {
+            Some(s) => s,
+            None => self.connect()?,
+        };
+        match SocketsCheck::ask(&mut s, doc, self.timeout) {
+            Ok(v) => {
+                self.conn = Some(s);
+                Ok(v)
+            }
+            Err(e @ CheckError::NoSuchDocument { .. }) => {
+                self.conn = Some(s);
+                Err(e)
+            }
+            Err(e) if reused => {
+                tracing::info!(error = %e, "sockets version connection broke; reconnecting once");
+                let mut s = self.connect()?;
+                let v = SocketsCheck::ask(&mut s, doc, self.timeout)?;
+                self.conn = Some(s);
+                Ok(v)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
