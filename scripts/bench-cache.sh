@@ -26,7 +26,11 @@
 # compute threads load the application server's CPU and not the proxy's.
 #
 # Writes $OUT/results.jsonl, $OUT/results.md (tables, targets) and
-# fig9-response-time.png, fig10-breakdown.png, fig11-throughput.png.
+# fig9-response-time.png, fig10-breakdown.png, fig11-throughput.png; then
+# runs scripts/bench-cache-push.sh (Figure 12: wasted updates and misses
+# of pull / push / hybrid) into the same OUT, so this one command writes
+# every table and plot of the issue (PUSH=0 leaves Figure 12 out; under
+# QUICK=1 it runs one short repetition).
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
@@ -197,5 +201,14 @@ done
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') ($NCPU CPUs; app tier on ${APP_CPUS:-all}, front on ${FRONT_CPUS:-all}); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/run.txt"
 /usr/bin/python3 "$ROOT/scripts/bench-cache-report.py" "$RESULTS" "$OUT" "$OUT/run.txt" || failed=1
+if [ "${PUSH:-1}" != 0 ]; then
+    say "Figure 12: pull / push / hybrid (scripts/bench-cache-push.sh)"
+    if [ "$QUICK" = 1 ]; then
+        OUT="$OUT" REPS="${PUSH_REPS:-1}" SECONDS_PER_RUN="${PUSH_SECONDS:-10}" WARMUP_SECONDS=3 \
+            "$ROOT/scripts/bench-cache-push.sh" || failed=1
+    else
+        OUT="$OUT" REPS="${PUSH_REPS:-5}" "$ROOT/scripts/bench-cache-push.sh" || failed=1
+    fi
+fi
 say "results in $OUT"
 exit "$failed"
