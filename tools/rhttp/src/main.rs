@@ -51,6 +51,23 @@ struct Args {
     /// if the server asks), or `off`.
     #[arg(long, global = true, value_enum, default_value_t = CrcArg::Required)]
     crc: CrcArg,
+    /// RDMA device: soft (software iWARP over TCP), auto (a kernel RDMA
+    /// device if there is one, else soft), or a kernel device as
+    /// `ibv_devices` lists it (siw0, rxe0, mlx5_0). Default: the
+    /// IWARP_DEVICE environment variable, else soft. (`--crc` applies to
+    /// soft only: a kernel device's MPA follows its own settings.)
+    #[arg(long, global = true, value_name = "NAME")]
+    device: Option<String>,
+}
+
+/// `--device`, set once in `main`.
+static DEVICE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+fn open_device() -> Result<Context, iwarp::Error> {
+    match DEVICE.get().and_then(Option::as_deref) {
+        Some(d) => Context::open_device(d),
+        None => Context::open(),
+    }
 }
 
 /// `--crc`.
@@ -267,7 +284,7 @@ fn poll_readable(s: &std::net::TcpStream, ms: i32) -> bool {
 
 impl Rdma {
     fn new(http: &Conn, timeout: Duration, crc: Policy) -> Res<Rdma> {
-        let ctx = Context::open().map_err(|e| format!("opening the iWARP device: {e}"))?;
+        let ctx = open_device().map_err(|e| format!("opening the RDMA device: {e}"))?;
         let pd = ctx.alloc_pd();
         let send_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
         let recv_cq = ctx.create_cq(64).map_err(|e| e.to_string())?;
@@ -282,7 +299,7 @@ impl Rdma {
             crc,
             ..MpaConfig::default()
         };
-        let listener = Listener::bind(local, mpa)
+        let listener = Listener::bind_on(&ctx, local, mpa)
             .map_err(|e| format!("listening for the server's RDMA connection on {local}: {e}"))?;
         let ctrl = pd
             .reg_mr(RECV_SLOTS * MSG_LEN, Access::LOCAL_WRITE)
@@ -1324,6 +1341,15 @@ fn main() -> ExitCode {
         .with_writer(io::stderr)
         .init();
     let a = Args::parse();
+    let _ = DEVICE.set(a.device.clone());
+    if !a.plain {
+        // Fail at start, with the reason and the fix, rather than at the
+        // first RDMA request.
+        if let Err(e) = open_device() {
+            eprintln!("rhttp: {e}");
+            return ExitCode::from(2);
+        }
+    }
     let r = match &a.cmd {
         Cmd::Get {
             urls,
