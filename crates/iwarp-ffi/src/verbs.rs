@@ -335,7 +335,10 @@ fn duration_ms(timeout_ms: u32) -> Duration {
 // ---------------------------------------------------------------------------
 // Device and protection domain
 
-/// Open the software iWARP device (`ibv_open_device`). Free it with
+/// Open the device named by the environment variable `IWARP_DEVICE`
+/// ("soft", "auto", or a kernel RDMA device such as "siw0"), the software
+/// iWARP device when it is unset (`ibv_open_device`); see
+/// `iwarp_open_device_named` to name it. Free it with
 /// `iwarp_close_device`.
 ///
 /// # Safety
