@@ -430,6 +430,39 @@ mod tests {
     }
 
     #[test]
+    fn device_is_checked_and_opened() {
+        let bad = Config {
+            device: Some("no/such".into()),
+            ..Config::default()
+        };
+        match bad.validated() {
+            Err(Error::Config(e)) => assert!(e.contains("invalid device name"), "{e}"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        let soft = Config {
+            device: Some("soft".into()),
+            ..Config::default()
+        };
+        assert_eq!(soft.open_device().unwrap().device_name(), "soft");
+        let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if !has_rdma {
+            let missing = Config {
+                device: Some("siw0".into()),
+                ..Config::default()
+            };
+            match missing.open_device() {
+                Err(Error::Setup(e)) => assert!(e.contains("--device soft"), "{e}"),
+                other => panic!(
+                    "expected a setup error, got {:?}",
+                    other.map(|c| c.device_name().to_string())
+                ),
+            }
+        }
+    }
+
+    #[test]
     fn config_validation() {
         assert!(Config::default().validated().is_ok());
         for bad in [
