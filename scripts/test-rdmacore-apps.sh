@@ -13,6 +13,9 @@
 #                 host (soft, RDMADevice soft): GET (server-writes and
 #                 client-reads) and PUT (server-reads), SHA-256 compared;
 #                 the server connects back to rhttp's rdma_cm listener
+#   capi-siw0, capi-rxe0  tests/c/test_device.c: the C API on the named
+#                 device (iwarp_open_device_named, iwarp_listen_on, Write,
+#                 Read, Send, disconnect)
 #   ping-srv      guest iwarp-ping -s --device siw0 (a server on a kernel
 #                 device through iwarp::cm::Listener) <- host iwarp-ping -c
 #                 on soft, and <- rping -c on siw0 in the guest
@@ -104,6 +107,14 @@ cleanup() {
 }
 trap cleanup EXIT
 for b in rftp rftpd rhttp iwarp-ping; do install -m755 "$REL/$b" "$SHARE_DIR/$b"; done
+# The C API test on a named device, against libiwarp.so from the share.
+install -m755 "$REL/libiwarp.so" "$SHARE_DIR/libiwarp.so"
+if ! gcc -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Itests/c tests/c/test_device.c \
+    -o "$SHARE_DIR/test_device" -L"$REL" -liwarp -lpthread >"$LOGS/capi-build.log" 2>&1; then
+    cat "$LOGS/capi-build.log"
+    note "FAILED: compiling tests/c/test_device.c"
+    exit 1
+fi
 KVER="$(cat "$WORK/out/.kver" 2>/dev/null || true)"
 CRC32_KO="$WORK/kroot-$KVER/lib/modules/$KVER/kernel/crypto/crc32_generic.ko"
 [[ -n "$KVER" && -f "$CRC32_KO" ]] && install -m644 "$CRC32_KO" "$SHARE_DIR/crc32_generic.ko"
@@ -179,6 +190,13 @@ rftp_pair() {
 }
 
 rftp_pair rftp-siw0 siw0 2121
+# capi DEV: tests/c/test_device.c (the C API on a named device).
+capi() {
+  TEST_DEVICE=\$1 TEST_ADDR=\$G LD_LIBRARY_PATH=\$H timeout 120 \$H/test_device > /tmp/capi-\$1.log 2>&1; r=\$?
+  show capi-\$1 /tmp/capi-\$1.log
+  echo "RDMACORE RESULT capi-\$1 rc=\$r"
+}
+capi siw0
 
 # mixA: guest rftp on siw0 -> host rftpd on soft.
 rc=0
@@ -247,6 +265,7 @@ rdma link delete siw0 || echo "RDMACORE note: rdma link delete siw0 failed"
 modprobe rdma_rxe || echo "RDMACORE note: modprobe rdma_rxe failed"
 rdma link add rxe0 type rxe netdev eth0 || echo "RDMACORE note: rdma link add rxe0 failed"
 rftp_pair rftp-rxe0 rxe0 2124
+capi rxe0
 echo "RDMACORE ALLDONE"
 GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
@@ -391,6 +410,8 @@ sed 's/^/    host: /' "$LOGS/ping-host.log" 2>/dev/null || true
 check ping-srv "$PING_RC" "iwarp-ping -s --device siw0 (iwarp::cm::Listener on a kernel device) <- rping -c on siw0 and <- iwarp-ping -c on soft from the host"
 check rhttp-modrdma "$RHTTP_RC" "rhttp --device siw0 in the guest <-> Apache + mod_rdma on soft on the host: GET server-writes and client-reads, PUT server-reads, SHA-256 equal"
 check rftp-rxe0 0 "rftpd and rftp on rxe0 (soft-RoCE): get and put, SHA-256 equal"
+check capi-siw0 0 "C API on siw0 (iwarp_open_device_named, iwarp_listen_on; Write, Read, Send, disconnect)"
+check capi-rxe0 0 "C API on rxe0 (the same)"
 if ! grep -aq "RDMACORE ALLDONE" "$CLEAN"; then
     note "the guest did not finish its job (log: $GLOG)"
     FAILS=$((FAILS + 1))
