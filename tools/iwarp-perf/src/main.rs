@@ -62,7 +62,10 @@ captured and tested on Linux siw), in either role, on any device, soft
 included (our stack speaks iWARP on TCP like siw). As with perftest, give
 both ends the same test, -s and port; the server names its test too
 (`iwarp-perf --perftest --server write_bw -s 65536`). Bandwidths are
-then in perftest's MB/s (2^20 bytes). send_bw, write_lat and send_lat are
+then in perftest's MB/s (2^20 bytes). perftest busy-polls its CQs; here
+the data CQ sleeps on completion events unless --busy-poll (in a 2-vCPU
+TCG guest busy-polling read_lat was 50 times slower: the spinning threads
+starve siw's kernel threads). send_bw, write_lat and send_lat are
 not perftest-compatible: send_bw's receiver-side flow control relies on
 InfiniBand's RNR retry, which iWARP lacks (a Send finding no receive
 terminates the connection, RFC 5040 5.3); the write/send ping-pongs are
@@ -661,6 +664,7 @@ fn perftest_opts(cli: &Cli) -> Result<perftest::Opts, String> {
         depth,
         timeout: secs(cli.timeout, "--timeout")?,
         idle: secs(cli.idle_timeout, "--idle-timeout")?,
+        busy_poll: cli.busy_poll,
     })
 }
 
@@ -754,13 +758,6 @@ fn serve_perftest(cli: &Cli) -> Result<(), String> {
         .parse()
         .map_err(|e| format!("--bind {}: {e}", cli.bind))?;
     let ctx = open_context()?;
-    eprintln!(
-        "iwarp-perf: waiting for a perftest {} client on {}:{} (device {})",
-        o.test,
-        ip,
-        cli.port,
-        ctx.device_name()
-    );
     let r = perftest::server(&ctx, SocketAddr::new(ip, cli.port), &o)?;
     print_perftest(cli, "server", &o, &r);
     Ok(())

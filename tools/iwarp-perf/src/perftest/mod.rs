@@ -64,6 +64,9 @@ pub struct Opts {
     pub timeout: Duration,
     /// Server: how long to wait for the client's first connection.
     pub idle: Duration,
+    /// Poll the completion queues from the waiting thread (as perftest
+    /// does by default) instead of sleeping on completion events.
+    pub busy_poll: bool,
 }
 
 /// Why `test` cannot run against perftest, or `None` when it can.
@@ -141,9 +144,15 @@ struct Ctrl {
     closing: bool,
 }
 
-fn cq(ctx: &Context, n: usize, what: &str) -> Result<CompletionQueue, String> {
-    ctx.create_cq(n)
-        .map_err(|e| format!("creating the {what} CQ: {e}"))
+fn cq(ctx: &Context, n: usize, what: &str, busy: bool) -> Result<CompletionQueue, String> {
+    let cq = ctx
+        .create_cq(n)
+        .map_err(|e| format!("creating the {what} CQ: {e}"))?;
+    if busy {
+        cq.set_progress(iwarp::ProgressMode::BusyPoll)
+            .map_err(|e| format!("busy-polling the {what} CQ: {e}"))?;
+    }
+    Ok(cq)
 }
 
 fn check(wc: &WorkCompletion, op: WcOpcode, what: &str) -> Result<(), String> {
@@ -161,8 +170,9 @@ fn check(wc: &WorkCompletion, op: WcOpcode, what: &str) -> Result<(), String> {
 
 impl Ctrl {
     fn new(ctx: &Context, pd: &ProtectionDomain, t: Duration) -> Result<Ctrl, String> {
-        let scq = cq(ctx, 16, "control send")?;
-        let rcq = cq(ctx, 16, "control receive")?;
+        // The control messages are few: the CQs sleep between them.
+        let scq = cq(ctx, 16, "control send", false)?;
+        let rcq = cq(ctx, 16, "control receive", false)?;
         let mr = pd
             .reg_mr(4096, Access::LOCAL_WRITE)
             .map_err(|e| format!("registering the control buffer: {e}"))?;
@@ -271,9 +281,10 @@ struct Data {
 }
 
 impl Data {
-    fn new(ctx: &Context, pd: &ProtectionDomain, len: usize, depth: u32) -> Result<Data, String> {
-        let scq = cq(ctx, depth as usize + 16, "data send")?;
-        let rcq = cq(ctx, 16, "data receive")?;
+    fn new(ctx: &Context, pd: &ProtectionDomain, len: usize, o: &Opts) -> Result<Data, String> {
+        let depth = o.depth;
+        let scq = cq(ctx, depth as usize + 16, "data send", o.busy_poll)?;
+        let rcq = cq(ctx, 16, "data receive", false)?;
         let mr = pd
             .reg_mr(
                 len,
@@ -454,7 +465,7 @@ pub fn client(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
         addr,
         o.timeout,
         "data",
-        || Data::new(ctx, &pd, o.size.max(1), o.depth),
+        || Data::new(ctx, &pd, o.size.max(1), o),
         |d| &d.qp,
     )?;
     c.dest(role, &Dest::default(), "sync after the data connection")?;
@@ -524,6 +535,11 @@ pub fn server(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
     }
     let pd = ctx.alloc_pd();
     let mut l = Listen::bind(ctx, addr)?;
+    eprintln!(
+        "iwarp-perf: listening for a perftest {} client on {addr} (device {})",
+        o.test,
+        ctx.device_name()
+    );
     let mut c = Ctrl::new(ctx, &pd, o.timeout)?;
     l.accept(&c.qp, o.idle, o.timeout)?;
     let t0 = Instant::now();
@@ -531,7 +547,7 @@ pub fn server(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
     let peer_version = prologue(&mut c, role, mtu_of(ctx))?;
     // perftest's server buffer: max(size, cycle buffer).
     let len = o.size.max(wire::CYCLE_BUFFER as usize);
-    let data = Data::new(ctx, &pd, len, o.depth)?;
+    let data = Data::new(ctx, &pd, len, o)?;
     if o.test == Test::ReadBw || o.test == Test::ReadLat {
         data.mr.fill(0x5a);
     }
