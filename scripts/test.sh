@@ -206,6 +206,7 @@ step_vm() {
 VM_SIW="siw interop (Linux kernel siw in QEMU)"
 VM_RDMACORE="rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)"
 VM_RSTREAM="rstream interop with real rsockets (Linux siw in QEMU)"
+VM_PERFTEST="iwarp-perf --perftest against perftest -R (siw0 and soft in QEMU)"
 
 step_demo() {
     timeout --kill-after=5 120 target/release/iwarp-demo
@@ -279,11 +280,12 @@ if ((BUILD_OK)); then
     fi
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     if [[ "$FAST" == 1 ]]; then
-        for s in "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM"; do skip_step "$s" "FAST=1"; done
+        for s in "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_PERFTEST"; do skip_step "$s" "FAST=1"; done
     else
         step_vm "$VM_SIW" scripts/test-siw.sh
         step_vm "$VM_RDMACORE" scripts/test-rdmacore.sh
         step_vm "$VM_RSTREAM" scripts/test-rstream-siw.sh
+        step_vm "$VM_PERFTEST" scripts/test-perftest-compat.sh
     fi
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
@@ -292,7 +294,7 @@ if ((BUILD_OK)); then
     run_step "preload shim (real programs over iWARP sockets)" scripts/test-preload.sh || true
     run_step "cache (ccappd/ccproxy)" scripts/test-cache.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)"; do
         skip_step "$s" "release build failed"
     done
 fi
