@@ -63,9 +63,8 @@ included (our stack speaks iWARP on TCP like siw). As with perftest, give
 both ends the same test, -s and port; the server names its test too
 (`iwarp-perf --perftest --server write_bw -s 65536`). Bandwidths are
 then in perftest's MB/s (2^20 bytes). perftest busy-polls its CQs; here
-the data CQ sleeps on completion events unless --busy-poll (in a 2-vCPU
-TCG guest busy-polling read_lat was 50 times slower: the spinning threads
-starve siw's kernel threads). send_bw, write_lat and send_lat are
+the data CQ sleeps on completion events unless --busy-poll (which was the
+slower choice on siw in a 2-vCPU emulated guest: docs/BENCHMARKS.md). send_bw, write_lat and send_lat are
 not perftest-compatible: send_bw's receiver-side flow control relies on
 InfiniBand's RNR retry, which iWARP lacks (a Send finding no receive
 terminates the connection, RFC 5040 5.3); the write/send ping-pongs are
