@@ -562,13 +562,43 @@ const char *iwarp_result_str(int32_t r);
 size_t iwarp_last_error(char *buf, size_t len);
 
 /**
- * Open the software iWARP device (`ibv_open_device`). Free it with
+ * Open the device named by the environment variable `IWARP_DEVICE`
+ * ("soft", "auto", or a kernel RDMA device such as "siw0"), the software
+ * iWARP device when it is unset (`ibv_open_device`); see
+ * `iwarp_open_device_named` to name it. Free it with
  * `iwarp_close_device`.
  *
  * # Safety
  * `out` is NULL or valid for writing a pointer.
  */
 enum iwarp_result iwarp_open_device(struct iwarp_context **out);
+
+/**
+ * Open the device `name` (`ibv_open_device` on a device of
+ * `ibv_get_device_list`): "soft" (the software iWARP stack over TCP),
+ * "auto" (a kernel RDMA device if there is one, else soft), or a kernel
+ * device as `ibv_devices` lists it ("siw0", "rxe0", "mlx5_0"), used
+ * through rdma-core. NULL or "" is `iwarp_open_device`
+ * (`IWARP_DEVICE`, else soft). A device that is not there gives
+ * `IWARP_ERR_INVALID_ARG` and an `iwarp_last_error` naming the cause and
+ * the fix. Free it with `iwarp_close_device`.
+ *
+ * # Safety
+ * `name` is NULL or NUL-terminated; `out` is NULL or valid for writing a
+ * pointer.
+ */
+enum iwarp_result iwarp_open_device_named(const char *name, struct iwarp_context **out);
+
+/**
+ * Copy the name of the device `ctx` runs on ("soft", "siw0", ...) into
+ * `buf` (capacity `len`, NUL-terminated, truncated if needed); returns
+ * the name's length without the NUL, or 0 if `ctx` is NULL.
+ *
+ * # Safety
+ * `ctx` is NULL or a live device handle; `buf` is NULL or valid for
+ * `len` bytes.
+ */
+size_t iwarp_device_name(const struct iwarp_context *ctx, char *buf, size_t len);
 
 /**
  * Close the device (`ibv_close_device`). Objects created from it stay
@@ -981,6 +1011,23 @@ enum iwarp_result iwarp_listen(const char *host,
                                uint16_t port,
                                const struct iwarp_conn_param *param,
                                struct iwarp_listener **out);
+
+/**
+ * Listen on `host`:`port` through the device `ctx` runs on, as
+ * `iwarp_listen` does for the device `iwarp_open_device` picks: a TCP
+ * listener for "soft", an rdma_cm listener for a kernel device (`host`
+ * must then be an address of that device's interface, or the wildcard).
+ * Accept its requests onto QPs of the same device.
+ *
+ * # Safety
+ * `ctx` is NULL or a live device handle; `host` is NULL or
+ * NUL-terminated; `param` is NULL or valid; `out` is NULL or writable.
+ */
+enum iwarp_result iwarp_listen_on(const struct iwarp_context *ctx,
+                                  const char *host,
+                                  uint16_t port,
+                                  const struct iwarp_conn_param *param,
+                                  struct iwarp_listener **out);
 
 /**
  * The port the listener is bound to (0 if `l` is NULL).

@@ -123,6 +123,14 @@ for t in write_bw read_bw read_lat; do
   [ \$t = read_lat ] || sbw=\$(bw_of /tmp/s.log)
   result \$t-ptcli \$crc \$src "\$(bw_of /tmp/c.log)" "\$sbw"
 done
+# iwarp-perf's own protocol is refused on a kernel device, with the reason
+# and the fix (--perftest).
+timeout 30 \$P write_bw $GUEST -d siw0 -p 18760 -n 1 > /tmp/c.log 2>&1; crc=\$?
+show native /tmp/c.log
+nrc=0
+[ \$crc = 1 ] || nrc=1
+grep -q -- '--perftest' /tmp/c.log || nrc=\$((nrc + 2))
+echo "PTCOMPAT RESULT native rc=\$nrc client=\$crc server=- client_value=refused server_value=-"
 timeout 90 ib_write_bw -R -d siw0 -p 18750 -n $N > /tmp/ma.log 2>&1 &
 mpid=\$!
 sleep 1
@@ -190,6 +198,7 @@ check read_bw-ptsrv "ib_read_bw -R server <- iwarp-perf --perftest client, siw0"
 check read_bw-ptcli "iwarp-perf --perftest --server <- ib_read_bw -R client, siw0"
 check read_lat-ptsrv "ib_read_lat -R server <- iwarp-perf --perftest client, siw0"
 check read_lat-ptcli "iwarp-perf --perftest --server <- ib_read_lat -R client, siw0"
+check native "iwarp-perf's own protocol on siw0 is refused, naming --perftest"
 
 # mixA: our client on soft (host) -> perftest server on siw0 (guest).
 sed 's/^/    host: /' "$LOGS/mixA-host.log" 2>/dev/null || true

@@ -9,7 +9,9 @@
 # as two processes, and as mixed pairs against this crate's software stack
 # (`soft`) on the host side of the guest's private network, both ways.
 #
-#   scripts/test-rdmacore.sh            about 30 s under TCG once built
+#   scripts/test-rdmacore.sh            about 30 s under TCG once built, plus
+#                                       scripts/test-rdmacore-apps.sh (its
+#                                       own guest; 2-3 min) at the end
 #
 # The binary goes to the guest through the siw-vm SHARE= 9p export, with
 # the guest job (guest.sh) next to it; the guest's initramfs already holds
@@ -280,6 +282,17 @@ if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
 fi
 
 note "$PASSES passed, $FAILS failed"
+# Then the applications (rftp, rftpd, rhttp with mod_rdma, iwarp-ping as a
+# server) on siw0 and rxe0 and in mixed pairs, in a guest of their own.
+note "the applications on kernel devices: scripts/test-rdmacore-apps.sh"
+APPS_RC=0
+RDMACORE_LOG_DIR="$LOGS/apps" "$ROOT/scripts/test-rdmacore-apps.sh" || APPS_RC=$?
+if ((APPS_RC == 77)); then
+    note "applications skipped (see above)"
+elif ((APPS_RC != 0)); then
+    note "FAIL applications (logs: $LOGS/apps)"
+    FAILS=$((FAILS + 1))
+fi
 if ((FAILS > 0)); then
     note "logs kept in $LOGS"
     exit 1

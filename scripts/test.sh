@@ -204,7 +204,7 @@ step_vm() {
 }
 
 VM_SIW="siw interop (Linux kernel siw in QEMU)"
-VM_RDMACORE="rdma-core provider (verbs on kernel siw0 and rxe0 in QEMU)"
+VM_RDMACORE="rdma-core provider (verbs and applications on kernel siw0 and rxe0 in QEMU)"
 VM_RSTREAM="rstream interop with real rsockets (Linux siw in QEMU)"
 VM_PERFTEST="iwarp-perf --perftest against perftest -R (siw0 and soft in QEMU)"
 

@@ -2,7 +2,7 @@
  *
  * The directives (RDMA, RDMARegistration, RDMABufferSize, RDMAMaxLength,
  * RDMATimeout, RDMAConnectTimeout, RDMAAllowConnect, RDMAConnectPorts,
- * RDMATrustProxy), their per-server and per-directory merging and the
+ * RDMATrustProxy, RDMADevice), their per-server and per-directory merging and the
  * defaults (docs/MOD_RDMA.md, "Directives"). */
 #include "mod_rdma_private.h"
 
@@ -201,6 +201,42 @@ static const char *set_ports(cmd_parms *cmd, void *d, const char *arg)
     return NULL;
 }
 
+const char *g_device;
+
+/* The name lives in the configuration pool: forget it with the pool, so a
+ * reloaded configuration without RDMADevice goes back to the default. */
+static apr_status_t forget_device(void *unused)
+{
+    (void)unused;
+    g_device = NULL;
+    return APR_SUCCESS;
+}
+
+/* RDMADevice NAME: the device every worker opens. One per server (the
+ * device is opened per process, before any virtual host is known). The
+ * name is checked here for its form only; whether the device exists is
+ * known when a worker opens it (child_init logs the cause and the fix). */
+static const char *set_device(cmd_parms *cmd, void *d, const char *arg)
+{
+    const char *p;
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err)
+        return err;
+    if (!*arg || strlen(arg) > 63)
+        return "RDMADevice: give soft, auto, or a kernel RDMA device name as ibv_devices lists "
+               "it (siw0, rxe0, mlx5_0)";
+    for (p = arg; *p; p++)
+        if (!apr_isalnum(*p) && *p != '_' && *p != '-' && *p != '.')
+            return apr_psprintf(cmd->pool,
+                                "RDMADevice: \"%s\" is not a device name: give soft, auto, or a "
+                                "kernel RDMA device name as ibv_devices lists it (siw0, rxe0)",
+                                arg);
+    g_device = arg;
+    apr_pool_cleanup_register(cmd->pool, NULL, forget_device, apr_pool_cleanup_null);
+    return NULL;
+}
+
 static const char *set_trust_proxy(cmd_parms *cmd, void *d, int on)
 {
     (void)d;
@@ -260,5 +296,9 @@ const command_rec rdma_cmds[] = {
                   "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
     AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,
                   "bound on connecting to the client's listener, in ms (default 3000)"),
+    AP_INIT_TAKE1("RDMADevice", set_device, NULL, RSRC_CONF,
+                  "RDMA device of the workers: soft (software iWARP over TCP), auto (a kernel "
+                  "RDMA device if there is one, else soft), or a kernel device such as siw0 "
+                  "(default: the IWARP_DEVICE environment variable, else soft)"),
     {NULL}
 };

@@ -78,16 +78,18 @@ static apr_size_t g_static_want; /* the static buffer this process needs */
 static const char *device_setup(server_rec *s, int at_start)
 {
     if (!g_pd) {
-        if (iwarp_open_device(&g_ctx) != IWARP_OK || iwarp_alloc_pd(g_ctx, &g_pd) != IWARP_OK) {
+        if (iwarp_open_device_named(g_device, &g_ctx) != IWARP_OK ||
+            iwarp_alloc_pd(g_ctx, &g_pd) != IWARP_OK) {
             char e[384];
             iwarp_last_error(e, sizeof e);
             iwarp_close_device(g_ctx);
             g_ctx = NULL;
             g_pd = NULL;
             apr_snprintf(g_init_err, sizeof g_init_err,
-                         "opening the iWARP device failed: %s; RDMA requests get 503 and clients "
+                         "opening the RDMA device %s failed: %s; RDMA requests get 503 and clients "
                          "fall back to plain HTTP. Fix: see the cause (libiwarp's message); the "
-                         "worker tries again at each RDMA request", e);
+                         "worker tries again at each RDMA request",
+                         g_device ? g_device : "(IWARP_DEVICE, else soft)", e);
             if (at_start)
                 ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_rdma: pid %ld: %s", (long)getpid(),
                              g_init_err);

@@ -122,6 +122,9 @@ typedef struct {
 
 /* mod_rdma.c: per-process state (child_init) */
 extern iwarp_context *g_ctx;
+/* RDMADevice (global): NULL for libiwarp's default (IWARP_DEVICE, else
+ * soft), else "soft", "auto" or a kernel device name such as "siw0". */
+extern const char *g_device;
 extern iwarp_pd *g_pd;
 extern iwarp_mr *g_static_mr;
 

@@ -83,6 +83,35 @@ static void null_arguments(void)
     CHECK(strlen(iwarp_version()) > 0, "version");
 }
 
+/* Device selection (iwarp_open_device_named, iwarp_device_name,
+ * iwarp_listen_on): soft opens by name; a bad name and a kernel device that
+ * is not there fail naming the fix (skipped where the host has RDMA). */
+static void device_selection(void)
+{
+    iwarp_context *ctx = NULL;
+    iwarp_listener *l = NULL;
+    char name[16];
+
+    CHECK_RC(iwarp_open_device_named("soft", NULL), IWARP_ERR_NULL_ARG);
+    CHECK_RC(iwarp_open_device_named("soft", &ctx), IWARP_OK);
+    CHECK(iwarp_device_name(ctx, name, sizeof name) == 4 && strcmp(name, "soft") == 0,
+          "device name soft, got %s", name);
+    CHECK(iwarp_device_name(NULL, name, sizeof name) == 0, "device_name NULL ctx");
+    CHECK_RC(iwarp_listen_on(NULL, "127.0.0.1", 0, NULL, &l), IWARP_ERR_NULL_ARG);
+    CHECK_RC(iwarp_listen_on(ctx, "127.0.0.1", 0, NULL, &l), IWARP_OK);
+    CHECK(iwarp_listener_port(l) != 0, "listen_on picked a port");
+    iwarp_listener_close(l);
+    iwarp_close_device(ctx);
+    ctx = (iwarp_context *)&l; /* must be reset to NULL on failure */
+    CHECK_RC(iwarp_open_device_named("no/such", &ctx), IWARP_ERR_INVALID_ARG);
+    CHECK(ctx == NULL, "failed call sets *out = NULL");
+    CHECK(t_last_error_has("invalid device name"), "bad name explained");
+    if (access("/sys/class/infiniband", F_OK) != 0) {
+        CHECK_RC(iwarp_open_device_named("siw0", &ctx), IWARP_ERR_INVALID_ARG);
+        CHECK(t_last_error_has("--device soft"), "missing device names the fix");
+    }
+}
+
 static void bad_arguments(void)
 {
     struct side s;
@@ -323,6 +352,7 @@ static void bad_rkey(int opcode)
 int main(void)
 {
     null_arguments();
+    device_selection();
     bad_arguments();
     connection_errors();
     bad_rkey(IWARP_WR_RDMA_WRITE);

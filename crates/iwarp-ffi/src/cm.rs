@@ -359,6 +359,39 @@ pub unsafe extern "C" fn iwarp_listen(
     })
 }
 
+/// Listen on `host`:`port` through the device `ctx` runs on, as
+/// `iwarp_listen` does for the device `iwarp_open_device` picks: a TCP
+/// listener for "soft", an rdma_cm listener for a kernel device (`host`
+/// must then be an address of that device's interface, or the wildcard).
+/// Accept its requests onto QPs of the same device.
+///
+/// # Safety
+/// `ctx` is NULL or a live device handle; `host` is NULL or
+/// NUL-terminated; `param` is NULL or valid; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_listen_on(
+    ctx: *const crate::verbs::iwarp_context,
+    host: *const c_char,
+    port: u16,
+    param: *const iwarp_conn_param,
+    out: *mut *mut iwarp_listener,
+) -> iwarp_result {
+    guard("iwarp_listen_on", || {
+        // SAFETY: NULL or a live handle (caller).
+        let c = unsafe { handle(ctx, "ctx") }?;
+        // SAFETY: NULL or writable (caller).
+        unsafe { out_ptr(out, "out") }?;
+        // SAFETY: NULL or valid (caller).
+        let param = unsafe { conn_param_from_c(param) }?;
+        // SAFETY: NULL or NUL-terminated (caller).
+        let addr = unsafe { resolve(host, port) }?[0];
+        let l = Listener::bind_on(&c.ctx, addr, param.mpa)?;
+        // SAFETY: checked by out_ptr.
+        unsafe { give(out, iwarp_listener { l }) };
+        Ok(())
+    })
+}
+
 /// The port the listener is bound to (0 if `l` is NULL).
 ///
 /// # Safety

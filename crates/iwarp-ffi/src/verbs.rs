@@ -335,7 +335,10 @@ fn duration_ms(timeout_ms: u32) -> Duration {
 // ---------------------------------------------------------------------------
 // Device and protection domain
 
-/// Open the software iWARP device (`ibv_open_device`). Free it with
+/// Open the device named by the environment variable `IWARP_DEVICE`
+/// ("soft", "auto", or a kernel RDMA device such as "siw0"), the software
+/// iWARP device when it is unset (`ibv_open_device`); see
+/// `iwarp_open_device_named` to name it. Free it with
 /// `iwarp_close_device`.
 ///
 /// # Safety
@@ -349,6 +352,66 @@ pub unsafe extern "C" fn iwarp_open_device(out: *mut *mut iwarp_context) -> iwar
         // SAFETY: checked by out_ptr.
         unsafe { give(out, iwarp_context { ctx }) };
         Ok(())
+    })
+}
+
+/// Open the device `name` (`ibv_open_device` on a device of
+/// `ibv_get_device_list`): "soft" (the software iWARP stack over TCP),
+/// "auto" (a kernel RDMA device if there is one, else soft), or a kernel
+/// device as `ibv_devices` lists it ("siw0", "rxe0", "mlx5_0"), used
+/// through rdma-core. NULL or "" is `iwarp_open_device`
+/// (`IWARP_DEVICE`, else soft). A device that is not there gives
+/// `IWARP_ERR_INVALID_ARG` and an `iwarp_last_error` naming the cause and
+/// the fix. Free it with `iwarp_close_device`.
+///
+/// # Safety
+/// `name` is NULL or NUL-terminated; `out` is NULL or valid for writing a
+/// pointer.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_open_device_named(
+    name: *const c_char,
+    out: *mut *mut iwarp_context,
+) -> iwarp_result {
+    guard("iwarp_open_device_named", || {
+        // SAFETY: `out` is NULL or writable (caller).
+        unsafe { out_ptr(out, "out") }?;
+        let ctx = if name.is_null() {
+            Context::open()?
+        } else {
+            // SAFETY: non-NULL and NUL-terminated (caller).
+            let name = unsafe { std::ffi::CStr::from_ptr(name) }
+                .to_str()
+                .map_err(|_| FfiError::invalid("device name is not valid UTF-8"))?;
+            if name.is_empty() {
+                Context::open()?
+            } else {
+                Context::open_device(name)?
+            }
+        };
+        // SAFETY: checked by out_ptr.
+        unsafe { give(out, iwarp_context { ctx }) };
+        Ok(())
+    })
+}
+
+/// Copy the name of the device `ctx` runs on ("soft", "siw0", ...) into
+/// `buf` (capacity `len`, NUL-terminated, truncated if needed); returns
+/// the name's length without the NUL, or 0 if `ctx` is NULL.
+///
+/// # Safety
+/// `ctx` is NULL or a live device handle; `buf` is NULL or valid for
+/// `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_device_name(
+    ctx: *const iwarp_context,
+    buf: *mut c_char,
+    len: usize,
+) -> usize {
+    guard_or("iwarp_device_name", 0, || {
+        // SAFETY: NULL or a live handle (caller).
+        let c = unsafe { handle(ctx, "ctx") }?;
+        // SAFETY: NULL or valid for `len` bytes (caller).
+        Ok(unsafe { crate::error::copy_cstr(c.ctx.device_name(), buf, len) })
     })
 }
 
@@ -1131,6 +1194,69 @@ mod tests {
     use crate::error::last_error;
     use iwarp_result::*;
     use std::ptr::{null, null_mut};
+
+    #[test]
+    fn open_device_named_and_listen_on() {
+        let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        // SAFETY (whole test): every pointer is NULL, a live local, a C
+        // string literal, or a handle these calls returned.
+        unsafe {
+            let mut ctx = null_mut();
+            assert_eq!(
+                iwarp_open_device_named(c"soft".as_ptr(), null_mut()),
+                IWARP_ERR_NULL_ARG
+            );
+            assert_eq!(
+                iwarp_open_device_named(c"soft".as_ptr(), &mut ctx),
+                IWARP_OK
+            );
+            let mut name = [0 as c_char; 16];
+            assert_eq!(iwarp_device_name(ctx, name.as_mut_ptr(), name.len()), 4);
+            assert_eq!(
+                std::ffi::CStr::from_ptr(name.as_ptr()).to_str().unwrap(),
+                "soft"
+            );
+            assert_eq!(iwarp_device_name(null(), name.as_mut_ptr(), name.len()), 0);
+            let mut l = null_mut();
+            assert_eq!(
+                crate::cm::iwarp_listen_on(null(), c"127.0.0.1".as_ptr(), 0, null(), &mut l),
+                IWARP_ERR_NULL_ARG
+            );
+            assert_eq!(
+                crate::cm::iwarp_listen_on(ctx, c"127.0.0.1".as_ptr(), 0, null(), &mut l),
+                IWARP_OK
+            );
+            assert_ne!(crate::cm::iwarp_listener_port(l), 0);
+            crate::cm::iwarp_listener_close(l);
+            iwarp_close_device(ctx);
+            // NULL or "" is iwarp_open_device: IWARP_DEVICE, else soft.
+            for n in [null(), c"".as_ptr()] {
+                let mut c2 = null_mut();
+                assert_eq!(iwarp_open_device_named(n, &mut c2), IWARP_OK);
+                iwarp_close_device(c2);
+            }
+            let mut bad = std::ptr::dangling_mut::<iwarp_context>();
+            assert_eq!(
+                iwarp_open_device_named(c"no/such".as_ptr(), &mut bad),
+                IWARP_ERR_INVALID_ARG
+            );
+            assert!(bad.is_null(), "a failed call resets *out");
+            assert!(
+                last_error().contains("invalid device name"),
+                "{}",
+                last_error()
+            );
+            if !has_rdma {
+                assert_eq!(
+                    iwarp_open_device_named(c"siw0".as_ptr(), &mut bad),
+                    IWARP_ERR_INVALID_ARG
+                );
+                assert!(last_error().contains("--device soft"), "{}", last_error());
+            }
+        }
+    }
 
     #[test]
     #[allow(deprecated)] // iwarp_qp_drive & co. keep their NULL checks

@@ -105,6 +105,11 @@ pub struct Config {
     pub crc: bool,
     /// How often the progress callback runs.
     pub progress_interval: Duration,
+    /// The RDMA device of [`Mode::Rdma`] sessions: `soft` (this crate's
+    /// software iWARP), `auto`, or a kernel device (`siw0`, `rxe0`,
+    /// `mlx5_0`) through rdma-core. `None`: `IWARP_DEVICE`, else `soft`
+    /// ([`iwarp::Context::open`]).
+    pub device: Option<String>,
 }
 
 /// Most data streams a session may have.
@@ -126,6 +131,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(10),
             crc: false,
             progress_interval: Duration::from_millis(200),
+            device: None,
         }
     }
 }
@@ -155,7 +161,20 @@ impl Config {
         if self.timeout.is_zero() {
             self.timeout = Duration::from_secs(1);
         }
+        if let Some(d) = &self.device {
+            d.parse::<iwarp::DeviceSpec>()
+                .map_err(|e| Error::Config(e.to_string()))?;
+        }
         Ok(self)
+    }
+
+    /// Open the RDMA device this config names ([`Config::device`]).
+    pub fn open_device(&self) -> Result<iwarp::Context, Error> {
+        match &self.device {
+            Some(d) => iwarp::Context::open_device(d),
+            None => iwarp::Context::open(),
+        }
+        .map_err(|e| Error::Setup(e.to_string()))
     }
 
     /// Blocks in each side's pool.
@@ -285,7 +304,7 @@ impl XferListener {
         let cfg = cfg.validated()?;
         let inner = match mode {
             Mode::Rdma => ListenerInner::Rdma(
-                iwarp::cm::Listener::bind(addr, rdma::mpa_config(cfg.crc))
+                iwarp::cm::Listener::bind_on(&cfg.open_device()?, addr, rdma::mpa_config(cfg.crc))
                     .map_err(|e| Error::Setup(e.to_string()))?,
             ),
             Mode::Tcp => ListenerInner::Tcp(
@@ -408,6 +427,39 @@ mod tests {
         assert_eq!((c.streams, c.block_size, c.iodepth), (8, 256 << 10, 4));
         let c = negotiate(&ours, 0, 1, 0);
         assert_eq!((c.streams, c.block_size, c.iodepth), (1, MIN_BLOCK, 1));
+    }
+
+    #[test]
+    fn device_is_checked_and_opened() {
+        let bad = Config {
+            device: Some("no/such".into()),
+            ..Config::default()
+        };
+        match bad.validated() {
+            Err(Error::Config(e)) => assert!(e.contains("invalid device name"), "{e}"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        let soft = Config {
+            device: Some("soft".into()),
+            ..Config::default()
+        };
+        assert_eq!(soft.open_device().unwrap().device_name(), "soft");
+        let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if !has_rdma {
+            let missing = Config {
+                device: Some("siw0".into()),
+                ..Config::default()
+            };
+            match missing.open_device() {
+                Err(Error::Setup(e)) => assert!(e.contains("--device soft"), "{e}"),
+                other => panic!(
+                    "expected a setup error, got {:?}",
+                    other.map(|c| c.device_name().to_string())
+                ),
+            }
+        }
     }
 
     #[test]

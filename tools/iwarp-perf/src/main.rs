@@ -52,8 +52,10 @@ PORT, the TCP baseline on PORT+1). One process: `--loopback`.
 Devices (--device NAME, or the environment variable IWARP_DEVICE): `soft`
 (this crate's iWARP over TCP, the default), a kernel RDMA device through
 rdma-core (`siw0`, `rxe0`, `mlx5_0`), or `auto` (a kernel device when one
-is present, else soft). The native server (--server without --perftest)
-runs on the soft device only; a kernel-device server is --perftest.
+is present, else soft). iwarp-perf's own protocol runs on soft only: it
+tells its control messages from data by the Solicited Event flag of the
+receive completion, which rdma-core's ibv_wc does not report; on a kernel
+device use --perftest (against perftest, or iwarp-perf on both ends).
 
 --perftest: speak perftest's `-R` (rdma_cm) protocol instead of
 iwarp-perf's own, so the other end can be perftest: `ib_write_bw -R`,
@@ -253,6 +255,20 @@ fn device_name() -> &'static str {
     DEVICE.get().map_or("soft", String::as_str)
 }
 
+/// Why iwarp-perf's own protocol cannot run on `ctx`, if it cannot.
+fn native_refused(ctx: &iwarp::Context) -> Result<(), String> {
+    if ctx.device_name() == "soft" {
+        return Ok(());
+    }
+    Err(format!(
+        "iwarp-perf's own protocol runs on the soft device only, not on {}: it tells \
+         control messages from data by the Solicited Event flag of a receive completion, \
+         which rdma-core's ibv_wc does not report. Use --perftest (perftest's -R protocol; \
+         the other end can be perftest or iwarp-perf --perftest --server), or --device soft",
+        ctx.device_name()
+    ))
+}
+
 /// Open the device of this run.
 pub(crate) fn open_context() -> Result<iwarp::Context, String> {
     let name = device_name();
@@ -341,6 +357,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         return Err(
             "give the server's HOST, or --loopback to run both ends here, or --server".into(),
         );
+    }
+    if !cli.tcp {
+        native_refused(&open_context()?)?;
     }
     let sizes: Vec<usize> = if cli.all {
         (1..=23).map(|k| 1usize << k).collect()
@@ -475,8 +494,9 @@ fn measure_iwarp(
         Some(addr) => client(addr)?,
         None => {
             let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
-            let listener = Listener::bind(loopback, mpa.clone())
-                .map_err(|e| format!("loopback listener: {e}"))?;
+            let ctx = open_context()?;
+            let listener = Listener::bind_on(&ctx, loopback, mpa.clone())
+                .map_err(|e| format!("loopback listener ({}): {e}", ctx.device_name()))?;
             let addr = listener.local_addr();
             std::thread::scope(|s| {
                 let srv = s.spawn(|| -> Result<u64, String> {
@@ -560,22 +580,19 @@ fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Mea
 fn serve(cli: &Cli) -> Result<(), String> {
     let idle = secs(cli.idle_timeout, "--idle-timeout")?;
     let ctx = open_context()?;
-    if ctx.device_name() != "soft" {
-        return Err(format!(
-            "the native server runs on the soft device only (iwarp::cm::Listener does not serve \
-             kernel devices yet), not on {}: use --perftest --server TEST on a kernel device, \
-             or --device soft",
-            ctx.device_name()
-        ));
-    }
-    drop(ctx);
+    native_refused(&ctx)?;
     let ip: std::net::IpAddr = cli
         .bind
         .parse()
         .map_err(|e| format!("--bind {}: {e}", cli.bind))?;
     let mpa = rdma::mpa_config(cli.crc.map(OnOff::on), cli.markers.map(OnOff::on), 1024);
-    let listener = Listener::bind(SocketAddr::new(ip, cli.port), mpa)
-        .map_err(|e| format!("listening on port {}: {e}", cli.port))?;
+    let listener = Listener::bind_on(&ctx, SocketAddr::new(ip, cli.port), mpa).map_err(|e| {
+        format!(
+            "listening on port {} ({}): {e}",
+            cli.port,
+            ctx.device_name()
+        )
+    })?;
     let tport = cli.port.wrapping_add(1);
     let tlistener = TcpListener::bind(SocketAddr::new(ip, tport))
         .map_err(|e| format!("listening on TCP port {tport}: {e}"))?;

@@ -67,6 +67,29 @@ pub fn mpa_config(crc: PolicyArg, markers: PolicyArg) -> MpaConfig {
     }
 }
 
+/// The device `--device` chose for this process (unset: `IWARP_DEVICE`,
+/// else `soft`).
+static DEVICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `--device NAME`: use `NAME` (`soft`, `auto`, or a kernel RDMA device
+/// such as `siw0`) for every context and listener of this process. Opens
+/// it once to fail at start with the reason and the fix; returns the name
+/// of the device actually opened (what `auto` picked).
+pub fn set_device(name: &str) -> Result<String, String> {
+    let ctx = iwarp::Context::open_device(name).map_err(|e| format!("--device {name}: {e}"))?;
+    let _ = DEVICE.set(name.to_string());
+    Ok(ctx.device_name().to_string())
+}
+
+/// Open the device of this process: `--device` if given, else
+/// `IWARP_DEVICE`, else `soft`.
+pub fn open_context() -> Result<iwarp::Context, iwarp::Error> {
+    match DEVICE.get() {
+        Some(d) => iwarp::Context::open_device(d),
+        None => iwarp::Context::open(),
+    }
+}
+
 /// Resolve `host` (a name or an address) and `port` to one socket address,
 /// preferring IPv4 like rping's default.
 pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
@@ -105,6 +128,24 @@ mod tests {
         );
         assert_eq!(resolve("::1", 1).unwrap(), "[::1]:1".parse().unwrap());
         assert!(resolve("no such host.invalid", 1).is_err());
+    }
+
+    #[test]
+    fn device_errors_name_the_fix() {
+        let has_rdma = std::fs::read_dir("/sys/class/infiniband")
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if !has_rdma {
+            let e = set_device("siw0").unwrap_err();
+            assert!(
+                e.contains("--device siw0") && e.contains("--device soft"),
+                "{e}"
+            );
+        }
+        let e = set_device("no/such").unwrap_err();
+        assert!(e.contains("invalid device name"), "{e}");
+        assert_eq!(set_device("soft").unwrap(), "soft");
+        assert_eq!(open_context().unwrap().device_name(), "soft");
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl Endpoint {
         max_recv_wr: u32,
         timeout: Duration,
     ) -> Result<Endpoint, ToolError> {
-        let ctx = verbs("opening the iWARP context", Context::open())?;
+        let ctx = verbs("opening the RDMA device", crate::cli::open_context())?;
         let pd = ctx.alloc_pd();
         let cq = verbs(
             "create_cq",

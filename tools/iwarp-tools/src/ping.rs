@@ -168,10 +168,15 @@ pub struct PingServer {
 impl PingServer {
     /// Listen on `addr` (port 0 picks a free port).
     pub fn bind(addr: SocketAddr, cfg: PingConfig) -> Result<PingServer, ToolError> {
-        let listener = Listener::bind(addr, cfg.mpa.clone()).map_err(|e| ToolError::Listen {
+        let ctx = crate::cli::open_context().map_err(|e| ToolError::Listen {
             addr,
             cause: crate::error::chain(&e),
         })?;
+        let listener =
+            Listener::bind_on(&ctx, addr, cfg.mpa.clone()).map_err(|e| ToolError::Listen {
+                addr,
+                cause: crate::error::chain(&e),
+            })?;
         Ok(PingServer { listener, cfg })
     }
 

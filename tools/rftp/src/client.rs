@@ -343,6 +343,7 @@ impl Ftp {
             timeout: o.timeout,
             connect_timeout: o.timeout,
             crc: o.crc,
+            device: o.device.clone(),
             ..rdma_xfer::Config::default()
         };
         let mut x = rdma_xfer::connect(addr, mode, token, cfg).map_err(err)?;
@@ -397,6 +398,9 @@ pub struct Options {
     pub checksum: Algo,
     pub resume: bool,
     pub crc: bool,
+    /// RDMA device of the data sessions: `soft`, `auto`, or a kernel
+    /// device (`siw0`); `None`: `IWARP_DEVICE`, else `soft`.
+    pub device: Option<String>,
     pub timeout: Duration,
     /// Bytes per second at most (tests and polite transfers).
     pub limit_rate: Option<u64>,
@@ -449,6 +453,7 @@ impl Default for Options {
             checksum: Algo::Sha256,
             resume: true,
             crc: false,
+            device: None,
             timeout: Duration::from_secs(30),
             limit_rate: None,
             progress: None,

@@ -88,6 +88,9 @@ pub struct ServerConfig {
     pub iodepth: u32,
     /// Require MPA CRC on RDMA sessions.
     pub crc: bool,
+    /// RDMA device of the sessions: `soft`, `auto`, or a kernel device
+    /// (`siw0`); unset: `IWARP_DEVICE`, else `soft`.
+    pub device: Option<String>,
     /// Largest memory-to-memory transfer a client may ask for.
     pub max_mem_bytes: u64,
     /// Buffer memory all transfer sessions together may hold (RADR): each
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             block_size: 1 << 20,
             iodepth: 4,
             crc: false,
+            device: None,
             max_mem_bytes: 64 << 30,
             session_mem_budget_bytes: 1 << 30,
             rdma_bind_peer: true,
@@ -1269,6 +1273,7 @@ impl Session {
             block_size: c.block_size,
             iodepth: c.iodepth,
             crc: c.crc,
+            device: c.device.clone(),
             timeout: Duration::from_secs(c.data_timeout_secs.max(1)),
             ..rdma_xfer::Config::default()
         };

@@ -471,11 +471,18 @@ pub fn connect(
 pub struct Listener {
     p: Pending,
     dev: Arc<Device>,
+    local: Option<SocketAddr>,
+    /// Serializes event reads: a second reader could block in
+    /// rdma_get_cm_event after the first took the event it polled for.
+    reading: std::sync::Mutex<()>,
 }
 
-// SAFETY: the id and channel are used by one thread at a time (&mut self
-// or by value) and librdmacm calls are thread-safe.
+// SAFETY: the id and channel are plain handles; librdmacm calls are
+// thread-safe and `reading` lets one thread at a time take events.
 unsafe impl Send for Listener {}
+// SAFETY: as above: `&self` methods read immutable fields or take events
+// under `reading`.
+unsafe impl Sync for Listener {}
 
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -510,22 +517,47 @@ impl Listener {
         if unsafe { (dev.lib.cm.rdma_listen)(p.id, 16) } != 0 {
             return Err(err("rdma_listen", std::io::Error::last_os_error()));
         }
+        // SAFETY: bound id; librdmacm filled its source address (with the
+        // port the kernel picked for port 0) in rdma_bind_addr.
+        let local =
+            unsafe { socketaddr_from((&(*p.id).src_addr as *const libc::sockaddr_storage).cast()) };
         Ok(Listener {
             p,
             dev: dev.clone(),
+            local,
+            reading: std::sync::Mutex::new(()),
         })
     }
 
-    /// The next connect request, waiting up to `timeout`.
-    pub fn get_request(&mut self, timeout: Duration) -> Result<Option<ConnRequest>, Error> {
+    /// The address the listener is bound to (the port the kernel picked
+    /// when bound to port 0), if librdmacm reports one.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
+    /// The device the listener was bound through.
+    pub fn device_name(&self) -> &str {
+        &self.dev.attr.name
+    }
+
+    /// The next connect request, waiting up to `timeout`. Other events on
+    /// the listening id are logged and skipped.
+    pub fn get_request(&self, timeout: Duration) -> Result<Option<ConnRequest>, Error> {
         let deadline = Instant::now() + timeout;
+        let _one_reader = self.reading.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Some(ev) = next_event(self.dev.lib, self.p.chan, left)? else {
                 return Ok(None);
             };
             if ev.kind == ffi::RDMA_CM_EVENT_CONNECT_REQUEST {
+                // SAFETY: the request's id is live (ours until accepted or
+                // rejected); its destination is the client's address.
+                let peer = unsafe {
+                    socketaddr_from((&(*ev.id).dst_addr as *const libc::sockaddr_storage).cast())
+                };
                 return Ok(Some(ConnRequest {
+                    peer,
                     lib: self.dev.lib,
                     dev: self.dev.clone(),
                     id: ev.id,
@@ -543,9 +575,19 @@ impl Listener {
     }
 }
 
+impl std::os::fd::AsRawFd for Listener {
+    /// The listener's event channel: readable when a connect request (or
+    /// another rdma_cm event of the listening id) is waiting.
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the channel lives as long as the listener.
+        unsafe { (*self.p.chan).fd }
+    }
+}
+
 /// A connect request (`RDMA_CM_EVENT_CONNECT_REQUEST`); dropping it
 /// rejects it.
 pub struct ConnRequest {
+    peer: Option<SocketAddr>,
     lib: &'static Lib,
     dev: Arc<Device>,
     id: *mut ffi::rdma_cm_id,
@@ -555,8 +597,11 @@ pub struct ConnRequest {
     done: bool,
 }
 
-// SAFETY: as for Listener.
+// SAFETY: the request id is used by one owner (accept and reject take
+// `self`); librdmacm calls are thread-safe.
 unsafe impl Send for ConnRequest {}
+// SAFETY: `&self` methods only read fields copied out of the event.
+unsafe impl Sync for ConnRequest {}
 
 impl std::fmt::Debug for ConnRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -570,6 +615,22 @@ impl ConnRequest {
     /// The client's private data.
     pub fn private_data(&self) -> &[u8] {
         &self.private
+    }
+
+    /// The client's address, if librdmacm reports one.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    /// The (IRD, ORD) an accept will give the connection: the device's
+    /// limits (at most 16), lowered to serve no more Reads than the client
+    /// may issue and issue no more than it serves (RFC 5040 §6.5).
+    pub fn ird_ord(&self) -> (u8, u8) {
+        let (ird, ord) = depths(&self.dev);
+        (
+            ird.min(self.initiator_depth.max(1)),
+            ord.min(self.responder_resources.max(1)),
+        )
     }
 
     /// Accept on `qp` with `private_data` (`rdma_accept`), waiting up to
@@ -611,14 +672,10 @@ impl ConnRequest {
                 ),
             ));
         }
-        let (ird, ord) = depths(&self.dev);
         // Serve as many Reads as the client may issue and issue no more
         // than it can serve (RFC 5040 §6.5 IRD/ORD).
-        let mut param = conn_param(
-            private_data,
-            ird.min(self.initiator_depth.max(1)),
-            ord.min(self.responder_resources.max(1)),
-        )?;
+        let (ird, ord) = self.ird_ord();
+        let mut param = conn_param(private_data, ird, ord)?;
         // SAFETY: attach our QP, as in connect.
         unsafe { (*p.id).qp = rq.qp };
         // SAFETY: live id, QP attached, valid param.

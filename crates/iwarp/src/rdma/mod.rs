@@ -286,6 +286,42 @@ fn os_err(op: &'static str) -> Error {
     }
 }
 
+/// An `ibv_reg_mr` failure; for ENOMEM, which is what a device's check of
+/// the locked-memory limit gives (siw counts registered pages against
+/// RLIMIT_MEMLOCK even for root), the limit and the fix.
+fn reg_mr_err(len: usize, e: std::io::Error) -> Error {
+    let mut why = e.to_string();
+    if e.raw_os_error() == Some(libc::ENOMEM) {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes one rlimit.
+        let known = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0;
+        why.push_str(&memlock_hint(len, known.then_some(lim.rlim_cur)));
+    }
+    Error::RdmaCore {
+        op: "ibv_reg_mr",
+        why,
+    }
+}
+
+/// The fix for an ENOMEM of `ibv_reg_mr` of `len` bytes under the
+/// locked-memory limit `limit` (None: unknown; `RLIM_INFINITY`: none).
+fn memlock_hint(len: usize, limit: Option<libc::rlim_t>) -> String {
+    match limit {
+        Some(l) if l != libc::RLIM_INFINITY => format!(
+            " registering {len} bytes; the locked-memory limit (RLIMIT_MEMLOCK) is {l} bytes, \
+             and the kernel device pins registered memory against it: raise it (`ulimit -l \
+             unlimited`, systemd LimitMEMLOCK=, /etc/security/limits.conf memlock) or register \
+             less"
+        ),
+        _ => format!(
+            " registering {len} bytes: the host is short of memory it can pin; register less"
+        ),
+    }
+}
+
 /// An `ibv_pd`.
 pub(crate) struct Pd {
     pub(crate) dev: Arc<Device>,
@@ -370,7 +406,7 @@ impl HwMr {
         let mr =
             unsafe { (pd.dev.lib.verbs.ibv_reg_mr)(pd.pd, ptr.cast(), len, access_flags(access)) };
         if mr.is_null() {
-            return Err(os_err("ibv_reg_mr"));
+            return Err(reg_mr_err(len, std::io::Error::last_os_error()));
         }
         // SAFETY: a non-null result of ibv_reg_mr is a valid ibv_mr.
         let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
@@ -1100,6 +1136,23 @@ impl CqSource for Qp {
 mod tests {
     use super::*;
     use iwarp_proto::engine::{SgList, Sge};
+
+    #[test]
+    fn reg_mr_enomem_names_the_memlock_limit_and_the_fix() {
+        let e = reg_mr_err(33_554_432, std::io::Error::from_raw_os_error(libc::ENOMEM)).to_string();
+        assert!(e.contains("ibv_reg_mr"), "{e}");
+        assert!(e.contains("33554432 bytes"), "{e}");
+        let h = memlock_hint(1 << 25, Some(8 << 20));
+        assert!(
+            h.contains("8388608 bytes") && h.contains("ulimit -l"),
+            "{h}"
+        );
+        let h = memlock_hint(1 << 25, Some(libc::RLIM_INFINITY));
+        assert!(!h.contains("ulimit") && h.contains("register less"), "{h}");
+        // Other errors are passed through as they are.
+        let e = reg_mr_err(4096, std::io::Error::from_raw_os_error(libc::EINVAL)).to_string();
+        assert!(!e.contains("RLIMIT_MEMLOCK"), "{e}");
+    }
 
     #[test]
     fn statuses_map_one_to_one_where_a_variant_exists() {

@@ -181,6 +181,12 @@ pub enum CmError {
     Driver(io::Error),
     /// The queue pair belongs to another provider.
     OtherProvider,
+    /// The device to listen through could not be chosen or opened
+    /// (`IWARP_DEVICE` names a device that is not there, ...).
+    Device {
+        addr: SocketAddr,
+        error: crate::Error,
+    },
 }
 
 fn hex(data: &[u8]) -> String {
@@ -213,7 +219,8 @@ impl fmt::Display for CmError {
             }
             CmError::Bind { addr, source } => write!(f, "could not listen on {addr}: {source}; is another process using the port?"),
             CmError::Driver(e) => write!(f, "could not start the queue pair's driver threads: {e}; raise the thread limit"),
-            CmError::OtherProvider => f.write_str("this queue pair was not made by the software provider: connect it with its own provider's connection manager"),
+            CmError::OtherProvider => f.write_str("this queue pair was not made by the listener's provider (software or the same kernel device): create it on the device the listener was bound through"),
+            CmError::Device { addr, error } => write!(f, "cannot listen on {addr}: {error}"),
         }
     }
 }
@@ -225,6 +232,7 @@ impl std::error::Error for CmError {
             | CmError::Io { source, .. }
             | CmError::Bind { source, .. } => Some(source),
             CmError::Driver(e) => Some(e),
+            CmError::Device { error, .. } => Some(error),
             _ => None,
         }
     }

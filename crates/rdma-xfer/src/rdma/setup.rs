@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use iwarp::cm::{self, ConnParam, Listener};
 use iwarp::{
-    Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
-    QueuePair, RecvWr, SendWr, SgList, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
+    Access, CompletionQueue, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr, QueuePair,
+    RecvWr, SendWr, SgList, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
 };
 
 use crate::msg::{Msg, MSG_BUF};
@@ -36,7 +36,7 @@ pub(super) fn verbs(e: iwarp::Error) -> Error {
 
 impl Setup {
     pub(super) fn new(cfg: &Config) -> Result<Setup, Error> {
-        let ctx = Context::open().map_err(verbs)?;
+        let ctx = cfg.open_device()?;
         let pd = ctx.alloc_pd();
         let depth = cfg.pool_depth() as usize;
         let cq = ctx

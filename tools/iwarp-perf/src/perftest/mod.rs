@@ -123,6 +123,9 @@ const SEND_OFF: usize = 1024;
 /// Upper bound for the Reads we keep outstanding (the rdma_cm IRD/ORD our
 /// provider asks for is at most 16).
 const MAX_ORD: u32 = 16;
+/// How long the client waits after the closing exchange before it
+/// disconnects.
+const CLOSE_LINGER: Duration = Duration::from_millis(300);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Role {
@@ -324,51 +327,31 @@ fn psn() -> u32 {
     (t ^ std::process::id().rotate_left(7)) & 0x00ff_ffff
 }
 
-/// A listener of either provider.
-enum Listen {
-    Soft(iwarp::cm::Listener),
-    Kernel(iwarp::rdma::cm::Listener),
+/// Listen on `addr` through `ctx`'s device (rdma_cm for a kernel device,
+/// TCP for soft).
+fn listen(ctx: &Context, addr: SocketAddr) -> Result<iwarp::cm::Listener, String> {
+    iwarp::cm::Listener::bind_on(ctx, addr, iwarp::cm::MpaConfig::default())
+        .map_err(|e| format!("listening on {addr} ({}): {e}", ctx.device_name()))
 }
 
-impl Listen {
-    fn bind(ctx: &Context, addr: SocketAddr) -> Result<Listen, String> {
-        let r = if ctx.device_name() == "soft" {
-            iwarp::cm::Listener::bind(addr, iwarp::cm::MpaConfig::default())
-                .map(Listen::Soft)
-                .map_err(|e| e.to_string())
-        } else {
-            iwarp::rdma::cm::Listener::bind(ctx, addr)
-                .map(Listen::Kernel)
-                .map_err(|e| e.to_string())
-        };
-        r.map_err(|e| format!("listening on {addr} ({}): {e}", ctx.device_name()))
-    }
-
-    fn accept(&mut self, qp: &QueuePair, wait: Duration, t: Duration) -> Result<(), String> {
-        match self {
-            Listen::Soft(l) => {
-                let req = l
-                    .get_request(Some(wait))
-                    .map_err(|e| format!("waiting for perftest's connection: {e}"))?;
-                req.accept(
-                    qp,
-                    &iwarp::cm::ConnParam {
-                        timeout: t,
-                        ..iwarp::cm::ConnParam::default()
-                    },
-                )
-                .map_err(|e| format!("accepting perftest's connection: {e}"))
-            }
-            Listen::Kernel(l) => {
-                let req = l
-                    .get_request(wait)
-                    .map_err(|e| format!("waiting for perftest's connection: {e}"))?
-                    .ok_or_else(|| format!("no perftest client connected within {wait:?}"))?;
-                req.accept(qp, &[], t)
-                    .map_err(|e| format!("accepting perftest's connection: {e}"))
-            }
-        }
-    }
+/// Accept the next connection request on `qp`, waiting up to `wait`.
+fn accept(
+    l: &iwarp::cm::Listener,
+    qp: &QueuePair,
+    wait: Duration,
+    t: Duration,
+) -> Result<(), String> {
+    let req = l
+        .get_request(Some(wait))
+        .map_err(|e| format!("waiting for perftest's connection: {e}"))?;
+    req.accept(
+        qp,
+        &iwarp::cm::ConnParam {
+            timeout: t,
+            ..iwarp::cm::ConnParam::default()
+        },
+    )
+    .map_err(|e| format!("accepting perftest's connection: {e}"))
 }
 
 fn connect_once(qp: &QueuePair, addr: SocketAddr, t: Duration) -> Result<(), String> {
@@ -521,6 +504,11 @@ pub fn client(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
     }
     c.closing = true;
     c.dest(role, &mine, "closing")?;
+    // The server's closing Send may not have completed on its side yet:
+    // closing at once can make it complete in error there (siw reported
+    // IBV_WC_LOC_QP_OP_ERR to ib_write_bw). perftest's own client takes
+    // this long tearing down; the run is measured already.
+    std::thread::sleep(CLOSE_LINGER);
     data.qp.disconnect();
     c.qp.disconnect();
     Ok(out)
@@ -534,14 +522,14 @@ pub fn server(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
         return Err(why.into());
     }
     let pd = ctx.alloc_pd();
-    let mut l = Listen::bind(ctx, addr)?;
+    let l = listen(ctx, addr)?;
     eprintln!(
         "iwarp-perf: listening for a perftest {} client on {addr} (device {})",
         o.test,
         ctx.device_name()
     );
     let mut c = Ctrl::new(ctx, &pd, o.timeout)?;
-    l.accept(&c.qp, o.idle, o.timeout)?;
+    accept(&l, &c.qp, o.idle, o.timeout)?;
     let t0 = Instant::now();
     let role = Role::Server;
     let peer_version = prologue(&mut c, role, mtu_of(ctx))?;
@@ -551,7 +539,7 @@ pub fn server(ctx: &Context, addr: SocketAddr, o: &Opts) -> Result<Outcome, Stri
     if o.test == Test::ReadBw || o.test == Test::ReadLat {
         data.mr.fill(0x5a);
     }
-    l.accept(&data.qp, o.timeout, o.timeout)?;
+    accept(&l, &data.qp, o.timeout, o.timeout)?;
     c.dest(role, &Dest::default(), "sync after the data connection")?;
     let ord = if o.test == Test::ReadBw { MAX_ORD } else { 1 };
     let mine = data.dest(ord);

@@ -83,6 +83,13 @@ struct Args {
     /// Seconds allowed for the connection setup and for each step of a ping.
     #[arg(long, value_name = "SECS", default_value = "10", value_parser = cli::parse_secs)]
     timeout: Duration,
+    /// RDMA device: soft (software iWARP over TCP), auto (a kernel RDMA
+    /// device if there is one, else soft), or a kernel device as
+    /// `ibv_devices` lists it (siw0, rxe0, mlx5_0). Default: the
+    /// IWARP_DEVICE environment variable, else soft. (--crc, --markers and
+    /// --rtr apply to soft only: a kernel device negotiates MPA itself.)
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -106,6 +113,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
+    if let Some(d) = &args.device {
+        let opened = cli::set_device(d)?;
+        tracing::info!(device = %opened, "RDMA device");
+    }
     let mut mpa = cli::mpa_config(args.crc, args.markers);
     mpa.rtr = args.rtr.map(Into::into);
     let mut cfg = PingConfig::new(mpa);

@@ -25,7 +25,7 @@ struct Args {
     /// Interactive mode connected to ftp://[user[:pass]@]host[:port]/[dir].
     url: Option<String>,
     /// TOML config file with defaults (streams, block_size, iodepth, user,
-    /// password, timeout_secs, crc).
+    /// password, timeout_secs, crc, checksum, device).
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
     /// Data streams (QPs).
@@ -63,6 +63,12 @@ struct Args {
     /// Require MPA CRC32C.
     #[arg(long, global = true)]
     crc: bool,
+    /// RDMA device: soft (software iWARP over TCP), auto (a kernel RDMA
+    /// device if there is one, else soft), or a kernel device as
+    /// `ibv_devices` lists it (siw0, rxe0, mlx5_0). Default: the
+    /// IWARP_DEVICE environment variable, else soft. Config key: device.
+    #[arg(long, global = true, value_name = "NAME")]
+    device: Option<String>,
     /// Seconds any step may take.
     #[arg(long, global = true)]
     timeout: Option<u64>,
@@ -111,6 +117,7 @@ struct FileConfig {
     timeout_secs: Option<u64>,
     crc: Option<bool>,
     checksum: Option<String>,
+    device: Option<String>,
 }
 
 fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
@@ -138,6 +145,12 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     }
     o.resume = !a.no_resume;
     o.crc = a.crc || fc.crc.unwrap_or(false);
+    o.device = a.device.clone().or_else(|| fc.device.clone());
+    if let Some(d) = &o.device {
+        // Fail now, with the reason and the fix, rather than at the first
+        // RDMA transfer.
+        iwarp::Context::open_device(d).map_err(|e| format!("--device {d}: {e}"))?;
+    }
     o.limit_rate = a.limit_rate.as_deref().map(parse_size).transpose()?;
     Ok(o)
 }

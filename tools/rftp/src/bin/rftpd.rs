@@ -32,6 +32,12 @@ struct Args {
     /// Most data streams granted to a client.
     #[arg(long)]
     max_streams: Option<u32>,
+    /// RDMA device: soft (software iWARP over TCP), auto (a kernel RDMA
+    /// device if there is one, else soft), or a kernel device as
+    /// `ibv_devices` lists it (siw0, rxe0, mlx5_0). Default: the
+    /// IWARP_DEVICE environment variable, else soft. Config key: device.
+    #[arg(long, value_name = "NAME")]
+    device: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -61,6 +67,27 @@ fn main() -> ExitCode {
     }
     if let Some(n) = a.max_streams {
         cfg.max_streams = n;
+    }
+    if let Some(d) = a.device {
+        cfg.device = Some(d);
+    }
+    if cfg.rdma {
+        // Fail at start, with the reason and the fix, rather than at the
+        // first RADR.
+        let opened = match &cfg.device {
+            Some(d) => iwarp::Context::open_device(d),
+            None => iwarp::Context::open(),
+        };
+        match opened {
+            Ok(ctx) => tracing::info!(device = ctx.device_name(), "RDMA device"),
+            Err(e) => {
+                eprintln!(
+                    "rftpd: RDMA device {}: {e}",
+                    cfg.device.as_deref().unwrap_or("(IWARP_DEVICE)")
+                );
+                return ExitCode::from(2);
+            }
+        }
     }
     // A file-size limit (ulimit -f) must give EFBIG and an FTP error
     // reply, not kill the server.
