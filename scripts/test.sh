@@ -207,6 +207,7 @@ VM_SIW="siw interop (Linux kernel siw in QEMU)"
 VM_RDMACORE="rdma-core provider (verbs and applications on kernel siw0 and rxe0 in QEMU)"
 VM_RSTREAM="rstream interop with real rsockets (Linux siw in QEMU)"
 VM_RIOSTREAM="riostream (riomap/riowrite) interop with real rsockets (Linux siw in QEMU)"
+VM_PERFTEST="iwarp-perf --perftest against perftest -R (siw0 and soft in QEMU)"
 
 step_demo() {
     timeout --kill-after=5 120 target/release/iwarp-demo
@@ -280,12 +281,13 @@ if ((BUILD_OK)); then
     fi
     run_step "iwarp-ping client vs server (loopback)" scripts/ping-loopback.sh || true
     if [[ "$FAST" == 1 ]]; then
-        for s in "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM"; do skip_step "$s" "FAST=1"; done
+        for s in "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST"; do skip_step "$s" "FAST=1"; done
     else
         step_vm "$VM_SIW" scripts/test-siw.sh
         step_vm "$VM_RDMACORE" scripts/test-rdmacore.sh
         step_vm "$VM_RSTREAM" scripts/test-rstream-siw.sh
         step_vm "$VM_RIOSTREAM" scripts/test-riostream-siw.sh
+        step_vm "$VM_PERFTEST" scripts/test-perftest-compat.sh
     fi
     run_step "iwarp-demo" step_demo || true
     run_step "C API (libiwarp, header check, C tests)" env PROFILE=release scripts/test-capi.sh || true
@@ -296,7 +298,7 @@ if ((BUILD_OK)); then
     run_step "cache push-pull (ccappd pushes to ccproxy)" scripts/test-cache-push.sh || true
     run_step "cache topology (namespaces, sharding, faults)" scripts/test-cache-topology.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)"; do
         skip_step "$s" "release build failed"
     done
 fi

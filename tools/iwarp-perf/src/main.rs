@@ -11,12 +11,14 @@
 
 mod params;
 mod pattern;
+mod perftest;
 mod rdma;
 mod report;
 mod tcp;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -47,6 +49,29 @@ Two processes: `iwarp-perf --server [-p PORT]` and `iwarp-perf TEST HOST
 [-p PORT] [options]`; the server adopts the client's parameters (iWARP on
 PORT, the TCP baseline on PORT+1). One process: `--loopback`.
 
+Devices (--device NAME, or the environment variable IWARP_DEVICE): `soft`
+(this crate's iWARP over TCP, the default), a kernel RDMA device through
+rdma-core (`siw0`, `rxe0`, `mlx5_0`), or `auto` (a kernel device when one
+is present, else soft). iwarp-perf's own protocol runs on soft only: it
+tells its control messages from data by the Solicited Event flag of the
+receive completion, which rdma-core's ibv_wc does not report; on a kernel
+device use --perftest (against perftest, or iwarp-perf on both ends).
+
+--perftest: speak perftest's `-R` (rdma_cm) protocol instead of
+iwarp-perf's own, so the other end can be perftest: `ib_write_bw -R`,
+`ib_read_bw -R` or `ib_read_lat -R` (perftest 4.5, version 6.06, as
+captured and tested on Linux siw), in either role, on any device, soft
+included (our stack speaks iWARP on TCP like siw). As with perftest, give
+both ends the same test, -s and port; the server names its test too
+(`iwarp-perf --perftest --server write_bw -s 65536`). Bandwidths are
+then in perftest's MB/s (2^20 bytes). perftest busy-polls its CQs; here
+the data CQ sleeps on completion events unless --busy-poll (which was the
+slower choice on siw in a 2-vCPU emulated guest: docs/BENCHMARKS.md). send_bw, write_lat and send_lat are
+not perftest-compatible: send_bw's receiver-side flow control relies on
+InfiniBand's RNR retry, which iWARP lacks (a Send finding no receive
+terminates the connection, RFC 5040 5.3); the write/send ping-pongs are
+not implemented against perftest's. They run with iwarp-perf on both ends.
+
 The CRC32C implementation is chosen at start from the CPU; the environment
 variable IWARP_CRC=auto|avx512|avx2|sse42|soft forces one (an unknown or
 unavailable one is an error). The table header and --json (`crc_impl`)
@@ -55,6 +80,9 @@ name the one that ran.";
 const EXAMPLES: &str = "\
 Examples:
   iwarp-perf write_bw --loopback -s 1048576 --compare
+  iwarp-perf --perftest --server write_bw --device siw0       (ib_write_bw -R -d siw0 HOST as client)
+  iwarp-perf --perftest write_bw HOST --device siw0            (ib_write_bw -R -d siw0 as server)
+  iwarp-perf --perftest read_lat HOST --device soft -s 2       (against ib_read_lat -R on siw)
   iwarp-perf send_lat --loopback -s 8 --compare --json
   iwarp-perf write_bw --loopback -a --crc off --json
   iwarp-perf read_bw --loopback -s 65537 -n 200 --integrity
@@ -87,6 +115,12 @@ struct Cli {
     test: Option<Test>,
     /// Server to connect to (client mode).
     host: Option<String>,
+    /// Device: soft, auto, or a kernel RDMA device (siw0, rxe0, mlx5_0) [default: $IWARP_DEVICE, else soft].
+    #[arg(short = 'd', long, value_name = "NAME")]
+    device: Option<String>,
+    /// Speak perftest's -R protocol (ib_write_bw/ib_read_bw/ib_read_lat -R on the other end).
+    #[arg(long, conflicts_with_all = ["loopback", "tcp", "compare", "integrity", "all", "duration"])]
+    perftest: bool,
     /// Serve runs for clients: iWARP on PORT, the TCP baseline on PORT+1.
     #[arg(long)]
     server: bool,
@@ -185,7 +219,22 @@ fn main() -> ExitCode {
         eprintln!("iwarp-perf: error: {e}");
         return ExitCode::FAILURE;
     }
-    let r = if cli.server { serve(&cli) } else { run(&cli) };
+    let device = cli
+        .device
+        .clone()
+        .or_else(|| {
+            std::env::var(iwarp::DEVICE_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "soft".into());
+    let _ = DEVICE.set(device);
+    let r = match (cli.server, cli.perftest) {
+        (true, true) => serve_perftest(&cli),
+        (false, true) => run_perftest(&cli),
+        (true, false) => serve(&cli),
+        (false, false) => run(&cli),
+    };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -197,6 +246,33 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// The device `--device` / `IWARP_DEVICE` names (`soft` when neither).
+static DEVICE: OnceLock<String> = OnceLock::new();
+
+fn device_name() -> &'static str {
+    DEVICE.get().map_or("soft", String::as_str)
+}
+
+/// Why iwarp-perf's own protocol cannot run on `ctx`, if it cannot.
+fn native_refused(ctx: &iwarp::Context) -> Result<(), String> {
+    if ctx.device_name() == "soft" {
+        return Ok(());
+    }
+    Err(format!(
+        "iwarp-perf's own protocol runs on the soft device only, not on {}: it tells \
+         control messages from data by the Solicited Event flag of a receive completion, \
+         which rdma-core's ibv_wc does not report. Use --perftest (perftest's -R protocol; \
+         the other end can be perftest or iwarp-perf --perftest --server), or --device soft",
+        ctx.device_name()
+    ))
+}
+
+/// Open the device of this run.
+pub(crate) fn open_context() -> Result<iwarp::Context, String> {
+    let name = device_name();
+    iwarp::Context::open_device(name).map_err(|e| format!("opening device {name}: {e}"))
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -281,6 +357,9 @@ fn run(cli: &Cli) -> Result<(), String> {
         return Err(
             "give the server's HOST, or --loopback to run both ends here, or --server".into(),
         );
+    }
+    if !cli.tcp {
+        native_refused(&open_context()?)?;
     }
     let sizes: Vec<usize> = if cli.all {
         (1..=23).map(|k| 1usize << k).collect()
@@ -415,8 +494,9 @@ fn measure_iwarp(
         Some(addr) => client(addr)?,
         None => {
             let loopback: SocketAddr = ([127, 0, 0, 1], 0).into();
-            let listener = Listener::bind(loopback, mpa.clone())
-                .map_err(|e| format!("loopback listener: {e}"))?;
+            let ctx = open_context()?;
+            let listener = Listener::bind_on(&ctx, loopback, mpa.clone())
+                .map_err(|e| format!("loopback listener ({}): {e}", ctx.device_name()))?;
             let addr = listener.local_addr();
             std::thread::scope(|s| {
                 let srv = s.spawn(|| -> Result<u64, String> {
@@ -499,13 +579,20 @@ fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Mea
 /// until a client's last run (or the idle timeout).
 fn serve(cli: &Cli) -> Result<(), String> {
     let idle = secs(cli.idle_timeout, "--idle-timeout")?;
+    let ctx = open_context()?;
+    native_refused(&ctx)?;
     let ip: std::net::IpAddr = cli
         .bind
         .parse()
         .map_err(|e| format!("--bind {}: {e}", cli.bind))?;
     let mpa = rdma::mpa_config(cli.crc.map(OnOff::on), cli.markers.map(OnOff::on), 1024);
-    let listener = Listener::bind(SocketAddr::new(ip, cli.port), mpa)
-        .map_err(|e| format!("listening on port {}: {e}", cli.port))?;
+    let listener = Listener::bind_on(&ctx, SocketAddr::new(ip, cli.port), mpa).map_err(|e| {
+        format!(
+            "listening on port {} ({}): {e}",
+            cli.port,
+            ctx.device_name()
+        )
+    })?;
     let tport = cli.port.wrapping_add(1);
     let tlistener = TcpListener::bind(SocketAddr::new(ip, tport))
         .map_err(|e| format!("listening on TCP port {tport}: {e}"))?;
@@ -558,4 +645,136 @@ fn serve(cli: &Cli) -> Result<(), String> {
             Err(e) => eprintln!("iwarp-perf: {e}"),
         }
     }
+}
+
+fn perftest_opts(cli: &Cli) -> Result<perftest::Opts, String> {
+    let test = cli.test.ok_or(
+        "--perftest needs the test on both ends: write_bw, read_bw or read_lat (see --help)",
+    )?;
+    if let Some(why) = perftest::unsupported(test) {
+        return Err(why.into());
+    }
+    if cli.qps != 1 {
+        return Err("--perftest runs one QP (perftest's -q is not supported)".into());
+    }
+    let size = cli.size.unwrap_or_else(|| perftest::default_size(test));
+    if size == 0 || size > 1 << 30 {
+        return Err(format!("--size must be 1..=1073741824 bytes, got {size}"));
+    }
+    let iters = cli.iters.unwrap_or_else(|| perftest::default_iters(test));
+    if iters == 0 {
+        return Err("--iters must be at least 1".into());
+    }
+    let depth = if test.is_bw() {
+        cli.tx_depth.unwrap_or(128)
+    } else {
+        1
+    };
+    if depth == 0 || depth > 4096 {
+        return Err(format!("--tx-depth must be 1..=4096, got {depth}"));
+    }
+    Ok(perftest::Opts {
+        test,
+        size,
+        iters,
+        depth,
+        timeout: secs(cli.timeout, "--timeout")?,
+        idle: secs(cli.idle_timeout, "--idle-timeout")?,
+        busy_poll: cli.busy_poll,
+    })
+}
+
+fn print_perftest(cli: &Cli, role: &str, o: &perftest::Opts, r: &perftest::Outcome) {
+    if cli.json {
+        let mut j = format!(
+            "{{\"mode\":\"perftest\",\"role\":\"{role}\",\"test\":\"{}\",\"device\":\"{}\",\"peer_version\":\"{}\",\"size\":{},\"iters\":{},\"elapsed_s\":{:.6}",
+            o.test,
+            r.device,
+            r.peer_version,
+            o.size,
+            o.iters,
+            r.elapsed.as_secs_f64()
+        );
+        if let Some(b) = &r.bw {
+            j.push_str(&format!(
+                ",\"report_size\":{},\"report_iters\":{},\"bw_mib_s\":{:.3},\"msg_rate_mpps\":{:.6}",
+                b.size, b.iters, b.bw_avg, b.msg_rate
+            ));
+        }
+        if let Some(l) = &r.lat {
+            j.push_str(&format!(
+                ",\"lat_min_us\":{:.3},\"lat_median_us\":{:.3},\"lat_avg_us\":{:.3},\"lat_p99_us\":{:.3},\"lat_max_us\":{:.3}",
+                l.min, l.median, l.avg, l.p99, l.max
+            ));
+        }
+        j.push('}');
+        out!("{j}");
+        return;
+    }
+    out!("{}", "-".repeat(87));
+    out!(
+        " {} (iwarp-perf --perftest, {role}, device {}, peer version {})",
+        test_title(o.test),
+        r.device,
+        r.peer_version
+    );
+    out!("{}", "-".repeat(87));
+    if let Some(b) = &r.bw {
+        if role == "server" {
+            out!(" the client's report:");
+        }
+        out!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+        out!(
+            " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
+            b.size,
+            b.iters,
+            b.bw_peak,
+            b.bw_avg,
+            b.msg_rate
+        );
+    }
+    if let Some(l) = &r.lat {
+        out!(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    99% percentile[usec]");
+        out!(
+            " {:<6} {:<14} {:<14.2} {:<12.2} {:<18.2} {:<14.2} {:.2}",
+            o.size,
+            o.iters,
+            l.min,
+            l.max,
+            l.median,
+            l.avg,
+            l.p99
+        );
+    }
+    if r.bw.is_none() && r.lat.is_none() {
+        out!(" {} run served", o.test);
+    }
+    out!("{}", "-".repeat(87));
+}
+
+/// `--perftest` client: against `ib_*_bw -R` / `ib_read_lat -R` (or our server).
+fn run_perftest(cli: &Cli) -> Result<(), String> {
+    let o = perftest_opts(cli)?;
+    let host = cli
+        .host
+        .as_deref()
+        .ok_or("give the server's HOST, or --server")?;
+    let addr = resolve(host, cli.port)?;
+    let ctx = open_context()?;
+    let r = perftest::client(&ctx, addr, &o)?;
+    print_perftest(cli, "client", &o, &r);
+    Ok(())
+}
+
+/// `--perftest --server`: serve one run of a perftest client.
+fn serve_perftest(cli: &Cli) -> Result<(), String> {
+    let o = perftest_opts(cli)?;
+    let ip: std::net::IpAddr = cli
+        .bind
+        .parse()
+        .map_err(|e| format!("--bind {}: {e}", cli.bind))?;
+    let ctx = open_context()?;
+    let r = perftest::server(&ctx, SocketAddr::new(ip, cli.port), &o)?;
+    print_perftest(cli, "server", &o, &r);
+    Ok(())
 }

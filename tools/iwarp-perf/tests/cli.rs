@@ -454,3 +454,171 @@ fn a_reader_that_goes_away_ends_the_run_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
 }
+
+/// Spawn `iwarp-perf --perftest --server TEST` on 127.0.0.1:`port` with
+/// `extra` options, giving up after `idle` seconds without a client; its
+/// stdout and stderr are piped.
+fn perftest_server(test: &str, port: u16, idle: &str, extra: &[&str]) -> std::process::Child {
+    let ps = port.to_string();
+    Command::new(BIN)
+        .args([
+            "--perftest",
+            "--server",
+            test,
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "--idle-timeout",
+            idle,
+            "--timeout",
+            "10",
+            "--json",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the perftest-mode server")
+}
+
+/// Wait (bounded) for `child` and return its exit code and stdout.
+fn finish(mut child: std::process::Child) -> (Option<i32>, String, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut so = String::new();
+    let mut se = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut so);
+    let _ = child.stderr.take().unwrap().read_to_string(&mut se);
+    (status.and_then(|s| s.code()), so, se)
+}
+
+/// `--perftest` on the soft device, both ends iwarp-perf, in two
+/// processes: the protocol perftest's `-R` tests speak (checked against
+/// perftest itself on siw by scripts/test-perftest-compat.sh). The client
+/// measures; the server prints the client's report, so the two must agree.
+#[test]
+fn perftest_protocol_both_roles_on_soft() {
+    let base = 21000 + (std::process::id() % 15000) as u16;
+    for (k, (test, size, iters)) in [
+        ("write_bw", "65536", "300"),
+        ("read_bw", "262144", "100"),
+        ("read_lat", "2", "200"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = base + 2 * k as u16;
+        let server = perftest_server(test, port, "20", &["-s", size, "-d", "soft"]);
+        let ps = port.to_string();
+        // No pause: the client retries while the server is not listening.
+        let out = run(&[
+            "--perftest",
+            test,
+            "127.0.0.1",
+            "-p",
+            &ps,
+            "-s",
+            size,
+            "-n",
+            iters,
+            "--json",
+            "--device",
+            "soft",
+        ]);
+        let (scode, sout, serr) = finish(server);
+        assert_eq!(
+            out.code,
+            Some(0),
+            "{test} client: {}\nserver: {serr}",
+            out.stderr
+        );
+        assert_eq!(scode, Some(0), "{test} server: {serr}");
+        let c = &json_lines(&out)[0];
+        assert_eq!(c["mode"], "perftest");
+        assert_eq!(c["role"], "client");
+        assert_eq!(c["device"], "soft");
+        assert_eq!(c["peer_version"], "6.06");
+        assert_eq!(c["size"].as_u64().unwrap().to_string(), size);
+        assert_eq!(c["iters"].as_u64().unwrap().to_string(), iters);
+        let s: Value = serde_json::from_str(sout.trim()).expect("server JSON");
+        assert_eq!(s["role"], "server");
+        if test == "read_lat" {
+            let med = c["lat_median_us"].as_f64().unwrap();
+            assert!(med > 0.0 && med <= c["lat_max_us"].as_f64().unwrap());
+            assert!(c["lat_min_us"].as_f64().unwrap() <= med);
+        } else {
+            let bw = c["bw_mib_s"].as_f64().unwrap();
+            assert!(bw > 0.0, "{test}: {c}");
+            // The server heard the client's report.
+            assert_eq!(s["report_iters"], c["iters"]);
+            assert_eq!(s["report_size"], c["size"]);
+            assert_eq!(s["bw_mib_s"], c["bw_mib_s"]);
+        }
+    }
+}
+
+#[test]
+fn perftest_errors_name_the_cause() {
+    // Tests perftest's protocol is not spoken for, with the reason.
+    let out = run(&["--perftest", "send_bw", "127.0.0.1"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("RNR retry"), "{}", out.stderr);
+    let out = run(&["--perftest", "--server", "write_lat"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("not perftest-compatible"),
+        "{}",
+        out.stderr
+    );
+    // The server must name its test (perftest's messages differ by test).
+    let out = run(&["--perftest", "--server"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("needs the test"), "{}", out.stderr);
+    let out = run(&["--perftest", "write_bw", "127.0.0.1", "-q", "2"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("one QP"), "{}", out.stderr);
+    // Options of iwarp-perf's own protocol are refused by clap.
+    let out = run(&["--perftest", "write_bw", "--loopback"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    // Nobody listens: the retries end after --timeout (10 s here) with the
+    // cause.
+    let start = Instant::now();
+    let out = run(&["--perftest", "write_bw", "127.0.0.1", "-p", "1"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains("connecting the control connection") && out.stderr.contains("refused"),
+        "{}",
+        out.stderr
+    );
+    assert!(start.elapsed() < Duration::from_secs(30));
+    // A device that does not exist (no RDMA on this host, or no such name).
+    let out = run(&["--perftest", "write_bw", "127.0.0.1", "-d", "nosuch9"]);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("nosuch9"), "{}", out.stderr);
+    let out = run_env(
+        &["write_bw", "127.0.0.1", "-n", "1"],
+        &[("IWARP_DEVICE", "nosuch9")],
+    );
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains("nosuch9"), "{}", out.stderr);
+    // A server waiting for a client that never comes gives up.
+    let port = 36000 + (std::process::id() % 20000) as u16;
+    let (code, _, err) = finish(perftest_server("write_bw", port, "1", &[]));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("waiting for perftest's connection"), "{err}");
+    let out = run(&["--help"]);
+    for word in ["--perftest", "--device", "IWARP_DEVICE", "ib_write_bw"] {
+        assert!(out.stdout.contains(word), "--help lacks {word}");
+    }
+}

@@ -210,7 +210,7 @@ pub struct Side {
 
 impl Side {
     pub(super) fn new(p: &Params) -> Result<(Side, ProtectionDomain), String> {
-        let ctx = Context::open().map_err(|e| format!("opening the device: {e}"))?;
+        let ctx = crate::open_context()?;
         let pd = ctx.alloc_pd();
         let q = p.qps as usize;
         let scq = ctx
