@@ -218,7 +218,11 @@ fn run(a: Args) -> Result<(), String> {
         let mut proxies = Vec::new();
         for s in &map.shards {
             let (mode, c) = checkers(&a, s.rdma, s.tcp, s.sockets)?;
-            proxies.push(Proxy::with_cache(cfg_for(s.backend, mode), c, cache.clone()));
+            proxies.push(Proxy::with_cache(
+                cfg_for(s.backend, mode),
+                c,
+                cache.clone(),
+            ));
         }
         tracing::info!(listen = %a.listen, shards = map.shards.len(), mode = ?a.mode, "ccproxy ready (sharded)");
         shard::serve(
