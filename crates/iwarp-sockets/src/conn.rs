@@ -262,7 +262,6 @@ impl Parts {
             },
         })
         .map_err(io::Error::from)?;
-        flow.set_ack_every_message(opts.ack_every_message);
         flow.set_iomap_size(iomap::table_entries(&opts))
             .map_err(io::Error::from)?;
         Ok(Parts {

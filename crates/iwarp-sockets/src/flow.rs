@@ -601,9 +601,6 @@ pub struct Flow {
     // Receive side.
     rseq_no: u16,
     rseq_comp: u16,
-    /// The basic design's socket-level flow control
-    /// ([`Flow::set_ack_every_message`]).
-    ack_every_message: bool,
     rmsg: VecDeque<u32>,
     /// Sum of `rmsg`.
     rmsg_bytes: u64,
@@ -666,7 +663,6 @@ impl Flow {
             pend_len: 0,
             rseq_no: 0,
             rseq_comp: cfg.rq_size >> 1,
-            ack_every_message: false,
             rmsg: VecDeque::with_capacity(usize::from(cfg.rq_size) + 1),
             rmsg_bytes: 0,
             rbuf_offset: 0,
@@ -1278,22 +1274,6 @@ impl Flow {
         Ok(RecvGrant { spans, eof: false })
     }
 
-    /// The basic design's socket-level flow control, which the enhanced
-    /// design drops as redundant (the seed paper's "no socket-level flow
-    /// control beyond the credits the protocol needs"): every message the
-    /// application has read is acknowledged at once with an `RS_OP_SGL`
-    /// credit word, as a sockets layer that keeps its own window over a
-    /// transport does, instead of rsocket.c's update once half the
-    /// receive queue is consumed. Legal on the wire (an rsockets peer
-    /// takes a credit update whenever it comes; the two-control-slot rule
-    /// still bounds how many are in flight); off by default.
-    pub fn set_ack_every_message(&mut self, on: bool) {
-        self.ack_every_message = on;
-        if on && self.rseq_comp.wrapping_sub(self.rseq_no) as i16 > 1 {
-            self.rseq_comp = self.rseq_no.wrapping_add(1);
-        }
-    }
-
     /// `rs_give_credits` (iWARP) then `rs_send_credits`, as often as it
     /// holds.
     fn update_credits(&mut self) {
@@ -1304,12 +1284,7 @@ impl Flow {
             && self.two_ctrl_avail()
         {
             self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
-            let step = if self.ack_every_message {
-                1
-            } else {
-                self.cfg.rq_size >> 1
-            };
-            self.rseq_comp = self.rseq_no.wrapping_add(step);
+            self.rseq_comp = self.rseq_no.wrapping_add(self.cfg.rq_size >> 1);
             // The value is computed in int in rsocket.c: it may pass 0xFFFF.
             let limit = u32::from(self.rseq_no) + u32::from(self.cfg.rq_size);
             self.rx_limit = limit as u16;

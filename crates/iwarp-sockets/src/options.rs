@@ -75,15 +75,6 @@ pub struct Options {
     /// `riowrite` can reach them. Rounded as `target_iomap_size` carries it
     /// (exact up to 128, then multiples of 256).
     pub iomap_size: u16,
-    /// Socket-level flow control on top of the ring credits: every
-    /// message read is acknowledged at once with a credit word (see
-    /// `Flow::set_ack_every_message`). The seed paper's basic design has
-    /// it and the enhanced design drops it as redundant; on in
-    /// [`Options::basic`], off by default. In the rsockets protocol a
-    /// credit cannot ride on a data message, so each acknowledgement is a
-    /// control message of its own (SDP's basic design carries credits in
-    /// every data message's header and would pay less in a ping-pong).
-    pub ack_every_message: bool,
 }
 
 /// A zero-copy threshold for hosts where copies are dear (set it in
@@ -107,7 +98,6 @@ impl Default for Options {
             keepalive: false,
             linger: Duration::from_secs(1),
             iomap_size: 0,
-            ack_every_message: false,
         }
     }
 }
@@ -119,7 +109,6 @@ impl Options {
             design: Design::Basic,
             coalesce: false,
             zcopy_threshold: None,
-            ack_every_message: true,
             ..Options::default()
         }
     }
@@ -128,8 +117,7 @@ impl Options {
     /// `IWARP_SOCKETS_DESIGN` (`enhanced` | `basic`), `IWARP_SOCKETS_SBUF`,
     /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_ZCOPY` (bytes, or
     /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
-    /// (`0`/`1`), `IWARP_SOCKETS_ACK_EVERY_MESSAGE` (`0`/`1`),
-    /// `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
+    /// (`0`/`1`), `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
     /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table). Values that
     /// do not parse are reported and ignored.
     pub fn from_env() -> Options {
@@ -170,9 +158,6 @@ impl Options {
         }
         if let Some(v) = get("IWARP_SOCKETS_COALESCE") {
             o.coalesce = v != "0";
-        }
-        if let Some(v) = get("IWARP_SOCKETS_ACK_EVERY_MESSAGE") {
-            o.ack_every_message = v != "0";
         }
         if let Some(v) = get("IWARP_SOCKETS_BUSY_POLL") {
             o.busy_poll = v != "0";

@@ -410,35 +410,6 @@ fn out_of_credits_blocks_until_the_reader_reads() {
     assert_eq!(p.a.write(b"y"), 1);
 }
 
-/// The basic design's socket-level flow control: every message read is
-/// acknowledged at once (an `RS_OP_SGL` word per message), where the
-/// enhanced design, like rsocket.c, waits for half the receive queue.
-#[test]
-fn basic_design_acknowledges_every_message_read() {
-    let mut p = Pair::small();
-    p.b.flow.set_ack_every_message(true);
-    p.settle();
-    for _ in 0..16 {
-        assert_eq!(p.a.write(b"x"), 1);
-        p.settle();
-    }
-    assert_eq!(p.a.flow.send_credits(), 0);
-    for i in 1..=5u16 {
-        assert_eq!(p.b.read(1), Some(1));
-        p.settle();
-        assert_eq!(p.a.flow.send_credits(), i, "after {i} messages read");
-    }
-    // Turned off again: the update already due goes (the 6th message),
-    // then rsocket.c's rule: the next one only after half the queue (8
-    // more messages) has been read.
-    p.b.flow.set_ack_every_message(false);
-    for _ in 0..7 {
-        assert_eq!(p.b.read(1), Some(1));
-        p.settle();
-    }
-    assert_eq!(p.a.flow.send_credits(), 6);
-}
-
 #[test]
 fn out_of_send_queue_blocks_until_completions() {
     let mut p = Pair::small();
