@@ -364,10 +364,17 @@ pub fn pick_accessed(s: &mut UnixStream, rnd: u64) -> io::Result<Option<u32>> {
 pub fn update_once(s: &mut UnixStream, cfg: &UpdaterCfg, doc: u32) -> io::Result<u64> {
     write_msg(s, &Repr::new(Kind::UpdateRequest, doc))?;
     let old = expect(s, Kind::UpdateProceed, doc)?;
-    let body = doc_body(doc, old.wrapping_add(1), cfg.doc_size);
     let f = OpenOptions::new()
         .write(true)
         .open(doc_path(&cfg.docroot, doc))?;
+    // The document keeps its own size (documents of a workload differ:
+    // 200 B - 1 MB); `doc_size` only for an empty file. Writing a shorter
+    // body over a longer file would leave the old version's tail in it.
+    let size = match f.metadata()?.len() {
+        0 => cfg.doc_size,
+        n => usize::try_from(n).map_err(io::Error::other)?,
+    };
+    let body = doc_body(doc, old.wrapping_add(1), size);
     let step = body.len().div_ceil(cfg.steps.max(1)).max(1);
     for (i, chunk) in body.chunks(step).enumerate() {
         f.write_all_at(chunk, (i * step) as u64)?;

@@ -247,4 +247,12 @@ fn update_thread_rewrites_files_and_bumps_versions() {
     );
     assert_eq!(a.table.get(2), Some(Ok(3)));
     assert_eq!(a.table.get(0), Some(Ok(1)));
+    // A document of another size (workloads mix 200 B - 1 MB) keeps its
+    // size: all of it is the new version, none of the old one is left.
+    std::fs::write(appd::doc_path(&root, 1), appd::doc_body(1, 1, 5000)).unwrap();
+    assert_eq!(appd::update_once(&mut s, &cfg, 1).unwrap(), 2);
+    assert_eq!(
+        std::fs::read(appd::doc_path(&root, 1)).unwrap(),
+        appd::doc_body(1, 2, 5000)
+    );
 }
