@@ -294,30 +294,38 @@ impl TcpCheck {
         s.set_write_timeout(Some(self.timeout)).map_err(io)?;
         Ok(s)
     }
+}
 
-    fn ask(s: &mut TcpStream, doc: u32, timeout: Duration) -> Result<u64, CheckError> {
-        write_msg(s, &Repr::new(Kind::VersionRequest, doc))
-            .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
-        let m = read_msg(s).map_err(|e| match e {
-            crate::msgio::MsgError::Io(io)
-                if matches!(
-                    io.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                CheckError::Timeout(timeout)
-            }
-            e => CheckError::Protocol(e.to_string()),
-        })?;
-        match m.kind {
-            Kind::VersionReply if m.doc == doc => Ok(m.value),
-            Kind::Error if ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {
-                Err(CheckError::NoSuchDocument { doc })
-            }
-            _ => Err(CheckError::Protocol(format!(
-                "the version thread answered {m} to a request for document {doc}"
-            ))),
+/// One two-sided version request on a connected stream (a TCP stream, or
+/// an iWARP socket in `sockets` mode): `VERSION_REQUEST`, then the
+/// `VERSION_REPLY` or `ERROR` (`timeout` is the stream's read timeout,
+/// named in the error).
+pub(crate) fn ask_version(
+    s: &mut (impl io::Read + io::Write),
+    doc: u32,
+    timeout: Duration,
+) -> Result<u64, CheckError> {
+    write_msg(s, &Repr::new(Kind::VersionRequest, doc))
+        .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
+    let m = read_msg(s).map_err(|e| match e {
+        crate::msgio::MsgError::Io(io)
+            if matches!(
+                io.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            CheckError::Timeout(timeout)
         }
+        e => CheckError::Protocol(e.to_string()),
+    })?;
+    match m.kind {
+        Kind::VersionReply if m.doc == doc => Ok(m.value),
+        Kind::Error if ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {
+            Err(CheckError::NoSuchDocument { doc })
+        }
+        _ => Err(CheckError::Protocol(format!(
+            "the version thread answered {m} to a request for document {doc}"
+        ))),
     }
 }
 
@@ -328,7 +336,7 @@ impl VersionCheck for TcpCheck {
             Some(s) => s,
             None => self.connect()?,
         };
-        match TcpCheck::ask(&mut s, doc, self.timeout) {
+        match ask_version(&mut s, doc, self.timeout) {
             Ok(v) => {
                 self.conn = Some(s);
                 Ok(v)
@@ -340,7 +348,7 @@ impl VersionCheck for TcpCheck {
             Err(e) if reused => {
                 tracing::info!(error = %e, "version connection broke; reconnecting once");
                 let mut s = self.connect()?;
-                let v = TcpCheck::ask(&mut s, doc, self.timeout)?;
+                let v = ask_version(&mut s, doc, self.timeout)?;
                 self.conn = Some(s);
                 Ok(v)
             }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
 use iwarp_sockets::{Listener, Options, Stream};
 
-use crate::check::{CheckError, VersionCheck};
+use crate::check::{ask_version, CheckError, VersionCheck};
 use crate::msgio::{read_msg, write_msg, MsgError};
 use crate::table::VersionTable;
 
@@ -132,31 +132,6 @@ impl SocketsCheck {
         s.set_write_timeout(Some(self.timeout)).map_err(io)?;
         Ok(s)
     }
-
-    fn ask(s: &mut Stream, doc: u32, timeout: Duration) -> Result<u64, CheckError> {
-        write_msg(s, &Repr::new(Kind::VersionRequest, doc))
-            .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
-        let m = read_msg(s).map_err(|e| match e {
-            MsgError::Io(io)
-                if matches!(
-                    io.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                CheckError::Timeout(timeout)
-            }
-            e => CheckError::Protocol(e.to_string()),
-        })?;
-        match m.kind {
-            Kind::VersionReply if m.doc == doc => Ok(m.value),
-            Kind::Error if ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {
-                Err(CheckError::NoSuchDocument { doc })
-            }
-            _ => Err(CheckError::Protocol(format!(
-                "the version thread answered {m} to a request for document {doc}"
-            ))),
-        }
-    }
 }
 
 impl VersionCheck for SocketsCheck {
@@ -166,7 +141,7 @@ impl VersionCheck for SocketsCheck {
             Some(s) => s,
             None => self.connect()?,
         };
-        match SocketsCheck::ask(&mut s, doc, self.timeout) {
+        match ask_version(&mut s, doc, self.timeout) {
             Ok(v) => {
                 self.conn = Some(s);
                 Ok(v)
@@ -178,7 +153,7 @@ impl VersionCheck for SocketsCheck {
             Err(e) if reused => {
                 tracing::info!(error = %e, "sockets version connection broke; reconnecting once");
                 let mut s = self.connect()?;
-                let v = SocketsCheck::ask(&mut s, doc, self.timeout)?;
+                let v = ask_version(&mut s, doc, self.timeout)?;
                 self.conn = Some(s);
                 Ok(v)
             }
