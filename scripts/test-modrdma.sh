@@ -911,8 +911,10 @@ relay_check() { # NAME OP SCHEME EXPECT FAULT...
 }
 # What the errors say, by cause. Where the server notices the RDMA failure
 # first, it answers over HTTP (400) and rhttp retries over plain HTTP: a
-# right body is as good an outcome as a named error ("body|...").
-LOST='RDMA connection failed: WrFlushErr|RdmaRead .* failed: WrFlushErr|the queue pair is in the error state'
+# right body is as good an outcome as a named error ("body|..."). A
+# client-writes transfer can also see its own RDMA Write flushed first (the
+# connection dropped under it): that names the loss as well.
+LOST='RDMA connection failed: WrFlushErr|Rdma(Read|Write) .* failed: WrFlushErr|the queue pair is in the error state'
 SILENT='no completion within 5s|no HTTP answer within 5s|RDMA connection failed: WrFlushErr|the queue pair is in the error state'
 if [ -n "${DELAY_BRIDGE:-}" ] || timeout 1200 cargo build --release -q -p rftp --bin delay-bridge; then
     for f in "drop:at=2M,dir=up,map=1,how=rst" "drop:at=2M,dir=up,map=1,how=fin" "truncate:at=2M,dir=up,map=1"; do
