@@ -134,6 +134,7 @@ wait_line() {
 # Every command is bounded by `timeout`.
 cat >"$SHARE_DIR/guest.sh" <<GUEST_JOB
 #!/bin/sh
+$(cat "$ROOT/scripts/lib/guest-listening.sh")
 B=/mnt/host/rdma_loopback
 echo "RDMACORE LIST BEGIN"
 timeout 30 \$B list
@@ -183,7 +184,7 @@ P=/mnt/host/iwarp-ping
 ping() {
   timeout 60 rping -s -a $GUEST -p \$2 -C 3 > /tmp/rs.log 2>&1 &
   rpid=\$!
-  sleep 1
+  listening \$2 || true
   IWARP_DEVICE=\$1 timeout 60 \$P -c -a $GUEST -p \$2 -C 3 -V --timeout 10 > /tmp/ip.log 2>&1; prc=\$?
   wait \$rpid; rrc=\$?
   show ping-\$1 /tmp/ip.log; show ping-\$1 /tmp/rs.log

@@ -184,13 +184,14 @@ wait_line() {
 # of our server (retried while our server is not listening yet).
 {
     echo '#!/bin/sh'
+    cat "$ROOT/scripts/lib/guest-listening.sh"
     for sc in $SCENARIOS; do
         a="$(args_of "$sc")"
         lim="$(limit_of "$sc")"
         cat <<EOF
 timeout $lim $RSTREAM -b $GUEST -p $PORT $a > /tmp/s.log 2>&1 &
 pid=\$!
-sleep 1
+listening $PORT || true
 echo "RSX READY $sc-s"
 wait \$pid; rc=\$?
 sed 's/^/RSX OUT $sc-s /' /tmp/s.log

@@ -100,6 +100,7 @@ guest_job() {
     shift
     {
         echo '#!/bin/sh'
+        cat "$ROOT/scripts/lib/guest-listening.sh"
         echo "RUNS=$RUNS"
         local sc tag kind args
         for sc in "$@"; do
@@ -122,7 +123,7 @@ i=1
 while [ \$i -le \$RUNS ]; do
   timeout 25 rping -s -a $GUEST -p $SRV_PORT -C 3 $args > /tmp/s.log 2>&1 &
   pid=\$!
-  sleep 1
+  listening $SRV_PORT || true
   echo "SIWTEST READY $tag \$i"
   wait \$pid; rc=\$?
   echo "SIWTEST RESULT $tag \$i rc=\$rc"

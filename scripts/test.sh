@@ -38,11 +38,24 @@ export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 START_TIME=$SECONDS
 declare -a RESULTS=()
+# For each failed step, the last few lines of its output that name a
+# failure, printed under the summary: CI shows only the end of the log.
+declare -a WHY=()
 FAILED=0
 BUILD_OK=1
 
 section() { printf '\n==================== %s ====================\n' "$*"; }
 note() { printf '[test.sh] %s\n' "$*"; }
+
+# why_failed NAME LOG: keep the last lines of LOG that name a failure.
+why_failed() {
+    local line
+    WHY+=("FAIL  $1:")
+    while IFS= read -r line; do
+        WHY+=("    ${line:0:220}")
+    done < <(grep -E 'FAILED|FAIL[ :]|panicked|^error|[Ee]rror:|assert|timed out|not ok|^ +`-p .* --(test|lib|bin)' "$2" |
+        grep -vE '^(test result|failures:)|^\[test\.sh\]' | tail -n 5)
+}
 
 # run_step NAME COMMAND...: run a step, record PASS/FAIL and its duration.
 run_step() {
@@ -50,15 +63,26 @@ run_step() {
     shift
     section "$name"
     printf '$ %s\n' "$*"
-    local t0=$SECONDS rc=0
-    "$@" || rc=$?
+    local t0=$SECONDS rc=0 log tee_pid i
+    log="$(mktemp)"
+    # tee through a process substitution, not a pipe: the step runs in this
+    # shell, and a daemon a step leaves behind holding the output cannot
+    # hold up the run (tee is given 5 s to drain, then left alone).
+    "$@" > >(tee "$log") 2>&1 || rc=$?
+    tee_pid=$!
+    for ((i = 0; i < 50; i++)); do
+        kill -0 "$tee_pid" 2>/dev/null || break
+        sleep 0.1
+    done
     local dt=$((SECONDS - t0))
     if ((rc == 0)); then
         RESULTS+=("PASS  ${name} (${dt}s)")
     else
         RESULTS+=("FAIL  ${name} (${dt}s, exit ${rc})")
         FAILED=$((FAILED + 1))
+        why_failed "$name" "$log"
     fi
+    rm -f "$log"
     return "$rc"
 }
 
@@ -176,7 +200,8 @@ step_shellcheck() {
 step_cargo_test() {
     # rdma-xfer and rftp are tested by scripts/test-rftp.sh (which first
     # installs the FTP clients their tests drive), so not twice.
-    timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release \
+    # --no-fail-fast: a failing test binary does not hide the others'.
+    timeout --kill-after=30 "$TEST_TIMEOUT" cargo test --workspace --release --no-fail-fast \
         --exclude rdma-xfer --exclude rftp || return 1
     # The sockets library's optional tokio wrapper.
     timeout --kill-after=30 600 cargo test --release -p iwarp-sockets \
@@ -199,6 +224,7 @@ step_vm() {
     else
         RESULTS+=("FAIL  ${name} ($((SECONDS - t0))s, exit ${rc})")
         FAILED=$((FAILED + 1))
+        why_failed "$name" "$log"
     fi
     rm -f "$log"
 }
@@ -321,6 +347,10 @@ fi
 
 section "summary"
 printf '%s\n' "${RESULTS[@]}"
+if ((${#WHY[@]})); then
+    echo "---- why (last lines naming a failure in each failed step's output) ----"
+    printf '%s\n' "${WHY[@]}"
+fi
 total=${#RESULTS[@]}
 passed=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^PASS' || true)
 skipped=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^SKIP' || true)
