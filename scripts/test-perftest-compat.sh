@@ -9,6 +9,11 @@
 #                  the guest's network) -> ib_write_bw -R server on siw0
 #   mixB           ib_write_bw -R client on siw0 -> iwarp-perf --perftest
 #                  --server on `soft` on the host side
+#   native-*       iwarp-perf's own protocol, client and --server both on
+#                  siw0, every test with --integrity
+#   native-crc     --crc on a kernel device is refused, naming the fix
+#   mixC / mixD    iwarp-perf's own protocol between soft (host) and siw0
+#                  (guest), each side as the server once
 #
 # A scenario passes when both ends exit 0 and both report a nonzero
 # bandwidth (the perftest server prints the client's report, so it shows
@@ -59,8 +64,10 @@ command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not inst
 
 SHARE_DIR="$(mktemp -d /tmp/test-perftest-compat-share.XXXXXX)"
 HOST_SERVER=""
+HOST_SERVER2=""
 cleanup() {
     if [[ -n "$HOST_SERVER" ]]; then kill "$HOST_SERVER" 2>/dev/null || true; fi
+    if [[ -n "$HOST_SERVER2" ]]; then kill "$HOST_SERVER2" 2>/dev/null || true; fi
     rm -rf "$SHARE_DIR"
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
 }
@@ -80,6 +87,7 @@ wait_line() {
 # The guest job. bw_of FILE: the BW average of perftest's result line (the
 # line after the "#bytes" header), or of iwarp-perf's --json.
 cat >"$SHARE_DIR/guest.sh" <<GUEST_JOB
+$(cat "$ROOT/scripts/lib/guest-listening.sh")
 P=/mnt/host/iwarp-perf
 show() { sed "s/^/PTCOMPAT \$1: /" "\$2"; }
 bw_of() {
@@ -105,7 +113,7 @@ for t in write_bw read_bw read_lat; do
   port=\$((port + 1))
   timeout 60 \$pt -R -d siw0 -p \$port -n $N > /tmp/s.log 2>&1 &
   spid=\$!
-  sleep 1
+  listening \$port || true
   timeout 60 \$P --perftest \$t $GUEST -p \$port -d siw0 -n $N --timeout 15 --json > /tmp/c.log 2>&1; crc=\$?
   wait \$spid; src=\$?
   show \$t-ptsrv /tmp/c.log; show \$t-ptsrv /tmp/s.log
@@ -123,17 +131,40 @@ for t in write_bw read_bw read_lat; do
   [ \$t = read_lat ] || sbw=\$(bw_of /tmp/s.log)
   result \$t-ptcli \$crc \$src "\$(bw_of /tmp/c.log)" "\$sbw"
 done
-# iwarp-perf's own protocol is refused on a kernel device, with the reason
-# and the fix (--perftest).
-timeout 30 \$P write_bw $GUEST -d siw0 -p 18760 -n 1 > /tmp/c.log 2>&1; crc=\$?
-show native /tmp/c.log
+# iwarp-perf's own protocol on siw0, both ends in the guest, every test
+# with --integrity; the Send tests also with 24-byte messages, where a
+# control message is 32 bytes (a receive's length tells it from data).
+# --integrity gives every outstanding message its own slot (8 MiB at
+# 64 KiB x 128), and siw pins registered memory against RLIMIT_MEMLOCK
+# (8 MiB in the guest): raise it, as iwarp-perf's error says to.
+ulimit -l unlimited || echo "PTCOMPAT note: ulimit -l unlimited failed"
+nport=18760
+for spec in "write_bw 65536" "read_bw 65536" "send_bw 65536" "send_bw 24" "write_lat 8" "read_lat 8" "send_lat 24"; do
+  set -- \$spec
+  tag=native-\$1-\$2
+  nport=\$((nport + 1))
+  timeout 60 \$P --server -d siw0 --bind $GUEST -p \$nport --idle-timeout 40 --timeout 15 > /tmp/s.log 2>&1 &
+  spid=\$!
+  listening \$nport || true
+  timeout 60 \$P \$1 $GUEST -s \$2 -n $N -d siw0 -p \$nport --integrity --timeout 15 --json > /tmp/c.log 2>&1; crc=\$?
+  wait \$spid; src=\$?
+  show \$tag /tmp/c.log; show \$tag /tmp/s.log
+  v=\$(grep -o '"bw_mb_s":[0-9.]*' /tmp/c.log | cut -d: -f2)
+  case \$1 in *_lat) v=\$(grep -o '"t_median_us":[0-9.]*' /tmp/c.log | cut -d: -f2) ;; esac
+  grep -q '"verified":[1-9]' /tmp/c.log || crc=\$((crc + 1000))
+  result \$tag \$crc \$src "\${v:-0}" -
+done
+# --crc / --markers are the soft device's: on siw0 they are refused, naming
+# siw's module parameter.
+timeout 30 \$P write_bw $GUEST -d siw0 -p 18770 -n 1 --crc on > /tmp/c.log 2>&1; crc=\$?
+show native-crc /tmp/c.log
 nrc=0
 [ \$crc = 1 ] || nrc=1
-grep -q -- '--perftest' /tmp/c.log || nrc=\$((nrc + 2))
-echo "PTCOMPAT RESULT native rc=\$nrc client=\$crc server=- client_value=refused server_value=-"
+grep -q -- 'mpa_crc_required' /tmp/c.log || nrc=\$((nrc + 2))
+echo "PTCOMPAT RESULT native-crc rc=\$nrc client=\$crc server=- client_value=refused server_value=-"
 timeout 90 ib_write_bw -R -d siw0 -p 18750 -n $N > /tmp/ma.log 2>&1 &
 mpid=\$!
-sleep 1
+listening 18750 || true
 echo "PTCOMPAT READY mixA"
 wait \$mpid; src=\$?
 show mixA /tmp/ma.log
@@ -141,6 +172,19 @@ echo "PTCOMPAT SERVER mixA rc=\$src value=\$(bw_of /tmp/ma.log)"
 timeout 60 ib_write_bw -R -d siw0 -p 18751 -n $N $HOST > /tmp/mb.log 2>&1; crc=\$?
 show mixB /tmp/mb.log
 echo "PTCOMPAT CLIENT mixB rc=\$crc value=\$(bw_of /tmp/mb.log)"
+# mixC / mixD: iwarp-perf's own protocol between siw0 (guest) and soft
+# (host), each side as the server once.
+timeout 90 \$P --server -d siw0 --bind $GUEST -p 18781 --idle-timeout 80 --timeout 15 > /tmp/mc.log 2>&1 &
+mpid=\$!
+listening 18781 || true
+echo "PTCOMPAT READY mixC"
+wait \$mpid; src=\$?
+show mixC /tmp/mc.log
+echo "PTCOMPAT SERVER mixC rc=\$src"
+timeout 60 \$P send_bw $HOST -s 24 -n $N -d siw0 -p 18780 --integrity --timeout 15 --json > /tmp/md.log 2>&1; crc=\$?
+show mixD /tmp/md.log
+grep -q '"verified":[1-9]' /tmp/md.log || crc=\$((crc + 1000))
+echo "PTCOMPAT CLIENT mixD rc=\$crc value=\$(grep -o '"bw_mb_s":[0-9.]*' /tmp/md.log | cut -d: -f2)"
 echo "PTCOMPAT ALLDONE"
 GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
@@ -149,6 +193,9 @@ chmod +x "$SHARE_DIR/guest.sh"
 ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
     --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host.log" 2>&1 &
 HOST_SERVER=$!
+ip netns exec "$NETNS" timeout 300 "$BIN" --server -d soft --bind "$HOST" -p 18780 \
+    --idle-timeout 280 --timeout 15 >"$LOGS/mixD-host.log" 2>&1 &
+HOST_SERVER2=$!
 
 GLOG="$LOGS/guest.log"
 note "booting the guest (logs in $LOGS)"
@@ -163,11 +210,22 @@ if wait_line "$GLOG" "PTCOMPAT READY mixA" 240; then
 else
     note "the guest never announced mixA"
 fi
+MIXC_RC=1
+if wait_line "$GLOG" "PTCOMPAT READY mixC" 120; then
+    MIXC_RC=0
+    ip netns exec "$NETNS" timeout 60 "$BIN" write_bw "$GUEST" -p 18781 -d soft -n "$N" --integrity \
+        --timeout 15 --json >"$LOGS/mixC-host.log" 2>&1 || MIXC_RC=$?
+else
+    note "the guest never announced mixC"
+fi
 rc=0
 wait "$BOOT" || rc=$?
 MIXB_RC=0
 wait "$HOST_SERVER" || MIXB_RC=$?
 HOST_SERVER=""
+MIXD_RC=0
+wait "$HOST_SERVER2" || MIXD_RC=$?
+HOST_SERVER2=""
 
 FAILS=0
 PASSES=0
@@ -184,7 +242,7 @@ fail() {
 }
 check() {
     local tag="$1" desc="$2" line
-    grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    /" | grep -aE 'bw_mib|lat_med|error|Error|failed|^ *[0-9]+ ' || true
+    grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    /" | grep -aE 'bw_mib|bw_mb_s|lat_med|t_median|error|Error|failed|^ *[0-9]+ ' || true
     line="$(grep -a "^PTCOMPAT RESULT $tag " "$CLEAN" || true)"
     if [[ "$line" == *" rc=0 "* ]]; then
         pass "$tag" "$desc (${line#*client_value=})"
@@ -198,7 +256,11 @@ check read_bw-ptsrv "ib_read_bw -R server <- iwarp-perf --perftest client, siw0"
 check read_bw-ptcli "iwarp-perf --perftest --server <- ib_read_bw -R client, siw0"
 check read_lat-ptsrv "ib_read_lat -R server <- iwarp-perf --perftest client, siw0"
 check read_lat-ptcli "iwarp-perf --perftest --server <- ib_read_lat -R client, siw0"
-check native "iwarp-perf's own protocol on siw0 is refused, naming --perftest"
+for spec in "write_bw 65536" "read_bw 65536" "send_bw 65536" "send_bw 24" "write_lat 8" "read_lat 8" "send_lat 24"; do
+    read -r t s <<<"$spec"
+    check "native-$t-$s" "iwarp-perf $t -s $s --integrity -> iwarp-perf --server, its own protocol, both on siw0"
+done
+check native-crc "--crc on a kernel device is refused, naming siw's mpa_crc_required"
 
 # mixA: our client on soft (host) -> perftest server on siw0 (guest).
 sed 's/^/    host: /' "$LOGS/mixA-host.log" 2>/dev/null || true
@@ -217,6 +279,24 @@ if ((MIXB_RC == 0)) && [[ "$line" == *" rc=0 "* ]] && nonzero "${hbw:-0}" && non
     pass mixB "ib_write_bw -R client on siw0 (guest) -> iwarp-perf --perftest --server on soft (host) (${line##*value=} MB/s)"
 else
     fail mixB "host server exit $MIXB_RC, value ${hbw:-none}; guest: ${line:-no result}"
+fi
+# mixC: our client on soft (host) -> our server on siw0 (guest), own protocol.
+sed 's/^/    host: /' "$LOGS/mixC-host.log" 2>/dev/null || true
+line="$(grep -a "^PTCOMPAT SERVER mixC " "$CLEAN" || true)"
+hbw="$(grep -o '"bw_mb_s":[0-9.]*' "$LOGS/mixC-host.log" 2>/dev/null | cut -d: -f2 || true)"
+if ((MIXC_RC == 0)) && [[ "$line" == *" rc=0"* ]] && nonzero "${hbw:-0}" &&
+    grep -q '"verified":[1-9]' "$LOGS/mixC-host.log"; then
+    pass mixC "iwarp-perf write_bw --integrity on soft (host) -> iwarp-perf --server on siw0 (guest) ($hbw MB/s)"
+else
+    fail mixC "host client exit $MIXC_RC, value ${hbw:-none}; guest: ${line:-no result}"
+fi
+# mixD: our client on siw0 (guest) -> our server on soft (host), own protocol.
+sed 's/^/    host: /' "$LOGS/mixD-host.log" 2>/dev/null || true
+line="$(grep -a "^PTCOMPAT CLIENT mixD " "$CLEAN" || true)"
+if ((MIXD_RC == 0)) && [[ "$line" == *" rc=0 "* ]] && nonzero "${line##*value=}"; then
+    pass mixD "iwarp-perf send_bw -s 24 --integrity on siw0 (guest) -> iwarp-perf --server on soft (host) (${line##*value=} MB/s)"
+else
+    fail mixD "host server exit $MIXD_RC; guest: ${line:-no result}"
 fi
 if ! grep -aq "PTCOMPAT ALLDONE" "$CLEAN"; then
     note "the guest did not finish its job (log: $GLOG)"

@@ -255,16 +255,17 @@ fn device_name() -> &'static str {
     DEVICE.get().map_or("soft", String::as_str)
 }
 
-/// Why iwarp-perf's own protocol cannot run on `ctx`, if it cannot.
-fn native_refused(ctx: &iwarp::Context) -> Result<(), String> {
-    if ctx.device_name() == "soft" {
+/// `--crc` / `--markers` choose what the soft device negotiates; a kernel
+/// device's MPA settings belong to its driver, so asking for them there is
+/// refused rather than silently ignored.
+fn mpa_options_refused(ctx: &iwarp::Context, cli: &Cli) -> Result<(), String> {
+    if ctx.device_name() == "soft" || (cli.crc.is_none() && cli.markers.is_none()) {
         return Ok(());
     }
     Err(format!(
-        "iwarp-perf's own protocol runs on the soft device only, not on {}: it tells \
-         control messages from data by the Solicited Event flag of a receive completion, \
-         which rdma-core's ibv_wc does not report. Use --perftest (perftest's -R protocol; \
-         the other end can be perftest or iwarp-perf --perftest --server), or --device soft",
+        "--crc and --markers set the MPA options of the soft device; on {} the kernel \
+         driver negotiates MPA (for siw: its mpa_crc_required / mpa_crc_strict module \
+         parameters). Drop them, or use --device soft",
         ctx.device_name()
     ))
 }
@@ -359,7 +360,7 @@ fn run(cli: &Cli) -> Result<(), String> {
         );
     }
     if !cli.tcp {
-        native_refused(&open_context()?)?;
+        mpa_options_refused(&open_context()?, cli)?;
     }
     let sizes: Vec<usize> = if cli.all {
         (1..=23).map(|k| 1usize << k).collect()
@@ -580,7 +581,7 @@ fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Mea
 fn serve(cli: &Cli) -> Result<(), String> {
     let idle = secs(cli.idle_timeout, "--idle-timeout")?;
     let ctx = open_context()?;
-    native_refused(&ctx)?;
+    mpa_options_refused(&ctx, cli)?;
     let ip: std::net::IpAddr = cli
         .bind
         .parse()

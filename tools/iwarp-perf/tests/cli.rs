@@ -163,7 +163,9 @@ fn read_bw_integrity() {
 
 #[test]
 fn send_bw_integrity() {
-    for size in [1, 1000, 65537] {
+    // 24 and 32: the two lengths a control message can have (a receive's
+    // length tells it from data, `ctrl_len`).
+    for size in [1, 24, 32, 1000, 65537] {
         compare_ok("send_bw", size, &["-t", "8"]);
     }
 }
@@ -171,7 +173,7 @@ fn send_bw_integrity() {
 #[test]
 fn latency_tests_integrity() {
     for test in ["write_lat", "read_lat", "send_lat"] {
-        for size in [8, 1000] {
+        for size in [8, 24, 1000] {
             compare_ok(test, size, &[]);
         }
     }

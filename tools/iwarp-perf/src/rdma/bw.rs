@@ -239,7 +239,7 @@ pub(super) fn server_bw(side: &mut Side) -> Result<u64, String> {
             let (_, qi, seq) = split_wrid(wc.wr_id);
             let s = &mut st[qi];
             let c = &mut side.conns[qi];
-            if wc.solicited {
+            if is_ctrl(wc.byte_len, size) {
                 c.recv_bytes(seq, wc.byte_len as usize, &mut buf);
                 match parse_ctrl(&buf) {
                     Some((DONE, count, sum)) => s.done = Some((count, sum)),

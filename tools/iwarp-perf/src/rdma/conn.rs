@@ -36,6 +36,8 @@ pub(super) struct Conn {
     /// Control messages posted / completed.
     pub(super) ctrl_posted: u64,
     pub(super) ctrl_done: u64,
+    /// Bytes of this run's control messages ([`ctrl_len`]).
+    ctrl_len: usize,
 }
 
 impl Conn {
@@ -78,6 +80,7 @@ impl Conn {
             stage_posted: 0,
             stage_done: 0,
             granted: 0,
+            ctrl_len: ctrl_len(p.size),
             ctrl_posted: 0,
             ctrl_done: 0,
         };
@@ -169,16 +172,18 @@ impl Conn {
     /// Send a control message (DONE or ACK).
     pub(super) fn send_ctrl(&mut self, kind: u64, count: u64, sum: u64) -> Result<(), String> {
         let off = MSG_OFF + (self.ctrl_posted % 4) as usize * CTRL_MSG;
-        let mut b = [0u8; 24];
+        let mut b = [0u8; CTRL_MSG];
         b[0..8].copy_from_slice(&kind.to_le_bytes());
         b[8..16].copy_from_slice(&count.to_le_bytes());
         b[16..24].copy_from_slice(&sum.to_le_bytes());
         self.ctrl.write_at(off, &b);
+        // Sent with the Solicited Event flag as well, though the receiver
+        // goes by the length (`ctrl_len`), which every device reports.
         self.qp
             .post_send(&SendWr {
                 wr_id: wrid(K_CTRL, self.idx, self.ctrl_posted),
                 opcode: WrOpcode::Send,
-                sgl: SgList::single(self.ctrl.sge(off, 24)),
+                sgl: SgList::single(self.ctrl.sge(off, self.ctrl_len)),
                 signaled: true,
                 solicited: true,
             })

@@ -339,7 +339,7 @@ pub(super) fn client_send_lat(side: &mut Side) -> Result<ClientResult, String> {
         }
         let (_, _, seq) = split_wrid(wc.wr_id);
         let c = &mut side.conns[0];
-        if wc.solicited || wc.byte_len as usize != size {
+        if wc.byte_len as usize != size {
             return Err(format!(
                 "echo {i}: unexpected message of {} bytes",
                 wc.byte_len
@@ -382,7 +382,7 @@ pub(super) fn server_send_lat(side: &mut Side) -> Result<u64, String> {
         check_wc(&wc)?;
         let (_, _, seq) = split_wrid(wc.wr_id);
         let c = &mut side.conns[0];
-        if wc.solicited {
+        if is_ctrl(wc.byte_len, size) {
             c.recv_bytes(seq, wc.byte_len as usize, &mut scratch);
             match parse_ctrl(&scratch) {
                 Some((DONE, count, _)) if count == i => {}

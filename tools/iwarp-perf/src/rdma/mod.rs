@@ -81,8 +81,10 @@ const CREDIT_OFF: usize = 0;
 const STAGE_OFF: usize = 64;
 const STAGE_SLOTS: u64 = 16;
 const MSG_OFF: usize = 512;
-/// Size of a control message and the smallest receive buffer.
+/// The smallest receive buffer, and the longest control message.
 const CTRL_MSG: usize = 32;
+/// The bytes of a control message that carry something (kind, count, sum).
+const CTRL_BODY: usize = 24;
 const DONE: u64 = 0x444f_4e45;
 const ACK: u64 = 0x0041_434b;
 
@@ -94,6 +96,26 @@ const K_RECV: u64 = 4;
 /// Extra send-queue entries beyond the data window (credit Writes and
 /// control messages).
 const SQ_EXTRA: u32 = STAGE_SLOTS as u32 + 8;
+
+/// How long a control message (DONE / ACK) is in a run of `size`-byte
+/// messages: [`CTRL_BODY`] bytes, or [`CTRL_MSG`] when the messages are
+/// themselves `CTRL_BODY` bytes, so that a receive's length alone tells a
+/// control message from data. Both ends know `size`. (The Solicited Event
+/// flag, which this used to rely on, is not in rdma-core's `ibv_wc`, so a
+/// kernel device could not tell.)
+fn ctrl_len(size: usize) -> usize {
+    if size == CTRL_BODY {
+        CTRL_MSG
+    } else {
+        CTRL_BODY
+    }
+}
+
+/// Whether a receive of `byte_len` bytes is a control message in a run
+/// of `size`-byte messages (see [`ctrl_len`]).
+fn is_ctrl(byte_len: u32, size: usize) -> bool {
+    byte_len as usize == ctrl_len(size)
+}
 
 fn wrid(kind: u64, qp: u32, seq: u64) -> u64 {
     kind << 56 | (u64::from(qp) & 0xffff) << 40 | (seq & ((1 << 40) - 1))
@@ -201,4 +223,20 @@ pub fn run_server(side: &mut Side) -> Result<u64, String> {
         }
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_control_message_is_never_as_long_as_data() {
+        for size in [1, 8, 23, 24, 25, 31, 32, 33, 4096, 65536] {
+            let n = ctrl_len(size);
+            assert_ne!(n, size, "size {size}");
+            assert!((CTRL_BODY..=CTRL_MSG).contains(&n), "size {size}: {n}");
+            assert!(is_ctrl(n as u32, size));
+            assert!(!is_ctrl(size as u32, size));
+        }
+    }
 }

@@ -171,7 +171,7 @@ pub(super) fn collect_ctrl(
                 .ok_or_else(|| format!("completion for unknown QP {qi}"))?;
             c.recv_bytes(seq, wc.byte_len as usize, &mut buf);
             match parse_ctrl(&buf) {
-                Some((k2, count, sum)) if wc.solicited && k2 == kind => {
+                Some((k2, count, sum)) if is_ctrl(wc.byte_len, side.p.size) && k2 == kind => {
                     got[qi] = Some((count, sum))
                 }
                 _ => {
