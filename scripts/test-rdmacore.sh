@@ -10,8 +10,9 @@
 # (`soft`) on the host side of the guest's private network, both ways.
 #
 #   scripts/test-rdmacore.sh            about 30 s under TCG once built, plus
-#                                       scripts/test-rdmacore-apps.sh (its
-#                                       own guest; 2-3 min) at the end
+#                                       scripts/test-rdmacore-apps.sh and
+#                                       scripts/test-rdmacore-apache.sh (a
+#                                       guest each; 1-3 min) at the end
 #
 # The binary goes to the guest through the siw-vm SHARE= 9p export, with
 # the guest job (guest.sh) next to it; the guest's initramfs already holds
@@ -41,6 +42,7 @@ LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore.XXXXXX)}"
 mkdir -p "$LOGS"
 BIN="$ROOT/target/release/examples/rdma_loopback"
 PING="$ROOT/target/release/iwarp-ping"
+PERF="$ROOT/target/release/iwarp-perf"
 GUEST=10.77.0.2
 HOST=10.77.0.1
 
@@ -68,6 +70,7 @@ note "PASS feature off: $(grep -o '[0-9]* passed' "$LOGS/feature-off.log" | awk 
 note "building examples/rdma_loopback and iwarp-ping (feature rdma-core)"
 cargo build --release -q -p iwarp --example rdma_loopback
 cargo build --release -q -p iwarp-tools --bin iwarp-ping
+cargo build --release -q -p iwarp-perf
 
 if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
     note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
@@ -91,6 +94,7 @@ cleanup() {
 trap cleanup EXIT
 install -m755 "$BIN" "$SHARE_DIR/rdma_loopback"
 install -m755 "$PING" "$SHARE_DIR/iwarp-ping"
+install -m755 "$PERF" "$SHARE_DIR/iwarp-perf"
 # rdma_rxe computes its ICRC with the kernel's "crc32" shash, which Debian
 # builds as crc32_generic.ko; siw-vm's initramfs does not carry it (siw
 # needs only crc32c), so rdma_rxe refuses to add a device ("failed to add
@@ -124,6 +128,8 @@ wait_line() {
 #                     with IWARP_DEVICE=siw0 / rxe0 against rdma-core's
 #                     rping -s on the same device (rping's Send, Read,
 #                     Write exchange, 3 pings, data validated)
+#   perf-rxe0         iwarp-perf's own protocol, client and --server on rxe0
+#                     (send_bw -s 24, read_bw, --integrity)
 #   ping-mix          IWARP_DEVICE=siw0 iwarp-ping -c in the guest -> host
 #                     iwarp-ping -s on soft
 #   auto              device `auto` with siw0 present picks siw0; with
@@ -202,6 +208,24 @@ rdma link show
 run rxe0 7401
 pair rxe0 7405
 ping rxe0 7408
+# iwarp-perf's own protocol on rxe0, client and --server (on siw0 it runs in
+# scripts/test-perftest-compat.sh): send_bw with 24-byte messages (control
+# messages are then 32 bytes) and read_bw, both with --integrity.
+perf() {
+  rc=0
+  for spec in "send_bw 24" "read_bw 4096"; do
+    set -- \$spec
+    timeout 60 /mnt/host/iwarp-perf --server -d rxe0 --bind $GUEST -p 7420 --idle-timeout 40 --timeout 15 > /tmp/ps.log 2>&1 &
+    spid=\$!
+    i=0; while [ \$i -lt 300 ] && ! grep -q serving /tmp/ps.log; do sleep 0.1; i=\$((i+1)); done
+    timeout 60 /mnt/host/iwarp-perf \$1 $GUEST -s \$2 -n 200 -d rxe0 -p 7420 --integrity --timeout 15 --json > /tmp/pc.log 2>&1 || rc=\$((rc + 1))
+    wait \$spid || rc=\$((rc + 10))
+    grep -q '"verified":[1-9]' /tmp/pc.log || rc=\$((rc + 100))
+    show perf-rxe0 /tmp/pc.log; show perf-rxe0 /tmp/ps.log
+  done
+  echo "RDMACORE RESULT perf-rxe0 rc=\$rc"
+}
+perf
 echo "RDMACORE ALLDONE"
 GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
@@ -277,6 +301,7 @@ check auto 0 "device auto picks siw0 when present and soft when rdma-core is off
 check rxe0 0 "rxe0, one process: $OPS"
 check rxe0-2p 0 "rxe0, server and client processes: $OPS"
 check ping-rxe0 0 "IWARP_DEVICE=rxe0 iwarp-ping -c -V -> rping -s on rxe0 (3 pings)"
+check perf-rxe0 0 "iwarp-perf send_bw -s 24 and read_bw -s 4096, --integrity, own protocol, client and --server on rxe0"
 if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
     note "the guest did not finish its job (log: $GLOG)"
     FAILS=$((FAILS + 1))
@@ -292,6 +317,16 @@ if ((APPS_RC == 77)); then
     note "applications skipped (see above)"
 elif ((APPS_RC != 0)); then
     note "FAIL applications (logs: $LOGS/apps)"
+    FAILS=$((FAILS + 1))
+fi
+# Then Apache with mod_rdma itself on siw0 and rxe0, in a guest of its own.
+note "Apache + mod_rdma on kernel devices: scripts/test-rdmacore-apache.sh"
+APACHE_RC=0
+RDMACORE_LOG_DIR="$LOGS/apache" "$ROOT/scripts/test-rdmacore-apache.sh" || APACHE_RC=$?
+if ((APACHE_RC == 77)); then
+    note "Apache + mod_rdma skipped (see above)"
+elif ((APACHE_RC != 0)); then
+    note "FAIL Apache + mod_rdma (logs: $LOGS/apache)"
     FAILS=$((FAILS + 1))
 fi
 if ((FAILS > 0)); then

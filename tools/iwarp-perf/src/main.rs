@@ -317,7 +317,7 @@ fn params_for(cli: &Cli, test: Test, size: usize) -> Result<Params, String> {
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    Ok(Params {
+    let p = Params {
         test,
         size,
         iters,
@@ -328,7 +328,10 @@ fn params_for(cli: &Cli, test: Test, size: usize) -> Result<Params, String> {
         busy_poll: cli.busy_poll,
         corrupt: cli.inject_corruption,
         timeout: secs(cli.timeout, "--timeout")?,
-    })
+    };
+    p.check_wire()
+        .map_err(|e| format!("{e} (--iters, --tx-depth, --qps, --size)"))?;
+    Ok(p)
 }
 
 fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {

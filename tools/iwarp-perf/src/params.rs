@@ -105,9 +105,32 @@ pub struct Remote {
 }
 
 const MAGIC: &[u8; 4] = b"IWPF";
-const VERSION: u8 = 1;
-/// Length of an encoded request block ([`encode_request`]).
-pub const REQUEST_LEN: usize = 80;
+/// 2: the request fits InfiniBand/RoCE's rdma_cm private data (56 bytes;
+/// version 1 had 80, which `rdma_connect` refuses with EINVAL on rxe).
+const VERSION: u8 = 2;
+/// Length of an encoded request block ([`encode_request`]): the most
+/// private data an rdma_cm connect request carries on InfiniBand and RoCE
+/// (92 bytes of the CM REQ less rdma_cm's 36-byte header). iWARP allows
+/// 512 (RFC 5044 §7.1), so 56 fits every transport.
+///
+/// | bytes | field |
+/// |---|---|
+/// | 0..4 | `IWPF` |
+/// | 4 | version |
+/// | 5 | test |
+/// | 6 | flags (integrity, busy poll, corrupt, last run) |
+/// | 7 | QPs - 1 |
+/// | 8 | this QP's index |
+/// | 9 | `--timeout` in whole seconds (rounded up, 1..=255) |
+/// | 10..12 | depth (u16) |
+/// | 12..16 | message size (u32) |
+/// | 16..20 | iterations (u32) |
+/// | 20..24 | `--duration` in ms (u32, 0: none) |
+/// | 24..56 | the client's buffers ([`Remote`]) |
+///
+/// Integers are little-endian. [`Params::check_wire`] keeps the values in
+/// range.
+pub const REQUEST_LEN: usize = 56;
 /// Length of an encoded reply block ([`encode_reply`]).
 pub const REPLY_LEN: usize = 40;
 
@@ -157,8 +180,39 @@ fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_le_bytes(w)
 }
 
+impl Params {
+    /// Whether these parameters fit the request block (see
+    /// [`REQUEST_LEN`]); the command line checks its own limits, which
+    /// are within these, so this guards the encoding itself.
+    pub fn check_wire(&self) -> Result<(), String> {
+        if !(1..=256).contains(&self.qps) {
+            return Err(format!("{} QPs: 1 to 256 fit the protocol", self.qps));
+        }
+        if self.depth == 0 || self.depth > u32::from(u16::MAX) {
+            return Err(format!("depth {}: 1 to 65535 fit the protocol", self.depth));
+        }
+        if self.size == 0 || self.size > u32::MAX as usize {
+            return Err(format!(
+                "message size {} does not fit the protocol",
+                self.size
+            ));
+        }
+        if self.iters == 0 || self.iters > u64::from(u32::MAX) {
+            return Err(format!(
+                "{} iterations: 1 to {} fit the protocol",
+                self.iters,
+                u32::MAX
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Encode a request (layout at [`REQUEST_LEN`]). Values out of the
+/// block's range are clamped: callers check [`Params::check_wire`] first.
 pub fn encode_request(r: &Request) -> Vec<u8> {
     let p = &r.params;
+    let clamp32 = |v: u64| v.min(u64::from(u32::MAX)) as u32;
     let mut b = vec![0u8; REQUEST_LEN];
     b[0..4].copy_from_slice(MAGIC);
     b[4] = VERSION;
@@ -167,16 +221,15 @@ pub fn encode_request(r: &Request) -> Vec<u8> {
         | (if p.busy_poll { F_BUSY } else { 0 })
         | (if p.corrupt { F_CORRUPT } else { 0 })
         | (if r.last { F_LAST } else { 0 });
-    b[8..16].copy_from_slice(&(p.size as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&p.iters.to_le_bytes());
+    b[7] = p.qps.clamp(1, 256).saturating_sub(1) as u8;
+    b[8] = r.qp_index.min(255) as u8;
+    b[9] = p.timeout.as_secs_f64().ceil().clamp(1.0, 255.0) as u8;
+    b[10..12].copy_from_slice(&(p.depth.min(u32::from(u16::MAX)) as u16).to_le_bytes());
+    b[12..16].copy_from_slice(&clamp32(p.size as u64).to_le_bytes());
+    b[16..20].copy_from_slice(&clamp32(p.iters).to_le_bytes());
     let dur_ms = p.duration.map_or(0, |d| d.as_millis().max(1) as u64);
-    b[24..32].copy_from_slice(&dur_ms.to_le_bytes());
-    b[32..36].copy_from_slice(&p.depth.to_le_bytes());
-    b[36..40].copy_from_slice(&p.qps.to_le_bytes());
-    b[40..44].copy_from_slice(&r.qp_index.to_le_bytes());
-    let t_ms = p.timeout.as_millis().min(u32::MAX as u128) as u32;
-    b[44..48].copy_from_slice(&t_ms.to_le_bytes());
-    put_remote(&mut b[48..80], &r.remote);
+    b[20..24].copy_from_slice(&clamp32(dur_ms).to_le_bytes());
+    put_remote(&mut b[24..56], &r.remote);
     b
 }
 
@@ -195,31 +248,33 @@ pub fn decode_request(b: &[u8]) -> Result<Request, String> {
     }
     let test = Test::from_code(b[5]).ok_or_else(|| format!("unknown test code {}", b[5]))?;
     let flags = b[6];
-    let size = u64_at(b, 8);
-    let depth = u32_at(b, 32);
-    let qps = u32_at(b, 36);
-    if size == 0 || size > u32::MAX as u64 || depth == 0 || qps == 0 {
+    let qps = u32::from(b[7]) + 1;
+    let qp_index = u32::from(b[8]);
+    let depth = u32::from(u16::from_le_bytes([b[10], b[11]]));
+    let size = u32_at(b, 12);
+    let iters = u64::from(u32_at(b, 16));
+    if size == 0 || depth == 0 || iters == 0 || qp_index >= qps {
         return Err(format!(
-            "invalid parameters from the peer: size {size}, depth {depth}, qps {qps}"
+            "invalid parameters from the peer: size {size}, depth {depth}, iterations {iters}, QP {qp_index} of {qps}"
         ));
     }
-    let dur_ms = u64_at(b, 24);
+    let dur_ms = u64::from(u32_at(b, 20));
     Ok(Request {
         params: Params {
             test,
             size: size as usize,
-            iters: u64_at(b, 16),
+            iters,
             duration: (dur_ms > 0).then(|| Duration::from_millis(dur_ms)),
             depth,
             qps,
             integrity: flags & F_INTEGRITY != 0,
             busy_poll: flags & F_BUSY != 0,
             corrupt: flags & F_CORRUPT != 0,
-            timeout: Duration::from_millis(u64::from(u32_at(b, 44)).max(100)),
+            timeout: Duration::from_secs(u64::from(b[9].max(1))),
         },
-        qp_index: u32_at(b, 40),
+        qp_index,
         last: flags & F_LAST != 0,
-        remote: get_remote(&b[48..80]),
+        remote: get_remote(&b[24..56]),
     })
 }
 
@@ -277,5 +332,57 @@ mod tests {
         assert_eq!(decode_reply(&rep).unwrap(), r.remote);
         assert!(decode_request(&rep).is_err());
         assert!(decode_reply(&[]).is_err());
+    }
+
+    fn request(qps: u32, qp_index: u32) -> Request {
+        Request {
+            params: Params {
+                test: Test::WriteBw,
+                size: 4096,
+                iters: 10,
+                duration: None,
+                depth: 4096,
+                qps,
+                integrity: false,
+                busy_poll: true,
+                corrupt: false,
+                timeout: Duration::from_millis(1500),
+            },
+            qp_index,
+            last: false,
+            remote: Remote::default(),
+        }
+    }
+
+    #[test]
+    fn the_request_fits_infiniband_and_roce_private_data() {
+        // rdma_connect on rxe refused version 1's 80 bytes with EINVAL.
+        assert!(REQUEST_LEN <= 56);
+        let r = request(256, 255);
+        let b = encode_request(&r);
+        assert_eq!(b.len(), REQUEST_LEN);
+        let d = decode_request(&b).unwrap();
+        assert_eq!((d.params.qps, d.qp_index), (256, 255));
+        assert_eq!(d.params.depth, 4096);
+        // --timeout goes in whole seconds, rounded up.
+        assert_eq!(d.params.timeout, Duration::from_secs(2));
+        assert!(d.params.busy_poll && !d.last);
+    }
+
+    #[test]
+    fn requests_out_of_range_are_refused() {
+        let mut b = encode_request(&request(2, 1));
+        b[8] = 2; // QP index 2 of 2
+        assert!(decode_request(&b).unwrap_err().contains("QP 2 of 2"));
+        let mut b = encode_request(&request(1, 0));
+        b[4] = 1; // version 1 (80 bytes)
+        assert!(decode_request(&b).unwrap_err().contains("version 1"));
+        let mut p = request(1, 0).params;
+        assert!(p.check_wire().is_ok());
+        p.iters = u64::from(u32::MAX) + 1;
+        assert!(p.check_wire().unwrap_err().contains("iterations"));
+        p.iters = 1;
+        p.qps = 257;
+        assert!(p.check_wire().is_err());
     }
 }

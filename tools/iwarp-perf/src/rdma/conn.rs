@@ -315,6 +315,23 @@ pub fn connect(addr: SocketAddr, p: &Params, mpa: &MpaConfig, last: bool) -> Res
         )
         .map_err(|e| format!("connecting QP {idx} to {addr}: {e}"))?;
         c.remote = params::decode_reply(&reply)?;
+        // RFC 5044 §7.1.2: the Responder sends nothing before the
+        // Initiator's first FPDU (the server holds; an FPDU right behind
+        // the MPA Reply makes Linux siw's initiator reset the connection).
+        // The tests where the server speaks first (send_bw's credits) need
+        // that first FPDU: a zero-length RDMA Write to the server's control
+        // buffer, which places nothing.
+        c.qp.post_send(&SendWr {
+            wr_id: wrid(K_HELLO, idx, 0),
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: c.remote.ctrl_addr,
+                rkey: c.remote.ctrl_rkey,
+            },
+            sgl: SgList::new(),
+            signaled: false,
+            solicited: false,
+        })
+        .map_err(|e| format!("QP {idx}: posting the first (zero-length) Write: {e}"))?;
         side.conns.push(c);
     }
     Ok(side)
@@ -368,6 +385,8 @@ pub fn accept(listener: &Listener, wait: Duration) -> Result<(Side, Request), St
                 private_data: params::encode_reply(&c.local()),
                 mpa: listener.mpa().clone(),
                 timeout: p.timeout,
+                // RFC 5044 §7.1.2; the client's first FPDU lifts it.
+                hold_until_first_fpdu: true,
                 ..ConnParam::default()
             },
         )

@@ -92,6 +92,8 @@ const K_DATA: u64 = 1;
 const K_CTRL: u64 = 2;
 const K_CREDIT: u64 = 3;
 const K_RECV: u64 = 4;
+/// The client's zero-length Write right after connecting (unsignaled).
+const K_HELLO: u64 = 5;
 
 /// Extra send-queue entries beyond the data window (credit Writes and
 /// control messages).
