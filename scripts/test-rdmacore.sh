@@ -71,6 +71,14 @@ note "building examples/rdma_loopback and iwarp-ping (feature rdma-core)"
 cargo build --release -q -p iwarp --example rdma_loopback
 cargo build --release -q -p iwarp-tools --bin iwarp-ping
 cargo build --release -q -p iwarp-perf
+# The crate's device-generic verbs tests (crates/iwarp/tests/device_ops.rs),
+# as a test binary for the guest.
+DEVOPS="$(cargo test --release -p iwarp --test device_ops --no-run 2>&1 |
+    grep -oE 'target/release/deps/device_ops-[0-9a-f]+' | head -1 || true)"
+if [[ -z "$DEVOPS" || ! -x "$ROOT/$DEVOPS" ]]; then
+    note "FAILED: building the device_ops test binary"
+    exit 1
+fi
 
 if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
     note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
@@ -95,6 +103,7 @@ trap cleanup EXIT
 install -m755 "$BIN" "$SHARE_DIR/rdma_loopback"
 install -m755 "$PING" "$SHARE_DIR/iwarp-ping"
 install -m755 "$PERF" "$SHARE_DIR/iwarp-perf"
+install -m755 "$ROOT/$DEVOPS" "$SHARE_DIR/device_ops"
 # rdma_rxe computes its ICRC with the kernel's "crc32" shash, which Debian
 # builds as crc32_generic.ko; siw-vm's initramfs does not carry it (siw
 # needs only crc32c), so rdma_rxe refuses to add a device ("failed to add
@@ -128,6 +137,8 @@ wait_line() {
 #                     with IWARP_DEVICE=siw0 / rxe0 against rdma-core's
 #                     rping -s on the same device (rping's Send, Read,
 #                     Write exchange, 3 pings, data validated)
+#   devtests-siw0, devtests-rxe0  crates/iwarp/tests/device_ops.rs, the
+#                     crate's device-generic verbs tests, on the device
 #   perf-rxe0         iwarp-perf's own protocol, client and --server on rxe0
 #                     (send_bw -s 24, read_bw, --integrity)
 #   ping-mix          IWARP_DEVICE=siw0 iwarp-ping -c in the guest -> host
@@ -163,8 +174,17 @@ pair() {
   show \$1-2p /tmp/s.log; show \$1-2p /tmp/c.log
   echo "RDMACORE RESULT \$1-2p rc=\$((crc + src))"
 }
+# devtests DEV: crates/iwarp/tests/device_ops.rs on DEV (data moved by
+# Send, Write and Read; a bad STag, out of bounds, missing rights, a receive
+# too small and a disconnect each end in an error completion).
+devtests() {
+  IWARP_TEST_DEVICE=\$1 IWARP_TEST_ADDR=$GUEST RUST_BACKTRACE=1 timeout 180 /mnt/host/device_ops --test-threads=1 > /tmp/dt.log 2>&1; rc=\$?
+  show devtests-\$1 /tmp/dt.log
+  echo "RDMACORE RESULT devtests-\$1 rc=\$rc"
+}
 run siw0 7400
 pair siw0 7402
+devtests siw0
 timeout 90 \$B server siw0 $GUEST 7403 > /tmp/ma.log 2>&1 &
 mpid=\$!
 ready /tmp/ma.log
@@ -206,6 +226,7 @@ modprobe rdma_rxe || echo "RDMACORE note: modprobe rdma_rxe failed"
 rdma link add rxe0 type rxe netdev eth0 || echo "RDMACORE note: rdma link add rxe0 failed"
 rdma link show
 run rxe0 7401
+devtests rxe0
 pair rxe0 7405
 ping rxe0 7408
 # iwarp-perf's own protocol on rxe0, client and --server (on siw0 it runs in
@@ -301,6 +322,8 @@ check auto 0 "device auto picks siw0 when present and soft when rdma-core is off
 check rxe0 0 "rxe0, one process: $OPS"
 check rxe0-2p 0 "rxe0, server and client processes: $OPS"
 check ping-rxe0 0 "IWARP_DEVICE=rxe0 iwarp-ping -c -V -> rping -s on rxe0 (3 pings)"
+check devtests-siw0 0 "the crate's device-generic verbs tests (tests/device_ops.rs) on siw0"
+check devtests-rxe0 0 "the same on rxe0"
 check perf-rxe0 0 "iwarp-perf send_bw -s 24 and read_bw -s 4096, --integrity, own protocol, client and --server on rxe0"
 if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
     note "the guest did not finish its job (log: $GLOG)"

@@ -436,6 +436,11 @@ pub(crate) struct HwCq {
     stop: AtomicBool,
     /// Serializes draining, so completions reach the queue in order.
     drain_lock: Mutex<()>,
+    /// The QPs on this CQ, whose rdma_cm channels the pump reads for a
+    /// peer's disconnect ([`HwCq::watch_disconnects`]).
+    qps: Mutex<Vec<std::sync::Weak<Qp>>>,
+    /// When the pump last read them.
+    watched_at: Mutex<Option<std::time::Instant>>,
 }
 
 // SAFETY: see `Device`.
@@ -489,6 +494,8 @@ impl HwCq {
             cq: hw,
             stop: AtomicBool::new(false),
             drain_lock: Mutex::new(()),
+            qps: Mutex::new(Vec::new()),
+            watched_at: Mutex::new(None),
         });
         hwcq.arm();
         let weak = cq.downgrade();
@@ -545,7 +552,46 @@ impl HwCq {
                 }
             }
             self.drain(&cq);
+            drop(cq);
+            self.watch_disconnects();
         }
+    }
+
+    /// Once per pump tick: read the rdma_cm events of this CQ's connected
+    /// QPs and move a QP whose peer disconnected to the error state, so
+    /// its outstanding work requests flush without the application reading
+    /// QP events. iWARP's connection manager does that in the kernel (the
+    /// TCP connection is gone); InfiniBand's and RoCE's leave it to the
+    /// consumer (librdmacm's examples call `rdma_disconnect` on
+    /// RDMA_CM_EVENT_DISCONNECTED), and the soft provider flushes at once,
+    /// so without this a receive posted on rxe0 waited forever.
+    fn watch_disconnects(&self) {
+        let now = std::time::Instant::now();
+        {
+            let mut at = self.watched_at.lock().unwrap_or_else(|e| e.into_inner());
+            if at.is_some_and(|t| {
+                now.duration_since(t) < std::time::Duration::from_millis(PUMP_TICK_MS as u64)
+            }) {
+                return;
+            }
+            *at = Some(now);
+        }
+        let qps: Vec<Arc<Qp>> = {
+            let mut v = self.qps.lock().unwrap_or_else(|e| e.into_inner());
+            v.retain(|w| w.strong_count() > 0);
+            v.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for qp in qps {
+            qp.check_disconnect();
+        }
+    }
+
+    /// Have the pump watch `qp`'s connection (see [`Self::watch_disconnects`]).
+    fn watch(&self, qp: &Arc<Qp>) {
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(qp));
     }
 
     /// Move every completion the device holds into `cq`.
@@ -862,8 +908,29 @@ impl Qp {
         let weak: std::sync::Weak<dyn CqSource> = Arc::downgrade(&q) as _;
         send.0.attach(weak.clone());
         recv.0.attach(weak);
+        q.send_cq.watch(&q);
         tracing::debug!(qpn, device = %dev.attr.name, cap = ?(init.cap.max_send_wr, init.cap.max_recv_wr, init.cap.max_send_sge, init.cap.max_inline_data), "rdma-core QP created");
         Ok(q)
+    }
+
+    /// For the pump: if the peer disconnected (an rdma_cm event waiting on
+    /// the connection's channel), end the connection here as
+    /// [`QpOps::next_event`] would. Never blocks: skips a connection whose
+    /// lock another thread holds (it is reading the events itself).
+    fn check_disconnect(&self) {
+        if self.disconnected.load(Ordering::Acquire) {
+            return;
+        }
+        let ended = match self.conn.try_lock() {
+            Ok(g) => g
+                .as_ref()
+                .is_some_and(|c| c.poll_disconnected(Duration::ZERO)),
+            Err(_) => false,
+        };
+        if ended {
+            self.mark_disconnected();
+            self.drain_both();
+        }
     }
 
     pub(crate) fn established(&self) {
