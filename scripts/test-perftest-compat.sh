@@ -45,22 +45,14 @@ skip() {
     exit 77
 }
 
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
-((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
+# shellcheck source=scripts/lib/guest-host.sh
+. "$ROOT/scripts/lib/guest-host.sh"
+guest_can_run
 
 note "building iwarp-perf"
 cargo build --release -q -p iwarp-perf
 
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (Debian kernel, siw.ko, perftest, initramfs; about a minute)"
-    if ! "$SIW_VM/build.sh" >"$LOGS/build.log" 2>&1; then
-        tail -20 "$LOGS/build.log"
-        note "FAILED: building the siw guest failed (log: $LOGS/build.log)"
-        exit 1
-    fi
-fi
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
+guest_built
 
 SHARE_DIR="$(mktemp -d /tmp/test-perftest-compat-share.XXXXXX)"
 HOST_SERVER=""
@@ -73,16 +65,6 @@ cleanup() {
 }
 trap cleanup EXIT
 install -m755 "$BIN" "$SHARE_DIR/iwarp-perf"
-
-wait_line() {
-    local file="$1" pat="$2" secs="$3" t=0
-    while ((t < secs * 10)); do
-        grep -aqE "$pat" "$file" 2>/dev/null && return 0
-        sleep 0.1
-        t=$((t + 1))
-    done
-    return 1
-}
 
 # The guest job. bw_of FILE: the BW average of perftest's result line (the
 # line after the "#bytes" header), or of iwarp-perf's --json.

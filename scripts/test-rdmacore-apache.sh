@@ -46,9 +46,9 @@ skip() {
     exit 77
 }
 
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
-((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
+# shellcheck source=scripts/lib/guest-host.sh
+. "$ROOT/scripts/lib/guest-host.sh"
+guest_can_run
 
 need_pkgs=()
 command -v apache2 >/dev/null || need_pkgs+=(apache2)
@@ -69,15 +69,7 @@ if ! timeout 300 make -s -C modules/mod_rdma IWARP_LIB="$REL" >"$LOGS/mod_rdma-b
     exit 1
 fi
 
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
-    if ! "$SIW_VM/build.sh" >"$LOGS/build.log" 2>&1; then
-        tail -20 "$LOGS/build.log"
-        note "FAILED: building the siw guest failed (log: $LOGS/build.log)"
-        exit 1
-    fi
-fi
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
+guest_built
 
 SHARE_DIR="$(mktemp -d /tmp/test-rdmacore-apache-share.XXXXXX)"
 HT="$(mktemp -d /tmp/test-rdmacore-apache-host.XXXXXX)"
@@ -111,16 +103,6 @@ for f in "$SHARE_DIR/bin/apache2" "$SHARE_DIR"/mod/*.so "$SHARE_DIR/lib/libiwarp
 done
 # Apache's and the modules' own libraries (libapr, libaprutil, ...) may be
 # found through the binary's runpath on the host: ldd listed them anyway.
-
-wait_line() {
-    local file="$1" pat="$2" secs="$3" t=0
-    while ((t < secs * 10)); do
-        grep -aqE "$pat" "$file" 2>/dev/null && return 0
-        sleep 0.1
-        t=$((t + 1))
-    done
-    return 1
-}
 
 # ---- the guest job ---------------------------------------------------------
 # Results: "RDMACORE RESULT <tag> rc=N".

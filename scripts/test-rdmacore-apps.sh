@@ -52,9 +52,9 @@ skip() {
     exit 77
 }
 
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
-((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
+# shellcheck source=scripts/lib/guest-host.sh
+. "$ROOT/scripts/lib/guest-host.sh"
+guest_can_run
 
 note "building rftp, rftpd, rhttp, iwarp-ping, libiwarp (release)"
 cargo build --release -q -p rftp -p rhttp -p iwarp-tools -p iwarp-ffi
@@ -81,15 +81,7 @@ if ((APACHE)); then
     fi
 fi
 
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
-    if ! "$SIW_VM/build.sh" >"$LOGS/build.log" 2>&1; then
-        tail -20 "$LOGS/build.log"
-        note "FAILED: building the siw guest failed (log: $LOGS/build.log)"
-        exit 1
-    fi
-fi
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
+guest_built
 
 SHARE_DIR="$(mktemp -d /tmp/test-rdmacore-apps-share.XXXXXX)"
 HT="$(mktemp -d /tmp/test-rdmacore-apps-host.XXXXXX)"
@@ -118,16 +110,6 @@ fi
 KVER="$(cat "$WORK/out/.kver" 2>/dev/null || true)"
 CRC32_KO="$WORK/kroot-$KVER/lib/modules/$KVER/kernel/crypto/crc32_generic.ko"
 [[ -n "$KVER" && -f "$CRC32_KO" ]] && install -m644 "$CRC32_KO" "$SHARE_DIR/crc32_generic.ko"
-
-wait_line() {
-    local file="$1" pat="$2" secs="$3" t=0
-    while ((t < secs * 10)); do
-        grep -aqE "$pat" "$file" 2>/dev/null && return 0
-        sleep 0.1
-        t=$((t + 1))
-    done
-    return 1
-}
 
 # Host side files: what the host serves (mixA), and what it uploads (mixB).
 mkdir -p "$HT/srv" "$HT/up" "$HT/docs" "$HT/dav" "$HT/run/dav" "$HT/logs"

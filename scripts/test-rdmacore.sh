@@ -63,9 +63,9 @@ if ! cargo test -q -p iwarp --no-default-features --lib --test device >"$LOGS/fe
 fi
 note "PASS feature off: $(grep -o '[0-9]* passed' "$LOGS/feature-off.log" | awk '{n += $1} END {print n + 0}') tests"
 
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
-((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
+# shellcheck source=scripts/lib/guest-host.sh
+. "$ROOT/scripts/lib/guest-host.sh"
+guest_can_run
 
 note "building examples/rdma_loopback and iwarp-ping (feature rdma-core)"
 cargo build --release -q -p iwarp --example rdma_loopback
@@ -80,15 +80,7 @@ if [[ -z "$DEVOPS" || ! -x "$ROOT/$DEVOPS" ]]; then
     exit 1
 fi
 
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
-    if ! "$SIW_VM/build.sh" >"$LOGS/build.log" 2>&1; then
-        tail -20 "$LOGS/build.log"
-        note "FAILED: building the siw guest failed (log: $LOGS/build.log)"
-        exit 1
-    fi
-fi
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
+guest_built
 
 SHARE_DIR="$(mktemp -d /tmp/test-rdmacore-share.XXXXXX)"
 HOST_SERVER=""
@@ -116,17 +108,6 @@ if [[ -n "$KVER" && -f "$CRC32_KO" ]]; then
 else
     note "no crc32_generic.ko under $WORK/kroot-$KVER: rxe0 will likely fail to come up"
 fi
-
-# wait_line FILE PATTERN SECS: wait until FILE has a line matching PATTERN.
-wait_line() {
-    local file="$1" pat="$2" secs="$3" t=0
-    while ((t < secs * 10)); do
-        grep -aqE "$pat" "$file" 2>/dev/null && return 0
-        sleep 0.1
-        t=$((t + 1))
-    done
-    return 1
-}
 
 # The guest job; each scenario ends with "RDMACORE RESULT <tag> rc=N":
 #   siw0, rxe0        server and client threads in one process

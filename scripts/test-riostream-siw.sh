@@ -79,24 +79,16 @@ for sc in $SCENARIOS; do
 done
 
 [[ "${FAST:-0}" != 1 ]] || skip "FAST=1 (the siw guest runs under TCG)"
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
-((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
-[[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
+# shellcheck source=scripts/lib/guest-host.sh
+. "$ROOT/scripts/lib/guest-host.sh"
+guest_can_run
 
 if [[ ! -x "$BIN" ]]; then
     note "building iwarp-riostream"
     (cd "$ROOT" && cargo build --release -q -p iwarp-rstream)
 fi
 
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (Debian kernel, siw.ko, initramfs; about a minute)"
-    if ! "$SIW_VM/build.sh" >"$LOGS/build.log" 2>&1; then
-        tail -20 "$LOGS/build.log"
-        note "FAILED: building the siw guest failed (log: $LOGS/build.log)"
-        exit 1
-    fi
-fi
-command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
+guest_built
 
 # Does the guest image hold riostream? If not, hand the host's over 9p.
 RIO=riostream
@@ -125,17 +117,6 @@ cleanup() {
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-
-# wait_line FILE PATTERN SECS: wait until FILE has a line matching PATTERN.
-wait_line() {
-    local file="$1" pat="$2" secs="$3" t=0
-    while ((t < secs * 10)); do
-        grep -aqE "$pat" "$file" 2>/dev/null && return 0
-        sleep 0.1
-        t=$((t + 1))
-    done
-    return 1
-}
 
 # The guest's job: per scenario, riostream as the server (announced with
 # READY, reported with RESULT and its output), then riostream as the client

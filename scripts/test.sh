@@ -54,7 +54,7 @@ why_failed() {
     while IFS= read -r line; do
         WHY+=("    ${line:0:220}")
     done < <(grep -E 'FAILED|FAIL[ :]|panicked|^error|[Ee]rror:|assert|timed out|not ok|^ +`-p .* --(test|lib|bin)' "$2" |
-        grep -vE '^(test result|failures:)|^\[test\.sh\]' | tail -n 5)
+        grep -vE '^(test result|failures:)|^\[test\.sh\]| \.\.\. ok$|^ +[0-9]+: ' | tail -n 6)
 }
 
 # run_step NAME COMMAND...: run a step, record PASS/FAIL and its duration.
@@ -194,7 +194,7 @@ step_shellcheck() {
         note "shellcheck not installed"
         return 1
     fi
-    shellcheck scripts/*.sh .ci/run
+    shellcheck scripts/*.sh scripts/lib/*.sh .ci/run
 }
 
 step_cargo_test() {

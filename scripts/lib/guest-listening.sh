@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # Guest-side shell (busybox sh) for the QEMU guest jobs of the test
 # scripts: a job script that starts a server in the guest and then lets a
 # client (in the guest or on the host) connect uses `listening PORT` to
