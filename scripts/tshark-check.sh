@@ -403,6 +403,10 @@ packet_count() {
 # knock is a SYN and an RST without payload, which no MPA check counts.
 start_capture() {
     local port="$1" pcap="$2" dlog="$3" _ n
+    # A file left by an earlier capture under this name (the retry below)
+    # would count as live before dumpcap has replaced it: the retry in one
+    # CI run then captured nothing.
+    rm -f "$pcap" "$dlog"
     dumpcap -i lo -B 512 -f "tcp port $port" -w "$pcap" -q >"$dlog" 2>&1 &
     DUMPCAP_PID=$!
     for _ in $(seq 1 300); do
