@@ -146,12 +146,23 @@ run() {
 ready() {
   i=0; while [ \$i -lt 300 ] && ! grep -q READY "\$1"; do sleep 0.1; i=\$((i+1)); done
 }
+# On rxe0 a client's request was once (1 run in about 20) rejected as if
+# no listener existed (IB CM status 8, invalid service ID) although the
+# server had printed READY after rdma_listen returned, and the server then
+# saw no request. The pair runs once more in that case only, and says so.
 pair() {
-  timeout 90 \$B server \$1 $GUEST \$2 > /tmp/s.log 2>&1 &
-  spid=\$!
-  ready /tmp/s.log
-  timeout 90 \$B client \$1 $GUEST \$2 > /tmp/c.log 2>&1; crc=\$?
-  wait \$spid; src=\$?
+  for attempt in 1 2; do
+    timeout 90 \$B server \$1 $GUEST \$2 > /tmp/s.log 2>&1 &
+    spid=\$!
+    ready /tmp/s.log
+    timeout 90 \$B client \$1 $GUEST \$2 > /tmp/c.log 2>&1; crc=\$?
+    wait \$spid; src=\$?
+    if [ \$attempt = 1 ] && grep -q "REJECTED (status 8" /tmp/c.log && grep -q "no connect request" /tmp/s.log; then
+      echo "RDMACORE \$1-2p: note: the request was rejected with no listener found although the server listened; running the pair once more"
+      continue
+    fi
+    break
+  done
   show \$1-2p /tmp/s.log; show \$1-2p /tmp/c.log
   echo "RDMACORE RESULT \$1-2p rc=\$((crc + src))"
 }
