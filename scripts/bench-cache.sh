@@ -21,6 +21,11 @@
 # Modes run in a rotated order in each rep, so each mode's runs are paired
 # in time with the others'; the report takes the median over reps.
 #
+# COMPUTE_SLEEP_US=N makes each compute thread sleep N µs after every
+# COMPUTE_SLICE_US (default 1000) of work, as request handlers that block on
+# I/O do; the default 0 gives the seed's pure busy loops (see
+# docs/BENCHMARKS.md for why the two differ under Linux's scheduler).
+#
 # By default (2+ CPUs) the application tier is pinned to the last CPU and
 # the client, proxies and nginx to the others (APP_CPUS / FRONT_CPUS), so
 # compute threads load the application server's CPU and not the proxy's.
@@ -56,6 +61,8 @@ CLIENTS="${CLIENTS:-16}"
 # waits for another client's check to finish.
 CHECK_CONNS="${CHECK_CONNS:-$CLIENTS}"
 ZIPF="${ZIPF:-1.0}"
+COMPUTE_SLEEP_US="${COMPUTE_SLEEP_US:-0}"
+COMPUTE_SLICE_US="${COMPUTE_SLICE_US:-1000}"
 PROXIES="${PROXIES:-1}"
 APPS="${APPS:-1}"
 OUT="${OUT:-$ROOT/docs/bench/cache}"
@@ -151,7 +158,8 @@ failed=0
 for n in $THREADS; do
     say "compute threads $n"
     for j in $(seq 0 $((APPS - 1))); do
-        start_appd "$j" "$DOCS" "$n" --initial-version "$VERSION" || { say "ccappd in a$j did not start"; tail "$T/a$j/ccappd.log"; exit 1; }
+        start_appd "$j" "$DOCS" "$n" --initial-version "$VERSION" \
+            --compute-sleep-us "$COMPUTE_SLEEP_US" --compute-slice-us "$COMPUTE_SLICE_US" || { say "ccappd in a$j did not start"; tail "$T/a$j/ccappd.log"; exit 1; }
         level_pids+=("$APPD_PID_LAST")
     done
     for m in $MODES; do
@@ -197,7 +205,7 @@ for n in $THREADS; do
 done
 
 {
-    echo "command: ${BENCH_CMD:-scripts/bench-cache.sh} (QUICK=$QUICK THREADS='$THREADS' REPS=$REPS DURATION=$DURATION WARMUP=$WARMUP CLIENTS=$CLIENTS CHECK_CONNS=$CHECK_CONNS WORKLOADS='$WORKLOADS' PROXIES=$PROXIES APPS=$APPS)"
+    echo "command: ${BENCH_CMD:-scripts/bench-cache.sh} (QUICK=$QUICK THREADS='$THREADS' REPS=$REPS DURATION=$DURATION WARMUP=$WARMUP CLIENTS=$CLIENTS CHECK_CONNS=$CHECK_CONNS WORKLOADS='$WORKLOADS' PROXIES=$PROXIES APPS=$APPS COMPUTE_SLEEP_US=$COMPUTE_SLEEP_US COMPUTE_SLICE_US=$COMPUTE_SLICE_US)"
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p') ($NCPU CPUs; app tier on ${APP_CPUS:-all}, front on ${FRONT_CPUS:-all}); load average before the report: $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$OUT/run.txt"
 /usr/bin/python3 "$ROOT/scripts/bench-cache-report.py" "$RESULTS" "$OUT" "$OUT/run.txt" || failed=1

@@ -322,14 +322,28 @@ fn expect(s: &mut UnixStream, kind: Kind, doc: u32) -> io::Result<u64> {
     }
 }
 
-/// A compute thread: spins forever on arithmetic the optimizer cannot
-/// remove.
-pub fn compute_loop() {
+/// A compute thread: arithmetic the optimizer cannot remove, forever.
+///
+/// With `sleep` zero it never blocks (the seed's busy loops). Otherwise it
+/// computes for `slice`, then sleeps for `sleep`, again and again, as a
+/// request handler that blocks on I/O between bursts of work does. The
+/// difference matters to the scheduler: Linux's EEVDF runs a thread that
+/// wakes after sleeping ahead of threads that never sleep, so among pure
+/// busy loops a version thread that sleeps in `read` is served at once;
+/// among threads that also sleep and wake it waits its turn with them.
+pub fn compute_loop(slice: std::time::Duration, sleep: std::time::Duration) {
     let mut x = 1u64;
     loop {
-        for _ in 0..1_000_000 {
-            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        let start = std::time::Instant::now();
+        loop {
+            for _ in 0..10_000 {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            if !sleep.is_zero() && start.elapsed() >= slice {
+                break;
+            }
         }
+        std::thread::sleep(sleep);
     }
 }
 

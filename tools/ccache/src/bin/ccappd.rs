@@ -80,6 +80,15 @@ struct Args {
     /// busy application server (the seed's "compute threads").
     #[arg(long, default_value_t = 0)]
     compute_threads: usize,
+    /// Make each compute thread sleep this long (µs) after every
+    /// --compute-slice-us of work, as request handlers that block on I/O
+    /// do (0: pure busy loops, the seed's).
+    #[arg(long, default_value_t = 0)]
+    compute_sleep_us: u64,
+    /// Work between two sleeps of a compute thread (µs; used only with
+    /// --compute-sleep-us).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    compute_slice_us: u64,
     /// TCP listen address where proxies register for pushes (and through
     /// which the update thread learns which documents are accessed).
     /// Needs --docroot.
@@ -218,8 +227,10 @@ fn run(a: Args) -> Result<(), String> {
         "ccappd ready"
     );
 
+    let slice = std::time::Duration::from_micros(a.compute_slice_us);
+    let sleep = std::time::Duration::from_micros(a.compute_sleep_us);
     for _ in 0..a.compute_threads {
-        std::thread::spawn(appd::compute_loop);
+        std::thread::spawn(move || appd::compute_loop(slice, sleep));
     }
     let mut state = IpcState::new(table.clone(), initial);
     if let Some(addr) = a.push_listen {
