@@ -52,10 +52,10 @@ PORT, the TCP baseline on PORT+1). One process: `--loopback`.
 Devices (--device NAME, or the environment variable IWARP_DEVICE): `soft`
 (this crate's iWARP over TCP, the default), a kernel RDMA device through
 rdma-core (`siw0`, `rxe0`, `mlx5_0`), or `auto` (a kernel device when one
-is present, else soft). iwarp-perf's own protocol runs on soft only: it
-tells its control messages from data by the Solicited Event flag of the
-receive completion, which rdma-core's ibv_wc does not report; on a kernel
-device use --perftest (against perftest, or iwarp-perf on both ends).
+is present, else soft). iwarp-perf's own protocol runs on every device
+(it tells its control messages from data by their length); --crc and
+--markers apply to soft only (siw sets them for the whole host: its
+module parameters). --perftest talks to perftest itself.
 
 --perftest: speak perftest's `-R` (rdma_cm) protocol instead of
 iwarp-perf's own, so the other end can be perftest: `ib_write_bw -R`,
