@@ -1068,11 +1068,10 @@ impl Conn {
                 }
             }
         }
-        if nonblocking && self.opts.busy_poll {
-            self.cq.progress();
-        }
         let mut st = self.lock();
         let mut done = 0usize;
+        // Whether this call did the receive work yet (busy-poll mode).
+        let mut progressed = false;
         st.stats.writes += 1;
         loop {
             self.drain(&mut st);
@@ -1129,6 +1128,20 @@ impl Conn {
                 return Ok(done);
             }
             if nonblocking {
+                if self.opts.busy_poll && !progressed {
+                    // A program that spins on EAGAIN never waits on the CQ,
+                    // so the receive work that may return credits (which
+                    // busy-poll mode leaves to the waiting thread) is done
+                    // here, then the write tries again. Only when blocked: a
+                    // write that can go at once must not pay a `recv` first,
+                    // which was a system call on every ping-pong reply's
+                    // path.
+                    progressed = true;
+                    drop(st);
+                    self.cq.progress();
+                    st = self.lock();
+                    continue;
+                }
                 self.refresh(&mut st);
                 return Err(io::ErrorKind::WouldBlock.into());
             }

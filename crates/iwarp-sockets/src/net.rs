@@ -68,7 +68,14 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-fn deadline(t: &Mutex<Option<Duration>>) -> Option<Instant> {
+/// The deadline a blocking call's timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO`)
+/// gives from now; none for a non-blocking call, which never waits, so
+/// that a program spinning on `EAGAIN` does not read the clock and a
+/// mutex on every call.
+fn deadline(nonblocking: bool, t: &Mutex<Option<Duration>>) -> Option<Instant> {
+    if nonblocking {
+        return None;
+    }
     t.lock()
         .unwrap_or_else(|e| e.into_inner())
         .map(|d| Instant::now() + d)
@@ -193,9 +200,10 @@ impl Stream {
 
     /// Reads like `recv(2)`: at most `buf.len()` bytes, 0 at end of stream.
     pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let nb = self.is_nonblocking();
         self.s
             .conn
-            .read(buf, self.is_nonblocking(), deadline(&self.s.read_timeout))
+            .read(buf, nb, deadline(nb, &self.s.read_timeout))
     }
 
     /// Reads without blocking, whatever the mode (`MSG_DONTWAIT`).
@@ -205,9 +213,10 @@ impl Stream {
 
     /// Writes like `send(2)`: a blocking stream sends all of `buf`.
     pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        let nb = self.is_nonblocking();
         self.s
             .conn
-            .write(buf, self.is_nonblocking(), deadline(&self.s.write_timeout))
+            .write(buf, nb, deadline(nb, &self.s.write_timeout))
     }
 
     /// Writes without blocking, whatever the mode (`MSG_DONTWAIT`).
@@ -309,12 +318,10 @@ impl Stream {
     /// blocking stream writes everything; a non-blocking one what the send
     /// queue takes now (`WouldBlock` if nothing).
     pub fn riowrite(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
-        self.s.conn.riowrite(
-            buf,
-            offset,
-            self.is_nonblocking(),
-            deadline(&self.s.write_timeout),
-        )
+        let nb = self.is_nonblocking();
+        self.s
+            .conn
+            .riowrite(buf, offset, nb, deadline(nb, &self.s.write_timeout))
     }
 
     /// `riowrite` without blocking, whatever the mode (`MSG_DONTWAIT`).
