@@ -261,9 +261,9 @@ impl Conn {
 /// While an application thread busy-polls this QP (more than
 /// [`SPINNING_POLLS`] [`Conn::progress`] calls since the last look), that
 /// thread does the receive work, and the receive thread steps aside: it
-/// sleeps [`STEP_ASIDE`] instead of waiting on the socket, so arriving data
-/// does not wake it to compete for the CPU with the thread that is already
-/// reading. When the poller goes to sleep it says so
+/// sleeps [`STEP_ASIDE`] instead of waiting on the socket, and does not
+/// read when it wakes, so arriving data does not wake it to compete for
+/// the CPU (and for `rx`) with the thread that is already reading. When the poller goes to sleep it says so
 /// ([`Conn::stop_progress`], called by `CompletionQueue::wait`), which
 /// wakes the receive thread at once; a poller that just stops without
 /// saying so is noticed at most two `STEP_ASIDE` slices later.
@@ -320,13 +320,16 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
                 Err(why) => break why,
             }
         }
-        let r = rx_drain(qp, conn, &mut lock(&conn.rx));
-        if let Err(why) = r {
-            break why;
-        }
         if calls > SPINNING_POLLS {
             // Step aside, unless the poller has just handed back (see
-            // `Conn::stop_progress` for why this cannot miss it).
+            // `Conn::stop_progress` for why this cannot miss it). Without
+            // reading first: the poller does the receive work, and a read
+            // from here would take `rx` from it (its `progress` then
+            // yields the CPU, or its unlock has to wake this thread) and
+            // handle on this thread a message the poller would have
+            // handled a moment later. A poller that stops without handing
+            // back is still noticed at the next look (fewer polls), which
+            // reads below.
             conn.aside.store(true, Ordering::SeqCst);
             if conn.handbacks.load(Ordering::SeqCst) == handbacks_seen {
                 qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
@@ -334,6 +337,10 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
             }
             conn.aside.store(false, Ordering::SeqCst);
             continue;
+        }
+        let r = rx_drain(qp, conn, &mut lock(&conn.rx));
+        if let Err(why) = r {
+            break why;
         }
         // Someone polls now and then: wait holding nothing, so that it can
         // take `rx` meanwhile.
