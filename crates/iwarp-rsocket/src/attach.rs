@@ -63,6 +63,13 @@ pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io
              library's progress thread does not exist here)",
         ));
     }
+    if table::children_serve_inherited() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a child of this process tried to use a stream it inherited: the program serves \
+             its connections in forked children, which cannot drive this process's streams",
+        ));
+    }
     // SAFETY: plain descriptor call.
     let copy = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if copy < 0 {

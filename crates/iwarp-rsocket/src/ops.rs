@@ -14,6 +14,14 @@ use crate::errno::{fail, fail_with};
 use crate::real::real;
 use crate::table::Sock;
 
+/// A read or write on a stream inherited through `fork`: the error, and
+/// the parent learns that its children serve its connections
+/// (`table::note_inherited_use`).
+fn inherited_io() -> io::Error {
+    crate::table::note_inherited_use();
+    unsupported_inherited()
+}
+
 fn unsupported_inherited() -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
@@ -26,7 +34,7 @@ fn unsupported_inherited() -> io::Error {
 /// `MSG_WAITALL`).
 pub fn recv_into(s: &Sock, buf: &mut [u8], flags: c_int) -> io::Result<usize> {
     if s.inherited() {
-        return Err(unsupported_inherited());
+        return Err(inherited_io());
     }
     if buf.is_empty() || s.read_shut.load(Ordering::Acquire) {
         return Ok(0);
@@ -154,7 +162,7 @@ fn send_all_interruptible(s: &Sock, buf: &[u8]) -> io::Result<usize> {
 /// `MSG_MORE` is ignored: nothing is held back anyway).
 pub fn send_from(s: &Sock, buf: &[u8], flags: c_int) -> io::Result<usize> {
     if s.inherited() {
-        return Err(unsupported_inherited());
+        return Err(inherited_io());
     }
     let r = if flags & libc::MSG_DONTWAIT != 0 {
         s.stream.send_nonblocking(buf)
@@ -292,7 +300,7 @@ pub unsafe fn writev(s: &Sock, iov: *const iovec, cnt: c_int, flags: c_int) -> s
         }
         _ => {
             if s.inherited() {
-                return fail(&unsupported_inherited());
+                return fail(&inherited_io());
             }
             let io: Vec<IoSlice<'_>> = slices.iter().map(|b| IoSlice::new(b)).collect();
             if flags & libc::MSG_DONTWAIT != 0 && !s.stream.is_nonblocking() {

@@ -26,12 +26,22 @@
 //! the child, so the child makes no new streams ([`new_streams_allowed`]).
 //! Listening sockets are real TCP sockets and work in the child as they
 //! do in the parent.
+//!
+//! A program that accepts in one process and serves in a forked child
+//! (socat's `fork` option, inetd style) therefore cannot serve its iWARP
+//! clients. The first child that tries to read or write a stream it
+//! inherited says so in a word it shares with the parent (a `MAP_SHARED`
+//! page mapped before the first stream, so every later child has it), and
+//! from then on the parent makes no more streams on accept
+//! ([`children_serve_inherited`]): it closes its MPA clients, which fall
+//! back to plain TCP on the same port. The connection that taught it
+//! fails (its child gets `EOPNOTSUPP`); the later ones work.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, RwLock};
 use std::time::Duration;
 
@@ -279,6 +289,72 @@ extern "C" fn at_exit() {
     });
 }
 
+/// The word shared with children (see "fork" above); null until the first
+/// stream, or if the mapping failed (then the parent never learns).
+static SHARED_WORD: AtomicPtr<AtomicU32> = AtomicPtr::new(std::ptr::null_mut());
+
+fn map_shared_word() {
+    // SAFETY: an anonymous shared mapping of one page, never unmapped, so
+    // the pointer stays valid for the life of the process and of every
+    // child forked later (they inherit the mapping). The page is zeroed by
+    // the kernel, and an AtomicU32 has the size and alignment of a u32, so
+    // its start is a valid AtomicU32 holding 0.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        tracing::warn!(
+            error = %io::Error::last_os_error(),
+            "no shared page for fork bookkeeping: a server that serves in forked children will not learn to fall back"
+        );
+        return;
+    }
+    SHARED_WORD.store(p.cast(), Ordering::Release);
+}
+
+fn shared_word() -> Option<&'static AtomicU32> {
+    let p = SHARED_WORD.load(Ordering::Acquire);
+    // SAFETY: null, or the start of the page mapped by `map_shared_word`,
+    // which is never unmapped (see there).
+    unsafe { p.as_ref() }
+}
+
+/// A process tried to read or write a stream it inherited through `fork`:
+/// tell the process that made it (see "fork" above), once per process
+/// with a warning that names the cause and the remedy.
+pub fn note_inherited_use() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if let Some(w) = shared_word() {
+        w.store(1, Ordering::Release);
+    }
+    if !WARNED.swap(true, Ordering::AcqRel) {
+        // On stderr whatever the log settings: the program's connection
+        // fails here, and this line is the only place that says why.
+        eprintln!(
+            "iwarp (pid {}): an iWARP stream was used in a child process that inherited it \
+             through fork; only the process that accepted or connected it can drive it, so \
+             this connection fails (EOPNOTSUPP). The parent now serves new clients over plain \
+             TCP. To keep such a server (accept in the parent, serve in a child: socat fork, \
+             inetd) entirely on TCP, leave its port out of IWARP_PRELOAD_PORTS.",
+            std::process::id()
+        );
+    }
+}
+
+/// Whether a child of this process tried to use a stream it inherited:
+/// the program serves its connections in children, so it should make no
+/// more streams on accept.
+pub fn children_serve_inherited() -> bool {
+    shared_word().is_some_and(|w| w.load(Ordering::Acquire) != 0)
+}
+
 extern "C" fn after_fork_child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
     if EVER_STREAM.load(Ordering::Acquire) {
@@ -298,6 +374,7 @@ pub fn new_streams_allowed() -> bool {
 pub fn note_stream() {
     static ATFORK: Once = Once::new();
     ATFORK.call_once(|| {
+        map_shared_word();
         // SAFETY: registers plain functions without arguments: the fork
         // child handler only touches atomics; the exit handler runs
         // before the process's threads are gone.
