@@ -263,7 +263,8 @@ impl Conn {
 /// thread does the receive work, and the receive thread steps aside: it
 /// sleeps [`STEP_ASIDE`] instead of waiting on the socket, and does not
 /// read when it wakes, so arriving data does not wake it to compete for
-/// the CPU (and for `rx`) with the thread that is already reading. When the poller goes to sleep it says so
+/// the CPU (and for `rx`) with the thread that is already reading. When
+/// the poller goes to sleep it says so
 /// ([`Conn::stop_progress`], called by `CompletionQueue::wait`), which
 /// wakes the receive thread at once; a poller that just stops without
 /// saying so is noticed at most two `STEP_ASIDE` slices later.
