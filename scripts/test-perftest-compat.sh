@@ -58,7 +58,10 @@ SHARE_DIR="$(mktemp -d /tmp/test-perftest-compat-share.XXXXXX)"
 HOST_SERVER=""
 HOST_SERVER2=""
 cleanup() {
-    if [[ -n "$HOST_SERVER" ]]; then kill "$HOST_SERVER" 2>/dev/null || true; fi
+    if [[ -n "$HOST_SERVER" ]]; then
+        kill "$(cat "$LOGS/mixB-host.pid" 2>/dev/null)" 2>/dev/null || true
+        kill "$HOST_SERVER" 2>/dev/null || true
+    fi
     if [[ -n "$HOST_SERVER2" ]]; then kill "$HOST_SERVER2" 2>/dev/null || true; fi
     rm -rf "$SHARE_DIR"
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
@@ -152,6 +155,18 @@ wait \$mpid; src=\$?
 show mixA /tmp/ma.log
 echo "PTCOMPAT SERVER mixA rc=\$src value=\$(bw_of /tmp/ma.log)"
 timeout 60 ib_write_bw -R -d siw0 -p 18751 -n $N $HOST > /tmp/mb.log 2>&1; crc=\$?
+# perftest calibrates its clock at start; under TCG that fails now and then
+# ("Correlation coefficient r^2 ... Can't produce a report"), and it then
+# ends without the end-of-test exchange. That is perftest and the emulator,
+# not the protocol: run its client once more, against the host's second
+# server (see the host side).
+if [ \$crc != 0 ] && grep -q "Can't produce a report" /tmp/mb.log; then
+  show mixB /tmp/mb.log
+  echo "PTCOMPAT mixB: note: perftest could not calibrate its clock; running its client once more"
+  echo "PTCOMPAT RETRY mixB"
+  sleep 3
+  timeout 60 ib_write_bw -R -d siw0 -p 18751 -n $N $HOST > /tmp/mb.log 2>&1; crc=\$?
+fi
 show mixB /tmp/mb.log
 echo "PTCOMPAT CLIENT mixB rc=\$crc value=\$(bw_of /tmp/mb.log)"
 # mixC / mixD: iwarp-perf's own protocol between siw0 (guest) and soft
@@ -172,8 +187,18 @@ GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
 
 "$SIW_VM/run.sh" up >/dev/null
-ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
-    --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host.log" 2>&1 &
+# mixB's server, then a second one for the guest's single retry when
+# perftest could not calibrate its clock (see the guest job); unused, the
+# second is stopped at the end.
+(
+    ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
+        --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host.log" 2>&1 &
+    echo $! >"$LOGS/mixB-host.pid"
+    wait $!
+    echo $? >"$LOGS/mixB-host.rc"
+    exec ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
+        --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host-2.log" 2>&1
+) &
 HOST_SERVER=$!
 ip netns exec "$NETNS" timeout 300 "$BIN" --server -d soft --bind "$HOST" -p 18780 \
     --idle-timeout 280 --timeout 15 >"$LOGS/mixD-host.log" 2>&1 &
@@ -203,7 +228,18 @@ fi
 rc=0
 wait "$BOOT" || rc=$?
 MIXB_RC=0
-wait "$HOST_SERVER" || MIXB_RC=$?
+if grep -aq "PTCOMPAT RETRY mixB" "$GLOG"; then
+    note "mixB: perftest could not calibrate its clock in the guest; its second run is the one judged"
+    wait "$HOST_SERVER" || MIXB_RC=$?
+    mv "$LOGS/mixB-host.log" "$LOGS/mixB-host-1.log" || true
+    mv "$LOGS/mixB-host-2.log" "$LOGS/mixB-host.log" || true
+else
+    # The first server has served; the second waits for nobody.
+    for _i in $(seq 100); do [ -s "$LOGS/mixB-host.rc" ] && break; sleep 0.1; done
+    MIXB_RC="$(cat "$LOGS/mixB-host.rc" 2>/dev/null || echo 1)"
+    kill "$HOST_SERVER" 2>/dev/null || true
+    wait "$HOST_SERVER" 2>/dev/null || true
+fi
 HOST_SERVER=""
 MIXD_RC=0
 wait "$HOST_SERVER2" || MIXD_RC=$?
