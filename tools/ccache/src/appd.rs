@@ -326,11 +326,11 @@ fn expect(s: &mut UnixStream, kind: Kind, doc: u32) -> io::Result<u64> {
 ///
 /// With `sleep` zero it never blocks (the seed's busy loops). Otherwise it
 /// computes for `slice`, then sleeps for `sleep`, again and again, as a
-/// request handler that blocks on I/O between bursts of work does. The
-/// difference matters to the scheduler: Linux's EEVDF runs a thread that
-/// wakes after sleeping ahead of threads that never sleep, so among pure
-/// busy loops a version thread that sleeps in `read` is served at once;
-/// among threads that also sleep and wake it waits its turn with them.
+/// request handler that blocks on I/O between bursts of work does. Linux's
+/// EEVDF runs a thread that wakes after sleeping ahead of threads that
+/// never sleep, so among pure busy loops a version thread that sleeps in
+/// `read` is served at once. Sleeping compute threads were expected to
+/// change that; measured, they did not (docs/BENCHMARKS.md, Figures 9-11).
 pub fn compute_loop(slice: std::time::Duration, sleep: std::time::Duration) {
     let mut x = 1u64;
     loop {
