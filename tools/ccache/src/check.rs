@@ -23,7 +23,7 @@ use ccache_proto::slot::{self, Advert, SLOT_LEN};
 use iwarp::cm::{self, ConnParam, MpaConfig, Policy};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, QpInitAttr, QpState, QueuePair, SendWr, SgList,
-    WcStatus, WrOpcode,
+    WcStatus, WorkCompletion, WrOpcode,
 };
 
 use crate::msgio::{read_msg, write_msg};
@@ -73,9 +73,9 @@ pub trait VersionCheck: Send {
 }
 
 /// Reads of the same slot that may overlap an update before giving up.
-const TORN_RETRIES: usize = 16;
+pub(crate) const TORN_RETRIES: usize = 16;
 
-struct RdmaConn {
+pub(crate) struct RdmaConn {
     _ctx: Context,
     cq: CompletionQueue,
     qp: QueuePair,
@@ -87,6 +87,124 @@ struct RdmaConn {
 impl Drop for RdmaConn {
     fn drop(&mut self) {
         self.qp.disconnect();
+    }
+}
+
+impl RdmaConn {
+    /// Connect to the module's RDMA listener at `addr` and take its table
+    /// advertisement from the MPA private data (blocking: the TCP connect
+    /// and the MPA exchange, each bounded by `timeout`).
+    pub(crate) fn open(
+        addr: SocketAddr,
+        timeout: Duration,
+        progress: Option<iwarp::ProgressMode>,
+    ) -> Result<RdmaConn, CheckError> {
+        let un = |e: String| CheckError::Unreachable(e);
+        let ctx = Context::open().map_err(|e| un(e.to_string()))?;
+        let pd = ctx.alloc_pd();
+        let cq = ctx.create_cq(8).map_err(|e| un(e.to_string()))?;
+        if let Some(mode) = progress {
+            cq.set_progress(mode).map_err(|e| un(e.to_string()))?;
+        }
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: cq.clone(),
+                recv_cq: cq.clone(),
+                max_send_wr: 4,
+                max_recv_wr: 1,
+            })
+            .map_err(|e| un(e.to_string()))?;
+        let buf = pd
+            .reg_mr(SLOT_LEN, Access::LOCAL_WRITE)
+            .map_err(|e| un(e.to_string()))?;
+        // MPA CRC off: the slot may change while the module's stack sends
+        // it, after it computed the CRC (see docs/CACHE.md); TCP's checksum
+        // and the slot's check word cover the 16 bytes.
+        let param = ConnParam {
+            mpa: MpaConfig {
+                crc: Policy::Off,
+                ..MpaConfig::default()
+            },
+            timeout,
+            ..ConnParam::default()
+        };
+        let pdata = cm::connect(&qp, addr, &param).map_err(|e| un(e.to_string()))?;
+        let advert = Advert::parse(&pdata).map_err(|e| CheckError::Protocol(e.to_string()))?;
+        tracing::info!(%addr, slots = advert.slots, rkey = format_args!("{:#010x}", advert.rkey), "connected to the version table");
+        Ok(RdmaConn {
+            _ctx: ctx,
+            cq,
+            qp,
+            buf,
+            advert,
+            next_wr: 1,
+        })
+    }
+
+    /// The completion queue (its descriptor is what an event loop waits on).
+    pub(crate) fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Is the queue pair still connected?
+    pub(crate) fn usable(&self) -> bool {
+        self.qp.state() == QpState::Rts
+    }
+
+    /// Refuse a slot outside the advertised table (unless `bounds` is off).
+    pub(crate) fn bounds(&self, doc: u32, bounds: bool) -> Result<(), CheckError> {
+        if bounds && doc >= self.advert.slots {
+            return Err(CheckError::NoSuchDocument { doc });
+        }
+        Ok(())
+    }
+
+    /// Post the RDMA Read of slot `doc` into the local buffer; its `wr_id`.
+    pub(crate) fn post_read(&mut self, doc: u32) -> Result<u64, CheckError> {
+        let wr_id = self.next_wr;
+        self.next_wr += 1;
+        self.qp
+            .post_send(&SendWr {
+                wr_id,
+                opcode: WrOpcode::RdmaRead {
+                    remote_addr: self.advert.slot_addr(doc),
+                    rkey: self.advert.rkey,
+                },
+                sgl: SgList::single(self.buf.sge(0, SLOT_LEN)),
+                signaled: true,
+                solicited: false,
+            })
+            .map_err(|e| CheckError::Protocol(format!("posting the RDMA Read: {e:?}")))?;
+        Ok(wr_id)
+    }
+
+    /// The version in the slot that the Read `wr_id` completed with `wc`
+    /// brought; `None` if it overlapped an update (the check word is wrong:
+    /// read again).
+    pub(crate) fn slot_version(
+        &self,
+        doc: u32,
+        wr_id: u64,
+        wc: &WorkCompletion,
+    ) -> Result<Option<u64>, CheckError> {
+        if wc.wr_id != wr_id {
+            return Err(CheckError::Protocol(format!(
+                "completion of work request {} while {wr_id} was due",
+                wc.wr_id
+            )));
+        }
+        if wc.status != WcStatus::Success {
+            return Err(CheckError::Completion(wc.status));
+        }
+        let mut b = [0u8; SLOT_LEN];
+        self.buf.read_at(0, &mut b);
+        match slot::decode(doc, &b) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) => {
+                tracing::debug!(doc, error = %e, "torn slot read; reading again");
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -127,46 +245,7 @@ impl RdmaCheck {
     }
 
     fn connect(&self) -> Result<RdmaConn, CheckError> {
-        let un = |e: String| CheckError::Unreachable(e);
-        let ctx = Context::open().map_err(|e| un(e.to_string()))?;
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(8).map_err(|e| un(e.to_string()))?;
-        if let Some(mode) = self.progress {
-            cq.set_progress(mode).map_err(|e| un(e.to_string()))?;
-        }
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                max_send_wr: 4,
-                max_recv_wr: 1,
-            })
-            .map_err(|e| un(e.to_string()))?;
-        let buf = pd
-            .reg_mr(SLOT_LEN, Access::LOCAL_WRITE)
-            .map_err(|e| un(e.to_string()))?;
-        // MPA CRC off: the slot may change while the module's stack sends
-        // it, after it computed the CRC (see docs/CACHE.md); TCP's checksum
-        // and the slot's check word cover the 16 bytes.
-        let param = ConnParam {
-            mpa: MpaConfig {
-                crc: Policy::Off,
-                ..MpaConfig::default()
-            },
-            timeout: self.timeout,
-            ..ConnParam::default()
-        };
-        let pdata = cm::connect(&qp, self.addr, &param).map_err(|e| un(e.to_string()))?;
-        let advert = Advert::parse(&pdata).map_err(|e| CheckError::Protocol(e.to_string()))?;
-        tracing::info!(addr = %self.addr, slots = advert.slots, rkey = format_args!("{:#010x}", advert.rkey), "connected to the version table");
-        Ok(RdmaConn {
-            _ctx: ctx,
-            cq,
-            qp,
-            buf,
-            advert,
-            next_wr: 1,
-        })
+        RdmaConn::open(self.addr, self.timeout, self.progress)
     }
 
     /// The table's advertisement (connecting if needed).
@@ -183,41 +262,15 @@ impl RdmaCheck {
 
     fn read_once(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
         let c = self.conn.as_mut().expect("caller connects");
-        if bounds && doc >= c.advert.slots {
-            return Err(CheckError::NoSuchDocument { doc });
-        }
+        c.bounds(doc, bounds)?;
         for _ in 0..TORN_RETRIES {
-            let wr_id = c.next_wr;
-            c.next_wr += 1;
-            c.qp.post_send(&SendWr {
-                wr_id,
-                opcode: WrOpcode::RdmaRead {
-                    remote_addr: c.advert.slot_addr(doc),
-                    rkey: c.advert.rkey,
-                },
-                sgl: SgList::single(c.buf.sge(0, SLOT_LEN)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| CheckError::Protocol(format!("posting the RDMA Read: {e:?}")))?;
+            let wr_id = c.post_read(doc)?;
             let wc =
                 c.cq.wait_one(self.timeout)
                     .map_err(|e| CheckError::Protocol(e.to_string()))?
                     .ok_or(CheckError::Timeout(self.timeout))?;
-            if wc.wr_id != wr_id {
-                return Err(CheckError::Protocol(format!(
-                    "completion of work request {} while {wr_id} was due",
-                    wc.wr_id
-                )));
-            }
-            if wc.status != WcStatus::Success {
-                return Err(CheckError::Completion(wc.status));
-            }
-            let mut b = [0u8; SLOT_LEN];
-            c.buf.read_at(0, &mut b);
-            match slot::decode(doc, &b) {
-                Ok(v) => return Ok(v),
-                Err(e) => tracing::debug!(doc, error = %e, "torn slot read; reading again"),
+            if let Some(v) = c.slot_version(doc, wr_id, &wc)? {
+                return Ok(v);
             }
         }
         Err(CheckError::Torn { doc })
@@ -225,7 +278,7 @@ impl RdmaCheck {
 
     fn read(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
         let reused = match &self.conn {
-            Some(c) if c.qp.state() == QpState::Rts => true,
+            Some(c) if c.usable() => true,
             _ => {
                 self.conn = None;
                 self.conn = Some(self.connect()?);
@@ -318,6 +371,11 @@ pub(crate) fn ask_version(
         }
         e => CheckError::Protocol(e.to_string()),
     })?;
+    version_of_reply(&m, doc)
+}
+
+/// The version in the version thread's answer `m` to a request for `doc`.
+pub(crate) fn version_of_reply(m: &Repr, doc: u32) -> Result<u64, CheckError> {
     match m.kind {
         Kind::VersionReply if m.doc == doc => Ok(m.value),
         Kind::Error if ErrorCode::from(m.value) == ErrorCode::NoSuchDocument => {

@@ -10,8 +10,9 @@
 //!   version thread, the Table 1 IPC server, and the update thread.
 //! - [`check`]: the proxy's version checks: one RDMA Read of the slot, or
 //!   a request to the version thread.
-//! - [`http`] and [`proxy`]: `ccproxy`, a minimal HTTP/1.1 caching reverse
-//!   proxy that validates every request.
+//! - [`proxy`]: `ccproxy`, an HTTP/1.1 caching reverse proxy (hyper on
+//!   tokio) that validates every request.
+//! - [`acheck`]: the version checks on the proxy's event loop.
 //! - [`state`]: the proxy's cache and its cache state region (the
 //!   most-recently-accessed list the module reads), with the Figure 12
 //!   counters (misses, wasted updates).
@@ -26,9 +27,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod acheck;
 pub mod appd;
 pub mod check;
-pub mod http;
 pub mod load;
 pub mod msgio;
 pub mod proxy;

@@ -21,13 +21,10 @@
 //! number); a shard only ever gets requests for its own documents.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::http::Request;
-use crate::proxy::{serve_client, Answer, Proxy};
+use crate::proxy::{Proxy, Route};
 
 /// One application server and its module.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,38 +167,19 @@ impl Sharded {
         assert_eq!(map.shards.len(), proxies.len(), "a proxy per shard");
         Sharded { map, proxies }
     }
-
-    /// Answer a request on its document's shard (other paths: shard 0).
-    pub fn answer(&self, req: &Request) -> Answer {
-        let k = self.proxies[0]
-            .doc_of_target(&req.target)
-            .map_or(0, |d| self.map.shard_of(d));
-        self.proxies[k].answer(req)
-    }
 }
 
-/// Accept clients, a thread each, at most `max_conns` at once.
-pub fn serve(listener: TcpListener, front: Arc<Sharded>, max_conns: usize) {
-    let live = Arc::new(AtomicUsize::new(0));
-    let idle = front.proxies[0].idle();
-    for conn in listener.incoming() {
-        let s = match conn {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            }
-        };
-        while live.load(Ordering::Acquire) >= max_conns {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        live.fetch_add(1, Ordering::AcqRel);
-        let (f, l) = (front.clone(), live.clone());
-        std::thread::spawn(move || {
-            serve_client(s, idle, |req| f.answer(req));
-            l.fetch_sub(1, Ordering::AcqRel);
-        });
+impl Route for Sharded {
+    /// A request goes to its document's shard (other paths: shard 0).
+    fn route(&self, target: &str) -> &Proxy {
+        let k = self.proxies[0]
+            .doc_of_target(target)
+            .map_or(0, |d| self.map.shard_of(d));
+        &self.proxies[k]
+    }
+
+    fn idle(&self) -> Duration {
+        self.proxies[0].idle()
     }
 }
 

@@ -6,6 +6,9 @@
 //! have, an older push after a newer copy, a push cut short by a dead
 //! ccappd.
 
+mod common;
+use common::http;
+
 use std::io::{BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -15,8 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccache::appd::{self, IpcState, Select, UpdaterCfg};
-use ccache::check::{TcpCheck, VersionCheck};
-use ccache::http;
+use ccache::acheck::AsyncCheck;
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
@@ -177,9 +179,7 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
     };
     let (c, pa) = (cache.clone(), w.push_addr);
     std::thread::spawn(move || push::run_agent(pa, reg, c, T, Duration::from_millis(50)));
-    let checkers: Vec<Box<dyn VersionCheck>> = (0..2)
-        .map(|_| Box::new(TcpCheck::new(w.tcp, T)) as Box<dyn VersionCheck>)
-        .collect();
+    let checkers: Vec<AsyncCheck> = (0..2).map(|_| AsyncCheck::tcp(w.tcp, T)).collect();
     let cfg = ProxyCfg {
         backend: w.backend,
         prefix: "/docs/".into(),
@@ -190,7 +190,7 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let p = Arc::new(Proxy::with_cache(cfg, checkers, cache.clone()));
-    std::thread::spawn(move || proxy::serve(l, p, 16));
+    std::thread::spawn(move || proxy::serve(l, p, 16, 1));
     let pu = w.pusher.clone();
     wait_until("the proxy's registration", || pu.proxies() >= 1);
     (addr, cache)

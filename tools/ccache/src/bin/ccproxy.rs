@@ -7,11 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccache::check::{RdmaCheck, TcpCheck, VersionCheck};
+use ccache::acheck::{AsyncCheck, RdmaWait};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push;
-use ccache::shard::{self, ShardMap, Sharded};
-use ccache::sockets::SocketsCheck;
+use ccache::shard::{ShardMap, Sharded};
 use ccache::state::CacheState;
 use ccache_proto::push::Registration;
 use clap::{Parser, ValueEnum};
@@ -30,12 +29,12 @@ enum ModeArg {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum WaitArg {
-    /// Sleep until the Read completes (no spin): flat tails on a busy host.
-    Sleep,
-    /// The CQ's default: spin (yielding) for 50 us, then sleep.
-    Threaded,
-    /// The waiting thread reads the socket itself in a loop.
-    BusyPoll,
+    /// The event loop thread reads the Read Response from the socket
+    /// itself (application-driven progress): no provider thread.
+    EventLoop,
+    /// The provider's receive thread reads it and wakes the event loop
+    /// through the CQ's eventfd.
+    ProviderThread,
 }
 
 /// HTTP/1.1 caching reverse proxy with strong coherency (issue 13): every
@@ -73,11 +72,15 @@ struct Args {
     /// Path prefix of documents; the rest of the path is the document number.
     #[arg(long, default_value = "/cgi-bin/doc.cgi/")]
     prefix: String,
-    /// How an RDMA check waits for its Read (see docs/CACHE.md: the
-    /// spinning default had p90 in milliseconds under CPU contention).
-    #[arg(long, value_enum, default_value = "sleep")]
+    /// How an RDMA check learns that its Read completed (see docs/CACHE.md).
+    #[arg(long, value_enum, default_value = "event-loop")]
     rdma_wait: WaitArg,
-    /// Version-check connections (each serves one check at a time).
+    /// Event loop (tokio worker) threads; 0: one per CPU this process may
+    /// run on.
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Version-check connections (each serves one check at a time; more
+    /// concurrent checks wait for a free one).
     #[arg(long, default_value_t = 4)]
     check_conns: usize,
     /// Bound on a version check, milliseconds.
@@ -118,7 +121,7 @@ fn checkers(
     rdma: Option<SocketAddr>,
     tcp: Option<SocketAddr>,
     sockets: Option<SocketAddr>,
-) -> Result<(Mode, Vec<Box<dyn VersionCheck>>), String> {
+) -> Result<(Mode, Vec<AsyncCheck>), String> {
     let t = Duration::from_millis(a.check_timeout_ms.max(1));
     let n = a.check_conns.max(1);
     let need = |x: Option<SocketAddr>, what: &str| {
@@ -131,41 +134,24 @@ fn checkers(
         ModeArg::None => (Mode::None, Vec::new()),
         ModeArg::Rdma => {
             let addr = need(rdma, "RDMA")?;
-            let mode = match a.rdma_wait {
-                WaitArg::Sleep => iwarp::ProgressMode::Threaded {
-                    spin: Duration::ZERO,
-                },
-                WaitArg::Threaded => iwarp::ProgressMode::Threaded {
-                    spin: iwarp::DEFAULT_SPIN,
-                },
-                WaitArg::BusyPoll => iwarp::ProgressMode::BusyPoll,
+            let wait = match a.rdma_wait {
+                WaitArg::EventLoop => RdmaWait::EventLoop,
+                WaitArg::ProviderThread => RdmaWait::ProviderThread,
             };
             (
                 Mode::Rdma,
-                (0..n)
-                    .map(|_| {
-                        Box::new(RdmaCheck::new(addr, t).with_progress(mode))
-                            as Box<dyn VersionCheck>
-                    })
-                    .collect(),
+                (0..n).map(|_| AsyncCheck::rdma(addr, t, wait)).collect(),
             )
         }
         ModeArg::Tcp => {
             let addr = need(tcp, "TCP version")?;
-            (
-                Mode::Tcp,
-                (0..n)
-                    .map(|_| Box::new(TcpCheck::new(addr, t)) as Box<dyn VersionCheck>)
-                    .collect(),
-            )
+            (Mode::Tcp, (0..n).map(|_| AsyncCheck::tcp(addr, t)).collect())
         }
         ModeArg::Sockets => {
             let addr = need(sockets, "sockets version")?;
             (
                 Mode::Sockets,
-                (0..n)
-                    .map(|_| Box::new(SocketsCheck::new(addr, t)) as Box<dyn VersionCheck>)
-                    .collect(),
+                (0..n).map(|_| AsyncCheck::sockets(addr, t)).collect(),
             )
         }
     })
@@ -225,12 +211,13 @@ fn run(a: Args) -> Result<(), String> {
             ));
         }
         tracing::info!(listen = %a.listen, shards = map.shards.len(), mode = ?a.mode, "ccproxy ready (sharded)");
-        shard::serve(
+        let e = proxy::serve(
             listener,
             Arc::new(Sharded::new(map, proxies)),
             a.max_conns.max(1),
+            a.threads,
         );
-        return Ok(());
+        return Err(format!("serving clients: {e}"));
     }
     let backend = a.backend.ok_or("--backend or --shards is required")?;
     let (mode, c) = checkers(
@@ -240,12 +227,13 @@ fn run(a: Args) -> Result<(), String> {
         Some(a.appd_sockets),
     )?;
     tracing::info!(listen = %a.listen, %backend, mode = ?a.mode, "ccproxy ready");
-    proxy::serve(
+    let e = proxy::serve(
         listener,
         Arc::new(Proxy::with_cache(cfg_for(backend, mode), c, cache)),
         a.max_conns.max(1),
+        a.threads,
     );
-    Ok(())
+    Err(format!("serving clients: {e}"))
 }
 
 /// Register the state region (and, with `rdma`, listen for ccappd's RDMA

@@ -1,11 +1,8 @@
-//! Just enough HTTP/1.1 (RFC 9112) for a reverse proxy of GETs: read a
-//! request head (with keep-alive), write a response with Content-Length,
-//! and fetch a document from the application server.
-//!
-//! Deliberately minimal: request bodies are read and dropped only when
-//! they have a Content-Length (chunked requests get 501), the backend is
-//! asked with HTTP/1.0 and one connection per fetch so its response ends
-//! at close or Content-Length (no chunked decoding needed).
+//! The tests' own small, blocking HTTP/1.x: a client ([`fetch`], HTTP/1.0,
+//! one connection per request) and a request reader for the stand-in
+//! application servers. Deliberately independent of ccproxy's hyper, so a
+//! framing mistake on either side shows. Each test binary uses part of it.
+#![allow(dead_code)]
 
 use std::fmt;
 use std::io::{self, BufRead, Read, Write};

@@ -1,0 +1,299 @@
+//! The proxy's version checks on its event loop (tokio): the same three
+//! ways as [`crate::check`] and [`crate::sockets`], but a check waits for
+//! its answer without holding a thread, so one event loop thread serves
+//! every client connection and every check in flight.
+//!
+//! - `rdma`: post the RDMA Read, then wait on the completion queue's
+//!   descriptor ([`iwarp::CompletionQueue::as_raw_fd`]). In
+//!   [`RdmaWait::EventLoop`] (the default) the CQ is application-driven:
+//!   the descriptor is an epoll set of the queue pair's socket, and the
+//!   event loop thread itself reads the Read Response when the socket is
+//!   readable, so no provider thread runs and no thread hand-off happens.
+//!   In [`RdmaWait::ProviderThread`] the provider's receive thread takes
+//!   the response and signals the CQ's eventfd.
+//! - `tcp`: `VERSION_REQUEST` / `VERSION_REPLY` on a tokio `TcpStream`.
+//! - `sockets`: the same on an iWARP socket ([`iwarp_sockets::tokio_io`]).
+//!
+//! Connection setup that blocks (the MPA exchange of the RDMA connection
+//! and of the iWARP socket) runs on tokio's blocking pool. As in the
+//! blocking checks, an operation on a connection that was already up is
+//! retried once on a fresh one; every step is bounded by the timeout.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+use ccache_proto::ipc::{Kind, Repr, MSG_LEN};
+use iwarp::{CompletionQueue, ProgressMode, WcStatus, WorkCompletion};
+use iwarp_sockets::tokio_io::AsyncStream;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::check::{version_of_reply, CheckError, RdmaConn, TORN_RETRIES};
+
+/// How an RDMA check's event loop learns that its Read completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaWait {
+    /// The event loop thread reads the queue pair's socket itself
+    /// (application-driven progress): no provider thread, no hand-off.
+    EventLoop,
+    /// The provider's receive thread reads it and signals the CQ's
+    /// eventfd, on which the event loop waits.
+    ProviderThread,
+}
+
+impl RdmaWait {
+    fn progress(self) -> ProgressMode {
+        match self {
+            RdmaWait::EventLoop => ProgressMode::AppDriven {
+                spin: Duration::ZERO,
+            },
+            RdmaWait::ProviderThread => ProgressMode::Threaded {
+                spin: Duration::ZERO,
+            },
+        }
+    }
+}
+
+/// The CQ's descriptor for tokio's reactor (never read through this
+/// type); the CQ handle keeps the descriptor open.
+struct CqFd(CompletionQueue);
+
+impl AsRawFd for CqFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// An RDMA connection to the version table with its descriptor in tokio's
+/// reactor. `fd` is declared first so it is deregistered before the
+/// connection goes.
+struct RdmaLink {
+    fd: AsyncFd<CqFd>,
+    conn: RdmaConn,
+}
+
+impl RdmaLink {
+    /// The next completion, doing the receive work on this thread in
+    /// application-driven mode (`poll_one` does it when the CQ is empty).
+    async fn completion(&self) -> Result<WorkCompletion, CheckError> {
+        loop {
+            if let Some(wc) = self.conn.cq().poll_one() {
+                return Ok(wc);
+            }
+            let mut ready = self
+                .fd
+                .readable()
+                .await
+                .map_err(|e| CheckError::Protocol(format!("waiting on the CQ: {e}")))?;
+            match self.conn.cq().poll_one() {
+                Some(wc) => return Ok(wc),
+                // Nothing left to receive: wait for the next readiness
+                // event (one that came after `readable` returned is kept).
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    async fn read(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
+        self.conn.bounds(doc, bounds)?;
+        for _ in 0..TORN_RETRIES {
+            let wr_id = self.conn.post_read(doc)?;
+            let wc = self.completion().await?;
+            if let Some(v) = self.conn.slot_version(doc, wr_id, &wc)? {
+                return Ok(v);
+            }
+        }
+        Err(CheckError::Torn { doc })
+    }
+}
+
+enum Link {
+    Rdma(Box<RdmaLink>),
+    Tcp(TcpStream),
+    Sockets(AsyncStream),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind3 {
+    Rdma(RdmaWait),
+    Tcp,
+    Sockets,
+}
+
+/// One version-check connection of the proxy (made lazily, made again
+/// when it broke).
+pub struct AsyncCheck {
+    kind: Kind3,
+    addr: SocketAddr,
+    timeout: Duration,
+    link: Option<Link>,
+}
+
+impl std::fmt::Debug for AsyncCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCheck")
+            .field("kind", &self.kind)
+            .field("addr", &self.addr)
+            .field("connected", &self.link.is_some())
+            .finish()
+    }
+}
+
+/// One two-sided version request on a connected stream, bounded by the
+/// caller's timeout.
+async fn ask<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, doc: u32) -> Result<u64, CheckError> {
+    s.write_all(&Repr::new(Kind::VersionRequest, doc).to_bytes())
+        .await
+        .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
+    let mut b = [0u8; MSG_LEN];
+    s.read_exact(&mut b).await.map_err(|e| {
+        CheckError::Protocol(format!("reading the version thread's answer: {e}"))
+    })?;
+    let m = Repr::from_bytes(&b)
+        .map_err(|e| CheckError::Protocol(format!("malformed IPC message: {e}")))?;
+    version_of_reply(&m, doc)
+}
+
+impl AsyncCheck {
+    /// RDMA Reads of the version table at the module's `--rdma-listen`.
+    pub fn rdma(addr: SocketAddr, timeout: Duration, wait: RdmaWait) -> AsyncCheck {
+        AsyncCheck::new(Kind3::Rdma(wait), addr, timeout)
+    }
+
+    /// Requests to the module's version thread at its `--version-listen`.
+    pub fn tcp(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
+        AsyncCheck::new(Kind3::Tcp, addr, timeout)
+    }
+
+    /// Requests to the version thread over iWARP sockets (`--sockets-listen`).
+    pub fn sockets(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
+        AsyncCheck::new(Kind3::Sockets, addr, timeout)
+    }
+
+    fn new(kind: Kind3, addr: SocketAddr, timeout: Duration) -> AsyncCheck {
+        AsyncCheck {
+            kind,
+            addr,
+            timeout,
+            link: None,
+        }
+    }
+
+    async fn connect(&self) -> Result<Link, CheckError> {
+        let (addr, t) = (self.addr, self.timeout);
+        let join = |e: tokio::task::JoinError| CheckError::Unreachable(e.to_string());
+        match self.kind {
+            Kind3::Rdma(wait) => {
+                let conn = tokio::task::spawn_blocking(move || {
+                    RdmaConn::open(addr, t, Some(wait.progress()))
+                })
+                .await
+                .map_err(join)??;
+                #[allow(unsafe_code)]
+                // SAFETY: `CqFd` holds a handle to the CQ, which owns the
+                // descriptor and keeps it open for as long as the AsyncFd
+                // (its owner) exists; the CQ's progress mode was set before
+                // the connection, and never changes after, so `as_raw_fd`
+                // keeps naming the same descriptor (the epoll set in
+                // application-driven mode, the eventfd otherwise).
+                let fd = unsafe { AsyncFd::register(CqFd(conn.cq().clone())) }.map_err(|e| {
+                    CheckError::Unreachable(format!(
+                        "registering the CQ's descriptor: {}",
+                        e.into_parts().1
+                    ))
+                })?;
+                Ok(Link::Rdma(Box::new(RdmaLink { fd, conn })))
+            }
+            Kind3::Tcp => {
+                let s = tokio::time::timeout(t, TcpStream::connect(addr))
+                    .await
+                    .map_err(|_| CheckError::Unreachable(format!("{addr}: connect timed out")))?
+                    .map_err(|e| CheckError::Unreachable(format!("{addr}: {e}")))?;
+                s.set_nodelay(true)
+                    .map_err(|e| CheckError::Unreachable(e.to_string()))?;
+                Ok(Link::Tcp(s))
+            }
+            Kind3::Sockets => {
+                let opts = iwarp_sockets::Options {
+                    connect_timeout: t,
+                    ..crate::sockets::options()
+                };
+                let s = AsyncStream::connect(addr, opts).await.map_err(|e| {
+                    CheckError::Unreachable(format!("{addr} (iWARP sockets): {e}"))
+                })?;
+                Ok(Link::Sockets(s))
+            }
+        }
+    }
+
+    /// One check on the current link, bounded by the timeout.
+    async fn once(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
+        let t = self.timeout;
+        let link = self.link.as_mut().expect("caller connects");
+        let fut = async {
+            match link {
+                Link::Rdma(l) => l.read(doc, bounds).await,
+                Link::Tcp(s) => ask(s, doc).await,
+                Link::Sockets(s) => ask(s, doc).await,
+            }
+        };
+        tokio::time::timeout(t, fut)
+            .await
+            .map_err(|_| CheckError::Timeout(t))?
+    }
+
+    fn usable(&self) -> bool {
+        match &self.link {
+            Some(Link::Rdma(l)) => l.conn.usable(),
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    async fn check(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
+        let reused = self.usable();
+        if !reused {
+            self.link = None;
+            self.link = Some(self.connect().await?);
+        }
+        match self.once(doc, bounds).await {
+            Ok(v) => Ok(v),
+            Err(e @ CheckError::NoSuchDocument { .. }) => Err(e),
+            Err(e) => {
+                // The link is unusable after a failure: the QP is in error,
+                // a late completion or answer may still arrive.
+                self.link = None;
+                if reused && !matches!(e, CheckError::Completion(WcStatus::RemAccessErr)) {
+                    tracing::info!(error = %e, addr = %self.addr, "version connection broke; reconnecting once");
+                    self.link = Some(self.connect().await?);
+                    let r = self.once(doc, bounds).await;
+                    if r.is_err() {
+                        self.link = None;
+                    }
+                    r
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// The same checker without its connection (the next check connects).
+    pub fn fresh(mut self) -> AsyncCheck {
+        self.link = None;
+        self
+    }
+
+    /// The current version of `doc`.
+    pub async fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
+        self.check(doc, true).await
+    }
+
+    /// RDMA: read slot `doc` even outside the advertised table (to exercise
+    /// the module's bounds check: a Terminate and a remote access error).
+    pub async fn read_slot_unchecked(&mut self, doc: u32) -> Result<u64, CheckError> {
+        self.check(doc, false).await
+    }
+}
