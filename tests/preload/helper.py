@@ -23,10 +23,17 @@ libiwarp_preload.so.
                                          fill the send path and close
   helper.py fork-serve PORT FILE         serve FILE to one client, then fork:
                                          the child serves the next client
-  helper.py fork-echo PORT               accept one client, fork: the child
+  helper.py fork-inherit PORT FILE       accept one client (made a stream),
+                                         fork: the child's read of the
+                                         inherited stream must fail with
+                                         EOPNOTSUPP; then the parent sends
+                                         FILE to it, and to the next client
+  helper.py fork-echo PORT               accept one client (made a stream by
+                                         epoll registration), fork: the child
                                          closes its copy and exits, the
                                          parent then echoes
 """
+import errno
 import hashlib
 import os
 import select
@@ -282,6 +289,11 @@ def fork_serve(port, path):
 def fork_echo(port):
     s = listener(port)
     c, _ = s.accept()
+    # Registering it makes the stream now (an accept waits for its first
+    # use), so the child inherits a stream, not a waiting accept.
+    ep = select.epoll()
+    ep.register(c, select.EPOLLIN)
+    ep.close()
     pid = os.fork()
     if pid == 0:
         c.close()
@@ -289,6 +301,31 @@ def fork_echo(port):
         os._exit(0)
     os.waitpid(pid, 0)
     echo_blocking(c)
+
+
+def fork_inherit(port, path):
+    data = open(path, "rb").read()
+    s = listener(port)
+    c, _ = s.accept()
+    ep = select.epoll()
+    ep.register(c, select.EPOLLIN)  # the stream is made here, in the parent
+    ep.close()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            c.recv(1)
+            os._exit(3)  # a child must not drive its parent's stream
+        except OSError as e:
+            os._exit(0 if e.errno == errno.EOPNOTSUPP else 4)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        print(f"child: exit {os.waitstatus_to_exitcode(status)}", file=sys.stderr)
+        sys.exit(1)
+    c.sendall(data)
+    c.close()
+    c, _ = s.accept()
+    c.sendall(data)
+    c.close()
 
 
 def main():
@@ -307,6 +344,8 @@ def main():
         hold_client(int(args[0]), args[1])
     elif cmd == "fork-serve":
         fork_serve(int(args[0]), args[1])
+    elif cmd == "fork-inherit":
+        fork_inherit(int(args[0]), args[1])
     elif cmd == "fork-echo":
         fork_echo(int(args[0]))
     else:

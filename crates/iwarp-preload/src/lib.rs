@@ -15,12 +15,15 @@
 //!   accepted connection is peeked at (`MSG_PEEK`, up to
 //!   `IWARP_PRELOAD_PEEK_MS`, default 200): if its first 16 bytes are the
 //!   MPA Request key (RFC 5044 §7.1), it becomes an iWARP stream on the
-//!   same descriptor number; otherwise the program gets the TCP
-//!   connection untouched.
+//!   same descriptor number at its first use (a read, a write,
+//!   `epoll_ctl`, ...: `settled`), in the process that uses it, so a
+//!   server that accepts in the parent and serves in a forked child works;
+//!   otherwise the program gets the TCP connection untouched.
 //!
 //! A stream's descriptor number refers to its readiness descriptor (see
-//! `iwarp_rsocket::table`), so `poll`, `select` and `epoll` need no
-//! interception; the calls below go to the stream for descriptors in the
+//! `iwarp_rsocket::table`), so `poll`, `select` and `epoll_wait` need no
+//! interception (`epoll_ctl` is intercepted only to make a waiting
+//! accept a stream before it is registered); the calls below go to the stream for descriptors in the
 //! table and straight to the C library for every other descriptor, and
 //! for every call the library itself makes ([`table::inside`]).
 //!
@@ -51,11 +54,46 @@ extern "C" fn load_config() {
 
 macro_rules! on_stream {
     ($fd:expr, $what:literal, |$s:ident| $body:expr, else $real:expr) => {
-        match table::lookup($fd) {
-            Some($s) => boundary($what, || $body),
-            None => $real,
+        match settled($fd, $what) {
+            Err(errno) => fail_with(errno),
+            Ok(()) => match table::lookup($fd) {
+                Some($s) => boundary($what, || $body),
+                None => $real,
+            },
         }
     };
+}
+
+/// Calls that a TCP socket answers as well as a stream: they leave a
+/// deferred accept deferred (socat's parent asks for names before it
+/// forks the child that serves).
+const ANSWERED_BY_TCP: [&str; 3] = ["getsockname", "getpeername", "getsockopt"];
+
+/// If `fd` is an accept deferred to its first use (`table`, "Accepts
+/// wait for their first use"), make it a stream now, unless `what` is a
+/// call the TCP socket answers. `Err(errno)` when the stream could not be
+/// made (`fd` is then a closed connection, and the client falls back).
+fn settled(fd: RawFd, what: &str) -> Result<(), c_int> {
+    if !table::is_deferred(fd) || table::inside() || ANSWERED_BY_TCP.contains(&what) {
+        return Ok(());
+    }
+    let peer = sock_addr(fd, true);
+    let mut why = String::from("internal error");
+    let rc: i8 = boundary(what, || match attach::settle(fd) {
+        Ok(()) => 0,
+        Err(e) => {
+            why = e.to_string();
+            1
+        }
+    });
+    if rc == 0 {
+        return Ok(());
+    }
+    let why = format!(
+        "(MPA Request, but the iWARP accept at its first use ({what}) failed: {why}; closed, the client falls back)"
+    );
+    config::get().record("accept", "refused", peer, &why.replace('\n', " "));
+    Err(libc::ECONNRESET)
 }
 
 /// The local (`peer` false) or peer address of socket `fd`.
@@ -152,7 +190,6 @@ pub unsafe extern "C" fn accept4(
             return nfd;
         }
         let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        let cloexec = flags & libc::SOCK_CLOEXEC != 0;
         let plain = |nfd: c_int| {
             if nonblocking {
                 // SAFETY: plain descriptor calls on our new descriptor.
@@ -173,14 +210,16 @@ pub unsafe extern "C" fn accept4(
             cfg.record("accept", "plain", peer_addr, "");
             return plain(nfd);
         }
-        match attach::accept(nfd, &cfg.opts, nonblocking, cloexec) {
+        // The stream is made at the first use, in the process that uses
+        // it (table.rs, "Accepts wait for their first use").
+        match attach::defer(nfd, &cfg.opts) {
             Ok(()) => {
                 cfg.record("accept", "iwarp", peer_addr, "");
-                return nfd;
+                return plain(nfd);
             }
             Err(e) => {
                 let why = format!(
-                    "(MPA Request but the iWARP accept failed: {e}; closed, the client falls back)"
+                    "(MPA Request but no iWARP accept here: {e}; closed, the client falls back)"
                 );
                 cfg.record("accept", "refused", peer_addr, &why.replace('\n', " "));
                 // SAFETY: our descriptor.
@@ -434,6 +473,9 @@ pub unsafe extern "C" fn sendfile64(
 
 #[no_mangle]
 pub extern "C" fn close(fd: c_int) -> c_int {
+    if !table::inside() && !table::is_taken(fd) {
+        table::forget(fd, fd);
+    }
     if !table::is_taken(fd) || table::inside() {
         // SAFETY: passed through.
         return unsafe { (real().close)(fd) };
@@ -446,6 +488,9 @@ pub extern "C" fn close(fd: c_int) -> c_int {
 pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     if !table::inside() {
         let hi = (last as usize).min(table::MAX_FD - 1);
+        if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first as usize <= hi {
+            table::forget(first as RawFd, hi as RawFd);
+        }
         for fd in table::taken() {
             if (fd as usize) >= first as usize
                 && (fd as usize) <= hi
@@ -476,6 +521,9 @@ pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup(fd: c_int) -> c_int {
+    if let Err(e) = settled(fd, "dup") {
+        return fail_with(e);
+    }
     // SAFETY: plain descriptor call.
     let rc = unsafe { (real().dup)(fd) };
     if rc >= 0 && table::is_taken(fd) && !table::inside() {
@@ -486,6 +534,9 @@ pub extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if let Err(e) = redirected(old, new, "dup2") {
+        return fail_with(e);
+    }
     if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
         // SAFETY: passed through.
         return unsafe { (real().dup2)(old, new) };
@@ -495,6 +546,9 @@ pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if let Err(e) = redirected(old, new, "dup3") {
+        return fail_with(e);
+    }
     if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
         // SAFETY: passed through.
         return unsafe { (real().dup3)(old, new, flags) };
@@ -504,6 +558,11 @@ pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
+        if let Err(e) = settled(fd, "fcntl") {
+            return fail_with(e);
+        }
+    }
     if table::inside() || !table::is_taken(fd) {
         // SAFETY: passed through.
         return unsafe { (real().fcntl)(fd, cmd, arg) };
@@ -518,6 +577,9 @@ pub extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
+    if let Err(e) = settled(fd, "ioctl") {
+        return fail_with(e);
+    }
     if let Some(s) = table::lookup(fd) {
         let rc = boundary("ioctl", || {
             // SAFETY: the caller's promise: `arg` points to what `req`
@@ -531,6 +593,36 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     }
     // SAFETY: passed through.
     unsafe { (real().ioctl)(fd, req, arg) }
+}
+
+/// Before `dup2(old, new)`: a deferred `old` becomes a stream (its copy
+/// must be one too), a deferred `new` is forgotten (it is replaced).
+fn redirected(old: c_int, new: c_int, what: &str) -> Result<(), c_int> {
+    settled(old, what)?;
+    if old != new && !table::inside() && !table::is_taken(new) {
+        table::forget(new, new);
+    }
+    Ok(())
+}
+
+/// `epoll_ctl` needs no stream calls (a stream's descriptor is its
+/// readiness socket), but a deferred accept must become a stream before
+/// it is registered: the registration holds the file it names, and the
+/// stream replaces the TCP socket at that number.
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut libc::epoll_event,
+) -> c_int {
+    if op != libc::EPOLL_CTL_DEL {
+        if let Err(e) = settled(fd, "epoll_ctl") {
+            return fail_with(e);
+        }
+    }
+    // SAFETY: the caller's arguments, passed through unchanged.
+    unsafe { (real().epoll_ctl)(epfd, op, fd, ev) }
 }
 
 // --- names and options -----------------------------------------------------

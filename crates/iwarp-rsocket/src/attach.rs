@@ -1,6 +1,7 @@
 //! Turning a descriptor into an iWARP stream: after an outgoing connect
 //! ([`connect`]) or an accepted TCP connection whose first bytes are an
-//! MPA Request ([`accept`]).
+//! MPA Request ([`accept`], or [`defer`] and, at its first use,
+//! [`settle`]).
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};
@@ -51,11 +52,9 @@ pub fn connect(fd: RawFd, addr: SocketAddr, opts: &Options) -> io::Result<()> {
     table::install(fd, stream, cloexec)
 }
 
-/// Accepts the TCP connection `fd` (just accepted, its MPA Request
-/// waiting unread) as an iWARP stream and makes `fd` the stream. On error
-/// the caller still owns `fd` and should close it.
-pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io::Result<()> {
-    let _inside = Inside::enter();
+/// Whether this process may accept MPA clients as streams (the errors
+/// name why not).
+fn may_accept() -> io::Result<()> {
     if !table::new_streams_allowed() {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -70,6 +69,15 @@ pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io
              its connections in forked children, which cannot drive this process's streams",
         ));
     }
+    Ok(())
+}
+
+/// Accepts the TCP connection `fd` (just accepted, its MPA Request
+/// waiting unread) as an iWARP stream and makes `fd` the stream. On error
+/// the caller still owns `fd` and should close it.
+pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io::Result<()> {
+    let _inside = Inside::enter();
+    may_accept()?;
     // SAFETY: plain descriptor call.
     let copy = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if copy < 0 {
@@ -82,6 +90,71 @@ pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io
     let stream = Listener::accept_tcp(tcp, opts)?;
     stream.set_nonblocking(nonblocking)?;
     table::install(fd, stream, cloexec)
+}
+
+/// Marks the TCP connection `fd` (just accepted, its MPA Request waiting
+/// unread) to become a stream with `opts` at its first use ([`settle`]),
+/// in whichever process that is (see `table`, "Accepts wait for their
+/// first use"). On error the caller still owns `fd` and should close it.
+pub fn defer(fd: RawFd, opts: &Options) -> io::Result<()> {
+    may_accept()?;
+    table::defer(fd, opts.clone())
+}
+
+/// Serializes [`settle`]s, so that two threads using one deferred
+/// descriptor make one stream.
+static SETTLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Makes the deferred connection `fd` a stream now (the MPA exchange, in
+/// this process), with the descriptor's current `O_NONBLOCK` and
+/// close-on-exec flags and the socket options set on it meanwhile. Does
+/// nothing if `fd` is not deferred (any more). If the stream cannot be
+/// made, `fd` becomes a closed connection (reads see end of stream,
+/// writes `EPIPE`), the client falls back to TCP, and the error is
+/// returned.
+pub fn settle(fd: RawFd) -> io::Result<()> {
+    let _one = SETTLING.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(base) = table::take_deferred(fd) else {
+        return Ok(());
+    };
+    let (nonblocking, cloexec) = fd_flags(fd);
+    let r = real();
+    if nonblocking {
+        // The MPA exchange blocks (bounded by the options' timeout); the
+        // program's mode goes to the stream after it.
+        // SAFETY: plain descriptor calls.
+        unsafe {
+            let fl = (r.fcntl)(fd, libc::F_GETFL, 0);
+            (r.fcntl)(fd, libc::F_SETFL, (fl & !libc::O_NONBLOCK) as libc::c_ulong);
+        }
+    }
+    let opts = table::options_for(fd, &base);
+    accept(fd, &opts, nonblocking, cloexec).inspect_err(|_| dead_end(fd))
+}
+
+/// Makes `fd` a connection whose peer is gone: one end of a socket pair
+/// whose other end is closed (what was at `fd` is closed).
+fn dead_end(fd: RawFd) {
+    let r = real();
+    let mut pair = [-1; 2];
+    // SAFETY: `pair` has room for the two descriptors; the other calls
+    // are plain descriptor calls on descriptors this function made, and
+    // `dup2` onto `fd`, which the caller owns.
+    unsafe {
+        if libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            pair.as_mut_ptr(),
+        ) == 0
+        {
+            (r.close)(pair[1]);
+            (r.dup2)(pair[0], fd);
+            (r.close)(pair[0]);
+        } else {
+            (r.shutdown)(fd, libc::SHUT_RDWR);
+        }
+    }
 }
 
 /// Waits up to `wait` for the first bytes of the accepted connection `fd`

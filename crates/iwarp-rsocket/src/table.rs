@@ -27,15 +27,29 @@
 //! Listening sockets are real TCP sockets and work in the child as they
 //! do in the parent.
 //!
-//! A program that accepts in one process and serves in a forked child
-//! (socat's `fork` option, inetd style) therefore cannot serve its iWARP
-//! clients. The first child that tries to read or write a stream it
-//! inherited says so in a word it shares with the parent (a `MAP_SHARED`
-//! page mapped before the first stream, so every later child has it), and
-//! from then on the parent makes no more streams on accept
-//! ([`children_serve_inherited`]): it closes its MPA clients, which fall
-//! back to plain TCP on the same port. The connection that taught it
-//! fails (its child gets `EOPNOTSUPP`); the later ones work.
+//! ## Accepts wait for their first use
+//!
+//! An accepted connection whose first bytes are an MPA Request is not made
+//! a stream at once: it is *deferred* ([`defer`]). The descriptor stays
+//! the TCP socket, the Request unread, until the first call that needs the
+//! stream (a read, a write, `epoll_ctl`, `dup`, `ioctl`, `shutdown`,
+//! ...); that call makes the stream, in the process that makes it
+//! (`attach::settle`). Calls that a TCP socket answers as well
+//! (`getsockname`, `getpeername`, `setsockopt`, `getsockopt`, `fcntl`
+//! flags) and `close` leave it deferred.
+//!
+//! So a program that accepts in one process and serves in a forked child
+//! (socat's `fork` option, inetd style) works: the parent only accepts
+//! and closes, the child reads and writes, and the stream is made in the
+//! child, which has never seen a stream of its parent's.
+//!
+//! A stream made *before* a fork still belongs to the process that made
+//! it. If a child reads or writes one it inherited, it says so in a word
+//! it shares with the parent (a `MAP_SHARED` page mapped before the first
+//! stream, so every later child has it), and from then on the parent makes
+//! no more streams on accept ([`children_serve_inherited`]): it closes its
+//! MPA clients, which fall back to plain TCP on the same port. The
+//! connection that taught it fails (its child gets `EOPNOTSUPP`).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -54,6 +68,8 @@ pub const MAX_FD: usize = 1 << 20;
 
 static TAKEN: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 static PENDING: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
+static DEFERRED: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
+static DEFERRED_OPTS: Mutex<BTreeMap<RawFd, Options>> = Mutex::new(BTreeMap::new());
 static TABLE: RwLock<BTreeMap<RawFd, Arc<Sock>>> = RwLock::new(BTreeMap::new());
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static EVER_STREAM: AtomicBool = AtomicBool::new(false);
@@ -473,6 +489,66 @@ pub fn dup3(old: RawFd, new: RawFd, flags: libc::c_int, three: bool) -> libc::c_
         duplicated(old, rc);
     }
     rc
+}
+
+/// Defers the accepted MPA connection `fd` (see "Accepts wait for their
+/// first use" above): it becomes a stream with `opts` at its first use.
+pub fn defer(fd: RawFd, opts: Options) -> io::Result<()> {
+    if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("descriptor {fd} is beyond the table ({MAX_FD}); lower RLIMIT_NOFILE"),
+        ));
+    }
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(fd, opts);
+    set(&DEFERRED, fd, true);
+    Ok(())
+}
+
+/// Is `fd` an accepted MPA connection waiting for its first use? One
+/// atomic load.
+pub fn is_deferred(fd: RawFd) -> bool {
+    test(&DEFERRED, fd)
+}
+
+/// Takes the deferred entry of `fd` (its options), if it still has one.
+pub fn take_deferred(fd: RawFd) -> Option<Options> {
+    if !test(&DEFERRED, fd) {
+        return None;
+    }
+    let o = DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&fd);
+    set(&DEFERRED, fd, false);
+    o
+}
+
+/// Forgets what is noted about the descriptors `first..=last` that are not
+/// streams (deferred accepts, socket options for a later stream): they are
+/// being closed, or replaced by `dup2`, and their numbers will be reused.
+/// Two atomic loads when `first == last` and nothing is noted.
+pub fn forget(first: RawFd, last: RawFd) {
+    if first > last || (first == last && !test(&DEFERRED, first) && !test(&PENDING, first)) {
+        return;
+    }
+    {
+        let mut m = DEFERRED_OPTS.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<RawFd> = m.range(first..=last).map(|(fd, _)| *fd).collect();
+        for fd in gone {
+            m.remove(&fd);
+            set(&DEFERRED, fd, false);
+        }
+    }
+    let mut m = PENDING_OPTS.lock().unwrap_or_else(|e| e.into_inner());
+    let gone: Vec<RawFd> = m.range(first..=last).map(|(fd, _)| *fd).collect();
+    for fd in gone {
+        m.remove(&fd);
+        set(&PENDING, fd, false);
+    }
 }
 
 /// Socket options set on a descriptor before it became a stream, applied

@@ -1,0 +1,116 @@
+//! Accepts that wait for their first use (`table`, "Accepts wait for
+//! their first use"): a deferred MPA connection stays the TCP socket until
+//! `attach::settle`, which makes the stream with the descriptor's flags and
+//! the options set meanwhile; a settle that fails leaves a closed
+//! connection, not the client's MPA bytes; closing forgets the entry and
+//! the socket options noted for the number.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::time::Duration;
+
+use iwarp_rsocket::{attach, ops, table};
+use iwarp_sockets::Options;
+use socket2::{Domain, Socket, Type};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+#[test]
+fn a_deferred_accept_becomes_a_stream_at_its_first_use() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let client = std::thread::spawn(move || {
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let fd = sock.into_raw_fd();
+        // Returns once the server settled (the MPA Reply comes then).
+        attach::connect(fd, addr, &Options::default()).unwrap();
+        ops::send_from(&table::lookup(fd).unwrap(), b"after the settle", 0).unwrap();
+        assert_eq!(table::close(fd), 0);
+    });
+    let (tcp, _) = l.accept().unwrap();
+    let fd = tcp.into_raw_fd();
+    assert!(attach::peek_is_mpa(fd, WAIT));
+    attach::defer(fd, &Options::default()).unwrap();
+    assert!(table::is_deferred(fd) && !table::is_taken(fd));
+    // What the program does before its first read: non-blocking mode on
+    // the TCP socket, a receive buffer size (the stream's ring).
+    // SAFETY: plain descriptor calls on our socket (no shim in this test).
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK), 0);
+    }
+    table::note_pending(fd, |p| p.rcvbuf = Some(256 * 1024));
+    std::thread::sleep(Duration::from_millis(100));
+    // The first use.
+    attach::settle(fd).unwrap();
+    assert!(table::is_taken(fd) && !table::is_deferred(fd));
+    let s = table::lookup(fd).unwrap();
+    assert!(s.stream.is_nonblocking(), "O_NONBLOCK set while deferred");
+    s.stream.set_nonblocking(false).unwrap();
+    let mut got = vec![0u8; 16];
+    let n = ops::recv_into(&s, &mut got, libc::MSG_WAITALL).unwrap();
+    assert_eq!(&got[..n], b"after the settle");
+    // A second settle (another thread's first use) does nothing.
+    attach::settle(fd).unwrap();
+    drop(s);
+    assert_eq!(table::close(fd), 0);
+    client.join().unwrap();
+}
+
+#[test]
+fn a_failed_settle_leaves_a_closed_connection() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    // The MPA key, then a header no MPA peer sends (revision 0x7f,
+    // private data length 0xffff).
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let mut req = b"MPA ID Req Frame".to_vec();
+    req.extend_from_slice(&[0x00, 0x7f, 0xff, 0xff]);
+    c.write_all(&req).unwrap();
+    let (tcp, _) = l.accept().unwrap();
+    let fd = tcp.into_raw_fd();
+    assert!(attach::peek_is_mpa(fd, WAIT));
+    attach::defer(fd, &Options::default()).unwrap();
+    let e = attach::settle(fd).unwrap_err();
+    assert!(!table::is_deferred(fd) && !table::is_taken(fd), "{e}");
+    // The program reads end of stream, never the client's MPA bytes.
+    let mut b = [0u8; 32];
+    // SAFETY: `b` is valid for its length.
+    let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) };
+    assert_eq!(n, 0, "read {n} bytes from a failed accept");
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    // The client sees its connection end, not a connection left open.
+    let mut rest = Vec::new();
+    let r = c.read_to_end(&mut rest);
+    assert!(
+        !matches!(&r, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "the client's connection stayed open: {r:?}"
+    );
+}
+
+#[test]
+fn closing_forgets_a_deferred_accept() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    c.write_all(b"MPA ID Req Frame").unwrap();
+    let (tcp, _) = l.accept().unwrap();
+    let fd = tcp.as_raw_fd();
+    attach::defer(fd, &Options::default()).unwrap();
+    table::note_pending(fd, |p| p.rcvbuf = Some(8192));
+    assert!(table::is_deferred(fd));
+    assert_eq!(table::options_for(fd, &Options::default()).rbuf_size, 8192);
+    table::forget(fd, fd);
+    assert!(!table::is_deferred(fd));
+    // The number's next socket does not inherit the closed one's options.
+    assert_eq!(
+        table::options_for(fd, &Options::default()).rbuf_size,
+        Options::default().rbuf_size
+    );
+    // Nothing to settle any more: the socket is left as it is.
+    attach::settle(fd).unwrap();
+    assert!(!table::is_taken(fd));
+    drop(tcp);
+}
