@@ -148,9 +148,9 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, doc: u32) -> Result<u
         .await
         .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
     let mut b = [0u8; MSG_LEN];
-    s.read_exact(&mut b).await.map_err(|e| {
-        CheckError::Protocol(format!("reading the version thread's answer: {e}"))
-    })?;
+    s.read_exact(&mut b)
+        .await
+        .map_err(|e| CheckError::Protocol(format!("reading the version thread's answer: {e}")))?;
     let m = Repr::from_bytes(&b)
         .map_err(|e| CheckError::Protocol(format!("malformed IPC message: {e}")))?;
     version_of_reply(&m, doc)
@@ -220,9 +220,9 @@ impl AsyncCheck {
                     connect_timeout: t,
                     ..crate::sockets::options()
                 };
-                let s = AsyncStream::connect(addr, opts).await.map_err(|e| {
-                    CheckError::Unreachable(format!("{addr} (iWARP sockets): {e}"))
-                })?;
+                let s = AsyncStream::connect(addr, opts)
+                    .await
+                    .map_err(|e| CheckError::Unreachable(format!("{addr} (iWARP sockets): {e}")))?;
                 Ok(Link::Sockets(s))
             }
         }

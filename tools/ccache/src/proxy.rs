@@ -141,7 +141,11 @@ impl Drop for Lease<'_> {
             if !self.done {
                 c = c.fresh();
             }
-            self.pool.idle.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+            self.pool
+                .idle
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(c);
         }
     }
 }

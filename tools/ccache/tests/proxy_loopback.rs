@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccache::appd::{self, IpcState, UpdaterCfg};
 use ccache::acheck::{AsyncCheck, RdmaWait};
+use ccache::appd::{self, IpcState, UpdaterCfg};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::table::VersionTable;
@@ -94,8 +94,8 @@ fn start(tag: &str) -> World {
     let tcp = vl.local_addr().unwrap();
     let t = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t, T));
-    let sockets = ccache::sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T)
-        .unwrap();
+    let sockets =
+        ccache::sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T).unwrap();
     let ipc = dir.join("ipc.sock");
     let il = UnixListener::bind(&ipc).unwrap();
     let st = Arc::new(IpcState::new(table.clone(), 1));
@@ -296,7 +296,10 @@ fn read_response(r: &mut BufReader<TcpStream>, head_only: bool) -> (Vec<String>,
 
 fn field<'a>(head: &'a [String], name: &str) -> Option<&'a str> {
     head.iter()
-        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case(name)))
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        })
         .map(|(_, v)| v.trim())
 }
 
@@ -490,14 +493,18 @@ fn a_backend_that_stalls_inside_a_body_ends_the_response() {
     let (mut s, mut r) = connect(px);
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let t = std::time::Instant::now();
-    s.write_all(b"GET /stall HTTP/1.1\r\nHost: p\r\n\r\n").unwrap();
+    s.write_all(b"GET /stall HTTP/1.1\r\nHost: p\r\n\r\n")
+        .unwrap();
     let mut out = Vec::new();
     let _ = r.read_to_end(&mut out);
     let took = t.elapsed();
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 200"), "{text:?}");
     assert!(text.contains("part"), "{text:?}");
-    assert!(!text.ends_with("0\r\n\r\n"), "a stalled body looked complete: {text:?}");
+    assert!(
+        !text.ends_with("0\r\n\r\n"),
+        "a stalled body looked complete: {text:?}"
+    );
     assert!(
         took >= Duration::from_secs(1) && took < Duration::from_secs(6),
         "the stalled response ended after {took:?}"

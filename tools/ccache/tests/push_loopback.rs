@@ -17,8 +17,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ccache::appd::{self, IpcState, Select, UpdaterCfg};
 use ccache::acheck::AsyncCheck;
+use ccache::appd::{self, IpcState, Select, UpdaterCfg};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};

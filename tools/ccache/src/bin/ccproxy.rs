@@ -145,7 +145,10 @@ fn checkers(
         }
         ModeArg::Tcp => {
             let addr = need(tcp, "TCP version")?;
-            (Mode::Tcp, (0..n).map(|_| AsyncCheck::tcp(addr, t)).collect())
+            (
+                Mode::Tcp,
+                (0..n).map(|_| AsyncCheck::tcp(addr, t)).collect(),
+            )
         }
         ModeArg::Sockets => {
             let addr = need(sockets, "sockets version")?;
