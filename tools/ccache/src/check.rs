@@ -75,19 +75,74 @@ pub trait VersionCheck: Send {
 /// Reads of the same slot that may overlap an update before giving up.
 pub(crate) const TORN_RETRIES: usize = 16;
 
-pub(crate) struct RdmaConn {
+/// The local end of a connection that only RDMA-Reads into a buffer of
+/// its own (a version slot here, a proxy's cache state region in
+/// `crate::push`). Disconnects when dropped.
+pub(crate) struct Reader {
     _ctx: Context,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    buf: MemoryRegion,
-    advert: Advert,
-    next_wr: u64,
+    pub(crate) cq: CompletionQueue,
+    pub(crate) qp: QueuePair,
+    pub(crate) buf: MemoryRegion,
 }
 
-impl Drop for RdmaConn {
+impl Drop for Reader {
     fn drop(&mut self) {
         self.qp.disconnect();
     }
+}
+
+/// Connects a [`Reader`] with a `len`-byte buffer to the listener at
+/// `addr` (blocking, bounded by `timeout`); the listener's private data.
+/// MPA CRC is off: the remote region may change while the remote stack
+/// sends it, after it computed the CRC (see docs/CACHE.md); TCP's checksum
+/// and the region's own check words cover it.
+pub(crate) fn connect_reader(
+    addr: SocketAddr,
+    len: usize,
+    timeout: Duration,
+    progress: Option<iwarp::ProgressMode>,
+) -> Result<(Reader, Vec<u8>), String> {
+    let ctx = Context::open().map_err(|e| e.to_string())?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(8).map_err(|e| e.to_string())?;
+    if let Some(mode) = progress {
+        cq.set_progress(mode).map_err(|e| e.to_string())?;
+    }
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            max_send_wr: 4,
+            max_recv_wr: 1,
+        })
+        .map_err(|e| e.to_string())?;
+    let buf = pd
+        .reg_mr(len.max(1), Access::LOCAL_WRITE)
+        .map_err(|e| e.to_string())?;
+    let param = ConnParam {
+        mpa: MpaConfig {
+            crc: Policy::Off,
+            ..MpaConfig::default()
+        },
+        timeout,
+        ..ConnParam::default()
+    };
+    let pdata = cm::connect(&qp, addr, &param).map_err(|e| e.to_string())?;
+    Ok((
+        Reader {
+            _ctx: ctx,
+            cq,
+            qp,
+            buf,
+        },
+        pdata.to_vec(),
+    ))
+}
+
+pub(crate) struct RdmaConn {
+    r: Reader,
+    advert: Advert,
+    next_wr: u64,
 }
 
 impl RdmaConn {
@@ -99,43 +154,12 @@ impl RdmaConn {
         timeout: Duration,
         progress: Option<iwarp::ProgressMode>,
     ) -> Result<RdmaConn, CheckError> {
-        let un = |e: String| CheckError::Unreachable(e);
-        let ctx = Context::open().map_err(|e| un(e.to_string()))?;
-        let pd = ctx.alloc_pd();
-        let cq = ctx.create_cq(8).map_err(|e| un(e.to_string()))?;
-        if let Some(mode) = progress {
-            cq.set_progress(mode).map_err(|e| un(e.to_string()))?;
-        }
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: cq.clone(),
-                recv_cq: cq.clone(),
-                max_send_wr: 4,
-                max_recv_wr: 1,
-            })
-            .map_err(|e| un(e.to_string()))?;
-        let buf = pd
-            .reg_mr(SLOT_LEN, Access::LOCAL_WRITE)
-            .map_err(|e| un(e.to_string()))?;
-        // MPA CRC off: the slot may change while the module's stack sends
-        // it, after it computed the CRC (see docs/CACHE.md); TCP's checksum
-        // and the slot's check word cover the 16 bytes.
-        let param = ConnParam {
-            mpa: MpaConfig {
-                crc: Policy::Off,
-                ..MpaConfig::default()
-            },
-            timeout,
-            ..ConnParam::default()
-        };
-        let pdata = cm::connect(&qp, addr, &param).map_err(|e| un(e.to_string()))?;
+        let (r, pdata) =
+            connect_reader(addr, SLOT_LEN, timeout, progress).map_err(CheckError::Unreachable)?;
         let advert = Advert::parse(&pdata).map_err(|e| CheckError::Protocol(e.to_string()))?;
         tracing::info!(%addr, slots = advert.slots, rkey = format_args!("{:#010x}", advert.rkey), "connected to the version table");
         Ok(RdmaConn {
-            _ctx: ctx,
-            cq,
-            qp,
-            buf,
+            r,
             advert,
             next_wr: 1,
         })
@@ -143,12 +167,12 @@ impl RdmaConn {
 
     /// The completion queue (its descriptor is what an event loop waits on).
     pub(crate) fn cq(&self) -> &CompletionQueue {
-        &self.cq
+        &self.r.cq
     }
 
     /// Is the queue pair still connected?
     pub(crate) fn usable(&self) -> bool {
-        self.qp.state() == QpState::Rts
+        self.r.qp.state() == QpState::Rts
     }
 
     /// Refuse a slot outside the advertised table (unless `bounds` is off).
@@ -163,14 +187,15 @@ impl RdmaConn {
     pub(crate) fn post_read(&mut self, doc: u32) -> Result<u64, CheckError> {
         let wr_id = self.next_wr;
         self.next_wr += 1;
-        self.qp
+        self.r
+            .qp
             .post_send(&SendWr {
                 wr_id,
                 opcode: WrOpcode::RdmaRead {
                     remote_addr: self.advert.slot_addr(doc),
                     rkey: self.advert.rkey,
                 },
-                sgl: SgList::single(self.buf.sge(0, SLOT_LEN)),
+                sgl: SgList::single(self.r.buf.sge(0, SLOT_LEN)),
                 signaled: true,
                 solicited: false,
             })
@@ -197,7 +222,7 @@ impl RdmaConn {
             return Err(CheckError::Completion(wc.status));
         }
         let mut b = [0u8; SLOT_LEN];
-        self.buf.read_at(0, &mut b);
+        self.r.buf.read_at(0, &mut b);
         match slot::decode(doc, &b) {
             Ok(v) => Ok(Some(v)),
             Err(e) => {
@@ -266,7 +291,8 @@ impl RdmaCheck {
         for _ in 0..TORN_RETRIES {
             let wr_id = c.post_read(doc)?;
             let wc =
-                c.cq.wait_one(self.timeout)
+                c.r.cq
+                    .wait_one(self.timeout)
                     .map_err(|e| CheckError::Protocol(e.to_string()))?
                     .ok_or(CheckError::Timeout(self.timeout))?;
             if let Some(v) = c.slot_version(doc, wr_id, &wc)? {

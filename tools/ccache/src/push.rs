@@ -32,13 +32,14 @@ use std::time::Duration;
 use ccache_proto::ipc::{Kind as IpcKind, Repr};
 use ccache_proto::push::{Header, Kind, PushError, PushStatus, Registration, HEADER_LEN};
 use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
-use iwarp::cm::{self, ConnParam, Listener, MpaConfig, Policy as CrcPolicy};
+use iwarp::cm::{ConnParam, Listener};
 use iwarp::{
-    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QpState,
-    QueuePair, SendWr, SgList, WcStatus, WrOpcode,
+    CompletionQueue, ProtectionDomain, QpInitAttr, QpState, QueuePair, SendWr, SgList, WcStatus,
+    WrOpcode,
 };
 
 use crate::appd::doc_path;
+use crate::check::{connect_reader, Reader};
 use crate::msgio::{read_msg, write_msg};
 use crate::state::CacheState;
 
@@ -305,58 +306,18 @@ pub struct PushStats {
 }
 
 struct RdmaState {
-    _ctx: Context,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    buf: MemoryRegion,
+    r: Reader,
     next: u64,
-}
-
-impl Drop for RdmaState {
-    fn drop(&mut self) {
-        self.qp.disconnect();
-    }
 }
 
 /// One RDMA Read of a proxy's region: connect once, read, retry a torn
 /// copy (at most 16 times).
 fn rdma_connect(addr: SocketAddr, len: usize, timeout: Duration) -> Result<RdmaState, String> {
-    let ctx = Context::open().map_err(|e| e.to_string())?;
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq(8).map_err(|e| e.to_string())?;
-    cq.set_progress(iwarp::ProgressMode::Threaded {
+    let progress = iwarp::ProgressMode::Threaded {
         spin: Duration::ZERO,
-    })
-    .map_err(|e| e.to_string())?;
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 1,
-        })
-        .map_err(|e| e.to_string())?;
-    let buf = pd
-        .reg_mr(len.max(1), Access::LOCAL_WRITE)
-        .map_err(|e| e.to_string())?;
-    // CRC off: the proxy rewrites the region while it may be sent (the
-    // same reason as for version slots, docs/CACHE.md).
-    let param = ConnParam {
-        mpa: MpaConfig {
-            crc: CrcPolicy::Off,
-            ..MpaConfig::default()
-        },
-        timeout,
-        ..ConnParam::default()
     };
-    cm::connect(&qp, addr, &param).map_err(|e| e.to_string())?;
-    Ok(RdmaState {
-        _ctx: ctx,
-        cq,
-        qp,
-        buf,
-        next: 1,
-    })
+    let (r, _) = connect_reader(addr, len, timeout, Some(progress))?;
+    Ok(RdmaState { r, next: 1 })
 }
 
 fn rdma_read_state(
@@ -369,19 +330,21 @@ fn rdma_read_state(
     for _ in 0..16 {
         let wr_id = c.next;
         c.next += 1;
-        c.qp.post_send(&SendWr {
-            wr_id,
-            opcode: WrOpcode::RdmaRead {
-                remote_addr: reg.addr,
-                rkey: reg.rkey,
-            },
-            sgl: SgList::single(c.buf.sge(0, len)),
-            signaled: true,
-            solicited: false,
-        })
-        .map_err(|e| format!("posting the RDMA Read of the state region: {e:?}"))?;
+        c.r.qp
+            .post_send(&SendWr {
+                wr_id,
+                opcode: WrOpcode::RdmaRead {
+                    remote_addr: reg.addr,
+                    rkey: reg.rkey,
+                },
+                sgl: SgList::single(c.r.buf.sge(0, len)),
+                signaled: true,
+                solicited: false,
+            })
+            .map_err(|e| format!("posting the RDMA Read of the state region: {e:?}"))?;
         let wc =
-            c.cq.wait_one(timeout)
+            c.r.cq
+                .wait_one(timeout)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("no RDMA Read completion within {timeout:?}"))?;
         if wc.wr_id != wr_id || wc.status != WcStatus::Success {
@@ -392,7 +355,7 @@ fn rdma_read_state(
             ));
         }
         let mut b = vec![0u8; len];
-        c.buf.read_at(0, &mut b);
+        c.r.buf.read_at(0, &mut b);
         match Snapshot::parse(&b) {
             Ok(s) => return Ok(s),
             Err(e) if e.is_transient() => last = e.to_string(),
@@ -437,7 +400,7 @@ impl RdmaStateReader {
         if self
             .conn
             .as_ref()
-            .is_none_or(|c| c.qp.state() != QpState::Rts)
+            .is_none_or(|c| c.r.qp.state() != QpState::Rts)
         {
             self.conn = None;
             self.conn = Some(rdma_connect(
