@@ -615,6 +615,24 @@ t_fork_inherit() {
     echo "info: the child's read failed with EOPNOTSUPP and said why; the parent served its stream, then sent the next client to plain TCP"
 }
 check "g) fork: a child reading its parent's stream fails clearly, and the parent falls back for later clients" t_fork_inherit
+# A server that leaves an accepted connection alone for 2 s: the shim makes
+# it a stream after IWARP_PRELOAD_SETTLE_MS (300 ms), so the client gets its
+# MPA Reply well within its 1 s connect timeout and stays on iWARP.
+t_slow_accept() {
+    next_port
+    local s out
+    rm -f "$T/g-sa-srv.stats" "$T/g-sa-cli.stats"
+    bgpre "$T/g-sa-srv.stats" timeout 30 "$PY" "$HELPER" slow-serve "$PORT" "$T/in4" 2
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-sa-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs"; return 1; }
+    wait_pid "$s" 10 || return 1
+    has "$T/g-sa-cli.stats" "connect iwarp" && has "$T/g-sa-srv.stats" "accept iwarp" || return 1
+    if grep -q "connect plain" "$T/g-sa-cli.stats"; then echo "the client fell back:"; cat "$T/g-sa-cli.stats"; return 1; fi
+    echo "info: accepted connection untouched for 2 s: made a stream by the settle timer, the client stayed on iWARP"
+}
+check "g) an accepted connection left alone for 2 s still becomes iWARP (settle timer)" t_slow_accept
 
 # ---- h) the C API ----------------------------------------------------------------------------
 t_capi() {

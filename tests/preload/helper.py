@@ -23,6 +23,8 @@ libiwarp_preload.so.
                                          fill the send path and close
   helper.py fork-serve PORT FILE         serve FILE to one client, then fork:
                                          the child serves the next client
+  helper.py slow-serve PORT FILE SECS    accept one client, wait SECS before
+                                         touching it, then send FILE
   helper.py fork-inherit PORT FILE       accept one client (made a stream),
                                          fork: the child's read of the
                                          inherited stream must fail with
@@ -303,6 +305,15 @@ def fork_echo(port):
     echo_blocking(c)
 
 
+def slow_serve(port, path, secs):
+    data = open(path, "rb").read()
+    s = listener(port)
+    c, _ = s.accept()
+    time.sleep(secs)
+    c.sendall(data)
+    c.close()
+
+
 def fork_inherit(port, path):
     data = open(path, "rb").read()
     s = listener(port)
@@ -344,6 +355,8 @@ def main():
         hold_client(int(args[0]), args[1])
     elif cmd == "fork-serve":
         fork_serve(int(args[0]), args[1])
+    elif cmd == "slow-serve":
+        slow_serve(int(args[0]), args[1], float(args[2]))
     elif cmd == "fork-inherit":
         fork_inherit(int(args[0]), args[1])
     elif cmd == "fork-echo":

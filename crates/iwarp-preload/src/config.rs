@@ -23,6 +23,10 @@ pub struct Config {
     pub peek: Duration,
     /// How long a peer that did not answer MPA is remembered.
     pub fallback: Duration,
+    /// How long an accepted MPA client may wait for its first use before
+    /// the shim makes it a stream anyway (below the client's connect
+    /// timeout, so it gets its MPA Reply).
+    pub settle_after: Duration,
     /// Where to append one line per connection decision.
     pub stats: Option<String>,
     /// The stream options (`IWARP_SOCKETS_*`).
@@ -33,6 +37,7 @@ const KEYS: &[&str] = &[
     "PORTS",
     "ADDRS",
     "PEEK_MS",
+    "SETTLE_MS",
     "FALLBACK_SECS",
     "CONNECT_MS",
     "STATS",
@@ -139,6 +144,7 @@ fn load() -> Config {
         addrs,
         peek: Duration::from_millis(num("PEEK_MS", 200)),
         fallback: Duration::from_secs(num("FALLBACK_SECS", 60)),
+        settle_after: Duration::from_millis(num("SETTLE_MS", 300)),
         stats: get("STATS"),
         opts,
     }

@@ -17,8 +17,10 @@
 //!   MPA Request key (RFC 5044 §7.1), it becomes an iWARP stream on the
 //!   same descriptor number at its first use (a read, a write,
 //!   `epoll_ctl`, ...: `settled`), in the process that uses it, so a
-//!   server that accepts in the parent and serves in a forked child works;
-//!   otherwise the program gets the TCP connection untouched.
+//!   server that accepts in the parent and serves in a forked child works
+//!   (or after `IWARP_PRELOAD_SETTLE_MS`, default 300, unused:
+//!   `start_settler`); otherwise the program gets the TCP connection
+//!   untouched.
 //!
 //! A stream's descriptor number refers to its readiness descriptor (see
 //! `iwarp_rsocket::table`), so `poll`, `select` and `epoll_wait` need no
@@ -35,6 +37,8 @@
 mod config;
 
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
 use iwarp_rsocket::errno::{boundary, fail_with};
 use iwarp_rsocket::real::real;
@@ -94,6 +98,50 @@ fn settled(fd: RawFd, what: &str) -> Result<(), c_int> {
     );
     config::get().record("accept", "refused", peer, &why.replace('\n', " "));
     Err(libc::ECONNRESET)
+}
+
+/// The pid of the process whose settle thread runs (0: none). A child
+/// inherits the value but not the thread, hence the pid.
+static SETTLER: AtomicI32 = AtomicI32::new(0);
+
+/// Makes sure this process has a thread that makes deferred accepts
+/// streams once they waited `after` for their first use (a client gives up
+/// on its MPA Reply after `IWARP_PRELOAD_CONNECT_MS`, 1 s by default). It
+/// ends when no accept waits.
+fn start_settler(after: Duration) {
+    let me = std::process::id() as i32;
+    let cur = SETTLER.load(Ordering::Acquire);
+    if cur == me
+        || SETTLER
+            .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return;
+    }
+    let tick = (after / 4).clamp(Duration::from_millis(5), Duration::from_millis(50));
+    let spawned = std::thread::Builder::new()
+        .name("iwarp-settle".into())
+        .spawn(move || loop {
+            std::thread::sleep(tick);
+            for fd in table::deferred_older_than(after) {
+                let _ = settled(fd, "settle timer");
+            }
+            if table::none_deferred() {
+                SETTLER.store(0, Ordering::Release);
+                // An accept deferred meanwhile may have seen this thread
+                // still running: take the job back unless another did.
+                if table::none_deferred()
+                    || SETTLER
+                        .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+    if spawned.is_err() {
+        SETTLER.store(0, Ordering::Release);
+    }
 }
 
 /// The local (`peer` false) or peer address of socket `fd`.
@@ -215,6 +263,7 @@ pub unsafe extern "C" fn accept4(
         match attach::defer(nfd, &cfg.opts) {
             Ok(()) => {
                 cfg.record("accept", "iwarp", peer_addr, "");
+                start_settler(cfg.settle_after);
                 return plain(nfd);
             }
             Err(e) => {

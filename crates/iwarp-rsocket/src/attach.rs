@@ -109,14 +109,24 @@ static SETTLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// this process), with the descriptor's current `O_NONBLOCK` and
 /// close-on-exec flags and the socket options set on it meanwhile. Does
 /// nothing if `fd` is not deferred (any more). If the stream cannot be
-/// made, `fd` becomes a closed connection (reads see end of stream,
-/// writes `EPIPE`), the client falls back to TCP, and the error is
-/// returned.
+/// made, or the MPA Request is gone (another process sharing the
+/// connection made it its stream), `fd` becomes a closed connection
+/// (reads see end of stream, writes `EPIPE`) and the error is returned.
 pub fn settle(fd: RawFd) -> io::Result<()> {
     let _one = SETTLING.lock().unwrap_or_else(|e| e.into_inner());
     let Some(base) = table::take_deferred(fd) else {
         return Ok(());
     };
+    if !peek_is_mpa(fd, std::time::Duration::ZERO) {
+        // Another process (a parent or a child sharing the connection)
+        // read the Request and made the connection its stream: this
+        // descriptor must not read that stream's bytes.
+        dead_end(fd);
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "another process made this connection its iWARP stream (it was shared through fork)",
+        ));
+    }
     let (nonblocking, cloexec) = fd_flags(fd);
     let r = real();
     if nonblocking {

@@ -36,7 +36,13 @@
 //! ...); that call makes the stream, in the process that makes it
 //! (`attach::settle`). Calls that a TCP socket answers as well
 //! (`getsockname`, `getpeername`, `setsockopt`, `getsockopt`, `fcntl`
-//! flags) and `close` leave it deferred.
+//! flags) and `close` leave it deferred. So that a client does not wait
+//! long for its MPA Reply (it gives up after a second and falls back to
+//! TCP), an accept not used within `IWARP_PRELOAD_SETTLE_MS` (300 ms) is
+//! made a stream by the shim's settle thread in the process that accepted
+//! it. A settle only goes ahead while the MPA Request is still unread:
+//! once another process made the connection its stream, this process's
+//! descriptor is closed instead.
 //!
 //! So a program that accepts in one process and serves in a forked child
 //! (socat's `fork` option, inetd style) works: the parent only accepts
@@ -57,7 +63,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use iwarp_sockets::{Options, Stream};
 
@@ -69,7 +75,7 @@ pub const MAX_FD: usize = 1 << 20;
 static TAKEN: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 static PENDING: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 static DEFERRED: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
-static DEFERRED_OPTS: Mutex<BTreeMap<RawFd, Options>> = Mutex::new(BTreeMap::new());
+static DEFERRED_OPTS: Mutex<BTreeMap<RawFd, (Options, Instant)>> = Mutex::new(BTreeMap::new());
 static TABLE: RwLock<BTreeMap<RawFd, Arc<Sock>>> = RwLock::new(BTreeMap::new());
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static EVER_STREAM: AtomicBool = AtomicBool::new(false);
@@ -503,9 +509,29 @@ pub fn defer(fd: RawFd, opts: Options) -> io::Result<()> {
     DEFERRED_OPTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(fd, opts);
+        .insert(fd, (opts, Instant::now()));
     set(&DEFERRED, fd, true);
     Ok(())
+}
+
+/// The deferred accepts that have waited at least `age` for their first
+/// use.
+pub fn deferred_older_than(age: Duration) -> Vec<RawFd> {
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(_, (_, t))| t.elapsed() >= age)
+        .map(|(fd, _)| *fd)
+        .collect()
+}
+
+/// Whether no accept waits for its first use.
+pub fn none_deferred() -> bool {
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .is_empty()
 }
 
 /// Is `fd` an accepted MPA connection waiting for its first use? One
@@ -524,7 +550,7 @@ pub fn take_deferred(fd: RawFd) -> Option<Options> {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&fd);
     set(&DEFERRED, fd, false);
-    o
+    o.map(|(opts, _)| opts)
 }
 
 /// Forgets what is noted about the descriptors `first..=last` that are not

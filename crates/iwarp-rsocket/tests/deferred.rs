@@ -114,3 +114,37 @@ fn closing_forgets_a_deferred_accept() {
     assert!(!table::is_taken(fd));
     drop(tcp);
 }
+
+#[test]
+fn a_request_already_read_elsewhere_is_not_settled_again() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    c.write_all(b"MPA ID Req Frame").unwrap();
+    let (tcp, _) = l.accept().unwrap();
+    let fd = tcp.into_raw_fd();
+    assert!(attach::peek_is_mpa(fd, WAIT));
+    attach::defer(fd, &Options::default()).unwrap();
+    // Another process sharing the connection took the Request (a copy of
+    // the descriptor stands for it here) and now owns the stream.
+    // SAFETY: plain descriptor calls on our socket.
+    let other = unsafe { libc::dup(fd) };
+    let mut b = [0u8; 16];
+    // SAFETY: `b` is valid for its length.
+    assert_eq!(unsafe { libc::read(other, b.as_mut_ptr().cast(), 16) }, 16);
+    c.write_all(b"its stream's bytes").unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let e = attach::settle(fd).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
+    // This descriptor reads end of stream; the other still has the bytes.
+    // SAFETY: `b` is valid for its length.
+    assert_eq!(unsafe { libc::read(fd, b.as_mut_ptr().cast(), b.len()) }, 0);
+    // SAFETY: as above.
+    let n = unsafe { libc::read(other, b.as_mut_ptr().cast(), b.len()) };
+    assert_eq!(n, 16);
+    assert_eq!(&b[..], &b"its stream's bytes"[..16]);
+    // SAFETY: our descriptors.
+    unsafe {
+        libc::close(fd);
+        libc::close(other);
+    }
+}
