@@ -38,6 +38,7 @@ mod config;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::MutexGuard;
 use std::time::Duration;
 
 use iwarp_rsocket::errno::{boundary, fail_with};
@@ -60,7 +61,8 @@ macro_rules! on_stream {
     ($fd:expr, $what:literal, |$s:ident| $body:expr, else $real:expr) => {
         match settled($fd, $what) {
             Err(errno) => fail_with(errno),
-            Ok(()) => match table::lookup($fd) {
+            // `_held`: see `settled`.
+            Ok(_held) => match table::lookup($fd) {
                 Some($s) => boundary($what, || $body),
                 None => $real,
             },
@@ -75,11 +77,16 @@ const ANSWERED_BY_TCP: [&str; 3] = ["getsockname", "getpeername", "getsockopt"];
 
 /// If `fd` is an accept deferred to its first use (`table`, "Accepts
 /// wait for their first use"), make it a stream now, unless `what` is a
-/// call the TCP socket answers. `Err(errno)` when the stream could not be
-/// made (`fd` is then a closed connection, and the client falls back).
-fn settled(fd: RawFd, what: &str) -> Result<(), c_int> {
-    if !table::is_deferred(fd) || table::inside() || ANSWERED_BY_TCP.contains(&what) {
-        return Ok(());
+/// call the TCP socket answers: then the returned guard keeps the settle
+/// thread from changing the descriptor during that call. `Err(errno)`
+/// when the stream could not be made (`fd` is then a closed connection,
+/// and the client falls back).
+fn settled(fd: RawFd, what: &str) -> Result<Option<MutexGuard<'static, ()>>, c_int> {
+    if !table::is_deferred(fd) || table::inside() {
+        return Ok(None);
+    }
+    if ANSWERED_BY_TCP.contains(&what) {
+        return Ok(Some(attach::hold_settles()));
     }
     let peer = sock_addr(fd, true);
     let mut why = String::from("internal error");
@@ -91,7 +98,7 @@ fn settled(fd: RawFd, what: &str) -> Result<(), c_int> {
         }
     });
     if rc == 0 {
-        return Ok(());
+        return Ok(None);
     }
     let why = format!(
         "(MPA Request, but the iWARP accept at its first use ({what}) failed: {why}; closed, the client falls back)"

@@ -105,6 +105,13 @@ pub fn defer(fd: RawFd, opts: &Options) -> io::Result<()> {
 /// descriptor make one stream.
 static SETTLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Keeps every [`settle`] out while held: a call that the TCP socket of a
+/// deferred accept answers (`getpeername`, ...) holds it, so the settle
+/// thread cannot turn the descriptor into the stream halfway through it.
+pub fn hold_settles() -> std::sync::MutexGuard<'static, ()> {
+    SETTLING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Makes the deferred connection `fd` a stream now (the MPA exchange, in
 /// this process), with the descriptor's current `O_NONBLOCK` and
 /// close-on-exec flags and the socket options set on it meanwhile. Does
