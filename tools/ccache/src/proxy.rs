@@ -698,7 +698,7 @@ pub async fn serve_async<R: Route>(
             b.timer(TokioTimer::new())
                 .header_read_timeout(idle)
                 .keep_alive(true)
-                .max_buf_size(64 * 1024);
+                .max_header_size(64 * 1024);
             if let Err(e) = b.serve_connection(TokioIo::new(s), svc).await {
                 tracing::debug!(%peer, error = %e, "client connection ended with an error");
             }

@@ -352,6 +352,20 @@ fn malformed_requests_get_400_and_idle_connections_close() {
     let mut out = String::new();
     let _ = r.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 400"), "{out:?}");
+    // A head over the 64 KiB limit.
+    let (mut s, mut r) = connect(px);
+    let big = format!(
+        "GET /docs/1 HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70 * 1024)
+    );
+    let _ = s.write_all(big.as_bytes());
+    let mut out = String::new();
+    let _ = r.read_to_string(&mut out);
+    assert!(
+        out.starts_with("HTTP/1.1 431"),
+        "{:?}",
+        &out[..out.len().min(80)]
+    );
     // Idle: closed by the proxy after its 400 ms limit, well before T.
     let (_s, mut r) = connect(px);
     let t = std::time::Instant::now();
