@@ -400,13 +400,17 @@ type Req = hyper::Request<hyper::body::Incoming>;
 
 /// The forwarded-request backend's answer: `/echo` answers 201 with a
 /// chunked body `METHOD\n` + the request body and says which request
-/// fields it saw; anything else sends its head and one chunk, then
-/// nothing for 30 s.
+/// fields it saw; `/silent` sends nothing for 30 s; anything else sends
+/// its head and one chunk, then nothing for 30 s.
 async fn backend_answer(req: Req) -> Result<hyper::Response<Chunks>, std::convert::Infallible> {
     use bytes::Bytes;
     use http_body_util::BodyExt;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let mut resp = hyper::Response::builder();
+    if req.uri().path() == "/silent" {
+        // No response head for 30 s.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
     if req.uri().path() == "/echo" {
         let method = req.method().to_string();
         let saw_hop = req.headers().contains_key("x-hop");
@@ -499,7 +503,7 @@ fn other_methods_and_paths_are_forwarded_with_their_bodies() {
 }
 
 #[test]
-fn a_backend_that_stalls_inside_a_body_ends_the_response() {
+fn a_backend_that_stalls_ends_the_response_or_gets_504() {
     use std::io::Read;
     let w = start("stall");
     // backend_timeout is 2 s (proxy_at).
@@ -523,6 +527,14 @@ fn a_backend_that_stalls_inside_a_body_ends_the_response() {
         took >= Duration::from_secs(1) && took < Duration::from_secs(6),
         "the stalled response ended after {took:?}"
     );
+    // No head at all within the backend timeout: 504.
+    let (mut s, mut r) = connect(px);
+    let t = std::time::Instant::now();
+    s.write_all(b"GET /silent HTTP/1.1\r\nHost: p\r\n\r\n")
+        .unwrap();
+    let (h, _) = read_response(&mut r, false);
+    assert!(h[0].starts_with("HTTP/1.1 504"), "{h:?}");
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
 }
 
 /// A version thread that answers every request with version 1 after
