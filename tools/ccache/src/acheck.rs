@@ -116,7 +116,7 @@ enum Link {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Kind3 {
+enum Way {
     Rdma(RdmaWait),
     Tcp,
     Sockets,
@@ -125,7 +125,7 @@ enum Kind3 {
 /// One version-check connection of the proxy (made lazily, made again
 /// when it broke).
 pub struct AsyncCheck {
-    kind: Kind3,
+    kind: Way,
     addr: SocketAddr,
     timeout: Duration,
     link: Option<Link>,
@@ -159,20 +159,20 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, doc: u32) -> Result<u
 impl AsyncCheck {
     /// RDMA Reads of the version table at the module's `--rdma-listen`.
     pub fn rdma(addr: SocketAddr, timeout: Duration, wait: RdmaWait) -> AsyncCheck {
-        AsyncCheck::new(Kind3::Rdma(wait), addr, timeout)
+        AsyncCheck::new(Way::Rdma(wait), addr, timeout)
     }
 
     /// Requests to the module's version thread at its `--version-listen`.
     pub fn tcp(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
-        AsyncCheck::new(Kind3::Tcp, addr, timeout)
+        AsyncCheck::new(Way::Tcp, addr, timeout)
     }
 
     /// Requests to the version thread over iWARP sockets (`--sockets-listen`).
     pub fn sockets(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
-        AsyncCheck::new(Kind3::Sockets, addr, timeout)
+        AsyncCheck::new(Way::Sockets, addr, timeout)
     }
 
-    fn new(kind: Kind3, addr: SocketAddr, timeout: Duration) -> AsyncCheck {
+    fn new(kind: Way, addr: SocketAddr, timeout: Duration) -> AsyncCheck {
         AsyncCheck {
             kind,
             addr,
@@ -185,7 +185,7 @@ impl AsyncCheck {
         let (addr, t) = (self.addr, self.timeout);
         let join = |e: tokio::task::JoinError| CheckError::Unreachable(e.to_string());
         match self.kind {
-            Kind3::Rdma(wait) => {
+            Way::Rdma(wait) => {
                 let conn = tokio::task::spawn_blocking(move || {
                     RdmaConn::open(addr, t, Some(wait.progress()))
                 })
@@ -206,7 +206,7 @@ impl AsyncCheck {
                 })?;
                 Ok(Link::Rdma(Box::new(RdmaLink { fd, conn })))
             }
-            Kind3::Tcp => {
+            Way::Tcp => {
                 let s = tokio::time::timeout(t, TcpStream::connect(addr))
                     .await
                     .map_err(|_| CheckError::Unreachable(format!("{addr}: connect timed out")))?
@@ -215,7 +215,7 @@ impl AsyncCheck {
                     .map_err(|e| CheckError::Unreachable(e.to_string()))?;
                 Ok(Link::Tcp(s))
             }
-            Kind3::Sockets => {
+            Way::Sockets => {
                 let opts = iwarp_sockets::Options {
                     connect_timeout: t,
                     ..crate::sockets::options()

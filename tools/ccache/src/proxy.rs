@@ -124,6 +124,7 @@ fn empty() -> Body {
 struct CheckPool {
     idle: Mutex<Vec<AsyncCheck>>,
     free: Semaphore,
+    total: usize,
 }
 
 /// Puts a checker back into the pool, also when the request is dropped
@@ -154,12 +155,14 @@ impl CheckPool {
     fn new(checkers: Vec<AsyncCheck>) -> CheckPool {
         CheckPool {
             free: Semaphore::new(checkers.len()),
+            total: checkers.len(),
             idle: Mutex::new(checkers),
         }
     }
 
+    /// How many checkers the pool has (busy or not).
     fn len(&self) -> usize {
-        self.free.available_permits()
+        self.total
     }
 
     async fn version(&self, doc: u32) -> Result<u64, CheckError> {
