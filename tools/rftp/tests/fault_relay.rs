@@ -71,14 +71,6 @@ fn relay(listen: u16, target: u16, faults: &[String], extra: &[&str]) -> (Relay,
     (Relay(child), port)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Run rftp with `args`; kill it after [`BOUND`] (which fails the test).
 /// Returns (success, stdout + stderr, time taken).
 fn rftp(args: &[String]) -> (bool, String, Duration) {
@@ -154,7 +146,7 @@ impl Rig {
     /// Files of `size` bytes to move. `ctrl_faults` and `data_faults` go to
     /// the two relays.
     fn new(size: usize, ctrl_faults: &[String], data_faults: &[String]) -> Rig {
-        let xport = free_port();
+        let xport = common::fixed_port();
         let (data, bport) = relay(0, xport, data_faults, &[]);
         let server = common::server(&format!(
             "rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""

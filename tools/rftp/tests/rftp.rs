@@ -999,19 +999,11 @@ fn bridge(pairs: &[String], delay_ms: &str) -> (Child, Vec<String>) {
     (child, addrs)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn delay_bridge_adds_rtt_and_carries_an_rdma_session() {
     // rftpd with a fixed RADR port, announcing the bridge's address.
-    let xport = free_port();
-    let bport = free_port();
+    let xport = common::fixed_port();
+    let bport = common::fixed_port();
     let s = server_with(
         &format!("rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""),
         None,

@@ -108,3 +108,31 @@ pub fn write_random(path: &std::path::Path, len: usize, seed: u64) {
         left -= n;
     }
 }
+
+/// A port for rftpd's fixed RADR listener (`rdma_port`), which rftpd binds
+/// later. A port from `bind(":0")`, released at once, can be taken in the
+/// meantime as the source port of any outgoing connection (the kernel
+/// hands both out of `ip_local_port_range`): a CI run failed so, with
+/// EADDRINUSE at RADR. These come from below that range, are free when
+/// handed out, and are distinct within the test process (its tests run in
+/// parallel).
+pub fn fixed_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let ephemeral_lo: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let lo: u16 = 10_000;
+    let span = ephemeral_lo.saturating_sub(lo).max(1);
+    // Processes of other test binaries start elsewhere in the span.
+    let start = std::process::id() % u32::from(span);
+    for _ in 0..span {
+        let i = u32::from(NEXT.fetch_add(1, Ordering::Relaxed));
+        let p = lo + ((start + i) % u32::from(span)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port between {lo} and {ephemeral_lo}");
+}
