@@ -92,26 +92,43 @@ result() {
   [ "\$sbw" = - ] || nonzero "\$sbw" || rc=\$((rc + 200))
   echo "PTCOMPAT RESULT \$tag rc=\$rc client=\$crc server=\$src client_value=\$cbw server_value=\$sbw"
 }
-port=18700
+# perftest calibrates its clock when it reports; under TCG the regression
+# fails now and then ("Correlation coefficient r^2 ... < 0.9", then "Can't
+# produce a report") and perftest exits 1 without the end-of-test
+# exchange. That is perftest and the emulator, not the protocol, so a pair
+# whose perftest log says so runs again, on fresh ports, at most twice
+# more. Any other failure is judged as it is.
+uncalibrated() { grep -q "Can't produce a report" "\$1" 2>/dev/null; }
 for t in write_bw read_bw read_lat; do
   pt=ib_\$t
-  port=\$((port + 1))
-  timeout 60 \$pt -R -d siw0 -p \$port -n $N > /tmp/s.log 2>&1 &
-  spid=\$!
-  listening \$port || true
-  timeout 60 \$P --perftest \$t $GUEST -p \$port -d siw0 -n $N --timeout 15 --json > /tmp/c.log 2>&1; crc=\$?
-  wait \$spid; src=\$?
-  show \$t-ptsrv /tmp/c.log; show \$t-ptsrv /tmp/s.log
+  case \$t in write_bw) base=18701 ;; read_bw) base=18703 ;; *) base=18705 ;; esac
+  for attempt in 1 2 3; do
+    port=\$((base + 100 * (attempt - 1)))
+    timeout 60 \$pt -R -d siw0 -p \$port -n $N > /tmp/s.log 2>&1 &
+    spid=\$!
+    listening \$port || true
+    timeout 60 \$P --perftest \$t $GUEST -p \$port -d siw0 -n $N --timeout 15 --json > /tmp/c.log 2>&1; crc=\$?
+    wait \$spid; src=\$?
+    show \$t-ptsrv /tmp/c.log; show \$t-ptsrv /tmp/s.log
+    [ \$((crc + src)) != 0 ] && [ \$attempt -lt 3 ] && uncalibrated /tmp/s.log || break
+    echo "PTCOMPAT \$t-ptsrv: note: perftest could not calibrate its clock; running the pair again"
+  done
   sbw=-
   [ \$t = read_lat ] || sbw=\$(bw_of /tmp/s.log)
   result \$t-ptsrv \$crc \$src "\$(bw_of /tmp/c.log)" "\$sbw"
-  port=\$((port + 1))
-  timeout 60 \$P --perftest --server \$t -p \$port -d siw0 --idle-timeout 40 --timeout 15 --json > /tmp/s.log 2>&1 &
-  spid=\$!
-  ready /tmp/s.log listening
-  timeout 60 \$pt -R -d siw0 -p \$port -n $N $GUEST > /tmp/c.log 2>&1; crc=\$?
-  wait \$spid; src=\$?
-  show \$t-ptcli /tmp/s.log; show \$t-ptcli /tmp/c.log
+  for attempt in 1 2 3; do
+    port=\$((base + 1 + 100 * (attempt - 1)))
+    timeout 60 \$P --perftest --server \$t -p \$port -d siw0 --idle-timeout 40 --timeout 15 --json > /tmp/s.log 2>&1 &
+    spid=\$!
+    ready /tmp/s.log listening
+    timeout 60 \$pt -R -d siw0 -p \$port -n $N $GUEST > /tmp/c.log 2>&1; crc=\$?
+    # perftest gone, our server may still wait for its end of the test.
+    [ \$crc = 0 ] || { sleep 1; kill \$spid 2>/dev/null; }
+    wait \$spid; src=\$?
+    show \$t-ptcli /tmp/s.log; show \$t-ptcli /tmp/c.log
+    [ \$crc != 0 ] && [ \$attempt -lt 3 ] && uncalibrated /tmp/c.log || break
+    echo "PTCOMPAT \$t-ptcli: note: perftest could not calibrate its clock; running the pair again"
+  done
   sbw=-
   [ \$t = read_lat ] || sbw=\$(bw_of /tmp/s.log)
   result \$t-ptcli \$crc \$src "\$(bw_of /tmp/c.log)" "\$sbw"
@@ -154,20 +171,16 @@ echo "PTCOMPAT READY mixA"
 wait \$mpid; src=\$?
 show mixA /tmp/ma.log
 echo "PTCOMPAT SERVER mixA rc=\$src value=\$(bw_of /tmp/ma.log)"
-timeout 60 ib_write_bw -R -d siw0 -p 18751 -n $N $HOST > /tmp/mb.log 2>&1; crc=\$?
-# perftest calibrates its clock at start; under TCG that fails now and then
-# ("Correlation coefficient r^2 ... Can't produce a report"), and it then
-# ends without the end-of-test exchange. That is perftest and the emulator,
-# not the protocol: run its client once more, against the host's second
-# server (see the host side).
-if [ \$crc != 0 ] && grep -q "Can't produce a report" /tmp/mb.log; then
-  show mixB /tmp/mb.log
-  echo "PTCOMPAT mixB: note: perftest could not calibrate its clock; running its client once more"
-  echo "PTCOMPAT RETRY mixB"
-  sleep 3
+# mixB against the host's servers on 18751, one per attempt (see the
+# host side); a perftest that could not calibrate its clock runs again.
+for attempt in 1 2 3; do
+  [ \$attempt = 1 ] || sleep 3
   timeout 60 ib_write_bw -R -d siw0 -p 18751 -n $N $HOST > /tmp/mb.log 2>&1; crc=\$?
-fi
-show mixB /tmp/mb.log
+  show mixB /tmp/mb.log
+  [ \$crc != 0 ] && [ \$attempt -lt 3 ] && uncalibrated /tmp/mb.log || break
+  echo "PTCOMPAT mixB: note: perftest could not calibrate its clock; running its client again"
+  echo "PTCOMPAT RETRY mixB"
+done
 echo "PTCOMPAT CLIENT mixB rc=\$crc value=\$(bw_of /tmp/mb.log)"
 # mixC / mixD: iwarp-perf's own protocol between siw0 (guest) and soft
 # (host), each side as the server once.
@@ -187,17 +200,19 @@ GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
 
 "$SIW_VM/run.sh" up >/dev/null
-# mixB's server, then a second one for the guest's single retry when
-# perftest could not calibrate its clock (see the guest job); unused, the
-# second is stopped at the end.
+# mixB's servers: one after another, one for each attempt of the guest's
+# client (it runs again when perftest could not calibrate its clock, see
+# the guest job). Server k logs to mixB-host-k.log and leaves its exit
+# status in mixB-host-k.rc; the ones nobody needed are stopped at the end.
 (
-    ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
-        --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host.log" 2>&1 &
-    echo $! >"$LOGS/mixB-host.pid"
-    wait $!
-    echo $? >"$LOGS/mixB-host.rc"
-    exec ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
-        --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host-2.log" 2>&1
+    for k in 1 2 3; do
+        ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
+            --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host-$k.log" 2>&1 &
+        echo $! >"$LOGS/mixB-host.pid"
+        krc=0
+        wait $! || krc=$?
+        echo "$krc" >"$LOGS/mixB-host-$k.rc"
+    done
 ) &
 HOST_SERVER=$!
 ip netns exec "$NETNS" timeout 300 "$BIN" --server -d soft --bind "$HOST" -p 18780 \
@@ -227,19 +242,16 @@ else
 fi
 rc=0
 wait "$BOOT" || rc=$?
-MIXB_RC=0
-if grep -aq "PTCOMPAT RETRY mixB" "$GLOG"; then
-    note "mixB: perftest could not calibrate its clock in the guest; its second run is the one judged"
-    wait "$HOST_SERVER" || MIXB_RC=$?
-    mv "$LOGS/mixB-host.log" "$LOGS/mixB-host-1.log" || true
-    mv "$LOGS/mixB-host-2.log" "$LOGS/mixB-host.log" || true
-else
-    # The first server has served; the second waits for nobody.
-    for _i in $(seq 100); do [ -s "$LOGS/mixB-host.rc" ] && break; sleep 0.1; done
-    MIXB_RC="$(cat "$LOGS/mixB-host.rc" 2>/dev/null || echo 1)"
-    kill "$HOST_SERVER" 2>/dev/null || true
-    wait "$HOST_SERVER" 2>/dev/null || true
-fi
+# The guest's last attempt met server k = retries + 1.
+K=$(($(grep -ac "PTCOMPAT RETRY mixB" "$GLOG" || true) + 1))
+((K == 1)) || note "mixB: perftest could not calibrate its clock in the guest $((K - 1)) time(s); its run $K is the one judged"
+for _i in $(seq 100); do [ -s "$LOGS/mixB-host-$K.rc" ] && break; sleep 0.1; done
+MIXB_RC="$(cat "$LOGS/mixB-host-$K.rc" 2>/dev/null || echo 1)"
+[ -s "$LOGS/mixB-host-$K.rc" ] || note "mixB: the host's server $K had not ended 10 s after the guest"
+cp "$LOGS/mixB-host-$K.log" "$LOGS/mixB-host.log" 2>/dev/null || true
+kill "$(cat "$LOGS/mixB-host.pid" 2>/dev/null)" 2>/dev/null || true
+kill "$HOST_SERVER" 2>/dev/null || true
+wait "$HOST_SERVER" 2>/dev/null || true
 HOST_SERVER=""
 MIXD_RC=0
 wait "$HOST_SERVER2" || MIXD_RC=$?
@@ -265,6 +277,8 @@ check() {
     if [[ "$line" == *" rc=0 "* ]]; then
         pass "$tag" "$desc (${line#*client_value=})"
     else
+        # All of the guest's lines for it, not only the figures.
+        grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    guest: /" || true
         fail "$tag" "$desc: ${line:-no guest result (guest exit $rc)}"
     fi
 }
@@ -296,6 +310,7 @@ hbw="$(grep -o '"bw_mib_s":[0-9.]*' "$LOGS/mixB-host.log" 2>/dev/null | cut -d: 
 if ((MIXB_RC == 0)) && [[ "$line" == *" rc=0 "* ]] && nonzero "${hbw:-0}" && nonzero "${line##*value=}"; then
     pass mixB "ib_write_bw -R client on siw0 (guest) -> iwarp-perf --perftest --server on soft (host) (${line##*value=} MB/s)"
 else
+    grep -a "^PTCOMPAT mixB: " "$CLEAN" | sed "s/^PTCOMPAT mixB: /    guest: /" || true
     fail mixB "host server exit $MIXB_RC, value ${hbw:-none}; guest: ${line:-no result}"
 fi
 # mixC: our client on soft (host) -> our server on siw0 (guest), own protocol.
