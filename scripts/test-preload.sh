@@ -594,6 +594,31 @@ t_socat_fork() {
     echo "info: 4 of 4 clients served over iWARP by socat's forked children, 4 MiB echoes SHA-256 equal"
 }
 check "g) fork: socat fork (accept in the parent, serve in a child) serves every client over iWARP" t_socat_fork
+# inetd style: the parent accepts, a child puts the connection on its
+# standard input and output and execs the service (socat's nofork). The
+# copies made by dup2 wait for their first use like the accept, and the
+# program started by exec finds the MPA Request unread and makes the
+# stream itself (with both descriptors one stream).
+t_socat_exec() {
+    next_port
+    local s i out
+    rm -f "$T/g-se-srv.stats" "$T/g-se-cli.stats" "$T/g-se-srv.err"
+    bgpre "$T/g-se-srv.stats" timeout 90 socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" EXEC:cat,nofork 2>"$T/g-se-srv.err"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    for i in 1 2 3 4; do
+        out=$(pre "$T/g-se-cli.stats" timeout 30 socat -t 30 - "TCP:127.0.0.1:$PORT" <"$T/in4" | sha256sum | cut -d' ' -f1)
+        [ "$out" = "$(sha "$T/in4")" ] || { echo "echo $i: SHA-256 differs"; cat "$T/g-se-srv.err" "$T/g-se-cli.stats" "$T/g-se-srv.stats"; return 1; }
+    done
+    stop "$s"
+    [ "$(grep -c ' connect iwarp ' "$T/g-se-cli.stats")" = 4 ] || { echo "client stats:"; cat "$T/g-se-cli.stats"; return 1; }
+    [ "$(grep -c ' accept iwarp ' "$T/g-se-srv.stats")" = 4 ] || { echo "server stats:"; cat "$T/g-se-srv.stats"; return 1; }
+    if grep -q "connect plain" "$T/g-se-cli.stats" || grep -q refused "$T/g-se-srv.stats"; then
+        echo "a client fell back:"; cat "$T/g-se-cli.stats" "$T/g-se-srv.stats"; return 1
+    fi
+    echo "info: 4 of 4 clients served over iWARP by cat exec'd with the connection as stdin and stdout, 4 MiB echoes SHA-256 equal"
+}
+check "g) exec: inetd style (socat fork + EXEC:cat,nofork) serves every client over iWARP" t_socat_exec
 # A child that reads a stream its parent made before the fork: the read
 # fails (EOPNOTSUPP, one line on stderr says why), the parent learns it
 # through the shared page and sends its next MPA client to plain TCP.

@@ -20,7 +20,9 @@
 //!   server that accepts in the parent and serves in a forked child works
 //!   (or after `IWARP_PRELOAD_SETTLE_MS`, default 300, unused:
 //!   `start_settler`); otherwise the program gets the TCP connection
-//!   untouched.
+//!   untouched. Copies (`dup`, `dup2`, `F_DUPFD`) wait with it, and a
+//!   program started by `exec` with such a connection (an inetd's
+//!   service) adopts it when the shim loads (`adopt_inherited`).
 //!
 //! A stream's descriptor number refers to its readiness descriptor (see
 //! `iwarp_rsocket::table`), so `poll`, `select` and `epoll_wait` need no
@@ -54,7 +56,68 @@ use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, sockl
 static LOAD_CONFIG: extern "C" fn() = load_config;
 
 extern "C" fn load_config() {
-    let _ = std::panic::catch_unwind(config::get);
+    let _ = std::panic::catch_unwind(|| {
+        config::get();
+        adopt_inherited();
+    });
+}
+
+/// The descriptors open in this process (`/proc/self/fd`; without `/proc`,
+/// every number below 1024 that is open).
+fn open_fds() -> Vec<RawFd> {
+    match std::fs::read_dir("/proc/self/fd") {
+        Ok(dir) => dir
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+        // SAFETY: F_GETFD on any number only reads its flags.
+        Err(_) => (0..1024)
+            .filter(|&fd| unsafe { (real().fcntl)(fd, libc::F_GETFD, 0) } >= 0)
+            .collect(),
+    }
+}
+
+/// A program started by `exec` with an MPA client's connection as one of
+/// its descriptors (an inetd's service gets it as standard input and
+/// output; systemd's `Accept=yes` does the same): the accept that
+/// deferred it was in the process before the `exec`, whose table is gone.
+/// A connection on a port the configuration takes over whose unread first
+/// bytes are the MPA Request key waits for its first use here, as if this
+/// process had accepted it (copies of it are one stream). Runs when the
+/// library is loaded; costs one `fstat` per descriptor, and one
+/// non-blocking `MSG_PEEK` per connected TCP socket on a wanted port.
+fn adopt_inherited() {
+    let _inside = table::Inside::enter();
+    let cfg = config::get();
+    let mut any = false;
+    for fd in open_fds() {
+        // SAFETY: an all-zero stat is a valid value for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `st` is valid for writes.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            continue;
+        }
+        if !ops::is_tcp_socket(fd) {
+            continue;
+        }
+        let (Some(local), Some(peer)) = (sock_addr(fd, false), sock_addr(fd, true)) else {
+            continue; // listening, or not connected
+        };
+        if !cfg.wants(&local) || !attach::peek_is_mpa(fd, Duration::ZERO) {
+            continue;
+        }
+        match attach::defer(fd, &cfg.opts) {
+            Ok(()) => {
+                any = true;
+                tracing::debug!(fd, %peer, "an MPA client's connection inherited through exec waits for its first use");
+            }
+            Err(e) => {
+                tracing::warn!(fd, %peer, error = %e, "an inherited MPA client's connection stays TCP");
+            }
+        }
+    }
+    if any {
+        start_settler(cfg.settle_after);
+    }
 }
 
 macro_rules! on_stream {
@@ -577,8 +640,11 @@ pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup(fd: c_int) -> c_int {
-    if let Err(e) = settled(fd, "dup") {
-        return fail_with(e);
+    if let Some(rc) = dup_deferred(fd, None, |r| {
+        // SAFETY: plain descriptor call.
+        unsafe { (r.dup)(fd) }
+    }) {
+        return rc;
     }
     // SAFETY: plain descriptor call.
     let rc = unsafe { (real().dup)(fd) };
@@ -590,9 +656,10 @@ pub extern "C" fn dup(fd: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
-    if let Err(e) = redirected(old, new, "dup2") {
-        return fail_with(e);
+    if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, 0, false)) {
+        return rc;
     }
+    redirected(old, new);
     if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
         // SAFETY: passed through.
         return unsafe { (real().dup2)(old, new) };
@@ -602,9 +669,10 @@ pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[no_mangle]
 pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
-    if let Err(e) = redirected(old, new, "dup3") {
-        return fail_with(e);
+    if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, flags, true)) {
+        return rc;
     }
+    redirected(old, new);
     if table::inside() || (!table::is_taken(old) && !table::is_taken(new)) {
         // SAFETY: passed through.
         return unsafe { (real().dup3)(old, new, flags) };
@@ -615,8 +683,11 @@ pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
-        if let Err(e) = settled(fd, "fcntl") {
-            return fail_with(e);
+        if let Some(rc) = dup_deferred(fd, None, |r| {
+            // SAFETY: plain descriptor call.
+            unsafe { (r.fcntl)(fd, cmd, arg) }
+        }) {
+            return rc;
         }
     }
     if table::inside() || !table::is_taken(fd) {
@@ -651,14 +722,48 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     unsafe { (real().ioctl)(fd, req, arg) }
 }
 
-/// Before `dup2(old, new)`: a deferred `old` becomes a stream (its copy
-/// must be one too), a deferred `new` is forgotten (it is replaced).
-fn redirected(old: c_int, new: c_int, what: &str) -> Result<(), c_int> {
-    settled(old, what)?;
+/// A `dup`-like call on a deferred accept `old` (`Some(rc)`; `None` when
+/// `old` is not one): the copy waits for its first use too, so a copy
+/// made before an `exec` (an inetd puts its connection on the service's
+/// standard input and output) still finds the MPA Request unread, and the
+/// first use of either makes the stream for both (`attach::settle`).
+/// `target` is `dup2`'s `new`: what was noted about it is forgotten (it
+/// is replaced). `call` makes the copy (with the table, when `new` is a
+/// stream being replaced).
+fn dup_deferred(
+    old: c_int,
+    target: Option<c_int>,
+    call: impl FnOnce(&iwarp_rsocket::real::Real) -> c_int,
+) -> Option<c_int> {
+    if table::inside() || !table::is_deferred(old) {
+        return None;
+    }
+    // The settle thread must not make `old` a stream halfway through.
+    let _held = attach::hold_settles();
+    if !table::is_deferred(old) {
+        return None; // settled meanwhile: a copy of a stream
+    }
+    if let Some(new) = target {
+        if new == old {
+            return None; // dup2 returns it, dup3 fails: the C library says
+        }
+        if !table::is_taken(new) {
+            table::forget(new, new);
+        }
+    }
+    let rc = call(real());
+    if rc >= 0 {
+        table::defer_copy(old, rc);
+    }
+    Some(rc)
+}
+
+/// Before `dup2(old, new)` of a descriptor that is not a deferred accept:
+/// a deferred `new` is forgotten (it is replaced).
+fn redirected(old: c_int, new: c_int) {
     if old != new && !table::inside() && !table::is_taken(new) {
         table::forget(new, new);
     }
-    Ok(())
 }
 
 /// `epoll_ctl` needs no stream calls (a stream's descriptor is its

@@ -114,21 +114,39 @@ pub fn hold_settles() -> std::sync::MutexGuard<'static, ()> {
 
 /// Makes the deferred connection `fd` a stream now (the MPA exchange, in
 /// this process), with the descriptor's current `O_NONBLOCK` and
-/// close-on-exec flags and the socket options set on it meanwhile. Does
+/// close-on-exec flags and the socket options set on it meanwhile. Its
+/// deferred copies in this process ([`table::deferred_siblings`]) become
+/// copies of the stream, each keeping its close-on-exec flag. Does
 /// nothing if `fd` is not deferred (any more). If the stream cannot be
 /// made, or the MPA Request is gone (another process sharing the
-/// connection made it its stream), `fd` becomes a closed connection
-/// (reads see end of stream, writes `EPIPE`) and the error is returned.
+/// connection made it its stream), `fd` and its copies become closed
+/// connections (reads see end of stream, writes `EPIPE`) and the error is
+/// returned.
 pub fn settle(fd: RawFd) -> io::Result<()> {
     let _one = SETTLING.lock().unwrap_or_else(|e| e.into_inner());
+    if !table::is_deferred(fd) {
+        return Ok(());
+    }
+    let siblings = table::deferred_siblings(fd);
     let Some(base) = table::take_deferred(fd) else {
         return Ok(());
+    };
+    let siblings: Vec<(RawFd, bool)> = siblings
+        .into_iter()
+        .filter(|&d| table::take_deferred(d).is_some())
+        .map(|d| (d, fd_flags(d).1))
+        .collect();
+    let dead = |fd: RawFd| {
+        dead_end(fd);
+        for &(d, _) in &siblings {
+            dead_end(d);
+        }
     };
     if !peek_is_mpa(fd, std::time::Duration::ZERO) {
         // Another process (a parent or a child sharing the connection)
         // read the Request and made the connection its stream: this
         // descriptor must not read that stream's bytes.
-        dead_end(fd);
+        dead(fd);
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "another process made this connection its iWARP stream (it was shared through fork)",
@@ -146,7 +164,26 @@ pub fn settle(fd: RawFd) -> io::Result<()> {
         }
     }
     let opts = table::options_for(fd, &base);
-    accept(fd, &opts, nonblocking, cloexec).inspect_err(|_| dead_end(fd))
+    if let Err(e) = accept(fd, &opts, nonblocking, cloexec) {
+        dead(fd);
+        return Err(e);
+    }
+    for (d, d_cloexec) in siblings {
+        // SAFETY: plain descriptor calls on descriptors of the program's
+        // that referred to this connection; `dup2` replaces the TCP socket
+        // at `d` by the stream's descriptor, as `install` did at `fd`.
+        unsafe {
+            if (r.dup2)(fd, d) < 0 {
+                dead_end(d);
+                continue;
+            }
+            if d_cloexec {
+                (r.fcntl)(d, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
+            }
+        }
+        table::duplicated(fd, d);
+    }
+    Ok(())
 }
 
 /// Makes `fd` a connection whose peer is gone: one end of a socket pair

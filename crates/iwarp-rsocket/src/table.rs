@@ -32,11 +32,14 @@
 //! An accepted connection whose first bytes are an MPA Request is not made
 //! a stream at once: it is *deferred* ([`defer`]). The descriptor stays
 //! the TCP socket, the Request unread, until the first call that needs the
-//! stream (a read, a write, `epoll_ctl`, `dup`, `ioctl`, `shutdown`,
-//! ...); that call makes the stream, in the process that makes it
-//! (`attach::settle`). Calls that a TCP socket answers as well
-//! (`getsockname`, `getpeername`, `setsockopt`, `getsockopt`, `fcntl`
-//! flags) and `close` leave it deferred. So that a client does not wait
+//! stream (a read, a write, `epoll_ctl`, `ioctl`, `shutdown`, ...); that
+//! call makes the stream, in the process that makes it (`attach::settle`).
+//! Calls that a TCP socket answers as well (`getsockname`, `getpeername`,
+//! `setsockopt`, `getsockopt`, `fcntl` flags) and `close` leave it
+//! deferred. Copies (`dup`, `dup2`, `F_DUPFD`) are deferred with it
+//! ([`defer_copy`]); the first use of any makes one stream for all
+//! ([`deferred_siblings`]), so copies made before an `exec` still find the
+//! Request unread in the program `exec` starts, whose shim adopts them. So that a client does not wait
 //! long for its MPA Reply (it gives up after a second and falls back to
 //! TCP), an accept not used within `IWARP_PRELOAD_SETTLE_MS` (300 ms) is
 //! made a stream by the shim's settle thread in the process that accepted
@@ -512,6 +515,69 @@ pub fn defer(fd: RawFd, opts: Options) -> io::Result<()> {
         .insert(fd, (opts, Instant::now()));
     set(&DEFERRED, fd, true);
     Ok(())
+}
+
+/// After a `dup`-like call made `new` a copy of the deferred accept `old`:
+/// `new` waits for its first use too, with the same options, the same
+/// age and the socket options noted on `old` (they name one socket).
+/// Whichever of them is used first makes the stream for both
+/// (`attach::settle`, [`deferred_siblings`]).
+pub fn defer_copy(old: RawFd, new: RawFd) {
+    if old == new || usize::try_from(new).map_or(true, |i| i >= MAX_FD) {
+        return;
+    }
+    let entry = DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&old)
+        .cloned();
+    let Some(entry) = entry else {
+        return;
+    };
+    let pending = PENDING_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&old)
+        .copied();
+    if let Some(p) = pending {
+        note_pending(new, |q| *q = p);
+    }
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(new, entry);
+    set(&DEFERRED, new, true);
+}
+
+/// `(st_dev, st_ino)` of what `fd` refers to.
+fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: an all-zero stat is a valid value for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is valid for writes.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_dev, st.st_ino))
+}
+
+/// The other deferred descriptors of this process that refer to the same
+/// socket as `fd` (copies made by `dup`, `dup2`, `F_DUPFD`, or inherited
+/// together through `exec`, as an inetd's service gets its connection as
+/// standard input and output).
+pub fn deferred_siblings(fd: RawFd) -> Vec<RawFd> {
+    let Some(me) = identity(fd) else {
+        return Vec::new();
+    };
+    let fds: Vec<RawFd> = DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .copied()
+        .filter(|&d| d != fd)
+        .collect();
+    fds.into_iter()
+        .filter(|&d| identity(d) == Some(me))
+        .collect()
 }
 
 /// The deferred accepts that have waited at least `age` for their first

@@ -148,3 +148,70 @@ fn a_request_already_read_elsewhere_is_not_settled_again() {
         libc::close(other);
     }
 }
+
+/// inetd style: the deferred accept is copied (`dup2` onto the service's
+/// standard input and output, here two fresh numbers) before its first
+/// use. The copies wait too; the first use of one makes the stream for
+/// all, each keeping its close-on-exec flag, and the client's bytes are
+/// read once, through any of them.
+#[test]
+fn copies_of_a_deferred_accept_become_one_stream() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let fd = sock.into_raw_fd();
+        attach::connect(fd, addr, &Options::default()).unwrap();
+        let s = table::lookup(fd).unwrap();
+        ops::send_from(&s, b"to the service", 0).unwrap();
+        let mut got = vec![0u8; 10];
+        let n = ops::recv_into(&s, &mut got, libc::MSG_WAITALL).unwrap();
+        assert_eq!(&got[..n], b"its answer");
+        rx.recv_timeout(WAIT).unwrap();
+        drop(s);
+        assert_eq!(table::close(fd), 0);
+    });
+    let (tcp, _) = l.accept().unwrap();
+    let fd = tcp.into_raw_fd();
+    assert!(attach::peek_is_mpa(fd, WAIT));
+    attach::defer(fd, &Options::default()).unwrap();
+    table::note_pending(fd, |p| p.rcvbuf = Some(128 * 1024));
+    // SAFETY: plain descriptor calls on our socket (no shim in this test).
+    let (a, b) = unsafe { (libc::dup(fd), libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)) };
+    assert!(a >= 0 && b >= 0);
+    table::defer_copy(fd, a);
+    table::defer_copy(fd, b);
+    let mut sib = table::deferred_siblings(a);
+    sib.sort_unstable();
+    let mut want = vec![fd, b];
+    want.sort_unstable();
+    assert_eq!(sib, want, "the copies of one socket");
+    // The original goes (the inetd's child closes it after its dup2s).
+    table::forget(fd, fd);
+    // SAFETY: our descriptor.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+    // The first use, through `a`, makes the stream for `b` too.
+    attach::settle(a).unwrap();
+    for d in [a, b] {
+        assert!(
+            table::is_taken(d) && !table::is_deferred(d),
+            "descriptor {d}"
+        );
+    }
+    assert!(
+        !attach::fd_flags(a).1 && attach::fd_flags(b).1,
+        "close-on-exec kept per copy"
+    );
+    let (sa, sb) = (table::lookup(a).unwrap(), table::lookup(b).unwrap());
+    assert!(std::sync::Arc::ptr_eq(&sa, &sb), "one stream");
+    let mut got = vec![0u8; 14];
+    let n = ops::recv_into(&sa, &mut got, libc::MSG_WAITALL).unwrap();
+    assert_eq!(&got[..n], b"to the service");
+    ops::send_from(&sb, b"its answer", 0).unwrap();
+    tx.send(()).unwrap();
+    drop((sa, sb));
+    assert_eq!(table::close(a), 0);
+    assert_eq!(table::close(b), 0);
+    client.join().unwrap();
+}
