@@ -568,29 +568,37 @@ t_fork_child() {
     echo "info: parent served over iWARP; the child's client fell back to plain TCP"
 }
 check "g) fork: a child of a parent with streams serves its client over plain TCP" t_fork_child
-# A server that accepts in the parent and serves in a forked child
-# (socat's fork option): the accept waits for its first use, so the
-# stream is made in the child, and every client is served over iWARP.
-t_socat_fork() {
+# socat_echo TAG SERVICE: a socat that accepts in the parent and serves
+# each connection in a forked child with SERVICE (socat's second
+# address); 4 preloaded clients echo 4 MiB each through it. Passes when
+# every echo is SHA-256 equal and every client went over iWARP.
+socat_echo() {
+    local tag="$1" service="$2" s i out
     next_port
-    local s i out
-    rm -f "$T/g-sf-srv.stats" "$T/g-sf-cli.stats" "$T/g-sf-srv.err"
-    # EXEC:cat, not PIPE: socat's PIPE echo loses bytes of a 4 MiB echo
-    # even without the shim. -t 30: wait for the echo after our EOF.
-    bgpre "$T/g-sf-srv.stats" timeout 90 socat -t 30 "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" EXEC:cat 2>"$T/g-sf-srv.err"
+    rm -f "$T/g-$tag-srv.stats" "$T/g-$tag-cli.stats" "$T/g-$tag-srv.err"
+    # -t 30: wait for the echo after our EOF.
+    bgpre "$T/g-$tag-srv.stats" timeout 90 socat -t 30 "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" "$service" 2>"$T/g-$tag-srv.err"
     s=$BGPID
     wait_listen "$PORT" || return 1
     for i in 1 2 3 4; do
-        out=$(pre "$T/g-sf-cli.stats" timeout 30 socat -t 30 - "TCP:127.0.0.1:$PORT" <"$T/in4" | sha256sum | cut -d' ' -f1)
-        [ "$out" = "$(sha "$T/in4")" ] || { echo "echo $i: SHA-256 differs"; cat "$T/g-sf-srv.err"; return 1; }
+        out=$(pre "$T/g-$tag-cli.stats" timeout 30 socat -t 30 - "TCP:127.0.0.1:$PORT" <"$T/in4" | sha256sum | cut -d' ' -f1)
+        [ "$out" = "$(sha "$T/in4")" ] || { echo "echo $i: SHA-256 differs"; cat "$T/g-$tag-srv.err" "$T/g-$tag-cli.stats" "$T/g-$tag-srv.stats"; return 1; }
     done
     stop "$s"
-    [ "$(grep -c ' connect iwarp ' "$T/g-sf-cli.stats")" = 4 ] || { echo "client stats:"; cat "$T/g-sf-cli.stats"; return 1; }
-    [ "$(grep -c ' accept iwarp ' "$T/g-sf-srv.stats")" = 4 ] || { echo "server stats:"; cat "$T/g-sf-srv.stats"; return 1; }
-    if grep -q "connect plain" "$T/g-sf-cli.stats" || grep -q refused "$T/g-sf-srv.stats"; then
-        echo "a client fell back:"; cat "$T/g-sf-cli.stats" "$T/g-sf-srv.stats"; return 1
+    [ "$(grep -c ' connect iwarp ' "$T/g-$tag-cli.stats")" = 4 ] || { echo "client stats:"; cat "$T/g-$tag-cli.stats"; return 1; }
+    [ "$(grep -c ' accept iwarp ' "$T/g-$tag-srv.stats")" = 4 ] || { echo "server stats:"; cat "$T/g-$tag-srv.stats"; return 1; }
+    if grep -q "connect plain" "$T/g-$tag-cli.stats" || grep -q refused "$T/g-$tag-srv.stats"; then
+        echo "a client fell back:"; cat "$T/g-$tag-cli.stats" "$T/g-$tag-srv.stats"; return 1
     fi
-    ! grep -q "inherited it through fork" "$T/g-sf-srv.err" || { echo "a child used an inherited stream:"; cat "$T/g-sf-srv.err"; return 1; }
+    ! grep -q "inherited it through fork" "$T/g-$tag-srv.err" || { echo "a child used an inherited stream:"; cat "$T/g-$tag-srv.err"; return 1; }
+}
+# A server that accepts in the parent and serves in a forked child
+# (socat's fork option): the accept waits for its first use, so the
+# stream is made in the child, and every client is served over iWARP.
+# EXEC:cat, not PIPE: socat's PIPE echo loses bytes of a 4 MiB echo even
+# without the shim.
+t_socat_fork() {
+    socat_echo sf EXEC:cat || return 1
     echo "info: 4 of 4 clients served over iWARP by socat's forked children, 4 MiB echoes SHA-256 equal"
 }
 check "g) fork: socat fork (accept in the parent, serve in a child) serves every client over iWARP" t_socat_fork
@@ -600,22 +608,7 @@ check "g) fork: socat fork (accept in the parent, serve in a child) serves every
 # program started by exec finds the MPA Request unread and makes the
 # stream itself (with both descriptors one stream).
 t_socat_exec() {
-    next_port
-    local s i out
-    rm -f "$T/g-se-srv.stats" "$T/g-se-cli.stats" "$T/g-se-srv.err"
-    bgpre "$T/g-se-srv.stats" timeout 90 socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" EXEC:cat,nofork 2>"$T/g-se-srv.err"
-    s=$BGPID
-    wait_listen "$PORT" || return 1
-    for i in 1 2 3 4; do
-        out=$(pre "$T/g-se-cli.stats" timeout 30 socat -t 30 - "TCP:127.0.0.1:$PORT" <"$T/in4" | sha256sum | cut -d' ' -f1)
-        [ "$out" = "$(sha "$T/in4")" ] || { echo "echo $i: SHA-256 differs"; cat "$T/g-se-srv.err" "$T/g-se-cli.stats" "$T/g-se-srv.stats"; return 1; }
-    done
-    stop "$s"
-    [ "$(grep -c ' connect iwarp ' "$T/g-se-cli.stats")" = 4 ] || { echo "client stats:"; cat "$T/g-se-cli.stats"; return 1; }
-    [ "$(grep -c ' accept iwarp ' "$T/g-se-srv.stats")" = 4 ] || { echo "server stats:"; cat "$T/g-se-srv.stats"; return 1; }
-    if grep -q "connect plain" "$T/g-se-cli.stats" || grep -q refused "$T/g-se-srv.stats"; then
-        echo "a client fell back:"; cat "$T/g-se-cli.stats" "$T/g-se-srv.stats"; return 1
-    fi
+    socat_echo se EXEC:cat,nofork || return 1
     echo "info: 4 of 4 clients served over iWARP by cat exec'd with the connection as stdin and stdout, 4 MiB echoes SHA-256 equal"
 }
 check "g) exec: inetd style (socat fork + EXEC:cat,nofork) serves every client over iWARP" t_socat_exec
