@@ -40,6 +40,7 @@ import hashlib
 import os
 import select
 import selectors
+import signal
 import socket
 import sys
 import threading
@@ -266,6 +267,11 @@ def hold_server(port, mode):
 
 
 def hold_client(port, mode):
+    # The SIGINT check needs Python's KeyboardInterrupt handler, which
+    # Python installs only if SIGINT is not ignored at startup, and a
+    # command a non-interactive shell starts with `&` (a CI runner's
+    # background job) inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     c = socket.create_connection(("127.0.0.1", port))
     c.sendall(b"x" * 16)
     print("ready", flush=True)
