@@ -37,9 +37,10 @@ cp_prereqs() {
         { echo "mod_ccache build (apxs) failed:"; cat "$T/mod-build.log"; return 1; }
 }
 
-cp_free_port() {
-    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+# cp_free_port: a port for one of this script's servers (T must be set).
+cp_free_port() { free_port_once "$T/ports.given"; }
 
 # cp_wait_port PORT PID: until something accepts on PORT (at most 10 s) and PID lives.
 cp_wait_port() {

@@ -90,9 +90,9 @@ UPDATE="$TARGET/release/ccupdate"
 PROXY="$TARGET/release/ccproxy"
 LOAD=(timeout 900 /usr/bin/python3 "$ROOT/scripts/cache-load.py")
 
-free_port() {
-    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$T/ports.given"; }
 # wait_port PORT PID: until something accepts on PORT (at most 10 s) and PID lives.
 wait_port() {
     for _ in $(seq 1 100); do
