@@ -139,9 +139,11 @@ impl MrInner {
     pub(crate) fn read_into(&self, to: u64, buf: &mut [u8]) -> Result<(), MemError> {
         let src = self.ptr_at(to, buf.len() as u64)?;
         // SAFETY: the range lies inside the region (checked by `ptr_at`),
-        // whose memory is alive while `self` is (the caller holds the Arc:
-        // owned buffers live in it, raw ones by the `reg_mr_raw` contract).
-        // `buf` is a Rust slice, so it does not alias registered memory.
+        // whose memory is alive while the caller holds the Arc (owned
+        // buffers live in it, raw ones by the `reg_mr_raw` contract) or the
+        // table's read lock (`MrTable::copy_out`: deregistration needs the
+        // write lock). `buf` is a Rust slice, so it does not alias
+        // registered memory.
         unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
@@ -207,6 +209,22 @@ struct Slab {
 }
 
 impl Slab {
+    /// The region named by `stag` (index and key), whether or not it has
+    /// been invalidated.
+    fn lookup(&self, stag: u32) -> Result<&Arc<MrInner>, MemError> {
+        let (index, key) = split(stag);
+        let region = self
+            .slots
+            .get(index)
+            .filter(|_| index != 0)
+            .and_then(|s| s.region.as_ref())
+            .ok_or(MemError::InvalidStag)?;
+        if region.stag as u8 != key {
+            return Err(MemError::KeyMismatch);
+        }
+        Ok(region)
+    }
+
     fn random_byte(&mut self) -> u8 {
         if self.random.is_empty() {
             let mut buf = [0u8; 64];
@@ -306,18 +324,8 @@ impl MrTable {
     /// The region named by `stag` (index and key), whether or not it has
     /// been invalidated. Used by the driver for its own transmit pieces.
     pub(crate) fn resolve(&self, stag: u32) -> Result<Arc<MrInner>, MemError> {
-        let (index, key) = split(stag);
         let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
-        let slot = slab
-            .slots
-            .get(index)
-            .filter(|_| index != 0)
-            .ok_or(MemError::InvalidStag)?;
-        let region = slot.region.as_ref().ok_or(MemError::InvalidStag)?;
-        if region.stag as u8 != key {
-            return Err(MemError::KeyMismatch);
-        }
-        Ok(region.clone())
+        slab.lookup(stag).cloned()
     }
 
     /// The region named by `stag`, which must still be valid.
@@ -327,6 +335,38 @@ impl MrTable {
             return Err(MemError::InvalidStag);
         }
         Ok(region)
+    }
+
+    /// Copy `[to, to + buf.len())` of the region named by `stag` into
+    /// `buf`, whether or not the STag has been invalidated (the transmit
+    /// path's own region, as [`MrTable::resolve`]), under the read lock and
+    /// without taking a reference to the region (see `with_valid`).
+    pub(crate) fn copy_out(&self, stag: u32, to: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
+        let region = slab.lookup(stag)?;
+        // The read lock keeps the region registered, so its memory alive,
+        // for the copy (`read_into` bounds-checks it).
+        region.read_into(to, buf)
+    }
+
+    /// Run `f` on the valid region named by `stag` under the table's read
+    /// lock, without taking a reference to it: the per-segment checks and
+    /// placements of the data path cost a lock round trip instead of that
+    /// plus an `Arc` increment and decrement (two more atomic operations
+    /// per lookup, several lookups per message). Deregistration waits for
+    /// the write lock, so the region outlives `f`; `f` must be short (a
+    /// check or one segment's copy).
+    fn with_valid<R>(
+        &self,
+        stag: u32,
+        f: impl FnOnce(&MrInner) -> Result<R, MemError>,
+    ) -> Result<R, MemError> {
+        let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
+        let region = slab.lookup(stag)?;
+        if !region.valid.load(Ordering::Acquire) {
+            return Err(MemError::InvalidStag);
+        }
+        f(region)
     }
 
     /// Number of regions currently registered.
@@ -340,50 +380,35 @@ impl MrTable {
 impl MemoryAccess for MrTable {
     fn check(&self, stag: u32, to: u64, len: u32, pd: PdId, need: Access) -> Result<(), MemError> {
         // siw_check_mem order: STag valid, PD, access rights, bounds.
-        let region = self.resolve_valid(stag)?;
-        if region.pd != pd {
-            return Err(MemError::PdMismatch);
-        }
-        if len == 0 {
-            // RFC 5041 §7.2: a zero-length tagged segment still names a
-            // valid STag, but touches no memory: rights and bounds do not
-            // apply.
-            return Ok(());
-        }
-        if !region.access.contains(need) {
-            return Err(MemError::AccessRights);
-        }
-        region.offset_of(to, len as u64).map(|_| ())
+        self.with_valid(stag, |region| {
+            if region.pd != pd {
+                return Err(MemError::PdMismatch);
+            }
+            if len == 0 {
+                // RFC 5041 §7.2: a zero-length tagged segment still names a
+                // valid STag, but touches no memory: rights and bounds do
+                // not apply.
+                return Ok(());
+            }
+            if !region.access.contains(need) {
+                return Err(MemError::AccessRights);
+            }
+            region.offset_of(to, len as u64).map(|_| ())
+        })
     }
 
     fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
         if data.is_empty() {
-            return self.resolve_valid(stag).map(|_| ());
+            return self.with_valid(stag, |_| Ok(()));
         }
-        let region = self.resolve_valid(stag)?;
-        let dst = region.ptr_at(to, data.len() as u64)?;
-        // SAFETY: `dst..dst + data.len()` lies inside the region (checked by
-        // `ptr_at`), whose memory is alive while `region` (an Arc) is held:
-        // owned buffers live in the Arc, raw ones are kept alive by the
-        // `reg_mr_raw` contract until the MemoryRegion's Drop has waited for
-        // this Arc to be released. `data` is a Rust slice that cannot overlap
-        // registered memory handed out only through raw pointers and the
-        // unsafe `as_slice` accessors.
-        //
-        // The last byte is stored last, after a release fence: `memcpy` may
-        // store a block's tail before its head (glibc's vector copies of a
-        // few hundred bytes do), and an application that detects an RDMA
-        // Write by polling the message's last byte (as perftest's
-        // `ib_write_lat` and rping-style code do) would then see the last
-        // byte while the first ones are still stale. Segments are placed in
-        // stream order, so the message's final byte is the last one stored.
-        let n = data.len();
-        // SAFETY: see above; `n - 1` bytes of a checked range of `n`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n - 1) };
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-        // SAFETY: as above; `n - 1` is inside the checked range (`n >= 1`).
-        unsafe { dst.add(n - 1).write(data[n - 1]) };
-        Ok(())
+        self.with_valid(stag, |region| {
+            let dst = region.ptr_at(to, data.len() as u64)?;
+            // SAFETY: `ptr_at` checked the range against the region, and the
+            // read lock `with_valid` holds keeps the region registered (and
+            // its memory alive) until `place` returns; `data` is not empty.
+            unsafe { place(dst, data) };
+            Ok(())
+        })
     }
 
     fn visit(
@@ -424,6 +449,33 @@ impl MemoryAccess for MrTable {
         tracing::debug!(stag = format_args!("{stag:#010x}"), "STag invalidated");
         Ok(())
     }
+}
+
+/// Copy `data` to `dst`, storing its last byte last.
+///
+/// # Safety
+/// `dst..dst + data.len()` must lie inside a registered region whose memory
+/// stays alive for the call: `MrTable::write` checks the range with
+/// `ptr_at` and holds the table's read lock, and deregistration (which
+/// frees an owned buffer, or returns a raw one to its owner through the
+/// `reg_mr_raw` contract) needs the write lock. `data` is a Rust slice,
+/// which cannot overlap registered memory handed out only through raw
+/// pointers and the unsafe `as_slice` accessors. `data` is not empty.
+///
+/// The last byte is stored last, after a release fence: `memcpy` may store
+/// a block's tail before its head (glibc's vector copies of a few hundred
+/// bytes do), and an application that detects an RDMA Write by polling the
+/// message's last byte (as perftest's `ib_write_lat` and rping-style code
+/// do) would then see the last byte while the first ones are still stale.
+/// Segments are placed in stream order, so the message's final byte is the
+/// last one stored.
+unsafe fn place(dst: *mut u8, data: &[u8]) {
+    let n = data.len();
+    // SAFETY: the caller's contract; `n - 1` bytes of a checked range of `n`.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, n - 1) };
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+    // SAFETY: as above; `n - 1` is inside the checked range (`n >= 1`).
+    unsafe { dst.add(n - 1).write(data[n - 1]) };
 }
 
 /// A registered memory region (`struct ibv_mr`).

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::TryLockError;
 
 use iwarp_proto::engine::TxPiece;
+use iwarp_proto::mem::MemError;
 
 use crate::sys;
 
@@ -112,12 +113,16 @@ pub(super) fn gather_and_send(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io:
         return Ok(0);
     }
     let small = left <= SMALL_SEND;
-    let mut copy = [0u8; SMALL_SEND];
     let mut copied = 0usize;
     let mut skip = tx.off;
     let TxState {
-        frame, hold, iov, ..
+        frame,
+        hold,
+        iov,
+        small: copy,
+        ..
     } = tx;
+    let copy = &mut copy.0[..];
     for piece in &frame.pieces {
         let (plen, ptr): (usize, *const u8) = match *piece {
             TxPiece::Inline { start, len } => {
@@ -143,22 +148,26 @@ pub(super) fn gather_and_send(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io:
                     skip -= len as usize;
                     continue;
                 }
-                let region = qp.mem.resolve(stag).map_err(|e| {
+                let gone = |e: MemError| {
                     io::Error::other(format!(
                         "memory region {stag:#010x} deregistered while a work request was sending from it: {e}"
                     ))
-                })?;
+                };
                 if small {
                     let n = len as usize - skip;
-                    region
-                        .read_into(to + skip as u64, &mut copy[copied..copied + n])
-                        .map_err(|e| {
-                            io::Error::other(format!("transmit from {stag:#010x}: {e}"))
+                    qp.mem
+                        .copy_out(stag, to + skip as u64, &mut copy[copied..copied + n])
+                        .map_err(|e| match e {
+                            MemError::Bounds => {
+                                io::Error::other(format!("transmit from {stag:#010x}: {e}"))
+                            }
+                            e => gone(e),
                         })?;
                     copied += n;
                     skip = 0;
                     continue;
                 }
+                let region = qp.mem.resolve(stag).map_err(gone)?;
                 let p = region
                     .ptr_at(to, len as u64)
                     .map_err(|e| io::Error::other(format!("transmit from {stag:#010x}: {e}")))?;
