@@ -79,8 +79,11 @@ pub(crate) struct Conn {
     pub(super) last_nudge_ms: AtomicU64,
     /// When the connection started (the clock of the fields below).
     pub(super) epoch: Instant,
-    /// Milliseconds since `epoch` when bytes last arrived.
+    /// Milliseconds since `epoch` when bytes last arrived, as of the last
+    /// [`Conn::last_rx_ms`] (read it through that).
     pub(super) last_rx_ms: AtomicU64,
+    /// Bytes arrived since `last_rx_ms` was last brought up to date.
+    pub(super) rx_unstamped: AtomicBool,
     /// Milliseconds since `epoch` since when the peer owes Read Responses
     /// with all our data acknowledged (`NOT_OWED`: it owes nothing).
     pub(super) quiet_since_ms: AtomicU64,
@@ -127,9 +130,29 @@ impl Conn {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Bytes arrived from the peer.
+    /// Bytes arrived from the peer. Only a flag: this runs for every
+    /// message on its way to the application, and reading the clock there
+    /// cost about 100 cycles in a VM (a tenth of what the busy-polled
+    /// ping-pong spends above TCP). The time is taken by whoever needs it
+    /// ([`Conn::last_rx_ms`]): the transmit thread at every wake-up (at
+    /// least every [`TICK`]) and every write of ours while nudges may be
+    /// sent, so the recorded time is late by at most that much, which
+    /// only makes a silent peer's timeout run that much longer.
     pub(super) fn heard_from_peer(&self) {
-        self.last_rx_ms.store(self.now_ms(), Ordering::Relaxed);
+        if !self.rx_unstamped.load(Ordering::Relaxed) {
+            self.rx_unstamped.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Milliseconds since `epoch` when bytes last arrived, as far as is
+    /// known now (see [`Conn::heard_from_peer`]).
+    pub(super) fn last_rx_ms(&self) -> u64 {
+        if self.rx_unstamped.swap(false, Ordering::Relaxed) {
+            let now = self.now_ms();
+            self.last_rx_ms.fetch_max(now, Ordering::Relaxed).max(now)
+        } else {
+            self.last_rx_ms.load(Ordering::Relaxed)
+        }
     }
 
     /// Checked by the transmit thread at every wake-up (at least every
@@ -155,9 +178,9 @@ impl Conn {
         if self.peer_timeout.is_zero() {
             return None;
         }
+        let last_rx = self.last_rx_ms();
         let now = self.now_ms();
         let limit = self.peer_timeout.as_millis() as u64;
-        let last_rx = self.last_rx_ms.load(Ordering::Relaxed);
         let unacked = sys::unacked_bytes(self.sock.as_raw_fd()).unwrap_or(0);
         // Clock of a rule: since when its condition holds (reset when it
         // stops holding), and whether the peer has been silent for the
@@ -224,8 +247,7 @@ impl Conn {
         let now = self.now_ms();
         let every = self.probe_interval.as_millis() as u64;
         let quiet_since = self
-            .last_rx_ms
-            .load(Ordering::Relaxed)
+            .last_rx_ms()
             .max(self.last_probe_ms.load(Ordering::Relaxed));
         if now.saturating_sub(quiet_since) < every {
             return false;
@@ -317,7 +339,7 @@ impl Conn {
         if last_tx == NOT_OWED {
             return None;
         }
-        if self.last_rx_ms.load(Ordering::Relaxed) > last_tx {
+        if self.last_rx_ms() > last_tx {
             return None;
         }
         let gap = NUDGE_FIRST_GAP_MS << (NUDGE_MAX - left);
@@ -337,6 +359,10 @@ impl Conn {
     /// still be sent).
     pub(super) fn wrote_bytes(&self) {
         if self.nudges_left.load(Ordering::Relaxed) > 0 {
+            // Bytes that arrived before these get a time no later than
+            // theirs, so "the peer sent nothing since our last bytes"
+            // (`nudge_due_ms`) stays true for them.
+            let _ = self.last_rx_ms();
             self.last_tx_ms.store(self.now_ms(), Ordering::Relaxed);
         }
     }
@@ -451,6 +477,18 @@ pub(crate) struct TxState {
     pub(super) hold: Vec<Arc<MrInner>>,
     /// The iovecs of one `sendmsg` (kept for its capacity).
     pub(super) iov: IovBuf,
+    /// Where a small frame is gathered for one `send` (see `write_some`).
+    pub(super) small: SmallBuf,
+}
+
+/// The gather buffer of a small frame, allocated once per connection
+/// rather than zeroed on the stack at every write.
+pub(super) struct SmallBuf(pub(super) Box<[u8; super::tx::SMALL_SEND]>);
+
+impl Default for SmallBuf {
+    fn default() -> SmallBuf {
+        SmallBuf(Box::new([0; super::tx::SMALL_SEND]))
+    }
 }
 
 /// Reusable iovec storage, so a write allocates nothing.

@@ -414,6 +414,7 @@ impl Conn {
             peer_timeout: live.peer_timeout,
             epoch: Instant::now(),
             last_rx_ms: AtomicU64::new(0),
+            rx_unstamped: AtomicBool::new(false),
             quiet_since_ms: AtomicU64::new(NOT_OWED),
             probe_interval: live.probe_interval,
             last_probe_ms: AtomicU64::new(0),
