@@ -448,7 +448,10 @@ impl Engine {
     /// Everything handed out by [`Engine::poll_transmit`] so far is written
     /// to the socket: release the completions of the requests it finished.
     pub fn confirm_transmit(&mut self) {
-        for seq in std::mem::take(&mut self.unconfirmed) {
+        // Taken and put back empty, so its capacity stays: a fresh vector
+        // here was an allocation and a free per transmitted message.
+        let mut unconfirmed = std::mem::take(&mut self.unconfirmed);
+        for &seq in &unconfirmed {
             if let Some(slot) = self.slot_mut(seq) {
                 slot.sent = true;
                 if slot.reads_left == 0 && slot.status.is_none() {
@@ -456,6 +459,8 @@ impl Engine {
                 }
             }
         }
+        unconfirmed.clear();
+        self.unconfirmed = unconfirmed;
         self.drain_sq_completions();
     }
 

@@ -41,6 +41,12 @@ pub(super) struct Cursor {
     off: u32,
     sge_idx: usize,
     sge_off: u32,
+    /// The whole source was validated when the message started, in this
+    /// very `poll_transmit` call: its segments need no second lookup of
+    /// the same range. Cleared when the call returns, so a message that
+    /// continues in a later call is checked again per segment (the region
+    /// may have been deregistered in between).
+    checked: bool,
 }
 
 #[derive(Debug)]
@@ -180,19 +186,22 @@ impl Engine {
                 self.start_read_response(entry, mem);
                 continue;
             }
-            let Some(wr) = self.sq.front().copied() else {
+            match self.sq.front() {
+                Some(wr) if self.can_start(wr) => {}
+                _ => break,
+            }
+            let Some(wr) = self.sq.pop_front() else {
                 break;
             };
-            if !self.can_start(&wr) {
-                break;
-            }
-            self.sq.pop_front();
             match wr.opcode {
                 WrOpcode::RdmaRead { remote_addr, rkey } => {
                     any |= self.emit_read_requests(frame, &wr, remote_addr, rkey, mem);
                 }
-                _ => self.start_send_or_write(wr, mem),
+                _ => self.start_send_or_write(&wr, mem),
             }
+        }
+        if let Some(cur) = self.tx.cursor.as_mut() {
+            cur.checked = false;
         }
         any
     }
@@ -231,14 +240,14 @@ impl Engine {
         self.fatal(Fault::RdmapLocal, None);
     }
 
-    fn start_send_or_write(&mut self, wr: SendWr, mem: &dyn MemoryAccess) {
+    fn start_send_or_write(&mut self, wr: &SendWr, mem: &dyn MemoryAccess) {
         let pd = self.cfg.pd;
         for sge in wr.sgl.as_slice().iter().filter(|s| s.length > 0) {
             if mem
                 .check(sge.lkey, sge.addr, sge.length, pd, Access::NONE)
                 .is_err()
             {
-                return self.fail_local(&wr, WcStatus::LocProtErr);
+                return self.fail_local(wr, WcStatus::LocProtErr);
             }
         }
         let total = wr.sgl.total_len() as u32;
@@ -267,7 +276,7 @@ impl Engine {
             ),
             WrOpcode::RdmaRead { .. } => return,
         };
-        let seq = self.new_slot(&wr, wc_op, total);
+        let seq = self.new_slot(wr, wc_op, total);
         self.tx.cursor = Some(Cursor {
             kind,
             seq: Some(seq),
@@ -276,6 +285,7 @@ impl Engine {
             off: 0,
             sge_idx: 0,
             sge_off: 0,
+            checked: true,
         });
     }
 
@@ -309,6 +319,7 @@ impl Engine {
             off: 0,
             sge_idx: 0,
             sge_off: 0,
+            checked: true,
         });
     }
 
@@ -396,7 +407,10 @@ impl Engine {
     /// Emit the next DDP segment of the message in progress. Returns false
     /// if the message failed (the QP is then in error).
     fn emit_segment(&mut self, frame: &mut TxFrame, mem: &dyn MemoryAccess) -> bool {
-        let Some(mut cur) = self.tx.cursor else {
+        let mulpdu = self.link.mulpdu as usize;
+        // Worked on in place: the cursor holds a whole SGL, and copying it
+        // out and back per segment cost two block copies per message.
+        let Some(cur) = self.tx.cursor.as_mut() else {
             return false;
         };
         let tagged = !matches!(cur.kind, CurKind::Send { .. });
@@ -406,7 +420,7 @@ impl Engine {
             ddp::UNTAGGED_HDR_LEN
         };
         // RFC 5044 §5.1 / RFC 5041 §5.2: each segment fits in MULPDU.
-        let max_payload = self.link.mulpdu as usize - hdr_len;
+        let max_payload = mulpdu - hdr_len;
         let n = ((cur.total - cur.off) as usize).min(max_payload) as u32;
         let last = cur.off + n == cur.total;
         let (op, placement, ulp_word) = match cur.kind {
@@ -469,9 +483,15 @@ impl Engine {
         // requester's own posted buffer, which it leaves alone until the
         // completion (the verbs contract), so it goes by reference.
         let snapshot = matches!(cur.kind, CurKind::ReadResp { .. });
-        if !self.emit_fpdu(frame, &hdr[..hdr_len], &pieces[..np], snapshot, mem) {
+        let src = Source {
+            snapshot,
+            checked: cur.checked,
+        };
+        cur.off += n;
+        let seq = cur.seq;
+        if !self.emit_fpdu(frame, &hdr[..hdr_len], &pieces[..np], src, mem) {
             self.tx.cursor = None;
-            if let Some(seq) = cur.seq {
+            if let Some(seq) = seq {
                 if let Some(slot) = self.slot_mut(seq) {
                     slot.status = Some(WcStatus::LocProtErr);
                     slot.sent = true;
@@ -480,14 +500,11 @@ impl Engine {
             self.fatal(Fault::RdmapLocal, None);
             return false;
         }
-        cur.off += n;
         if last {
             self.tx.cursor = None;
-            if let Some(seq) = cur.seq {
+            if let Some(seq) = seq {
                 self.unconfirmed.push(seq);
             }
-        } else {
-            self.tx.cursor = Some(cur);
         }
         true
     }
@@ -495,7 +512,11 @@ impl Engine {
     /// Emit one FPDU whose ULPDU is entirely inline.
     fn emit_ulpdu(&mut self, frame: &mut TxFrame, ulpdu: &[u8]) {
         // Inline ULPDUs never touch registered memory, so this cannot fail.
-        let ok = self.emit_fpdu(frame, ulpdu, &[], false, &NoMemory);
+        let src = Source {
+            snapshot: false,
+            checked: true,
+        };
+        let ok = self.emit_fpdu(frame, ulpdu, &[], src, &NoMemory);
         debug_assert!(ok);
     }
 
@@ -508,7 +529,7 @@ impl Engine {
         frame: &mut TxFrame,
         head: &[u8],
         pieces: &[(u32, u64, u32)],
-        snapshot: bool,
+        src: Source,
         mem: &dyn MemoryAccess,
     ) -> bool {
         let snap = Snapshot {
@@ -520,18 +541,44 @@ impl Engine {
         let ulpdu_len = head.len() + payload;
         self.tx.fpdu_start = self.tx.stream_pos;
         self.tx.crc = 0;
-        self.put_inline(frame, &(ulpdu_len as u16).to_be_bytes(), true);
-        self.put_inline(frame, head, true);
+        let len_field = (ulpdu_len as u16).to_be_bytes();
+        if self.link.markers_tx {
+            self.put_inline(frame, &len_field, true);
+            self.put_inline(frame, head, true);
+        } else {
+            // No markers in this direction (RFC 5044 §4.3 not negotiated):
+            // the length field and the header are one inline run.
+            push_inline(frame, &len_field);
+            push_inline(frame, head);
+            if self.link.crc {
+                self.tx.crc = crc::crc32c_append(crc::crc32c_append(0, &len_field), head);
+            }
+            self.tx.stream_pos += (len_field.len() + head.len()) as u64;
+        }
         for &(stag, to, len) in pieces {
-            if self.put_mem(frame, stag, to, len, snapshot, mem).is_err() {
+            if self.put_mem(frame, stag, to, len, src, mem).is_err() {
                 frame.pieces.truncate(snap.pieces);
                 frame.inline.truncate(snap.inline);
                 self.tx.stream_pos = snap.stream_pos;
                 return false;
             }
         }
+        let pad_len = mpa::pad_len(ulpdu_len);
+        if !self.link.markers_tx {
+            // Pad and CRC field as one inline run (RFC 5044 §4.1, §4.4).
+            let mut trailer = [0u8; 3 + mpa::CRC_LEN];
+            if self.link.crc {
+                self.tx.crc = crc::crc32c_append(self.tx.crc, &trailer[..pad_len]);
+                trailer[pad_len..pad_len + mpa::CRC_LEN]
+                    .copy_from_slice(&crc::crc_to_wire(self.tx.crc));
+            }
+            let n = pad_len + mpa::CRC_LEN;
+            push_inline(frame, &trailer[..n]);
+            self.tx.stream_pos += n as u64;
+            return true;
+        }
         let pad = [0u8; 3];
-        self.put_inline(frame, &pad[..mpa::pad_len(ulpdu_len)], true);
+        self.put_inline(frame, &pad[..pad_len], true);
         // A marker due right before the CRC field goes first and is covered
         // by the CRC; one that falls inside the field cannot be.
         self.marker_gap(frame);
@@ -587,9 +634,10 @@ impl Engine {
         stag: u32,
         to: u64,
         len: u32,
-        snapshot: bool,
+        src: Source,
         mem: &dyn MemoryAccess,
     ) -> Result<(), MemError> {
+        let Source { snapshot, checked } = src;
         let mut done = 0u32;
         while done < len {
             let k = self.marker_gap(frame).min((len - done) as usize) as u32;
@@ -614,7 +662,7 @@ impl Engine {
                     let mut c = self.tx.crc;
                     mem.visit(stag, at, k, &mut |b| c = crc::crc32c_append(c, b))?;
                     self.tx.crc = c;
-                } else {
+                } else if !checked {
                     mem.check(stag, at, k, self.cfg.pd, Access::NONE)?;
                 }
                 frame.pieces.push(TxPiece::Mem {
@@ -628,6 +676,15 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// How `emit_fpdu` takes a segment's payload from registered memory.
+#[derive(Debug, Clone, Copy)]
+struct Source {
+    /// Copy it into the frame (a Read Response's source, see `put_mem`).
+    snapshot: bool,
+    /// Its range was validated earlier in this `poll_transmit` call.
+    checked: bool,
 }
 
 /// Append inline bytes, merging with the previous inline piece when
