@@ -148,6 +148,9 @@ struct CqInner {
     /// per empty/non-empty transition for applications that only poll or
     /// wait.
     fd_armed: AtomicBool,
+    /// `set_fd_updates(false)` is in force: a consumer takes the
+    /// completions itself, so the completion hook is not run for them.
+    fd_paused: AtomicBool,
     /// Threads inside `wait`: `push` signals the condition variable only
     /// when someone sleeps on it.
     waiters: AtomicUsize,
@@ -248,6 +251,7 @@ impl CompletionQueue {
                 efd,
                 efd_readable: AtomicBool::new(false),
                 fd_armed: AtomicBool::new(false),
+                fd_paused: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
                 wake_newest: AtomicBool::new(false),
                 sleepers: Mutex::new(Vec::new()),
@@ -763,7 +767,9 @@ impl CompletionQueue {
     /// runs on threads the application does not own, possibly while the
     /// provider's receive or transmit path waits for it: it must not block
     /// (take its own locks with `try_lock` and return false when busy) and
-    /// may post work requests. `None` removes it.
+    /// may post work requests. It is not run while descriptor updates are
+    /// paused ([`set_fd_updates`](Self::set_fd_updates)): the consumer that
+    /// paused them takes the completions itself. `None` removes it.
     pub fn set_completion_hook(&self, hook: Option<CompletionHook>) {
         let inner = &*self.inner;
         let on = hook.is_some();
@@ -790,6 +796,13 @@ impl CompletionQueue {
         {
             return;
         }
+        if inner.fd_paused.load(Ordering::Acquire) {
+            // The consumer that paused the descriptor takes these itself
+            // (see `set_fd_updates`); the socket library's hook would only
+            // find it in a call and decline to act, after an upgrade and
+            // a few more atomic operations, on every message's path.
+            return;
+        }
         let hook = inner.hook.read().unwrap_or_else(|e| e.into_inner()).clone();
         let handled = hook.is_some_and(|h| h());
         if !handled {
@@ -806,14 +819,17 @@ impl CompletionQueue {
     /// readable, so an event loop that watches it (another thread) is not
     /// woken for completions that the caller, about to wait on the CQ
     /// itself, will take: on two cores the wake-up of that thread was most
-    /// of a busy-polled ping-pong's time. Resuming brings the descriptor in
-    /// step again at once (readable if completions are queued, a fresh
-    /// edge for edge-triggered watchers). Only meaningful after
-    /// `as_raw_fd`.
+    /// of a busy-polled ping-pong's time. The completion hook
+    /// ([`set_completion_hook`](Self::set_completion_hook)) is not run for
+    /// them either. Resuming brings the descriptor in step again at once
+    /// (readable if completions are queued, a fresh edge for
+    /// edge-triggered watchers). The descriptor part is only meaningful
+    /// after `as_raw_fd`.
     pub fn set_fd_updates(&self, on: bool) {
         let inner = &*self.inner;
         let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         inner.fd_armed.store(on, Ordering::Release);
+        inner.fd_paused.store(!on, Ordering::Release);
         if on {
             if q.is_empty() {
                 inner.efd_clear();

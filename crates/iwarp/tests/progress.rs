@@ -607,3 +607,51 @@ fn completion_hook_runs_on_the_provider_thread_and_falls_back_to_the_fd() {
     assert_eq!(server.rcq.poll_one().map(|w| w.wr_id), Some(4));
     assert_eq!(calls.load(Ordering::SeqCst), before);
 }
+
+/// While descriptor updates are paused (`set_fd_updates(false)`, what the
+/// socket library does for the length of a stream call), the completion
+/// hook is not run: the pausing consumer takes the completions itself.
+/// After resuming, the queued completion shows on the descriptor, and the
+/// next arrival runs the hook again.
+#[test]
+fn completion_hook_is_not_run_while_descriptor_updates_are_paused() {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    let (client, server) = pair();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&server.rcq);
+    let calls = Arc::new(AtomicUsize::new(0));
+    {
+        let calls = calls.clone();
+        server.rcq.set_completion_hook(Some(Arc::new(move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            true
+        })));
+    }
+    let cbuf = client.mr(64);
+    let sbuf = server.mr(64);
+    server.rcq.set_fd_updates(false);
+    server.post_recv(1, &sbuf, 0, 8);
+    send_unsignaled(&client, 1, &cbuf);
+    // The completion arrives (the receive thread queues it)...
+    assert!(server.rcq.wait(T).unwrap(), "the Send never completed");
+    std::thread::sleep(Duration::from_millis(50));
+    // ...without the hook and without the descriptor.
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the hook ran while paused");
+    assert!(!readable(fd), "the descriptor woke while paused");
+    // Resuming shows what is queued.
+    server.rcq.set_fd_updates(true);
+    assert!(
+        readable(fd),
+        "resumed with a completion queued, not readable"
+    );
+    assert_eq!(server.rcq.poll_one().map(|w| w.wr_id), Some(1));
+    // Unpaused, the next arrival runs the hook again.
+    server.post_recv(2, &sbuf, 0, 8);
+    send_unsignaled(&client, 2, &cbuf);
+    let t0 = Instant::now();
+    while calls.load(Ordering::SeqCst) == 0 {
+        assert!(t0.elapsed() < T, "the hook did not run after resuming");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(server.rcq.poll_one().map(|w| w.wr_id), Some(2));
+}
