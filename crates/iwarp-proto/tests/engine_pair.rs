@@ -1982,3 +1982,141 @@ fn a_held_responder_sends_nothing_before_the_initiators_first_fpdu() {
     assert_eq!(p.a.wcs[1].byte_len, 15);
     assert_eq!(p.b.wcs[0].wr_id, 1);
 }
+
+/// A Send or Write from one SGE that fits one FPDU takes the transmit
+/// path's whole-message shortcut; the same message from two SGEs takes
+/// the general segmenting path. The bytes on the wire must be the same
+/// (header, payload, pad, CRC, the next message's MSN and stream
+/// position), with CRC on and off, for every pad length, and the peer
+/// must accept them.
+#[test]
+fn whole_message_shortcut_frames_match_the_segmenting_path() {
+    let ops = [
+        (WrOpcode::Send, false),
+        (WrOpcode::Send, true),
+        (
+            WrOpcode::SendWithInv {
+                invalidate_rkey: 0x1234_5678,
+            },
+            false,
+        ),
+        (
+            WrOpcode::RdmaWrite {
+                remote_addr: 0x9000,
+                rkey: 0x4242_4201,
+            },
+            false,
+        ),
+    ];
+    for crc in [true, false] {
+        for &(opcode, solicited) in &ops {
+            for len in (2u32..=9).chain([64, 1000]) {
+                let stream = |split: bool| {
+                    let mut p = Peer::new();
+                    p.eng.establish(LinkParams {
+                        crc,
+                        markers_tx: false,
+                        markers_rx: false,
+                        mulpdu: 1460,
+                        ird: 8,
+                        ord: 8,
+                    });
+                    let src = p.mem.register(PD, Access::NONE, 0x100, 1024);
+                    p.mem.fill(src, &pattern(1024, len as u8));
+                    let sgl: Vec<Sge> = if split {
+                        let h = len / 2;
+                        vec![
+                            Sge {
+                                addr: 0x100,
+                                length: h,
+                                lkey: src,
+                            },
+                            Sge {
+                                addr: 0x100 + h as u64,
+                                length: len - h,
+                                lkey: src,
+                            },
+                        ]
+                    } else {
+                        vec![Sge {
+                            addr: 0x100,
+                            length: len,
+                            lkey: src,
+                        }]
+                    };
+                    // Two messages, so the second shows the MSN and stream
+                    // position the first one left.
+                    for id in [1, 2] {
+                        let mut w = send_wr(id, opcode, &sgl);
+                        w.solicited = solicited;
+                        p.eng.post_send(w).unwrap();
+                    }
+                    p.frame.clear();
+                    assert!(p.eng.poll_transmit(&mut p.frame, 1 << 20, &p.mem));
+                    let bytes = p.flatten();
+                    p.eng.confirm_transmit();
+                    p.drain();
+                    let done: Vec<_> = p.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+                    (bytes, done)
+                };
+                let (whole, whole_done) = stream(false);
+                let (split, split_done) = stream(true);
+                let what = format!("{opcode:?} solicited={solicited} len={len} crc={crc}");
+                assert_same(&whole, &split, &what);
+                assert_eq!(whole_done, split_done, "{what}");
+                assert_eq!(
+                    whole_done,
+                    vec![(1, WcStatus::Success), (2, WcStatus::Success)],
+                    "{what}"
+                );
+            }
+        }
+    }
+}
+
+/// The whole-message shortcut validates its source as the general path
+/// does: a bad lkey completes the request with a local protection error
+/// and ends the stream with a Terminate.
+#[test]
+fn whole_message_shortcut_refuses_a_bad_source() {
+    let mut p = Peer::new();
+    p.eng.establish(LinkParams {
+        crc: true,
+        markers_tx: false,
+        markers_rx: false,
+        mulpdu: 1460,
+        ird: 8,
+        ord: 8,
+    });
+    let src = p.mem.register(PD, Access::NONE, 0, 64);
+    // Past the end of the region.
+    p.eng
+        .post_send(send_wr(
+            7,
+            WrOpcode::Send,
+            &[Sge {
+                addr: 60,
+                length: 8,
+                lkey: src,
+            }],
+        ))
+        .unwrap();
+    p.frame.clear();
+    p.eng.poll_transmit(&mut p.frame, 1 << 20, &p.mem);
+    p.drain();
+    assert_eq!(p.eng.state(), QpState::Error);
+    assert_eq!(
+        p.wcs
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(7, WcStatus::LocProtErr)]
+    );
+    assert!(
+        p.events
+            .iter()
+            .any(|e| matches!(e, EngineEvent::TerminateSent(_))),
+        "no Terminate: {:?}",
+        p.events
+    );
+}

@@ -31,6 +31,45 @@ enum CurKind {
     ReadResp { sink_stag: u32, sink_to: u64 },
 }
 
+impl CurKind {
+    /// The RDMAP opcode, DDP placement and ULP word (the Invalidate STag
+    /// of a Send with Invalidate) of the message's segment at offset `off`
+    /// (RFC 5040 §4.3-§4.5, RFC 5041 §4.2-§4.3).
+    fn segment(&self, off: u32) -> (Opcode, ddp::Placement, u32) {
+        match *self {
+            CurKind::Send { op, inval, msn } => (
+                op,
+                ddp::Placement::Untagged {
+                    qn: rdmap::QN_SEND,
+                    msn,
+                    mo: off,
+                },
+                inval,
+            ),
+            CurKind::Write { rkey, raddr } => (
+                Opcode::RdmaWrite,
+                ddp::Placement::Tagged {
+                    stag: rkey,
+                    to: raddr.wrapping_add(off as u64),
+                },
+                0,
+            ),
+            CurKind::ReadResp { sink_stag, sink_to } => (
+                Opcode::ReadResponse,
+                ddp::Placement::Tagged {
+                    stag: sink_stag,
+                    to: sink_to.wrapping_add(off as u64),
+                },
+                0,
+            ),
+        }
+    }
+
+    fn tagged(&self) -> bool {
+        !matches!(self, CurKind::Send { .. })
+    }
+}
+
 /// A message being segmented.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Cursor {
@@ -197,7 +236,13 @@ impl Engine {
                 WrOpcode::RdmaRead { remote_addr, rkey } => {
                     any |= self.emit_read_requests(frame, &wr, remote_addr, rkey, mem);
                 }
-                _ => self.start_send_or_write(&wr, mem),
+                _ => {
+                    if self.emit_whole(frame, &wr, mem) {
+                        any = true;
+                    } else {
+                        self.start_send_or_write(&wr, mem);
+                    }
+                }
             }
         }
         if let Some(cur) = self.tx.cursor.as_mut() {
@@ -251,7 +296,26 @@ impl Engine {
             }
         }
         let total = wr.sgl.total_len() as u32;
-        let (kind, wc_op) = match wr.opcode {
+        let Some((kind, wc_op)) = self.message_kind(wr) else {
+            return;
+        };
+        let seq = self.new_slot(wr, wc_op, total);
+        self.tx.cursor = Some(Cursor {
+            kind,
+            seq: Some(seq),
+            sgl: wr.sgl,
+            total,
+            off: 0,
+            sge_idx: 0,
+            sge_off: 0,
+            checked: true,
+        });
+    }
+
+    /// What a Send or Write work request becomes on the wire (RFC 5040
+    /// §5.1, §5.3), taking the next Send MSN for a Send; `None` for a Read.
+    fn message_kind(&mut self, wr: &SendWr) -> Option<(CurKind, WcOpcode)> {
+        Some(match wr.opcode {
             WrOpcode::Send | WrOpcode::SendWithInv { .. } => {
                 let (op, inval) = match (wr.opcode, wr.solicited) {
                     (WrOpcode::SendWithInv { invalidate_rkey }, true) => {
@@ -274,19 +338,101 @@ impl Engine {
                 },
                 WcOpcode::RdmaWrite,
             ),
-            WrOpcode::RdmaRead { .. } => return,
+            WrOpcode::RdmaRead { .. } => return None,
+        })
+    }
+
+    /// A Send or Write that fits one FPDU, from at most one SGE, on a
+    /// stream without markers (the common small message): emitted whole,
+    /// without the segmentation cursor. Returns false, having done
+    /// nothing, for anything else (the general path takes it). The frame
+    /// is what `emit_segment` makes of it; the tests compare the two.
+    fn emit_whole(&mut self, frame: &mut TxFrame, wr: &SendWr, mem: &dyn MemoryAccess) -> bool {
+        if self.link.markers_tx {
+            return false;
+        }
+        let mut src = None;
+        for sge in wr.sgl.as_slice().iter().filter(|s| s.length > 0) {
+            if src.replace(*sge).is_some() {
+                return false;
+            }
+        }
+        let total = src.map_or(0, |s| s.length);
+        let hdr_len = match wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithInv { .. } => ddp::UNTAGGED_HDR_LEN,
+            WrOpcode::RdmaWrite { .. } => ddp::TAGGED_HDR_LEN,
+            WrOpcode::RdmaRead { .. } => return false,
         };
+        // RFC 5044 §5.1 / RFC 5041 §5.2: the one segment fits in MULPDU.
+        if total as usize > self.link.mulpdu as usize - hdr_len {
+            return false;
+        }
+        // The source, validated as `start_send_or_write` does.
+        if let Some(s) = src {
+            if mem
+                .check(s.lkey, s.addr, s.length, self.cfg.pd, Access::NONE)
+                .is_err()
+            {
+                self.fail_local(wr, WcStatus::LocProtErr);
+                return true;
+            }
+        }
+        let mut lead = [0u8; mpa::ULPDU_LEN_FIELD + ddp::UNTAGGED_HDR_LEN];
+        let lead_len = mpa::ULPDU_LEN_FIELD + hdr_len;
+        let ulpdu_len = hdr_len + total as usize;
+        lead[..mpa::ULPDU_LEN_FIELD].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+        let Some((kind, wc_op)) = self.message_kind(wr) else {
+            return false;
+        };
+        let (op, placement, ulp_word) = kind.segment(0);
+        ddp::Repr {
+            last: true,
+            version: ddp::DDP_VERSION,
+            ulp_ctrl: rdmap::ctrl_byte(op),
+            ulp_word,
+            placement,
+        }
+        .emit(&mut ddp::Packet::new_unchecked(
+            &mut lead[mpa::ULPDU_LEN_FIELD..lead_len],
+        ));
+        let lead = &lead[..lead_len];
+        let pad_len = mpa::pad_len(ulpdu_len);
+        let mut trailer = [0u8; 3 + mpa::CRC_LEN];
+        if self.link.crc {
+            // RFC 5044 §4.4: over the length field, the ULPDU and the pad.
+            // The payload is visited once and goes by reference: the verbs
+            // contract keeps a posted buffer unchanged until its
+            // completion (see `emit_segment`).
+            let mut c = crc::crc32c_append(0, lead);
+            if let Some(s) = src {
+                if mem
+                    .visit(s.lkey, s.addr, s.length, &mut |b| {
+                        c = crc::crc32c_append(c, b)
+                    })
+                    .is_err()
+                {
+                    // Deregistered since the check: as `emit_segment`.
+                    self.fail_local(wr, WcStatus::LocProtErr);
+                    return true;
+                }
+            }
+            c = crc::crc32c_append(c, &trailer[..pad_len]);
+            trailer[pad_len..pad_len + mpa::CRC_LEN].copy_from_slice(&crc::crc_to_wire(c));
+        }
         let seq = self.new_slot(wr, wc_op, total);
-        self.tx.cursor = Some(Cursor {
-            kind,
-            seq: Some(seq),
-            sgl: wr.sgl,
-            total,
-            off: 0,
-            sge_idx: 0,
-            sge_off: 0,
-            checked: true,
-        });
+        push_inline(frame, lead);
+        if let Some(s) = src {
+            frame.pieces.push(TxPiece::Mem {
+                stag: s.lkey,
+                to: s.addr,
+                len: s.length,
+            });
+        }
+        push_inline(frame, &trailer[..pad_len + mpa::CRC_LEN]);
+        self.tx.fpdu_start = self.tx.stream_pos;
+        self.tx.stream_pos += mpa::fpdu_len(ulpdu_len, self.link.crc) as u64;
+        self.unconfirmed.push(seq);
+        true
     }
 
     /// RFC 5040 §5.2: the responder validates the source region when it
@@ -413,8 +559,7 @@ impl Engine {
         let Some(cur) = self.tx.cursor.as_mut() else {
             return false;
         };
-        let tagged = !matches!(cur.kind, CurKind::Send { .. });
-        let hdr_len = if tagged {
+        let hdr_len = if cur.kind.tagged() {
             ddp::TAGGED_HDR_LEN
         } else {
             ddp::UNTAGGED_HDR_LEN
@@ -423,33 +568,7 @@ impl Engine {
         let max_payload = mulpdu - hdr_len;
         let n = ((cur.total - cur.off) as usize).min(max_payload) as u32;
         let last = cur.off + n == cur.total;
-        let (op, placement, ulp_word) = match cur.kind {
-            CurKind::Send { op, inval, msn } => (
-                op,
-                ddp::Placement::Untagged {
-                    qn: rdmap::QN_SEND,
-                    msn,
-                    mo: cur.off,
-                },
-                inval,
-            ),
-            CurKind::Write { rkey, raddr } => (
-                Opcode::RdmaWrite,
-                ddp::Placement::Tagged {
-                    stag: rkey,
-                    to: raddr.wrapping_add(cur.off as u64),
-                },
-                0,
-            ),
-            CurKind::ReadResp { sink_stag, sink_to } => (
-                Opcode::ReadResponse,
-                ddp::Placement::Tagged {
-                    stag: sink_stag,
-                    to: sink_to.wrapping_add(cur.off as u64),
-                },
-                0,
-            ),
-        };
+        let (op, placement, ulp_word) = cur.kind.segment(cur.off);
         let mut hdr = [0u8; ddp::UNTAGGED_HDR_LEN];
         ddp::Repr {
             last,
