@@ -288,7 +288,16 @@ impl Engine {
                 let to_marker = mpa::next_marker_pos(self.rx.stream_pos) - self.rx.stream_pos;
                 limit = limit.min(to_marker as usize);
             }
-            let n = self.rx_step(&avail[..limit], mem);
+            let n = if limit == avail.len()
+                && self.rx.phase == Phase::Header
+                && self.rx.hdr_have == 0
+            {
+                // An FPDU starts here and no marker interrupts the input.
+                self.rx_whole(avail, mem)
+                    .unwrap_or_else(|| self.rx_step(avail, mem))
+            } else {
+                self.rx_step(&avail[..limit], mem)
+            };
             self.rx.stream_pos += n as u64;
             i += n;
             if self.rx.phase == Phase::Header && self.rx.hdr_have == 0 {
@@ -313,6 +322,50 @@ impl Engine {
         if u64::from(m.fpdu_ptr) != expected {
             self.fatal(Fault::Marker, None);
         }
+    }
+
+    /// A whole FPDU at the start of `chunk` (which holds no marker bytes
+    /// before its end): run it through the same steps `rx_step` takes one
+    /// call at a time (classify, header, payload, trailer) in one go, so a
+    /// small message does not pay the input loop four times. Returns the
+    /// bytes consumed (fewer than the FPDU when a step ends the stream),
+    /// or `None` when the FPDU is not all there (the step-by-step machine
+    /// takes it).
+    fn rx_whole(&mut self, chunk: &[u8], mem: &dyn MemoryAccess) -> Option<usize> {
+        let len_field = chunk.get(..mpa::ULPDU_LEN_FIELD)?;
+        let ulpdu_len = u16::from_be_bytes([len_field[0], len_field[1]]) as usize;
+        let total = mpa::fpdu_len(ulpdu_len, self.rx.fpdu.crc_on());
+        if chunk.len() < total {
+            return None;
+        }
+        self.rx.hdr[..CLASSIFY_LEN].copy_from_slice(&chunk[..CLASSIFY_LEN]);
+        self.rx.fpdu.fold(&chunk[..CLASSIFY_LEN]);
+        self.rx.hdr_have = CLASSIFY_LEN;
+        self.rx_classify();
+        if self.rx.phase != Phase::Header {
+            return Some(CLASSIFY_LEN);
+        }
+        // `rx_classify` checked that the ULPDU covers the header, so the
+        // header, payload and trailer below all lie within `total`.
+        let need = self.rx.hdr_need;
+        self.rx.hdr[CLASSIFY_LEN..need].copy_from_slice(&chunk[CLASSIFY_LEN..need]);
+        self.rx.fpdu.fold(&chunk[CLASSIFY_LEN..need]);
+        self.rx.hdr_have = need;
+        self.rx_header_done(mem);
+        let mut at = need;
+        if self.rx.phase == Phase::Payload {
+            let n = self.rx.payload_rem as usize;
+            self.rx_payload(&chunk[at..at + n], mem);
+            at += n;
+        }
+        if self.rx.phase != Phase::Trailer {
+            return Some(at);
+        }
+        let (n, verdict) = self.rx.fpdu.trailer(&chunk[at..total]);
+        if let Some(verdict) = verdict {
+            self.rx_trailer_done(verdict, mem);
+        }
+        Some(at + n)
     }
 
     /// Consume a prefix of `chunk` (which holds no marker bytes).
