@@ -139,6 +139,8 @@ struct State {
     awaiting_first_word: bool,
     stats: Stats,
     sends: Vec<SendWr>,
+    /// Receives to post; between pumps, at most [`RECV_DEFER`] of them
+    /// wait here (see [`Conn::pump`]).
     recvs: Vec<RecvWr>,
     /// The private buffer of [`Design::Basic`].
     basic_buf: Vec<u8>,
@@ -385,6 +387,9 @@ impl Parts {
     }
 }
 
+/// Receives a pump may leave for the next one (see [`Conn::pump`]).
+const RECV_DEFER: usize = 1;
+
 fn recv_wr(rbuf: &MemoryRegion, rbuf_size: u32, slot: u16) -> RecvWr {
     RecvWr {
         wr_id: u64::from(slot),
@@ -501,9 +506,20 @@ impl Conn {
     }
 
     /// Posts every action the flow queued.
+    ///
+    /// Receives and sends go to different queues, so their relative order
+    /// only matters where a credit update grants what the receives make
+    /// room for: then the receives are posted first. Otherwise the sends go
+    /// first, and a receive queued with no send behind it (the repost for
+    /// a message just read) may wait for the next pump, at most
+    /// [`RECV_DEFER`] of them: a reader that answers at once (a ping-pong)
+    /// then posts it after its answer went to TCP, not on the answer's
+    /// way. The peer never notices: this side keeps
+    /// [`RQ_EXTRA`](crate::flow::RQ_EXTRA) more receives posted than it
+    /// grants.
     fn pump(&self, st: &mut State) {
         st.sends.clear();
-        st.recvs.clear();
+        let mut grants = false;
         while let Some(a) = st.flow.poll_action() {
             match a {
                 Action::PostRecv { slot } => {
@@ -537,6 +553,7 @@ impl Conn {
                             }
                         }
                     };
+                    grants |= tag == SendTag::SglWrite;
                     st.sends.push(SendWr {
                         wr_id: encode(tag),
                         opcode: WrOpcode::RdmaWrite { remote_addr, rkey },
@@ -546,6 +563,7 @@ impl Conn {
                     });
                 }
                 Action::Send { payload, tag } => {
+                    grants |= tag == SendTag::SglMsg;
                     let sge = self.ctl_slot(st, &payload);
                     st.sends.push(SendWr {
                         wr_id: encode(tag),
@@ -557,14 +575,8 @@ impl Conn {
                 }
             }
         }
-        if !st.recvs.is_empty() {
-            if let Err(e) = self.qp.post_recv_list(&st.recvs) {
-                self.broke(
-                    st,
-                    io::ErrorKind::ConnectionReset,
-                    format!("the iWARP connection failed (posting receives: {e:?})"),
-                );
-            }
+        if grants {
+            self.post_recvs(st);
         }
         if !st.sends.is_empty() {
             if let Err(e) = self.qp.post_send_list(&st.sends) {
@@ -574,7 +586,25 @@ impl Conn {
                     format!("the iWARP connection failed (posting sends: {e:?})"),
                 );
             }
+            self.post_recvs(st);
+        } else if st.recvs.len() > RECV_DEFER {
+            self.post_recvs(st);
         }
+    }
+
+    /// Posts the queued receives.
+    fn post_recvs(&self, st: &mut State) {
+        if st.recvs.is_empty() {
+            return;
+        }
+        if let Err(e) = self.qp.post_recv_list(&st.recvs) {
+            self.broke(
+                st,
+                io::ErrorKind::ConnectionReset,
+                format!("the iWARP connection failed (posting receives: {e:?})"),
+            );
+        }
+        st.recvs.clear();
     }
 
     fn broke(&self, st: &mut State, kind: io::ErrorKind, why: String) {
