@@ -934,19 +934,24 @@ impl Conn {
     /// descriptor's updates (`CompletionQueue::set_fd_updates`), so the
     /// progress thread is not woken for completions this thread handles
     /// itself (on two cores those wake-ups cost a busy-polled ping-pong
-    /// most of its time); the progress thread keeps out meanwhile.
-    fn enter(&self) {
-        let _st = self.lock();
+    /// most of its time); the progress thread keeps out meanwhile. The
+    /// returned [`Call`] keeps the state locked for the call's work and
+    /// ends the call when dropped.
+    pub(crate) fn begin(&self) -> Call<'_> {
+        let st = self.lock();
         if self.in_call.fetch_add(1, Ordering::AcqRel) == 0 {
             self.cq.set_fd_updates(false);
         }
+        Call {
+            conn: self,
+            st: Some(st),
+        }
     }
 
-    /// The call is over: handle what completed meanwhile, and the last one
-    /// out resumes the descriptor (readable at once if completions arrived
-    /// since), then runs due watermark callbacks.
-    fn leave(&self) {
-        let mut st = self.lock();
+    /// The call is over (`st` locked): handle what completed meanwhile,
+    /// and the last one out resumes the descriptor (readable at once if
+    /// completions arrived since), then runs due watermark callbacks.
+    fn end(&self, mut st: MutexGuard<'_, State>) {
         self.drain(&mut st);
         if self.in_call.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.cq.set_fd_updates(true);
@@ -961,14 +966,13 @@ impl Conn {
         nonblocking: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
-        self.enter();
-        let r = self.read_inner(buf, nonblocking, deadline);
-        self.leave();
-        r
+        let mut call = self.begin();
+        self.read_inner(&mut call, buf, nonblocking, deadline)
     }
 
     fn read_inner(
         &self,
+        call: &mut Call<'_>,
         buf: &mut [u8],
         nonblocking: bool,
         deadline: Option<Instant>,
@@ -980,42 +984,40 @@ impl Conn {
         if nonblocking && self.opts.busy_poll {
             // A program that spins on EAGAIN never waits on the CQ, so the
             // receive work (which busy-poll mode leaves to the waiting
-            // thread) is done here.
-            self.cq.progress();
+            // thread) is done here, with the state unlocked.
+            call.unlocked(|| self.cq.progress());
         }
-        let mut st = self.lock();
         loop {
-            self.drain(&mut st);
+            let st = call.st();
+            self.drain(st);
             match st.flow.recv(max) {
                 Ok(g) if g.eof => {
-                    self.refresh(&mut st);
+                    self.refresh(st);
                     return Ok(0);
                 }
                 Ok(g) => {
                     let n = g.spans.len() as usize;
-                    self.copy_out(&mut st, g.spans, &mut buf[..n]);
+                    self.copy_out(st, g.spans, &mut buf[..n]);
                     st.stats.bytes_received += n as u64;
                     st.idle = false;
                     // The credit update the read made possible.
-                    self.pump(&mut st);
-                    self.refresh(&mut st);
+                    self.pump(st);
+                    self.refresh(st);
                     return Ok(n);
                 }
                 Err(FlowError::WouldBlock) => {
-                    Self::check_broken(&st)?;
+                    Self::check_broken(st)?;
                 }
                 Err(e) => {
-                    Self::check_broken(&st)?;
+                    Self::check_broken(st)?;
                     return Err(e.into());
                 }
             }
             if nonblocking {
-                self.refresh(&mut st);
+                self.refresh(st);
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let (g, w) = self.wait(st, deadline);
-            st = g;
-            if let Waited::TimedOut = w {
+            if let Waited::TimedOut = call.wait(deadline) {
                 return Err(io::Error::new(
                     io::ErrorKind::WouldBlock,
                     "read timed out (SO_RCVTIMEO)",
@@ -1076,14 +1078,13 @@ impl Conn {
         nonblocking: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
-        self.enter();
-        let r = self.write_inner(buf, nonblocking, deadline);
-        self.leave();
-        r
+        let mut call = self.begin();
+        self.write_inner(&mut call, buf, nonblocking, deadline)
     }
 
     fn write_inner(
         &self,
+        call: &mut Call<'_>,
         buf: &[u8],
         nonblocking: bool,
         deadline: Option<Instant>,
@@ -1094,25 +1095,25 @@ impl Conn {
         if !nonblocking {
             if let Some(t) = self.opts.zcopy() {
                 if buf.len() >= t {
-                    return self.write_zcopy(buf, deadline);
+                    return call.unlocked(|| self.write_zcopy(buf, deadline));
                 }
             }
         }
-        let mut st = self.lock();
         let mut done = 0usize;
         // Whether this call did the receive work yet (busy-poll mode).
         let mut progressed = false;
-        st.stats.writes += 1;
+        call.st().stats.writes += 1;
         loop {
-            self.drain(&mut st);
-            Self::check_broken(&st)?;
+            let st = call.st();
+            self.drain(st);
+            Self::check_broken(st)?;
             let coalesce = self.opts.coalescing();
             while done < buf.len() {
                 let want = (buf.len() - done).min(u32::MAX as usize) as u32;
                 let mut t = self.target();
                 let before = t;
                 let r = if coalesce {
-                    let push = Self::should_push(&st);
+                    let push = Self::should_push(st);
                     let waiting = st.flow.buffered();
                     let r = st.flow.send_buffered(want, &mut t, push);
                     if r.is_ok() && waiting > 0 && done == 0 {
@@ -1130,7 +1131,7 @@ impl Conn {
                         if n == 0 {
                             break;
                         }
-                        self.copy_in(&mut st, g.spans, &buf[done..done + n]);
+                        self.copy_in(st, g.spans, &buf[done..done + n]);
                         done += n;
                     }
                     Err(FlowError::WouldBlock) => break,
@@ -1149,12 +1150,12 @@ impl Conn {
                     }
                 }
             }
-            self.push_buffered(&mut st);
-            self.pump(&mut st);
+            self.push_buffered(st);
+            self.pump(st);
             st.idle = false;
             if done == buf.len() || (nonblocking && done > 0) {
                 st.stats.bytes_sent += done as u64;
-                self.refresh(&mut st);
+                self.refresh(st);
                 return Ok(done);
             }
             if nonblocking {
@@ -1167,18 +1168,14 @@ impl Conn {
                     // which was a system call on every ping-pong reply's
                     // path.
                     progressed = true;
-                    drop(st);
-                    self.cq.progress();
-                    st = self.lock();
+                    call.unlocked(|| self.cq.progress());
                     continue;
                 }
-                self.refresh(&mut st);
+                self.refresh(st);
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            let (g, w) = self.wait(st, deadline);
-            st = g;
-            if let Waited::TimedOut = w {
-                st.stats.bytes_sent += done as u64;
+            if let Waited::TimedOut = call.wait(deadline) {
+                call.st().stats.bytes_sent += done as u64;
                 if done > 0 {
                     return Ok(done);
                 }
@@ -1348,6 +1345,48 @@ impl Conn {
 }
 
 /// Connects to an rsockets listener at `addr`.
+/// A stream call in progress, from [`Conn::begin`] to its drop
+/// ([`Conn::end`]). It holds the state lock for the call's work, except
+/// while the call waits or does receive work (then the lock is taken again
+/// when next needed), and ends the call with the lock it holds: one lock
+/// round trip for a call that neither waits nor polls, where separate
+/// enter and leave steps took three.
+pub(crate) struct Call<'a> {
+    conn: &'a Conn,
+    st: Option<MutexGuard<'a, State>>,
+}
+
+impl<'a> Call<'a> {
+    /// The state, locked again if the call let it go.
+    fn st(&mut self) -> &mut MutexGuard<'a, State> {
+        let conn = self.conn;
+        self.st.get_or_insert_with(|| conn.lock())
+    }
+
+    /// Runs `f` with the state unlocked (it may lock it itself).
+    pub(crate) fn unlocked<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        self.st = None;
+        f()
+    }
+
+    /// [`Conn::wait`] for this call.
+    fn wait(&mut self, deadline: Option<Instant>) -> Waited {
+        let conn = self.conn;
+        let st = self.st.take().unwrap_or_else(|| conn.lock());
+        let (st, waited) = conn.wait(st, deadline);
+        self.st = Some(st);
+        waited
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let conn = self.conn;
+        let st = self.st.take().unwrap_or_else(|| conn.lock());
+        conn.end(st);
+    }
+}
+
 pub(crate) fn connect(addr: SocketAddr, opts: &Options) -> io::Result<Arc<Conn>> {
     let mut parts = Parts::new(opts)?;
     parts.post_initial()?;

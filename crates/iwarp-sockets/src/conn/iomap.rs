@@ -333,10 +333,8 @@ impl Conn {
         nonblocking: bool,
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
-        self.enter();
-        let r = self.riowrite_inner(buf, offset, nonblocking, deadline);
-        self.leave();
-        r
+        let mut call = self.begin();
+        call.unlocked(|| self.riowrite_inner(buf, offset, nonblocking, deadline))
     }
 
     fn riowrite_inner(
