@@ -123,6 +123,22 @@ pub trait MemoryAccess {
     /// Copy `data` into the region at `to`.
     fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError>;
 
+    /// [`check`](Self::check) then [`write`](Self::write) of the same
+    /// range, for a tagged segment whose payload is all at hand: an
+    /// implementation may do both with one lookup of the region. Fails
+    /// with the error `check` would give, and then writes nothing.
+    fn check_and_write(
+        &self,
+        stag: u32,
+        to: u64,
+        data: &[u8],
+        pd: PdId,
+        need: Access,
+    ) -> Result<(), MemError> {
+        self.check(stag, to, data.len() as u32, pd, need)?;
+        self.write(stag, to, data)
+    }
+
     /// Call `f` with the bytes of `[to, to + len)` in one or more pieces, in
     /// order, without copying them (used for the transmit CRC and by tests).
     fn visit(&self, stag: u32, to: u64, len: u32, f: &mut dyn FnMut(&[u8]))

@@ -379,22 +379,7 @@ impl MrTable {
 
 impl MemoryAccess for MrTable {
     fn check(&self, stag: u32, to: u64, len: u32, pd: PdId, need: Access) -> Result<(), MemError> {
-        // siw_check_mem order: STag valid, PD, access rights, bounds.
-        self.with_valid(stag, |region| {
-            if region.pd != pd {
-                return Err(MemError::PdMismatch);
-            }
-            if len == 0 {
-                // RFC 5041 §7.2: a zero-length tagged segment still names a
-                // valid STag, but touches no memory: rights and bounds do
-                // not apply.
-                return Ok(());
-            }
-            if !region.access.contains(need) {
-                return Err(MemError::AccessRights);
-            }
-            region.offset_of(to, len as u64).map(|_| ())
-        })
+        self.with_valid(stag, |region| region_allows(region, to, len, pd, need))
     }
 
     fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
@@ -406,6 +391,30 @@ impl MemoryAccess for MrTable {
             // SAFETY: `ptr_at` checked the range against the region, and the
             // read lock `with_valid` holds keeps the region registered (and
             // its memory alive) until `place` returns; `data` is not empty.
+            unsafe { place(dst, data) };
+            Ok(())
+        })
+    }
+
+    fn check_and_write(
+        &self,
+        stag: u32,
+        to: u64,
+        data: &[u8],
+        pd: PdId,
+        need: Access,
+    ) -> Result<(), MemError> {
+        // `check` and `write` under one read lock.
+        self.with_valid(stag, |region| {
+            region_allows(region, to, data.len() as u32, pd, need)?;
+            if data.is_empty() {
+                return Ok(());
+            }
+            let dst = region.ptr_at(to, data.len() as u64)?;
+            // SAFETY: `ptr_at` checked the range against the region, the
+            // read lock `with_valid` holds keeps the region registered (and
+            // its memory alive) until `place` returns, and `data` is not
+            // empty (returned above).
             unsafe { place(dst, data) };
             Ok(())
         })
@@ -449,6 +458,29 @@ impl MemoryAccess for MrTable {
         tracing::debug!(stag = format_args!("{stag:#010x}"), "STag invalidated");
         Ok(())
     }
+}
+
+/// siw_check_mem order, the STag already found valid: PD, access rights,
+/// bounds.
+fn region_allows(
+    region: &MrInner,
+    to: u64,
+    len: u32,
+    pd: PdId,
+    need: Access,
+) -> Result<(), MemError> {
+    if region.pd != pd {
+        return Err(MemError::PdMismatch);
+    }
+    if len == 0 {
+        // RFC 5041 §7.2: a zero-length tagged segment still names a valid
+        // STag, but touches no memory: rights and bounds do not apply.
+        return Ok(());
+    }
+    if !region.access.contains(need) {
+        return Err(MemError::AccessRights);
+    }
+    region.offset_of(to, len as u64).map(|_| ())
 }
 
 /// Copy `data` to `dst`, storing its last byte last.
@@ -784,6 +816,47 @@ mod tests {
             "a freed index is not reused at once"
         );
         assert_eq!(t.resolve(stag).unwrap_err(), MemError::InvalidStag);
+    }
+
+    /// The single-lookup check-and-place gives what `check` then `write`
+    /// give, error for error, and writes nothing when it fails.
+    #[test]
+    fn check_and_write_matches_check_then_write() {
+        let t = Arc::new(MrTable::default());
+        let r = MemoryRegion::register_owned(&t, 1, 64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let ro = MemoryRegion::register_owned(&t, 1, 64, Access::REMOTE_READ).unwrap();
+        let base = r.addr();
+        let ro_base = ro.addr();
+        let data = [0xabu8; 8];
+        let cases: [(u32, u64, &[u8], u32, MemError); 5] = [
+            (r.lkey(), base + 60, &data, 1, MemError::Bounds),
+            (r.lkey(), base, &data, 2, MemError::PdMismatch),
+            (ro.lkey(), ro_base, &data, 1, MemError::AccessRights),
+            (r.lkey() ^ 0x1, base, &data, 1, MemError::KeyMismatch),
+            (0x7fff_ff00, base, &data, 1, MemError::InvalidStag),
+        ];
+        for (stag, to, bytes, pd, want) in cases {
+            let two_step = t
+                .check(stag, to, bytes.len() as u32, pd, Access::REMOTE_WRITE)
+                .and_then(|_| t.write(stag, to, bytes));
+            assert_eq!(two_step, Err(want));
+            assert_eq!(
+                t.check_and_write(stag, to, bytes, pd, Access::REMOTE_WRITE),
+                Err(want)
+            );
+        }
+        let mut back = [0u8; 64];
+        r.read_at(0, &mut back);
+        assert_eq!(back, [0u8; 64], "a refused access wrote nothing");
+        t.check_and_write(r.lkey(), base + 8, &data, 1, Access::REMOTE_WRITE)
+            .unwrap();
+        r.read_at(0, &mut back);
+        assert_eq!(&back[8..16], &data);
+        assert!(back[..8].iter().chain(&back[16..]).all(|b| *b == 0));
+        // A zero-length access needs only a valid STag of the PD.
+        t.check_and_write(ro.lkey(), ro_base + 64, &[], 1, Access::REMOTE_WRITE)
+            .unwrap();
     }
 
     #[test]

@@ -128,6 +128,9 @@ pub(super) struct Rx {
     cur_recv: Option<CurRecv>,
     term_body: [u8; TERM_BODY_MAX],
     term_have: usize,
+    /// The current RDMA Write segment's sink is checked as it is placed
+    /// (see `rx_header_done`).
+    sink_unchecked: bool,
 }
 
 impl Rx {
@@ -150,6 +153,7 @@ impl Rx {
             cur_recv: None,
             term_body: [0; TERM_BODY_MAX],
             term_have: 0,
+            sink_unchecked: false,
         }
     }
 
@@ -171,6 +175,7 @@ impl Rx {
         self.hdr_need = CLASSIFY_LEN;
         self.fpdu.reset();
         self.seg = Seg::None;
+        self.sink_unchecked = false;
     }
 
     /// The link is up: check the CRC of every FPDU if it was negotiated.
@@ -351,7 +356,7 @@ impl Engine {
         self.rx.hdr[CLASSIFY_LEN..need].copy_from_slice(&chunk[CLASSIFY_LEN..need]);
         self.rx.fpdu.fold(&chunk[CLASSIFY_LEN..need]);
         self.rx.hdr_have = need;
-        self.rx_header_done(mem);
+        self.rx_header_done(mem, true);
         let mut at = need;
         if self.rx.phase == Phase::Payload {
             let n = self.rx.payload_rem as usize;
@@ -385,7 +390,7 @@ impl Engine {
                     && self.rx.hdr_have == self.rx.hdr_need
                     && self.rx.hdr_need > CLASSIFY_LEN
                 {
-                    self.rx_header_done(mem);
+                    self.rx_header_done(mem, false);
                 }
                 n
             }
@@ -466,7 +471,13 @@ impl Engine {
     }
 
     /// The whole DDP/RDMAP header is in: validate it and set up placement.
-    fn rx_header_done(&mut self, mem: &dyn MemoryAccess) {
+    ///
+    /// With `whole` (the segment's payload is in the same input,
+    /// `rx_whole`), an RDMA Write's sink is checked with its placement in
+    /// one region lookup (`MemoryAccess::check_and_write`, from
+    /// `rx_payload`): the same checks in the same order, failing with the
+    /// same Terminate, before any byte is placed.
+    fn rx_header_done(&mut self, mem: &dyn MemoryAccess, whole: bool) {
         let hdr_len = self.rx.hdr_need - mpa::ULPDU_LEN_FIELD;
         let payload_len = (self.rx.fpdu.ulpdu_len() - hdr_len) as u32;
         let hdr = self.rx.hdr;
@@ -481,7 +492,11 @@ impl Engine {
                 // A zero-length Write (the RFC 6581 RTR) places nothing and
                 // is not checked, as in siw.
                 if payload_len > 0 {
-                    if let Err(e) = mem.check(stag, to, payload_len, pd, Access::REMOTE_WRITE) {
+                    if whole {
+                        self.rx.sink_unchecked = true;
+                    } else if let Err(e) =
+                        mem.check(stag, to, payload_len, pd, Access::REMOTE_WRITE)
+                    {
                         return self.fatal_rx(Fault::TaggedSink(e));
                     }
                 }
@@ -565,14 +580,17 @@ impl Engine {
                         solicited: matches!(op, Opcode::SendSe | Opcode::SendSeInvalidate),
                     });
                 }
-                let cur = self.rx.cur_recv.expect("set above");
-                if d.mo() != cur.placed {
+                let (placed, cap, wr_id) = match self.rx.cur_recv.as_ref() {
+                    Some(c) => (c.placed, c.cap, c.wr_id),
+                    None => unreachable!("set above"),
+                };
+                if d.mo() != placed {
                     return self.fatal_rx(Fault::UntaggedMo);
                 }
-                if cur.placed as u64 + payload_len as u64 > cur.cap as u64 {
+                if placed as u64 + payload_len as u64 > cap as u64 {
                     self.rx.cur_recv = None;
                     self.completions
-                        .push_back(recv_wc(cur.wr_id, WcStatus::LocLenErr, 0));
+                        .push_back(recv_wc(wr_id, WcStatus::LocLenErr, 0));
                     return self.fatal_rx(Fault::UntaggedTooLong);
                 }
                 Seg::Send
@@ -628,35 +646,60 @@ impl Engine {
         let n = bytes.len() as u32;
         match self.rx.seg {
             Seg::Tagged { stag, to, .. } => {
-                if let Err(e) = mem.write(stag, to, bytes) {
+                let r = if std::mem::take(&mut self.rx.sink_unchecked) {
+                    // RFC 5041 §7.2, RFC 5040 §5.1, as in `rx_header_done`.
+                    mem.check_and_write(stag, to, bytes, self.cfg.pd, Access::REMOTE_WRITE)
+                } else {
+                    mem.write(stag, to, bytes)
+                };
+                if let Err(e) = r {
                     return self.fatal_rx(Fault::TaggedSink(e));
                 }
                 self.rx.fpdu.fold(bytes);
                 self.advance_tagged(n);
             }
             Seg::Send => {
-                let Some(cur) = self.rx.cur_recv else {
+                let Some(cur) = self.rx.cur_recv.as_ref() else {
                     return self.fatal_rx(Fault::DdpLocal);
                 };
-                let mut probe = cur;
+                // Walk the receive's SGEs from where the last segment left
+                // off (by position, not by copying the receive).
+                let sges = cur.sgl.as_slice();
+                let (mut idx, mut off) = (cur.sge_idx, cur.sge_off);
                 let mut rest = bytes;
+                let mut fault = None;
                 while !rest.is_empty() {
-                    let Some((sge, off)) = probe.next_space() else {
+                    let Some(sge) = sges.get(idx) else {
                         // Bounded by the capacity check in the header.
-                        return self.fatal_rx(Fault::UntaggedTooLong);
+                        fault = Some(Fault::UntaggedTooLong);
+                        break;
                     };
+                    if off >= sge.length {
+                        idx += 1;
+                        off = 0;
+                        continue;
+                    }
                     let k = ((sge.length - off) as usize).min(rest.len());
                     if mem
                         .write(sge.lkey, sge.addr + off as u64, &rest[..k])
                         .is_err()
                     {
+                        fault = Some(Fault::DdpLocal);
+                        break;
+                    }
+                    off += k as u32;
+                    rest = &rest[k..];
+                }
+                match fault {
+                    None => {}
+                    Some(Fault::DdpLocal) => {
+                        let wr_id = cur.wr_id;
                         self.rx.cur_recv = None;
                         self.completions
-                            .push_back(recv_wc(cur.wr_id, WcStatus::LocProtErr, 0));
+                            .push_back(recv_wc(wr_id, WcStatus::LocProtErr, 0));
                         return self.fatal_rx(Fault::DdpLocal);
                     }
-                    probe.advance(k as u32);
-                    rest = &rest[k..];
+                    Some(f) => return self.fatal_rx(f),
                 }
                 self.rx.fpdu.fold(bytes);
                 self.advance_send(n);
