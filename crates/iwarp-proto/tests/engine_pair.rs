@@ -57,6 +57,21 @@ impl Peer {
         }
     }
 
+    /// A peer on an established link without markers (MULPDU 1460, IRD
+    /// and ORD 8).
+    fn without_markers(crc: bool) -> Peer {
+        let mut p = Peer::new();
+        p.eng.establish(LinkParams {
+            crc,
+            markers_tx: false,
+            markers_rx: false,
+            mulpdu: 1460,
+            ird: 8,
+            ord: 8,
+        });
+        p
+    }
+
     fn drain(&mut self) {
         while let Some(wc) = self.eng.poll_completion() {
             self.wcs.push(wc);
@@ -2012,15 +2027,7 @@ fn whole_message_shortcut_frames_match_the_segmenting_path() {
         for &(opcode, solicited) in &ops {
             for len in (2u32..=9).chain([64, 1000]) {
                 let stream = |split: bool| {
-                    let mut p = Peer::new();
-                    p.eng.establish(LinkParams {
-                        crc,
-                        markers_tx: false,
-                        markers_rx: false,
-                        mulpdu: 1460,
-                        ird: 8,
-                        ord: 8,
-                    });
+                    let mut p = Peer::without_markers(crc);
                     let src = p.mem.register(PD, Access::NONE, 0x100, 1024);
                     p.mem.fill(src, &pattern(1024, len as u8));
                     let sgl: Vec<Sge> = if split {
@@ -2079,15 +2086,7 @@ fn whole_message_shortcut_frames_match_the_segmenting_path() {
 /// and ends the stream with a Terminate.
 #[test]
 fn whole_message_shortcut_refuses_a_bad_source() {
-    let mut p = Peer::new();
-    p.eng.establish(LinkParams {
-        crc: true,
-        markers_tx: false,
-        markers_rx: false,
-        mulpdu: 1460,
-        ird: 8,
-        ord: 8,
-    });
+    let mut p = Peer::without_markers(true);
     let src = p.mem.register(PD, Access::NONE, 0, 64);
     // Past the end of the region.
     p.eng

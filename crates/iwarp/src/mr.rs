@@ -383,17 +383,7 @@ impl MemoryAccess for MrTable {
     }
 
     fn write(&self, stag: u32, to: u64, data: &[u8]) -> Result<(), MemError> {
-        if data.is_empty() {
-            return self.with_valid(stag, |_| Ok(()));
-        }
-        self.with_valid(stag, |region| {
-            let dst = region.ptr_at(to, data.len() as u64)?;
-            // SAFETY: `ptr_at` checked the range against the region, and the
-            // read lock `with_valid` holds keeps the region registered (and
-            // its memory alive) until `place` returns; `data` is not empty.
-            unsafe { place(dst, data) };
-            Ok(())
-        })
+        self.with_valid(stag, |region| place_in(region, to, data))
     }
 
     fn check_and_write(
@@ -407,16 +397,7 @@ impl MemoryAccess for MrTable {
         // `check` and `write` under one read lock.
         self.with_valid(stag, |region| {
             region_allows(region, to, data.len() as u32, pd, need)?;
-            if data.is_empty() {
-                return Ok(());
-            }
-            let dst = region.ptr_at(to, data.len() as u64)?;
-            // SAFETY: `ptr_at` checked the range against the region, the
-            // read lock `with_valid` holds keeps the region registered (and
-            // its memory alive) until `place` returns, and `data` is not
-            // empty (returned above).
-            unsafe { place(dst, data) };
-            Ok(())
+            place_in(region, to, data)
         })
     }
 
@@ -481,6 +462,23 @@ fn region_allows(
         return Err(MemError::AccessRights);
     }
     region.offset_of(to, len as u64).map(|_| ())
+}
+
+/// Copy `data` into `region` at `to`, bounds-checked; an empty `data`
+/// touches nothing. `region` is borrowed from the table under its read
+/// lock (`MrTable::with_valid`), which keeps it registered, and so its
+/// memory alive, while the borrow lasts: deregistration needs the write
+/// lock.
+fn place_in(region: &MrInner, to: u64, data: &[u8]) -> Result<(), MemError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    let dst = region.ptr_at(to, data.len() as u64)?;
+    // SAFETY: `ptr_at` checked the range against the region, whose memory
+    // is alive while `region` is borrowed from the locked table (above);
+    // `data` is not empty.
+    unsafe { place(dst, data) };
+    Ok(())
 }
 
 /// Copy `data` to `dst`, storing its last byte last.
