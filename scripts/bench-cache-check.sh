@@ -29,9 +29,12 @@ trap cleanup EXIT
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 timeout 1200 cargo build --release -q -p ccache || { echo "cargo build -p ccache failed"; exit 1; }
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# Server ports from below the ephemeral range, distinct within this run
+# (a port taken from bind(:0) and released can be taken by an outgoing
+# connection or handed out twice before the server binds it).
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$T/ports.given"; }
 : >"$OUT"
 for n in $THREADS; do
     PR=$(free_port)

@@ -477,7 +477,12 @@ perf_part() {
 }
 
 # --- rftp --------------------------------------------------------------------
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Server ports from below the ephemeral range, distinct within this run
+# (a port taken from bind(:0) and released can be taken by an outgoing
+# connection or handed out twice before the server binds it).
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$TMP/ports.given"; }
 wait_port() { # PORT LOG
     local i
     for i in $(seq 1 100); do

@@ -64,7 +64,12 @@ gcc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude modules/mod_rdma/bench/regcost.
 RHTTP="${RHTTP:-$ROOT/target/release/rhttp}"
 MOD="${MOD:-$ROOT/modules/mod_rdma/.libs/mod_rdma.so}"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Server ports from below the ephemeral range, distinct within this run
+# (a port taken from bind(:0) and released can be taken by an outgoing
+# connection or handed out twice before the server binds it).
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$T/ports.given"; }
 P1=$(free_port); P2=$(free_port); P3=$(free_port)
 DOCS="$T/docs"
 mkdir -p "$DOCS" "$T/run1" "$T/run3"

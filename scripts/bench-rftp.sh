@@ -162,7 +162,12 @@ wait_port() {
     done
     die "nothing listens on port $port${ns:+ in $ns} after 10 s"
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Server ports from below the ephemeral range, distinct within this run
+# (a port taken from bind(:0) and released can be taken by an outgoing
+# connection or handed out twice before the server binds it).
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$TMP/ports.given"; }
 
 for g in srv_rftp srv_gftp srv_vsftpd cli_rftp cli_gftp cli_curl; do cg_make "$g"; done
 
