@@ -12,6 +12,39 @@ const BIN: &str = env!("CARGO_BIN_EXE_iwarp-perf");
 /// Bound on one invocation.
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// A port free on 127.0.0.1, with the one above it free too, for a server
+/// of this test. It lies outside the kernel's ephemeral range, so no
+/// outgoing connection takes it as its source port between this check and
+/// the server's bind (a port derived from the process id alone, inside
+/// that range, once failed a CI run with "Address already in use"), and
+/// calls in one process never return the same pair.
+fn free_port_pair() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let range =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut bounds = range.split_whitespace().map(|w| w.parse::<u32>().ok());
+    let (lo, hi) = match (bounds.next().flatten(), bounds.next().flatten()) {
+        (Some(lo), Some(hi)) => (lo, hi),
+        _ => (32768, 60999),
+    };
+    let (first, span) = if lo > 12000 {
+        (10000, lo - 10000 - 2)
+    } else {
+        (hi + 1, 65000 - hi - 2)
+    };
+    let seed = std::process::id().wrapping_mul(7919);
+    for _ in 0..4000 {
+        let k = CALLS.fetch_add(1, Ordering::Relaxed);
+        let port = first + (seed.wrapping_add(2 * k) % span);
+        let free = |p: u32| std::net::TcpListener::bind(("127.0.0.1", p as u16)).is_ok();
+        if free(port) && free(port + 1) {
+            return port as u16;
+        }
+    }
+    panic!("no two free ports outside the ephemeral range {lo}-{hi}");
+}
+
 struct Out {
     code: Option<i32>,
     stdout: String,
@@ -331,7 +364,7 @@ fn clear_errors() {
 /// Two processes: `--server` and a client, the way perftest is run.
 #[test]
 fn server_and_client_processes() {
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    let port = free_port_pair();
     let ps = port.to_string();
     let mut server = Command::new(BIN)
         .args([
@@ -511,16 +544,12 @@ fn finish(mut child: std::process::Child) -> (Option<i32>, String, String) {
 /// measures; the server prints the client's report, so the two must agree.
 #[test]
 fn perftest_protocol_both_roles_on_soft() {
-    let base = 21000 + (std::process::id() % 15000) as u16;
-    for (k, (test, size, iters)) in [
+    for (test, size, iters) in [
         ("write_bw", "65536", "300"),
         ("read_bw", "262144", "100"),
         ("read_lat", "2", "200"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let port = base + 2 * k as u16;
+    ] {
+        let port = free_port_pair();
         let server = perftest_server(test, port, "20", &["-s", size, "-d", "soft"]);
         let ps = port.to_string();
         // No pause: the client retries while the server is not listening.
@@ -615,7 +644,7 @@ fn perftest_errors_name_the_cause() {
     assert_eq!(out.code, Some(1));
     assert!(out.stderr.contains("nosuch9"), "{}", out.stderr);
     // A server waiting for a client that never comes gives up.
-    let port = 36000 + (std::process::id() % 20000) as u16;
+    let port = free_port_pair();
     let (code, _, err) = finish(perftest_server("write_bw", port, "1", &[]));
     assert_eq!(code, Some(1));
     assert!(err.contains("waiting for perftest's connection"), "{err}");
