@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::fs::symlink;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,11 @@ fn race(env: &[(&str, &str)]) {
     std::fs::write(d.join("f.bin"), &inside).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Swaps so far, for the loop below to wait for enough of them.
+    let swapped = Arc::new(AtomicU64::new(0));
     let swapper = {
         let (stop, d, out) = (stop.clone(), d.clone(), outside.path().to_path_buf());
+        let swapped = swapped.clone();
         let real = s.root.join("d.real");
         std::thread::spawn(move || {
             let mut n = 0u64;
@@ -45,6 +48,7 @@ fn race(env: &[(&str, &str)]) {
                     std::fs::remove_file(&d).unwrap();
                     std::fs::rename(&real, &d).unwrap();
                     n += 1;
+                    swapped.store(n, Ordering::Relaxed);
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -57,9 +61,12 @@ fn race(env: &[(&str, &str)]) {
     let out = dir.path().join("got.bin");
     let t0 = Instant::now();
     let (mut served, mut refused) = (0, 0);
-    // At least 3 s, and until some downloads were served (at most 20 s).
+    // At least 3 s, and until some downloads were served, some refused
+    // and the swapper swapped over 1000 times (at most 20 s): on a loaded
+    // machine 3 s gave fewer than 1000 swaps.
     while t0.elapsed() < Duration::from_secs(3)
-        || (served < 3 && t0.elapsed() < Duration::from_secs(20))
+        || ((served < 3 || refused == 0 || swapped.load(Ordering::Relaxed) <= 1000)
+            && t0.elapsed() < Duration::from_secs(20))
     {
         let mut f = rftp::client::session(&url, &Options::default()).unwrap();
         for cmd in ["SIZE d/f.bin", "HASH d/f.bin"] {
