@@ -396,8 +396,7 @@ impl Engine {
             &mut lead[mpa::ULPDU_LEN_FIELD..lead_len],
         ));
         let lead = &lead[..lead_len];
-        let pad_len = mpa::pad_len(ulpdu_len);
-        let mut trailer = [0u8; 3 + mpa::CRC_LEN];
+        let mut running = None;
         if self.link.crc {
             // RFC 5044 §4.4: over the length field, the ULPDU and the pad.
             // The payload is visited once and goes by reference: the verbs
@@ -416,8 +415,7 @@ impl Engine {
                     return true;
                 }
             }
-            c = crc::crc32c_append(c, &trailer[..pad_len]);
-            trailer[pad_len..pad_len + mpa::CRC_LEN].copy_from_slice(&crc::crc_to_wire(c));
+            running = Some(c);
         }
         let seq = self.new_slot(wr, wc_op, total);
         push_inline(frame, lead);
@@ -428,7 +426,7 @@ impl Engine {
                 len: s.length,
             });
         }
-        push_inline(frame, &trailer[..pad_len + mpa::CRC_LEN]);
+        push_trailer(frame, mpa::pad_len(ulpdu_len), running);
         self.tx.fpdu_start = self.tx.stream_pos;
         self.tx.stream_pos += mpa::fpdu_len(ulpdu_len, self.link.crc) as u64;
         self.unconfirmed.push(seq);
@@ -684,15 +682,7 @@ impl Engine {
         }
         let pad_len = mpa::pad_len(ulpdu_len);
         if !self.link.markers_tx {
-            // Pad and CRC field as one inline run (RFC 5044 §4.1, §4.4).
-            let mut trailer = [0u8; 3 + mpa::CRC_LEN];
-            if self.link.crc {
-                self.tx.crc = crc::crc32c_append(self.tx.crc, &trailer[..pad_len]);
-                trailer[pad_len..pad_len + mpa::CRC_LEN]
-                    .copy_from_slice(&crc::crc_to_wire(self.tx.crc));
-            }
-            let n = pad_len + mpa::CRC_LEN;
-            push_inline(frame, &trailer[..n]);
+            let n = push_trailer(frame, pad_len, self.link.crc.then_some(self.tx.crc));
             self.tx.stream_pos += n as u64;
             return true;
         }
@@ -795,6 +785,21 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Append an FPDU's pad and CRC field as one inline run (RFC 5044 §4.1,
+/// §4.4; no marker falls inside): `running` is the CRC of the FPDU up to
+/// the pad, `None` without CRC (the field is then zero). Returns the bytes
+/// added.
+fn push_trailer(frame: &mut TxFrame, pad_len: usize, running: Option<u32>) -> usize {
+    let mut trailer = [0u8; 3 + mpa::CRC_LEN];
+    if let Some(c) = running {
+        let c = crc::crc32c_append(c, &trailer[..pad_len]);
+        trailer[pad_len..pad_len + mpa::CRC_LEN].copy_from_slice(&crc::crc_to_wire(c));
+    }
+    let n = pad_len + mpa::CRC_LEN;
+    push_inline(frame, &trailer[..n]);
+    n
 }
 
 /// How `emit_fpdu` takes a segment's payload from registered memory.
