@@ -87,6 +87,10 @@ pub struct Stats {
     pub bytes_sent: u64,
     /// Bytes received (read by the application).
     pub bytes_received: u64,
+    /// Credit updates (`RS_OP_SGL`) sent: about one per `rq_size / 2`
+    /// messages read, or one per message read between two basic-design
+    /// ends (`flow::Config::ack_each`).
+    pub credit_updates: u64,
 }
 
 /// What a watermark callback is told.
@@ -212,12 +216,14 @@ impl Parts {
         let ctx = Context::open().map_err(verbs_err)?;
         let pd = ctx.alloc_pd();
         let sq = u32::from(opts.sq_size.max(crate::flow::QP_MIN_SIZE));
-        // Credits granted; the queue holds RQ_EXTRA more (flow::RQ_EXTRA).
-        let credits = opts.rq_size.clamp(
-            crate::flow::QP_MIN_SIZE,
-            crate::flow::QP_MAX_SIZE - crate::flow::RQ_EXTRA,
-        );
-        let rq = u32::from(credits + crate::flow::RQ_EXTRA);
+        // A credit per message read, to a peer that absorbs them (flow.rs,
+        // "The basic design's credit return").
+        let ack_each = opts.ack_each;
+        // Credits granted; the queue holds more (flow::recv_slots_for).
+        let credits = opts
+            .rq_size
+            .clamp(crate::flow::QP_MIN_SIZE, crate::flow::max_rq_size(ack_each));
+        let rq = u32::from(crate::flow::recv_slots_for(credits, ack_each));
         let cq = ctx.create_cq((sq + rq) as usize + 16).map_err(verbs_err)?;
         let mode = if opts.busy_poll {
             ProgressMode::BusyPoll
@@ -262,6 +268,7 @@ impl Parts {
                 addr: rbuf.addr(),
                 key: rbuf.rkey(),
             },
+            ack_each,
         })
         .map_err(io::Error::from)?;
         flow.set_iomap_size(iomap::table_entries(&opts))
@@ -563,7 +570,10 @@ impl Conn {
                     });
                 }
                 Action::Send { payload, tag } => {
-                    grants |= tag == SendTag::SglMsg;
+                    if tag == SendTag::SglMsg {
+                        grants = true;
+                        st.stats.credit_updates += 1;
+                    }
                     let sge = self.ctl_slot(st, &payload);
                     st.sends.push(SendWr {
                         wr_id: encode(tag),

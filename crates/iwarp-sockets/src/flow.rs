@@ -72,6 +72,25 @@
 //! nothing (`iwarp-proto`, `engine::Engine::post_nudge` sends the same
 //! frame).
 //!
+//! # The basic design's credit return (ours, between our own ends)
+//!
+//! The seed paper's basic socket design returns a credit to the sender
+//! after every message its reader consumes; the enhanced design keeps only
+//! the flow control the ring needs. rsocket.c cannot take per-message
+//! updates: it posts exactly as many receives as it grants credits, and a
+//! credit update takes one of them without being counted. So
+//! [`Config::ack_each`] works only between two ends that both set it: each
+//! advertises [`CONN_FLAG_ACK_EACH`](crate::wire::CONN_FLAG_ACK_EACH) and
+//! keeps `rq_size` more receives posted ([`recv_slots_for`]), and each then
+//! Sends `RS_OP_SGL` whenever its limit `rseq_no + rq_size` has moved
+//! since the last update (on top of rsocket.c's rules above, which still
+//! decide when a freed half is written to the target SGL). Why `rq_size`
+//! more receives are enough: such updates are sent one per data message
+//! read at most, and the sender cannot send beyond the last limit it
+//! handled, so at most `rq_size` of them are ever unhandled at the sender.
+//! Toward a peer without the flag (rsocket.c, or our enhanced design) the
+//! rules above stay as they are.
+//!
 //! # What this machine adds: checks rsocket.c does not make
 //!
 //! rsocket.c trusts its peer. This machine ends the connection with a
@@ -189,6 +208,29 @@ pub struct Config {
     pub target_sgl: Region,
     /// Our receive buffer region (remote write).
     pub rbuf: Region,
+    /// The basic design's credit return: advertise
+    /// [`CONN_FLAG_ACK_EACH`](crate::wire::CONN_FLAG_ACK_EACH), keep
+    /// `rq_size` more receives posted for the peer's updates, and, if the
+    /// peer advertises it too, return a credit after every message read
+    /// (see the module docs).
+    pub ack_each: bool,
+}
+
+/// Receives a side keeps posted for `rq_size` credits: [`RQ_EXTRA`] more,
+/// and `rq_size` more again with [`Config::ack_each`].
+pub fn recv_slots_for(rq_size: u16, ack_each: bool) -> u16 {
+    let per_credit = if ack_each { 2 } else { 1 };
+    rq_size.saturating_mul(per_credit).saturating_add(RQ_EXTRA)
+}
+
+/// The largest `rq_size` [`Flow::new`] keeps (`rs_set_qp_size`'s limit,
+/// less the extra receives).
+pub fn max_rq_size(ack_each: bool) -> u16 {
+    if ack_each {
+        (QP_MAX_SIZE - RQ_EXTRA) / 2
+    } else {
+        QP_MAX_SIZE - RQ_EXTRA
+    }
 }
 
 impl Default for Config {
@@ -201,6 +243,7 @@ impl Default for Config {
             order: ByteOrder::NATIVE,
             target_sgl: Region::default(),
             rbuf: Region::default(),
+            ack_each: false,
         }
     }
 }
@@ -578,6 +621,8 @@ pub struct Flow {
     err: Option<FlowError>,
     peer_order: ByteOrder,
     peer_rq: u16,
+    /// Both ends set [`Config::ack_each`]: a credit per message read.
+    ack_each: bool,
     early: Vec<[u8; 4]>,
     actions: VecDeque<Action>,
 
@@ -622,7 +667,7 @@ impl Flow {
     /// `rs_init_bufs`); queues the `rq_size` initial receives.
     pub fn new(mut cfg: Config) -> Result<Flow, FlowError> {
         cfg.sq_size = cfg.sq_size.clamp(QP_MIN_SIZE, QP_MAX_SIZE);
-        cfg.rq_size = cfg.rq_size.clamp(QP_MIN_SIZE, QP_MAX_SIZE - RQ_EXTRA);
+        cfg.rq_size = cfg.rq_size.clamp(QP_MIN_SIZE, max_rq_size(cfg.ack_each));
         if cfg.sbuf_size < SNDLOWAT {
             return Err(FlowError::Config(
                 "sbuf_size below RS_SNDLOWAT (2048): nothing could ever be sent",
@@ -646,6 +691,7 @@ impl Flow {
             err: None,
             peer_order: cfg.order,
             peer_rq: 0,
+            ack_each: false,
             early: Vec::new(),
             actions: VecDeque::new(),
             sqe_avail: i32::from(cfg.sq_size) - QP_CTRL_SIZE as i32,
@@ -681,10 +727,16 @@ impl Flow {
         Ok(f)
     }
 
-    /// Receives this side keeps posted: `rq_size` plus [`RQ_EXTRA`] (the
-    /// driver sizes the receive queue and the message slots by it).
+    /// Receives this side keeps posted ([`recv_slots_for`]; the driver
+    /// sizes the receive queue and the message slots by it).
     pub fn recv_slots(&self) -> u16 {
-        self.cfg.rq_size.saturating_add(RQ_EXTRA)
+        recv_slots_for(self.cfg.rq_size, self.cfg.ack_each)
+    }
+
+    /// Whether this connection returns a credit after every message read
+    /// (both ends set [`Config::ack_each`]).
+    pub fn acks_each(&self) -> bool {
+        self.ack_each
     }
 
     /// Whether a credit may be used now (see [`CREDIT_RESERVE`]).
@@ -738,12 +790,18 @@ impl Flow {
     }
 
     /// Our `rs_conn_data` (`rs_format_conn_data`): credits = `rq_size`,
-    /// the first half of `rbuf`, iomap flag set with size 0.
+    /// the first half of `rbuf`, iomap flag set with size 0, and
+    /// [`CONN_FLAG_ACK_EACH`](crate::wire::CONN_FLAG_ACK_EACH) with
+    /// [`Config::ack_each`].
     pub fn local_conn_data(&self) -> ConnDataRepr {
         ConnDataRepr {
             order: self.cfg.order,
             iomap: true,
-            other_flags: 0,
+            other_flags: if self.cfg.ack_each {
+                crate::wire::CONN_FLAG_ACK_EACH
+            } else {
+                0
+            },
             credits: self.cfg.rq_size,
             target_iomap_size: self.iomap.local_size(),
             target_sgl: Sge {
@@ -788,6 +846,8 @@ impl Flow {
         }
         self.peer_order = peer.order;
         self.peer_rq = peer.credits;
+        self.ack_each =
+            self.cfg.ack_each && peer.other_flags & crate::wire::CONN_FLAG_ACK_EACH != 0;
         self.remote_sgl = peer.target_sgl;
         self.remote_sge = 1 % peer.target_sgl.length;
         self.iomap.on_establish(peer);
@@ -1275,12 +1335,13 @@ impl Flow {
     }
 
     /// `rs_give_credits` (iWARP) then `rs_send_credits`, as often as it
-    /// holds.
+    /// holds; with [`Flow::acks_each`] also whenever the limit moved.
     fn update_credits(&mut self) {
         let half = self.cfg.rbuf_size >> 1;
         while self.phase == Phase::Connected
             && (self.rbuf_bytes_avail >= half
-                || self.rseq_no.wrapping_sub(self.rseq_comp) as i16 >= 0)
+                || self.rseq_no.wrapping_sub(self.rseq_comp) as i16 >= 0
+                || (self.ack_each && self.rseq_no.wrapping_add(self.cfg.rq_size) != self.rx_limit))
             && self.two_ctrl_avail()
         {
             self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);

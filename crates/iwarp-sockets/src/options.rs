@@ -17,7 +17,8 @@ pub enum Design {
     /// The paper's basic design, for comparison: each side also copies
     /// through a private buffer of its own (user buffer → private buffer
     /// → registered ring, and back), every `write` is its own message, no
-    /// zero copy.
+    /// zero copy. [`Options::basic`] also turns on the socket-level flow
+    /// control of [`Options::ack_each`].
     Basic,
 }
 
@@ -58,6 +59,16 @@ pub struct Options {
     /// size up to 4 MiB; see docs/BENCHMARKS.md). Ignored by
     /// [`Design::Basic`] and by non-blocking streams.
     pub zcopy_threshold: Option<usize>,
+    /// The seed paper's socket-level flow control, on top of the ring
+    /// credits: the reader returns a credit (`RS_OP_SGL`) after every
+    /// message it reads, not after half the window. Only between two ends
+    /// that both set it (each then keeps `rq_size` more receives posted
+    /// for the other's updates; the private conn-data flag
+    /// [`CONN_FLAG_ACK_EACH`](crate::wire::CONN_FLAG_ACK_EACH) says so);
+    /// toward rsocket.c, which could not absorb them, it stays off. On by
+    /// [`Options::basic`], off by default: the enhanced design has none
+    /// ("no redundant flow control").
+    pub ack_each: bool,
     /// Busy polling: a blocked `read` or `write` does the receive work of
     /// its own connection in a loop instead of sleeping (lowest latency,
     /// one CPU busy while it waits).
@@ -94,6 +105,7 @@ impl Default for Options {
             design: Design::Enhanced,
             coalesce: true,
             zcopy_threshold: None,
+            ack_each: false,
             busy_poll: false,
             keepalive: false,
             linger: Duration::from_secs(1),
@@ -109,6 +121,7 @@ impl Options {
             design: Design::Basic,
             coalesce: false,
             zcopy_threshold: None,
+            ack_each: true,
             ..Options::default()
         }
     }
@@ -117,7 +130,8 @@ impl Options {
     /// `IWARP_SOCKETS_DESIGN` (`enhanced` | `basic`), `IWARP_SOCKETS_SBUF`,
     /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_ZCOPY` (bytes, or
     /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
-    /// (`0`/`1`), `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
+    /// (`0`/`1`), `IWARP_SOCKETS_ACK_EACH` (`0`/`1`, after the design),
+    /// `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
     /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table). Values that
     /// do not parse are reported and ignored.
     pub fn from_env() -> Options {
@@ -158,6 +172,9 @@ impl Options {
         }
         if let Some(v) = get("IWARP_SOCKETS_COALESCE") {
             o.coalesce = v != "0";
+        }
+        if let Some(v) = get("IWARP_SOCKETS_ACK_EACH") {
+            o.ack_each = v != "0";
         }
         if let Some(v) = get("IWARP_SOCKETS_BUSY_POLL") {
             o.busy_poll = v != "0";

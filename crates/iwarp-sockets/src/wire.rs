@@ -90,6 +90,14 @@ pub const CONN_FLAG_NET: u8 = 1 << 0;
 /// `RS_CONN_FLAG_IOMAP`: `target_iomap_size` is meaningful; the iomap
 /// follows the target SGL in the same registered region.
 pub const CONN_FLAG_IOMAP: u8 = 1 << 1;
+/// This library's own flag, not rsockets': "I post a receive for one
+/// credit update per data message I may receive", which lets a peer that
+/// follows the seed paper's basic design return a credit after every
+/// message its reader consumes (`flow::Config::ack_each`). rsocket.c
+/// never sets it and ignores it (`rs_save_conn_data` tests NET and IOMAP
+/// only), so toward rsocket.c the basic design keeps the ring credits
+/// alone. The top bit, far from the two rsockets uses.
+pub const CONN_FLAG_ACK_EACH: u8 = 1 << 7;
 
 /// A byte order, as rsockets uses two: the fixed big-endian conn data, and
 /// the host order of whoever built a message word or owns an SGE.
@@ -565,6 +573,7 @@ mod conn_field {
 /// ```text
 /// 0      version            1
 /// 1      flags              RS_CONN_FLAG_NET (bit 0) | RS_CONN_FLAG_IOMAP (bit 1)
+///                           (| CONN_FLAG_ACK_EACH (bit 7), ours alone)
 /// 2..4   credits            htons(rq_size): data messages the peer may send
 /// 4..7   reserved           0
 /// 7      target_iomap_size  rs_value_to_scale(target_iomap_size, 8)

@@ -238,6 +238,57 @@ fn small_writes_coalesce_while_the_wire_is_busy() {
     assert_eq!(st.data_msgs, st.writes, "{st:?}");
 }
 
+/// A ping-pong of `n` 64-byte messages; the credit updates each side sent.
+fn ping_pong_updates(client: &Options, server: &Options, n: usize) -> (u64, u64) {
+    let (mut a, mut b) = pair_with(client, server);
+    a.set_read_timeout(Some(T)).unwrap();
+    b.set_read_timeout(Some(T)).unwrap();
+    let echo = thread::spawn(move || {
+        let mut m = [0u8; 64];
+        for _ in 0..n {
+            b.read_exact(&mut m).unwrap();
+            b.write_all(&m).unwrap();
+        }
+        b
+    });
+    for i in 0..n {
+        let m = [i as u8; 64];
+        a.write_all(&m).unwrap();
+        let mut r = [0u8; 64];
+        a.read_exact(&mut r).unwrap();
+        assert_eq!(r, m, "answer {i}");
+    }
+    let b = echo.join().unwrap();
+    (a.stats().credit_updates, b.stats().credit_updates)
+}
+
+#[test]
+fn basic_ends_return_a_credit_per_message_and_enhanced_ones_do_not() {
+    let n = 1000;
+    // Between two basic ends (both advertise CONN_FLAG_ACK_EACH): one
+    // update per message read, the seed paper's socket-level flow control.
+    let (ua, ub) = ping_pong_updates(&Options::basic(), &Options::basic(), n);
+    assert!(
+        ua >= n as u64 && ub >= n as u64,
+        "basic: {ua} and {ub} updates for {n} messages each way"
+    );
+    // Enhanced, and basic against enhanced (as against rsocket.c): the
+    // ring credits alone, an update per rq_size / 2 = 192 messages.
+    for (c, s) in [
+        (Options::default(), Options::default()),
+        (Options::basic(), Options::default()),
+        (Options::default(), Options::basic()),
+    ] {
+        let (ua, ub) = ping_pong_updates(&c, &s, n);
+        assert!(
+            ua <= 10 && ub <= 10,
+            "{:?}/{:?}: {ua} and {ub} updates for {n} messages",
+            c.design,
+            s.design
+        );
+    }
+}
+
 #[test]
 fn shutdown_write_gives_the_peer_end_of_stream_and_it_can_still_answer() {
     let (mut a, mut b) = pair();

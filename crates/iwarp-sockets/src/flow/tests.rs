@@ -52,6 +52,7 @@ fn cfg(key: u32, order: ByteOrder, rq: u16, sbuf: u32, rbuf: u32) -> Config {
             addr: RBUF_ADDR,
             key: key | 2,
         },
+        ack_each: false,
     }
 }
 
@@ -870,11 +871,14 @@ proptest! {
         steps in proptest::collection::vec(arb_step(), 1..60),
         rq in 16u16..40,
         big_b in any::<bool>(),
+        ack in 0u8..4,
     ) {
         let ob = if big_b { ByteOrder::Big } else { ByteOrder::Little };
+        // Either, both or neither end in the basic design's credit return
+        // (`deliver` fails on a Send that finds no receive).
         let mut p = Pair::new(
-            cfg(0xA0, ByteOrder::Little, rq, 4096, 8192),
-            cfg(0xB0, ob, 16, 6144, 12288),
+            Config { ack_each: ack & 1 != 0, ..cfg(0xA0, ByteOrder::Little, rq, 4096, 8192) },
+            Config { ack_each: ack & 2 != 0, ..cfg(0xB0, ob, 16, 6144, 12288) },
         );
         let src_a = pattern(400_000, 5);
         let src_b = pattern(400_000, 6);
@@ -1156,4 +1160,172 @@ fn a_large_peer_queue_keeps_a_reserve_of_credits_unused() {
     }
     assert_eq!(p.a.flow.send_credits(), CREDIT_RESERVE);
     assert_eq!(sent, 64 - CREDIT_RESERVE);
+}
+
+fn acking(c: Config) -> Config {
+    Config {
+        ack_each: true,
+        ..c
+    }
+}
+
+/// The `RS_OP_SGL` limits `s` has put on its link so far (taken off it).
+fn sgl_words_on_link(s: &mut Side) -> Vec<u16> {
+    let order = s.flow.config().order;
+    let mut out = Vec::new();
+    let mut keep = VecDeque::new();
+    while let Some(w) = s.link.pop_front() {
+        if let Wire::Send(p) = &w {
+            if let Ok(Message::Sgl { limit }) = Message::from_send_payload(p, order) {
+                out.push(limit as u16);
+            }
+        }
+        keep.push_back(w);
+    }
+    s.link = keep;
+    out
+}
+
+#[test]
+fn ack_each_doubles_the_receives_and_advertises_the_flag() {
+    let plain = Flow::new(cfg(0xA0, ByteOrder::Little, 16, 4096, 8192)).unwrap();
+    let basic = Flow::new(acking(cfg(0xB0, ByteOrder::Little, 16, 4096, 8192))).unwrap();
+    assert_eq!(plain.recv_slots(), 16 + RQ_EXTRA);
+    assert_eq!(basic.recv_slots(), 2 * 16 + RQ_EXTRA);
+    assert_eq!(plain.local_conn_data().other_flags, 0);
+    assert_eq!(
+        basic.local_conn_data().other_flags,
+        crate::wire::CONN_FLAG_ACK_EACH
+    );
+    // The bytes on the wire: flags 0x82 little-endian host, 0x83 big.
+    assert_eq!(basic.local_conn_data().to_bytes()[1], 0x82);
+    // Every receive is queued at once, and the queue still fits 0xFFFE.
+    let mut f = Flow::new(acking(Config {
+        rq_size: 0xFFFF,
+        ..Config::default()
+    }))
+    .unwrap();
+    assert_eq!(f.config().rq_size, (0xFFFE - RQ_EXTRA) / 2);
+    assert!(f.recv_slots() <= 0xFFFE);
+    let mut posted = 0;
+    while let Some(a) = f.poll_action() {
+        posted += u16::from(matches!(a, Action::PostRecv { .. }));
+    }
+    assert_eq!(posted, f.recv_slots());
+}
+
+#[test]
+fn basic_ends_return_a_credit_after_every_message_read() {
+    let mut p = Pair::new(
+        acking(cfg(0xA0, ByteOrder::Little, 16, 4096, 8192)),
+        acking(cfg(0xB0, ByteOrder::Big, 16, 4096, 8192)),
+    );
+    assert!(p.a.flow.acks_each() && p.b.flow.acks_each());
+    p.settle();
+    for i in 0..5u8 {
+        assert_eq!(p.a.write(&[i]), 1);
+    }
+    p.settle();
+    assert_eq!(p.a.flow.send_credits(), 11);
+    for i in 1..=5u16 {
+        assert_eq!(p.b.read(1), Some(1));
+        p.b.pump();
+        // One update per message, carrying rseq_no + rq_size.
+        assert_eq!(sgl_words_on_link(&mut p.b), vec![i + 16]);
+        p.settle();
+        assert_eq!(p.a.flow.send_credits(), 11 + i);
+    }
+    // Nothing more without a read, and one update for a read of several.
+    p.settle();
+    assert!(sgl_words_on_link(&mut p.b).is_empty());
+    for i in 0..3u8 {
+        assert_eq!(p.a.write(&[i]), 1);
+    }
+    p.settle();
+    assert_eq!(p.b.read(100), Some(3));
+    p.b.pump();
+    assert_eq!(sgl_words_on_link(&mut p.b), vec![8 + 16]);
+    p.settle();
+    assert_eq!(p.b.received, [0, 1, 2, 3, 4, 0, 1, 2]);
+}
+
+#[test]
+fn ack_each_stays_off_toward_a_peer_without_the_flag() {
+    // A basic end against rsocket.c (or our enhanced design): rsocket.c's
+    // rules alone, the first update after rq_size / 2 messages.
+    for (ack_a, ack_b) in [(true, false), (false, true)] {
+        let mut ca = cfg(0xA0, ByteOrder::Little, 16, 4096, 8192);
+        let mut cb = cfg(0xB0, ByteOrder::Little, 16, 4096, 8192);
+        ca.ack_each = ack_a;
+        cb.ack_each = ack_b;
+        let mut p = Pair::new(ca, cb);
+        assert!(!p.a.flow.acks_each() && !p.b.flow.acks_each());
+        p.settle();
+        for i in 0..8u8 {
+            assert_eq!(p.a.write(&[i]), 1);
+            p.settle();
+        }
+        for _ in 0..7 {
+            assert_eq!(p.b.read(1), Some(1));
+            p.b.pump();
+            assert!(sgl_words_on_link(&mut p.b).is_empty());
+        }
+        assert_eq!(p.b.read(1), Some(1));
+        p.b.pump();
+        assert_eq!(sgl_words_on_link(&mut p.b), vec![8 + 16]);
+    }
+}
+
+#[test]
+fn updates_from_a_basic_peer_always_find_a_receive() {
+    // The worst case the doubled queue is for: A has sent a full window,
+    // B fills A's queue with a full window of its own data, then reads
+    // A's messages one by one, an update each, while A reposts nothing
+    // (it handles each word as it comes but does not pump). `deliver`
+    // panics on a Send without a posted receive.
+    // rq_size 32: the peer keeps CREDIT_RESERVE credits back, as toward
+    // any queue of at least 32.
+    let rq = 32;
+    let mut p = Pair::new(
+        acking(cfg(0xA0, ByteOrder::Little, rq, 4096, 8192)),
+        acking(cfg(0xB0, ByteOrder::Little, rq, 4096, 8192)),
+    );
+    p.settle();
+    let full = p.a.posted.len();
+    assert_eq!(full, usize::from(2 * rq + RQ_EXTRA));
+    let mut a_sent = 0;
+    while p.a.write(&[1]) == 1 {
+        a_sent += 1;
+        p.a.pump();
+        p.a.complete_all();
+    }
+    deliver(&mut p.a, &mut p.b).unwrap();
+    let mut b_sent = 0;
+    while p.b.write(&[2]) == 1 {
+        b_sent += 1;
+        p.b.pump();
+        p.b.complete_all();
+    }
+    assert_eq!((a_sent, b_sent), (rq - CREDIT_RESERVE, rq - CREDIT_RESERVE));
+    deliver(&mut p.b, &mut p.a).unwrap();
+    let mut updates = 0;
+    for _ in 0..a_sent {
+        assert_eq!(p.b.read(1), Some(1));
+        p.b.pump();
+        p.b.complete_all();
+        updates += sgl_words_on_link(&mut p.b).len();
+        deliver(&mut p.b, &mut p.a).unwrap();
+    }
+    assert_eq!(updates, usize::from(a_sent));
+    // More than rq_size + RQ_EXTRA receives were taken without a repost:
+    // rsocket.c's queue (or ours without ack_each) would have run dry.
+    let taken = full - p.a.posted.len();
+    assert!(
+        taken > usize::from(rq + RQ_EXTRA),
+        "the case did not reach the extra receives ({taken} taken)"
+    );
+    p.settle();
+    assert_eq!(p.a.flow.send_credits(), rq);
+    assert_eq!(p.a.flow.phase(), Phase::Connected);
+    assert_eq!(p.b.flow.phase(), Phase::Connected);
 }

@@ -198,6 +198,24 @@ fn conn_data_realistic_vector() {
 }
 
 #[test]
+fn conn_data_with_our_ack_each_flag() {
+    // The realistic vector from one of our basic-design ends: flags 0x82
+    // (IOMAP | CONN_FLAG_ACK_EACH), the rest unchanged.
+    let mut b = REALISTIC;
+    b[1] = 0x82;
+    let r = ConnDataRepr::parse_bytes(&b).unwrap();
+    assert_eq!(r.other_flags, CONN_FLAG_ACK_EACH);
+    assert!(r.iomap);
+    assert_eq!(r.order, LE);
+    assert_eq!(r.credits, 384);
+    let mut want = realistic_repr();
+    want.other_flags = CONN_FLAG_ACK_EACH;
+    assert_eq!(r, want);
+    assert_eq!(want.to_bytes(), b);
+    assert_eq!(CONN_FLAG_ACK_EACH, 0x80);
+}
+
+#[test]
 fn conn_data_net_flag_from_big_endian_host() {
     let mut r = realistic_repr();
     r.order = BE;

@@ -47,6 +47,7 @@ fn side(key: u32, order: ByteOrder, iomap: u16) -> Side {
             addr: RBUF,
             key: key | 2,
         },
+        ack_each: false,
     })
     .unwrap();
     flow.set_iomap_size(iomap).unwrap();
