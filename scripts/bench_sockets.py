@@ -11,7 +11,8 @@ Parts:
            own CPU accounting)
   pingpong iwarp-rstream 64-byte ping-pong with busy polling (rstream's
            non-blocking loop; --busy-poll on the rsockets side) against
-           the same loop over kernel TCP (--tcp), enhanced and basic
+           the same loop over kernel TCP (--tcp): enhanced, basic, and
+           basic without its per-message credit updates (--ack-each off)
   coalesce iwarp-rstream bandwidth with 64 B - 4 KiB writes: Gbit/s and
            data messages per write (the coalescing by append)
   sweep    iwarp-rstream -S all (blocking), kernel TCP / basic / enhanced:
@@ -140,27 +141,34 @@ def main():
                 f"enhanced / basic: median of pairs {median(ratios_eb):.3f}x "
                 f"(pairs: {', '.join(f'{x:.2f}' for x in ratios_eb)})", ""]
 
-    # 64-byte ping-pong, busy polling.
-    lat = {"enhanced": [], "basic": []}
-    tcp_lat = {"enhanced": [], "basic": []}
+    # 64-byte ping-pong, busy polling: enhanced, basic, and basic without
+    # its per-message credit updates (which enhancement is worth what).
+    pp = {"enhanced": ("enhanced", []), "basic": ("basic", []),
+          "basic, ring credits only": ("basic", ["--ack-each", "off"])}
+    names = list(pp)
+    lat = {n: [] for n in names}
+    tcp_lat = {n: [] for n in names}
     for i in range(PAIRS):
-        for d in (["enhanced", "basic"] if i % 2 == 0 else ["basic", "enhanced"]):
-            rows = rstream(["-S", "64", "-C", "1", "-I", "20000"], d, tcp=True, busy=True)
+        for n in names[i % 3:] + names[:i % 3]:
+            design, extra = pp[n]
+            rows = rstream(["-S", "64", "-C", "1", "-I", "20000"] + extra, design, tcp=True, busy=True)
             for r in rows:
-                raw.write(json.dumps({"part": "pingpong", "pair": i, **r}) + "\n")
+                raw.write(json.dumps({"part": "pingpong", "config": n, "pair": i, **r}) + "\n")
             cl = [r for r in rows if r["role"] == "client"]
-            lat[d].append(next(r["usec_per_xfer"] for r in cl if r["transport"] != "tcp"))
-            tcp_lat[d].append(next(r["usec_per_xfer"] for r in cl if r["transport"] == "tcp"))
+            lat[n].append(next(r["usec_per_xfer"] for r in cl if r["transport"] != "tcp"))
+            tcp_lat[n].append(next(r["usec_per_xfer"] for r in cl if r["transport"] == "tcp"))
     summary += ["## 64-byte ping-pong, busy polling (one-way usec, half the round trip)", "",
                 "| design | rsockets (median) | kernel TCP same runs (median) | rsockets / TCP (median of pairs) |",
                 "|---|---|---|---|"]
-    for d in ("enhanced", "basic"):
-        r = [a / b for a, b in zip(lat[d], tcp_lat[d])]
-        summary.append(f"| {d} | {median(lat[d]):.2f} ({', '.join(f'{x:.2f}' for x in lat[d])}) | "
-                       f"{median(tcp_lat[d]):.2f} | {median(r):.3f}x ({', '.join(f'{x:.2f}' for x in r)}) |")
-    eb = [a / b for a, b in zip(lat["enhanced"], lat["basic"])]
-    summary += ["", f"enhanced / basic latency: median of pairs {median(eb):.3f}x "
-                f"(pairs: {', '.join(f'{x:.2f}' for x in eb)})", ""]
+    for n in names:
+        r = [a / b for a, b in zip(lat[n], tcp_lat[n])]
+        summary.append(f"| {n} | {median(lat[n]):.2f} ({', '.join(f'{x:.2f}' for x in lat[n])}) | "
+                       f"{median(tcp_lat[n]):.2f} | {median(r):.3f}x ({', '.join(f'{x:.2f}' for x in r)}) |")
+    for other in names[1:]:
+        eb = [a / b for a, b in zip(lat["enhanced"], lat[other])]
+        summary += ["", f"enhanced / {other} latency: median of pairs {median(eb):.3f}x "
+                    f"(pairs: {', '.join(f'{x:.2f}' for x in eb)})"]
+    summary.append("")
 
     # Coalescing: small writes, bandwidth test, messages per write.
     summary += ["## Coalescing by append (bandwidth test, blocking, 20000 writes each way)", "",

@@ -135,6 +135,11 @@ struct Args {
     /// Zero-copy threshold in bytes, or `off` (enhanced design only).
     #[arg(long, value_name = "BYTES|off")]
     zcopy: Option<String>,
+    /// A credit update after every message read, the basic design's
+    /// socket-level flow control (default: on with --design basic, off
+    /// with enhanced; in effect only if the peer's end sets it too).
+    #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
+    ack_each: Option<String>,
     /// Bound in seconds on connecting, accepting, and on any transfer that
     /// makes no progress.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
@@ -306,6 +311,9 @@ fn config(a: &Args) -> Result<Config, String> {
             )
         };
     }
+    if let Some(v) = &a.ack_each {
+        opts.ack_each = v == "on";
+    }
     if !(a.timeout > 0.0 && a.timeout.is_finite()) {
         return Err("--timeout: a positive number of seconds".into());
     }
@@ -439,6 +447,12 @@ mod tests {
         let c = parse(&["--tcp", "--design", "basic", "-I", "5"]).unwrap();
         assert_eq!(c.kinds, [Kind::Rsockets, Kind::Tcp]);
         assert_eq!(c.design, "basic");
+        assert!(c.setup.opts.ack_each);
+        let d = parse(&["--design", "basic", "--ack-each", "off"]).unwrap();
+        assert!(!d.setup.opts.ack_each);
+        let d = parse(&["--ack-each", "on"]).unwrap();
+        assert!(d.setup.opts.ack_each && d.design == "enhanced");
+        assert!(parse(&["--ack-each", "maybe"]).is_err());
         assert!(matches!(
             c.plan,
             Plan::Custom {
