@@ -1,14 +1,13 @@
-//! # iwarp-sockets: rsockets over iWARP, the protocol layer
+//! # iwarp-sockets: rsockets over iWARP
 //!
-//! The first layer of a byte-stream socket library over RDMA that is
-//! wire-compatible with librdmacm's **rsockets** in its iWARP mode
-//! (`librdmacm/rsocket.c` of linux-rdma/rdma-core), so that a program using
-//! this crate can talk to `rstream`, `riostream` or anything under
-//! `librspreload.so` on a host with kernel siw or an iWARP RNIC.
+//! A byte-stream socket library over RDMA that is wire-compatible with
+//! librdmacm's **rsockets** in its iWARP mode (`librdmacm/rsocket.c` of
+//! linux-rdma/rdma-core), so that a program using this crate can talk to
+//! `rstream`, `riostream` or anything under `librspreload.so` on a host
+//! with kernel siw or an iWARP RNIC.
 //!
-//! This layer is sans-IO, like `iwarp-proto` under the verbs crate: no
-//! sockets, no queue pairs, no threads, no clock, no dependencies beyond
-//! `std`.
+//! The protocol layer is sans-IO, like `iwarp-proto` under the verbs
+//! crate: no sockets, no queue pairs, no threads, no clock.
 //!
 //! - [`wire`]: the formats. The 32-bit message word ([`wire::MsgWord`],
 //!   [`wire::Message`]), `struct rs_conn_data` ([`wire::ConnData`] view,
@@ -20,9 +19,12 @@
 //!   consumes events and produces [`flow::Action`]s: post a receive, post
 //!   an RDMA Write, post a Send.
 //!
-//! Still to come for issue 12: the I/O driver over the `iwarp` verbs API,
-//! the `std::net`-shaped API and the `rsocket.h`-style C API, the preload
-//! shim with TCP fallback, the enhancements and the benchmarks.
+//! Above it: the driver over the `iwarp` verbs API (`conn`, private),
+//! the `std::net`-shaped [`Stream`] and [`Listener`], [`Options`] with the
+//! basic and enhanced designs, the [`progress`] thread, and the tokio
+//! wrapper. The `rsocket.h`-style C API is the `iwarp-rsocket` crate, the
+//! preload shim with its TCP fallback `iwarp-preload`; docs/SOCKETS.md
+//! says what works.
 //!
 //! ## The rsocket.c facts this crate rests on
 //!
@@ -40,6 +42,7 @@
 //! | `rs_sge` is addr, **key**, length (in that order) | `struct rs_sge` |
 //! | `RS_CONN_FLAG_NET` = the sender's host is big endian; a differing peer gets its SGEs byte-swapped | `rs_host_is_net()`, `rs_format_conn_data`, `rs_save_conn_data` (`RS_OPT_SWAP_SGL`), `rs_send_credits` (`bswap_64`/`bswap_32`) |
 //! | Only `version == 1` is checked; the length of the private data is not | `raccept`, `rs_do_connect` |
+//! | Flag bits other than NET and IOMAP are neither set nor read | `rs_format_conn_data`, `rs_save_conn_data` |
 //! | On iWARP nothing precedes `rs_conn_data` in the private data | `rs_conn_data_offset` (header only for `AF_IB`); kernel `cma_connect_iw` passes the private data through |
 //! | Credits count data messages; the first credit is the peer's `rq_size`, then `RS_OP_SGL` carries `rseq_no + rq_size` taken mod 2^16 | `rs_save_conn_data` (`sseq_comp = ntohs(conn->credits)`), `rs_send_credits`, `rs_poll_cq` (`(uint16_t) rs_msg_data(msg)`) |
 //! | The receive ring is used in halves; the first half goes in the conn data, each freed half is RDMA-Written as an `rs_sge` into the peer's 2-slot target SGL | `rs_init_bufs`, `rs_format_conn_data`, `rs_send_credits`, `RS_SGL_SIZE` |
@@ -50,6 +53,14 @@
 //! | The iomap table (`target_iomap_size` entries of `rs_iomap`, 24 bytes) follows the 2-entry target SGL in the same region; the peer finds it at `target_sgl.addr + 16 * target_sgl.length` with the SGL's rkey | `rs_init_bufs`, `rs_save_conn_data` (`remote_iomap`) |
 //! | `riomap` takes the first free entry of the peer's table, RDMA-Writes the `rs_iomap` (peer's order) to `table + 24 * index`, then sends `RS_OP_IOMAP_SGL | index`, costing a credit like data | `rs_get_iomap_mr`, `rs_send_iomaps`, `rs_write_iomap` |
 //! | `riowrite` is plain RDMA Writes to `entry.addr + offset - entry.offset`; `RS_OP_WRITE` tags the local work request only and is never transmitted; `riounmap` tells the peer nothing | `rs_write_direct`, `rs_post_write`, `riounmap` |
+//!
+//! ## What we add, between two of our own ends only
+//!
+//! The basic design's per-message credit return ([`flow::Config::ack_each`])
+//! needs a peer that keeps a receive for every update; an end that does
+//! says so with [`wire::CONN_FLAG_ACK_EACH`], bit 7 of the conn data's
+//! flags, which rsocket.c ignores (above). Nothing else on the wire
+//! differs from rsocket.c.
 //!
 //! ## Where we are stricter than rsocket.c
 //!
