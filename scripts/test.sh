@@ -6,7 +6,7 @@
 #                              the fuzz smoke run
 #
 # Steps: install prerequisites; cargo fmt --check; cargo clippy -D warnings;
-# ShellCheck lint; release build; cargo test (release, under a timeout); the
+# cargo doc with broken links as errors; ShellCheck lint; release build; cargo test (release, under a timeout); the
 # tshark wire check (scripts/tshark-check.sh); iwarp-ping client against
 # iwarp-ping server on loopback (scripts/ping-loopback.sh); the default
 # iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
@@ -295,6 +295,10 @@ fi
 
 run_step "cargo fmt --check" cargo fmt --all -- --check || true
 run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings || true
+# The API docs, links checked (iwarp-ffi's lib is also named iwarp, and
+# only one of the two can be documented in one run).
+run_step "cargo doc (links checked)" env RUSTDOCFLAGS="-D warnings" \
+    cargo doc --workspace --exclude iwarp-ffi --no-deps || true
 run_step "shellcheck" step_shellcheck || true
 run_step "cargo build --release" cargo build --release --workspace || BUILD_OK=0
 

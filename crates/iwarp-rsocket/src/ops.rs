@@ -648,7 +648,7 @@ unsafe fn put<T: Copy>(v: T, val: *mut c_void, len: *mut socklen_t) -> c_int {
 /// (established); unknown ones get `ENOPROTOOPT`.
 ///
 /// # Safety
-/// As [`put`].
+/// As `put`.
 pub unsafe fn getsockopt(
     s: &Sock,
     level: c_int,

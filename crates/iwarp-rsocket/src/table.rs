@@ -148,12 +148,12 @@ pub struct Sock {
     /// `SO_KEEPALIVE` as set (for `getsockopt`).
     pub keepalive: AtomicBool,
     /// The program's last successful call on the stream was a send (see
-    /// [`graceful_end`]).
+    /// `graceful_end`).
     pub last_was_send: AtomicBool,
     /// The program shut down the read side (`SHUT_RD`, `SHUT_RDWR`): reads
     /// return end of stream. Local only, as on TCP (nothing goes on the
     /// wire for it), so the stream can still see the peer's end of stream
-    /// in [`graceful_end`].
+    /// in `graceful_end`.
     pub read_shut: AtomicBool,
     generation: u32,
 }

@@ -274,7 +274,7 @@ impl Stream {
     /// The peer's writes land straight in the buffer (zero copy); it is
     /// told nothing, so the two programs agree on their own how completion
     /// is signalled (a marker byte as `riostream` does, or a message after
-    /// the writes). Dropping the [`IoMap`] unmaps it.
+    /// the writes). Dropping the [`IoMap`](crate::IoMap) unmaps it.
     ///
     /// Errors: `OutOfMemory` (`ENOMEM`) when the peer advertised no free
     /// iomap entry (it sets `RDMA_IOMAPSIZE` / [`Options::iomap_size`]),
@@ -336,7 +336,7 @@ impl Stream {
 }
 
 impl AsRawFd for Stream {
-    /// The readiness descriptor (see [`crate::ready`]): poll it, never read
+    /// The readiness descriptor (see the `ready` module): poll it, never read
     /// or write it.
     fn as_raw_fd(&self) -> RawFd {
         self.s.conn.readiness_fd()

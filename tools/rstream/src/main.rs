@@ -9,7 +9,7 @@
 //!   JSON lines;
 //! - [`transport`]: rsockets over iWARP or plain TCP behind one type, driven
 //!   like rstream drives its socket (non-blocking loop, blocking, or poll);
-//! - [`bench`]: the client/server exchange and the test plan.
+//! - [`bench`](mod@bench): the client/server exchange and the test plan.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod bench;
@@ -123,7 +123,7 @@ struct Args {
     #[arg(long)]
     busy_poll: bool,
     /// Also run every test over plain kernel TCP on the same port, right
-    /// after the rsockets one (both ends need --tcp); rows marked [tcp].
+    /// after the rsockets one (both ends need --tcp); rows labelled tcp.
     #[arg(long)]
     tcp: bool,
     /// JSON lines (one object per test) instead of the table.

@@ -278,7 +278,7 @@ pub fn active_from_env() -> Result<CrcImpl, CrcSelectError> {
 
 static ACTIVE: OnceLock<CrcImpl> = OnceLock::new();
 
-/// The back end [`crc32c`] and [`crc32c_append`] use: chosen on first use
+/// The back end [`crc32c`](fn@crc32c) and [`crc32c_append`] use: chosen on first use
 /// from `IWARP_CRC` and the CPU, then fixed for the process. A refused
 /// `IWARP_CRC` is logged and `auto` is used.
 pub fn active() -> CrcImpl {

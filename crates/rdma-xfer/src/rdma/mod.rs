@@ -19,8 +19,8 @@
 //! needed there: the source sends a `BlockDone` only for a block it holds
 //! a grant for, so at most `pool depth` of them are ever unconsumed, and
 //! the sink keeps that many receives posted on each data QP plus a batch
-//! it reposts together ([`data_recv_slots`]). Control Sends are signaled
-//! only every [`CTRL_SIGNAL_EVERY`]th time.
+//! it reposts together (`data_recv_slots`). Control Sends are signaled
+//! only every `CTRL_SIGNAL_EVERY`th time.
 //!
 //! # Threads
 //!
@@ -40,7 +40,7 @@
 //!   the background: a completion wakes it only while no attending thread
 //!   sleeps or is about to poll, that is whenever the caller does not
 //!   handle completions (while it reads or writes a block, which may be
-//!   disk I/O, and between transfers). Whoever holds [`Shared::dispatch`]
+//!   disk I/O, and between transfers). Whoever holds `Shared::dispatch`
 //!   drains the CQ, reposts receives and routes messages.
 //! - The **sender thread** posts the Write + `BlockDone` pairs the
 //!   dispatcher thread completes (a grant arriving for a block that waits),
@@ -48,7 +48,7 @@
 //!   caller's thread (a block filled while a grant is in hand, or a grant
 //!   found while it waits) is posted there: handing it over would cost a
 //!   wake-up per block.
-//! - The **logger thread** reports progress ([`Logger`]).
+//! - The **logger thread** reports progress (`Logger`).
 //!
 //! Handing each block through dedicated threads cost 12-16 context
 //! switches per 1 MiB block, on a 2-CPU machine about a quarter of the

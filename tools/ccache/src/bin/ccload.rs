@@ -17,7 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
 
 /// Load generator for the strongly coherent cache (issue 13): many
-/// keep-alive HTTP/1.1 clients request documents (PREFIX<n>) by a
+/// keep-alive HTTP/1.1 clients request documents (PREFIX plus a number) by a
 /// workload, for a duration or a request count, and report throughput,
 /// latency percentiles (HDR histogram), cache hits, ccproxy's stage times
 /// and, given the update log, stale responses (which fail the run).

@@ -38,7 +38,7 @@ enum WaitArg {
 }
 
 /// HTTP/1.1 caching reverse proxy with strong coherency (issue 13): every
-/// request for a document (PREFIX<n>) is validated at the application
+/// request for a document (PREFIX plus a number) is validated at the application
 /// module before it is answered from cache; responses carry X-CC-Version.
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
