@@ -135,8 +135,13 @@ impl Options {
     /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table). Values that
     /// do not parse are reported and ignored.
     pub fn from_env() -> Options {
+        Options::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`Options::from_env`] over any lookup of those variables.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Options {
         let mut o = Options::default();
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let get = |k: &str| lookup(k).filter(|v| !v.is_empty());
         if let Some(v) = get("IWARP_SOCKETS_DESIGN") {
             match v.as_str() {
                 "basic" => o = Options::basic(),
@@ -201,5 +206,51 @@ impl Options {
             Design::Enhanced => self.zcopy_threshold,
             Design::Basic => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Options {
+        Options::from_vars(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn the_design_and_its_switches_from_variables() {
+        let d = with(&[]);
+        assert_eq!(d.design, Design::Enhanced);
+        assert!(d.coalesce && !d.ack_each);
+        let b = with(&[("IWARP_SOCKETS_DESIGN", "basic")]);
+        assert_eq!(b.design, Design::Basic);
+        assert!(!b.coalesce && b.ack_each);
+        // Each switch over the design, whichever order they are read in.
+        let b = with(&[
+            ("IWARP_SOCKETS_ACK_EACH", "0"),
+            ("IWARP_SOCKETS_DESIGN", "basic"),
+        ]);
+        assert!(b.design == Design::Basic && !b.ack_each);
+        let e = with(&[("IWARP_SOCKETS_ACK_EACH", "1")]);
+        assert!(e.design == Design::Enhanced && e.ack_each);
+        // Values that do not parse leave the defaults.
+        let j = with(&[
+            ("IWARP_SOCKETS_DESIGN", "fast"),
+            ("IWARP_SOCKETS_SBUF", "12"),
+            ("IWARP_SOCKETS_ZCOPY", "lots"),
+        ]);
+        assert_eq!(j.design, Design::Enhanced);
+        assert_eq!(j.sbuf_size, Options::default().sbuf_size);
+        assert_eq!(j.zcopy_threshold, None);
+        let z = with(&[
+            ("IWARP_SOCKETS_ZCOPY", "65536"),
+            ("IWARP_SOCKETS_RBUF", "8193"),
+        ]);
+        assert_eq!(z.zcopy_threshold, Some(65536));
+        assert_eq!(z.rbuf_size, 8192);
     }
 }
