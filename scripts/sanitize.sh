@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# Sanitizer runs over the code where memory and threads are handled by
+# hand:
+#
+#   c-modrdma   mod_rdma's pure C parts (rdma_header.c, wire.c) under
+#               AddressSanitizer + UBSan: the shared test vectors
+#               (testdata/rdma-vectors) and a replay of the fuzz corpus
+#   c-ccache    mod_ccache's IPC client (frame codec, document number,
+#               send_all/recv_all over a socketpair with a peer that writes
+#               byte by byte or hangs up), ASan + UBSan
+#   c-capi      the C API tests (tests/c, tests/c/rsocket), compiled with
+#               ASan + UBSan (LeakSanitizer on) against libiwarp and
+#               libiwarp_rsocket built normally (debug: overflow checks on)
+#   miri        Miri over pure unsafe code: iwarp's MR memory (mr.rs),
+#               iwarp-proto's CRC kernels, iwarp-ffi's panic boundary
+#   tsan        ThreadSanitizer (nightly, -Zbuild-std) over the tests of the
+#               crates with unsafe code and threads: iwarp (mr, soft
+#               provider), iwarp-rsocket, iwarp-preload, iwarp-ffi
+#
+#   scripts/sanitize.sh              short mode (the test command's step)
+#   scripts/sanitize.sh long         every test of those crates under TSan,
+#                                    Miri over the long tests too
+#   scripts/sanitize.sh short tsan   only some parts (c-modrdma c-ccache
+#                                    c-capi miri tsan)
+#   SANITIZE=long scripts/sanitize.sh
+#
+# Builds go to target-san/ (SAN_TARGET), never to the shared target/, so
+# the release build is not invalidated. Installs what is missing: clang and
+# its runtimes, the APR and httpd headers (Debian), rust-src and miri for
+# nightly (rustup). Every run is bounded by `timeout`. Prints one
+# PASS/FAIL/SKIP line per part and exits non-zero if any part failed.
+#
+# No suppressions: a report is fixed where it is, or the part fails.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export PATH="$HOME/.cargo/bin:$PATH"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+MODE="${SANITIZE:-short}"
+declare -a PARTS=()
+for arg in "$@"; do
+    case $arg in
+        short | long) MODE=$arg ;;
+        c-modrdma | c-ccache | c-capi | miri | tsan) PARTS+=("$arg") ;;
+        *)
+            echo "usage: $0 [short|long] [c-modrdma c-ccache c-capi miri tsan]" >&2
+            exit 2
+            ;;
+    esac
+done
+((${#PARTS[@]})) || PARTS=(c-modrdma c-ccache c-capi miri tsan)
+SAN_TARGET="${SAN_TARGET:-$ROOT/target-san}"
+TRIPLE=x86_64-unknown-linux-gnu
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+note() { printf '[sanitize] %s\n' "$*"; }
+
+# ASan/UBSan: stop at the first report, with a non-zero exit.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+SANFLAGS=(-g -O1 -fno-omit-frame-pointer "-fsanitize=address,undefined" -fno-sanitize-recover=all)
+
+APT_UPDATED=0
+apt_need() { # apt_need PACKAGE...: install the Debian packages given
+    ((APT_UPDATED)) || { apt-get update -qq && APT_UPDATED=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+find_clang() {
+    local c
+    for c in clang clang-14 clang-15 clang-16; do
+        command -v "$c" >/dev/null && { echo "$c"; return 0; }
+    done
+    return 1
+}
+
+# ---------------------------------------------------------------- C parts
+
+c_prereqs() {
+    local -a pkgs=()
+    find_clang >/dev/null || pkgs+=(clang)
+    compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a' >/dev/null ||
+        pkgs+=(libclang-rt-dev)
+    [[ -f /usr/include/apr-1.0/apr_pools.h ]] || pkgs+=(libapr1-dev)
+    [[ -f /usr/include/apache2/httpd.h ]] || pkgs+=(apache2-dev)
+    if ((${#pkgs[@]})); then
+        note "installing ${pkgs[*]}"
+        apt_need "${pkgs[@]}"
+    fi
+    CC_SAN="$(find_clang)"
+}
+
+part_c_modrdma() {
+    c_prereqs
+    local dir=modules/mod_rdma out="$SAN_TARGET/c"
+    mkdir -p "$out"
+    # The shared vectors against the C codecs.
+    "$CC_SAN" "${SANFLAGS[@]}" -std=gnu11 -Wall -Wextra -Werror -D_GNU_SOURCE \
+        -I/usr/include/apr-1.0 "$dir/test/vectors.c" "$dir/rdma_header.c" "$dir/wire.c" \
+        -lapr-1 -o "$out/modrdma_vectors"
+    timeout 120 "$out/modrdma_vectors" testdata/rdma-vectors/header.txt testdata/rdma-vectors/ctrl.txt
+    # The fuzz corpus, each input once (-runs=0 replays the corpus and stops).
+    "$CC_SAN" "${SANFLAGS[@]}" -fsanitize=fuzzer -D_GNU_SOURCE -I/usr/include/apr-1.0 \
+        "$dir/rdma_header.c" "$dir/fuzz/rdma_header_fuzz.c" -lapr-1 -o "$out/modrdma_fuzz"
+    timeout 300 "$out/modrdma_fuzz" -runs=0 -max_len=512 "$dir/fuzz/corpus" 2>&1 | tail -n 3
+    [[ ${PIPESTATUS[0]} == 0 ]]
+}
+
+part_c_ccache() {
+    c_prereqs
+    local out="$SAN_TARGET/c"
+    mkdir -p "$out"
+    # The module's static functions are reached by including the source;
+    # the httpd functions it calls on the request path are stubs (never
+    # called here).
+    cat >"$WORK/ccache_ipc.c" <<'EOF'
+#include "mod_ccache.c"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The httpd functions of the request path, never called here. */
+#define NOT_HERE abort()
+ap_filter_t *ap_add_output_filter(const char *n, void *x, request_rec *r, conn_rec *c)
+{ (void)n; (void)x; (void)r; (void)c; NOT_HERE; }
+void ap_hook_fixups(ap_HOOK_fixups_t *pf, const char *const *pre, const char *const *succ, int order)
+{ (void)pf; (void)pre; (void)succ; (void)order; NOT_HERE; }
+int ap_is_initial_req(request_rec *r) { (void)r; NOT_HERE; }
+void ap_log_error_(const char *f, int l, int m, int lv, apr_status_t st, const server_rec *s, const char *fmt, ...)
+{ (void)f; (void)l; (void)m; (void)lv; (void)st; (void)s; (void)fmt; }
+void ap_log_rerror_(const char *f, int l, int m, int lv, apr_status_t st, const request_rec *r, const char *fmt, ...)
+{ (void)f; (void)l; (void)m; (void)lv; (void)st; (void)r; (void)fmt; }
+apr_status_t ap_pass_brigade(ap_filter_t *f, apr_bucket_brigade *bb) { (void)f; (void)bb; NOT_HERE; }
+ap_filter_rec_t *ap_register_output_filter(const char *n, ap_out_filter_func f, ap_init_filter_func i, ap_filter_type t)
+{ (void)n; (void)f; (void)i; (void)t; NOT_HERE; }
+
+static int failures;
+#define CHECK(c) do { if (!(c)) { failures++; printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); } } while (0)
+
+struct peer { int fd; const unsigned char *b; size_t n; size_t hang_up_after; };
+
+/* Writes b one byte at a time (recv_all must gather them), then closes
+ * after hang_up_after bytes. */
+static void *peer_main(void *arg)
+{
+    struct peer *p = arg;
+    size_t i;
+    for (i = 0; i < p->n && i < p->hang_up_after; i++) {
+        if (send(p->fd, p->b + i, 1, MSG_NOSIGNAL) != 1)
+            break;
+        usleep(200);
+    }
+    close(p->fd);
+    return NULL;
+}
+
+static void recv_from_peer(size_t hang_up_after, int want_rc)
+{
+    int sv[2];
+    unsigned char frame[MSG_LEN], got[MSG_LEN];
+    unsigned kind;
+    uint32_t doc;
+    uint64_t value;
+    pthread_t t;
+    struct peer p;
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    put_msg(frame, KIND_READ_PROCEED, 77, 0x0102030405060708ULL);
+    p.fd = sv[1];
+    p.b = frame;
+    p.n = sizeof frame;
+    p.hang_up_after = hang_up_after;
+    CHECK(pthread_create(&t, NULL, peer_main, &p) == 0);
+    errno = 0;
+    CHECK(recv_all(sv[0], got, sizeof got) == want_rc);
+    if (want_rc == 0) {
+        CHECK(get_msg(got, &kind, &doc, &value) == 0);
+        CHECK(kind == KIND_READ_PROCEED && doc == 77 && value == 0x0102030405060708ULL);
+    } else {
+        CHECK(errno == ECONNRESET);
+    }
+    pthread_join(t, NULL);
+    /* The peer is gone: a send fails with an error, not with SIGPIPE. */
+    CHECK(send_all(sv[0], frame, sizeof frame) != 0);
+    close(sv[0]);
+}
+
+int main(void)
+{
+    static const struct { const char *uri; int rc; uint32_t doc; } docs[] = {
+        {"/docs/0", 0, 0}, {"/docs/42", 0, 42}, {"7", 0, 7},
+        {"/a/b/4294967295", 0, 4294967295u}, {"/docs/4294967296", -1, 0},
+        {"/docs/99999999999999999999999999999", -1, 0}, {"/docs/", -1, 0},
+        {"/", -1, 0}, {"", -1, 0}, {"/docs/12a", -1, 0}, {"/docs/-1", -1, 0},
+        {"/docs/ 1", -1, 0}, {"/docs/1/", -1, 0},
+    };
+    static const unsigned kinds[] = {0, KIND_READ_REQUEST, KIND_READ_PROCEED, KIND_READ_DONE, KIND_ERROR, 255};
+    static const uint64_t values[] = {0, 1, 0x8000000000000000ULL, UINT64_MAX};
+    unsigned char b[MSG_LEN];
+    size_t i, j, k;
+    for (i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        uint32_t doc = 12345;
+        int rc = doc_of(docs[i].uri, &doc);
+        CHECK(rc == docs[i].rc);
+        if (rc == 0)
+            CHECK(doc == docs[i].doc);
+    }
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        for (j = 0; j < sizeof values / sizeof values[0]; j++) {
+            unsigned kind;
+            uint32_t doc;
+            uint64_t value;
+            put_msg(b, kinds[i], (uint32_t)values[j], values[j]);
+            CHECK(get_msg(b, &kind, &doc, &value) == 0);
+            CHECK(kind == kinds[i] && doc == (uint32_t)values[j] && value == values[j]);
+            /* Any change to the magic or the format is refused. */
+            for (k = 0; k < 3; k++) {
+                b[k] ^= 0x01;
+                CHECK(get_msg(b, &kind, &doc, &value) == -1);
+                b[k] ^= 0x01;
+            }
+        }
+    recv_from_peer(MSG_LEN, 0);      /* a whole frame in 16 pieces */
+    recv_from_peer(7, -1);           /* half a frame, then hang-up */
+    recv_from_peer(0, -1);           /* hang-up at once */
+    printf("ccache_ipc: %d failed\n", failures);
+    return failures != 0;
+}
+EOF
+    # -Wno-null-pointer-subtraction: APR's own APR_OFFSET macro (apr_general.h),
+    # through APR_BRIGADE_SENTINEL in the module's output filter.
+    "$CC_SAN" "${SANFLAGS[@]}" -std=gnu11 -Wall -Wextra -Werror -Wno-unused-function -Wno-null-pointer-subtraction \
+        -Wno-missing-field-initializers -Wno-unused-parameter -D_GNU_SOURCE -pthread \
+        -I/usr/include/apache2 -I/usr/include/apr-1.0 -Itools/ccache/apache \
+        "$WORK/ccache_ipc.c" -laprutil-1 -lapr-1 \
+        -o "$out/ccache_ipc"
+    timeout 120 "$out/ccache_ipc"
+}
+
+part_c_capi() {
+    c_prereqs
+    local tdir="$SAN_TARGET/capi" out="$SAN_TARGET/c/capi" src name rc=0
+    mkdir -p "$out"
+    note "building libiwarp and libiwarp_rsocket (debug) in $tdir"
+    CARGO_TARGET_DIR="$tdir" nice -n 10 timeout 3600 cargo build -q -p iwarp-ffi -p iwarp-rsocket
+    local lib="$tdir/debug"
+    for src in tests/c/test_*.c; do
+        name=$(basename "$src" .c)
+        "$CC_SAN" "${SANFLAGS[@]}" -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror \
+            -pthread -Iinclude -Itests/c "$src" -o "$out/$name" -L"$lib" -liwarp -Wl,-rpath,"$lib"
+    done
+    for src in tests/c/rsocket/test_*.c; do
+        name=$(basename "$src" .c)
+        "$CC_SAN" "${SANFLAGS[@]}" -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror \
+            -pthread -Iinclude "$src" -o "$out/$name" -L"$lib" -liwarp_rsocket -Wl,-rpath,"$lib"
+    done
+    for name in "$out"/test_*; do
+        note "run $(basename "$name")"
+        if ! timeout --kill-after=10 300 "$name" >"$name.log" 2>&1; then
+            cat "$name.log"
+            note "$(basename "$name") FAILED"
+            rc=1
+        else
+            tail -n 1 "$name.log"
+        fi
+    done
+    return "$rc"
+}
+
+# ---------------------------------------------------------------- Rust parts
+
+nightly_component() { # nightly_component NAME: add a nightly component if missing
+    rustup component list --toolchain nightly --installed 2>/dev/null | grep -q "^$1" ||
+        rustup component add "$1" --toolchain nightly
+}
+
+part_miri() {
+    nightly_component rust-src
+    nightly_component miri
+    export CARGO_TARGET_DIR="$SAN_TARGET/miri"
+    local -a skip=()
+    # A million registrations: hours under Miri; the memory it touches is
+    # the same as in the other MR tests (long mode runs it anyway).
+    [[ $MODE == long ]] || skip=(--skip no_stag_repeats_in_a_million_re_registrations --skip keys_are_drawn_at_random)
+    timeout 1800 cargo +nightly miri test -q -p iwarp --lib mr:: -- "${skip[@]}"
+    # The CRC kernels: the portable code and, with the target features on,
+    # the SSE4.2 and PCLMULQDQ ones (Miri has no CPUID; it reports what the
+    # build enables).
+    timeout 1800 cargo +nightly miri test -q -p iwarp-proto --lib wire::crc
+    RUSTFLAGS="-C target-feature=+sse4.2,+pclmulqdq" CARGO_TARGET_DIR="$SAN_TARGET/miri-simd" \
+        timeout 1800 cargo +nightly miri test -q -p iwarp-proto --lib wire::crc
+    # The C API's panic boundary and error strings (no sockets).
+    timeout 1800 cargo +nightly miri test -q -p iwarp-ffi --lib boundary:: error::
+}
+
+part_tsan() {
+    nightly_component rust-src
+    local -a args
+    # Short: the soft provider's unit tests, the MR table and the two-thread
+    # paths of the verbs (one connection, every operation), the rsocket
+    # table. Long: every test of the four crates.
+    if [[ $MODE == long ]]; then
+        args=(-p iwarp -p iwarp-rsocket -p iwarp-preload -p iwarp-ffi)
+    else
+        args=(-p iwarp --lib --test mr --test ops --test kill)
+    fi
+    RUSTFLAGS="-Zsanitizer=thread" RUSTDOCFLAGS="-Zsanitizer=thread" \
+        CARGO_TARGET_DIR="$SAN_TARGET/tsan" nice -n 10 timeout --kill-after=30 5400 \
+        cargo +nightly test -Zbuild-std --target "$TRIPLE" "${args[@]}" -- --test-threads=2
+}
+
+# ---------------------------------------------------------------- main
+
+declare -a RESULTS=()
+FAILED=0
+note "mode $MODE, parts: ${PARTS[*]}, builds in $SAN_TARGET"
+for p in "${PARTS[@]}"; do
+    printf '\n==================== sanitize: %s (%s) ====================\n' "$p" "$MODE"
+    t0=$SECONDS
+    rc=0
+    ("part_${p//-/_}") || rc=$?
+    if ((rc == 0)); then
+        RESULTS+=("PASS  $p ($((SECONDS - t0))s)")
+    else
+        RESULTS+=("FAIL  $p ($((SECONDS - t0))s, exit $rc)")
+        FAILED=$((FAILED + 1))
+    fi
+done
+printf '\n'
+printf '%s\n' "${RESULTS[@]}"
+if ((FAILED)); then
+    echo "sanitize: FAILED: $FAILED of ${#PARTS[@]} parts"
+    exit 1
+fi
+echo "sanitize: OK: ${#PARTS[@]} parts ($MODE)"
