@@ -23,6 +23,7 @@
 #
 #   scripts/test-preload.sh          # everything (about a minute)
 #   KEEP=1 scripts/test-preload.sh   # keep the temp dir (logs, stats)
+#   ONLY='^i\)' scripts/test-preload.sh  # only the checks whose name matches
 #   PORT_BASE=27400 scripts/test-preload.sh
 #
 # Missing Debian packages (socat, iperf3, redis-server, redis-tools, nginx,
@@ -41,6 +42,7 @@ chmod 755 "$T"
 PIDS=()
 PORT=${PORT_BASE:-27400}
 HELPER="$ROOT/tests/preload/helper.py"
+HELPER_DIR="$ROOT/tests/preload"
 
 cleanup() {
     local p
@@ -52,12 +54,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# wanted NAME: ONLY (an extended regex) is unset or matches NAME.
+wanted() { [ -z "${ONLY:-}" ] || grep -qE -- "$ONLY" <<<"$1"; }
 ok() { PASS=$((PASS + 1)); echo "ok   - $1"; }
 bad() { FAIL=$((FAIL + 1)); echo "FAIL - $1"; }
 # check NAME CMD...: run CMD (bounded inside), pass if it exits 0.
 check() {
     local name="$1"
     shift
+    wanted "$name" || return 0
     local log="$T/check-$((PASS + FAIL + 1)).log"
     if "$@" >"$log" 2>&1; then
         ok "$name"
@@ -150,6 +155,7 @@ wait_pid() {
     timeout "${2:-30}" tail --pid="$1" -f /dev/null
 }
 stop() {
+    [ -n "$1" ] || return 0
     kill -TERM "$1" 2>/dev/null
     wait_pid "$1" 5 || kill -KILL "$1" 2>/dev/null
 }
@@ -340,7 +346,7 @@ t_iperf() { # pre|plain, extra client args
         IPERF_TCP=$((bps / 1000000))
     fi
 }
-t_iperf plain >"$T/d-baseline.log" 2>&1 || IPERF_TCP=""
+if wanted "d) iperf3"; then t_iperf plain >"$T/d-baseline.log" 2>&1 || IPERF_TCP=""; fi
 check "d) iperf3 -c -> iperf3 -s, both preloaded, 3 s" t_iperf pre
 check "d) iperf3 -c -R (server sends), both preloaded, 3 s" t_iperf pre -R
 
@@ -672,5 +678,51 @@ t_capi() {
     fi
 }
 check "h) C API: rsocket echo with a poll loop, riomap/riowrite (tests/c/rsocket), shared and static" t_capi
+
+# ---- i) a privileged program --------------------------------------------------------------
+# Under secure execution (AT_SECURE: setuid, setgid, file capabilities) the
+# shim must ignore its environment, as ld.so ignores LD_* variables:
+# otherwise IWARP_PRELOAD_STATS makes a setuid-root program create a file
+# anywhere. Layers: the unit tests (cargo test -p iwarp-preload, config.rs)
+# check the gate itself (load_from with secure set ignores every variable;
+# getauxval reads "not secure" in a plain process); this test checks the
+# kernel and loader side: a real setuid-root program run by `nobody`, with
+# the shim linked in (glibc drops LD_PRELOAD for setuid programs unless the
+# library is in a trusted directory and setuid itself; LD_PRELOAD is set
+# anyway, as a user would), is in secure execution, has the shim mapped,
+# and its stats file is not created; the same program without the setuid
+# bit (control) creates it, so the check can fail.
+t_secure() {
+    local d="$T/secure" out
+    command -v setpriv >/dev/null || { echo "setpriv (util-linux) missing"; return 1; }
+    [ "$(id -u)" = 0 ] || { echo "needs root (to install a setuid-root program)"; return 77; }
+    rm -rf "$d"
+    mkdir -p "$d/lib" "$d/rootonly" "$d/public"
+    chmod 755 "$d" "$d/lib" "$d/rootonly"
+    chmod 1777 "$d/public"
+    install -m 755 "$LIB" "$d/lib/libiwarp_preload.so"
+    gcc -O1 -Wall -Wextra -Werror "$HELPER_DIR/secure_exec.c" -o "$d/secure_exec" \
+        -Wl,--no-as-needed -L"$d/lib" -liwarp_preload -Wl,-rpath,"$d/lib" || return 1
+    cp "$d/secure_exec" "$d/plain_exec"
+    chown root:root "$d/secure_exec" && chmod 4755 "$d/secure_exec" || return 1
+    chmod 755 "$d/plain_exec"
+    out=$(env LD_PRELOAD="$d/lib/libiwarp_preload.so" IWARP_PRELOAD_STATS="$d/rootonly/owned" \
+        IWARP_PRELOAD_CONNECT_MS=200 \
+        timeout 20 setpriv --reuid=nobody --regid=nogroup --clear-groups "$d/secure_exec" 2>"$d/err") ||
+        { echo "setuid program failed: $out"; cat "$d/err"; return 1; }
+    echo "setuid run: $out; stderr: $(cat "$d/err")"
+    [ "$out" = "secure=1 preload=1" ] || { echo "expected secure=1 preload=1 (is $T on a nosuid mount?)"; return 1; }
+    if [ -e "$d/rootonly/owned" ]; then
+        echo "the setuid program obeyed IWARP_PRELOAD_STATS:"; ls -l "$d/rootonly/owned"; return 1
+    fi
+    grep -q "IWARP_\* environment is ignored" "$d/err" || { echo "no line on stderr saying why"; return 1; }
+    out=$(env LD_PRELOAD="$d/lib/libiwarp_preload.so" IWARP_PRELOAD_STATS="$d/public/owned" \
+        IWARP_PRELOAD_CONNECT_MS=200 \
+        timeout 20 setpriv --reuid=nobody --regid=nogroup --clear-groups "$d/plain_exec") || return 1
+    [ "$out" = "secure=0 preload=1" ] || { echo "control: $out"; return 1; }
+    has "$d/public/owned" "connect plain" || { echo "control: the same program without setuid did not record"; return 1; }
+    echo "info: setuid root run by nobody: AT_SECURE=1, shim loaded, IWARP_PRELOAD_STATS ignored (no file); without setuid the same program records"
+}
+check "i) setuid program: the shim ignores IWARP_* under secure execution" t_secure
 
 finish

@@ -84,15 +84,45 @@ fn parse_file(path: &str) -> HashMap<String, String> {
     m
 }
 
+/// Whether this process runs in secure-execution mode (`AT_SECURE` in
+/// its auxiliary vector: setuid, setgid, file capabilities, or an LSM
+/// transition). ld.so(8) and getauxval(3): in that mode the dynamic
+/// linker ignores `LD_LIBRARY_PATH` and friends and glibc's
+/// `secure_getenv(3)` returns nothing; the shim treats its own variables
+/// the same way, so that an unprivileged user cannot steer a privileged
+/// process (`IWARP_PRELOAD_STATS` would create or append to any file as
+/// the process's owner, `IWARP_PRELOAD_CONFIG` would read any file).
+pub fn secure_execution() -> bool {
+    // SAFETY: getauxval only reads the process's auxiliary vector.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
 fn load() -> Config {
-    let file = std::env::var("IWARP_PRELOAD_CONFIG")
-        .ok()
+    let secure = secure_execution();
+    if secure && std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("IWARP_")) {
+        // One line, because the program's behaviour differs from what its
+        // environment asks and nothing else would say why.
+        eprintln!(
+            "iwarp-preload: secure execution (setuid, setgid or file capabilities): the \
+             IWARP_* environment is ignored and the defaults apply, as ld.so ignores LD_* \
+             variables; configure a privileged program by other means"
+        );
+    }
+    load_from(secure, &|k: &str| std::env::var(k).ok())
+}
+
+/// The configuration from the variables `env` returns (the process's
+/// environment in [`load`]). With `secure` (see [`secure_execution`])
+/// every variable is ignored, `IWARP_PRELOAD_CONFIG` and the
+/// `IWARP_SOCKETS_*` stream options included: only the defaults apply.
+fn load_from(secure: bool, env: &dyn Fn(&str) -> Option<String>) -> Config {
+    let env = |k: &str| if secure { None } else { env(k) };
+    let file = env("IWARP_PRELOAD_CONFIG")
         .filter(|p| !p.is_empty())
         .map(|p| parse_file(&p))
         .unwrap_or_default();
     let get = |k: &str| {
-        std::env::var(format!("IWARP_PRELOAD_{k}"))
-            .ok()
+        env(&format!("IWARP_PRELOAD_{k}"))
             .or_else(|| file.get(k).cloned())
             .filter(|v| !v.trim().is_empty())
     };
@@ -137,7 +167,7 @@ fn load() -> Config {
         iwarp_rsocket::ops::INTERRUPTIBLE.store(false, std::sync::atomic::Ordering::Relaxed);
     }
     let connect_timeout = Duration::from_millis(num("CONNECT_MS", 1000).max(1));
-    let mut opts = Options::from_env();
+    let mut opts = Options::from_vars(env);
     opts.connect_timeout = connect_timeout;
     Config {
         ports,
@@ -210,4 +240,58 @@ pub fn remember_plain_peer(a: SocketAddr, for_: Duration) {
     let mut g = NEGATIVE.lock().unwrap_or_else(|e| e.into_inner());
     g.get_or_insert_with(HashMap::new)
         .insert(a, Instant::now() + for_);
+}
+
+#[cfg(test)]
+mod tests {
+    //! The secure-execution gate, layer by layer (scripts/test-preload.sh
+    //! "i)" runs a real setuid program): here `load_from` with `secure`
+    //! set must ignore every variable, and `secure_execution` must read
+    //! the auxiliary vector, which for this unprivileged test process says
+    //! "not secure" (the kernel sets AT_SECURE only on a privilege change).
+    use super::*;
+
+    fn hostile(k: &str) -> Option<String> {
+        match k {
+            "IWARP_PRELOAD_STATS" => Some("/etc/iwarp-owned".into()),
+            "IWARP_PRELOAD_CONFIG" => Some("/etc/shadow".into()),
+            "IWARP_PRELOAD_PORTS" => Some("22".into()),
+            "IWARP_PRELOAD_PEEK_MS" => Some("99999".into()),
+            "IWARP_SOCKETS_RBUF" => Some("4096".into()),
+            "IWARP_SOCKETS_DESIGN" => Some("basic".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn secure_execution_ignores_the_environment() {
+        let c = load_from(true, &hostile);
+        assert_eq!(c.stats, None, "IWARP_PRELOAD_STATS must not name a file");
+        assert!(c.ports.is_empty());
+        assert_eq!(c.peek, Duration::from_millis(200));
+        let mut defaults = Options::default();
+        defaults.connect_timeout = Duration::from_millis(1000); // IWARP_PRELOAD_CONNECT_MS
+        assert_eq!(
+            format!("{:?}", c.opts),
+            format!("{defaults:?}"),
+            "IWARP_SOCKETS_* must not apply"
+        );
+    }
+
+    #[test]
+    fn without_secure_execution_the_environment_applies() {
+        let c = load_from(false, &hostile);
+        assert_eq!(c.stats.as_deref(), Some("/etc/iwarp-owned"));
+        assert_eq!(c.ports, vec![22]);
+        assert_eq!(c.peek, Duration::from_millis(99999));
+    }
+
+    #[test]
+    fn an_unprivileged_process_is_not_in_secure_execution() {
+        // SAFETY: plain id queries.
+        let changed =
+            unsafe { libc::getuid() != libc::geteuid() || libc::getgid() != libc::getegid() };
+        assert!(!changed, "run the unit tests without setuid");
+        assert!(!secure_execution());
+    }
 }

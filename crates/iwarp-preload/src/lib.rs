@@ -51,10 +51,12 @@ use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, sockl
 /// Reads the configuration when the library is loaded, before `main`:
 /// some servers clear their environment before they accept (nginx
 /// workers keep only `TZ`), and the settings must still hold there.
+#[cfg(not(test))]
 #[used]
 #[link_section = ".init_array"]
 static LOAD_CONFIG: extern "C" fn() = load_config;
 
+#[cfg(not(test))]
 extern "C" fn load_config() {
     let _ = std::panic::catch_unwind(|| {
         config::get();
@@ -85,6 +87,7 @@ fn open_fds() -> Vec<RawFd> {
 /// process had accepted it (copies of it are one stream). Runs when the
 /// library is loaded; costs one `fstat` per descriptor, and one
 /// non-blocking `MSG_PEEK` per connected TCP socket on a wanted port.
+#[cfg(not(test))]
 fn adopt_inherited() {
     let _inside = table::Inside::enter();
     let cfg = config::get();
@@ -238,7 +241,9 @@ fn sock_addr(fd: RawFd, peer: bool) -> Option<std::net::SocketAddr> {
 
 // --- connect and accept --------------------------------------------------
 
-#[no_mangle]
+// Not in the unit-test build: there the exports would interpose the C
+// library for the test harness itself.
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let r = real();
     if table::inside() || addr.is_null() {
@@ -288,7 +293,7 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
     })
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn accept4(
     lfd: c_int,
     addr: *mut sockaddr,
@@ -348,7 +353,7 @@ pub unsafe extern "C" fn accept4(
     })
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn accept(lfd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     // SAFETY: the caller's promise.
     unsafe { accept4(lfd, addr, len, 0) }
@@ -356,7 +361,7 @@ pub unsafe extern "C" fn accept(lfd: c_int, addr: *mut sockaddr, len: *mut sockl
 
 // --- data ----------------------------------------------------------------
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
     on_stream!(
         fd,
@@ -369,7 +374,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn __read_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -385,7 +390,7 @@ pub unsafe extern "C" fn __read_chk(
     unsafe { read(fd, buf, n) }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
     on_stream!(
         fd,
@@ -398,7 +403,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -411,7 +416,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -424,7 +429,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -437,7 +442,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn __recv_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -453,7 +458,7 @@ pub unsafe extern "C" fn __recv_chk(
     unsafe { recv(fd, buf, n, flags) }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -466,7 +471,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recvfrom(
     fd: c_int,
     buf: *mut c_void,
@@ -492,7 +497,7 @@ pub unsafe extern "C" fn recvfrom(
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn __recvfrom_chk(
     fd: c_int,
     buf: *mut c_void,
@@ -510,7 +515,7 @@ pub unsafe extern "C" fn __recvfrom_chk(
     unsafe { recvfrom(fd, buf, n, flags, src, srclen) }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendto(
     fd: c_int,
     buf: *const c_void,
@@ -530,7 +535,7 @@ pub unsafe extern "C" fn sendto(
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -543,7 +548,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t {
     on_stream!(
         fd,
@@ -556,7 +561,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendfile(
     out: c_int,
     in_fd: c_int,
@@ -577,7 +582,7 @@ pub unsafe extern "C" fn sendfile(
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn sendfile64(
     out: c_int,
     in_fd: c_int,
@@ -590,7 +595,7 @@ pub unsafe extern "C" fn sendfile64(
 
 // --- descriptors -----------------------------------------------------------
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn close(fd: c_int) -> c_int {
     if !table::inside() && !table::is_taken(fd) {
         table::forget(fd, fd);
@@ -603,7 +608,7 @@ pub extern "C" fn close(fd: c_int) -> c_int {
     boundary("close", || table::close(fd))
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
     if !table::inside() {
         let hi = (last as usize).min(table::MAX_FD - 1);
@@ -623,7 +628,7 @@ pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_
     unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     // SAFETY: passed through.
     on_stream!(
@@ -638,7 +643,7 @@ pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn dup(fd: c_int) -> c_int {
     if let Some(rc) = dup_deferred(fd, None, |r| {
         // SAFETY: plain descriptor call.
@@ -654,7 +659,7 @@ pub extern "C" fn dup(fd: c_int) -> c_int {
     rc
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, 0, false)) {
         return rc;
@@ -667,7 +672,7 @@ pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     boundary("dup2", || table::dup3(old, new, 0, false))
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, flags, true)) {
         return rc;
@@ -680,7 +685,7 @@ pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     boundary("dup3", || table::dup3(old, new, flags, true))
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     if matches!(cmd, libc::F_DUPFD | libc::F_DUPFD_CLOEXEC) {
         if let Some(rc) = dup_deferred(fd, None, |r| {
@@ -697,12 +702,12 @@ pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     boundary("fcntl", || iwarp_rsocket::fcntl(fd, cmd, arg))
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
     fcntl(fd, cmd, arg)
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
     if let Err(e) = settled(fd, "ioctl") {
         return fail_with(e);
@@ -770,7 +775,7 @@ fn redirected(old: c_int, new: c_int) {
 /// readiness socket), but a deferred accept must become a stream before
 /// it is registered: the registration holds the file it names, and the
 /// stream replaces the TCP socket at that number.
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
     op: c_int,
@@ -788,7 +793,7 @@ pub unsafe extern "C" fn epoll_ctl(
 
 // --- names and options -----------------------------------------------------
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     on_stream!(
         fd,
@@ -801,7 +806,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
     on_stream!(
         fd,
@@ -814,7 +819,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     )
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn setsockopt(
     fd: c_int,
     level: c_int,
@@ -836,7 +841,7 @@ pub unsafe extern "C" fn setsockopt(
     unsafe { (real().setsockopt)(fd, level, name, val, len) }
 }
 
-#[no_mangle]
+#[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn getsockopt(
     fd: c_int,
     level: c_int,
