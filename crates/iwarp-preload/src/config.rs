@@ -269,8 +269,10 @@ mod tests {
         assert_eq!(c.stats, None, "IWARP_PRELOAD_STATS must not name a file");
         assert!(c.ports.is_empty());
         assert_eq!(c.peek, Duration::from_millis(200));
-        let mut defaults = Options::default();
-        defaults.connect_timeout = Duration::from_millis(1000); // IWARP_PRELOAD_CONNECT_MS
+        let defaults = Options {
+            connect_timeout: Duration::from_millis(1000), // IWARP_PRELOAD_CONNECT_MS
+            ..Options::default()
+        };
         assert_eq!(
             format!("{:?}", c.opts),
             format!("{defaults:?}"),
