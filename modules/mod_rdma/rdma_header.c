@@ -1,5 +1,5 @@
 /* The RDMA: request header of mod_rdma: "SCHEME, key=value, ..." with the
- * keys ip, port, stag, to, maxlen and length (docs/MOD_RDMA.md, "The
+ * keys ip, port, stag, to, maxlen, length and token (docs/MOD_RDMA.md, "The
  * RDMA: header"). Every value is checked here; the caller decides what the
  * addresses may be. */
 #include "rdma_header.h"
@@ -80,9 +80,10 @@ const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
         else if (!strcmp(k, "to")) bit = K_TO;
         else if (!strcmp(k, "maxlen")) bit = K_MAXLEN;
         else if (!strcmp(k, "length")) bit = K_LENGTH;
+        else if (!strcmp(k, "token")) bit = K_TOKEN;
         else
             return apr_psprintf(p, "unknown parameter \"%s\"; known: ip, port, stag, to, maxlen, "
-                                "length", k);
+                                "length, token", k);
         if (h->have & bit)
             return apr_psprintf(p, "parameter \"%s\" appears twice", k);
         h->have |= bit;
@@ -102,6 +103,7 @@ const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
         case K_STAG: h->stag = (uint32_t)n; break;
         case K_TO: h->to = n; break;
         case K_MAXLEN: h->maxlen = n; break;
+        case K_TOKEN: h->token = n; break;
         default: h->length = n; break;
         }
     }
@@ -111,6 +113,7 @@ const char *parse_header(apr_pool_t *p, const char *value, rdma_hdr *h)
                                          K_IP | K_PORT | K_STAG | K_TO | K_LENGTH};
         static const unsigned deny[4] = {K_LENGTH, K_STAG | K_TO | K_LENGTH,
                                          K_STAG | K_TO | K_MAXLEN, K_MAXLEN};
+        /* token is optional everywhere: old clients send none. */
         static const char *const names[] = {"ip", "port", "stag", "to", "maxlen", "length"};
         int i;
         for (i = 0; i < 6; i++) {

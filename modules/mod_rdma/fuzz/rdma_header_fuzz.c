@@ -36,6 +36,8 @@ static const char *canonical(apr_pool_t *p, const rdma_hdr *h)
         s = apr_psprintf(p, "%s, maxlen=%" APR_UINT64_T_FMT, s, (apr_uint64_t)h->maxlen);
     if (h->have & K_LENGTH)
         s = apr_psprintf(p, "%s, length=%" APR_UINT64_T_FMT, s, (apr_uint64_t)h->length);
+    if (h->have & K_TOKEN)
+        s = apr_psprintf(p, "%s, token=0x%016" APR_UINT64_T_HEX_FMT, s, (apr_uint64_t)h->token);
     return s;
 }
 
@@ -60,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         const char *c = canonical(p, &h);
         CHECK(h.scheme >= 0 && h.scheme < 4);
-        CHECK((h.have & ~63u) == 0);
+        CHECK((h.have & ~127u) == 0);
         CHECK(!(h.have & K_PORT) || (h.port >= 1 && h.port <= 65535));
         CHECK(!(h.have & K_IP) || strlen(h.ip) < sizeof h.ip);
         if ((err = parse_header(p, c, &again)) != NULL)
@@ -68,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(err == NULL);
         CHECK(again.scheme == h.scheme && again.have == h.have && again.port == h.port &&
               again.stag == h.stag && again.to == h.to && again.maxlen == h.maxlen &&
-              again.length == h.length && !strcmp(again.ip, h.ip));
+              again.length == h.length && again.token == h.token && !strcmp(again.ip, h.ip));
     }
     apr_pool_destroy(p);
     return 0;

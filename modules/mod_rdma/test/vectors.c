@@ -103,7 +103,7 @@ static int same_ip(const char *a, const char *b)
 /* Compare a parsed header with "SCHEME key=value ..." (modified). */
 static const char *check_header(apr_pool_t *p, char *want, const rdma_hdr *h)
 {
-    static const char *const names[] = {"ip", "port", "stag", "to", "maxlen", "length"};
+    static const char *const names[] = {"ip", "port", "stag", "to", "maxlen", "length", "token"};
     char *last, *tok = apr_strtok(want, " ", &last);
     unsigned seen = 0;
     if (!tok || strcmp(tok, scheme_names[h->scheme]))
@@ -115,9 +115,9 @@ static const char *check_header(apr_pool_t *p, char *want, const rdma_hdr *h)
         if (!v)
             return apr_psprintf(p, "bad expectation \"%s\"", tok);
         *v++ = 0;
-        for (i = 0; i < 6 && strcmp(tok, names[i]); i++)
+        for (i = 0; i < 7 && strcmp(tok, names[i]); i++)
             ;
-        if (i == 6)
+        if (i == 7)
             return apr_psprintf(p, "bad expectation key \"%s\"", tok);
         seen |= 1u << i;
         if (!(h->have & (1u << i)))
@@ -129,7 +129,8 @@ static const char *check_header(apr_pool_t *p, char *want, const rdma_hdr *h)
         }
         if (!parse_u64(v, &n))
             return apr_psprintf(p, "bad expectation value \"%s\"", v);
-        got = i == 1 ? h->port : i == 2 ? h->stag : i == 3 ? h->to : i == 4 ? h->maxlen : h->length;
+        got = i == 1 ? h->port : i == 2 ? h->stag : i == 3 ? h->to : i == 4 ? h->maxlen
+            : i == 5 ? h->length : h->token;
         if (got != n)
             return apr_psprintf(p, "parsed %s=%" APR_UINT64_T_FMT ", expected %s", tok,
                                 (apr_uint64_t)got, v);
