@@ -95,9 +95,18 @@ static int new_cq(rdma_conn *rc, iwarp_cq **cq)
 
 /* Connect to the client's listener, or reuse the live connection. On
  * failure returns an HTTP status and sets *why. */
-int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
-                const char **why)
+int conn_ensure(rdma_conn *rc, request_rec *r, const rdma_hdr *h, const char **why)
 {
+    const char *ip = h->ip;
+    unsigned port = h->port;
+    /* The MPA Request's private data: "mod_rdma/1", then the request's
+     * token (8 bytes, big-endian) when the header carried one, so the
+     * client accepts this connection and not an impostor's that reached
+     * its listener first (docs/MOD_RDMA.md, "The request token"). RFC 5044
+     * §7.1: at most 512 bytes of private data; RFC 6581's IRD/ORD block
+     * goes before it, added by libiwarp. */
+    uint8_t pd[PD_PREFIX_LEN + 8];
+    uint32_t pd_len = PD_PREFIX_LEN;
     rdma_srv_conf *c = srv_conf(r->server);
     iwarp_conn_param prm;
     iwarp_result res;
@@ -131,9 +140,16 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
             return HTTP_SERVICE_UNAVAILABLE;
         }
     }
+    memcpy(pd, PD_PREFIX, PD_PREFIX_LEN);
+    if (h->have & K_TOKEN) {
+        int k;
+        for (k = 0; k < 8; k++)
+            pd[PD_PREFIX_LEN + k] = (uint8_t)(h->token >> (56 - 8 * k));
+        pd_len += 8;
+    }
     iwarp_conn_param_init(&prm);
-    prm.private_data = (const uint8_t *)"mod_rdma/1";
-    prm.private_data_len = 10;
+    prm.private_data = pd;
+    prm.private_data_len = pd_len;
     prm.timeout_ms = (uint32_t)cf_ctimeout(c);
     started = apr_time_now();
     res = iwarp_connect(rc->qp, ip, (uint16_t)port, &prm, NULL, NULL);
@@ -247,12 +263,36 @@ const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
 
 /* The RDMA: header grammar is in rdma_header.c. */
 
+/* The canonical text of the IP literal `in` into `out` (at least
+ * INET6_ADDRSTRLEN bytes; may be `in`): an IPv4-mapped IPv6 address
+ * (::ffff:a.b.c.d, RFC 4291 §2.5.5.2) is the IPv4 address it maps, which
+ * is what a dual-stack socket reports for an IPv4 peer; every other
+ * address is inet_ntop(3)'s form (lower case, longest zero run as "::",
+ * RFC 5952). Returns 0 if `in` is not an IP literal. */
+int canon_ip(const char *in, char *out, size_t outlen)
+{
+    unsigned char a[16];
+    char tmp[INET6_ADDRSTRLEN];
+    const char *ok;
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (inet_pton(AF_INET, in, a) == 1)
+        ok = inet_ntop(AF_INET, a, tmp, sizeof tmp);
+    else if (inet_pton(AF_INET6, in, a) != 1)
+        return 0;
+    else if (!memcmp(a, mapped, sizeof mapped))
+        ok = inet_ntop(AF_INET, a + 12, tmp, sizeof tmp);
+    else
+        ok = inet_ntop(AF_INET6, a, tmp, sizeof tmp);
+    if (!ok || strlen(tmp) >= outlen)
+        return 0;
+    memcpy(out, tmp, strlen(tmp) + 1);
+    return 1;
+}
+
+/* Whether two IP literals name the same address: ::ffff:127.0.0.1 is
+ * 127.0.0.1 (canon_ip). */
 int same_ip(const char *a, const char *b)
 {
-    unsigned char x[16], y[16];
-    if (inet_pton(AF_INET, a, x) == 1)
-        return inet_pton(AF_INET, b, y) == 1 && !memcmp(x, y, 4);
-    if (inet_pton(AF_INET6, a, x) == 1)
-        return inet_pton(AF_INET6, b, y) == 1 && !memcmp(x, y, 16);
-    return 0;
+    char x[INET6_ADDRSTRLEN], y[INET6_ADDRSTRLEN];
+    return canon_ip(a, x, sizeof x) && canon_ip(b, y, sizeof y) && !strcmp(x, y);
 }

@@ -283,6 +283,29 @@ void connect_back_succeeded(const char *client)
         *n = 0;
 }
 
+/* Why a PUT/POST with an RDMA: header also carries a body on the socket,
+ * or NULL: any Transfer-Encoding, or a Content-Length other than 0. The
+ * body of such a request travels by RDMA only (docs/MOD_RDMA.md). */
+static const char *body_on_socket(request_rec *r)
+{
+    const char *te = apr_table_get(r->headers_in, "Transfer-Encoding");
+    const char *cl = apr_table_get(r->headers_in, "Content-Length");
+    const char *c;
+    if (te)
+        return apr_psprintf(r->pool, "a request with an RDMA header must not carry "
+                            "Transfer-Encoding (here \"%s\"): its body travels by RDMA only; "
+                            "send Content-Length: 0 and no body on the connection", te);
+    if (!cl)
+        return NULL;
+    for (c = cl; *c == '0'; c++)
+        ;
+    if (c == cl || *c)
+        return apr_psprintf(r->pool, "a request with an RDMA header must not carry a body on "
+                            "the connection (Content-Length: %s): its body travels by RDMA "
+                            "only; send Content-Length: 0", cl);
+    return NULL;
+}
+
 static int rdma_fixups(request_rec *r)
 {
     rdma_dir_conf *dc = ap_get_module_config(r->per_dir_config, &rdma_module);
@@ -305,6 +328,20 @@ static int rdma_fixups(request_rec *r)
                       apr_psprintf(r->pool, "scheme %s is for %s requests, not %s",
                                    scheme_names[q->h.scheme], is_get ? "GET" : "PUT and POST",
                                    r->method));
+    if (!is_get && (why = body_on_socket(r)) != NULL) {
+        /* The module replaces the request's framing (Content-Length := the
+         * RDMA length, no Transfer-Encoding), so a body the client also
+         * sent on the socket would never be read: Apache would parse it as
+         * the next request on this connection -- request smuggling behind
+         * a proxy that reuses connections. RFC 9112 §6.3 makes the framing
+         * headers decide where a message ends; with two framings a
+         * message cannot be delimited, so like RFC 9112 §6.3 (3) for
+         * Transfer-Encoding with Content-Length: refuse, and close the
+         * connection rather than guess (400 drops the connection in
+         * Apache, set here explicitly too; the body is not read). */
+        r->connection->keepalive = AP_CONN_CLOSE;
+        return refuse(r, HTTP_BAD_REQUEST, why);
+    }
     /* The client is the TCP peer of this connection. A request that came
      * through a proxy (mod_remoteip rewrote the address, or it carries a
      * forwarding header) would make the server connect to whatever the
@@ -318,6 +355,14 @@ static int rdma_fixups(request_rec *r)
                                    "(RDMATrustProxy)",
                                    via));
     client = via ? r->useragent_ip : r->connection->client_ip;
+    /* Compare and connect in canonical form: a dual-stack listener reports
+     * an IPv4 client as ::ffff:a.b.c.d, and the client may name itself
+     * either way (canon_ip). The same text then keys the failure count
+     * and the reuse of the RDMA connection. */
+    if (!canon_ip(q->h.ip, q->h.ip, sizeof q->h.ip))
+        return refuse(r, HTTP_BAD_REQUEST,
+                      apr_psprintf(r->pool, "malformed RDMA header: ip=%s is not an IP address "
+                                   "literal", q->h.ip));
     allowed = sc->allow_client && same_ip(q->h.ip, client);
     for (i = 0; !allowed && i < sc->allow->nelts; i++)
         allowed = same_ip(q->h.ip, APR_ARRAY_IDX(sc->allow, i, const char *));
@@ -355,7 +400,7 @@ static int rdma_fixups(request_rec *r)
                                    " bytes exceeds RDMAMaxLength %" APR_UINT64_T_FMT
                                    "; send it over plain HTTP",
                                    (apr_uint64_t)q->h.length, q->limit));
-    if ((st = conn_ensure(rc, r, q->h.ip, q->h.port, &why)) != OK)
+    if ((st = conn_ensure(rc, r, &q->h, &why)) != OK)
         return refuse(r, st, why);
     q->rc = rc;
     q->mode = cf_mode(sc);

@@ -71,6 +71,11 @@ typedef struct {
 
 /* ---- wire: control messages (docs/MOD_RDMA.md; codec in wire.c) -------- */
 
+/* The private data of the server's MPA Request: this prefix, then the
+ * request's token (8 bytes, big-endian) if the RDMA: header had one. */
+#define PD_PREFIX "mod_rdma/1"
+#define PD_PREFIX_LEN 10
+
 #define RECV_SLOTS 8
 #define SEND_SLOT RECV_SLOTS
 #define XFER_CHUNK (16u << 20)
@@ -146,12 +151,12 @@ const char *ports_text(apr_pool_t *p, const rdma_srv_conf *c);
 /* conn.c */
 void conn_drop_qp(rdma_conn *rc);
 int pre_connection(conn_rec *c, void *csd);
-int conn_ensure(rdma_conn *rc, request_rec *r, const char *ip, unsigned port,
-                const char **why);
+int conn_ensure(rdma_conn *rc, request_rec *r, const rdma_hdr *h, const char **why);
 const char *xfer(rdma_conn *rc, request_rec *r, int opcode, uint64_t laddr, uint64_t len,
                  uint32_t lkey, uint64_t raddr, uint32_t rkey);
 const char *send_ctrl(rdma_conn *rc, request_rec *r, const ctrl_msg *m);
 const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m);
+int canon_ip(const char *in, char *out, size_t outlen);
 int same_ip(const char *a, const char *b);
 
 /* mod_rdma.c */
