@@ -14,9 +14,15 @@
 //!                           control QP: Hello/HelloAck, Begin(pre-request), Request, Grant, End, Fin, Abort
 //! ```
 //!
-//! - **Resources.** Each side registers a pool of `iodepth × streams`
-//!   blocks of `block_size` bytes once per session (one memory region per
-//!   block), plus a region of control-message slots.
+//! - **Resources.** Each side has a pool of `iodepth × streams` blocks of
+//!   `block_size` bytes per session, plus a region of control-message
+//!   slots. The source registers its blocks once, for local access only.
+//!   The sink registers a block for the peer's RDMA Write only while it is
+//!   granted, and deregisters it right before handing it to the
+//!   [`BlockSink`]: a source that goes on writing after its `BlockDone`
+//!   is refused with a Terminate (invalid STag, RFC 5041 §7.2) instead of
+//!   changing the bytes behind the sink's `&[u8]`. The next grant
+//!   registers the block again under a new STag.
 //! - **Control QP.** Send/Recv with credits ([`rdma`]): session-ID and
 //!   stream-count negotiation, block requests (pre-requested ahead of
 //!   need) answered by grants in batches, the end of a transfer and its

@@ -65,12 +65,17 @@
 //!   verbs (posting control Sends and block Write + `BlockDone` pairs).
 //! - `setup`: verbs resources, the Hello/HelloAck exchange, connecting and
 //!   accepting the data streams, starting the threads.
+//! - `sink`: the sink's blocks, registered for the peer's RDMA Write only
+//!   while granted and deregistered right before they are read, so a
+//!   source that keeps writing after its `BlockDone` is refused (a
+//!   Terminate) instead of changing bytes the application holds.
 //! - `threads`: the dispatcher and sender threads and completion handling.
 //! - `transfer`: the caller's `send` (source) and `recv` (sink) loops.
 
 mod flow;
 mod setup;
 mod shared;
+mod sink;
 mod threads;
 mod transfer;
 
@@ -202,8 +207,9 @@ pub struct RdmaSession {
     /// Source staging blocks: local access only, the peer cannot touch
     /// them. Registered at the first `send`.
     src_pool: Vec<MemoryRegion>,
-    /// Sink landing blocks (remote write). Registered at the first `recv`.
-    sink_pool: Vec<MemoryRegion>,
+    /// Sink landing blocks, allocated at the first `recv`; each is
+    /// registered for remote write only while it is granted (`sink`).
+    sink_pool: Vec<sink::SinkBlock>,
     freed_rx: Receiver<u32>,
     fin_rx: Receiver<u64>,
     sink_rx: Receiver<SinkEv>,

@@ -431,18 +431,22 @@ impl RdmaSession {
         }
     }
 
-    pub(super) fn pool(&self, remote: bool) -> Result<Vec<MemoryRegion>, Error> {
-        let access = if remote {
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE
-        } else {
-            Access::LOCAL_WRITE
-        };
+    /// The source's staging blocks: local access only, the peer cannot
+    /// touch them.
+    pub(super) fn src_pool(&self) -> Result<Vec<MemoryRegion>, Error> {
         (0..self.cfg.pool_depth())
             .map(|_| {
                 self.pd
-                    .reg_mr(self.cfg.block_size as usize, access)
+                    .reg_mr(self.cfg.block_size as usize, Access::LOCAL_WRITE)
                     .map_err(|e| Error::Local(std::io::Error::other(e.to_string())))
             })
+            .collect()
+    }
+
+    /// The sink's landing blocks, unregistered until granted.
+    pub(super) fn sink_pool(&self) -> Result<Vec<super::sink::SinkBlock>, Error> {
+        (0..self.cfg.pool_depth())
+            .map(|_| super::sink::SinkBlock::new(self.cfg.block_size as usize))
             .collect()
     }
 }

@@ -62,7 +62,7 @@ impl RdmaSession {
     pub(super) fn send_inner(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
         self.shared.check()?;
         if self.src_pool.is_empty() {
-            self.src_pool = self.pool(false)?;
+            self.src_pool = self.src_pool()?;
         }
         let start = Instant::now();
         let depth = self.cfg.pool_depth();
@@ -154,7 +154,7 @@ impl RdmaSession {
     pub(super) fn recv_inner(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
         self.shared.check()?;
         if self.sink_pool.is_empty() {
-            self.sink_pool = self.pool(true)?;
+            self.sink_pool = self.sink_pool()?;
         }
         let depth = self.cfg.pool_depth();
         // As in `send_inner`: this thread handles the completions (from
@@ -186,11 +186,15 @@ impl RdmaSession {
             // Grant what is free and wanted; send the batch when it is full
             // or when there is nothing else to do.
             while let Some(b) = w.next_grant() {
-                let mr = &self.sink_pool[b as usize];
+                // Registered again (a new STag) if it was read since its
+                // last grant.
+                let (rkey, addr) = self.sink_pool[b as usize]
+                    .grant(&self.pd)
+                    .map_err(|e| self.fail_local(e))?;
                 batch.push(Grant {
                     block: b,
-                    rkey: mr.rkey(),
-                    addr: mr.addr(),
+                    rkey,
+                    addr,
                 });
                 if batch.len() == MAX_GRANTS {
                     self.shared.ctrl_send(Msg::Grant {
@@ -229,12 +233,13 @@ impl RdmaSession {
                     w.on_block_done(seq, len, block)
                         .map_err(|m| proto(&self.shared, m))?;
                     while let Some((b, l)) = w.next_ready() {
-                        let mr = &self.sink_pool[b as usize];
-                        // SAFETY: the source told us (BlockDone, behind its
-                        // Write on the same stream) that it is done with
-                        // block `b`, and we do not grant it again before the
-                        // slice is gone; no local work request names it.
-                        let data = unsafe { &mr.as_slice()[..l as usize] };
+                        // The source says (BlockDone, behind its Write on
+                        // the same stream) that it is done with block `b`.
+                        // A hostile one may go on writing: end its access
+                        // first, so the bytes the sink gets stay put.
+                        self.sink_pool[b as usize].retire();
+                        let block = self.sink_pool[b as usize].contents();
+                        let data = &block.expect("a retired block is readable")[..l as usize];
                         self.poll_completions();
                         drop(attend.take());
                         sink.write_block(data).map_err(|e| self.fail_local(e))?;
