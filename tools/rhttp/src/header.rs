@@ -4,13 +4,20 @@
 //! RDMA        = scheme *( "," OWS param )
 //! scheme      = "server-writes" / "client-reads" / "client-writes" / "server-reads"
 //! param       = key "=" value
-//! key         = "ip" / "port" / "stag" / "to" / "maxlen" / "length"
+//! key         = "ip" / "port" / "stag" / "to" / "maxlen" / "length" / "token"
 //! ```
 //!
 //! Numbers are decimal or `0x`-prefixed hexadecimal; `ip` is an IPv4 or
 //! IPv6 literal. A key may appear once. Which keys a request must carry
 //! depends on the scheme ([`RdmaHeader::validate_request`]); responses
 //! carry `length` and, for client-reads, `stag` and `to`.
+//!
+//! `token` (optional in every scheme, 64 bits) is a nonce the client picks
+//! for each request; mod_rdma sends it back in the private data of the MPA
+//! Request with which it connects back ([`server_private_data`]), so the
+//! client accepts the server's connection and not one from whoever reached
+//! its listener first. A server that predates it refuses the header (400,
+//! unknown parameter) and the client falls back to plain HTTP.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -72,6 +79,7 @@ pub struct RdmaHeader {
     pub to: Option<u64>,
     pub maxlen: Option<u64>,
     pub length: Option<u64>,
+    pub token: Option<u64>,
 }
 
 /// Why an `RDMA:` header was refused. `Display` names the problem the way
@@ -101,7 +109,7 @@ impl fmt::Display for HeaderError {
             }
             HeaderError::UnknownKey(k) => write!(
                 f,
-                "unknown parameter {k:?}; known: ip, port, stag, to, maxlen, length"
+                "unknown parameter {k:?}; known: ip, port, stag, to, maxlen, length, token"
             ),
             HeaderError::DuplicateKey(k) => write!(f, "parameter {k:?} appears twice"),
             HeaderError::BadValue { key, value } => {
@@ -162,6 +170,7 @@ impl RdmaHeader {
             to: None,
             maxlen: None,
             length: None,
+            token: None,
         }
     }
 
@@ -222,6 +231,11 @@ impl RdmaHeader {
                 }
                 "length" => {
                     if h.length.replace(parse_num(k, v, u64::MAX)?).is_some() {
+                        return Err(dup());
+                    }
+                }
+                "token" => {
+                    if h.token.replace(parse_num(k, v, u64::MAX)?).is_some() {
                         return Err(dup());
                     }
                 }
@@ -286,8 +300,8 @@ impl RdmaHeader {
 }
 
 impl fmt::Display for RdmaHeader {
-    /// The canonical form: scheme, then ip, port, stag, to, maxlen, length
-    /// (hex for stag and to), each present one after ", ".
+    /// The canonical form: scheme, then ip, port, stag, to, maxlen, length,
+    /// token (hex for stag, to and token), each present one after ", ".
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.scheme.as_str())?;
         if let Some(ip) = self.ip {
@@ -308,8 +322,33 @@ impl fmt::Display for RdmaHeader {
         if let Some(l) = self.length {
             write!(f, ", length={l}")?;
         }
+        if let Some(t) = self.token {
+            write!(f, ", token={t:#018x}")?;
+        }
         Ok(())
     }
+}
+
+/// The prefix of the private data of mod_rdma's MPA Request.
+pub const SERVER_PD_PREFIX: &[u8] = b"mod_rdma/1";
+
+/// The private data of the MPA Request with which mod_rdma connects back
+/// for a request whose header carried `token`: `"mod_rdma/1"`, then the
+/// token as 8 bytes, big-endian (without a token, the prefix alone).
+pub fn server_private_data(token: Option<u64>) -> Vec<u8> {
+    let mut pd = SERVER_PD_PREFIX.to_vec();
+    if let Some(t) = token {
+        pd.extend_from_slice(&t.to_be_bytes());
+    }
+    pd
+}
+
+/// Whether `pd`, the private data of an incoming MPA Request, is mod_rdma's
+/// answer to the request that carried `token`. Compared in constant time:
+/// how far a guess matched must not show in the time of the refusal.
+pub fn private_data_matches(pd: &[u8], token: u64) -> bool {
+    let want = server_private_data(Some(token));
+    pd.len() == want.len() && pd.iter().zip(&want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 #[cfg(test)]
@@ -346,6 +385,30 @@ mod tests {
             "server-reads, ip=::1, port=9, stag=0xabcdef01, to=0xffffffffffffffff, length=7"
         );
         assert_eq!(RdmaHeader::parse(&s).unwrap(), h);
+    }
+
+    #[test]
+    fn token_round_trips_and_comes_back_in_private_data() {
+        let mut h = RdmaHeader::new(Scheme::ClientReads);
+        h.ip = Some("127.0.0.1".parse().unwrap());
+        h.port = Some(80);
+        h.token = Some(0x0123_4567_89ab_cdef);
+        let s = h.to_string();
+        assert_eq!(
+            s,
+            "client-reads, ip=127.0.0.1, port=80, token=0x0123456789abcdef"
+        );
+        assert_eq!(RdmaHeader::parse(&s).unwrap(), h);
+        h.validate_request().unwrap();
+        let pd = server_private_data(h.token);
+        assert_eq!(&pd[..], b"mod_rdma/1\x01\x23\x45\x67\x89\xab\xcd\xef");
+        assert!(private_data_matches(&pd, 0x0123_4567_89ab_cdef));
+        assert!(!private_data_matches(&pd, 0x0123_4567_89ab_cdee));
+        assert!(!private_data_matches(b"mod_rdma/1", 0x0123_4567_89ab_cdef));
+        assert!(!private_data_matches(&pd[..17], 0x0123_4567_89ab_cdef));
+        let mut longer = pd.clone();
+        longer.push(0);
+        assert!(!private_data_matches(&longer, 0x0123_4567_89ab_cdef));
     }
 
     #[test]
@@ -509,6 +572,7 @@ mod tests {
                         "to" => expect.to = Some(vector_num(v)),
                         "maxlen" => expect.maxlen = Some(vector_num(v)),
                         "length" => expect.length = Some(vector_num(v)),
+                        "token" => expect.token = Some(vector_num(v)),
                         _ => return Err(format!("bad vector key {k}")),
                     }
                 }

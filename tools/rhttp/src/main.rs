@@ -18,7 +18,7 @@ use iwarp::{
     QpState, QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
 };
 use rhttp::ctrl::{CtrlMsg, Kind, MSG_LEN};
-use rhttp::header::{RdmaHeader, Scheme};
+use rhttp::header::{private_data_matches, RdmaHeader, Scheme};
 use rhttp::http::{Conn, Response, Url};
 
 /// HTTP client that moves request and response bodies by RDMA (software
@@ -132,6 +132,11 @@ enum Cmd {
         /// again for the next request.
         #[arg(long, hide = true)]
         x_drop_rdma_after: Option<usize>,
+        /// Test hook: before sending each RDMA request, print the RDMA
+        /// listener's address and wait for a line on standard input (a
+        /// test connects an impostor to the listener meanwhile).
+        #[arg(long, hide = true)]
+        x_pause_before_request: bool,
     },
     /// Upload FILE to URL with PUT (or POST).
     Put {
@@ -218,6 +223,10 @@ struct Rdma {
     recv_cq: CompletionQueue,
     listener: Listener,
     server_ip: IpAddr,
+    /// The token of the request that waits for the server's connection
+    /// (docs/MOD_RDMA.md, "The request token"); `None` between requests,
+    /// when no connection is expected.
+    token: Option<u64>,
     qp: Option<QueuePair>,
     ctrl: MemoryRegion,
     msg: MemoryRegion,
@@ -289,17 +298,6 @@ impl Drop for MappedRegion {
     }
 }
 
-fn poll_readable(s: &std::net::TcpStream, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `p` is one valid pollfd for the duration of the call.
-    let n = unsafe { libc::poll(&mut p, 1, ms) };
-    n > 0
-}
-
 impl Rdma {
     fn new(http: &Conn, timeout: Duration, crc: Policy) -> Res<Rdma> {
         let ctx = open_device().map_err(|e| format!("opening the RDMA device: {e}"))?;
@@ -312,7 +310,11 @@ impl Rdma {
             })
             .map_err(|e| format!("setting up the completion queues: {e}"))?;
         }
-        let local = SocketAddr::new(http.local.ip(), 0);
+        // The address the server will connect back to, in canonical form:
+        // over an IPv4-mapped HTTP connection (http://[::ffff:127.0.0.1]/)
+        // the socket's address is ::ffff:a.b.c.d, which an IPv6-only
+        // listener cannot bind, and the server sees an IPv4 client.
+        let local = SocketAddr::new(http.local.ip().to_canonical(), 0);
         let mpa = MpaConfig {
             crc,
             ..MpaConfig::default()
@@ -332,6 +334,7 @@ impl Rdma {
             recv_cq,
             listener,
             server_ip: http.peer.ip(),
+            token: None,
             qp: None,
             ctrl,
             msg,
@@ -383,20 +386,38 @@ impl Rdma {
         self.qp.as_ref().is_some_and(|q| q.state() == QpState::Rts)
     }
 
-    fn accept(&mut self, req: iwarp::cm::ConnRequest) -> Res<()> {
+    /// Take `req` if it is the server's connection for the request that
+    /// waits: from the HTTP server's address (compared canonically, so
+    /// ::ffff:127.0.0.1 is 127.0.0.1) and with the request's token in its
+    /// private data. Anything else is an impostor (another host, another
+    /// local user who found the port, a stale connection): rejected with
+    /// a log line, and `Ok(false)` so the caller keeps waiting for the
+    /// server -- refusing must not fail the transfer, or the impostor
+    /// would have won anyway.
+    fn accept(&mut self, req: iwarp::cm::ConnRequest) -> Res<bool> {
         let peer = req.peer_addr();
-        if peer.ip() != self.server_ip {
+        if peer.ip().to_canonical() != self.server_ip.to_canonical() {
+            tracing::warn!(
+                %peer,
+                server = %self.server_ip,
+                "refused an RDMA connection that is not from the HTTP server"
+            );
             let _ = req.reject(b"rhttp: not the HTTP server");
-            return Err(format!(
-                "an RDMA connection came from {peer}, not from the HTTP server {}; refused",
-                self.server_ip
-            ));
+            return Ok(false);
         }
-        if !req.private_data().starts_with(b"mod_rdma/") {
-            let _ = req.reject(b"rhttp: expected mod_rdma");
-            return Err(format!(
-                "the RDMA connection from {peer} does not announce mod_rdma; refused"
-            ));
+        let Some(token) = self.token else {
+            tracing::warn!(%peer, "refused an RDMA connection while none was expected");
+            let _ = req.reject(b"rhttp: no request waits for a connection");
+            return Ok(false);
+        };
+        if !private_data_matches(req.private_data(), token) {
+            tracing::warn!(
+                %peer,
+                "refused an RDMA connection without this request's token in its private data \
+                 (an impostor, or a server that does not send tokens back)"
+            );
+            let _ = req.reject(b"rhttp: wrong or missing request token");
+            return Ok(false);
         }
         let qp = self
             .pd
@@ -414,7 +435,8 @@ impl Rdma {
             .map_err(|e| format!("accepting the server's RDMA connection: {e}"))?;
         tracing::debug!(%peer, "RDMA connection from the server accepted");
         self.qp = Some(qp);
-        Ok(())
+        self.token = None;
+        Ok(true)
     }
 
     fn post_slot(&self, qp: &QueuePair, i: usize) -> Res<()> {
@@ -426,23 +448,27 @@ impl Rdma {
     }
 
     /// The `RDMA:` header of a new request with `scheme`, naming our
-    /// listener (after [`Rdma::prepare`]).
+    /// listener and carrying a fresh token (after [`Rdma::prepare`]).
     fn request_header(&mut self, scheme: Scheme) -> Res<RdmaHeader> {
         self.prepare()?;
+        let token = new_token()?;
+        self.token = Some(token);
         let mut h = RdmaHeader::new(scheme);
         h.ip = Some(self.ip());
         h.port = Some(self.port());
+        h.token = Some(token);
         Ok(h)
     }
 
-    /// Before a request: take a connection the server may have opened
-    /// meanwhile, and forget a dead one.
+    /// Before a request: refuse connections that wait in the listener (no
+    /// request expects one now: the server connects while a request
+    /// waits for it), and forget a dead connection.
     fn prepare(&mut self) -> Res<()> {
         if !self.live() {
             self.qp = None;
         }
-        if let Ok(req) = self.listener.get_request(Some(Duration::ZERO)) {
-            self.qp = None;
+        self.token = None;
+        while let Ok(req) = self.listener.get_request(Some(Duration::ZERO)) {
             self.accept(req)?;
         }
         Ok(())
@@ -450,27 +476,46 @@ impl Rdma {
 
     /// After sending a request with an RDMA header: wait until the server
     /// connected (unless a connection is alive) or answered over HTTP.
+    /// Connections that are not the server's are refused and the wait
+    /// goes on ([`Rdma::accept`]).
     fn expect_conn(&mut self, http: &Conn) -> Res<()> {
         if self.live() {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
-        while Instant::now() < deadline {
-            match self.listener.get_request(Some(Duration::from_millis(20))) {
-                Ok(req) => return self.accept(req),
-                Err(iwarp::cm::CmError::Timeout { .. }) => {}
-                Err(e) => tracing::warn!(error = %e, "bad RDMA connection attempt"),
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the server neither connected to {}:{} nor answered within {:?}",
+                    self.ip(),
+                    self.port(),
+                    self.timeout
+                ));
             }
-            if http.has_buffered() || poll_readable(http.stream(), 0) {
+            // Sleep until a connection or the HTTP answer arrives.
+            let (conn_ready, http_ready) = poll_two(
+                self.listener.as_raw_fd(),
+                http.stream().as_raw_fd(),
+                left.as_millis().clamp(1, 100) as i32,
+            );
+            if conn_ready {
+                // A connection waits: its MPA Request is due at once, so a
+                // peer that connects and sends nothing holds us up for
+                // MPA_REQUEST_WAIT at most, not until the deadline.
+                match self.listener.get_request(Some(MPA_REQUEST_WAIT.min(left))) {
+                    Ok(req) => {
+                        if self.accept(req)? {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "bad RDMA connection attempt"),
+                }
+            }
+            if http_ready || http.has_buffered() {
                 return Ok(());
             }
         }
-        Err(format!(
-            "the server neither connected to {}:{} nor answered within {:?}",
-            self.ip(),
-            self.port(),
-            self.timeout
-        ))
     }
 
     fn qp(&self) -> Res<&QueuePair> {
@@ -619,6 +664,41 @@ impl Rdma {
             }
         }
     }
+}
+
+/// How long a connection to our RDMA listener may take to send its MPA
+/// Request once accepted (the server sends it right after connecting).
+const MPA_REQUEST_WAIT: Duration = Duration::from_secs(2);
+
+/// Sleep in `poll(2)` for up to `ms` on two descriptors; which of them
+/// became readable.
+fn poll_two(a: std::os::fd::RawFd, b: std::os::fd::RawFd, ms: i32) -> (bool, bool) {
+    let mut fds = [
+        libc::pollfd {
+            fd: a,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds in a live local array.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    (n > 0 && fds[0].revents != 0, n > 0 && fds[1].revents != 0)
+}
+
+/// A fresh request token: 64 bits from the kernel's random source
+/// (`/dev/urandom`), so that no one who cannot see the request can guess
+/// it.
+fn new_token() -> Res<u64> {
+    let mut b = [0u8; 8];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("reading /dev/urandom for the request token: {e}"))?;
+    Ok(u64::from_be_bytes(b))
 }
 
 /// Sleep in `poll(2)` for up to `ms` on the HTTP socket and `cq_fd` (a
@@ -879,9 +959,9 @@ fn rdma_get(
     scheme: GetScheme,
     sink: &mut Sink,
     a: &Args,
-    hold_ms: u64,
-    delay_accept_ms: u64,
+    hooks: &GetHooks,
 ) -> Res<Outcome> {
+    let (hold_ms, delay_accept_ms) = (hooks.hold, hooks.delay_accept);
     let max_len = max_len(a);
     let r = s.rdma()?;
     let mut h = r.request_header(match scheme {
@@ -895,6 +975,16 @@ fn rdma_get(
         h.to = Some(b.addr());
     }
     tracing::debug!(header = %h, "GET {}", url.path);
+    if hooks.pause_before_request {
+        eprintln!(
+            "rhttp-test: RDMA listener {} waiting for a line on stdin",
+            r.listener.local_addr()
+        );
+        let mut line = String::new();
+        io::stdin()
+            .read_line(&mut line)
+            .map_err(|e| format!("reading stdin: {e}"))?;
+    }
     s.http
         .send_request("GET", url, &[("RDMA", h.to_string())], None)
         .map_err(|e| format!("sending the request: {e}"))?;
@@ -1027,6 +1117,7 @@ struct GetHooks {
     hold: u64,
     delay_accept: u64,
     drop_rdma_after: Option<usize>,
+    pause_before_request: bool,
 }
 
 fn cmd_get(
@@ -1040,6 +1131,7 @@ fn cmd_get(
         hold,
         delay_accept,
         drop_rdma_after,
+        pause_before_request,
     } = hooks;
     let timeout = Duration::from_secs(a.timeout);
     let mut session: Option<Session> = None;
@@ -1065,7 +1157,19 @@ fn cmd_get(
         let o = if a.plain {
             plain_get(s, &url, &mut sink, a)
         } else {
-            rdma_get(s, &url, scheme, &mut sink, a, hold, delay_accept)
+            rdma_get(
+                s,
+                &url,
+                scheme,
+                &mut sink,
+                a,
+                &GetHooks {
+                    hold,
+                    delay_accept,
+                    drop_rdma_after,
+                    pause_before_request,
+                },
+            )
         };
         sink.flush()
             .map_err(|e| format!("writing {}: {e}", out.display()))?;
@@ -1376,6 +1480,7 @@ fn main() -> ExitCode {
             x_hold_ms,
             x_delay_accept_ms,
             x_drop_rdma_after,
+            x_pause_before_request,
         } => cmd_get(
             &a,
             urls,
@@ -1385,6 +1490,7 @@ fn main() -> ExitCode {
                 hold: *x_hold_ms,
                 delay_accept: *x_delay_accept_ms,
                 drop_rdma_after: *x_drop_rdma_after,
+                pause_before_request: *x_pause_before_request,
             },
         ),
         Cmd::Put {

@@ -3,8 +3,10 @@
 //! listener (iwarp crate), RDMA-Writes the body, sends DONE and answers
 //! `200` with `RDMA: server-writes, length=N`, following docs/MOD_RDMA.md.
 //! Also: a server that ignores the header (fallback) and one that answers
-//! 413 (retry over plain HTTP). Every wait is bounded by socket timeouts
-//! and rhttp's own `--timeout`.
+//! 413 (retry over plain HTTP), and impostors that reach rhttp's RDMA
+//! listener before the server does (without the request's token, or with
+//! another): refused, and the transfer still goes by RDMA. Every wait is
+//! bounded by socket timeouts and rhttp's own `--timeout`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,12 +17,16 @@ use std::time::Duration;
 use iwarp::cm::{self, ConnParam};
 use iwarp::{Access, Context, QpInitAttr, SendWr, SgList, WcStatus, WrOpcode};
 use rhttp::ctrl::{CtrlMsg, Kind, MSG_LEN};
-use rhttp::header::{RdmaHeader, Scheme};
+use rhttp::header::{server_private_data, RdmaHeader, Scheme};
 
 #[derive(Clone, Copy)]
 enum Behaviour {
     /// Move the body by RDMA (server-writes).
     Rdma,
+    /// First connect to the client's listener as an impostor with this
+    /// private data (the old form without a token, or a wrong token), then
+    /// move the body by RDMA as `Rdma` does.
+    ImpostorFirst(&'static [u8]),
     /// Ignore the RDMA header: plain body.
     Ignore,
     /// 413 for an RDMA request, plain body for a plain one.
@@ -53,6 +59,30 @@ fn read_head(r: &mut BufReader<TcpStream>) -> Option<Option<String>> {
     }
 }
 
+/// Connect to the client's RDMA listener with `private_data`, as someone
+/// other than the server would; the client's verdict.
+fn impostor_connect(h: &RdmaHeader, private_data: &[u8]) -> Result<(), String> {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq(4).unwrap();
+    let qp = pd
+        .create_qp(&QpInitAttr {
+            send_cq: cq.clone(),
+            recv_cq: cq,
+            max_send_wr: 4,
+            max_recv_wr: 4,
+        })
+        .unwrap();
+    let param = ConnParam {
+        private_data: private_data.to_vec(),
+        ..ConnParam::default()
+    };
+    let addr = SocketAddr::new(h.ip.unwrap(), h.port.unwrap());
+    cm::connect(&qp, addr, &param)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
@@ -66,8 +96,9 @@ fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
         })
         .unwrap();
     let addr = SocketAddr::new(h.ip.unwrap(), h.port.unwrap());
+    // As mod_rdma does: the request's token comes back in the private data.
     let param = ConnParam {
-        private_data: b"mod_rdma/1".to_vec(),
+        private_data: server_private_data(h.token),
         ..ConnParam::default()
     };
     cm::connect(&qp, addr, &param).unwrap();
@@ -116,11 +147,24 @@ fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
     qp
 }
 
+/// What the fake server saw: each request's RDMA header, and the client's
+/// verdict on each impostor connection.
+struct Seen {
+    headers: Vec<Option<String>>,
+    impostors: Vec<Result<(), String>>,
+}
+
 fn serve(b: Behaviour) -> (u16, JoinHandle<Vec<Option<String>>>) {
+    let (port, t) = serve_seen(b);
+    (port, std::thread::spawn(move || t.join().unwrap().headers))
+}
+
+fn serve_seen(b: Behaviour) -> (u16, JoinHandle<Seen>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let t = std::thread::spawn(move || {
         let mut seen = Vec::new();
+        let mut impostors = Vec::new();
         let (s, _) = l.accept().unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         let mut w = s.try_clone().unwrap();
@@ -130,8 +174,14 @@ fn serve(b: Behaviour) -> (u16, JoinHandle<Vec<Option<String>>>) {
         while let Some(rdma) = read_head(&mut r) {
             seen.push(rdma.clone());
             match (b, rdma) {
-                (Behaviour::Rdma, Some(v)) => {
+                (Behaviour::Rdma | Behaviour::ImpostorFirst(_), Some(v)) => {
                     let h = RdmaHeader::parse(&v).unwrap();
+                    if let Behaviour::ImpostorFirst(pd) = b {
+                        // Done before the server connects: the impostor is
+                        // first in the client's listener, and the client
+                        // has decided on it when this returns.
+                        impostors.push(impostor_connect(&h, pd));
+                    }
                     h.validate_request().unwrap();
                     assert_eq!(h.scheme, Scheme::ServerWrites);
                     qps.push(rdma_write_body(&h, &data));
@@ -166,7 +216,10 @@ fn serve(b: Behaviour) -> (u16, JoinHandle<Vec<Option<String>>>) {
         let mut rest = Vec::new();
         let _ = r.read_to_end(&mut rest);
         drop(qps);
-        seen
+        Seen {
+            headers: seen,
+            impostors,
+        }
     });
     (port, t)
 }
@@ -241,5 +294,42 @@ fn plain_mode_sends_no_rdma_header() {
     assert!(err.contains("via plain HTTP"), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), body());
     assert_eq!(t.join().unwrap(), vec![None]);
+    let _ = std::fs::remove_file(out);
+}
+
+/// An impostor reaches rhttp's RDMA listener before the server, from the
+/// server's own address (another local user of the server host), and
+/// announces itself the way mod_rdma used to (`mod_rdma/1`, no token):
+/// refused, and the body still arrives by RDMA from the real server.
+#[test]
+fn impostor_without_the_token_is_refused_and_the_transfer_succeeds() {
+    let (port, t) = serve_seen(Behaviour::ImpostorFirst(b"mod_rdma/1"));
+    let out = out_path("impostor-old");
+    let (ok, err) = run(port, &out, &[]);
+    let seen = t.join().unwrap();
+    assert!(ok, "{err}");
+    assert!(err.contains("via RDMA (server-writes)"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    assert_eq!(seen.impostors.len(), 1);
+    let verdict = seen.impostors[0].as_ref().unwrap_err();
+    assert!(verdict.contains("rejected"), "{verdict}");
+    assert!(err.contains("without this request's token"), "{err}");
+    let h = RdmaHeader::parse(seen.headers[0].as_deref().unwrap()).unwrap();
+    assert!(h.token.is_some(), "the request carries a token");
+    let _ = std::fs::remove_file(out);
+}
+
+/// The same with a token that is not the request's (a guess, or one from
+/// an earlier request): refused.
+#[test]
+fn impostor_with_a_wrong_token_is_refused_and_the_transfer_succeeds() {
+    let (port, t) = serve_seen(Behaviour::ImpostorFirst(b"mod_rdma/1\0\0\0\0\0\0\0\x2a"));
+    let out = out_path("impostor-wrong");
+    let (ok, err) = run(port, &out, &[]);
+    let seen = t.join().unwrap();
+    assert!(ok, "{err}");
+    assert!(err.contains("via RDMA (server-writes)"), "{err}");
+    assert_eq!(std::fs::read(&out).unwrap(), body());
+    assert!(seen.impostors[0].is_err(), "{:?}", seen.impostors);
     let _ = std::fs::remove_file(out);
 }
