@@ -1,6 +1,16 @@
 //! A small HTTP/1.1 client: one keep-alive connection, requests with
 //! extra headers, responses with Content-Length, chunked or
 //! read-to-close bodies.
+//!
+//! The response parser ([`read_head_from`], [`read_body_from`]) works on
+//! any [`BufRead`], so it is fuzzed on byte slices
+//! (`fuzz/fuzz_targets/rhttp_response.rs`). It treats the server as
+//! untrusted: bounded lines, heads, header counts and interim responses
+//! (a server that sends without end gets an error, not our memory), and
+//! the message framing of RFC 9112 §6.3 with its ambiguities refused
+//! (differing Content-Length values, a malformed one, whitespace before a
+//! field's colon), since a client that frames a response differently from
+//! the server it talks through reads the wrong bytes as the next response.
 
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -95,22 +105,75 @@ impl Response {
             .map(|(_, v)| v.as_str())
     }
 
-    fn content_length(&self) -> io::Result<Option<u64>> {
-        match self.header("Content-Length") {
-            None => Ok(None),
-            Some(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("bad Content-Length {v:?} in the response"),
-                )
-            }),
+    /// How the body of this response is delimited (RFC 9112 §6.3), for a
+    /// request that was not HEAD.
+    pub fn framing(&self) -> io::Result<Framing> {
+        // §6.3 (1): 1xx, 204 and 304 have no body.
+        if (100..200).contains(&self.status) || self.status == 204 || self.status == 304 {
+            return Ok(Framing::Empty);
         }
+        // §6.3 (3): Transfer-Encoding overrides Content-Length; chunked
+        // must be the final coding, otherwise the body runs to the close
+        // (§6.3 (4), for a response).
+        let te: Vec<&str> = self
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("Transfer-Encoding"))
+            .flat_map(|(_, v)| v.split(','))
+            .map(|c| c.trim())
+            .filter(|c| !c.is_empty())
+            .collect();
+        if let Some(last) = te.last() {
+            return Ok(if last.eq_ignore_ascii_case("chunked") {
+                Framing::Chunked
+            } else {
+                Framing::UntilClose
+            });
+        }
+        // §6.3 (5): several Content-Length values that differ, or one that
+        // is not 1*DIGIT, are an unrecoverable error.
+        let mut len = None;
+        for (_, v) in self
+            .headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("Content-Length"))
+        {
+            let n = parse_digits(v)
+                .ok_or_else(|| invalid(format!("bad Content-Length {v:?} in the response")))?;
+            if len.is_some_and(|l| l != n) {
+                return Err(invalid(format!(
+                    "the response carries two different Content-Length values ({} and {n})",
+                    len.unwrap_or(0)
+                )));
+            }
+            len = Some(n);
+        }
+        Ok(match len {
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
+        })
     }
+}
 
-    fn chunked(&self) -> bool {
-        self.header("Transfer-Encoding")
-            .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"))
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (1xx, 204, 304, a HEAD request).
+    Empty,
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// Until the server closes the connection.
+    UntilClose,
+}
+
+/// `1*DIGIT` (no sign, no spaces inside) as a u64.
+fn parse_digits(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
     }
+    v.parse().ok()
 }
 
 impl fmt::Display for Response {
@@ -199,82 +262,14 @@ impl Conn {
         self.reader.get_mut().write_all(data)
     }
 
-    fn read_line(&mut self) -> io::Result<String> {
-        let mut line = Vec::new();
-        let n = (&mut self.reader)
-            .take(16 * 1024)
-            .read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the server closed the connection",
-            ));
-        }
-        if line.last() != Some(&b'\n') {
-            if n < 16 * 1024 {
-                // read_until stopped short of the limit: end of stream.
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("the server closed the connection after {n} bytes of a response line"),
-                ));
-            }
-            return Err(invalid("response line longer than 16 KiB".into()));
-        }
-        while matches!(line.last(), Some(b'\n' | b'\r')) {
-            line.pop();
-        }
-        String::from_utf8(line).map_err(|_| invalid("response header is not UTF-8".into()))
-    }
-
-    /// Read a response's status line and headers (skipping 1xx).
+    /// Read a response's status line and headers (skipping 1xx); see
+    /// [`read_head_from`].
     pub fn read_head(&mut self) -> io::Result<Response> {
-        loop {
-            let status_line = self.read_line()?;
-            let mut it = status_line.splitn(3, ' ');
-            let version = it.next().unwrap_or("");
-            if !version.starts_with("HTTP/1.") {
-                return Err(invalid(format!("not an HTTP response: {status_line:?}")));
-            }
-            let status = it
-                .next()
-                .and_then(|s| s.parse::<u16>().ok())
-                .ok_or_else(|| invalid(format!("bad status line {status_line:?}")))?;
-            let reason = it.next().unwrap_or("").to_string();
-            let mut headers = Vec::new();
-            loop {
-                let l = self.read_line()?;
-                if l.is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = l.split_once(':') {
-                    headers.push((k.trim().to_string(), v.trim().to_string()));
-                }
-            }
-            if (100..200).contains(&status) {
-                continue;
-            }
-            let mut close = version == "HTTP/1.0";
-            for (k, v) in &headers {
-                if k.eq_ignore_ascii_case("Connection") {
-                    let v = v.to_ascii_lowercase();
-                    if v.contains("close") {
-                        close = true;
-                    } else if v.contains("keep-alive") {
-                        close = false;
-                    }
-                }
-            }
-            return Ok(Response {
-                status,
-                reason,
-                headers,
-                close,
-            });
-        }
+        read_head_from(&mut self.reader)
     }
 
     /// Read the response body into `sink`, calling `progress` with the
-    /// byte count so far. `head_request` responses have no body.
+    /// byte count so far; see [`read_body_from`].
     pub fn read_body(
         &mut self,
         resp: &Response,
@@ -282,69 +277,234 @@ impl Conn {
         sink: &mut dyn Write,
         progress: &mut dyn FnMut(u64),
     ) -> io::Result<u64> {
-        if head_request || resp.status == 204 || resp.status == 304 {
-            return Ok(0);
+        read_body_from(&mut self.reader, resp, head_request, sink, progress)
+    }
+}
+
+/// Longest line of a response head or of the chunk framing.
+pub const MAX_LINE: usize = 16 * 1024;
+/// Most bytes in one response head (status line and fields) or in one
+/// chunked body's trailer section.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header fields in one response head.
+pub const MAX_FIELDS: usize = 128;
+/// Most interim (1xx) responses before the final one.
+pub const MAX_INTERIM: usize = 16;
+
+/// Read one line (at most [`MAX_LINE`] bytes and what is left of
+/// `budget`, which it reduces), without its CRLF or LF.
+fn read_line_from<R: BufRead>(r: &mut R, budget: &mut usize) -> io::Result<String> {
+    let limit = MAX_LINE.min(*budget);
+    let mut line = Vec::new();
+    let n = (&mut *r).take(limit as u64).read_until(b'\n', &mut line)?;
+    *budget -= n;
+    if n == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the server closed the connection",
+        ));
+    }
+    if line.last() != Some(&b'\n') {
+        if n < limit {
+            // read_until stopped short of the limit: end of stream.
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the server closed the connection after {n} bytes of a response line"),
+            ));
         }
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut total = 0u64;
-        if resp.chunked() {
-            loop {
-                let line = self.read_line()?;
-                let size_str = line.split(';').next().unwrap_or("").trim();
-                let size = u64::from_str_radix(size_str, 16)
-                    .map_err(|_| invalid(format!("bad chunk size line {line:?}")))?;
-                if size == 0 {
-                    // Trailers end with an empty line.
-                    while !self.read_line()?.is_empty() {}
-                    return Ok(total);
-                }
-                let mut left = size;
-                while left > 0 {
-                    let want = left.min(buf.len() as u64) as usize;
-                    let n = self.reader.read(&mut buf[..want])?;
-                    if n == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the server closed the connection inside a chunk",
-                        ));
-                    }
-                    sink.write_all(&buf[..n])?;
-                    left -= n as u64;
-                    total += n as u64;
-                    progress(total);
-                }
-                if !self.read_line()?.is_empty() {
-                    return Err(invalid("chunk not followed by CRLF".into()));
+        return Err(invalid(if limit == MAX_LINE {
+            "response line longer than 16 KiB".to_string()
+        } else {
+            format!("response head longer than {} KiB", MAX_HEAD / 1024)
+        }));
+    }
+    line.pop();
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    String::from_utf8(line).map_err(|_| invalid("response header is not UTF-8".into()))
+}
+
+/// Read header field lines up to the empty line (RFC 9112 §5), within
+/// `budget` bytes and [`MAX_FIELDS`] fields.
+fn read_fields<R: BufRead>(r: &mut R, budget: &mut usize) -> io::Result<Vec<(String, String)>> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    loop {
+        let l = read_line_from(r, budget)?;
+        if l.is_empty() {
+            return Ok(fields);
+        }
+        if l.starts_with([' ', '\t']) {
+            // RFC 9112 §5.2: a user agent replaces an obs-fold by SP.
+            let (_, v) = fields
+                .last_mut()
+                .ok_or_else(|| invalid(format!("response head starts with a folded line {l:?}")))?;
+            v.push(' ');
+            v.push_str(l.trim_matches([' ', '\t']));
+            continue;
+        }
+        let (k, v) = l
+            .split_once(':')
+            .ok_or_else(|| invalid(format!("response header line without a colon: {l:?}")))?;
+        // RFC 9112 §5.1: no whitespace between the field name and the
+        // colon; a name is a token.
+        if k.is_empty() || !k.bytes().all(is_tchar) {
+            return Err(invalid(format!("bad response header name {k:?}")));
+        }
+        if fields.len() == MAX_FIELDS {
+            return Err(invalid(format!(
+                "more than {MAX_FIELDS} header fields in the response"
+            )));
+        }
+        fields.push((k.to_string(), v.trim_matches([' ', '\t']).to_string()));
+    }
+}
+
+/// RFC 9110 §5.6.2 tchar.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Read a response's status line and headers, skipping interim (1xx)
+/// responses (at most [`MAX_INTERIM`]).
+pub fn read_head_from<R: BufRead>(r: &mut R) -> io::Result<Response> {
+    for _ in 0..=MAX_INTERIM {
+        let mut budget = MAX_HEAD;
+        let status_line = read_line_from(r, &mut budget)?;
+        // RFC 9112 §4: HTTP-version SP 3DIGIT SP [ reason-phrase ].
+        let mut it = status_line.splitn(3, ' ');
+        let version = it.next().unwrap_or("");
+        if !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
+            return Err(invalid(format!("not an HTTP response: {status_line:?}")));
+        }
+        let code = it.next().unwrap_or("");
+        let status = match code.as_bytes() {
+            [a, b, c] if [a, b, c].iter().all(|d| d.is_ascii_digit()) => code
+                .parse::<u16>()
+                .map_err(|_| invalid(format!("bad status line {status_line:?}")))?,
+            _ => return Err(invalid(format!("bad status line {status_line:?}"))),
+        };
+        // RFC 9110 §15: a status code is 100..=599.
+        if !(100..600).contains(&status) {
+            return Err(invalid(format!("bad status line {status_line:?}")));
+        }
+        let reason = it.next().unwrap_or("").to_string();
+        let headers = read_fields(r, &mut budget)?;
+        if (100..200).contains(&status) {
+            continue;
+        }
+        let mut close = version == "HTTP/1.0";
+        for (k, v) in &headers {
+            if k.eq_ignore_ascii_case("Connection") {
+                let v = v.to_ascii_lowercase();
+                if v.contains("close") {
+                    close = true;
+                } else if v.contains("keep-alive") {
+                    close = false;
                 }
             }
         }
-        match resp.content_length()? {
-            Some(len) => {
-                while total < len {
-                    let want = (len - total).min(buf.len() as u64) as usize;
-                    let n = self.reader.read(&mut buf[..want])?;
-                    if n == 0 {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("the server closed the connection after {total} of {len} body bytes"),
-                        ));
-                    }
-                    sink.write_all(&buf[..n])?;
-                    total += n as u64;
-                    progress(total);
-                }
-                Ok(total)
+        let resp = Response {
+            status,
+            reason,
+            headers,
+            close,
+        };
+        // An ambiguous framing is an error now, before anything is read
+        // as a body.
+        resp.framing()?;
+        return Ok(resp);
+    }
+    Err(invalid(format!(
+        "more than {MAX_INTERIM} interim (1xx) responses"
+    )))
+}
+
+/// Read the body of `resp` from `r` into `sink`, calling `progress` with
+/// the byte count so far; `head_request`: the request was HEAD (no body).
+pub fn read_body_from<R: BufRead>(
+    r: &mut R,
+    resp: &Response,
+    head_request: bool,
+    sink: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> io::Result<u64> {
+    let framing = if head_request {
+        Framing::Empty
+    } else {
+        resp.framing()?
+    };
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    match framing {
+        Framing::Empty => Ok(0),
+        Framing::Chunked => loop {
+            // RFC 9112 §7.1: chunk-size [ chunk-ext ] CRLF.
+            let mut budget = MAX_LINE;
+            let line = read_line_from(r, &mut budget)?;
+            let size_str = line
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim_end_matches([' ', '\t']);
+            if size_str.is_empty() || !size_str.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid(format!("bad chunk size line {line:?}")));
             }
-            None => loop {
-                let n = self.reader.read(&mut buf)?;
+            let size = u64::from_str_radix(size_str, 16)
+                .map_err(|_| invalid(format!("chunk size {size_str:?} out of range")))?;
+            if size == 0 {
+                // The trailer section ends with an empty line.
+                let mut budget = MAX_HEAD;
+                read_fields(r, &mut budget)?;
+                return Ok(total);
+            }
+            let mut left = size;
+            while left > 0 {
+                let want = left.min(buf.len() as u64) as usize;
+                let n = r.read(&mut buf[..want])?;
                 if n == 0 {
-                    return Ok(total);
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the server closed the connection inside a chunk",
+                    ));
+                }
+                sink.write_all(&buf[..n])?;
+                left -= n as u64;
+                total += n as u64;
+                progress(total);
+            }
+            let mut budget = MAX_LINE;
+            if !read_line_from(r, &mut budget)?.is_empty() {
+                return Err(invalid("chunk not followed by CRLF".into()));
+            }
+        },
+        Framing::Length(len) => {
+            while total < len {
+                let want = (len - total).min(buf.len() as u64) as usize;
+                let n = r.read(&mut buf[..want])?;
+                if n == 0 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the server closed the connection after {total} of {len} body bytes"
+                        ),
+                    ));
                 }
                 sink.write_all(&buf[..n])?;
                 total += n as u64;
                 progress(total);
-            },
+            }
+            Ok(total)
         }
+        Framing::UntilClose => loop {
+            let n = r.read(&mut buf)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            sink.write_all(&buf[..n])?;
+            total += n as u64;
+            progress(total);
+        },
     }
 }
 
@@ -415,6 +575,110 @@ mod tests {
         .unwrap();
         assert_eq!(r.status, 201);
         assert_eq!(b, b"abcde");
+    }
+
+    /// Head and body of `bytes` as the parser reads them from a slice.
+    fn parse(bytes: &[u8]) -> io::Result<(Response, Vec<u8>)> {
+        let mut r = bytes;
+        let resp = read_head_from(&mut r)?;
+        let mut body = Vec::new();
+        read_body_from(&mut r, &resp, false, &mut body, &mut |_| {})?;
+        Ok((resp, body))
+    }
+
+    fn refused(bytes: &[u8], why: &str) {
+        let e = parse(bytes).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+
+    #[test]
+    fn framing_ambiguities_are_refused() {
+        // RFC 9112 §6.3 (5): differing Content-Length values; one that is
+        // not 1*DIGIT.
+        refused(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+            "two different Content-Length",
+        );
+        refused(
+            b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+            "bad Content-Length",
+        );
+        refused(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+            "bad Content-Length",
+        );
+        // The same value twice is one length.
+        let (_, b) =
+            parse(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\nhello")
+                .unwrap();
+        assert_eq!(b, b"hello");
+        // RFC 9112 §5.1: whitespace before the colon.
+        refused(
+            b"HTTP/1.1 200 OK\r\nContent-Length : 5\r\n\r\nhello",
+            "bad response header name",
+        );
+        refused(
+            b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+            "without a colon",
+        );
+        // RFC 9112 §4: three digits.
+        refused(b"HTTP/1.1 +20 OK\r\n\r\n", "bad status line");
+        refused(b"HTTP/1.1 2000 OK\r\n\r\n", "bad status line");
+        refused(b"HTTP/1.1 004 OK\r\n\r\n", "bad status line");
+        refused(b"HTTP/1.1 600 OK\r\n\r\n", "bad status line");
+        refused(b"HTTP/2 200 OK\r\n\r\n", "not an HTTP response");
+        // RFC 9112 §7.1: chunk-size = 1*HEXDIG.
+        refused(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\nabc\r\n0\r\n\r\n",
+            "bad chunk size",
+        );
+        refused(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10000000000000000\r\n",
+            "out of range",
+        );
+    }
+
+    #[test]
+    fn transfer_coding_decides_the_framing() {
+        // chunked last: chunked, whatever Content-Length says (§6.3 (3)).
+        let (r, b) = parse(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3 ; x=y\r\nabc\r\n0\r\nT: v\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.framing().unwrap(), Framing::Chunked);
+        assert_eq!(b, b"abc");
+        // chunked not last: to the close (§6.3 (4)).
+        let (r, b) =
+            parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nraw").unwrap();
+        assert_eq!(r.framing().unwrap(), Framing::UntilClose);
+        assert_eq!(b, b"raw");
+        let (r, b) = parse(b"HTTP/1.1 204 No Content\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+        assert_eq!((r.framing().unwrap(), b.len()), (Framing::Empty, 0));
+        // An obs-fold continues the previous field (RFC 9112 §5.2).
+        let (r, _) =
+            parse(b"HTTP/1.1 200 OK\r\nX-A: one\r\n  two\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert_eq!(r.header("x-a"), Some("one two"));
+    }
+
+    #[test]
+    fn a_server_that_never_ends_its_head_is_refused() {
+        let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..=MAX_FIELDS {
+            many.extend_from_slice(format!("X-{i}: v\r\n").as_bytes());
+        }
+        many.extend_from_slice(b"\r\n");
+        refused(&many, "header fields");
+        let mut big = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for _ in 0..10 {
+            big.extend_from_slice(format!("X: {}\r\n", "v".repeat(10_000)).as_bytes());
+        }
+        refused(&big, "response head longer than 64 KiB");
+        let interim = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM + 1);
+        refused(&interim, "interim (1xx) responses");
+        let mut ok = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(MAX_INTERIM);
+        ok.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        assert_eq!(parse(&ok).unwrap().1, b"ok");
     }
 
     #[test]
