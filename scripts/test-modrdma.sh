@@ -128,6 +128,9 @@ check "a threaded MPM (event) is refused at start-up with a message naming the f
 P1=$(free_port)      # mod_rdma, static registration
 P2=$(free_port)      # mod_rdma vhost, dynamic registration
 P3=$(free_port)      # plain Apache, no module
+P6=$(free_port)      # mod_rdma on [::1] (static), when the host has IPv6 loopback
+HAVE_V6=0
+python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null && HAVE_V6=1
 DOCS="$T/docs"
 mkdir -p "$DOCS/nordma" "$T/cgi-bin" "$T/dav" "$T/run" "$T/logs" "$T/plainlogs" "$T/out" "$T/plainrun"
 for s in 2K 4K 500K 1M 8M; do head -c "$s" /dev/urandom >"$DOCS/f$s.bin"; done
@@ -204,6 +207,7 @@ EOF
     cat <<EOF
 Listen 127.0.0.1:$P1
 Listen 127.0.0.1:$P2
+$([ "$HAVE_V6" = 1 ] && echo "Listen [::1]:$P6")
 LoadModule rdma_module $MOD
 LoadModule remoteip_module /usr/lib/apache2/modules/mod_remoteip.so
 RemoteIPHeader X-Forwarded-For
@@ -544,6 +548,67 @@ t_fail_limit() {
 check "five failed connect-backs to one address in a worker, then 429 without a connection attempt" t_fail_limit
 t_alive() { R get "$U1/f1M.bin" -o "$T/out/alive" && same "$DOCS/f1M.bin" "$T/out/alive"; }
 check "server still serves RDMA after the connect faults" t_alive
+
+# ---- hostile peers and hostile users (issue 26) ---------------------------------
+HOSTILE="$ROOT/modules/mod_rdma/test/hostile.py"
+# Request smuggling: a PUT/POST with an RDMA: header whose body also
+# travels on the socket (its body is a second request). The module takes
+# the body from RDMA, so Apache would parse the socket's body as the next
+# request: it must answer 400 and close, before any connect-back.
+t_smuggle() { # $1 mode: body (Content-Length), te (chunked), clte (both)
+    timeout 60 python3 "$HOSTILE" smuggle "$P1" "$1" || return 1
+    ! grep -q "smuggled-$1" "$T/logs/access.log"
+}
+check "smuggling: body on the socket plus RDMA: (Content-Length) gets 400 and close, no second response" t_smuggle body
+check "smuggling: Transfer-Encoding chunked plus RDMA: gets 400 and close, no second response" t_smuggle te
+check "smuggling: Content-Length plus Transfer-Encoding plus RDMA: gets 400 and close, no second response" t_smuggle clte
+t_no_smuggle_plain() { # rhttp's uploads (Content-Length: 0) are not affected
+    R put --scheme client-writes "$DOCS/f4K.bin" "$U1/cgi-bin/echo.cgi" -o "$T/out/ns" 2>"$T/out/ns.err" || return 1
+    grep -q "via RDMA (client-writes)" "$T/out/ns.err" && grep -qx "length=4096" "$T/out/ns"
+}
+check "an RDMA upload with Content-Length: 0 still goes by RDMA" t_no_smuggle_plain
+# Impostors at rhttp's RDMA listener: rhttp names its listener in the
+# request, someone else connects to it before the server does. rhttp must
+# refuse it (not the HTTP server's address, or not the request's token) and
+# still take the server's connection.
+t_impostor() { # $1 source address, $2 private data (old: "mod_rdma/1", none)
+    rm -f "$T/out/imp"
+    timeout 90 python3 "$HOSTILE" impostor "$RHTTP" "$U1/f1M.bin" "$T/out/imp" "$1" "$2" || return 1
+    same "$DOCS/f1M.bin" "$T/out/imp"
+}
+check "impostor from the server's address with mod_rdma's old private data (no token) is refused; the GET goes by RDMA" \
+    t_impostor 127.0.0.1 old
+check "impostor from another address (127.0.0.2) is refused; the GET goes by RDMA" t_impostor 127.0.0.2 old
+check "impostor without private data is refused; the GET goes by RDMA" t_impostor 127.0.0.1 none
+# Connect-back policy on canonical addresses: ::ffff:127.0.0.1 is
+# 127.0.0.1 (RFC 4291 §2.5.5.2), and the server connects to it.
+check "connect-back: ip=::ffff:127.0.0.1 from 127.0.0.1 is the client (connected, 200 client-reads), not 403" \
+    timeout 60 python3 "$HOSTILE" connect-back "$P1" ::ffff:127.0.0.1
+t_mapped_client() { # rhttp over an IPv4-mapped HTTP connection
+    R get "http://[::ffff:127.0.0.1]:$P1/f1M.bin" -o "$T/out/mapped" 2>"$T/out/mapped.err" || { cat "$T/out/mapped.err"; return 1; }
+    cat "$T/out/mapped.err"
+    grep -q "via RDMA (server-writes)" "$T/out/mapped.err" && same "$DOCS/f1M.bin" "$T/out/mapped"
+}
+check "rhttp over http://[::ffff:127.0.0.1]: listens on 127.0.0.1, the GET goes by RDMA" t_mapped_client
+t_ipv6() {
+    local sch
+    for sch in server-writes client-reads; do
+        R get --scheme "$sch" "http://[::1]:$P6/f1M.bin" "http://[::1]:$P6/f8M.bin" \
+            -o "$T/out/v6a" -o "$T/out/v6b" 2>"$T/out/v6.err" || { cat "$T/out/v6.err"; return 1; }
+        cat "$T/out/v6.err"
+        [ "$(grep -c "via RDMA ($sch)" "$T/out/v6.err")" -eq 2 ] || return 1
+        same "$DOCS/f1M.bin" "$T/out/v6a" && same "$DOCS/f8M.bin" "$T/out/v6b" || return 1
+    done
+    rm -f "$T/dav/v6put"
+    R put --scheme server-reads "$DOCS/f1M.bin" "http://[::1]:$P6/dav/v6put" 2>"$T/out/v6.err" || return 1
+    grep -q "via RDMA (server-reads)" "$T/out/v6.err" && same "$DOCS/f1M.bin" "$T/dav/v6put" &&
+        grep -q "connected to the client's RDMA listener ::1:" "$T/logs/error.log"
+}
+if [ "$HAVE_V6" = 1 ]; then
+    check "IPv6: GETs (both schemes) and a PUT from [::1], connect-back to ::1" t_ipv6
+else
+    echo "skip - IPv6: this host has no IPv6 loopback"
+fi
 
 # ---- client disconnects mid-write ----------------------------------------------
 t_cut() {
