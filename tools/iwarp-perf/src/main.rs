@@ -2,14 +2,15 @@
 //! `ib_read_lat`, ...) for the user-space software iWARP stack, with an
 //! honest raw-TCP baseline over the same sockets and message pattern.
 //!
-//! - [`params`]: test parameters and the blocks the two ends exchange
-//!   (MPA private data, or the first bytes of a TCP connection).
+//! - [`params`] (in the library, `iwarp_perf::params`): test parameters
+//!   and the blocks the two ends exchange (MPA private data, or the first
+//!   bytes of a TCP connection).
 //! - [`rdma`]: the iWARP client and server roles of the six tests.
 //! - [`tcp`]: the same patterns over plain TCP.
 //! - [`pattern`]: `--integrity` patterns and checksums.
 //! - [`report`]: statistics, tables, JSON, RSS and CPU accounting.
 
-mod params;
+use iwarp_perf::params;
 mod pattern;
 mod perftest;
 mod rdma;

@@ -38,7 +38,7 @@
 //! latency tests poll memory in a pattern we have not captured and
 //! checked; they run in iwarp-perf's own protocol only.
 
-pub mod wire;
+pub use iwarp_perf::perftest_wire as wire;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
