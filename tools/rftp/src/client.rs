@@ -2,7 +2,7 @@
 //! and the `get` / `put` operations of the `rftp` binary.
 
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,16 +91,42 @@ impl Url {
 /// An FTP control connection.
 #[derive(Debug)]
 pub struct Ftp {
-    ctrl: BufReader<TcpStream>,
+    ctrl: BufReader<CtrlRead>,
     out: TcpStream,
     peer: IpAddr,
     timeout: Duration,
     /// The HASH algorithm this connection selected with `OPTS HASH`.
     hash_algo: Option<Algo>,
+    /// Open data connections to addresses other than the control
+    /// connection's peer when a PASV or RADR reply names one
+    /// (`--allow-foreign-data-addr`).
+    allow_foreign_data_addr: bool,
+}
+
+/// The read side of the control connection. Each read waits at most until
+/// the deadline of the reply being read, so a server that dribbles a reply
+/// a byte at a time cannot hold rftp longer than its timeout per reply.
+#[derive(Debug)]
+struct CtrlRead {
+    s: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for CtrlRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            self.s.set_read_timeout(Some(left))?;
+        }
+        self.s.read(buf)
+    }
 }
 
 /// A reply: code and text (lines joined with '\n').
-pub type Reply = (u32, String);
+pub type Reply = crate::reply::Reply;
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
@@ -121,10 +147,11 @@ impl Ftp {
         let _ = s.set_nodelay(true);
         let mut f = Ftp {
             out: s.try_clone().map_err(err)?,
-            ctrl: BufReader::new(s),
+            ctrl: BufReader::new(CtrlRead { s, deadline: None }),
             peer: addr.ip(),
             timeout,
             hash_algo: None,
+            allow_foreign_data_addr: false,
         };
         let (code, text) = f.read_reply().map_err(err)?;
         if code != 220 {
@@ -133,7 +160,17 @@ impl Ftp {
         Ok(f)
     }
 
-    /// Read one (possibly multi-line) reply.
+    /// Allow (or refuse, the default) data connections to an address other
+    /// than the control connection's peer when the server names one in a
+    /// PASV or RADR reply (see [`crate::reply::check_data_addr`]).
+    pub fn set_allow_foreign_data_addr(&mut self, allow: bool) {
+        self.allow_foreign_data_addr = allow;
+    }
+
+    /// Read one (possibly multi-line) reply, within the timeout for the
+    /// whole reply and the bounds of [`crate::reply::read_reply`]. After a
+    /// malformed or over-long reply the control connection is shut down:
+    /// what follows on it could not be told apart from replies.
     pub fn read_reply(&mut self) -> io::Result<Reply> {
         let timeout = self.timeout;
         // A read timeout shows as EAGAIN ("Resource temporarily
@@ -142,43 +179,29 @@ impl Ftp {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!(
-                    "no reply from the server within {} s (the control connection went silent)",
+                    "no reply from the server within {} s (the control connection went silent \
+                     or dribbles)",
                     timeout.as_secs()
                 ),
             ),
             _ => e,
         };
-        let mut first = String::new();
-        if self.ctrl.read_line(&mut first).map_err(silent)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the server closed the control connection",
-            ));
-        }
-        let bad = || io::Error::new(io::ErrorKind::InvalidData, "malformed FTP reply");
-        let code: u32 = first
-            .get(..3)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(bad)?;
-        let mut text = first.get(4..).unwrap_or("").trim_end().to_string();
-        if first.as_bytes().get(3) == Some(&b'-') {
-            let end = format!("{code} ");
-            loop {
-                let mut l = String::new();
-                if self.ctrl.read_line(&mut l).map_err(silent)? == 0 {
-                    return Err(bad());
+        self.ctrl.get_mut().deadline = Some(Instant::now() + timeout);
+        let got = crate::reply::read_reply(&mut self.ctrl);
+        self.ctrl.get_mut().deadline = None;
+        match got {
+            Ok((code, text)) => {
+                tracing::debug!(code, %text, "reply");
+                Ok((code, text))
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    tracing::warn!(peer = %self.peer, %e, "unusable reply; closing the control connection");
+                    let _ = self.out.shutdown(Shutdown::Both);
                 }
-                if l.starts_with(&end) {
-                    text.push('\n');
-                    text.push_str(l[4..].trim_end());
-                    break;
-                }
-                text.push('\n');
-                text.push_str(l.trim_end());
+                Err(silent(e))
             }
         }
-        tracing::debug!(code, %text, "reply");
-        Ok((code, text))
     }
 
     /// Send a command and read its reply.
@@ -223,30 +246,23 @@ impl Ftp {
             .map_err(|e| format!("login failed: {e}"))
     }
 
-    /// Open a passive data connection (EPSV, falling back to PASV).
+    /// Open a passive data connection (EPSV, falling back to PASV). A PASV
+    /// address other than the control connection's peer is refused unless
+    /// allowed ([`Ftp::set_allow_foreign_data_addr`]).
     pub fn data(&mut self) -> Result<TcpStream, String> {
         let (c, t) = self.cmd("EPSV")?;
         let addr = if c == 229 {
-            let port = t
-                .split('|')
-                .filter_map(|x| x.parse::<u16>().ok())
-                .next()
-                .ok_or_else(|| format!("bad EPSV reply {t}"))?;
-            SocketAddr::new(self.peer, port)
+            // RFC 2428 §3: EPSV names only a port, on the control peer.
+            SocketAddr::new(self.peer, crate::reply::parse_epsv(&t)?)
         } else {
             let t = self.expect("PASV", |c| c == 227)?;
-            let inner = t
-                .split(['(', ')'])
-                .nth(1)
-                .ok_or_else(|| format!("bad PASV reply {t}"))?;
-            let n: Vec<u16> = inner
-                .split(',')
-                .filter_map(|x| x.trim().parse().ok())
-                .collect();
-            if n.len() != 6 {
-                return Err(format!("bad PASV reply {t}"));
-            }
-            SocketAddr::new(self.peer, n[4] << 8 | n[5])
+            let named = crate::reply::parse_pasv(&t)?;
+            crate::reply::check_data_addr(
+                named,
+                self.peer,
+                self.allow_foreign_data_addr,
+                "PASV reply",
+            )?
         };
         let s = TcpStream::connect_timeout(&addr, self.timeout)
             .map_err(|e| format!("data connection to {addr}: {e}"))?;
@@ -321,21 +337,14 @@ impl Ftp {
         if c != 200 {
             return Err(format!("RADR: {c} {t}"));
         }
-        let field = |k: &str| {
-            t.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(k))
-                .map(str::to_string)
-                .ok_or_else(|| format!("RADR reply lacks {k}: {t}"))
-        };
-        let mut addr: SocketAddr = field("ADDR=")?
-            .parse()
-            .map_err(|e| format!("RADR address: {e}"))?;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(self.peer);
-        }
-        let token =
-            u64::from_str_radix(&field("TOKEN=")?, 16).map_err(|e| format!("RADR token: {e}"))?;
-        let mode: Mode = field("MODE=")?.parse()?;
+        let reply = crate::reply::parse_radr_reply(&t)?;
+        let addr = crate::reply::check_data_addr(
+            reply.addr,
+            self.peer,
+            self.allow_foreign_data_addr,
+            "RADR reply",
+        )?;
+        let (token, mode) = (reply.token, reply.mode);
         let cfg = rdma_xfer::Config {
             streams: o.streams,
             block_size: o.block_size,
@@ -402,6 +411,10 @@ pub struct Options {
     /// device (`siw0`); `None`: `IWARP_DEVICE`, else `soft`.
     pub device: Option<String>,
     pub timeout: Duration,
+    /// Connect data connections (PASV, RADR) to an address other than the
+    /// control connection's peer when the server names one
+    /// (`--allow-foreign-data-addr`; refused by default).
+    pub allow_foreign_data_addr: bool,
     /// Bytes per second at most (tests and polite transfers).
     pub limit_rate: Option<u64>,
     pub progress: Option<rdma_xfer::ProgressFn>,
@@ -455,6 +468,7 @@ impl Default for Options {
             crc: false,
             device: None,
             timeout: Duration::from_secs(30),
+            allow_foreign_data_addr: false,
             limit_rate: None,
             progress: None,
             plain_progress: None,
@@ -517,6 +531,7 @@ impl<S: BlockSink> BlockSink for Throttle<S> {
 /// Connect, log in and switch to binary (TYPE I).
 pub fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
     let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
+    f.set_allow_foreign_data_addr(o.allow_foreign_data_addr);
     f.login(&url.user, &url.password)?;
     f.expect("TYPE I", |c| c == 200)?;
     Ok(f)

@@ -8,6 +8,9 @@
 //! - [`shell`]: the interactive mode of `rftp` (ftp(1)-style prompt).
 //! - [`cli`]: progress bar and summary line shared by the binaries.
 //! - [`relay`]: the fault-injecting TCP relay behind `delay-bridge`.
+//! - [`reply`]: FTP replies as the client reads them (bounded), the PASV,
+//!   EPSV and RADR reply addresses, and the check that they name the
+//!   control connection's peer.
 //! - [`util`]: path confinement, listings, time stamps, SHA-256.
 //!
 //! The extension (see `docs/RFTP.md`):
@@ -29,6 +32,7 @@ pub mod client;
 pub mod cmdline;
 pub mod confine;
 pub mod relay;
+pub mod reply;
 pub mod server;
 pub mod shell;
 pub mod util;

@@ -204,7 +204,8 @@ impl Shell {
         if let Some(c) = self.conn.take() {
             c.f.quit();
         }
-        let f = Ftp::connect(host, port, self.o.timeout)?;
+        let mut f = Ftp::connect(host, port, self.o.timeout)?;
+        f.set_allow_foreign_data_addr(self.o.allow_foreign_data_addr);
         println!("Connected to {host} port {port}.");
         self.conn = Some(Conn {
             f,

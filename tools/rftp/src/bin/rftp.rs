@@ -25,7 +25,8 @@ struct Args {
     /// Interactive mode connected to ftp://[user[:pass]@]host[:port]/[dir].
     url: Option<String>,
     /// TOML config file with defaults (streams, block_size, iodepth, user,
-    /// password, timeout_secs, crc, checksum, device).
+    /// password, timeout_secs, crc, checksum, device,
+    /// allow_foreign_data_addr).
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
     /// Data streams (QPs).
@@ -72,6 +73,12 @@ struct Args {
     /// Seconds any step may take.
     #[arg(long, global = true)]
     timeout: Option<u64>,
+    /// Connect data connections to an address other than the control
+    /// connection's peer when the server names one (PASV, RADR). Refused by
+    /// default: a server could otherwise make rftp connect to any host
+    /// (FTP bounce, RFC 2577). Config key: allow_foreign_data_addr.
+    #[arg(long, global = true)]
+    allow_foreign_data_addr: bool,
     /// Limit downloads to this many bytes per second (e.g. 10M).
     #[arg(long, global = true)]
     limit_rate: Option<String>,
@@ -118,6 +125,7 @@ struct FileConfig {
     crc: Option<bool>,
     checksum: Option<String>,
     device: Option<String>,
+    allow_foreign_data_addr: Option<bool>,
 }
 
 fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
@@ -145,6 +153,8 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     }
     o.resume = !a.no_resume;
     o.crc = a.crc || fc.crc.unwrap_or(false);
+    o.allow_foreign_data_addr =
+        a.allow_foreign_data_addr || fc.allow_foreign_data_addr.unwrap_or(false);
     o.device = a.device.clone().or_else(|| fc.device.clone());
     if let Some(d) = &o.device {
         // Fail now, with the reason and the fix, rather than at the first
