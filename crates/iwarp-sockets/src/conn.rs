@@ -1325,10 +1325,12 @@ impl Conn {
                 let (g, w) = self.wait(st, Some(deadline));
                 st = g;
                 self.drain(&mut st);
+                // Progress counts even when it is noticed only after the
+                // deadline (a wake-up late on a loaded machine): the wait
+                // timed out, but the peer did take data, so linger on.
                 if st.completions != seen {
                     deadline = Instant::now() + self.opts.linger;
-                }
-                if let Waited::TimedOut = w {
+                } else if let Waited::TimedOut = w {
                     if !st.flow.all_sends_done() {
                         tracing::debug!(
                             conn = self.id,

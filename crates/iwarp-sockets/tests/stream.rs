@@ -509,11 +509,17 @@ fn peer_killed_mid_stream_blocked_read_and_write_return_within_a_second() {
 fn close_waits_for_a_slow_reader_as_long_as_it_keeps_reading() {
     // The writer closes with more queued than the reader takes in one
     // linger time; the reader keeps taking data slowly, so nothing is lost.
+    // Rings smaller than the data, so some of it waits in ours. The
+    // receive ring is small too: the writer sees progress when the reader
+    // has freed half of it (RS_OP_SGL), here every 16 KiB read, about
+    // every 50 ms, well inside the 300 ms linger even when the reader's
+    // sleeps overrun on a loaded machine. With a 128 KiB ring that was
+    // every fourth read, 200 ms, and under `stress-ng --cpu 2` the linger
+    // ran out between two updates (the peer reset: lost data).
     let opts = Options {
         linger: Duration::from_millis(300),
-        // Rings smaller than the data, so some of it waits in ours.
         sbuf_size: 128 << 10,
-        rbuf_size: 128 << 10,
+        rbuf_size: 32 << 10,
         ..Options::default()
     };
     let (a, b) = pair_with(&opts, &opts);
