@@ -780,7 +780,9 @@ fn post_chain<T: Chained>(
     Err(map_post_errno(rc, id(idx.min(n - 1))))
 }
 
-/// `ibv_post_*` error numbers → [`PostError`].
+/// `ibv_post_*` error numbers → [`PostError`]. `ENOMEM` is a full send or
+/// receive queue, or, for a QP in the error state, a full CQ (siw
+/// `siw_sqe_complete`); the device does not say which.
 pub fn map_post_errno(errno: i32, wr_id: u64) -> PostError {
     match errno {
         libc::ENOMEM => PostError::QueueFull { wr_id },
@@ -1013,12 +1015,11 @@ impl QpOps for Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let st = self.state.load(Ordering::Acquire);
-        if st == ST_ERROR || st == ST_CLOSED {
-            return Err(PostError::QpError {
-                wr_id: wrs[0].wr_id,
-            });
-        }
+        // No state check here: in the error state (and after a disconnect,
+        // which moved the device QP to ERR) the device flushes what is
+        // posted (Linux siw `siw_post_send` → `siw_sq_flush_wr`, rxe
+        // likewise), which `ib_drain_qp` relies on; before RTS it refuses
+        // (siw: `ENOTCONN`, `PostError::QpError`).
         let mut lists: Vec<_> = wrs.iter().map(|w| sges(&w.sgl)).collect();
         let mut chain: Vec<ffi::ibv_send_wr> = wrs
             .iter()
@@ -1067,12 +1068,8 @@ impl QpOps for Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let st = self.state.load(Ordering::Acquire);
-        if st == ST_ERROR || st == ST_CLOSED {
-            return Err(PostError::QpError {
-                wr_id: wrs[0].wr_id,
-            });
-        }
+        // As in `post_send`: the device flushes receives posted in the
+        // error state (siw `siw_post_receive` → `siw_rq_flush_wr`).
         let mut lists: Vec<_> = wrs.iter().map(|w| sges(&w.sgl)).collect();
         let mut chain: Vec<ffi::ibv_recv_wr> = wrs
             .iter()
