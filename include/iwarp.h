@@ -887,7 +887,7 @@ void iwarp_destroy_qp(struct iwarp_qp *qp);
  * after a disconnect) the request is accepted and completes at once with
  * `IWARP_WC_WR_FLUSH_ERR`, signaled or not, with its own opcode and a
  * byte count of 0, after the requests posted before it; nothing is sent
- * (as Linux siw and rdma-core devices do; the kernel's `ib_drain_qp`
+ * (as Linux siw does; the kernel's `ib_drain_qp`
  * posts such a marker and waits for its flush completion). If the send
  * CQ already holds its depth, `IWARP_ERR_QUEUE_FULL` instead: poll it,
  * then post again. Before the connection exists (`IWARP_QPS_INIT`) the

@@ -82,11 +82,13 @@ impl QueuePair {
     ///   once with [`WcStatus::WrFlushErr`], signaled or not, with the
     ///   request's own opcode and a byte count of 0, after the completions
     ///   of the requests posted before it; nothing is sent. This is what
-    ///   Linux siw and rdma-core devices do (siw `siw_post_send` →
+    ///   Linux siw does for kernel consumers (`siw_post_send` →
     ///   `siw_sq_flush_wr`) and what `ib_drain_qp` relies on (see
-    ///   [`QueuePair::drain`]). If the send CQ already holds its depth, the
-    ///   request is refused with [`PostError::CqFull`] (siw: `ENOMEM`;
-    ///   through an rdma-core device [`PostError::QueueFull`]).
+    ///   [`QueuePair::drain`]); the rdma-core provider completes such a
+    ///   request itself, since a device's user-space queue is no longer
+    ///   read in ERR (see docs/RDMA_CORE.md). If the send CQ already holds
+    ///   its depth, the request is refused with [`PostError::CqFull`]
+    ///   (siw: `ENOMEM`).
     /// - [`QpState::Init`]: the software provider queues the request until
     ///   the connection is established; an rdma-core device refuses it
     ///   ([`PostError::QpError`]: siw answers `ENOTCONN` before RTS), so
