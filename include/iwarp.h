@@ -93,11 +93,16 @@ typedef enum iwarp_result {
    */
   IWARP_ERR_IO = 7,
   /**
-   * The work queue is full: poll completions first.
+   * The work queue is full, or, for a QP in the error state (which
+   * flushes what is posted), the completion queue that takes the flush
+   * completion is: poll completions first.
    */
   IWARP_ERR_QUEUE_FULL = 8,
   /**
-   * The QP is in the wrong state (error state, already connected).
+   * The QP is in the wrong state for the call (`iwarp_connect` on a
+   * connected QP; through an rdma-core device, a send posted before the
+   * connection is established). Posting to a QP in the error state does
+   * not return it: the request completes with `IWARP_WC_WR_FLUSH_ERR`.
    */
   IWARP_ERR_QP_STATE = 9,
   /**
@@ -259,11 +264,13 @@ typedef enum iwarp_qp_state {
    */
   IWARP_QPS_RTS = 1,
   /**
-   * Error: all outstanding work was flushed.
+   * Error: all outstanding work was flushed; work posted now completes
+   * at once with `IWARP_WC_WR_FLUSH_ERR`.
    */
   IWARP_QPS_ERROR = 2,
   /**
-   * Disconnected in order.
+   * Disconnected in order; as in `IWARP_QPS_ERROR`, work posted now
+   * completes at once with `IWARP_WC_WR_FLUSH_ERR`.
    */
   IWARP_QPS_CLOSED = 3,
 } iwarp_qp_state;
@@ -876,6 +883,17 @@ void iwarp_destroy_qp(struct iwarp_qp *qp);
  * is 0 (a zero-length operation). Never blocks on the network. Failures
  * after posting arrive as error completions.
  *
+ * On a QP in the error state (`IWARP_QPS_ERROR`, or `IWARP_QPS_CLOSED`
+ * after a disconnect) the request is accepted and completes at once with
+ * `IWARP_WC_WR_FLUSH_ERR`, signaled or not, with its own opcode and a
+ * byte count of 0, after the requests posted before it; nothing is sent
+ * (as Linux siw does; the kernel's `ib_drain_qp`
+ * posts such a marker and waits for its flush completion). If the send
+ * CQ already holds its depth, `IWARP_ERR_QUEUE_FULL` instead: poll it,
+ * then post again. Before the connection exists (`IWARP_QPS_INIT`) the
+ * software device queues the request until the connection is
+ * established; an rdma-core device refuses it with `IWARP_ERR_QP_STATE`.
+ *
  * # Safety
  * `qp` is NULL or a live handle; `sg_list` is NULL or valid for reads of
  * `num_sge` elements (only during the call).
@@ -892,7 +910,10 @@ enum iwarp_result iwarp_post_send(struct iwarp_qp *qp,
 
 /**
  * Post one receive (`ibv_post_recv`); allowed from state INIT on, so
- * buffers can be in place before the peer's first Send.
+ * buffers can be in place before the peer's first Send. On a QP in the
+ * error state it completes at once with `IWARP_WC_WR_FLUSH_ERR` and a
+ * byte count of 0, or fails with `IWARP_ERR_QUEUE_FULL` if the receive CQ
+ * already holds its depth, as in `iwarp_post_send`.
  *
  * # Safety
  * `qp` is NULL or a live handle; `sg_list` is NULL or valid for reads of

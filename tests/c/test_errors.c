@@ -342,11 +342,117 @@ static void bad_rkey(int opcode)
             if (ev.event_type == IWARP_EVENT_TERMINATE_RECEIVED) saw_term = 1;
         CHECK(saw_term, "no TERMINATE_RECEIVED event");
     }
-    CHECK_RC(iwarp_post_send(pr.cli.qp, 100, IWARP_WR_SEND, &sge, 1, 0, 0, 0, IWARP_SEND_SIGNALED),
-             IWARP_ERR_QP_STATE);
+    /* Posting in the error state flushes, as Linux siw does
+     * (siw_sq_flush_wr, siw_rq_flush_wr): accepted, then completed with
+     * IWARP_WC_WR_FLUSH_ERR, unsignaled too, with its own opcode. */
+    CHECK_RC(iwarp_post_send(pr.cli.qp, 100, IWARP_WR_SEND, &sge, 1, 0, 0, 0, 0), IWARP_OK);
+    CHECK_RC(iwarp_post_recv(pr.cli.qp, 101, &sge, 1), IWARP_OK);
+    {
+        iwarp_wc w100, w101;
+        memset(&w100, 0xff, sizeof w100);
+        memset(&w101, 0xff, sizeof w101);
+        while (w100.wr_id != 100 || w101.wr_id != 101) {
+            if (iwarp_wait_cq(pr.cli.cq, 5000, &wc) != IWARP_OK) break;
+            if (wc.wr_id == 100) w100 = wc;
+            if (wc.wr_id == 101) w101 = wc;
+        }
+        CHECK(w100.wr_id == 100 && w100.status == IWARP_WC_WR_FLUSH_ERR &&
+                  w100.opcode == IWARP_WC_SEND && w100.byte_len == 0,
+              "send posted in error: wr_id %llu status %d opcode %d, want a flushed SEND",
+              (unsigned long long)w100.wr_id, w100.status, w100.opcode);
+        CHECK(w101.wr_id == 101 && w101.status == IWARP_WC_WR_FLUSH_ERR &&
+                  w101.opcode == IWARP_WC_RECV && w101.byte_len == 0,
+              "receive posted in error: wr_id %llu status %d opcode %d, want a flushed RECV",
+              (unsigned long long)w101.wr_id, w101.status, w101.opcode);
+    }
     iwarp_dereg_mr(local);
     iwarp_dereg_mr(remote);
     pair_close(&pr);
+}
+
+/* ib_drain_qp by hand: disconnect (an iWARP QP goes to the error state),
+ * post a marker on each queue, wait (bounded) until both come back flushed;
+ * by then every request posted before has completed. */
+static void drain_by_hand(void)
+{
+    struct pair pr;
+    iwarp_mr *m = NULL;
+    iwarp_sge sge;
+    iwarp_wc wc;
+    int flushed = 0, send_marker = 0, recv_marker = 0;
+    const uint64_t marker = UINT64_MAX - 2;
+    double t0;
+
+    CHECK(pair_connect(&pr) == 0, "pair");
+    CHECK_RC(iwarp_alloc_mr(pr.cli.pd, 256, IWARP_ACCESS_LOCAL_WRITE, &m), IWARP_OK);
+    sge.addr = (uint64_t)(uintptr_t)iwarp_mr_addr(m);
+    sge.length = 64;
+    sge.lkey = iwarp_mr_lkey(m);
+    for (uint64_t id = 1; id <= 3; id++) CHECK_RC(iwarp_post_recv(pr.cli.qp, id, &sge, 1), IWARP_OK);
+    CHECK_RC(iwarp_disconnect(pr.cli.qp), IWARP_OK);
+    CHECK(iwarp_query_qp_state(pr.cli.qp) == IWARP_QPS_CLOSED, "state %d after disconnect",
+          iwarp_query_qp_state(pr.cli.qp));
+    /* ib_drain_sq: a zero-length RDMA Write; ib_drain_rq: a receive
+     * without buffers. */
+    CHECK_RC(iwarp_post_send(pr.cli.qp, marker, IWARP_WR_RDMA_WRITE, NULL, 0, 0, 0, 0,
+                             IWARP_SEND_SIGNALED),
+             IWARP_OK);
+    CHECK_RC(iwarp_post_recv(pr.cli.qp, marker, NULL, 0), IWARP_OK);
+    t0 = t_now_ms();
+    while (!(send_marker && recv_marker) && iwarp_wait_cq(pr.cli.cq, 5000, &wc) == IWARP_OK) {
+        CHECK(wc.status == IWARP_WC_WR_FLUSH_ERR, "wr_id %llu status %d, want flushed",
+              (unsigned long long)wc.wr_id, wc.status);
+        if (wc.wr_id == marker && wc.opcode == IWARP_WC_RDMA_WRITE) {
+            send_marker = 1;
+        } else if (wc.wr_id == marker && wc.opcode == IWARP_WC_RECV) {
+            CHECK(flushed == 3, "receive marker after %d of 3 receives", flushed);
+            recv_marker = 1;
+        } else {
+            CHECK(wc.wr_id == (uint64_t)flushed + 1, "receive %llu flushed out of order",
+                  (unsigned long long)wc.wr_id);
+            flushed++;
+        }
+    }
+    CHECK(send_marker && recv_marker, "markers back: send %d, receive %d (within 5 s)",
+          send_marker, recv_marker);
+    CHECK(t_now_ms() - t0 < 5000, "drain took %.0f ms", t_now_ms() - t0);
+    CHECK(iwarp_poll_cq(pr.cli.cq, 1, &wc) == 0, "nothing after the markers");
+    iwarp_dereg_mr(m);
+    pair_close(&pr);
+}
+
+/* In the error state a posted request goes straight to the CQ, so a full
+ * CQ refuses it (siw: ENOMEM from siw_sqe_complete) instead of growing. */
+static void flush_into_a_full_cq(void)
+{
+    iwarp_context *ctx = NULL;
+    iwarp_pd *pd = NULL;
+    iwarp_cq *cq = NULL;
+    iwarp_qp *qp = NULL;
+    iwarp_wc wc[4];
+
+    memset(wc, 0, sizeof wc);
+    CHECK_RC(iwarp_open_device(&ctx), IWARP_OK);
+    CHECK_RC(iwarp_alloc_pd(ctx, &pd), IWARP_OK);
+    CHECK_RC(iwarp_create_cq(ctx, 2, &cq), IWARP_OK);
+    CHECK_RC(iwarp_create_qp(pd, cq, cq, 16, 16, &qp), IWARP_OK);
+    CHECK_RC(iwarp_disconnect(qp), IWARP_OK);
+    CHECK_RC(iwarp_post_send(qp, 1, IWARP_WR_SEND, NULL, 0, 0, 0, 0, 0), IWARP_OK);
+    CHECK_RC(iwarp_post_recv(qp, 2, NULL, 0), IWARP_OK);
+    CHECK_RC(iwarp_post_send(qp, 3, IWARP_WR_SEND, NULL, 0, 0, 0, 0, 0), IWARP_ERR_QUEUE_FULL);
+    CHECK(t_last_error_has("completion queue is full") && t_last_error_has("poll the CQ"),
+          "the error names the full CQ and the fix");
+    CHECK(iwarp_poll_cq(cq, 4, wc) == 2, "two flushed");
+    CHECK(wc[0].wr_id == 1 && wc[0].status == IWARP_WC_WR_FLUSH_ERR && wc[1].wr_id == 2 &&
+              wc[1].status == IWARP_WC_WR_FLUSH_ERR,
+          "flushed %llu/%d %llu/%d", (unsigned long long)wc[0].wr_id, wc[0].status,
+          (unsigned long long)wc[1].wr_id, wc[1].status);
+    CHECK_RC(iwarp_post_send(qp, 3, IWARP_WR_SEND, NULL, 0, 0, 0, 0, 0), IWARP_OK);
+    CHECK(iwarp_poll_cq(cq, 4, wc) == 1 && wc[0].wr_id == 3, "room again");
+    iwarp_destroy_qp(qp);
+    iwarp_destroy_cq(cq);
+    iwarp_dealloc_pd(pd);
+    iwarp_close_device(ctx);
 }
 
 int main(void)
@@ -357,5 +463,7 @@ int main(void)
     connection_errors();
     bad_rkey(IWARP_WR_RDMA_WRITE);
     bad_rkey(IWARP_WR_RDMA_READ);
+    drain_by_hand();
+    flush_into_a_full_cq();
     return t_finish("test_errors");
 }

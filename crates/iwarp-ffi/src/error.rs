@@ -36,9 +36,14 @@ pub enum iwarp_result {
     IWARP_ERR_MPA = 6,
     /// A socket or system call failed.
     IWARP_ERR_IO = 7,
-    /// The work queue is full: poll completions first.
+    /// The work queue is full, or, for a QP in the error state (which
+    /// flushes what is posted), the completion queue that takes the flush
+    /// completion is: poll completions first.
     IWARP_ERR_QUEUE_FULL = 8,
-    /// The QP is in the wrong state (error state, already connected).
+    /// The QP is in the wrong state for the call (`iwarp_connect` on a
+    /// connected QP; through an rdma-core device, a send posted before the
+    /// connection is established). Posting to a QP in the error state does
+    /// not return it: the request completes with `IWARP_WC_WR_FLUSH_ERR`.
     IWARP_ERR_QP_STATE = 9,
     /// Memory (or STag indices) exhausted.
     IWARP_ERR_NO_MEMORY = 10,
@@ -61,7 +66,7 @@ impl iwarp_result {
             IWARP_ERR_REJECTED => c"connection rejected by the peer",
             IWARP_ERR_MPA => c"MPA negotiation failed",
             IWARP_ERR_IO => c"I/O error",
-            IWARP_ERR_QUEUE_FULL => c"work queue full",
+            IWARP_ERR_QUEUE_FULL => c"work queue or completion queue full",
             IWARP_ERR_QP_STATE => c"queue pair in the wrong state",
             IWARP_ERR_NO_MEMORY => c"out of memory",
             IWARP_ERR_PANIC => c"internal error (panic) in libiwarp",
@@ -128,7 +133,9 @@ impl From<iwarp_rs::Error> for FfiError {
 impl From<PostError> for FfiError {
     fn from(e: PostError) -> FfiError {
         let code = match e {
-            PostError::QueueFull { .. } => IWARP_ERR_QUEUE_FULL,
+            // ibverbs answers both with ENOMEM (siw `siw_sqe_complete`);
+            // `iwarp_last_error` says which queue is full.
+            PostError::QueueFull { .. } | PostError::CqFull { .. } => IWARP_ERR_QUEUE_FULL,
             PostError::QpError { .. } => IWARP_ERR_QP_STATE,
             PostError::InvalidWr { .. } => IWARP_ERR_INVALID_ARG,
         };

@@ -153,9 +153,11 @@ pub enum iwarp_qp_state {
     IWARP_QPS_INIT = 0,
     /// Connected: ready to send and receive.
     IWARP_QPS_RTS = 1,
-    /// Error: all outstanding work was flushed.
+    /// Error: all outstanding work was flushed; work posted now completes
+    /// at once with `IWARP_WC_WR_FLUSH_ERR`.
     IWARP_QPS_ERROR = 2,
-    /// Disconnected in order.
+    /// Disconnected in order; as in `IWARP_QPS_ERROR`, work posted now
+    /// completes at once with `IWARP_WC_WR_FLUSH_ERR`.
     IWARP_QPS_CLOSED = 3,
 }
 
@@ -971,6 +973,17 @@ pub unsafe extern "C" fn iwarp_destroy_qp(qp: *mut iwarp_qp) {
 /// is 0 (a zero-length operation). Never blocks on the network. Failures
 /// after posting arrive as error completions.
 ///
+/// On a QP in the error state (`IWARP_QPS_ERROR`, or `IWARP_QPS_CLOSED`
+/// after a disconnect) the request is accepted and completes at once with
+/// `IWARP_WC_WR_FLUSH_ERR`, signaled or not, with its own opcode and a
+/// byte count of 0, after the requests posted before it; nothing is sent
+/// (as Linux siw does; the kernel's `ib_drain_qp`
+/// posts such a marker and waits for its flush completion). If the send
+/// CQ already holds its depth, `IWARP_ERR_QUEUE_FULL` instead: poll it,
+/// then post again. Before the connection exists (`IWARP_QPS_INIT`) the
+/// software device queues the request until the connection is
+/// established; an rdma-core device refuses it with `IWARP_ERR_QP_STATE`.
+///
 /// # Safety
 /// `qp` is NULL or a live handle; `sg_list` is NULL or valid for reads of
 /// `num_sge` elements (only during the call).
@@ -1021,7 +1034,10 @@ pub unsafe extern "C" fn iwarp_post_send(
 }
 
 /// Post one receive (`ibv_post_recv`); allowed from state INIT on, so
-/// buffers can be in place before the peer's first Send.
+/// buffers can be in place before the peer's first Send. On a QP in the
+/// error state it completes at once with `IWARP_WC_WR_FLUSH_ERR` and a
+/// byte count of 0, or fails with `IWARP_ERR_QUEUE_FULL` if the receive CQ
+/// already holds its depth, as in `iwarp_post_send`.
 ///
 /// # Safety
 /// `qp` is NULL or a live handle; `sg_list` is NULL or valid for reads of

@@ -1182,10 +1182,16 @@ fn send_without_posted_receive_is_fatal() {
         "{:?}",
         p.a.wcs
     );
-    assert!(matches!(
-        p.a.eng.post_send(send_wr(4, WrOpcode::Send, &[])),
-        Err(PostError::QpError { wr_id: 4 })
-    ));
+    // Work posted in the error state is flushed, not refused (siw
+    // `siw_sq_flush_wr`).
+    let before = p.a.wcs.len();
+    p.a.eng.post_send(send_wr(4, WrOpcode::Send, &[])).unwrap();
+    p.a.drain();
+    let flushed: Vec<_> = p.a.wcs[before..]
+        .iter()
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(flushed, vec![(4, WcStatus::WrFlushErr)]);
 }
 
 #[test]
@@ -1387,6 +1393,202 @@ fn peer_close_flushes_everything() {
     assert!(p.a.events.contains(&EngineEvent::PeerClosed));
     assert!(p.a.eng.wants_close());
     assert!(!p.a.eng.has_transmit());
+}
+
+/// Linux siw `siw_post_send` / `siw_post_receive` in the ERROR state
+/// (`siw_sq_flush_wr`, `siw_rq_flush_wr`): every posted request completes
+/// at once with a flush status, the send queue's even when unsignaled, each
+/// with its own opcode and no bytes; `ib_drain_qp` relies on it. Our Closed
+/// state (after `rdma_disconnect`, which moves an iWARP QP to ERROR) does
+/// the same.
+#[test]
+fn posts_in_the_error_state_complete_at_once_with_wr_flush_err() {
+    for closed in [false, true] {
+        let mut p = Pair::new(40, Link::default());
+        let m = p.a.mem.register(PD, Access::LOCAL_WRITE, 0, 64);
+        let sge = [Sge {
+            addr: 0,
+            length: 64,
+            lkey: m,
+        }];
+        if closed {
+            p.a.eng.close();
+            assert_eq!(p.a.eng.state(), QpState::Closed);
+        } else {
+            p.a.eng.on_peer_closed();
+            assert_eq!(p.a.eng.state(), QpState::Error);
+        }
+        p.a.drain();
+        assert!(p.a.wcs.is_empty(), "nothing was outstanding: {:?}", p.a.wcs);
+        let mut unsignaled_write = send_wr(
+            2,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x100,
+            },
+            &sge,
+        );
+        unsignaled_write.signaled = false;
+        let mut unsignaled_send = send_wr(5, WrOpcode::Send, &sge);
+        unsignaled_send.signaled = false;
+        p.a.eng.post_send(send_wr(1, WrOpcode::Send, &sge)).unwrap();
+        p.a.eng.post_send(unsignaled_write).unwrap();
+        p.a.eng.post_recv(recv_wr(3, &sge)).unwrap();
+        p.a.eng
+            .post_send(send_wr(
+                4,
+                WrOpcode::RdmaRead {
+                    remote_addr: 0,
+                    rkey: 0x100,
+                },
+                &sge,
+            ))
+            .unwrap();
+        p.a.eng.post_send(unsignaled_send).unwrap();
+        // More than the queue depths: nothing stays queued.
+        for i in 0..100 {
+            p.a.eng
+                .post_send(send_wr(100 + i, WrOpcode::Send, &sge))
+                .unwrap();
+            p.a.eng.post_recv(recv_wr(200 + i, &sge)).unwrap();
+        }
+        p.a.drain();
+        let got: Vec<_> = p.a.wcs[..5]
+            .iter()
+            .map(|w| (w.wr_id, w.status, w.opcode, w.queue, w.byte_len))
+            .collect();
+        use WcOpcode as O;
+        use WcQueue as Q;
+        let f = WcStatus::WrFlushErr;
+        assert_eq!(
+            got,
+            vec![
+                (1, f, O::Send, Q::Send, 0),
+                (2, f, O::RdmaWrite, Q::Send, 0),
+                (3, f, O::Recv, Q::Recv, 0),
+                (4, f, O::RdmaRead, Q::Send, 0),
+                (5, f, O::Send, Q::Send, 0),
+            ],
+            "closed: {closed}"
+        );
+        assert_eq!(p.a.wcs.len(), 205);
+        assert!(p.a.wcs.iter().all(|w| w.status == f));
+        assert!(!p.a.eng.has_transmit(), "a flushed request sends nothing");
+    }
+}
+
+/// A request posted in the error state completes after the send-queue
+/// requests ahead of it: behind a Send whose frame the driver is still
+/// writing (its completion waits for `confirm_transmit`), in posting order.
+/// Those waiting requests still occupy the send queue.
+#[test]
+fn a_post_in_the_error_state_completes_behind_a_send_still_in_flight() {
+    let mut p = Pair::new(41, Link::default());
+    let src = p.b.mem.register(PD, Access::NONE, 0, 8);
+    let sge = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: src,
+    }];
+    p.b.eng.post_send(send_wr(7, WrOpcode::Send, &sge)).unwrap();
+    let mut f = TxFrame::default();
+    assert!(p.b.eng.poll_transmit(&mut f, 1 << 16, &p.b.mem));
+    // a Write to an STag b never registered: b terminates while its Send
+    // is still being written.
+    let asrc = p.a.mem.register(PD, Access::NONE, 0, 8);
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: 0,
+                rkey: 0x7777_7701,
+            },
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: asrc,
+            }],
+        ))
+        .unwrap();
+    let mut af = TxFrame::default();
+    p.a.eng.poll_transmit(&mut af, 1 << 16, &p.a.mem);
+    p.a.frame = af;
+    let bytes = p.a.flatten();
+    p.b.eng.handle_input(&bytes, &p.b.mem);
+    assert_eq!(p.b.eng.state(), QpState::Error);
+    let mut unsignaled = send_wr(8, WrOpcode::Send, &sge);
+    unsignaled.signaled = false;
+    p.b.eng.post_send(unsignaled).unwrap();
+    p.b.drain();
+    assert!(p.b.wcs.is_empty(), "waits behind the Send: {:?}", p.b.wcs);
+    // The send queue (depth 64) holds the Send in flight and the flushed
+    // request behind it.
+    for i in 0..62 {
+        p.b.eng
+            .post_send(send_wr(10 + i, WrOpcode::Send, &sge))
+            .unwrap();
+    }
+    assert_eq!(
+        p.b.eng.post_send(send_wr(99, WrOpcode::Send, &sge)),
+        Err(PostError::QueueFull { wr_id: 99 })
+    );
+    p.b.eng.confirm_transmit();
+    p.b.drain();
+    let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let mut want = vec![(7, WcStatus::Success), (8, WcStatus::WrFlushErr)];
+    want.extend((0..62).map(|i| (10 + i, WcStatus::WrFlushErr)));
+    assert_eq!(st, want);
+    // The queue is empty again.
+    p.b.eng
+        .post_send(send_wr(100, WrOpcode::Send, &sge))
+        .unwrap();
+}
+
+/// Before the connection exists (`Init`) nothing is flushed: receives are
+/// queued for the first Sends, and so are sends, which leave once the QP is
+/// established. (Linux siw refuses a send before RTS with `ENOTCONN`; this
+/// provider queues it.)
+#[test]
+fn posts_before_the_connection_wait_for_it() {
+    let mut p = Pair::new(42, Link::default());
+    let mut a = Peer::new();
+    let m = a.mem.register(PD, Access::LOCAL_WRITE, 0, 8);
+    let sge = [Sge {
+        addr: 0,
+        length: 8,
+        lkey: m,
+    }];
+    assert_eq!(a.eng.state(), QpState::Init);
+    a.eng.post_recv(recv_wr(1, &sge)).unwrap();
+    a.eng.post_send(send_wr(2, WrOpcode::Send, &sge)).unwrap();
+    a.drain();
+    assert!(a.wcs.is_empty(), "{:?}", a.wcs);
+    assert_eq!(a.eng.recv_queue_len(), 1);
+    let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 8);
+    p.b.eng
+        .post_recv(recv_wr(
+            3,
+            &[Sge {
+                addr: 0,
+                length: 8,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    a.eng.establish(LinkParams {
+        crc: true,
+        markers_tx: false,
+        markers_rx: false,
+        mulpdu: 1460,
+        ird: 8,
+        ord: 8,
+    });
+    p.a = a;
+    p.run();
+    let st: Vec<_> = p.a.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(2, WcStatus::Success)]);
+    let st: Vec<_> = p.b.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(3, WcStatus::Success)]);
 }
 
 #[test]

@@ -90,7 +90,7 @@ pub use iwarp_proto::mem::{Access, MemError};
 
 pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
 pub use mr::MemoryRegion;
-pub use qp::{ConnInfo, QpEvent, QpInitAttr, QpStats, QueuePair};
+pub use qp::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
 
 use iwarp_proto::mem::PdId;
 use mr::MrTable;

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use iwarp::cm::{self, ConnParam, Listener, MpaConfig};
 use iwarp::{
-    Access, CompletionQueue, Context, MemoryRegion, PostError, ProtectionDomain, QpInitAttr,
-    QueuePair, RecvWr, SendWr, SgList, WcStatus, WorkCompletion, WrOpcode,
+    Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpInitAttr, QueuePair,
+    RecvWr, SendWr, SgList, WcOpcode, WcQueue, WcStatus, WorkCompletion, WrOpcode, DRAIN_WR_ID,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -300,30 +300,21 @@ fn a_write_without_remote_write_rights_is_refused() {
         signaled: true,
         solicited: false,
     });
+    // Accepted even if the responder's Terminate was in before it was
+    // posted: a queue pair in the error state flushes what is posted (siw
+    // `siw_sq_flush_wr`).
+    posted.unwrap_or_else(|e| panic!("posting the Read: {e}"));
+    // The Read's completion, whatever became of the Write's (Success where
+    // the transport completes a Write once sent, an error, or a flush).
     let mut seen = Vec::new();
-    match posted {
-        // The Read's completion, whatever became of the Write's (Success
-        // where the transport completes a Write once sent, an error, or a
-        // flush).
-        Ok(()) => {
-            let read = loop {
-                let wc = c.wc("the Write and the Read behind it");
-                seen.push(wc);
-                if wc.wr_id == 2 {
-                    break wc;
-                }
-            };
-            assert_ne!(read.status, WcStatus::Success, "{seen:?}");
+    let read = loop {
+        let wc = c.wc("the Write and the Read behind it");
+        seen.push(wc);
+        if wc.wr_id == 2 {
+            break wc;
         }
-        // The responder's Terminate was in before the Read was posted: the
-        // queue pair is in the error state and refuses it. The Write still
-        // completes (sent, or flushed).
-        Err(PostError::QpError { wr_id: 2 }) => {
-            let wc = c.wc("the refused Write");
-            assert_eq!(wc.wr_id, 1, "{wc:?}");
-        }
-        Err(e) => panic!("posting the Read: {e}"),
-    }
+    };
+    assert_ne!(read.status, WcStatus::Success, "{seen:?}");
     let mut b = [0u8; 64];
     ro.read_at(0, &mut b);
     assert_eq!(b, [0xee; 64], "the refused Write changed the region");
@@ -361,4 +352,74 @@ fn a_disconnect_flushes_the_posted_receives() {
         assert_eq!(wc.status, WcStatus::WrFlushErr, "{wc:?}");
     }
     drop(bufs);
+}
+
+/// After the QP is in the error state (here: the peer disconnected), a
+/// posted request is not refused: the device completes it with a flush
+/// status, the send queue's even when unsignaled (siw `siw_post_send` →
+/// `siw_sq_flush_wr`, `siw_post_receive` → `siw_rq_flush_wr`; rxe
+/// likewise). `ib_drain_qp` is built on that.
+#[test]
+fn requests_posted_in_the_error_state_are_flushed() {
+    let (c, s) = pair(|_, _| {});
+    s.qp.disconnect();
+    // The client learns of the disconnect and moves to the error state.
+    let deadline = std::time::Instant::now() + T;
+    while !matches!(c.qp.state(), iwarp::QpState::Error | iwarp::QpState::Closed) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "client QP still {:?} {T:?} after the peer's disconnect on {}",
+            c.qp.state(),
+            device()
+        );
+        let _ = c.qp.next_event(Duration::from_millis(20));
+    }
+    let m = c.mr(64, Access::LOCAL_WRITE);
+    c.recv(1, &m, 64);
+    c.qp.post_send(&SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::Send,
+        sgl: SgList::single(m.sge(0, 8)),
+        signaled: false,
+        solicited: false,
+    })
+    .unwrap_or_else(|e| panic!("posting in the error state on {}: {e}", device()));
+    let mut got = [c.wc("flushed receive"), c.wc("flushed unsignaled Send")];
+    got.sort_by_key(|w| w.wr_id);
+    assert_eq!(
+        got.map(|w| (w.wr_id, w.status, w.queue)),
+        [
+            (1, WcStatus::WrFlushErr, WcQueue::Recv),
+            (2, WcStatus::WrFlushErr, WcQueue::Send)
+        ],
+        "on {}",
+        device()
+    );
+    assert!(c.wc_within(Duration::from_millis(100)).is_none());
+}
+
+/// `QueuePair::drain`, the `ib_drain_qp` equivalent, on a connected QP
+/// with receives outstanding: every request posted before it comes back
+/// (flushed) among what it returns, its own markers do not, and the CQ is
+/// empty afterwards.
+#[test]
+fn drain_returns_the_outstanding_requests_flushed() {
+    let mut bufs = None;
+    let (c, s) = pair(|c, _| {
+        let m = c.mr(256, Access::LOCAL_WRITE);
+        for id in [1, 2, 3] {
+            c.recv(id, &m, 64);
+        }
+        bufs = Some(m);
+    });
+    let wcs =
+        c.qp.drain(T)
+            .unwrap_or_else(|e| panic!("drain on {}: {e}", device()));
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    let f = WcStatus::WrFlushErr;
+    assert_eq!(got, vec![(1, f), (2, f), (3, f)], "on {}", device());
+    assert!(wcs.iter().all(|w| w.wr_id != DRAIN_WR_ID));
+    assert!(wcs.iter().all(|w| w.opcode == WcOpcode::Recv));
+    assert!(c.cq.is_empty(), "{} left in the CQ", c.cq.len());
+    drop((bufs, s));
 }

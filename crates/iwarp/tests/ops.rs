@@ -297,7 +297,7 @@ fn rtr_modes_then_traffic() {
 
 /// Expect the whole error choreography: the target sent a Terminate with
 /// `code`, the initiator got it, WR `wr_id` completed with `status`, both
-/// QPs are in Error and later WRs are refused.
+/// QPs are in Error and later WRs are flushed.
 ///
 /// As in siw, an RDMA Write (like a Send) completes successfully once it is
 /// transmitted and confirmed; if the Terminate arrives first, it completes
@@ -334,11 +334,19 @@ fn expect_remote_error(c: &Host, s: &Host, wr_id: u64, code: TermCode, status: &
     }
     assert_eq!(c.qp.state(), QpState::Error);
     assert_eq!(s.qp.state(), QpState::Error);
+    // A request posted now is flushed, not refused (siw `siw_sq_flush_wr`);
+    // its completion follows those of the requests posted before it, which
+    // the caller checks first ([`expect_flushed_999`]).
     let mr = c.mr(8);
-    assert!(c
-        .qp
-        .post_send(&wr(999, WrOpcode::Send, &[mr.sge(0, 8)]))
-        .is_err());
+    c.qp.post_send(&wr(999, WrOpcode::Send, &[mr.sge(0, 8)]))
+        .unwrap();
+}
+
+/// The request [`expect_remote_error`] posted in the error state, flushed,
+/// is the send queue's next completion.
+fn expect_flushed_999(c: &Host) {
+    let wc = c.send_wc();
+    assert_eq!((wc.wr_id, wc.status), (999, WcStatus::WrFlushErr));
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -438,6 +446,7 @@ fn remote_fault(read: bool, fault: Fault) {
         "{fault:?}: read behind it completed with {}",
         wc.status.as_str()
     );
+    expect_flushed_999(&c);
     assert!(sink.to_vec().iter().all(|&b| b == 0), "nothing placed");
     if let Some(live) = &stale_live {
         assert!(
@@ -529,6 +538,7 @@ fn write_to_invalidated_stag_fails() {
     let wc = c.send_wc();
     assert_eq!(wc.wr_id, 3);
     assert_ne!(wc.status, WcStatus::Success);
+    expect_flushed_999(&c);
     assert!(
         target.to_vec().iter().all(|&b| b == 0),
         "nothing written to the invalidated region"
@@ -665,6 +675,8 @@ fn local_disconnect_flushes_and_peer_sees_it() {
     s.event(|e| *e == QpEvent::Disconnected);
     let wc = s.recv_wc();
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    // After the disconnect (rdma_disconnect moves an iWARP QP to the error
+    // state) a posted request is flushed, not refused.
     let w = SendWr {
         wr_id: 9,
         opcode: WrOpcode::Send,
@@ -672,7 +684,9 @@ fn local_disconnect_flushes_and_peer_sees_it() {
         signaled: true,
         solicited: false,
     };
-    assert!(c.qp.post_send(&w).is_err());
+    c.qp.post_send(&w).unwrap();
+    let wc = c.send_wc();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
 }
 
 #[test]

@@ -32,6 +32,9 @@
 //! engine queues the RFC 5040 §4.8 Terminate message for the peer, reports a
 //! [`EngineEvent`], completes the affected request with an error status and
 //! flushes all outstanding work requests with [`WcStatus::WrFlushErr`].
+//! Work posted afterwards is not refused: it completes at once with
+//! [`WcStatus::WrFlushErr`], as in Linux siw (`ib_drain_qp` waits for such a
+//! flushed marker).
 
 mod rx;
 mod tx;
@@ -81,9 +84,12 @@ pub enum QpState {
     Init,
     /// Connected: ready to send and receive.
     Rts,
-    /// Error: all work was flushed; a Terminate may still be queued.
+    /// Error: all work was flushed; a Terminate may still be queued. Work
+    /// posted now completes at once with [`WcStatus::WrFlushErr`].
     Error,
-    /// Orderly close requested: nothing more is accepted.
+    /// Orderly close requested (`rdma_disconnect`, which moves an iWARP QP
+    /// to the error state): like [`QpState::Error`], work posted now
+    /// completes at once with [`WcStatus::WrFlushErr`].
     Closed,
 }
 
@@ -325,12 +331,29 @@ impl Engine {
     /// Queue a send-queue work request (`ibv_post_send`). Memory is checked
     /// when the request is processed; a bad local SGE completes it with
     /// [`WcStatus::LocProtErr`].
+    ///
+    /// In [`QpState::Error`] or [`QpState::Closed`] the request is accepted
+    /// and completed at once with [`WcStatus::WrFlushErr`], signaled or not,
+    /// with its own opcode and a byte count of 0, behind any completion of
+    /// the send queue still pending (Linux siw `siw_post_send` →
+    /// `siw_sq_flush_wr`, which `ib_drain_sq` relies on). In
+    /// [`QpState::Init`] it waits for [`Engine::establish`].
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        if matches!(self.state, QpState::Error | QpState::Closed) {
-            return Err(PostError::QpError { wr_id: wr.wr_id });
-        }
         if self.sq.len() + self.sq_slots.len() - self.probes >= self.cfg.sq_depth as usize {
+            // In the error state the queue holds only flushed requests
+            // waiting behind one still in flight (see `flush_all`).
             return Err(PostError::QueueFull { wr_id: wr.wr_id });
+        }
+        if matches!(self.state, QpState::Error | QpState::Closed) {
+            // siw `siw_sq_flush_wr`: completed without processing,
+            // `siw_sqe_complete(.., SIW_WC_WR_FLUSH_ERR)` whatever the
+            // signaled flag, and without looking at the SGL.
+            self.new_slot(&wr, wc_opcode_of(&wr.opcode), 0);
+            let slot = self.sq_slots.back_mut().expect("slot just added");
+            slot.status = Some(WcStatus::WrFlushErr);
+            slot.sent = true;
+            self.drain_sq_completions();
+            return Ok(());
         }
         if wr.sgl.total_len() > u32::MAX as u64 {
             return Err(PostError::InvalidWr {
@@ -402,10 +425,18 @@ impl Engine {
         true
     }
 
-    /// Queue a receive (`ibv_post_recv`).
+    /// Queue a receive (`ibv_post_recv`), from [`QpState::Init`] on.
+    ///
+    /// In [`QpState::Error`] or [`QpState::Closed`] the receive is accepted
+    /// and completed at once with [`WcStatus::WrFlushErr`] and a byte count
+    /// of 0; the receive queue was emptied when the QP entered the state,
+    /// so it completes in order (Linux siw `siw_post_receive` →
+    /// `siw_rq_flush_wr`, which `ib_drain_rq` relies on).
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
         if matches!(self.state, QpState::Error | QpState::Closed) {
-            return Err(PostError::QpError { wr_id: wr.wr_id });
+            self.completions
+                .push_back(recv_wc(wr.wr_id, WcStatus::WrFlushErr, 0));
+            return Ok(());
         }
         let busy = self.rq.len() + usize::from(self.rx.has_current_recv());
         if busy >= self.cfg.rq_depth as usize {

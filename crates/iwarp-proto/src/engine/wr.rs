@@ -198,9 +198,18 @@ pub struct WorkCompletion {
 pub enum PostError {
     /// The queue already holds its configured depth.
     QueueFull { wr_id: u64 },
-    /// The QP is in the error state (or closed); post is refused like
-    /// `ibv_post_send` returning an error.
+    /// The device refused the request in the QP's current state (an
+    /// rdma-core device's `ibv_post_*` returned a state error such as
+    /// `ENOTCONN`: Linux siw refuses a send before the QP is in RTS). A QP
+    /// in the error state does not refuse: it flushes the request with
+    /// [`WcStatus::WrFlushErr`] (see [`CqFull`](PostError::CqFull)).
     QpError { wr_id: u64 },
+    /// The QP is in the error state, where a posted request is completed at
+    /// once with [`WcStatus::WrFlushErr`], and the completion queue that
+    /// takes that completion already holds its depth: nothing was queued
+    /// (Linux siw `siw_sqe_complete` / `siw_rqe_complete` return `-ENOMEM`
+    /// when the CQ has no free entry).
+    CqFull { wr_id: u64 },
     /// The SGL's total length overflows 32 bits, or an opcode does not
     /// accept an SGL of that shape (a Read sink with more than one SGE is
     /// allowed; a Read of more than 2^31 bytes is not).
@@ -211,7 +220,8 @@ impl fmt::Display for PostError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PostError::QueueFull { wr_id } => write!(f, "work request {wr_id}: queue full; poll completions or create the QP with a larger depth"),
-            PostError::QpError { wr_id } => write!(f, "work request {wr_id}: the queue pair is in the error state; it must be destroyed and reconnected"),
+            PostError::QpError { wr_id } => write!(f, "work request {wr_id}: refused by the device in the queue pair's current state; post sends once the connection is established"),
+            PostError::CqFull { wr_id } => write!(f, "work request {wr_id}: the queue pair is in the error state and flushes it, but the completion queue is full; poll the CQ, then post again (or create the CQ with a larger depth)"),
             PostError::InvalidWr { wr_id, why } => write!(f, "work request {wr_id}: invalid: {why}"),
         }
     }

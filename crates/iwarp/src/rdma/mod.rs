@@ -594,11 +594,24 @@ impl HwCq {
             .push(Arc::downgrade(qp));
     }
 
-    /// Move every completion the device holds into `cq`.
+    /// Move every completion the device holds into `cq`; returns at once if
+    /// another thread is doing it.
     pub(crate) fn drain(&self, cq: &CompletionQueue) {
-        let Ok(_g) = self.drain_lock.try_lock() else {
+        let Ok(g) = self.drain_lock.try_lock() else {
             return;
         };
+        self.drain_locked(cq, g);
+    }
+
+    /// Move every completion the device holds into `cq`, waiting for a
+    /// thread that is doing it: on return, what the device held when the
+    /// call began is in `cq`.
+    pub(crate) fn drain_all(&self, cq: &CompletionQueue) {
+        let g = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.drain_locked(cq, g);
+    }
+
+    fn drain_locked(&self, cq: &CompletionQueue, g: std::sync::MutexGuard<'_, ()>) {
         let mut wcs = [ffi::ibv_wc::default(); 16];
         loop {
             // SAFETY: `cq` is valid; `wcs` has room for 16 entries;
@@ -616,8 +629,18 @@ impl HwCq {
                 cq.push(map_wc(wc));
             }
         }
-        drop(_g);
+        drop(g);
         cq.run_hook();
+    }
+}
+
+/// The completion opcode of a flushed send-queue request: its own, as siw
+/// reports it (`siw_sq_flush_wr` keeps the request's opcode).
+fn flushed_opcode(op: &WrOpcode) -> WcOpcode {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithInv { .. } => WcOpcode::Send,
+        WrOpcode::RdmaWrite { .. } => WcOpcode::RdmaWrite,
+        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
     }
 }
 
@@ -780,7 +803,8 @@ fn post_chain<T: Chained>(
     Err(map_post_errno(rc, id(idx.min(n - 1))))
 }
 
-/// `ibv_post_*` error numbers → [`PostError`].
+/// `ibv_post_*` error numbers → [`PostError`]. (A QP in the error state
+/// never reaches the device: `Qp::post_flushed`.)
 pub fn map_post_errno(errno: i32, wr_id: u64) -> PostError {
     match errno {
         libc::ENOMEM => PostError::QueueFull { wr_id },
@@ -964,6 +988,54 @@ impl Qp {
         unsafe { (self.pd.dev.lib.verbs.ibv_modify_qp)(self.qp, &mut a, ffi::IBV_QP_STATE) };
     }
 
+    /// The device QP is in ERR (our error state, or closed after a
+    /// disconnect, which moved it there).
+    fn flushes_posts(&self) -> bool {
+        matches!(self.state.load(Ordering::Acquire), ST_ERROR | ST_CLOSED)
+    }
+
+    /// Complete requests posted in the error state here, with `WrFlushErr`,
+    /// as Linux siw does for a kernel consumer (`siw_post_send` →
+    /// `siw_sq_flush_wr`, `siw_post_receive` → `siw_rq_flush_wr`; what
+    /// `ib_drain_qp` relies on). Handed to the device they would never
+    /// complete: rdma-core's siw provider writes a request into the queue
+    /// it shares with the kernel (`providers/siw/siw.c`), and the kernel
+    /// flushes that queue only when the QP enters ERR; the doorbell of a
+    /// later post carries no request, so `siw_sq_flush_wr` has nothing to
+    /// flush, and a receive rings no doorbell at all. The device's
+    /// completions go to `cq` first, so these follow the flushes of the
+    /// requests posted before (siw flushes its queues inside
+    /// `ibv_modify_qp(ERR)`, `siw_qp_nextstate_from_rts`; soft-RoCE flushes
+    /// from a task a moment later). A full CQ refuses the request
+    /// (`PostError::CqFull`, siw: `ENOMEM`).
+    fn post_flushed(
+        &self,
+        wrs: impl Iterator<Item = (u64, WcOpcode)>,
+        queue: WcQueue,
+        cq: &CompletionQueue,
+        hw: &HwCq,
+    ) -> Result<(), PostError> {
+        hw.drain_all(cq);
+        let mut r = Ok(());
+        for (wr_id, opcode) in wrs {
+            if cq.len() >= cq.depth() {
+                r = Err(PostError::CqFull { wr_id });
+                break;
+            }
+            cq.push(WorkCompletion {
+                wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode,
+                queue,
+                byte_len: 0,
+                invalidated_rkey: None,
+                solicited: false,
+            });
+        }
+        cq.run_hook();
+        r
+    }
+
     fn drain_both(&self) {
         self.send_cq.drain(&self.send_q);
         if !Arc::ptr_eq(&self.send_cq, &self.recv_cq) {
@@ -1013,12 +1085,15 @@ impl QpOps for Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let st = self.state.load(Ordering::Acquire);
-        if st == ST_ERROR || st == ST_CLOSED {
-            return Err(PostError::QpError {
-                wr_id: wrs[0].wr_id,
-            });
+        if self.flushes_posts() {
+            return self.post_flushed(
+                wrs.iter().map(|w| (w.wr_id, flushed_opcode(&w.opcode))),
+                WcQueue::Send,
+                &self.send_q,
+                &self.send_cq,
+            );
         }
+        // Before RTS the device refuses (siw: `ENOTCONN`, `QpError`).
         let mut lists: Vec<_> = wrs.iter().map(|w| sges(&w.sgl)).collect();
         let mut chain: Vec<ffi::ibv_send_wr> = wrs
             .iter()
@@ -1067,11 +1142,13 @@ impl QpOps for Qp {
         if wrs.is_empty() {
             return Ok(());
         }
-        let st = self.state.load(Ordering::Acquire);
-        if st == ST_ERROR || st == ST_CLOSED {
-            return Err(PostError::QpError {
-                wr_id: wrs[0].wr_id,
-            });
+        if self.flushes_posts() {
+            return self.post_flushed(
+                wrs.iter().map(|w| (w.wr_id, WcOpcode::Recv)),
+                WcQueue::Recv,
+                &self.recv_q,
+                &self.recv_cq,
+            );
         }
         let mut lists: Vec<_> = wrs.iter().map(|w| sges(&w.sgl)).collect();
         let mut chain: Vec<ffi::ibv_recv_wr> = wrs

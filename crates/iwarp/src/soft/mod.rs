@@ -338,6 +338,40 @@ impl SoftQp {
     }
 }
 
+/// The engine completes work posted in these states at once with
+/// `WrFlushErr` (Linux siw `siw_post_send` / `siw_post_receive` in the
+/// ERROR state; our `Closed` follows `rdma_disconnect`, which moves an
+/// iWARP QP to ERROR).
+fn flushes_posts(state: QpState) -> bool {
+    matches!(state, QpState::Error | QpState::Closed)
+}
+
+impl SoftQp {
+    /// Post one request that the engine flushes (the QP is in the error
+    /// state), unless `cq`, which takes its completion, is full: Linux siw
+    /// `siw_sqe_complete` / `siw_rqe_complete` fail with `-ENOMEM` when the
+    /// CQ has no free entry, and the post fails naming that request. Every
+    /// other completion is kept past the depth (see `CompletionQueue::push`)
+    /// because the stack produced it; this one the application asks for,
+    /// and a loop that posts until the queue refuses must end. The
+    /// completion goes to the CQ at once, so the next request of a list
+    /// sees it.
+    fn post_flushed(
+        &self,
+        eng: &mut Engine,
+        cq: &CompletionQueue,
+        wr_id: u64,
+        post: impl FnOnce(&mut Engine) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
+        if cq.len() >= cq.depth() {
+            return Err(PostError::CqFull { wr_id });
+        }
+        post(eng)?;
+        pump(self, eng);
+        Ok(())
+    }
+}
+
 impl QpOps for SoftQp {
     fn qp_num(&self) -> u32 {
         self.qpn
@@ -349,7 +383,12 @@ impl QpOps for SoftQp {
     fn post_send(&self, wrs: &[SendWr]) -> Result<(), PostError> {
         let (r, tx) = {
             let mut eng = self.lock_engine();
-            let r = wrs.iter().try_for_each(|wr| eng.post_send(*wr));
+            let r = wrs.iter().try_for_each(|wr| {
+                if !flushes_posts(eng.state()) {
+                    return eng.post_send(*wr);
+                }
+                self.post_flushed(&mut eng, &self.send_cq, wr.wr_id, |e| e.post_send(*wr))
+            });
             pump(self, &mut eng);
             (r, eng.has_transmit())
         };
@@ -363,7 +402,12 @@ impl QpOps for SoftQp {
 
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let mut eng = self.lock_engine();
-        let r = wrs.iter().try_for_each(|wr| eng.post_recv(*wr));
+        let r = wrs.iter().try_for_each(|wr| {
+            if !flushes_posts(eng.state()) {
+                return eng.post_recv(*wr);
+            }
+            self.post_flushed(&mut eng, &self.recv_cq, wr.wr_id, |e| e.post_recv(*wr))
+        });
         pump(self, &mut eng);
         r
     }
