@@ -241,7 +241,7 @@ EOF
 
 part_c_capi() {
     c_prereqs
-    local tdir="$SAN_TARGET/capi" out="$SAN_TARGET/c/capi" src name rc=0
+    local tdir="$SAN_TARGET/capi" out="$SAN_TARGET/c/capi" src name log rc=0
     mkdir -p "$out"
     note "building libiwarp and libiwarp_rsocket (debug) in $tdir"
     CARGO_TARGET_DIR="$tdir" nice -n 10 timeout 3600 cargo build -q -p iwarp-ffi -p iwarp-rsocket
@@ -256,14 +256,16 @@ part_c_capi() {
         "$CC_SAN" "${SANFLAGS[@]}" -std=c11 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror \
             -pthread -Iinclude "$src" -o "$out/$name" -L"$lib" -liwarp_rsocket -Wl,-rpath,"$lib"
     done
+    mkdir -p "$out/logs"
     for name in "$out"/test_*; do
+        log="$out/logs/${name##*/}.log"
         note "run $(basename "$name")"
-        if ! timeout --kill-after=10 300 "$name" >"$name.log" 2>&1; then
-            cat "$name.log"
+        if ! timeout --kill-after=10 300 "$name" >"$log" 2>&1; then
+            cat "$log"
             note "$(basename "$name") FAILED"
             rc=1
         else
-            tail -n 1 "$name.log"
+            tail -n 1 "$log"
         fi
     done
     return "$rc"
