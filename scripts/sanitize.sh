@@ -283,8 +283,9 @@ part_miri() {
     nightly_component miri
     export CARGO_TARGET_DIR="$SAN_TARGET/miri"
     local -a skip=()
-    # A million registrations: hours under Miri; the memory it touches is
-    # the same as in the other MR tests (long mode runs it anyway).
+    # A million registrations, and 2048 regions for the key statistics:
+    # hours under Miri, and the memory they touch is that of the other MR
+    # tests (long mode runs them anyway).
     [[ $MODE == long ]] || skip=(--skip no_stag_repeats_in_a_million_re_registrations --skip keys_are_drawn_at_random)
     timeout 3600 cargo +nightly miri test -q -p iwarp --lib mr:: -- "${skip[@]}"
     # The CRC kernels: the portable code and, with the target features on,
