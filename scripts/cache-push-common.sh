@@ -83,7 +83,7 @@ cp_start_appd() {
     "$APPD" --docroot "$T/docs" --init-docs \
         --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
         --push-listen "127.0.0.1:$P_PUSH" \
-        --ipc "$IPC" --ipc-mode 666 --update-log "$T/updates.log" "$@" \
+        --ipc "$IPC" --ipc-mode 660 --ipc-group www-data --update-log "$T/updates.log" "$@" \
         >>"$T/ccappd.log" 2>&1 &
     APPD_PID=$!
     disown "$APPD_PID" 2>/dev/null # no "Killed" notice for the fault

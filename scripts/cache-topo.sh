@@ -111,7 +111,7 @@ start_appd() { # J DOCS COMPUTE [args...]
     chmod 755 "$d" "$d/docs"
     in_ns "a$j" "${PIN_APP[@]}" "$TARGET/release/ccappd" --docs "$docs" --docroot "$d/docs" \
         --rdma-listen "$a:7471" --version-listen "$a:7472" --sockets-listen "$a:7473" \
-        --ipc "$d/ipc.sock" --ipc-mode 666 --compute-threads "$compute" "$@" >>"$d/ccappd.log" 2>&1 &
+        --ipc "$d/ipc.sock" --ipc-mode 660 --ipc-group www-data --compute-threads "$compute" "$@" >>"$d/ccappd.log" 2>&1 &
     APPD_PID_LAST=$!
     TOPO_PIDS+=("$APPD_PID_LAST")
     wait_tcp "a$j" "$a" 7472 "$APPD_PID_LAST"

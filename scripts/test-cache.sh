@@ -13,7 +13,7 @@
 #     any stale response (older than the version committed before the
 #     request was sent) and on any body that is not the served version
 #   ccupdate: the update server as a program of its own, beside the thread
-#   faults: a malformed IPC message, a document outside the version table,
+#   faults: a malformed IPC message, an IPC client of another user, a document outside the version table,
 #     ccappd killed mid-run (rdma/tcp proxies must answer 502, never a
 #     document; Apache 503) and restarted (they recover); the rdma proxy
 #     restarted
@@ -120,7 +120,7 @@ chmod 755 "$T/cgi-bin/doc.cgi" "$T/docs"
 start_appd() {
     "$APPD" --docs "$DOCS" --docroot "$T/docs" --init-docs --doc-size 4096 \
         --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
-        --ipc "$IPC" --ipc-mode 666 --update-rate "$RATE" --update-log "$T/updates.log" \
+        --ipc "$IPC" --ipc-mode 660 --ipc-group www-data --update-rate "$RATE" --update-log "$T/updates.log" \
         >>"$T/ccappd.log" 2>&1 &
     APPD_PID=$!
     disown "$APPD_PID" 2>/dev/null # no "Killed" notice for the fault below
@@ -247,6 +247,29 @@ EOF
     kill -0 "$APPD_PID" && t_backend_versioned /docs/
 }
 check "malformed IPC message: ERROR(malformed), connection closed, ccappd keeps serving" t_malformed_ipc
+
+# Another user (nobody, not in www-data) gets nothing from ccappd: the
+# socket's mode 660 refuses the connect, and if it did not, SO_PEERCRED
+# would (ERROR(not permitted); tools/ccache/tests/ipc_hostile.rs checks
+# that path alone). Apache's www-data gets through (the loads below).
+t_other_user_refused() {
+    command -v setpriv >/dev/null || { echo "setpriv missing (util-linux)"; return 1; }
+    timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 - "$IPC" <<'EOF' || return 1
+import socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5)
+try:
+    s.connect(sys.argv[1])
+except PermissionError:
+    print("connect refused by the socket's mode"); sys.exit(0)
+s.sendall(struct.pack(">HBBIQ", 0x4343, 1, 1, 0, 0))
+b = s.recv(16)
+magic, fmt, kind, doc, value = struct.unpack(">HBBIQ", b)
+assert (magic, kind, value) == (0x4343, 15, 6), ("served", kind, value)
+print("ERROR(not permitted)")
+EOF
+    kill -0 "$APPD_PID" && t_backend_versioned /docs/
+}
+check "IPC as user nobody: refused (socket mode 660 group www-data, SO_PEERCRED)" t_other_user_refused
 
 # ---- load with updates: zero stale responses -------------------------------------
 

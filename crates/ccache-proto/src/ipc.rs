@@ -147,8 +147,13 @@ pub enum ErrorCode {
     /// A message only the module sends arrived from a client.
     NotARequest,
     /// The module could not answer now (a version slot kept changing);
-    /// ask again.
+    /// ask again; also: the module serves its most connections
+    /// (`ccappd --ipc-max-conns`), and this one is closed after it.
     Busy,
+    /// The peer's credentials (`SO_PEERCRED`, unix(7)) are not among the
+    /// uids/gids the module allows (`ccappd --ipc-allow-user/-group`); the
+    /// connection is closed after it.
+    NotPermitted,
     /// A code this version does not know.
     Unknown(u64),
 }
@@ -161,6 +166,7 @@ impl From<u64> for ErrorCode {
             3 => ErrorCode::Malformed,
             4 => ErrorCode::NotARequest,
             5 => ErrorCode::Busy,
+            6 => ErrorCode::NotPermitted,
             other => ErrorCode::Unknown(other),
         }
     }
@@ -174,6 +180,7 @@ impl From<ErrorCode> for u64 {
             ErrorCode::Malformed => 3,
             ErrorCode::NotARequest => 4,
             ErrorCode::Busy => 5,
+            ErrorCode::NotPermitted => 6,
             ErrorCode::Unknown(v) => v,
         }
     }

@@ -44,7 +44,7 @@ def main():
     if not path.isdigit() or int(path) >= 2**32:
         reply(404, f"no document {path!r}: ask for /doc.cgi/<number>")
     doc = int(path)
-    ipc = os.environ.get("CCAPPD_IPC", "/tmp/ccappd.sock")
+    ipc = os.environ.get("CCAPPD_IPC", "/run/ccappd/ipc.sock")
     root = os.environ.get("CCACHE_DOCROOT", "")
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)

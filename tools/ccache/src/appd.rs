@@ -5,34 +5,30 @@
 //!   private data. After that the proxies RDMA-Read slots on their own:
 //!   no thread of ours runs for a version check (the provider's receive
 //!   thread answers the Read Request).
-//! - [`serve_versions`]: the two-sided path. A thread per connection
-//!   answers `VERSION_REQUEST` with `VERSION_REPLY` from the table.
+//! - [`serve_versions`]: the two-sided path. A task per connection (at
+//!   most `--version-max-conns`) answers `VERSION_REQUEST` with
+//!   `VERSION_REPLY` from the table.
 //! - [`serve_ipc`]: the Table 1 IPC server on a unix socket, for the
-//!   application server (around each request) and the update thread.
-//!   One lock guards the [`Mrsw`] state; the actions it returns are
-//!   performed under it, in order (publish, then release).
+//!   application server (around each request) and the update thread
+//!   ([`crate::ipc`]).
 //! - [`run_updater`]: the update thread: at a set rate it picks a
 //!   document, takes it by `UPDATE_REQUEST`, rewrites the file in steps,
 //!   and `UPDATE_DONE`s it; each commit is logged with its time.
 
-use std::collections::HashMap;
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
-use ccache_proto::mrsw::{Action, ClientId, Mrsw};
 use iwarp::cm::Listener;
 use iwarp::{CompletionQueue, ProtectionDomain};
 
-use crate::msgio::{read_msg, write_msg, MsgError};
-use crate::push::Pusher;
+use crate::msgio::{read_msg, write_msg};
 use crate::table::VersionTable;
 
 /// The document body at a version: the line `doc D version V` repeated
@@ -69,43 +65,105 @@ pub fn serve_rdma(
     crate::push::accept_rdma(listener, pd, cq, advert, "version table")
 }
 
-/// The version thread(s): answer `VERSION_REQUEST`s over TCP. A
-/// connection idle for `idle` is closed.
+/// The version thread(s): answer `VERSION_REQUEST`s over TCP, with the
+/// default connection limit ([`VERSION_MAX_CONNS`]). A connection idle for
+/// `idle` is closed.
 pub fn serve_versions(listener: TcpListener, table: Arc<VersionTable>, idle: Duration) {
-    for conn in listener.incoming() {
-        let mut s = match conn {
-            Ok(s) => s,
+    serve_versions_with(listener, table, idle, VERSION_MAX_CONNS)
+}
+
+/// Default of `ccappd --version-max-conns`.
+pub const VERSION_MAX_CONNS: usize = 256;
+
+/// The version server: answer `VERSION_REQUEST`s over TCP on a tokio
+/// runtime of two threads, at most `max_conns` connections at once (one
+/// more is answered `ERROR(busy)` and closed), each closed when idle for
+/// `idle` or when a reply cannot be written within 2 s. Blocks.
+pub fn serve_versions_with(
+    listener: TcpListener,
+    table: Arc<VersionTable>,
+    idle: Duration,
+    max_conns: usize,
+) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("ccappd-version")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the version server's runtime");
+            return;
+        }
+    };
+    if let Err(e) = listener.set_nonblocking(true) {
+        tracing::error!(error = %e, "version listener unusable");
+        return;
+    }
+    rt.block_on(async move {
+        let l = match tokio::net::TcpListener::from_std(listener) {
+            Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, "version listener accept failed");
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
+                tracing::error!(error = %e, "version listener unusable");
+                return;
             }
         };
-        let table = table.clone();
-        std::thread::spawn(move || {
-            let _ = s.set_nodelay(true);
-            let _ = s.set_read_timeout(Some(idle));
-            let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-            loop {
-                let reply = match read_msg(&mut s) {
-                    Ok(m) if m.kind == Kind::VersionRequest => match table.get(m.doc) {
-                        Some(Ok(v)) => Repr::with_value(Kind::VersionReply, m.doc, v),
-                        Some(Err(_)) => error_msg(m.doc, ErrorCode::Busy),
-                        None => error_msg(m.doc, ErrorCode::NoSuchDocument),
-                    },
-                    Ok(m) => error_msg(m.doc, ErrorCode::NotARequest),
-                    Err(MsgError::Malformed(e)) => {
-                        tracing::warn!(error = %e, "malformed version request; closing");
-                        let _ = write_msg(&mut s, &error_msg(0, ErrorCode::Malformed));
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                if write_msg(&mut s, &reply).is_err() {
+        let slots = Arc::new(tokio::sync::Semaphore::new(max_conns.max(1)));
+        loop {
+            let (s, peer) = match l.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "version listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!(%peer, max = max_conns, "version connection refused: --version-max-conns connections are open (raise it if the proxies need more)");
+                let _ = s.try_write(&error_msg(0, ErrorCode::Busy).to_bytes());
+                continue;
+            };
+            let table = table.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                answer_versions_async(s, &table, idle).await;
+            });
+        }
+    });
+}
+
+async fn answer_versions_async(mut s: tokio::net::TcpStream, table: &VersionTable, idle: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = s.set_nodelay(true);
+    let write_limit = Duration::from_secs(2);
+    loop {
+        let mut b = [0u8; ccache_proto::ipc::MSG_LEN];
+        let reply = match tokio::time::timeout(idle, s.read_exact(&mut b)).await {
+            Ok(Ok(_)) => match Repr::from_bytes(&b) {
+                Ok(m) if m.kind == Kind::VersionRequest => match table.get(m.doc) {
+                    Some(Ok(v)) => Repr::with_value(Kind::VersionReply, m.doc, v),
+                    Some(Err(_)) => error_msg(m.doc, ErrorCode::Busy),
+                    None => error_msg(m.doc, ErrorCode::NoSuchDocument),
+                },
+                Ok(m) => error_msg(m.doc, ErrorCode::NotARequest),
+                Err(e) => {
+                    tracing::warn!(error = %e, "malformed version request; closing");
+                    let _ = tokio::time::timeout(
+                        write_limit,
+                        s.write_all(&error_msg(0, ErrorCode::Malformed).to_bytes()),
+                    )
+                    .await;
                     return;
                 }
-            }
-        });
+            },
+            // A request cut short is malformed too, but its sender is gone.
+            Ok(Err(_)) | Err(_) => return,
+        };
+        match tokio::time::timeout(write_limit, s.write_all(&reply.to_bytes())).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
     }
 }
 
@@ -113,156 +171,7 @@ fn error_msg(doc: u32, code: ErrorCode) -> Repr {
     Repr::with_value(Kind::Error, doc, code.into())
 }
 
-/// The Table 1 state and the IPC connections it answers.
-#[derive(Debug)]
-pub struct IpcState {
-    core: Mutex<Core>,
-    table: Arc<VersionTable>,
-    next_id: AtomicU64,
-    pusher: Option<Arc<Pusher>>,
-}
-
-#[derive(Debug)]
-struct Core {
-    mrsw: Mrsw,
-    clients: HashMap<ClientId, UnixStream>,
-}
-
-impl IpcState {
-    /// Table 1 state over `table` (its slots are the documents).
-    pub fn new(table: Arc<VersionTable>, initial: u64) -> IpcState {
-        IpcState {
-            core: Mutex::new(Core {
-                mrsw: Mrsw::new(table.slots(), initial),
-                clients: HashMap::new(),
-            }),
-            table,
-            next_id: AtomicU64::new(1),
-            pusher: None,
-        }
-    }
-
-    /// Tell `pusher` about every committed update (it pushes the new
-    /// version to proxies), and let it answer `PICK_ACCESSED`.
-    pub fn with_pusher(mut self, pusher: Arc<Pusher>) -> IpcState {
-        self.pusher = Some(pusher);
-        self
-    }
-
-    /// `PICK_ACCESSED`: a document some registered proxy has accessed.
-    fn pick(&self, m: &Repr) -> Repr {
-        match self.pusher.as_ref().and_then(|p| p.pick_accessed(m.value)) {
-            Some((doc, n)) => Repr::with_value(Kind::Picked, doc, n as u64),
-            None => {
-                tracing::debug!("PICK_ACCESSED: no registered proxy has accessed a document");
-                error_msg(m.doc, ErrorCode::NoSuchDocument)
-            }
-        }
-    }
-
-    fn perform(&self, core: &mut Core, actions: Vec<Action>) {
-        for a in actions {
-            match a {
-                Action::Publish { doc, version } => {
-                    self.table.publish(doc, version);
-                    tracing::debug!(doc, version, "published");
-                    if let Some(p) = &self.pusher {
-                        p.notify(doc);
-                    }
-                }
-                Action::Send { to, msg } => {
-                    if let Some(s) = core.clients.get_mut(&to) {
-                        if let Err(e) = write_msg(s, &msg) {
-                            // Its own thread sees the dead socket and
-                            // disconnects it, releasing what it holds.
-                            tracing::warn!(client = to, error = %e, "IPC client unreachable");
-                            let _ = s.shutdown(std::net::Shutdown::Both);
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Core> {
-        // A panic elsewhere must not stop the module; the state itself is
-        // only changed by `Mrsw`, which leaves it consistent on error.
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Serve one IPC connection until it closes, errs, or idles for `idle`.
-    pub fn serve_conn(&self, mut s: UnixStream, idle: Duration) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let _ = s.set_read_timeout(Some(idle));
-        let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-        match s.try_clone() {
-            Ok(w) => {
-                self.lock().clients.insert(id, w);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot clone an IPC socket; dropping the client");
-                return;
-            }
-        }
-        loop {
-            match read_msg(&mut s) {
-                Ok(m) if m.kind == Kind::PickAccessed => {
-                    // Not a Table 1 message: answered without the lock (it
-                    // reads the proxies' states).
-                    let reply = self.pick(&m);
-                    let _core = self.lock(); // replies to one client are sent under the lock
-                    if write_msg(&mut s, &reply).is_err() {
-                        break;
-                    }
-                }
-                Ok(m) => {
-                    let mut core = self.lock();
-                    match core.mrsw.handle(id, m) {
-                        Ok(actions) => self.perform(&mut core, actions),
-                        Err(e) => {
-                            tracing::warn!(client = id, msg = %m, error = %e, "IPC request refused");
-                            let _ = write_msg(&mut s, &error_msg(m.doc, e.code()));
-                        }
-                    }
-                }
-                Err(MsgError::Closed) => break,
-                Err(MsgError::Malformed(e)) => {
-                    // The stream's framing is lost: answer and close.
-                    tracing::warn!(client = id, error = %e, "malformed IPC message; closing the connection");
-                    let _ = write_msg(&mut s, &error_msg(0, ErrorCode::Malformed));
-                    break;
-                }
-                Err(MsgError::Io(e)) => {
-                    tracing::info!(client = id, error = %e, "IPC connection ended (idle or reset)");
-                    break;
-                }
-            }
-        }
-        let mut core = self.lock();
-        core.clients.remove(&id);
-        let actions = core.mrsw.disconnect(id);
-        if !actions.is_empty() {
-            tracing::warn!(client = id, "IPC client left with requests open; released");
-        }
-        self.perform(&mut core, actions);
-    }
-}
-
-/// Accept IPC connections, a thread each.
-pub fn serve_ipc(listener: UnixListener, state: Arc<IpcState>, idle: Duration) {
-    for conn in listener.incoming() {
-        match conn {
-            Ok(s) => {
-                let st = state.clone();
-                std::thread::spawn(move || st.serve_conn(s, idle));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "IPC accept failed");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-}
+pub use crate::ipc::{serve_ipc, serve_ipc_with, IpcCfg, IpcState};
 
 /// The update thread's settings.
 #[derive(Debug, Clone)]

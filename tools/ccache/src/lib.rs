@@ -4,6 +4,10 @@
 //!
 //! - [`table`]: the version table, a registered memory region with
 //!   `REMOTE_READ` holding one checked 16-byte slot per document.
+//! - [`ipc`]: ccappd's Table 1 IPC server (per-client output queues,
+//!   peer credentials, connection and hold limits).
+//! - [`access`]: the IPC allow-list (`SO_PEERCRED`) and the deployment's
+//!   access token.
 //! - [`msgio`]: reading and writing the 16-byte IPC message on a stream.
 //! - [`appd`]: the application module's servers (`ccappd`): the RDMA
 //!   listener that hands out the table's address and rkey, the two-sided
@@ -27,9 +31,11 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod access;
 pub mod acheck;
 pub mod appd;
 pub mod check;
+pub mod ipc;
 pub mod load;
 pub mod msgio;
 pub mod proxy;

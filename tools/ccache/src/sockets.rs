@@ -66,9 +66,16 @@ pub fn answer_versions<S: Read + Write>(s: &mut S, table: &VersionTable) {
     }
 }
 
-/// The version thread over iWARP sockets: accept streams, a thread each.
-/// A stream idle for `idle` is closed.
-pub fn serve_versions_sockets(listener: Listener, table: Arc<VersionTable>, idle: Duration) {
+/// The version thread over iWARP sockets: accept streams, a thread each,
+/// at most `max_conns` at once (one more is closed at once). A stream idle
+/// for `idle` is closed.
+pub fn serve_versions_sockets(
+    listener: Listener,
+    table: Arc<VersionTable>,
+    idle: Duration,
+    max_conns: usize,
+) {
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let (mut s, peer) = match listener.accept() {
             Ok(x) => x,
@@ -79,12 +86,28 @@ pub fn serve_versions_sockets(listener: Listener, table: Arc<VersionTable>, idle
             }
         };
         tracing::debug!(%peer, "proxy connected for version requests over iWARP sockets");
+        if live.fetch_add(1, std::sync::atomic::Ordering::AcqRel) >= max_conns.max(1) {
+            live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            tracing::warn!(%peer, max = max_conns, "sockets version connection refused: --version-max-conns streams are open");
+            continue;
+        }
         let table = table.clone();
+        let live = live.clone();
         std::thread::spawn(move || {
+            let _live = LiveGuard(live);
             let _ = s.set_read_timeout(Some(idle));
             let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
             answer_versions(&mut s, &table);
         });
+    }
+}
+
+/// Counts a stream's thread out when it ends.
+struct LiveGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -94,11 +117,12 @@ pub fn spawn_listener(
     addr: SocketAddr,
     table: Arc<VersionTable>,
     idle: Duration,
+    max_conns: usize,
 ) -> Result<SocketAddr, String> {
     let l = Listener::bind_with(addr, &options())
         .map_err(|e| format!("--sockets-listen {addr}: {e} (port in use? pick another)"))?;
     let local = l.local_addr().map_err(|e| e.to_string())?;
-    std::thread::spawn(move || serve_versions_sockets(l, table, idle));
+    std::thread::spawn(move || serve_versions_sockets(l, table, idle, max_conns));
     Ok(local)
 }
 

@@ -22,7 +22,8 @@ fn start(docs: u32) -> (Arc<VersionTable>, SocketAddr) {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let table = Arc::new(VersionTable::new(&pd, docs, 1).unwrap());
-    let addr = sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T).unwrap();
+    let addr =
+        sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T, 64).unwrap();
     (table, addr)
 }
 

@@ -10,7 +10,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccache::appd::{self, IpcState, UpdaterCfg};
+use ccache::access::Allow;
+use ccache::appd::{self, IpcCfg, IpcState, UpdaterCfg};
 use ccache::push::{PushCfg, Pusher, StateRead};
 use ccache::table::VersionTable;
 use ccache_proto::state::Policy as PushPolicy;
@@ -48,12 +49,45 @@ struct Args {
     #[arg(long)]
     sockets_listen: Option<SocketAddr>,
     /// Unix socket of the Table 1 IPC (application server, update thread).
-    #[arg(long, default_value = "/tmp/ccappd.sock")]
+    /// Its directory is created (mode 0750, group --ipc-group) if missing.
+    #[arg(long, default_value = "/run/ccappd/ipc.sock")]
     ipc: PathBuf,
-    /// Permission bits of the IPC socket, octal (e.g. 666 so that Apache's
-    /// CGI user can connect).
-    #[arg(long, default_value = "600")]
+    /// Permission bits of the IPC socket, octal. Give the web server's
+    /// group access with --ipc-group rather than a mode for everyone.
+    #[arg(long, default_value = "660")]
     ipc_mode: String,
+    /// Group of the IPC socket (and of its directory when ccappd creates
+    /// it), e.g. www-data; its members are also allowed to connect.
+    #[arg(long)]
+    ipc_group: Option<String>,
+    /// Users (names or uids, comma-separated, repeatable) whose processes
+    /// may use the IPC socket, besides ccappd's own user and root; checked
+    /// by SO_PEERCRED on every connection.
+    #[arg(long, value_delimiter = ',')]
+    ipc_allow_user: Vec<String>,
+    /// Groups (names or gids) whose processes may use the IPC socket.
+    #[arg(long, value_delimiter = ',')]
+    ipc_allow_group: Vec<String>,
+    /// Most IPC connections served at once; one more is answered
+    /// ERROR(busy) and closed. Apache uses one per request in progress.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    ipc_max_conns: u64,
+    /// Replies queued for one IPC client before it is dropped for not
+    /// reading them.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    ipc_queue: u64,
+    /// Bound on writing one reply to an IPC client, milliseconds; a client
+    /// that does not take it in time is dropped.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    ipc_write_timeout_ms: u64,
+    /// Longest an IPC client may hold a read or an update, seconds; then it
+    /// is dropped (its read released, its update committed).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    ipc_hold_secs: u64,
+    /// Most version-thread connections (TCP, and iWARP sockets) served at
+    /// once.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    version_max_conns: u64,
     /// Close an IPC or version connection idle this many seconds (a reader
     /// that never sends READ_DONE is released then).
     #[arg(long, default_value_t = 60)]
@@ -202,22 +236,7 @@ fn run(a: Args) -> Result<(), String> {
             a.version_listen
         )
     })?;
-    if a.ipc.exists() {
-        // A socket file left by an earlier run; refuse anything else.
-        let meta = std::fs::symlink_metadata(&a.ipc).map_err(|e| e.to_string())?;
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            return Err(format!(
-                "--ipc {} exists and is not a socket: remove it or pick another path",
-                a.ipc.display()
-            ));
-        }
-        std::fs::remove_file(&a.ipc)
-            .map_err(|e| format!("removing stale {}: {e}", a.ipc.display()))?;
-    }
-    let il = UnixListener::bind(&a.ipc).map_err(|e| format!("--ipc {}: {e}", a.ipc.display()))?;
-    std::fs::set_permissions(&a.ipc, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| format!("chmod {:o} {}: {e}", mode, a.ipc.display()))?;
+    let il = bind_ipc(&a, mode)?;
     tracing::info!(
         docs = a.docs,
         rdma = %rl.local_addr(),
@@ -264,12 +283,28 @@ fn run(a: Args) -> Result<(), String> {
     }
     let state = Arc::new(state);
     let t2 = table.clone();
-    std::thread::spawn(move || appd::serve_versions(vl, t2, idle));
+    let vmax = a.version_max_conns as usize;
+    std::thread::spawn(move || appd::serve_versions_with(vl, t2, idle, vmax));
     if let Some(addr) = a.sockets_listen {
-        let at = ccache::sockets::spawn_listener(addr, table.clone(), idle)?;
+        let at = ccache::sockets::spawn_listener(addr, table.clone(), idle, vmax)?;
         tracing::info!(sockets = %at, "version thread listening on iWARP sockets");
     }
-    std::thread::spawn(move || appd::serve_ipc(il, state, idle));
+    let mut allow = Allow::owner();
+    allow.add_users(&a.ipc_allow_user)?;
+    allow.add_groups(&a.ipc_allow_group)?;
+    if let Some(g) = &a.ipc_group {
+        allow.add_groups(std::slice::from_ref(g))?;
+    }
+    let icfg = IpcCfg {
+        idle,
+        max_conns: a.ipc_max_conns as usize,
+        queue: a.ipc_queue as usize,
+        write_timeout: Duration::from_millis(a.ipc_write_timeout_ms),
+        hold: Duration::from_secs(a.ipc_hold_secs),
+        allow,
+    };
+    tracing::info!(uids = ?icfg.allow.uids, gids = ?icfg.allow.gids, "IPC allowed peers (SO_PEERCRED)");
+    std::thread::spawn(move || appd::serve_ipc_with(il, state, icfg));
     if a.update_rate > 0.0 {
         let cfg = UpdaterCfg {
             ipc: a.ipc.clone(),
@@ -293,4 +328,56 @@ fn run(a: Args) -> Result<(), String> {
         });
     }
     appd::serve_rdma(rl, pd, cq, table).map_err(|e| e.to_string())
+}
+
+/// Bind the IPC socket: its directory made if missing (0750, group
+/// --ipc-group), a socket left by an earlier run replaced (anything else
+/// there is refused), then mode --ipc-mode and group --ipc-group.
+fn bind_ipc(a: &Args, mode: u32) -> Result<UnixListener, String> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+    let gid = match &a.ipc_group {
+        Some(g) => Some(ccache::access::group_id(g).ok_or_else(|| {
+            format!("--ipc-group {g}: no such group in /etc/group (give a name or a gid)")
+        })?),
+        None => None,
+    };
+    if mode & 0o002 != 0 {
+        tracing::warn!(
+            mode = format_args!("{mode:o}"),
+            "--ipc-mode lets every local user connect to the IPC socket; only the SO_PEERCRED allow-list stands in their way (use --ipc-group and 660)"
+        );
+    }
+    if let Some(dir) = a.ipc.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(dir)
+                .map_err(|e| format!("--ipc {}: creating its directory: {e}", a.ipc.display()))?;
+            if gid.is_some() {
+                std::os::unix::fs::chown(dir, None, gid)
+                    .map_err(|e| format!("chgrp {} of {}: {e}", gid.unwrap_or(0), dir.display()))?;
+            }
+        }
+    }
+    if a.ipc.exists() {
+        // A socket file left by an earlier run; refuse anything else.
+        let meta = std::fs::symlink_metadata(&a.ipc).map_err(|e| e.to_string())?;
+        if !meta.file_type().is_socket() {
+            return Err(format!(
+                "--ipc {} exists and is not a socket: remove it or pick another path",
+                a.ipc.display()
+            ));
+        }
+        std::fs::remove_file(&a.ipc)
+            .map_err(|e| format!("removing stale {}: {e}", a.ipc.display()))?;
+    }
+    let il = UnixListener::bind(&a.ipc).map_err(|e| format!("--ipc {}: {e}", a.ipc.display()))?;
+    std::fs::set_permissions(&a.ipc, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| format!("chmod {:o} {}: {e}", mode, a.ipc.display()))?;
+    if gid.is_some() {
+        std::os::unix::fs::chown(&a.ipc, None, gid)
+            .map_err(|e| format!("chgrp {} {}: {e}", gid.unwrap_or(0), a.ipc.display()))?;
+    }
+    Ok(il)
 }

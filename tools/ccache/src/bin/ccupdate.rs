@@ -36,7 +36,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "uniform")]
     select: SelectArg,
     /// ccappd's IPC socket (its --ipc).
-    #[arg(long, default_value = "/tmp/ccappd.sock")]
+    #[arg(long, default_value = "/run/ccappd/ipc.sock")]
     ipc: PathBuf,
     /// Directory of the documents' files (ccappd's --docroot).
     #[arg(long)]
