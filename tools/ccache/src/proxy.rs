@@ -56,8 +56,8 @@ use crate::acheck::AsyncCheck;
 use crate::check::CheckError;
 use crate::state::CacheState;
 
-/// Largest document body the proxy fetches into its cache.
-pub const MAX_BODY: usize = 64 * 1024 * 1024;
+/// Default largest document body the proxy fetches (`--max-doc-bytes`).
+pub const MAX_BODY: usize = 8 * 1024 * 1024;
 
 /// How documents are validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +87,9 @@ pub struct ProxyCfg {
     /// A client connection idle this long is closed (no request head, or
     /// sent data not acknowledged).
     pub idle: Duration,
+    /// Largest document body fetched (`--max-doc-bytes`); a larger one is
+    /// a 502 naming this limit.
+    pub max_doc_bytes: usize,
 }
 
 /// The path at which the proxy answers its cache counters as JSON
@@ -195,8 +198,41 @@ pub struct Proxy {
     cfg: ProxyCfg,
     cache: Arc<CacheState>,
     checkers: CheckPool,
+    be: Arc<Backend>,
+}
+
+/// The application server as the fetches see it; shared with the fetch
+/// tasks (a fetch outlives the request that started it, see [`Flights`]).
+struct Backend {
+    cfg: ProxyCfg,
+    cache: Arc<CacheState>,
     client: Client<HttpConnector, Body>,
-    backend_authority: HeaderValue,
+    authority: HeaderValue,
+    flights: Mutex<Flights>,
+}
+
+/// What a fetch gives every request that waits for it: the version the
+/// body was read under, its content type and the body; or the error
+/// answer.
+type Fetch = Result<(u64, Option<String>, Arc<Vec<u8>>), Answer>;
+
+/// Fetches in flight, one per document at most (single flight): a miss
+/// joins the fetch in flight for its document if that fetch was started
+/// after a check that returned at least the miss's own version (so what it
+/// brings is at least as new as what the miss's check demands), and
+/// starts a new one otherwise. 256 concurrent misses on one document make
+/// one backend request.
+#[derive(Default)]
+struct Flights {
+    next: u64,
+    by_doc: std::collections::HashMap<u32, Flight>,
+}
+
+struct Flight {
+    id: u64,
+    /// The version the starter's check returned.
+    checked: u64,
+    done: tokio::sync::watch::Receiver<Option<Fetch>>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -209,7 +245,7 @@ impl std::fmt::Debug for Proxy {
 }
 
 /// A response built whole (documents, errors, the counters).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Answer {
     status: u16,
     headers: Vec<(&'static str, String)>,
@@ -367,14 +403,19 @@ impl Proxy {
             // drops a connection before the server does.
             .pool_idle_timeout(Duration::from_secs(4))
             .build(conn);
-        let backend_authority = HeaderValue::from_str(&cfg.backend.to_string())
+        let authority = HeaderValue::from_str(&cfg.backend.to_string())
             .expect("a socket address is a valid header value");
         Proxy {
+            be: Arc::new(Backend {
+                cfg: cfg.clone(),
+                cache: cache.clone(),
+                client,
+                authority,
+                flights: Mutex::new(Flights::default()),
+            }),
             cfg,
             cache,
             checkers: CheckPool::new(checkers),
-            client,
-            backend_authority,
         }
     }
 
@@ -382,6 +423,76 @@ impl Proxy {
         doc_number(target, &self.cfg.prefix)
     }
 
+    fn backend_uri(&self, target: &str) -> Result<Uri, Answer> {
+        self.be.backend_uri(target)
+    }
+
+    fn backend_failed(&self, e: impl std::fmt::Display) -> Answer {
+        self.be.backend_failed(e)
+    }
+
+    async fn fetch(&self, target: &str) -> Result<Fetched, Answer> {
+        self.be.fetch(target).await
+    }
+
+    /// The document at a version of at least `v`: joins the fetch in
+    /// flight for `doc` if it can serve this request, else starts one
+    /// (run as a task of its own, so that it completes, and serves the
+    /// requests that joined it, even if its starter's client goes away).
+    async fn fetch_shared(&self, doc: u32, target: &str, v: u64) -> Fetch {
+        let mut rx = {
+            let mut f = self.be.flights.lock().unwrap_or_else(|p| p.into_inner());
+            match f.by_doc.get(&doc) {
+                Some(fl) if fl.checked >= v => {
+                    self.cache
+                        .stats
+                        .fetches_joined
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    fl.done.clone()
+                }
+                _ => {
+                    f.next += 1;
+                    let id = f.next;
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    f.by_doc.insert(
+                        doc,
+                        Flight {
+                            id,
+                            checked: v,
+                            done: rx.clone(),
+                        },
+                    );
+                    self.cache
+                        .stats
+                        .fetches
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let be = self.be.clone();
+                    let target = target.to_string();
+                    tokio::spawn(async move {
+                        let r = be.fetch_and_store(doc, &target, v).await;
+                        let mut f = be.flights.lock().unwrap_or_else(|p| p.into_inner());
+                        if f.by_doc.get(&doc).is_some_and(|fl| fl.id == id) {
+                            f.by_doc.remove(&doc);
+                        }
+                        drop(f);
+                        let _ = tx.send(Some(r));
+                    });
+                    rx
+                }
+            }
+        };
+        let r = match rx.wait_for(Option::is_some).await {
+            Ok(r) => r.clone().expect("waited for Some"),
+            Err(_) => Err(error_answer(
+                502,
+                format!("the fetch of document {doc} ended without an answer"),
+            )),
+        };
+        r
+    }
+}
+
+impl Backend {
     fn backend_uri(&self, target: &str) -> Result<Uri, Answer> {
         format!("http://{}{target}", self.cfg.backend)
             .parse()
@@ -402,7 +513,7 @@ impl Proxy {
         let mut req = Request::new(empty());
         *req.uri_mut() = self.backend_uri(target)?;
         let h = req.headers_mut();
-        h.insert(header::HOST, self.backend_authority.clone());
+        h.insert(header::HOST, self.authority.clone());
         h.insert(header::USER_AGENT, HeaderValue::from_static("ccproxy"));
         let resp = match tokio::time::timeout(t, self.client.request(req)).await {
             Ok(Ok(r)) => r,
@@ -410,11 +521,21 @@ impl Proxy {
             Err(_) => return Err(self.backend_failed(format!("no response within {t:?}"))),
         };
         let (parts, body) = resp.into_parts();
-        let body = match tokio::time::timeout(t, Limited::new(body, MAX_BODY).collect()).await {
-            Ok(Ok(b)) => b.to_bytes(),
-            Ok(Err(e)) => return Err(self.backend_failed(format!("reading the body: {e}"))),
-            Err(_) => return Err(self.backend_failed(format!("body not complete within {t:?}"))),
-        };
+        let body =
+            match tokio::time::timeout(t, Limited::new(body, self.cfg.max_doc_bytes).collect())
+                .await
+            {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(e)) => {
+                    return Err(self.backend_failed(format!(
+                    "reading the body: {e} (a document may be at most --max-doc-bytes {} bytes)",
+                    self.cfg.max_doc_bytes
+                )))
+                }
+                Err(_) => {
+                    return Err(self.backend_failed(format!("body not complete within {t:?}")))
+                }
+            };
         let text = |n: &str| {
             parts
                 .headers
@@ -430,6 +551,49 @@ impl Proxy {
         })
     }
 
+    /// Fetch `doc` (whose check returned `v`), validate the answer, keep it
+    /// in the cache.
+    async fn fetch_and_store(&self, doc: u32, target: &str, v: u64) -> Fetch {
+        let r = self.fetch(target).await?;
+        if r.status != 200 {
+            return Err(error_answer(
+                502,
+                format!(
+                    "application server answered {} for document {doc}",
+                    r.status
+                ),
+            ));
+        }
+        let Some(w) = r.version.as_deref().and_then(|s| s.parse::<u64>().ok()) else {
+            return Err(error_answer(502, format!(
+                "application server sent document {doc} without X-CC-Doc-Version (is the IPC hook in front of it?)"
+            )));
+        };
+        if w < v {
+            // The server read it under an older version than the one
+            // current before the fetch: it is not behind the module's
+            // read/update protocol. Never serve that.
+            tracing::error!(
+                doc,
+                read_under = w,
+                current = v,
+                "application server is not coherent"
+            );
+            return Err(error_answer(
+                502,
+                format!("application server read document {doc} at version {w}, older than {v}"),
+            ));
+        }
+        // The cache keeps its own `Arc<Vec<u8>>` (shared with pushes); the
+        // answers share the same allocation.
+        let body = Arc::new(Vec::from(r.body));
+        self.cache
+            .store_fetched(doc, w, r.content_type.clone(), body.clone());
+        Ok((w, r.content_type, body))
+    }
+}
+
+impl Proxy {
     /// Mode `none`: the application server's answer, passed through.
     async fn forward_doc(&self, target: &str) -> Answer {
         match self.fetch(target).await {
@@ -486,51 +650,17 @@ impl Proxy {
             };
         }
         let t = Instant::now();
-        let fetched = self.fetch(target).await;
+        let fetched = self.fetch_shared(doc, target, v).await;
         st.fetch = t.elapsed();
-        let r = match fetched {
-            Ok(r) => r,
+        let (w, content_type, body) = match fetched {
+            Ok(x) => x,
             Err(a) => return a,
         };
-        if r.status != 200 {
-            return error_answer(
-                502,
-                format!(
-                    "application server answered {} for document {doc}",
-                    r.status
-                ),
-            );
-        }
-        let Some(w) = r.version.as_deref().and_then(|s| s.parse::<u64>().ok()) else {
-            return error_answer(502, format!(
-                "application server sent document {doc} without X-CC-Doc-Version (is the IPC hook in front of it?)"
-            ));
-        };
-        if w < v {
-            // The server read it under an older version than the one
-            // current before the fetch: it is not behind the module's
-            // read/update protocol. Never serve that.
-            tracing::error!(
-                doc,
-                read_under = w,
-                current = v,
-                "application server is not coherent"
-            );
-            return error_answer(
-                502,
-                format!("application server read document {doc} at version {w}, older than {v}"),
-            );
-        }
-        // The cache keeps its own `Arc<Vec<u8>>` (shared with pushes); the
-        // answer shares the same allocation.
-        let body = Arc::new(Vec::from(r.body));
-        self.cache
-            .store_fetched(doc, w, r.content_type.clone(), body.clone());
         let mut headers = vec![
             ("x-cc-version", w.to_string()),
             ("x-cc-cache", "miss".into()),
         ];
-        if let Some(ct) = r.content_type {
+        if let Some(ct) = content_type {
             headers.push(("content-type", ct));
         }
         Answer {
@@ -578,12 +708,12 @@ impl Proxy {
         strip_hop_by_hop(&mut parts.headers);
         parts
             .headers
-            .insert(header::HOST, self.backend_authority.clone());
+            .insert(header::HOST, self.be.authority.clone());
         parts
             .headers
             .append(header::VIA, HeaderValue::from_static("1.1 ccproxy"));
         let req = Request::from_parts(parts, StallLimit::new(body, t).boxed());
-        let resp = match tokio::time::timeout(t, self.client.request(req)).await {
+        let resp = match tokio::time::timeout(t, self.be.client.request(req)).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => return self.backend_failed(e).into_response(),
             Err(_) => {

@@ -56,6 +56,8 @@ struct Doc {
 #[derive(Debug, Default)]
 struct Inner {
     docs: HashMap<u32, Doc>,
+    /// Sum of the cached bodies' lengths.
+    bytes: usize,
     generation: u64,
     dirty: bool,
     /// The last published region (what `STATE_REQUEST` is answered with).
@@ -89,6 +91,11 @@ pub struct Stats {
     pub evictions: AtomicU64,
     /// Snapshots published.
     pub publishes: AtomicU64,
+    /// Backend fetches of documents started (one per single flight).
+    pub fetches: AtomicU64,
+    /// Misses that joined a fetch already in flight instead of starting
+    /// their own.
+    pub fetches_joined: AtomicU64,
 }
 
 /// The cache, its state region and its counters.
@@ -97,6 +104,8 @@ pub struct CacheState {
     inner: Mutex<Inner>,
     /// Most documents cached (0: no limit).
     max_docs: usize,
+    /// Most body bytes cached (0: no limit).
+    max_bytes: usize,
     /// Entries in the state region.
     list_len: u32,
     region: Mutex<Option<MemoryRegion>>,
@@ -111,10 +120,18 @@ impl CacheState {
     /// A cache of at most `max_docs` documents (0: no limit) whose state
     /// region lists up to `list_len` documents.
     pub fn new(max_docs: usize, list_len: u32) -> CacheState {
+        CacheState::with_limits(max_docs, 0, list_len)
+    }
+
+    /// A cache of at most `max_docs` documents and `max_bytes` bytes of
+    /// bodies (0: no limit), least recently accessed evicted first; a body
+    /// larger than `max_bytes` is never stored.
+    pub fn with_limits(max_docs: usize, max_bytes: usize, list_len: u32) -> CacheState {
         let list_len = list_len.clamp(1, state::MAX_CAPACITY);
         let s = CacheState {
             inner: Mutex::new(Inner::default()),
             max_docs,
+            max_bytes,
             list_len,
             region: Mutex::new(None),
             stats: Stats::default(),
@@ -166,21 +183,41 @@ impl CacheState {
         Some((d.body.clone(), d.content_type.clone()))
     }
 
-    fn evict_for_one(&self, g: &mut Inner) {
-        if self.max_docs == 0 || g.docs.len() < self.max_docs {
-            return;
-        }
-        let lru = g
-            .docs
-            .iter()
-            .min_by_key(|(_, d)| d.last_access_us)
-            .map(|(&n, _)| n);
-        if let Some(d) = lru.and_then(|n| g.docs.remove(&n)) {
+    /// Whether a body of `len` bytes may be cached at all.
+    fn fits(&self, len: usize) -> bool {
+        self.max_bytes == 0 || len <= self.max_bytes
+    }
+
+    /// Evict least recently accessed documents (never `keep`) until one
+    /// more document of `incoming` bytes fits both bounds.
+    fn evict_for(&self, g: &mut Inner, incoming: usize, keep: Option<u32>) {
+        loop {
+            let count = g.docs.len() - usize::from(keep.is_some_and(|k| g.docs.contains_key(&k)));
+            let over_docs = self.max_docs != 0 && count >= self.max_docs;
+            let over_bytes = self.max_bytes != 0 && g.bytes + incoming > self.max_bytes;
+            if !over_docs && !over_bytes {
+                return;
+            }
+            let lru = g
+                .docs
+                .iter()
+                .filter(|(&n, _)| Some(n) != keep)
+                .min_by_key(|(_, d)| d.last_access_us)
+                .map(|(&n, _)| n);
+            let Some(d) = lru.and_then(|n| g.docs.remove(&n)) else {
+                return;
+            };
+            g.bytes -= d.body.len();
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             if d.pushed_unread {
                 self.stats.wasted.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Bytes of bodies cached now.
+    pub fn cached_bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Keep a fetched copy read under `version`, unless this version or a
@@ -194,10 +231,18 @@ impl CacheState {
     ) -> bool {
         let mut g = self.lock();
         g.dirty = true;
-        if let Some(d) = g.docs.get_mut(&doc) {
+        if !self.fits(body.len()) {
+            return false;
+        }
+        if let Some(d) = g.docs.get(&doc) {
             if d.version >= version {
                 return false;
             }
+            let old = d.body.len();
+            g.bytes -= old;
+            self.evict_for(&mut g, body.len(), Some(doc));
+            g.bytes += body.len();
+            let d = g.docs.get_mut(&doc).expect("kept by evict_for");
             if d.pushed_unread {
                 self.stats.wasted.fetch_add(1, Ordering::Relaxed);
             }
@@ -207,7 +252,8 @@ impl CacheState {
             d.pushed_unread = false;
             return true;
         }
-        self.evict_for_one(&mut g);
+        self.evict_for(&mut g, body.len(), None);
+        g.bytes += body.len();
         g.docs.insert(
             doc,
             Doc {
@@ -228,7 +274,7 @@ impl CacheState {
         let st = &self.stats;
         st.pushes.fetch_add(1, Ordering::Relaxed);
         let mut g = self.lock();
-        let Some(d) = g.docs.get_mut(&doc) else {
+        let Some(d) = g.docs.get(&doc) else {
             st.pushes_not_cached.fetch_add(1, Ordering::Relaxed);
             return PushStatus::NotCached;
         };
@@ -236,6 +282,17 @@ impl CacheState {
             st.pushes_not_newer.fetch_add(1, Ordering::Relaxed);
             return PushStatus::NotNewer;
         }
+        if !self.fits(body.len()) {
+            // Larger than the whole cache may be: not kept (the next
+            // request fetches it, and does not keep it either).
+            st.pushes_not_cached.fetch_add(1, Ordering::Relaxed);
+            return PushStatus::NotCached;
+        }
+        let old = d.body.len();
+        g.bytes -= old;
+        self.evict_for(&mut g, body.len(), Some(doc));
+        g.bytes += body.len();
+        let d = g.docs.get_mut(&doc).expect("kept by evict_for");
         if d.pushed_unread {
             st.wasted.fetch_add(1, Ordering::Relaxed);
         }
@@ -323,11 +380,12 @@ impl CacheState {
     pub fn stats_json(&self) -> String {
         let s = &self.stats;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (cached, pushed_pending) = {
+        let (cached, pushed_pending, bytes) = {
             let g = self.lock();
             (
                 g.docs.len(),
                 g.docs.values().filter(|d| d.pushed_unread).count(),
+                g.bytes,
             )
         };
         format!(
@@ -335,7 +393,8 @@ impl CacheState {
                 "{{\"requests\":{},\"hits\":{},\"pushed_hits\":{},\"misses\":{},",
                 "\"misses_absent\":{},\"misses_stale\":{},\"pushes\":{},\"pushes_stored\":{},",
                 "\"pushes_not_newer\":{},\"pushes_not_cached\":{},\"wasted_updates\":{},",
-                "\"pushed_pending\":{},\"evictions\":{},\"cached_docs\":{},\"publishes\":{}}}"
+                "\"pushed_pending\":{},\"evictions\":{},\"cached_docs\":{},\"cached_bytes\":{},",
+                "\"fetches\":{},\"fetches_joined\":{},\"publishes\":{}}}"
             ),
             l(&s.requests),
             l(&s.hits),
@@ -351,6 +410,9 @@ impl CacheState {
             pushed_pending,
             l(&s.evictions),
             cached,
+            bytes,
+            l(&s.fetches),
+            l(&s.fetches_joined),
             l(&s.publishes),
         )
     }

@@ -95,7 +95,8 @@ fn start(tag: &str) -> World {
     let t = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t, T));
     let sockets =
-        ccache::sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T).unwrap();
+        ccache::sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T, 64)
+            .unwrap();
     let ipc = dir.join("ipc.sock");
     let il = UnixListener::bind(&ipc).unwrap();
     let st = Arc::new(IpcState::new(table.clone(), 1));
@@ -163,6 +164,7 @@ fn proxy_at(backend: SocketAddr, w: &World, check: Check, idle: Duration) -> Soc
         mode,
         backend_timeout: Duration::from_secs(2),
         idle,
+        max_doc_bytes: proxy::MAX_BODY,
     };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

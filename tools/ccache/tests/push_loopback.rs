@@ -186,6 +186,7 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
         mode: Mode::Tcp,
         backend_timeout: T,
         idle: T,
+        max_doc_bytes: proxy::MAX_BODY,
     };
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();

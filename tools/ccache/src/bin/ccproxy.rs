@@ -96,9 +96,19 @@ struct Args {
     #[arg(long, default_value_t = 256)]
     max_conns: usize,
     /// Most documents cached; the least recently accessed is evicted
-    /// (0: no limit).
+    /// (0: no limit; --cache-bytes bounds the memory anyway).
     #[arg(long, default_value_t = 0)]
     cache_docs: usize,
+    /// Most bytes of document bodies cached; the least recently accessed
+    /// are evicted to make room (0: no limit, not recommended).
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    cache_bytes: usize,
+    /// Largest document fetched from the application server, bytes; a
+    /// larger one is answered 502 naming this flag. Concurrent misses on
+    /// one document share one fetch, so fetch buffers take at most
+    /// --max-conns times this.
+    #[arg(long, default_value_t = proxy::MAX_BODY as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    max_doc_bytes: u64,
     /// Register for pushes with ccappd's --push-listen at this address
     /// (adaptive push-pull; see docs/CACHE.md).
     #[arg(long)]
@@ -186,11 +196,16 @@ fn run(a: Args) -> Result<(), String> {
         mode,
         backend_timeout: Duration::from_millis(a.backend_timeout_ms.max(1)),
         idle: Duration::from_secs(a.idle_secs.max(1)),
+        max_doc_bytes: usize::try_from(a.max_doc_bytes).unwrap_or(usize::MAX),
     };
     let listener = TcpListener::bind(a.listen)
         .map_err(|e| format!("--listen {}: {e} (port in use? pick another)", a.listen))?;
     // One cache (and one cache state region) for every shard.
-    let cache = Arc::new(CacheState::new(a.cache_docs, a.state_entries));
+    let cache = Arc::new(CacheState::with_limits(
+        a.cache_docs,
+        a.cache_bytes,
+        a.state_entries,
+    ));
     cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
     if let Some(appd) = a.push_appd {
         let reg = push_setup(&cache, a.state_rdma_listen)?;
