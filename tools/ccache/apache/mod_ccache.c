@@ -63,6 +63,8 @@ enum {
     KIND_READ_DONE = 3,
     KIND_ERROR = 15,
     ERR_NO_SUCH_DOCUMENT = 1,
+    ERR_BUSY = 5,
+    ERR_NOT_PERMITTED = 6,
 };
 
 typedef struct {
@@ -298,6 +300,18 @@ static int ccache_fixups(request_rec *r)
         close(fd);
         if (value == ERR_NO_SUCH_DOCUMENT)
             return HTTP_NOT_FOUND;
+        if (value == ERR_NOT_PERMITTED) {
+            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                          "mod_ccache: ccappd at %s refused this server's user (SO_PEERCRED); run ccappd with --ipc-group or --ipc-allow-user for it",
+                          s->ipc);
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
+        if (value == ERR_BUSY) {
+            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r,
+                          "mod_ccache: ccappd at %s is busy (--ipc-max-conns reached, or a version slot kept changing); document %u not served",
+                          s->ipc, (unsigned)doc);
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
                       "mod_ccache: ccappd refused document %u (error code %" APR_UINT64_T_FMT ")",
                       (unsigned)doc, (apr_uint64_t)value);
