@@ -4,8 +4,12 @@
 # curl, lftp and Python ftplib against rftpd, the fault cases (client or
 # server killed mid-transfer, disk full, traversal, bad logins, ...), the
 # interactive mode through stdin, the rftp-demo main job, delay-bridge and
-# transfers through its fault relay, and one 1 GiB RDMA transfer verified
-# by SHA-256.
+# transfers through its fault relay, hostile peers (a client dribbling or
+# flooding before login, one login after the whole session memory budget,
+# IPv4-mapped and IPv6 addresses, fake servers with an endless or dribbled
+# reply or a PASV/RADR naming another host: tools/rftp/tests/hostile.rs),
+# the documented config defaults, and one 1 GiB RDMA transfer verified by
+# SHA-256.
 #
 #   scripts/test-rftp.sh             the default run (about 110 s + build)
 #   RFTP_BIG=1 scripts/test-rftp.sh  also 1 GiB in every transfer case

@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 use crate::checksum::{self, Algo, HashRead, HashSink, HashSource, HashWrite, Running};
 use crate::cmdline::{self, MAX_LINE};
 use crate::confine::{self, Entry, Found};
+use crate::reply::same_host;
 use crate::util::{self, hex, resolve};
 use std::os::fd::AsRawFd;
 
@@ -55,6 +56,23 @@ pub struct User {
 fn yes() -> bool {
     true
 }
+
+/// Default `session_mem_budget_bytes`: 1 GiB (documented in docs/RFTP.md).
+pub const DEFAULT_SESSION_MEM_BUDGET: u64 = 1 << 30;
+
+/// Default `session_mem_per_user_bytes`: 256 MiB, a quarter of the default
+/// budget and two sessions of the default largest size (2 x 16 streams x
+/// depth 4 x 1 MiB = 128 MiB).
+pub const DEFAULT_SESSION_MEM_PER_USER: u64 = 256 << 20;
+
+/// Default `login_timeout_secs`.
+pub const DEFAULT_LOGIN_TIMEOUT_SECS: u64 = 30;
+
+/// Bytes a connection may send before it has logged in (all lines
+/// together, NOOPs included). A login (USER, PASS, and what clients send
+/// around them: FEAT, OPTS UTF8, SYST) is well under 1 KiB; past this the
+/// connection gets 421 and is closed, as at the login deadline.
+pub const PRE_LOGIN_MAX_BYTES: usize = 16 << 10;
 
 /// The server's configuration (TOML; every field has a default but
 /// `root`).
@@ -98,6 +116,11 @@ pub struct ServerConfig {
     /// depth x block size, when it is set up, and gives it back when it
     /// ends. A RADR that does not fit gets 452.
     pub session_mem_budget_bytes: u64,
+    /// The share of `session_mem_budget_bytes` the sessions of one login
+    /// (user name; all anonymous logins count as one) may hold together, so
+    /// that one account with many control connections cannot take the
+    /// whole budget. A RADR over it gets 452.
+    pub session_mem_per_user_bytes: u64,
     /// Accept a RADR session's connections only from the control
     /// connection's IP address (turn off only behind a NAT that maps the
     /// data connections to another address).
@@ -122,7 +145,7 @@ impl Default for ServerConfig {
             max_connections: 64,
             max_per_ip: 16,
             idle_timeout_secs: 300,
-            login_timeout_secs: 30,
+            login_timeout_secs: DEFAULT_LOGIN_TIMEOUT_SECS,
             data_timeout_secs: 30,
             login_fail_limit: 5,
             login_fail_window_secs: 60,
@@ -134,7 +157,8 @@ impl Default for ServerConfig {
             crc: false,
             device: None,
             max_mem_bytes: 64 << 30,
-            session_mem_budget_bytes: 1 << 30,
+            session_mem_budget_bytes: DEFAULT_SESSION_MEM_BUDGET,
+            session_mem_per_user_bytes: DEFAULT_SESSION_MEM_PER_USER,
             rdma_bind_peer: true,
             rdma_port: 0,
             rdma_advertise: None,
@@ -173,30 +197,70 @@ struct Server {
     conns: AtomicUsize,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
     fails: Mutex<Failures>,
-    /// Bytes reserved by live transfer sessions (`session_mem_budget_bytes`).
-    session_mem: Mutex<u64>,
+    /// Bytes reserved by live transfer sessions, in all
+    /// (`session_mem_budget_bytes`) and per login
+    /// (`session_mem_per_user_bytes`).
+    session_mem: Mutex<MemUse>,
     /// The root held open: every file operation resolves beneath it.
     confined: confine::Root,
 }
 
-/// Buffer memory reserved for one transfer session; given back on drop,
-/// however the session ends.
+/// Session buffer memory in use.
+#[derive(Debug, Default)]
+struct MemUse {
+    total: u64,
+    by_user: HashMap<String, u64>,
+}
+
+impl MemUse {
+    fn give_back(&mut self, user: &str, bytes: u64) {
+        self.total = self.total.saturating_sub(bytes);
+        if let Some(u) = self.by_user.get_mut(user) {
+            *u = u.saturating_sub(bytes);
+            if *u == 0 {
+                self.by_user.remove(user);
+            }
+        }
+    }
+}
+
+/// Why a session's memory could not be reserved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemRefusal {
+    /// The server-wide budget has only this much free.
+    Server { free: u64 },
+    /// The login already holds `held` of its share `share`.
+    User { held: u64, share: u64 },
+}
+
+/// Buffer memory reserved for one transfer session of `user`; given back
+/// on drop, however the session ends.
 struct MemReservation {
     srv: Arc<Server>,
+    user: String,
     bytes: u64,
 }
 
 impl MemReservation {
-    /// Reserve `bytes`, or say how much is free.
-    fn take(srv: &Arc<Server>, bytes: u64) -> Result<MemReservation, u64> {
+    /// Reserve `bytes` for `user`, or say which limit is in the way.
+    fn take(srv: &Arc<Server>, user: &str, bytes: u64) -> Result<MemReservation, MemRefusal> {
         let mut used = lock(&srv.session_mem);
-        let free = srv.cfg.session_mem_budget_bytes.saturating_sub(*used);
+        // The server-wide budget first: when it is what is short, that is
+        // the limit to name.
+        let free = srv.cfg.session_mem_budget_bytes.saturating_sub(used.total);
         if bytes > free {
-            return Err(free);
+            return Err(MemRefusal::Server { free });
         }
-        *used += bytes;
+        let share = srv.cfg.session_mem_per_user_bytes;
+        let held = used.by_user.get(user).copied().unwrap_or(0);
+        if bytes > share.saturating_sub(held) {
+            return Err(MemRefusal::User { held, share });
+        }
+        used.total += bytes;
+        *used.by_user.entry(user.to_string()).or_insert(0) += bytes;
         Ok(MemReservation {
             srv: srv.clone(),
+            user: user.to_string(),
             bytes,
         })
     }
@@ -204,7 +268,7 @@ impl MemReservation {
     /// Keep only `bytes` (the negotiated session may be smaller).
     fn shrink(&mut self, bytes: u64) {
         if bytes < self.bytes {
-            *lock(&self.srv.session_mem) -= self.bytes - bytes;
+            lock(&self.srv.session_mem).give_back(&self.user, self.bytes - bytes);
             self.bytes = bytes;
         }
     }
@@ -212,8 +276,7 @@ impl MemReservation {
 
 impl Drop for MemReservation {
     fn drop(&mut self) {
-        let mut used = lock(&self.srv.session_mem);
-        *used = used.saturating_sub(self.bytes);
+        lock(&self.srv.session_mem).give_back(&self.user, self.bytes);
     }
 }
 
@@ -242,7 +305,7 @@ pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
         conns: AtomicUsize::new(0),
         per_ip: Mutex::new(HashMap::new()),
         fails: Mutex::new(Failures::default()),
-        session_mem: Mutex::new(0),
+        session_mem: Mutex::new(MemUse::default()),
         confined,
     });
     tracing::info!(addr = %listener.local_addr()?, root = %srv.root.display(), "rftpd listening");
@@ -273,7 +336,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Server {
     fn admit(self: &Arc<Self>, mut stream: TcpStream) {
         let Ok(peer) = stream.peer_addr() else { return };
-        let ip = peer.ip();
+        // A dual-stack listener shows IPv4 clients as ::ffff:a.b.c.d: count
+        // them by their IPv4 address.
+        let ip = peer.ip().to_canonical();
         let total = self.conns.fetch_add(1, Ordering::AcqRel) + 1;
         let mine = {
             let mut m = lock(&self.per_ip);
@@ -286,6 +351,7 @@ impl Server {
             let _ = stream.write_all(b"421 Too many connections; try again later.\r\n");
         } else {
             tracing::info!(%peer, "session start");
+            let peer = SocketAddr::new(ip, peer.port());
             match Session::new(self.clone(), stream, peer) {
                 Ok(mut s) => {
                     if let Err(e) = s.run() {
@@ -343,6 +409,18 @@ impl Server {
     }
 }
 
+/// What the control connection brought.
+enum Input {
+    /// A command line, or the reply for a line that cannot be one.
+    Line(Result<String, Reply>),
+    /// End of stream.
+    Eof,
+    /// The login deadline passed before a line was complete.
+    LoginDeadline,
+    /// More than [`PRE_LOGIN_MAX_BYTES`] before login.
+    LoginBytes,
+}
+
 enum DataMode {
     None,
     Passive(TcpListener),
@@ -353,8 +431,13 @@ struct Session {
     srv: Arc<Server>,
     ctrl: BufReader<TcpStream>,
     out: TcpStream,
+    /// The client's address (IPv4-mapped addresses as IPv4).
     peer: SocketAddr,
     local: SocketAddr,
+    /// The login deadline (`login_timeout_secs` after connect).
+    login_by: Instant,
+    /// Bytes received before login ([`PRE_LOGIN_MAX_BYTES`]).
+    pre_login_bytes: usize,
     user: Option<String>,
     pending_user: Option<String>,
     writable: bool,
@@ -437,12 +520,15 @@ impl Session {
         stream.set_write_timeout(Some(Duration::from_secs(30)))?;
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr()?;
+        let login_by = Instant::now() + Duration::from_secs(srv.cfg.login_timeout_secs.max(1));
         Ok(Session {
             srv,
             out: stream.try_clone()?,
             ctrl: BufReader::new(stream),
             peer,
             local,
+            login_by,
+            pre_login_bytes: 0,
             user: None,
             pending_user: None,
             writable: false,
@@ -460,45 +546,72 @@ impl Session {
     }
 
     fn reply(&mut self, (code, text): &Reply) -> io::Result<()> {
-        let mut lines: Vec<&str> = text.split('\n').map(|l| l.trim_end_matches('\r')).collect();
-        if lines.is_empty() {
-            lines.push("");
-        }
-        let mut s = String::new();
-        let last = lines.len() - 1;
-        for (i, l) in lines.iter().enumerate() {
-            if i == last {
-                s.push_str(&format!("{code} {l}\r\n"));
-            } else if i == 0 {
-                s.push_str(&format!("{code}-{l}\r\n"));
-            } else {
-                s.push_str(&format!(" {l}\r\n"));
-            }
-        }
+        let s = crate::reply::emit_reply(*code, text);
         tracing::debug!(peer = %self.peer, reply = %s.trim_end(), "reply");
         self.out.write_all(s.as_bytes())
     }
 
-    /// One command line, or `None` at EOF. Over-long or non-UTF-8 lines
-    /// become `Err(reply)`.
-    fn read_command(&mut self) -> io::Result<Option<Result<String, Reply>>> {
+    /// One command line. Over-long or non-UTF-8 lines become
+    /// `Input::Line(Err(reply))`. Before login, the login deadline and
+    /// [`PRE_LOGIN_MAX_BYTES`] hold for the whole line, not per read: a
+    /// client that sends a byte now and then without ending its line is
+    /// cut off at the deadline all the same (every read waits at most until
+    /// it).
+    fn read_command(&mut self) -> io::Result<Input> {
+        let idle = Duration::from_secs(self.srv.cfg.idle_timeout_secs.max(1));
         let mut buf = Vec::new();
-        let n = (&mut self.ctrl)
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut buf)?;
-        if n == 0 {
-            return Ok(None);
-        }
-        if buf.last() != Some(&b'\n') {
-            if buf.len() > MAX_LINE {
-                // Skip the rest of the line.
-                let mut skip = Vec::new();
-                let _ = (&mut self.ctrl).take(1 << 20).read_until(b'\n', &mut skip);
-                return Ok(Some(Err(r(500, "Command line too long."))));
+        // Bytes of an over-long line dropped (up to its end, at most 1 MiB).
+        let mut dropped = 0usize;
+        loop {
+            let before_login = self.user.is_none();
+            if before_login {
+                let left = self.login_by.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Ok(Input::LoginDeadline);
+                }
+                self.ctrl.get_ref().set_read_timeout(Some(left.min(idle)))?;
             }
-            return Ok(None);
+            let avail = match self.ctrl.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if before_login
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        )
+                        && Instant::now() >= self.login_by =>
+                {
+                    return Ok(Input::LoginDeadline)
+                }
+                Err(e) => return Err(e),
+            };
+            if avail.is_empty() {
+                return Ok(Input::Eof);
+            }
+            let nl = avail.iter().position(|&b| b == b'\n');
+            let take = nl.map_or(avail.len(), |i| i + 1);
+            let keep = take.min((MAX_LINE + 1).saturating_sub(buf.len()));
+            buf.extend_from_slice(&avail[..keep]);
+            dropped += take - keep;
+            self.ctrl.consume(take);
+            if before_login {
+                self.pre_login_bytes += take;
+                if self.pre_login_bytes > PRE_LOGIN_MAX_BYTES {
+                    return Ok(Input::LoginBytes);
+                }
+            }
+            if nl.is_some() {
+                if dropped > 0 {
+                    return Ok(Input::Line(Err(r(500, "Command line too long."))));
+                }
+                return Ok(Input::Line(cmdline::decode_line(buf)));
+            }
+            if dropped > 1 << 20 {
+                // A megabyte without a line end: not an FTP client.
+                return Ok(Input::Eof);
+            }
         }
-        Ok(Some(cmdline::decode_line(buf)))
     }
 
     fn run(&mut self) -> io::Result<()> {
@@ -510,42 +623,33 @@ impl Session {
         self.reply(&r(220, format!("rftpd ready{rdma}")))?;
         let idle = Duration::from_secs(self.srv.cfg.idle_timeout_secs.max(1));
         let login_limit = Duration::from_secs(self.srv.cfg.login_timeout_secs.max(1));
-        let login_by = Instant::now() + login_limit;
+        let write_limit = Duration::from_secs(30);
         let mut logged_in = false;
         loop {
-            // Before login every read is bounded by the login deadline, so
-            // a connection that never logs in (or sends NOOP forever) does
-            // not hold a connection slot for the idle timeout.
+            // Before login every read and write is bounded by the login
+            // deadline (read_command checks it before each read), so a
+            // connection that never logs in, sends NOOP forever or dribbles
+            // a line does not hold a connection slot for the idle timeout.
             if self.user.is_none() {
-                let left = login_by.saturating_duration_since(Instant::now());
+                let left = self.login_by.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return self.login_timed_out(login_limit);
                 }
-                self.ctrl.get_ref().set_read_timeout(Some(left.min(idle)))?;
+                self.out.set_write_timeout(Some(left.min(write_limit)))?;
             } else if !logged_in {
                 logged_in = true;
                 self.ctrl.get_ref().set_read_timeout(Some(idle))?;
+                self.out.set_write_timeout(Some(write_limit))?;
             }
-            let line = match self.read_command() {
-                Err(e)
-                    if self.user.is_none()
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        )
-                        && Instant::now() >= login_by =>
-                {
-                    return self.login_timed_out(login_limit);
-                }
-                r => r?,
-            };
-            let line = match line {
-                None => return Ok(()),
-                Some(Err(reply)) => {
+            let line = match self.read_command()? {
+                Input::Eof => return Ok(()),
+                Input::LoginDeadline => return self.login_timed_out(login_limit),
+                Input::LoginBytes => return self.login_too_long(),
+                Input::Line(Err(reply)) => {
                     self.reply(&reply)?;
                     continue;
                 }
-                Some(Ok(l)) => l,
+                Input::Line(Ok(l)) => l,
             };
             let (verb, arg) = cmdline::split_command(&line);
             if verb == "PASS" {
@@ -581,18 +685,67 @@ impl Session {
         }
     }
 
+    /// 421 and close: the connection sent too much without logging in.
+    fn login_too_long(&mut self) -> io::Result<()> {
+        tracing::info!(peer = %self.peer, bytes = self.pre_login_bytes, "too many bytes before login; closing");
+        self.close_with(&r(
+            421,
+            format!(
+                "Sent more than {PRE_LOGIN_MAX_BYTES} bytes without logging in; closing. \
+                 Reconnect and send USER and PASS."
+            ),
+        ));
+        Ok(())
+    }
+
     /// 421 and close: the connection did not log in in time.
     fn login_timed_out(&mut self, limit: Duration) -> io::Result<()> {
         tracing::info!(peer = %self.peer, secs = limit.as_secs(), "no login in time; closing");
-        let _ = self.reply(&r(
+        self.close_with(&r(
             421,
             format!(
                 "No login within {} s (login_timeout_secs); closing. Reconnect and send USER and PASS.",
                 limit.as_secs()
             ),
         ));
-        let _ = self.out.shutdown(Shutdown::Both);
         Ok(())
+    }
+
+    /// Send `reply` and close so that the client can read it: the write
+    /// side is shut (FIN after the reply), then what the client still sends
+    /// is read and dropped for a moment (at most 1 s and 64 KiB), since
+    /// closing with unread input would reset the connection and the reset
+    /// can discard the reply before the client reads it (RFC 1122
+    /// §4.2.2.13).
+    fn close_with(&mut self, reply: &Reply) {
+        let _ = self.out.set_write_timeout(Some(Duration::from_secs(1)));
+        let _ = self.reply(reply);
+        let _ = self.out.shutdown(Shutdown::Write);
+        let until = Instant::now() + Duration::from_secs(1);
+        let mut drained = 0usize;
+        let mut sink = [0u8; 8192];
+        while drained < 64 << 10 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.ctrl.get_ref().set_read_timeout(Some(left)).is_err() {
+                break;
+            }
+            match self.ctrl.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+        let _ = self.out.shutdown(Shutdown::Both);
+    }
+
+    /// The account whose share of the session memory budget this
+    /// connection's sessions count against: the user name, or one account
+    /// for all anonymous logins.
+    fn mem_account(&self) -> String {
+        match self.user.as_deref() {
+            Some("anonymous" | "ftp") if !self.writable => "anonymous".into(),
+            Some(u) => u.to_string(),
+            None => String::new(),
+        }
     }
 
     fn need_login(&self) -> Option<Reply> {
@@ -966,7 +1119,8 @@ impl Session {
         if extended {
             r(229, format!("Entering Extended Passive Mode (|||{port}|)"))
         } else {
-            match ip {
+            // An IPv4 client of a dual-stack listener: its IPv4 address.
+            match ip.to_canonical() {
                 IpAddr::V4(v4) => {
                     let o = v4.octets();
                     r(
@@ -997,8 +1151,10 @@ impl Session {
             Ok(a) => a,
             Err(e) => return e,
         };
-        // No FTP bounce (RFC 2577): data goes to the client only.
-        if addr.ip() != self.peer.ip() || addr.port() < 1024 {
+        // No FTP bounce (RFC 2577 §3): data goes to the client only,
+        // compared canonically (EPRT |1|a.b.c.d| from a client that a
+        // dual-stack listener sees as ::ffff:a.b.c.d is that client).
+        if !same_host(addr.ip(), self.peer.ip()) || addr.port() < 1024 {
             return r(
                 504,
                 "PORT/EPRT must name your own address and a port >= 1024.",
@@ -1019,7 +1175,7 @@ impl Session {
                 let start = Instant::now();
                 loop {
                     match l.accept() {
-                        Ok((s, a)) if a.ip() == self.peer.ip() => break s,
+                        Ok((s, a)) if same_host(a.ip(), self.peer.ip()) => break s,
                         Ok(_) => continue,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                             if start.elapsed() > t {
@@ -1294,9 +1450,10 @@ impl Session {
         self.xfer = None;
         self.xfer_mem = None;
         let need = session_bytes(&want);
-        let mut reservation = match MemReservation::take(&srv, need) {
+        let account = self.mem_account();
+        let mut reservation = match MemReservation::take(&srv, &account, need) {
             Ok(m) => m,
-            Err(free) => {
+            Err(MemRefusal::Server { free }) => {
                 tracing::warn!(peer = %self.peer, need, free, "RADR refused: session memory budget");
                 return Ok(Some(r(
                     452,
@@ -1309,9 +1466,28 @@ impl Session {
                     ),
                 )));
             }
+            Err(MemRefusal::User { held, share }) => {
+                tracing::warn!(peer = %self.peer, user = %account, need, held, share, "RADR refused: per-login share of the session memory budget");
+                return Ok(Some(r(
+                    452,
+                    format!(
+                        "RADR refused: this session needs {} of buffer memory and your login \
+                         ({account}) already holds {} of its {} share \
+                         (session_mem_per_user_bytes) in other sessions; end one of them or ask \
+                         for fewer STREAMS, DEPTH or a smaller BS.",
+                        mib(need),
+                        mib(held),
+                        mib(share)
+                    ),
+                )));
+            }
         };
+        // An IPv4 client of a dual-stack listener is served, and checked,
+        // on IPv4: the session listener binds the canonical local address
+        // and accepts the canonical peer, so both sides of the rdma-xfer
+        // check see the same family.
         let l = match rdma_xfer::XferListener::bind(
-            SocketAddr::new(self.local.ip(), c.rdma_port),
+            SocketAddr::new(self.local.ip().to_canonical(), c.rdma_port),
             mode,
             want.clone(),
         ) {
@@ -1329,7 +1505,7 @@ impl Session {
             }
         };
         let l = if c.rdma_bind_peer {
-            l.only_from(self.peer.ip())
+            l.only_from(self.peer.ip().to_canonical())
         } else {
             l
         };

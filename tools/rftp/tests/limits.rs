@@ -47,14 +47,21 @@ fn xcfg() -> Config {
 fn a_connection_that_does_not_log_in_is_closed_at_the_login_deadline() {
     let s = server("login_timeout_secs = 1");
     let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-    c.set_read_timeout(Some(Duration::from_millis(150)))
-        .unwrap();
     let t0 = Instant::now();
     let mut seen = Vec::new();
     let mut closed = false;
-    // NOOP every ~150 ms: it must not keep the connection alive.
+    // NOOP every 150 ms (far below the bytes allowed before login): it
+    // must not keep the connection alive. The read waits for the next
+    // NOOP's time, or returns at once with a reply or the close.
+    let mut next = Instant::now();
     while t0.elapsed() < Duration::from_secs(6) {
-        let _ = c.write_all(b"NOOP\r\n");
+        if Instant::now() >= next {
+            let _ = c.write_all(b"NOOP\r\n");
+            next += Duration::from_millis(150);
+        }
+        let wait = next.saturating_duration_since(Instant::now());
+        c.set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+            .unwrap();
         let mut buf = [0u8; 1024];
         match c.read(&mut buf) {
             Ok(0) => {

@@ -38,6 +38,21 @@ pub fn server_env(
     log_file: Option<&std::path::Path>,
     env: &[(&str, &str)],
 ) -> Server {
+    server_full("127.0.0.1:0", extra, log, log_file, env)
+}
+
+/// rftpd listening on `listen` (e.g. `[::]:0`), with `extra` config.
+pub fn server_at(listen: &str, extra: &str) -> Server {
+    server_full(listen, extra, "error", None, &[])
+}
+
+fn server_full(
+    listen: &str,
+    extra: &str,
+    log: &str,
+    log_file: Option<&std::path::Path>,
+    env: &[(&str, &str)],
+) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let root: PathBuf = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
@@ -45,7 +60,7 @@ pub fn server_env(
     std::fs::write(
         &cfg,
         format!(
-            "listen = \"127.0.0.1:0\"\nroot = \"{}\"\ndata_timeout_secs = 5\n{extra}\n\
+            "listen = \"{listen}\"\nroot = \"{}\"\ndata_timeout_secs = 5\n{extra}\n\
              [[users]]\nname = \"alice\"\npassword = \"secret\"\n",
             root.display()
         ),
