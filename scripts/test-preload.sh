@@ -679,6 +679,80 @@ t_capi() {
 }
 check "h) C API: rsocket echo with a poll loop, riomap/riowrite (tests/c/rsocket), shared and static" t_capi
 
+# ---- j) hostile clients: stalled MPA exchanges ----------------------------------------------
+# A settle (the MPA exchange of a deferred accept) must never change a
+# descriptor the program closed or replaced meanwhile (issue 26 item 2):
+# 8 clients send only the MPA key; the server leaves them alone until the
+# settle timer (100 ms) has started their exchanges (3 s timeout), closes
+# half of them and reopens a file on each number, dup2s a file onto the
+# other half, and checks after the exchanges ended that every number
+# still refers to its file.
+t_reuse() {
+    next_port
+    local s st out
+    rm -f "$T/j.stats"
+    printf 'the file\n' >"$T/j-file"
+    chmod 644 "$T/j-file"
+    bgpre "$T/j.stats" env IWARP_PRELOAD_SETTLE_MS=100 IWARP_PRELOAD_CONNECT_MS=3000 \
+        timeout 30 "$PY" "$HELPER" reuse-server "$PORT" 8 0.8 4 "$T/j-file" >"$T/j-srv.out" 2>&1
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    bg timeout 30 "$PY" "$HELPER" stall "$PORT" 8 10 >/dev/null
+    wait "$s"
+    st=$?
+    cat "$T/j-srv.out"
+    [ "$st" = 0 ] || return 1
+    [ "$(grep -c ' accept iwarp ' "$T/j.stats")" = 8 ] || { echo "not 8 MPA accepts:"; cat "$T/j.stats"; return 1; }
+    echo "info: $(cat "$T/j-srv.out")"
+}
+check "j) descriptors closed or replaced during stalled MPA exchanges stay the program's" t_reuse
+
+# rate_round PORT SECS [stall]: one measured round of short preloaded
+# connections (connect, echo 64 bytes, close) against the server on PORT;
+# with `stall`, while clients that send only the MPA key arrive 10 per
+# second and hold for 1.2 s (longer than the server's 1 s MPA timeout),
+# measured from when their number is steady. Prints the rate.
+rate_round() {
+    local port=$1 secs=$2 st _i
+    if [ "${3:-}" = stall ]; then
+        rm -f "$T/k-stall.out"
+        bg timeout 30 "$PY" "$HELPER" stall-rate "$port" 10 $((secs + 3)) 1.2 >"$T/k-stall.out"
+        st=$BGPID
+        for _i in $(seq 100); do grep -q steady "$T/k-stall.out" && break; sleep 0.1; done
+        grep -q steady "$T/k-stall.out" || { echo "stallers did not start" >&2; return 1; }
+    fi
+    pre "$T/k-cli.stats" timeout 30 "$PY" "$HELPER" conn-rate "$port" "$secs" | sed -n 's/^rate //p'
+    [ -z "${st:-}" ] || wait "$st"
+}
+# t_stall_rate MODE: a preloaded echo server (helper.py echo-server MODE)
+# keeps >= 0.9x its rate of new preloaded clients while stallers arrive
+# (issue 26 item 1). Interleaved rounds, medians compared; every measured
+# client must have gone over iWARP (a fallback to TCP would compare
+# unlike things).
+t_stall_rate() {
+    local mode=$1 s r base=() with=() ratio
+    next_port
+    rm -f "$T/k-srv.stats" "$T/k-cli.stats"
+    bgpre "$T/k-srv.stats" timeout 120 "$PY" "$HELPER" echo-server "$PORT" "$mode"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    rate_round "$PORT" 1 >/dev/null || return 1 # warm-up
+    for r in 1 2 3; do
+        base+=("$(rate_round "$PORT" 2)") || return 1
+        with+=("$(rate_round "$PORT" 2 stall)") || return 1
+    done
+    stop "$s"
+    echo "connections/s without stallers: ${base[*]}; with stallers: ${with[*]}"
+    if grep -q "connect plain" "$T/k-cli.stats"; then
+        echo "a measured client fell back to TCP:"; grep "connect plain" "$T/k-cli.stats" | head -3; return 1
+    fi
+    grep -q "accept refused" "$T/k-srv.stats" || { echo "no staller reached the server's MPA exchange"; return 1; }
+    ratio=$("$PY" -c 'import statistics as s,sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print(f"{s.median(b)/s.median(a):.2f}")' "${base[*]}" "${with[*]}")
+    echo "info: $mode server: median rate with stallers / without = $ratio (${with[*]} vs ${base[*]} connections/s)"
+    "$PY" -c "import sys; sys.exit(0 if $ratio >= 0.9 else 1)" || { echo "below 0.9x"; return 1; }
+}
+check "k) a blocking (thread per connection) server keeps >= 0.9x its rate while MPA stallers arrive" t_stall_rate blocking
+
 # ---- i) a privileged program --------------------------------------------------------------
 # Under secure execution (AT_SECURE: setuid, setgid, file capabilities) the
 # shim must ignore its environment, as ld.so ignores LD_* variables:

@@ -34,6 +34,26 @@ libiwarp_preload.so.
                                          epoll registration), fork: the child
                                          closes its copy and exits, the
                                          parent then echoes
+  helper.py stall PORT N HOLD            N clients that send only the 16-byte
+                                         MPA key (RFC 5044 §7.1), then
+                                         nothing; each held HOLD s. Prints
+                                         "connected N" when all are
+  helper.py stall-rate PORT RATE SECS HOLD
+                                         such clients arriving RATE per
+                                         second for SECS s, each held HOLD s;
+                                         prints "steady" after HOLD s
+  helper.py conn-rate PORT SECS          one short echo per connection
+                                         (connect, 64 bytes each way, close),
+                                         sequentially for SECS s: prints
+                                         "rate R" (connections per second)
+  helper.py reuse-server PORT N WAIT LINGER FILE
+                                         accept N clients and leave them
+                                         alone WAIT s (the shim's settle
+                                         timer starts their MPA exchanges),
+                                         then close half and reopen a file
+                                         on their numbers, dup2 a file onto
+                                         the other half; after LINGER s each
+                                         number must still be its file
 """
 import errno
 import hashlib
@@ -42,6 +62,7 @@ import select
 import selectors
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -345,6 +366,93 @@ def fork_inherit(port, path):
     c.close()
 
 
+MPA_KEY = b"MPA ID Req Frame"
+
+
+def stall(port, n, hold):
+    held = []
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall(MPA_KEY)
+        held.append(c)
+    print(f"connected {n}", flush=True)
+    time.sleep(hold)
+
+
+def stall_rate(port, rate, secs, hold):
+    held = []
+    start = time.monotonic()
+    i = 0
+    steady = False
+    while time.monotonic() - start < secs:
+        if not steady and time.monotonic() - start >= hold:
+            # As many held as there will be from now on.
+            print("steady", flush=True)
+            steady = True
+        due = start + i / rate
+        now = time.monotonic()
+        if due > now:
+            time.sleep(due - now)
+        try:
+            c = socket.create_connection(("127.0.0.1", port), timeout=5)
+            c.sendall(MPA_KEY)
+            held.append((time.monotonic() + hold, c))
+        except OSError as e:
+            print(f"staller: {e}", file=sys.stderr)
+        i += 1
+        while held and held[0][0] <= time.monotonic():
+            held.pop(0)[1].close()
+    print(f"stallers {i}", flush=True)
+
+
+def conn_rate(port, secs):
+    msg = b"r" * 64
+    n = 0
+    start = time.monotonic()
+    while time.monotonic() - start < secs:
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall(msg)
+        got = b""
+        while len(got) < len(msg):
+            b = c.recv(len(msg) - len(got))
+            if not b:
+                sys.exit("echo ended early")
+            got += b
+        c.close()
+        n += 1
+    print(f"rate {n / (time.monotonic() - start):.1f}", flush=True)
+
+
+def reuse_server(port, n, wait, linger, path):
+    s = listener(port)
+    conns = [s.accept()[0] for _ in range(n)]
+    time.sleep(wait)
+    numbers = []
+    for i, c in enumerate(conns):
+        fd = c.detach()
+        if i % 2 == 0:
+            os.close(fd)
+            f = os.open(path, os.O_RDONLY)
+            if f != fd:
+                # The lowest free number: the one just closed.
+                sys.exit(f"reopened as {f}, not {fd}")
+        else:
+            f = os.open(path, os.O_RDONLY)
+            os.dup2(f, fd)
+            os.close(f)
+        numbers.append(fd)
+    time.sleep(linger)
+    want = open(path, "rb").read()
+    bad = []
+    for fd in numbers:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or os.pread(fd, len(want) + 1, 0) != want:
+            bad.append(fd)
+    if bad:
+        sys.exit(f"descriptors {bad} of {numbers} no longer refer to the file")
+    print(f"{len(numbers)} descriptors closed or replaced during MPA exchanges still refer to the file", flush=True)
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "serve-file":
@@ -367,6 +475,14 @@ def main():
         fork_inherit(int(args[0]), args[1])
     elif cmd == "fork-echo":
         fork_echo(int(args[0]))
+    elif cmd == "stall":
+        stall(int(args[0]), int(args[1]), float(args[2]))
+    elif cmd == "stall-rate":
+        stall_rate(int(args[0]), float(args[1]), float(args[2]), float(args[3]))
+    elif cmd == "conn-rate":
+        conn_rate(int(args[0]), float(args[1]))
+    elif cmd == "reuse-server":
+        reuse_server(int(args[0]), int(args[1]), float(args[2]), float(args[3]), args[4])
     else:
         sys.exit(__doc__)
 

@@ -40,7 +40,6 @@ mod config;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::MutexGuard;
 use std::time::Duration;
 
 use iwarp_rsocket::errno::{boundary, fail_with};
@@ -148,8 +147,8 @@ const ANSWERED_BY_TCP: [&str; 3] = ["getsockname", "getpeername", "getsockopt"];
 /// thread from changing the descriptor during that call. `Err(errno)`
 /// when the stream could not be made (`fd` is then a closed connection,
 /// and the client falls back).
-fn settled(fd: RawFd, what: &str) -> Result<Option<MutexGuard<'static, ()>>, c_int> {
-    if !table::is_deferred(fd) || table::inside() {
+fn settled(fd: RawFd, what: &str) -> Result<Option<attach::SettlesHeld>, c_int> {
+    if table::inside() || !(table::is_deferred(fd) || attach::is_settling(fd)) {
         return Ok(None);
     }
     if ANSWERED_BY_TCP.contains(&what) {
@@ -198,7 +197,7 @@ fn start_settler(after: Duration) {
         .spawn(move || loop {
             std::thread::sleep(tick);
             for fd in table::deferred_older_than(after) {
-                let _ = settled(fd, "settle timer");
+                settle_in_background(fd);
             }
             if table::none_deferred() {
                 SETTLER.store(0, Ordering::Release);
@@ -215,6 +214,33 @@ fn start_settler(after: Duration) {
         });
     if spawned.is_err() {
         SETTLER.store(0, Ordering::Release);
+    }
+}
+
+/// Settles started by the timer that have not ended yet.
+static TIMER_SETTLES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// At most this many of them at once (each is one thread, for up to
+/// `IWARP_PRELOAD_CONNECT_MS` when its client stalls); the rest wait for
+/// a later tick.
+const MAX_TIMER_SETTLES: usize = 16;
+
+/// Makes the deferred accept `fd` a stream on a thread of its own, so a
+/// client that stalls its MPA exchange delays no other accept's (the
+/// settle thread used to settle them one after another). At most
+/// [`MAX_TIMER_SETTLES`] threads; `fd` is left for the next tick beyond.
+fn settle_in_background(fd: RawFd) {
+    if TIMER_SETTLES.fetch_add(1, Ordering::AcqRel) >= MAX_TIMER_SETTLES {
+        TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("iwarp-settle-1".into())
+        .spawn(move || {
+            let _ = settled(fd, "settle timer");
+            TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
+        });
+    if spawned.is_err() {
+        TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -599,7 +625,9 @@ pub unsafe extern "C" fn sendfile64(
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn close(fd: c_int) -> c_int {
     if !table::inside() && !table::is_taken(fd) {
-        table::forget(fd, fd);
+        // Also drops a settle's claim on `fd`: the settle must not touch
+        // the number once it is closed (it may be reused at once).
+        attach::forget(fd, fd);
     }
     if !table::is_taken(fd) || table::inside() {
         // SAFETY: passed through.
@@ -614,7 +642,7 @@ pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_
     if !table::inside() {
         let hi = (last as usize).min(table::MAX_FD - 1);
         if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first as usize <= hi {
-            table::forget(first as RawFd, hi as RawFd);
+            attach::forget(first as RawFd, hi as RawFd);
         }
         for fd in table::taken() {
             if (fd as usize) >= first as usize
@@ -741,34 +769,27 @@ fn dup_deferred(
     target: Option<c_int>,
     call: impl FnOnce(&iwarp_rsocket::real::Real) -> c_int,
 ) -> Option<c_int> {
-    if table::inside() || !table::is_deferred(old) {
+    if table::inside() || !(table::is_deferred(old) || attach::is_settling(old)) {
         return None;
-    }
-    // The settle thread must not make `old` a stream halfway through.
-    let _held = attach::hold_settles();
-    if !table::is_deferred(old) {
-        return None; // settled meanwhile: a copy of a stream
     }
     if let Some(new) = target {
         if new == old {
             return None; // dup2 returns it, dup3 fails: the C library says
         }
         if !table::is_taken(new) {
-            table::forget(new, new);
+            attach::forget(new, new);
         }
     }
-    let rc = call(real());
-    if rc >= 0 {
-        table::defer_copy(old, rc);
-    }
-    Some(rc)
+    // Made under the settles' lock: a settle in progress makes the copy a
+    // copy of the stream too.
+    attach::copy_waiting(old, || call(real()))
 }
 
 /// Before `dup2(old, new)` of a descriptor that is not a deferred accept:
 /// a deferred `new` is forgotten (it is replaced).
 fn redirected(old: c_int, new: c_int) {
     if old != new && !table::inside() && !table::is_taken(new) {
-        table::forget(new, new);
+        attach::forget(new, new);
     }
 }
 
