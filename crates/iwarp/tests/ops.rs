@@ -610,9 +610,13 @@ fn receive_too_small_is_a_local_length_error() {
 fn peer_killed_mid_transfer_flushes_within_a_second() {
     const N: u64 = 48;
     let (c, s) = pair();
-    let remote = s.mr(1 << 20);
-    let local = c.mr(1 << 20);
+    let remote = s.mr(2 << 20);
+    // Writes gather from the first MiB, Reads land in the second: a verbs
+    // consumer must not let one outstanding operation write bytes another
+    // one reads (ThreadSanitizer reports it as a race).
+    let local = c.mr(2 << 20);
     for i in 0..N {
+        let at = if i % 2 == 0 { 0 } else { 1 << 20 };
         let op = if i % 2 == 0 {
             WrOpcode::RdmaWrite {
                 remote_addr: remote.addr(),
@@ -620,11 +624,11 @@ fn peer_killed_mid_transfer_flushes_within_a_second() {
             }
         } else {
             WrOpcode::RdmaRead {
-                remote_addr: remote.addr(),
+                remote_addr: remote.addr() + (1 << 20),
                 rkey: remote.rkey(),
             }
         };
-        c.qp.post_send(&wr(i, op, &[local.sge(0, 1 << 20)]))
+        c.qp.post_send(&wr(i, op, &[local.sge(at, 1 << 20)]))
             .unwrap();
     }
     let rb = c.mr(64);
