@@ -12,10 +12,13 @@
 # iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
 # clients (scripts/test-rftp.sh); mod_rdma in a real Apache
 # (scripts/test-modrdma.sh); a short cargo-fuzz run of every fuzz target
-# (the install step installs the nightly toolchain it needs).
+# (the install step installs the nightly toolchain it needs); the short
+# sanitizer run (scripts/sanitize.sh: ASan/UBSan over the C parts, Miri and
+# ThreadSanitizer over the Rust crates with unsafe code).
 #
 # Environment:
-#   FAST=1            skip the slow parts (tshark check, siw interop, fuzz)
+#   FAST=1            skip the slow parts (tshark check, siw interop, fuzz,
+#                     sanitizers)
 #   SKIP_INSTALL=1    never install anything; fail if a tool is missing
 #   FUZZ_SECONDS=N    seconds per fuzz target (default 15; 0 skips fuzzing)
 #   TEST_TIMEOUT=N    seconds allowed for `cargo test` (default 1200)
@@ -272,7 +275,8 @@ step_fuzz() {
         fi
         rm -rf "$work"
     done
-    # mod_rdma's C header grammar, with libFuzzer under ASan/UBSan.
+    # mod_rdma's C parsers (RDMA: header grammar and control-message
+    # decoder), with libFuzzer under ASan/UBSan.
     note "fuzz mod_rdma's RDMA: header (C) for ${FUZZ_SECONDS}s"
     if ! FUZZ_SECONDS="$FUZZ_SECONDS" timeout --kill-after=30 $((FUZZ_SECONDS + 600)) \
         scripts/fuzz-modrdma.sh; then
@@ -347,6 +351,12 @@ elif ! command -v rustup >/dev/null || ! rustup toolchain list | grep -q '^night
     FAILED=$((FAILED + 1))
 else
     run_step "fuzz smoke run (${FUZZ_SECONDS}s per target)" step_fuzz || true
+fi
+
+if [[ "$FAST" == 1 ]]; then
+    skip_step "sanitizers (short)" "FAST=1"
+else
+    run_step "sanitizers (ASan/UBSan C parts, Miri, TSan; short)" env SANITIZE=short scripts/sanitize.sh || true
 fi
 
 section "summary"
