@@ -120,7 +120,9 @@ const DATA_REPOST_MAX: u32 = 32;
 /// `only_from` (logged here; the text goes into the MPA reject).
 pub(crate) fn refuse(peer: SocketAddr, only_from: Option<IpAddr>) -> Option<String> {
     let ip = only_from?;
-    if peer.ip() == ip {
+    // An IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d (RFC 4291
+    // §2.5.5.2): the same host as a.b.c.d.
+    if peer.ip().to_canonical() == ip.to_canonical() {
         return None;
     }
     tracing::warn!(%peer, expected = %ip, "rdma-xfer: refused a connection from an address other than the control connection's");
@@ -276,5 +278,33 @@ impl Drop for RdmaSession {
             qp.disconnect();
         }
         self.shared.ctrl_qp.disconnect();
+    }
+}
+
+#[cfg(test)]
+mod refuse_tests {
+    use super::refuse;
+    use std::net::{IpAddr, SocketAddr};
+
+    fn at(ip: &str) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), 4000)
+    }
+
+    #[test]
+    fn a_v4_mapped_peer_is_the_same_host_as_its_ipv4_address() {
+        let v4: IpAddr = "127.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        assert_eq!(refuse(at("::ffff:127.0.0.1"), Some(v4)), None);
+        assert_eq!(refuse(at("127.0.0.1"), Some(mapped)), None);
+        assert_eq!(refuse(at("::1"), Some("::1".parse().unwrap())), None);
+        assert_eq!(refuse(at("10.1.2.3"), None), None);
+    }
+
+    #[test]
+    fn another_host_is_refused() {
+        let v4: IpAddr = "127.0.0.1".parse().unwrap();
+        assert!(refuse(at("127.0.0.2"), Some(v4)).is_some());
+        assert!(refuse(at("::ffff:127.0.0.2"), Some(v4)).is_some());
+        assert!(refuse(at("::1"), Some(v4)).is_some());
     }
 }
