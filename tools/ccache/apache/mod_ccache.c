@@ -167,6 +167,39 @@ static int get_msg(const unsigned char b[MSG_LEN], unsigned *kind, uint32_t *doc
     return 0;
 }
 
+/* What ccappd's reply b to READ_REQUEST(doc) means; what the request
+ * does with it is in ccache_fixups. Pure (no I/O), so that the fuzz
+ * harness (fuzz/ipc_fuzz.c, scripts/fuzz-ccache.sh) can run it on any
+ * received bytes. *kind, *rdoc and *value are set unless REPLY_MALFORMED. */
+enum reply {
+    REPLY_PROCEED,          /* READ_PROCEED(doc): *value is the version */
+    REPLY_MALFORMED,        /* not a frame (magic or format version) */
+    REPLY_NO_SUCH_DOCUMENT, /* ERROR(no such document): 404 */
+    REPLY_NOT_PERMITTED,    /* ERROR(not permitted): SO_PEERCRED refused */
+    REPLY_BUSY,             /* ERROR(busy) */
+    REPLY_REFUSED,          /* ERROR with another code (*value) */
+    REPLY_UNEXPECTED,       /* another kind, or READ_PROCEED of another document */
+};
+
+static enum reply decode_reply(const unsigned char b[MSG_LEN], uint32_t doc, unsigned *kind,
+                               uint32_t *rdoc, uint64_t *value)
+{
+    if (get_msg(b, kind, rdoc, value) != 0)
+        return REPLY_MALFORMED;
+    if (*kind == KIND_ERROR) {
+        if (*value == ERR_NO_SUCH_DOCUMENT)
+            return REPLY_NO_SUCH_DOCUMENT;
+        if (*value == ERR_NOT_PERMITTED)
+            return REPLY_NOT_PERMITTED;
+        if (*value == ERR_BUSY)
+            return REPLY_BUSY;
+        return REPLY_REFUSED;
+    }
+    if (*kind != KIND_READ_PROCEED || *rdoc != doc)
+        return REPLY_UNEXPECTED;
+    return REPLY_PROCEED;
+}
+
 static int send_all(int fd, const unsigned char *b, size_t n)
 {
     while (n > 0) {
@@ -290,34 +323,37 @@ static int ccache_fixups(request_rec *r)
         close(fd);
         return HTTP_SERVICE_UNAVAILABLE;
     }
-    if (get_msg(b, &kind, &rdoc, &value) != 0) {
+    switch (decode_reply(b, doc, &kind, &rdoc, &value)) {
+    case REPLY_PROCEED:
+        break;
+    case REPLY_MALFORMED:
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
                       "mod_ccache: malformed IPC reply from %s (not ccappd?)", s->ipc);
         close(fd);
         return HTTP_SERVICE_UNAVAILABLE;
-    }
-    if (kind == KIND_ERROR) {
+    case REPLY_NO_SUCH_DOCUMENT:
         close(fd);
-        if (value == ERR_NO_SUCH_DOCUMENT)
-            return HTTP_NOT_FOUND;
-        if (value == ERR_NOT_PERMITTED) {
-            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
-                          "mod_ccache: ccappd at %s refused this server's user (SO_PEERCRED); run ccappd with --ipc-group or --ipc-allow-user for it",
-                          s->ipc);
-            return HTTP_SERVICE_UNAVAILABLE;
-        }
-        if (value == ERR_BUSY) {
-            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r,
-                          "mod_ccache: ccappd at %s is busy (--ipc-max-conns reached, or a version slot kept changing); document %u not served",
-                          s->ipc, (unsigned)doc);
-            return HTTP_SERVICE_UNAVAILABLE;
-        }
+        return HTTP_NOT_FOUND;
+    case REPLY_NOT_PERMITTED:
+        close(fd);
+        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                      "mod_ccache: ccappd at %s refused this server's user (SO_PEERCRED); run ccappd with --ipc-group or --ipc-allow-user for it",
+                      s->ipc);
+        return HTTP_SERVICE_UNAVAILABLE;
+    case REPLY_BUSY:
+        close(fd);
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r,
+                      "mod_ccache: ccappd at %s is busy (--ipc-max-conns reached, or a version slot kept changing); document %u not served",
+                      s->ipc, (unsigned)doc);
+        return HTTP_SERVICE_UNAVAILABLE;
+    case REPLY_REFUSED:
+        close(fd);
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
                       "mod_ccache: ccappd refused document %u (error code %" APR_UINT64_T_FMT ")",
                       (unsigned)doc, (apr_uint64_t)value);
         return HTTP_SERVICE_UNAVAILABLE;
-    }
-    if (kind != KIND_READ_PROCEED || rdoc != doc) {
+    case REPLY_UNEXPECTED:
+    default:
         ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
                       "mod_ccache: ccappd answered kind %u for document %u to READ_REQUEST(%u)",
                       kind, (unsigned)rdoc, (unsigned)doc);
