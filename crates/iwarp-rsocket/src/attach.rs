@@ -16,6 +16,31 @@ use crate::table::{self, Inside};
 /// Frame").
 pub const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
 
+/// What the first bytes of an accepted connection say about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstBytes {
+    /// They start with [`MPA_REQ_KEY`]: an MPA Request, an iWARP peer.
+    Mpa,
+    /// They differ from [`MPA_REQ_KEY`] somewhere: a plain TCP client.
+    Plain,
+    /// A proper prefix of [`MPA_REQ_KEY`] (or nothing): wait for more.
+    NeedMore,
+}
+
+/// The decision [`peek_is_mpa`] takes on the bytes peeked so far, without
+/// any I/O. Only the first 16 bytes are looked at, so once the answer is
+/// [`FirstBytes::Mpa`] or [`FirstBytes::Plain`] more bytes never change it.
+pub fn classify_first_bytes(buf: &[u8]) -> FirstBytes {
+    let n = buf.len().min(MPA_REQ_KEY.len());
+    if buf[..n] != MPA_REQ_KEY[..n] {
+        FirstBytes::Plain
+    } else if n == MPA_REQ_KEY.len() {
+        FirstBytes::Mpa
+    } else {
+        FirstBytes::NeedMore
+    }
+}
+
 /// `(O_NONBLOCK set, FD_CLOEXEC set)` of `fd`.
 pub fn fd_flags(fd: RawFd) -> (bool, bool) {
     let r = real();
@@ -395,12 +420,10 @@ pub fn peek_is_mpa(fd: RawFd, wait: std::time::Duration) -> bool {
             return false; // closed before saying anything
         }
         if n > 0 {
-            let n = n as usize;
-            if buf[..n] != MPA_REQ_KEY[..n] {
-                return false;
-            }
-            if n == MPA_REQ_KEY.len() {
-                return true;
+            match classify_first_bytes(&buf[..n as usize]) {
+                FirstBytes::Plain => return false,
+                FirstBytes::Mpa => return true,
+                FirstBytes::NeedMore => {}
             }
         } else {
             let e = io::Error::last_os_error().raw_os_error();
@@ -428,5 +451,48 @@ pub fn peek_is_mpa(fd: RawFd, wait: std::time::Duration) -> bool {
                 (r.poll)(&mut p, 1, ms);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify_first_bytes, FirstBytes, MPA_REQ_KEY};
+
+    #[test]
+    fn mpa_key_and_a_whole_request_are_mpa() {
+        assert_eq!(classify_first_bytes(MPA_REQ_KEY), FirstBytes::Mpa);
+        // siw's default Request (siw-default.pcap).
+        let req = b"MPA ID Req Frame\x10\x02\x00\x04\x00\x01\x00\x01";
+        assert_eq!(classify_first_bytes(req), FirstBytes::Mpa);
+    }
+
+    #[test]
+    fn partial_key_needs_more() {
+        for n in 1..MPA_REQ_KEY.len() {
+            assert_eq!(
+                classify_first_bytes(&MPA_REQ_KEY[..n]),
+                FirstBytes::NeedMore,
+                "{n} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn empty_needs_more() {
+        assert_eq!(classify_first_bytes(b""), FirstBytes::NeedMore);
+    }
+
+    #[test]
+    fn plain_http_and_near_misses_are_plain() {
+        assert_eq!(
+            classify_first_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+            FirstBytes::Plain
+        );
+        assert_eq!(classify_first_bytes(b"G"), FirstBytes::Plain);
+        // A Reply key, or a Request key differing in its last byte.
+        assert_eq!(classify_first_bytes(b"MPA ID Rep Frame"), FirstBytes::Plain);
+        assert_eq!(classify_first_bytes(b"MPA ID Req Fram!"), FirstBytes::Plain);
+        // Differs early, before the peer has sent 16 bytes.
+        assert_eq!(classify_first_bytes(b"MPB"), FirstBytes::Plain);
     }
 }
