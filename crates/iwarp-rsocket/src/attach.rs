@@ -239,7 +239,7 @@ pub fn copy_waiting(old: RawFd, call: impl FnOnce() -> libc::c_int) -> Option<li
 /// end of stream, writes `EPIPE`) and the error is returned.
 ///
 /// Only this call's thread waits for the peer: no lock is held during
-/// the exchange (see [`CLAIMS`]). The numbers are claimed first; those
+/// the exchange (see `CLAIMS`). The numbers are claimed first; those
 /// the program closes or replaces meanwhile lose their claim and are left
 /// alone, and if none is left the stream is dropped (the client sees its
 /// connection closed).
