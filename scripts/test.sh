@@ -283,6 +283,13 @@ step_fuzz() {
         note "fuzz target rdma_header (C) FAILED (crash artifacts are in modules/mod_rdma/fuzz/artifacts)"
         rc=1
     fi
+    # mod_ccache's IPC reply decoding (C), the same way.
+    note "fuzz mod_ccache's IPC reply (C) for ${FUZZ_SECONDS}s"
+    if ! FUZZ_SECONDS="$FUZZ_SECONDS" timeout --kill-after=30 $((FUZZ_SECONDS + 600)) \
+        scripts/fuzz-ccache.sh; then
+        note "fuzz target mod_ccache.c (C) FAILED (crash artifacts are in tools/ccache/apache/fuzz/artifacts)"
+        rc=1
+    fi
     return "$rc"
 }
 
