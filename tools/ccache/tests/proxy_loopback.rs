@@ -539,19 +539,39 @@ fn a_backend_that_stalls_ends_the_response_or_gets_504() {
     assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
 }
 
-/// A version thread that answers every request with version 1 after
-/// `delay`, counting its connections.
-fn slow_version_thread(delay: Duration) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+/// What a [`slow_version_thread`] has seen.
+struct SlowVersions {
+    addr: SocketAddr,
+    /// Connections accepted.
+    conns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests received (counted before the answer's delay).
+    asked: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests received on each connection, in the order of accepting.
+    per_conn: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+/// A version thread that answers every request with version 1, the
+/// first `held` requests after `hold`, the others after `delay`,
+/// counting its connections and the requests it received (on each
+/// connection too).
+fn slow_version_thread(held: usize, hold: Duration, delay: Duration) -> SlowVersions {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let conns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let c = conns.clone();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let asked = Arc::new(AtomicUsize::new(0));
+    let per_conn = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c, a, pc) = (conns.clone(), asked.clone(), per_conn.clone());
     std::thread::spawn(move || {
         for mut s in l.incoming().flatten() {
-            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let i = c.fetch_add(1, SeqCst);
+            pc.lock().unwrap().push(0);
+            let (a, pc) = (a.clone(), pc.clone());
             std::thread::spawn(move || {
                 while let Ok(m) = read_msg(&mut s) {
-                    std::thread::sleep(delay);
+                    pc.lock().unwrap()[i] += 1;
+                    let n = a.fetch_add(1, SeqCst);
+                    std::thread::sleep(if n < held { hold } else { delay });
                     if write_msg(&mut s, &Repr::with_value(Kind::VersionReply, m.doc, 1)).is_err() {
                         return;
                     }
@@ -559,15 +579,24 @@ fn slow_version_thread(delay: Duration) -> (SocketAddr, Arc<std::sync::atomic::A
             });
         }
     });
-    (addr, conns)
+    SlowVersions {
+        addr,
+        conns,
+        asked,
+        per_conn,
+    }
 }
 
 #[test]
 fn clients_that_leave_during_their_check_do_not_lose_checkers() {
+    use std::sync::atomic::Ordering::SeqCst;
     let w = start("leave");
-    let (vaddr, conns) = slow_version_thread(Duration::from_millis(300));
+    // The two abandoned checks are answered long after their clients
+    // left (the proxy must not wait for those answers); later checks
+    // after 300 ms.
+    let v = slow_version_thread(2, Duration::from_secs(3), Duration::from_millis(300));
     let slow = World {
-        tcp: vaddr,
+        tcp: v.addr,
         rdma: w.rdma,
         sockets: w.sockets,
         table: w.table.clone(),
@@ -575,25 +604,47 @@ fn clients_that_leave_during_their_check_do_not_lose_checkers() {
         dir: w.dir.join("unused"),
     };
     let px = start_proxy(&slow, Check::Tcp);
-    // Both checkers busy with clients that close at once.
-    for doc in [1, 2] {
-        let (mut s, _r) = connect(px);
-        s.write_all(format!("GET /docs/{doc} HTTP/1.1\r\nHost: p\r\n\r\n").as_bytes())
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(50));
+    // Both checkers busy with clients that close at once: the clients
+    // leave only once the version thread has both checks, so each checker
+    // has a connection with an answer still due.
+    let clients: Vec<_> = [1, 2]
+        .into_iter()
+        .map(|doc| {
+            let (mut s, r) = connect(px);
+            s.write_all(format!("GET /docs/{doc} HTTP/1.1\r\nHost: p\r\n\r\n").as_bytes())
+                .unwrap();
+            (s, r)
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    while v.asked.load(SeqCst) < 2 {
+        assert!(
+            t0.elapsed() < T,
+            "the version thread received {} of the 2 checks",
+            v.asked.load(SeqCst)
+        );
+        std::thread::sleep(Duration::from_millis(1));
     }
-    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(v.conns.load(SeqCst), 2, "both checkers connected");
+    drop(clients);
     // Every later request is still answered (the pool has its checkers).
     for doc in [1, 2, 3, 1, 2] {
         let r = http::fetch(px, &format!("/docs/{doc}"), T).unwrap();
         assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
     }
     // The abandoned checks' connections were dropped, not reused with an
-    // answer still due: the checkers connected again.
+    // answer still due: no later check went over them, and the checkers
+    // connected again.
+    let per_conn = v.per_conn.lock().unwrap().clone();
+    assert_eq!(
+        per_conn[..2],
+        [1, 1],
+        "requests on each version connection: {per_conn:?}"
+    );
     assert!(
-        conns.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+        v.conns.load(SeqCst) >= 3,
         "{} version connections",
-        conns.load(std::sync::atomic::Ordering::SeqCst)
+        v.conns.load(SeqCst)
     );
 }
 
