@@ -53,10 +53,11 @@ done
 # corpus once); this script then runs the binary like a Rust target.
 declare -a C_HARNESSES=(
     "rdma_header.c|scripts/fuzz-modrdma.sh|modules/mod_rdma/fuzz/rdma_header_fuzz|modules/mod_rdma/fuzz/corpus|-max_len=512"
+    "ctrl.c|scripts/fuzz-modrdma.sh|modules/mod_rdma/fuzz/ctrl_fuzz|modules/mod_rdma/fuzz/ctrl_corpus|-max_len=64"
 )
 # mod_ccache's IPC client, when its harness script exists.
 if [[ -x scripts/fuzz-ccache.sh ]]; then
-    C_HARNESSES+=("mod_ccache.c|scripts/fuzz-ccache.sh|${FUZZ_CCACHE_BIN:-tools/ccache/apache/fuzz/ccache_ipc_fuzz}|${FUZZ_CCACHE_CORPUS:-tools/ccache/apache/fuzz/corpus}|")
+    C_HARNESSES+=("mod_ccache.c|scripts/fuzz-ccache.sh|${FUZZ_CCACHE_BIN:-tools/ccache/apache/fuzz/ccache_ipc_fuzz}|${FUZZ_CCACHE_CORPUS:-tools/ccache/apache/fuzz/corpus}|-max_len=64")
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then

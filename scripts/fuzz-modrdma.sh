@@ -52,7 +52,8 @@ run() {
         rdma_header) corpus="$DIR/fuzz/corpus" ;;
         *) corpus="$DIR/fuzz/${name}_corpus" ;;
     esac
-    bin="$work/${name}_fuzz"
+    # Kept beside its source (git-ignored): scripts/fuzz-long.sh runs it.
+    bin="$DIR/fuzz/${name}_fuzz"
     "$CC_FUZZ" "${CFLAGS_FUZZ[@]}" "$@" -o "$bin"
     mkdir -p "$work/$name"
     echo "fuzz-modrdma: $name: $CC_FUZZ, ${limit[*]}"
