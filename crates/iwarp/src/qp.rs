@@ -188,7 +188,11 @@ impl QueuePair {
     /// first, without the two markers; a CQ shared with another QP gives
     /// that QP's completions too. Call it while no other thread polls these
     /// CQs (a marker another thread takes is missed, and the drain times
-    /// out), and do not use [`DRAIN_WR_ID`] for your own requests.
+    /// out), and do not use [`DRAIN_WR_ID`] for your own requests. As with
+    /// any error completion from an rdma-core device, only `wr_id` and
+    /// `status` of a flush the device made are meaningful (ibv_poll_cq(3):
+    /// rxe leaves the opcode unset); the software provider fills in the
+    /// request's opcode too.
     pub fn drain(&self, timeout: Duration) -> Result<Vec<WorkCompletion>, DrainError> {
         let deadline = Instant::now() + timeout;
         self.disconnect();

@@ -419,7 +419,12 @@ fn drain_returns_the_outstanding_requests_flushed() {
     let f = WcStatus::WrFlushErr;
     assert_eq!(got, vec![(1, f), (2, f), (3, f)], "on {}", device());
     assert!(wcs.iter().all(|w| w.wr_id != DRAIN_WR_ID));
-    assert!(wcs.iter().all(|w| w.opcode == WcOpcode::Recv));
+    // ibv_poll_cq(3): with a status other than success only wr_id,
+    // status, qp_num and vendor_err are valid. siw0 sets the opcode of a
+    // flushed receive, rxe0 does not; the software provider does.
+    if device() == "soft" {
+        assert!(wcs.iter().all(|w| w.opcode == WcOpcode::Recv));
+    }
     assert!(c.cq.is_empty(), "{} left in the CQ", c.cq.len());
     drop((bufs, s));
 }
