@@ -18,26 +18,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="$ROOT/tools/ccache/apache"
 FUZZ_SECONDS="${FUZZ_SECONDS:-15}"
-CC_FUZZ=""
-for c in clang clang-14 clang-15 clang-16; do
-    if command -v "$c" >/dev/null; then CC_FUZZ="$c"; break; fi
-done
-pkgs=()
-[ -n "$CC_FUZZ" ] || pkgs+=(clang)
-# libFuzzer and the sanitizer runtimes ship apart from the compiler.
-compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a' >/dev/null ||
-    pkgs+=(libclang-rt-dev)
+# shellcheck source=scripts/lib/clang-fuzz.sh
+. "$ROOT/scripts/lib/clang-fuzz.sh"
 # httpd.h and APR/APR-util (headers and the libraries to link).
-[ -f /usr/include/apache2/httpd.h ] || pkgs+=(apache2-dev)
-[ -f /usr/include/apr-1.0/apr_pools.h ] || pkgs+=(libapr1-dev)
-[ -f /usr/include/apr-1.0/apu.h ] || pkgs+=(libaprutil1-dev)
-if ((${#pkgs[@]})); then
-    echo "fuzz-ccache: installing ${pkgs[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
-    command -v "${CC_FUZZ:-clang}" >/dev/null || CC_FUZZ=clang
-fi
-[ -n "$CC_FUZZ" ] || CC_FUZZ=clang
+clang_fuzz_setup fuzz-ccache /usr/include/apache2/httpd.h:apache2-dev \
+    /usr/include/apr-1.0/apr_pools.h:libapr1-dev /usr/include/apr-1.0/apu.h:libaprutil1-dev
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$DIR/fuzz/artifacts" "$work/corpus"

@@ -19,22 +19,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="$ROOT/modules/mod_rdma"
 FUZZ_SECONDS="${FUZZ_SECONDS:-15}"
-CC_FUZZ=""
-for c in clang clang-14 clang-15 clang-16; do
-    if command -v "$c" >/dev/null; then CC_FUZZ="$c"; break; fi
-done
-pkgs=()
-[ -n "$CC_FUZZ" ] || pkgs+=(clang)
-# libFuzzer and the sanitizer runtimes ship apart from the compiler.
-compgen -G '/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a' >/dev/null ||
-    pkgs+=(libclang-rt-dev)
-[ -f /usr/include/apr-1.0/apr_pools.h ] || pkgs+=(libapr1-dev)
-if ((${#pkgs[@]})); then
-    echo "fuzz-modrdma: installing ${pkgs[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
-    CC_FUZZ=clang
-fi
+# shellcheck source=scripts/lib/clang-fuzz.sh
+. "$ROOT/scripts/lib/clang-fuzz.sh"
+clang_fuzz_setup fuzz-modrdma /usr/include/apr-1.0/apr_pools.h:libapr1-dev
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$DIR/fuzz/artifacts"
