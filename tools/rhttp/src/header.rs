@@ -343,12 +343,25 @@ pub fn server_private_data(token: Option<u64>) -> Vec<u8> {
     pd
 }
 
-/// Whether `pd`, the private data of an incoming MPA Request, is mod_rdma's
-/// answer to the request that carried `token`. Compared in constant time:
-/// how far a guess matched must not show in the time of the refusal.
+/// Whether `pd`, the private data of an incoming connection request, is
+/// mod_rdma's answer to the request that carried `token`. Zero bytes after
+/// it are allowed: over InfiniBand and RoCE (rxe) the CM's REQ carries a
+/// fixed-size private data field, and rdma_cm hands the listener all of it,
+/// the sender's bytes then zeros (rdma_cm(7): "the private data may be
+/// padded"). Compared in constant time: how far a guess matched must not
+/// show in the time of the refusal.
 pub fn private_data_matches(pd: &[u8], token: u64) -> bool {
     let want = server_private_data(Some(token));
-    pd.len() == want.len() && pd.iter().zip(&want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    if pd.len() < want.len() {
+        return false;
+    }
+    let (head, pad) = pd.split_at(want.len());
+    let diff = head
+        .iter()
+        .zip(&want)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    let pad = pad.iter().fold(0u8, |acc, b| acc | b);
+    (diff | pad) == 0
 }
 
 #[cfg(test)]
@@ -406,8 +419,15 @@ mod tests {
         assert!(!private_data_matches(&pd, 0x0123_4567_89ab_cdee));
         assert!(!private_data_matches(b"mod_rdma/1", 0x0123_4567_89ab_cdef));
         assert!(!private_data_matches(&pd[..17], 0x0123_4567_89ab_cdef));
+        // rxe0 hands the listener the REQ's whole private data field: the
+        // answer, then zeros (56 bytes in all for rdma_cm over RoCE).
+        let mut padded = pd.clone();
+        padded.resize(56, 0);
+        assert!(private_data_matches(&padded, 0x0123_4567_89ab_cdef));
+        padded[40] = 1;
+        assert!(!private_data_matches(&padded, 0x0123_4567_89ab_cdef));
         let mut longer = pd.clone();
-        longer.push(0);
+        longer.push(b'x');
         assert!(!private_data_matches(&longer, 0x0123_4567_89ab_cdef));
     }
 
