@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{pair, wr, Host, T};
 use iwarp::{
-    Context, PostError, QpEvent, QpInitAttr, QpState, RecvWr, SendWr, SgList, WcOpcode, WcQueue,
-    WcStatus, WrOpcode,
+    PostError, QpEvent, QpState, RecvWr, SendWr, SgList, WcOpcode, WcQueue, WcStatus, WrOpcode,
 };
 
 /// Wait (bounded) until `host`'s QP reports `state`.
@@ -99,18 +98,7 @@ fn requests_posted_after_a_terminate_come_back_flushed() {
 /// the queue refuses ends. Polling makes room again.
 #[test]
 fn a_flushed_post_into_a_full_cq_is_refused_until_polled() {
-    let ctx = Context::open().unwrap();
-    let pd = ctx.alloc_pd();
-    let scq = ctx.create_cq(4).unwrap();
-    let rcq = ctx.create_cq(2).unwrap();
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: scq.clone(),
-            recv_cq: rcq.clone(),
-            max_send_wr: 64,
-            max_recv_wr: 64,
-        })
-        .unwrap();
+    let Host { scq, rcq, qp, .. } = Host::with_cq_depths(4, 2);
     // Never connected, then disconnected: `Closed`, which flushes like
     // `Error` (rdma_disconnect moves an iWARP QP to ERROR).
     qp.disconnect();

@@ -24,10 +24,15 @@ pub struct Host {
 
 impl Host {
     pub fn new() -> Host {
+        Host::with_cq_depths(256, 256)
+    }
+
+    /// A host whose send and receive CQs hold `send` and `recv` entries.
+    pub fn with_cq_depths(send: usize, recv: usize) -> Host {
         let ctx = Context::open().unwrap();
         let pd = ctx.alloc_pd();
-        let scq = ctx.create_cq(256).unwrap();
-        let rcq = ctx.create_cq(256).unwrap();
+        let scq = ctx.create_cq(send).unwrap();
+        let rcq = ctx.create_cq(recv).unwrap();
         let qp = pd
             .create_qp(&QpInitAttr {
                 send_cq: scq.clone(),
