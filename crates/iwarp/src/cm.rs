@@ -5,6 +5,13 @@
 //! clients and servers written against `iwarp::cm` run unchanged on
 //! `IWARP_DEVICE=siw0`.
 //!
+//! The TCP congestion control of a connection ([`ConnParam::congestion`],
+//! [`Listener::set_congestion`], [`tcp_congestion`]) is the software
+//! provider's: on a kernel device the TCP connection is the kernel's, and
+//! asking for an algorithm there fails with [`CmError::Unsupported`]
+//! rather than being ignored (the device's connections use the system
+//! default, `sysctl net.ipv4.tcp_congestion_control`).
+//!
 //! The device a [`Listener`] listens through is the one of the
 //! [`Context`] given to [`Listener::bind_on`], or, for
 //! [`Listener::bind`], the one [`Context::open`] would pick
@@ -18,8 +25,9 @@ use std::time::Duration;
 use std::time::Instant;
 
 pub use crate::soft::cm::{
-    CmError, ConnParam, HandshakeError, MpaConfig, Policy, Rtr, DEFAULT_PEER_TIMEOUT,
-    DEFAULT_PROBE_INTERVAL, REQUEST_TIMEOUT,
+    available_congestion_control, BadCongestionName, CmError, CongestionControl, ConnParam,
+    HandshakeError, MpaConfig, Policy, Rtr, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
+    DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, REQUEST_TIMEOUT, TCP_CA_NAME_MAX_LEN,
 };
 use crate::{Context, DeviceSpec, QueuePair};
 
@@ -28,14 +36,46 @@ use crate::{Context, DeviceSpec, QueuePair};
 /// TCP ([`crate::soft::cm::connect`]); one of a kernel device goes through
 /// rdma_cm with `param.private_data` (at most 255 bytes there) and
 /// `param.timeout` for each step, and the MPA policy is the kernel's
-/// (`param.mpa` is not used).
+/// (`param.mpa` is not used), and `param.congestion` must be `None`
+/// ([`CmError::Unsupported`]).
 pub fn connect(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
     #[cfg(feature = "rdma-core")]
     if crate::rdma::owns(qp) {
+        no_congestion_on_device(param)?;
         return crate::rdma::cm::connect(qp, addr, &param.private_data, param.timeout)
             .map_err(|e| provider_err("rdma_cm connect", e));
     }
     crate::soft::cm::connect(qp, addr, param)
+}
+
+/// What a kernel device answers to a congestion-control request.
+#[cfg(feature = "rdma-core")]
+const CC_UNSUPPORTED: CmError = CmError::Unsupported {
+    what: "choosing the TCP congestion control per connection",
+    provider: "rdma-core",
+    fix: "the device's TCP connections belong to the kernel, which uses the system default (sysctl net.ipv4.tcp_congestion_control); set that, or use the software provider (IWARP_DEVICE=soft)",
+};
+
+#[cfg(feature = "rdma-core")]
+fn no_congestion_on_device(param: &ConnParam) -> Result<(), CmError> {
+    match &param.congestion {
+        Some(cc) => {
+            tracing::warn!(congestion = %cc, "congestion control requested on a kernel device");
+            Err(CC_UNSUPPORTED)
+        }
+        None => Ok(()),
+    }
+}
+
+/// The TCP congestion-control algorithm `qp`'s connection uses (for
+/// logs): see [`crate::soft::cm::tcp_congestion`].
+/// [`CmError::Unsupported`] for a queue pair of a kernel device.
+pub fn tcp_congestion(qp: &QueuePair) -> Result<String, CmError> {
+    #[cfg(feature = "rdma-core")]
+    if crate::rdma::owns(qp) {
+        return Err(CC_UNSUPPORTED);
+    }
+    crate::soft::cm::tcp_congestion(qp)
 }
 
 #[cfg(feature = "rdma-core")]
@@ -150,6 +190,31 @@ impl Listener {
             ListenerInner::Soft(l) => l.mpa(),
             #[cfg(feature = "rdma-core")]
             ListenerInner::Kernel { mpa, .. } => mpa,
+        }
+    }
+
+    /// Set the TCP congestion control of the listening socket; connections
+    /// accepted afterwards inherit it (see
+    /// [`crate::soft::cm::Listener::set_congestion`]).
+    /// [`CmError::Unsupported`] on a kernel device.
+    pub fn set_congestion(&self, cc: &CongestionControl) -> Result<(), CmError> {
+        match &self.inner {
+            ListenerInner::Soft(l) => l.set_congestion(cc),
+            #[cfg(feature = "rdma-core")]
+            ListenerInner::Kernel { .. } => {
+                let _ = cc;
+                Err(CC_UNSUPPORTED)
+            }
+        }
+    }
+
+    /// The congestion control of the listening socket.
+    /// [`CmError::Unsupported`] on a kernel device.
+    pub fn tcp_congestion(&self) -> Result<String, CmError> {
+        match &self.inner {
+            ListenerInner::Soft(l) => l.tcp_congestion(),
+            #[cfg(feature = "rdma-core")]
+            ListenerInner::Kernel { .. } => Err(CC_UNSUPPORTED),
         }
     }
 
@@ -306,6 +371,17 @@ impl ConnRequest {
         }
     }
 
+    /// The congestion control of the accepted TCP connection before
+    /// [`accept`](ConnRequest::accept) applies `param.congestion`.
+    /// [`CmError::Unsupported`] on a kernel device.
+    pub fn tcp_congestion(&self) -> Result<String, CmError> {
+        match &self.inner {
+            ReqInner::Soft(r) => r.tcp_congestion(),
+            #[cfg(feature = "rdma-core")]
+            ReqInner::Kernel(_) => Err(CC_UNSUPPORTED),
+        }
+    }
+
     /// The provider the request came in on: `soft` or `rdma-core`.
     pub fn provider(&self) -> &'static str {
         match &self.inner {
@@ -320,8 +396,9 @@ impl ConnRequest {
     /// device): otherwise [`CmError::OtherProvider`], and the request is
     /// refused. See [`crate::soft::cm::ConnRequest::accept`]; on a kernel
     /// device `param.private_data` (at most 255 bytes) goes with the
-    /// accept and `param.timeout` bounds the wait for ESTABLISHED. Post
-    /// receives before accepting.
+    /// accept and `param.timeout` bounds the wait for ESTABLISHED, and
+    /// `param.congestion` must be `None` ([`CmError::Unsupported`], the
+    /// request is refused). Post receives before accepting.
     pub fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
         match self.inner {
             ReqInner::Soft(r) => r.accept(qp, param),
@@ -331,6 +408,7 @@ impl ConnRequest {
                     // Dropping `r` rejects the request.
                     return Err(CmError::OtherProvider);
                 }
+                no_congestion_on_device(param)?;
                 r.accept(qp, &param.private_data, param.timeout)
                     .map_err(|e| provider_err("rdma_cm accept", e))
             }

@@ -23,11 +23,21 @@
 //!
 //! As in siw, the responder goes to RTS as soon as its Reply is sent; the
 //! initiator's RTR message arrives as an ordinary zero-length operation.
+//!
+//! **Congestion control per connection.** [`ConnParam::congestion`] picks
+//! the TCP congestion-control algorithm of the connection's socket
+//! (`TCP_CONGESTION`, tcp(7)): set before `connect` on the active side,
+//! on the accepted socket before the MPA Reply on the passive side, and
+//! [`Listener::set_congestion`] sets it on the listening socket, whose
+//! accepted connections inherit it. [`tcp_congestion`] reads back what a
+//! connection uses. `None` keeps the kernel's default
+//! (`net.ipv4.tcp_congestion_control`).
 
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::{LinkParams, QpState, SendWr, SgList, WrOpcode};
@@ -35,6 +45,10 @@ use iwarp_proto::handshake::{self, Negotiated, Request};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 pub use iwarp_proto::handshake::{HandshakeError, MpaConfig, Policy, Rtr};
+
+pub use super::link::{
+    available_congestion_control, ALLOWED_CC_PATH, AVAILABLE_CC_PATH, TCP_CA_NAME_MAX_LEN,
+};
 
 use super::{Conn, SoftQp, RTR_WR_ID};
 use crate::provider::{ConnInfo, QpEvent};
@@ -102,6 +116,112 @@ pub struct ConnParam {
     /// initiator always sends first (rsockets) turn it on. Ignored on the
     /// active side.
     pub hold_until_first_fpdu: bool,
+    /// The TCP congestion-control algorithm of this connection
+    /// (`TCP_CONGESTION`, tcp(7)); `None` keeps the kernel's default
+    /// (`net.ipv4.tcp_congestion_control`). The active side sets it
+    /// before `connect`; the passive side on the accepted socket before
+    /// the MPA Reply leaves (overriding what it inherited from
+    /// [`Listener::set_congestion`]). An algorithm the kernel lacks fails
+    /// the connect or accept with [`CmError::Congestion`]. Software
+    /// provider only: a kernel device's TCP is the kernel's and cannot be
+    /// given one ([`CmError::Unsupported`]).
+    pub congestion: Option<CongestionControl>,
+}
+
+/// A TCP congestion-control algorithm's name, checked to fit the kernel's
+/// `TCP_CA_NAME_MAX` (at most [`TCP_CA_NAME_MAX_LEN`] = 15 bytes, since
+/// setsockopt(2) would silently cut a longer one) and to be a plain
+/// module-style name (ASCII letters, digits, `_`, `-`, `.`). Whether the
+/// kernel has it is known only when it is set ([`CmError::Congestion`]);
+/// [`available_congestion_control`] lists what this kernel offers (here:
+/// reno, cubic and bbr).
+///
+/// ```
+/// use iwarp::cm::CongestionControl;
+/// let cc: CongestionControl = "bbr".parse().unwrap();
+/// assert_eq!(cc.as_str(), "bbr");
+/// assert!("a-name-longer-than-15".parse::<CongestionControl>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CongestionControl(String);
+
+impl CongestionControl {
+    /// Check `name` (see the type's documentation).
+    pub fn new(name: &str) -> Result<CongestionControl, BadCongestionName> {
+        let why = if name.is_empty() {
+            Some("it is empty")
+        } else if name.len() > TCP_CA_NAME_MAX_LEN {
+            Some("it is longer than 15 bytes (TCP_CA_NAME_MAX - 1), and the kernel would cut it")
+        } else if !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        {
+            Some("only ASCII letters, digits, '_', '-' and '.' make an algorithm name")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(BadCongestionName {
+                name: name.to_owned(),
+                why,
+            }),
+            None => Ok(CongestionControl(name.to_owned())),
+        }
+    }
+
+    /// The algorithm's name, as given to `TCP_CONGESTION`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for CongestionControl {
+    type Err = BadCongestionName;
+    fn from_str(s: &str) -> Result<CongestionControl, BadCongestionName> {
+        CongestionControl::new(s)
+    }
+}
+
+impl fmt::Display for CongestionControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A string that cannot be a congestion-control name
+/// ([`CongestionControl::new`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadCongestionName {
+    /// What was given.
+    pub name: String,
+    /// Why it is refused.
+    pub why: &'static str,
+}
+
+impl fmt::Display for BadCongestionName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is not a TCP congestion-control name: {}; pick one of {} ({})",
+            self.name,
+            self.why,
+            offered(),
+            AVAILABLE_CC_PATH
+        )
+    }
+}
+
+impl std::error::Error for BadCongestionName {}
+
+/// This kernel's algorithms for a message, or a hint where `/proc` is
+/// not readable.
+fn offered() -> String {
+    let a = available_congestion_control();
+    if a.is_empty() {
+        "the kernel's algorithms".into()
+    } else {
+        a.join(", ")
+    }
 }
 
 /// The default [`ConnParam::probe_interval`]: off. The probe is a
@@ -125,6 +245,7 @@ impl Default for ConnParam {
             probe_interval: DEFAULT_PROBE_INTERVAL,
             wake_nudge: true,
             hold_until_first_fpdu: false,
+            congestion: None,
         }
     }
 }
@@ -187,6 +308,21 @@ pub enum CmError {
         addr: SocketAddr,
         error: crate::Error,
     },
+    /// Setting the TCP congestion-control algorithm (`TCP_CONGESTION`)
+    /// failed: `ENOENT`, the kernel does not have it; `EPERM`, it is not
+    /// in the list unprivileged processes may pick.
+    Congestion { name: String, source: io::Error },
+    /// The queue pair's provider cannot do what was asked (a kernel
+    /// device's TCP connection is the kernel's: its congestion control
+    /// cannot be chosen per connection from user space).
+    Unsupported {
+        what: &'static str,
+        provider: &'static str,
+        fix: &'static str,
+    },
+    /// The queue pair has no connection (never connected, or still
+    /// connecting).
+    NotConnected,
 }
 
 fn hex(data: &[u8]) -> String {
@@ -221,6 +357,13 @@ impl fmt::Display for CmError {
             CmError::Driver(e) => write!(f, "could not start the queue pair's driver threads: {e}; raise the thread limit"),
             CmError::OtherProvider => f.write_str("this queue pair was not made by the listener's provider (software or the same kernel device): create it on the device the listener was bound through"),
             CmError::Device { addr, error } => write!(f, "cannot listen on {addr}: {error}"),
+            CmError::Congestion { name, source } => match source.raw_os_error() {
+                Some(libc::ENOENT) => write!(f, "the kernel has no TCP congestion control {name:?} (it offers: {}, see {AVAILABLE_CC_PATH}); load it with `modprobe tcp_{name}` or pick an offered one", offered()),
+                Some(libc::EPERM) => write!(f, "TCP congestion control {name:?} is not allowed for this process: add it to {ALLOWED_CC_PATH} (sysctl net.ipv4.tcp_allowed_congestion_control) or run with CAP_NET_ADMIN"),
+                _ => write!(f, "could not set TCP congestion control {name:?}: {source}; see {AVAILABLE_CC_PATH}"),
+            },
+            CmError::Unsupported { what, provider, fix } => write!(f, "{what} is not supported on the {provider} provider: {fix}"),
+            CmError::NotConnected => f.write_str("the queue pair has no connection: connect or accept it first"),
         }
     }
 }
@@ -230,7 +373,8 @@ impl std::error::Error for CmError {
         match self {
             CmError::Connect { source, .. }
             | CmError::Io { source, .. }
-            | CmError::Bind { source, .. } => Some(source),
+            | CmError::Bind { source, .. }
+            | CmError::Congestion { source, .. } => Some(source),
             CmError::Driver(e) => Some(e),
             CmError::Device { error, .. } => Some(error),
             _ => None,
@@ -243,6 +387,33 @@ fn is_timeout(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
     )
+}
+
+/// Set `cc` on `sock` (`TCP_CONGESTION`, tcp(7)).
+fn apply_congestion(sock: &Socket, cc: &CongestionControl) -> Result<(), CmError> {
+    super::link::set_congestion(sock, cc.as_str()).map_err(|source| CmError::Congestion {
+        name: cc.as_str().to_owned(),
+        source,
+    })
+}
+
+/// What `sock` uses, for logs: the name, or `?` where the kernel does
+/// not say.
+fn congestion_for_log(sock: &Socket) -> String {
+    super::link::congestion(sock).unwrap_or_else(|_| "?".into())
+}
+
+/// The TCP congestion-control algorithm `qp`'s connection uses
+/// (getsockopt(2) `TCP_CONGESTION`): the one [`ConnParam::congestion`]
+/// set, or the kernel's default. [`CmError::NotConnected`] before the
+/// connection is up.
+pub fn tcp_congestion(qp: &QueuePair) -> Result<String, CmError> {
+    let shared = super::of(qp).ok_or(CmError::OtherProvider)?;
+    let conn = shared.conn.get().ok_or(CmError::NotConnected)?;
+    super::link::congestion(&conn.sock).map_err(|source| CmError::Io {
+        during: "reading TCP_CONGESTION",
+        source,
+    })
 }
 
 /// A deadline-bounded MPA frame exchange on a blocking socket.
@@ -461,6 +632,7 @@ fn go_live(
         markers_tx = info.mpa.markers_tx,
         markers_rx = info.mpa.markers_rx,
         mulpdu,
+        congestion = %congestion_for_log(&conn.sock),
         "connection established"
     );
     conn.kick(shared);
@@ -500,6 +672,11 @@ fn connect_inner(
         during: "creating the socket",
         source: e,
     })?;
+    if let Some(cc) = &param.congestion {
+        // Before connect, so the connection starts (and its first window
+        // grows) under the chosen algorithm.
+        apply_congestion(&sock, cc)?;
+    }
     match sock.connect_timeout(&SockAddr::from(addr), param.timeout) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -585,6 +762,26 @@ impl Listener {
     /// The MPA policy of the listener.
     pub fn mpa(&self) -> &MpaConfig {
         &self.mpa
+    }
+
+    /// Set the TCP congestion-control algorithm of the listening socket
+    /// (`TCP_CONGESTION`, tcp(7)); every connection whose TCP handshake
+    /// completes afterwards inherits it (Linux copies the listener's
+    /// algorithm into the accepted socket). A [`ConnParam::congestion`]
+    /// given to [`ConnRequest::accept`] overrides it per connection.
+    pub fn set_congestion(&self, cc: &CongestionControl) -> Result<(), CmError> {
+        apply_congestion(&self.sock, cc)?;
+        tracing::debug!(local = %self.local, congestion = %cc, "listener congestion control set");
+        Ok(())
+    }
+
+    /// The congestion-control algorithm of the listening socket (the one
+    /// its accepted connections start with).
+    pub fn tcp_congestion(&self) -> Result<String, CmError> {
+        super::link::congestion(&self.sock).map_err(|source| CmError::Io {
+            during: "reading TCP_CONGESTION",
+            source,
+        })
     }
 
     /// Wait for the next connection request (`rdma_get_request`): accept a
@@ -758,6 +955,15 @@ impl ConnRequest {
     pub fn ord(&self) -> u16 {
         self.neg.ord
     }
+    /// The congestion-control algorithm of the accepted TCP connection
+    /// (inherited from the listener, or the kernel's default) before
+    /// [`accept`](ConnRequest::accept) applies [`ConnParam::congestion`].
+    pub fn tcp_congestion(&self) -> Result<String, CmError> {
+        super::link::congestion(&self.sock).map_err(|source| CmError::Io {
+            during: "reading TCP_CONGESTION",
+            source,
+        })
+    }
 
     /// Accept the request onto `qp` (`rdma_accept`): send the MPA Reply with
     /// `param.private_data`, establish the QP and start its driver. The
@@ -765,6 +971,9 @@ impl ConnRequest {
     /// request was validated against); `param.mpa` is not consulted here.
     /// The reply must leave within `param.timeout`. Post receives before
     /// accepting: the peer may send as soon as it has the Reply.
+    /// `param.congestion` is set on the connection's socket before the
+    /// Reply; if the kernel refuses it the request is rejected (an MPA
+    /// Reject, then the connection is closed) and the error returned.
     pub fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
         let soft = claim(qp)?;
         let r = self.accept_inner(&soft, param);
@@ -776,6 +985,22 @@ impl ConnRequest {
 
     fn accept_inner(self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<(), CmError> {
         let addr = self.peer;
+        if let Some(cc) = &param.congestion {
+            if let Err(e) = apply_congestion(&self.sock, cc) {
+                tracing::warn!(peer = %addr, error = %e, "rejecting the connection");
+                let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);
+                let start = Instant::now();
+                let x = Exchange {
+                    sock: &self.sock,
+                    addr,
+                    start,
+                    deadline: start + param.timeout,
+                };
+                let _ = x.send(&reject, "sending the MPA Reject");
+                let _ = self.sock.shutdown(Shutdown::Both);
+                return Err(e);
+            }
+        }
         let (reply, neg) =
             handshake::accept(&self.mpa, &self.req, &param.private_data).map_err(|error| {
                 let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);

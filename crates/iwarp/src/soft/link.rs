@@ -1,5 +1,6 @@
 //! Sizing FPDUs to the TCP path (RFC 5044 §8) and the data-path socket
-//! options.
+//! options, including the per-connection congestion control
+//! (`TCP_CONGESTION`, tcp(7)).
 
 use std::time::Duration;
 
@@ -80,6 +81,45 @@ pub(crate) fn tune_socket(sock: &Socket) {
     }
 }
 
+/// Longest congestion-control name the kernel keeps: `TCP_CA_NAME_MAX`
+/// (16, include/net/tcp.h) less the terminating NUL. setsockopt(2) of
+/// `TCP_CONGESTION` copies at most this many bytes and silently drops the
+/// rest, so a longer name must be refused before it reaches the kernel.
+pub const TCP_CA_NAME_MAX_LEN: usize = 15;
+
+/// Where the kernel lists the congestion-control algorithms it has
+/// loaded (tcp(7): `tcp_available_congestion_control`).
+pub const AVAILABLE_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+
+/// Where the kernel lists the algorithms a process without
+/// `CAP_NET_ADMIN` may pick (tcp(7): `tcp_allowed_congestion_control`).
+pub const ALLOWED_CC_PATH: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+
+/// The algorithms this kernel offers ([`AVAILABLE_CC_PATH`]), in its
+/// order; empty where the file cannot be read (no `/proc`).
+pub fn available_congestion_control() -> Vec<String> {
+    std::fs::read_to_string(AVAILABLE_CC_PATH)
+        .map(|s| s.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Set `TCP_CONGESTION` on `sock` (tcp(7)). `name` is already checked
+/// (at most [`TCP_CA_NAME_MAX_LEN`] bytes). Set before `connect` on an
+/// active socket, so the first window of data is already paced by the
+/// chosen algorithm; on a listening socket, the connections it accepts
+/// inherit it.
+pub(super) fn set_congestion(sock: &Socket, name: &str) -> std::io::Result<()> {
+    sock.set_tcp_congestion(name.as_bytes())
+}
+
+/// The congestion-control algorithm `sock` uses (getsockopt(2)
+/// `TCP_CONGESTION`: the name, NUL-padded to `TCP_CA_NAME_MAX`).
+pub(super) fn congestion(sock: &Socket) -> std::io::Result<String> {
+    let raw = sock.tcp_congestion()?;
+    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    Ok(String::from_utf8_lossy(&raw[..end]).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +169,17 @@ mod tests {
             let m = mulpdu_for_path(mss, false);
             assert!((128..=MULPDU_CAP).contains(&m), "mss {mss}: {m}");
         }
+    }
+
+    #[test]
+    fn congestion_round_trips_on_a_socket() {
+        use socket2::{Domain, Protocol, Type};
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        // reno is built into every Linux kernel (net/ipv4/tcp_cong.c).
+        set_congestion(&sock, "reno").unwrap();
+        assert_eq!(congestion(&sock).unwrap(), "reno");
+        let e = set_congestion(&sock, "nosuch").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+        assert!(available_congestion_control().iter().any(|a| a == "reno"));
     }
 }
