@@ -49,6 +49,13 @@
 #define IWARP_MAX_SGE 6
 
 /**
+ * Size of `iwarp_conn_param.congestion` and of the buffer
+ * `iwarp_query_qp_congestion` needs: the kernel's `TCP_CA_NAME_MAX`, so
+ * names of at most 15 bytes plus the NUL.
+ */
+#define IWARP_CONGESTION_MAX 16
+
+/**
  * `iwarp_conn_param.peer_timeout_ms` / `probe_interval_ms`: off.
  */
 #define IWARP_LIVENESS_OFF UINT32_MAX
@@ -114,6 +121,13 @@ typedef enum iwarp_result {
    * an unknown part of it. Report it with the `iwarp_last_error` text.
    */
   IWARP_ERR_PANIC = 11,
+  /**
+   * What was asked cannot be done here: a TCP congestion-control
+   * algorithm the kernel does not have (or does not allow this
+   * process), or a software-provider feature asked of a kernel RDMA
+   * device. `iwarp_last_error` says which, and the fix.
+   */
+  IWARP_ERR_UNSUPPORTED = 12,
 } iwarp_result;
 
 /**
@@ -534,6 +548,20 @@ typedef struct iwarp_conn_param {
    * off too.
    */
   uint32_t probe_interval_ms;
+  /**
+   * The TCP congestion-control algorithm of the connection
+   * (`TCP_CONGESTION`, tcp(7)), NUL-terminated: "reno", "cubic",
+   * "bbr", ... (the kernel lists its own in
+   * /proc/sys/net/ipv4/tcp_available_congestion_control). Empty (the
+   * default) keeps the kernel's default. Set it with
+   * `iwarp_conn_param_set_congestion`, which checks the name. Connect
+   * sets it before the TCP connect; listen sets it on the listening
+   * socket (accepted connections inherit it); accept sets it on the
+   * accepted connection before the MPA Reply. An algorithm the kernel
+   * lacks fails the call with `IWARP_ERR_UNSUPPORTED`, as does any
+   * name on a kernel RDMA device (its TCP is the kernel's).
+   */
+  char congestion[IWARP_CONGESTION_MAX];
 } iwarp_conn_param;
 
 #ifdef __cplusplus
@@ -979,12 +1007,44 @@ uint32_t iwarp_cq_depth(const struct iwarp_cq *cq);
 /**
  * Fill `*p` with the defaults: no private data, CRC and markers
  * `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms, peer timeout
- * 30000 ms, probe interval 10000 ms. NULL is a no-op.
+ * 30000 ms, probe interval off, congestion control the kernel's
+ * default. NULL is a no-op.
  *
  * # Safety
  * `p` is NULL or writable.
  */
 void iwarp_conn_param_init(struct iwarp_conn_param *p);
+
+/**
+ * Set `p->congestion` to the TCP congestion-control algorithm `name`
+ * ("reno", "cubic", "bbr", ...; NULL or "" for the kernel's default).
+ * The name is checked here (at most 15 bytes, the kernel's
+ * `TCP_CA_NAME_MAX` - 1, of letters, digits, '_', '-', '.'):
+ * `IWARP_ERR_INVALID_ARG` otherwise, and `p` is left alone. Whether the
+ * kernel has the algorithm is known only when the parameters are used
+ * (`iwarp_connect`, `iwarp_listen`, `iwarp_accept`:
+ * `IWARP_ERR_UNSUPPORTED`).
+ *
+ * # Safety
+ * `p` is NULL or valid for reads and writes; `name` is NULL or
+ * NUL-terminated.
+ */
+enum iwarp_result iwarp_conn_param_set_congestion(struct iwarp_conn_param *p, const char *name);
+
+/**
+ * Write the TCP congestion-control algorithm `qp`'s connection uses
+ * (getsockopt `TCP_CONGESTION`: the one asked for, or the kernel's
+ * default) into `buf` as a NUL-terminated string, truncated to `len - 1`
+ * bytes (`IWARP_CONGESTION_MAX` bytes always suffice). For logs.
+ *
+ * Errors: `IWARP_ERR_QP_STATE` (not connected yet),
+ * `IWARP_ERR_UNSUPPORTED` (a QP of a kernel RDMA device),
+ * `IWARP_ERR_INVALID_ARG` (`len` is 0).
+ *
+ * # Safety
+ * `qp` is NULL or a live handle; `buf` is NULL or valid for `len` bytes.
+ */
+enum iwarp_result iwarp_query_qp_congestion(const struct iwarp_qp *qp, char *buf, size_t len);
 
 /**
  * Connect `qp` (in state INIT) to a listener at `host`:`port`
@@ -1002,7 +1062,9 @@ void iwarp_conn_param_init(struct iwarp_conn_param *p);
  * Errors: `IWARP_ERR_REFUSED` (nobody listens), `IWARP_ERR_TIMEOUT`,
  * `IWARP_ERR_REJECTED`, `IWARP_ERR_MPA`, `IWARP_ERR_QP_STATE` (QP not
  * fresh), `IWARP_ERR_INVALID_ARG` (private data over 512 bytes, bad
- * policy value), `IWARP_ERR_IO`.
+ * policy value, bad congestion-control name), `IWARP_ERR_UNSUPPORTED`
+ * (the kernel lacks `param->congestion`, or `qp` is of a kernel RDMA
+ * device and `param->congestion` is set), `IWARP_ERR_IO`.
  *
  * # Safety
  * `qp` is NULL or a live handle; `host` is NULL or NUL-terminated;
@@ -1021,7 +1083,9 @@ enum iwarp_result iwarp_connect(struct iwarp_qp *qp,
  * Listen on `host`:`port` (`rdma_listen`; port 0 picks a free port, see
  * `iwarp_listener_port`; "0.0.0.0" or "::" for all addresses). The CRC,
  * marker and IRD/ORD settings of `param` (NULL: defaults) are the policy
- * every incoming request is negotiated against; its private data and
+ * every incoming request is negotiated against; its `congestion` is set
+ * on the listening socket, so accepted connections inherit it
+ * (`IWARP_ERR_UNSUPPORTED` if the kernel lacks it); its private data and
  * timeout are not used.
  *
  * # Safety
@@ -1107,8 +1171,10 @@ size_t iwarp_conn_request_peer(const struct iwarp_conn_request *r, char *buf, si
  * its receives already posted: the peer may send at once): send the MPA
  * Reply with `param->private_data` and start the QP. The listener's policy
  * governs the negotiation; of `param` (NULL: defaults) only the private
- * data and the timeout are used. Always consumes `r`, also on failure (the
- * connection is then closed).
+ * data, the timeout and `congestion` (overriding what the connection
+ * inherited from the listener; if the kernel lacks it the request is
+ * rejected and the call fails with `IWARP_ERR_UNSUPPORTED`) are used.
+ * Always consumes `r`, also on failure (the connection is then closed).
  *
  * # Safety
  * `r` is NULL or a live handle, not used again; `qp` is NULL or a live

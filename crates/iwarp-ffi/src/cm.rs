@@ -4,12 +4,19 @@
 //! The MPA exchange of RFC 5044 §7 (with RFC 6581 revision 2) runs inside
 //! these calls, bounded by `iwarp_conn_param.timeout_ms`; on success the QP
 //! is in RTS and its driver threads run.
+//!
+//! `iwarp_conn_param.congestion` picks the connection's TCP congestion
+//! control (`TCP_CONGESTION`, tcp(7)): set with
+//! `iwarp_conn_param_set_congestion`, read back with
+//! `iwarp_query_qp_congestion`.
 
 use std::ffi::{c_char, CStr};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
-use iwarp_rs::cm::{self, CmError, ConnParam, ConnRequest, Listener, MpaConfig, Policy};
+use iwarp_rs::cm::{
+    self, CmError, CongestionControl, ConnParam, ConnRequest, Listener, MpaConfig, Policy,
+};
 
 use crate::boundary::{free, give, guard, guard_or, handle, out_ptr};
 use crate::error::{copy_cstr, iwarp_result, FfiError};
@@ -80,7 +87,25 @@ pub struct iwarp_conn_param {
     /// a sensible value for siw and this stack); `IWARP_LIVENESS_OFF` is
     /// off too.
     pub probe_interval_ms: u32,
+    /// The TCP congestion-control algorithm of the connection
+    /// (`TCP_CONGESTION`, tcp(7)), NUL-terminated: "reno", "cubic",
+    /// "bbr", ... (the kernel lists its own in
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control). Empty (the
+    /// default) keeps the kernel's default. Set it with
+    /// `iwarp_conn_param_set_congestion`, which checks the name. Connect
+    /// sets it before the TCP connect; listen sets it on the listening
+    /// socket (accepted connections inherit it); accept sets it on the
+    /// accepted connection before the MPA Reply. An algorithm the kernel
+    /// lacks fails the call with `IWARP_ERR_UNSUPPORTED`, as does any
+    /// name on a kernel RDMA device (its TCP is the kernel's).
+    pub congestion: [c_char; IWARP_CONGESTION_MAX],
 }
+
+/// Size of `iwarp_conn_param.congestion` and of the buffer
+/// `iwarp_query_qp_congestion` needs: the kernel's `TCP_CA_NAME_MAX`, so
+/// names of at most 15 bytes plus the NUL.
+pub const IWARP_CONGESTION_MAX: usize = 16;
+const _: () = assert!(IWARP_CONGESTION_MAX == cm::TCP_CA_NAME_MAX_LEN + 1);
 
 /// `iwarp_conn_param.peer_timeout_ms` / `probe_interval_ms`: off.
 pub const IWARP_LIVENESS_OFF: u32 = u32::MAX;
@@ -160,14 +185,36 @@ unsafe fn conn_param_from_c(p: *const iwarp_conn_param) -> Result<ConnParam, Ffi
     } else {
         p.timeout_ms
     };
+    let congestion = congestion_from_c(&p.congestion)?;
     Ok(ConnParam {
         private_data,
         mpa,
         timeout: Duration::from_millis(u64::from(ms)),
         peer_timeout: liveness_from_c(p.peer_timeout_ms, cm::DEFAULT_PEER_TIMEOUT),
         probe_interval: liveness_from_c(p.probe_interval_ms, cm::DEFAULT_PROBE_INTERVAL),
+        congestion,
         ..ConnParam::default()
     })
+}
+
+/// The algorithm in `iwarp_conn_param.congestion`: `None` when empty.
+fn congestion_from_c(
+    field: &[c_char; IWARP_CONGESTION_MAX],
+) -> Result<Option<CongestionControl>, FfiError> {
+    let bytes: Vec<u8> = field.iter().map(|&c| c as u8).collect();
+    let Some(end) = bytes.iter().position(|&b| b == 0) else {
+        return Err(FfiError::invalid(
+            "iwarp_conn_param.congestion is not NUL-terminated: names have at most 15 bytes (TCP_CA_NAME_MAX - 1); set it with iwarp_conn_param_set_congestion",
+        ));
+    };
+    if end == 0 {
+        return Ok(None);
+    }
+    let name = std::str::from_utf8(&bytes[..end])
+        .map_err(|_| FfiError::invalid("iwarp_conn_param.congestion is not ASCII"))?;
+    name.parse()
+        .map(Some)
+        .map_err(|e: cm::BadCongestionName| FfiError::invalid(e.to_string()))
 }
 
 /// Resolve `host` (an IPv4 or IPv6 literal, optionally in brackets, or a
@@ -211,7 +258,8 @@ unsafe fn resolve(host: *const c_char, port: u16) -> Result<Vec<SocketAddr>, Ffi
 
 /// Fill `*p` with the defaults: no private data, CRC and markers
 /// `IWARP_MPA_OPTIONAL`, IRD = ORD = 16, timeout 5000 ms, peer timeout
-/// 30000 ms, probe interval 10000 ms. NULL is a no-op.
+/// 30000 ms, probe interval off, congestion control the kernel's
+/// default. NULL is a no-op.
 ///
 /// # Safety
 /// `p` is NULL or writable.
@@ -232,9 +280,86 @@ pub unsafe extern "C" fn iwarp_conn_param_init(p: *mut iwarp_conn_param) {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             peer_timeout_ms: millis(cm::DEFAULT_PEER_TIMEOUT),
             probe_interval_ms: millis(cm::DEFAULT_PROBE_INTERVAL),
+            congestion: [0; IWARP_CONGESTION_MAX],
         };
         // SAFETY: non-NULL and writable (caller).
         unsafe { p.write(v) };
+        Ok(())
+    })
+}
+
+/// Set `p->congestion` to the TCP congestion-control algorithm `name`
+/// ("reno", "cubic", "bbr", ...; NULL or "" for the kernel's default).
+/// The name is checked here (at most 15 bytes, the kernel's
+/// `TCP_CA_NAME_MAX` - 1, of letters, digits, '_', '-', '.'):
+/// `IWARP_ERR_INVALID_ARG` otherwise, and `p` is left alone. Whether the
+/// kernel has the algorithm is known only when the parameters are used
+/// (`iwarp_connect`, `iwarp_listen`, `iwarp_accept`:
+/// `IWARP_ERR_UNSUPPORTED`).
+///
+/// # Safety
+/// `p` is NULL or valid for reads and writes; `name` is NULL or
+/// NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_conn_param_set_congestion(
+    p: *mut iwarp_conn_param,
+    name: *const c_char,
+) -> iwarp_result {
+    guard("iwarp_conn_param_set_congestion", || {
+        // SAFETY: NULL or valid for reads and writes (caller).
+        let p = unsafe { p.as_mut() }.ok_or_else(|| FfiError::null("p"))?;
+        let mut field = [0 as c_char; IWARP_CONGESTION_MAX];
+        if !name.is_null() {
+            // SAFETY: non-NULL and NUL-terminated (caller).
+            let name = unsafe { CStr::from_ptr(name) };
+            let text = name.to_str().map_err(|_| {
+                FfiError::invalid("congestion-control name is not ASCII: use reno, cubic, bbr, ...")
+            })?;
+            if !text.is_empty() {
+                let cc: CongestionControl = text
+                    .parse()
+                    .map_err(|e: cm::BadCongestionName| FfiError::invalid(e.to_string()))?;
+                for (d, b) in field.iter_mut().zip(cc.as_str().bytes()) {
+                    *d = b as c_char;
+                }
+            }
+        }
+        p.congestion = field;
+        Ok(())
+    })
+}
+
+/// Write the TCP congestion-control algorithm `qp`'s connection uses
+/// (getsockopt `TCP_CONGESTION`: the one asked for, or the kernel's
+/// default) into `buf` as a NUL-terminated string, truncated to `len - 1`
+/// bytes (`IWARP_CONGESTION_MAX` bytes always suffice). For logs.
+///
+/// Errors: `IWARP_ERR_QP_STATE` (not connected yet),
+/// `IWARP_ERR_UNSUPPORTED` (a QP of a kernel RDMA device),
+/// `IWARP_ERR_INVALID_ARG` (`len` is 0).
+///
+/// # Safety
+/// `qp` is NULL or a live handle; `buf` is NULL or valid for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn iwarp_query_qp_congestion(
+    qp: *const iwarp_qp,
+    buf: *mut c_char,
+    len: usize,
+) -> iwarp_result {
+    guard("iwarp_query_qp_congestion", || {
+        // SAFETY: NULL or a live handle (caller).
+        let qp = unsafe { handle(qp, "qp") }?;
+        if buf.is_null() {
+            return Err(FfiError::null("buf"));
+        }
+        if len == 0 {
+            return Err(FfiError::invalid(
+                "len is 0: pass a buffer of IWARP_CONGESTION_MAX bytes",
+            ));
+        }
+        let name = cm::tcp_congestion(&qp.qp)?;
+        // SAFETY: non-NULL and valid for `len` bytes (caller).
+        unsafe { copy_cstr(&name, buf, len) };
         Ok(())
     })
 }
@@ -276,7 +401,9 @@ unsafe fn give_private_data(data: &[u8], buf: *mut u8, len: *mut usize) {
 /// Errors: `IWARP_ERR_REFUSED` (nobody listens), `IWARP_ERR_TIMEOUT`,
 /// `IWARP_ERR_REJECTED`, `IWARP_ERR_MPA`, `IWARP_ERR_QP_STATE` (QP not
 /// fresh), `IWARP_ERR_INVALID_ARG` (private data over 512 bytes, bad
-/// policy value), `IWARP_ERR_IO`.
+/// policy value, bad congestion-control name), `IWARP_ERR_UNSUPPORTED`
+/// (the kernel lacks `param->congestion`, or `qp` is of a kernel RDMA
+/// device and `param->congestion` is set), `IWARP_ERR_IO`.
 ///
 /// # Safety
 /// `qp` is NULL or a live handle; `host` is NULL or NUL-terminated;
@@ -332,7 +459,9 @@ pub unsafe extern "C" fn iwarp_connect(
 /// Listen on `host`:`port` (`rdma_listen`; port 0 picks a free port, see
 /// `iwarp_listener_port`; "0.0.0.0" or "::" for all addresses). The CRC,
 /// marker and IRD/ORD settings of `param` (NULL: defaults) are the policy
-/// every incoming request is negotiated against; its private data and
+/// every incoming request is negotiated against; its `congestion` is set
+/// on the listening socket, so accepted connections inherit it
+/// (`IWARP_ERR_UNSUPPORTED` if the kernel lacks it); its private data and
 /// timeout are not used.
 ///
 /// # Safety
@@ -353,6 +482,9 @@ pub unsafe extern "C" fn iwarp_listen(
         // SAFETY: NULL or NUL-terminated (caller).
         let addr = unsafe { resolve(host, port) }?[0];
         let l = Listener::bind(addr, param.mpa)?;
+        if let Some(cc) = &param.congestion {
+            l.set_congestion(cc)?;
+        }
         // SAFETY: checked by out_ptr.
         unsafe { give(out, iwarp_listener { l }) };
         Ok(())
@@ -386,6 +518,9 @@ pub unsafe extern "C" fn iwarp_listen_on(
         // SAFETY: NULL or NUL-terminated (caller).
         let addr = unsafe { resolve(host, port) }?[0];
         let l = Listener::bind_on(&c.ctx, addr, param.mpa)?;
+        if let Some(cc) = &param.congestion {
+            l.set_congestion(cc)?;
+        }
         // SAFETY: checked by out_ptr.
         unsafe { give(out, iwarp_listener { l }) };
         Ok(())
@@ -508,8 +643,10 @@ unsafe fn take_request(r: *mut iwarp_conn_request) -> Result<ConnRequest, FfiErr
 /// its receives already posted: the peer may send at once): send the MPA
 /// Reply with `param->private_data` and start the QP. The listener's policy
 /// governs the negotiation; of `param` (NULL: defaults) only the private
-/// data and the timeout are used. Always consumes `r`, also on failure (the
-/// connection is then closed).
+/// data, the timeout and `congestion` (overriding what the connection
+/// inherited from the listener; if the kernel lacks it the request is
+/// rejected and the call fails with `IWARP_ERR_UNSUPPORTED`) are used.
+/// Always consumes `r`, also on failure (the connection is then closed).
 ///
 /// # Safety
 /// `r` is NULL or a live handle, not used again; `qp` is NULL or a live
@@ -621,6 +758,49 @@ mod tests {
         );
         // SAFETY: NULL means the defaults.
         assert!(unsafe { conn_param_from_c(null()) }.is_ok());
+    }
+
+    #[test]
+    fn congestion_setter_checks_names() {
+        let mut p = std::mem::MaybeUninit::<iwarp_conn_param>::uninit();
+        // SAFETY (whole test): `p` is writable and initialized by init;
+        // names are NUL-terminated literals.
+        unsafe {
+            iwarp_conn_param_init(p.as_mut_ptr());
+            let mut p = p.assume_init();
+            assert!(conn_param_from_c(&p).unwrap().congestion.is_none());
+            assert_eq!(
+                iwarp_conn_param_set_congestion(&mut p, c"reno".as_ptr()),
+                IWARP_OK
+            );
+            let c = conn_param_from_c(&p).unwrap().congestion.unwrap();
+            assert_eq!(c.as_str(), "reno");
+            // 15 bytes fit, 16 do not, and a refused name leaves `p` alone.
+            assert_eq!(
+                iwarp_conn_param_set_congestion(&mut p, c"abcdefghijklmno".as_ptr()),
+                IWARP_OK
+            );
+            assert_eq!(
+                iwarp_conn_param_set_congestion(&mut p, c"abcdefghijklmnop".as_ptr()),
+                IWARP_ERR_INVALID_ARG
+            );
+            assert!(last_error().contains("15 bytes"), "{}", last_error());
+            let c = conn_param_from_c(&p).unwrap().congestion.unwrap();
+            assert_eq!(c.as_str(), "abcdefghijklmno");
+            // NULL and "" go back to the kernel's default.
+            assert_eq!(iwarp_conn_param_set_congestion(&mut p, null()), IWARP_OK);
+            assert!(conn_param_from_c(&p).unwrap().congestion.is_none());
+            // A field filled by hand without its NUL is refused at use.
+            p.congestion = [b'a' as c_char; IWARP_CONGESTION_MAX];
+            assert_eq!(
+                conn_param_from_c(&p).unwrap_err().code,
+                IWARP_ERR_INVALID_ARG
+            );
+            assert_eq!(
+                iwarp_conn_param_set_congestion(null_mut(), c"reno".as_ptr()),
+                IWARP_ERR_NULL_ARG
+            );
+        }
     }
 
     #[test]

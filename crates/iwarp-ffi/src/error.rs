@@ -50,6 +50,11 @@ pub enum iwarp_result {
     /// The library panicked (a bug in libiwarp); the call had no effect or
     /// an unknown part of it. Report it with the `iwarp_last_error` text.
     IWARP_ERR_PANIC = 11,
+    /// What was asked cannot be done here: a TCP congestion-control
+    /// algorithm the kernel does not have (or does not allow this
+    /// process), or a software-provider feature asked of a kernel RDMA
+    /// device. `iwarp_last_error` says which, and the fix.
+    IWARP_ERR_UNSUPPORTED = 12,
 }
 
 use iwarp_result::*;
@@ -70,11 +75,12 @@ impl iwarp_result {
             IWARP_ERR_QP_STATE => c"queue pair in the wrong state",
             IWARP_ERR_NO_MEMORY => c"out of memory",
             IWARP_ERR_PANIC => c"internal error (panic) in libiwarp",
+            IWARP_ERR_UNSUPPORTED => c"not supported here",
         }
     }
 
     /// All codes, in numeric order.
-    pub(crate) const ALL: [iwarp_result; 12] = [
+    pub(crate) const ALL: [iwarp_result; 13] = [
         IWARP_OK,
         IWARP_ERR_NULL_ARG,
         IWARP_ERR_INVALID_ARG,
@@ -87,6 +93,7 @@ impl iwarp_result {
         IWARP_ERR_QP_STATE,
         IWARP_ERR_NO_MEMORY,
         IWARP_ERR_PANIC,
+        IWARP_ERR_UNSUPPORTED,
     ];
 }
 
@@ -154,7 +161,8 @@ impl From<CmError> for FfiError {
                 ..
             } => IWARP_ERR_INVALID_ARG,
             CmError::Mpa { .. } | CmError::Closed { .. } => IWARP_ERR_MPA,
-            CmError::InvalidState { .. } => IWARP_ERR_QP_STATE,
+            CmError::InvalidState { .. } | CmError::NotConnected => IWARP_ERR_QP_STATE,
+            CmError::Congestion { .. } | CmError::Unsupported { .. } => IWARP_ERR_UNSUPPORTED,
             _ => IWARP_ERR_IO,
         };
         FfiError::new(code, e.to_string())
