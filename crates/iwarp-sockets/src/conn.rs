@@ -475,6 +475,17 @@ impl Conn {
         self.peer
     }
 
+    /// The TCP congestion control of the connection (getsockopt
+    /// `TCP_CONGESTION` on its TCP socket).
+    pub(crate) fn tcp_congestion(&self) -> io::Result<String> {
+        cm::tcp_congestion(&self.qp).map_err(cm_err)
+    }
+
+    /// Change the TCP congestion control of the live connection.
+    pub(crate) fn set_tcp_congestion(&self, cc: &cm::CongestionControl) -> io::Result<()> {
+        cm::set_tcp_congestion(&self.qp, cc).map_err(cm_err)
+    }
+
     pub(crate) fn options(&self) -> &Options {
         &self.opts
     }
@@ -1406,6 +1417,7 @@ pub(crate) fn connect(addr: SocketAddr, opts: &Options) -> io::Result<Arc<Conn>>
         private_data: parts.conn_data().to_vec(),
         mpa: opts.mpa.clone(),
         timeout: opts.connect_timeout,
+        congestion: opts.congestion.clone(),
         ..ConnParam::default()
     };
     let peer = cm::connect(parts.qp(), addr, &param).map_err(cm_err)?;
@@ -1433,6 +1445,7 @@ pub(crate) fn accept(req: cm::ConnRequest, opts: &Options) -> io::Result<Arc<Con
         private_data: parts.conn_data().to_vec(),
         mpa: opts.mpa.clone(),
         timeout: opts.connect_timeout,
+        congestion: opts.congestion.clone(),
         ..ConnParam::default()
     };
     // rsockets' initiator sends its credit update first thing; wait for it
@@ -1456,6 +1469,12 @@ pub(crate) fn cm_err(e: cm::CmError) -> io::Error {
         E::Closed { .. } => io::ErrorKind::ConnectionReset,
         E::Bind { source, .. } => source.kind(),
         E::Connect { source, .. } => source.kind(),
+        // The kind of setsockopt(2)'s errno (ENOENT: NotFound, no such
+        // algorithm; EPERM: PermissionDenied), with the message that says
+        // where to look.
+        E::Congestion { source, .. } => source.kind(),
+        E::NotConnected => io::ErrorKind::NotConnected,
+        E::Unsupported { .. } => io::ErrorKind::Unsupported,
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, e.to_string())

@@ -93,6 +93,26 @@ impl Stream {
         conn::connect(addr, opts).map(Stream::from_conn)
     }
 
+    /// The TCP congestion-control algorithm of the stream's TCP
+    /// connection (getsockopt `TCP_CONGESTION`), for logs.
+    pub fn tcp_congestion(&self) -> io::Result<String> {
+        self.s.conn.tcp_congestion()
+    }
+
+    /// Change the TCP congestion control of the live stream: what
+    /// `setsockopt(IPPROTO_TCP, TCP_CONGESTION, name)` does on a kernel
+    /// TCP socket (tcp(7)), applied to the TCP connection below the
+    /// stream. `name` is checked first (`InvalidInput`: not a name, or
+    /// longer than 15 bytes); an algorithm the kernel lacks is `NotFound`
+    /// (`ENOENT`), with a message naming
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control.
+    pub fn set_tcp_congestion(&self, name: &str) -> io::Result<()> {
+        let cc: iwarp::cm::CongestionControl = name
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        self.s.conn.set_tcp_congestion(&cc)
+    }
+
     fn from_conn(conn: Arc<Conn>) -> Stream {
         Stream {
             s: Arc::new(Shared {
@@ -451,9 +471,14 @@ impl Listener {
         Listener::bind_with(addr, &Options::default())
     }
 
-    /// Listens with these options (they apply to every accepted stream).
+    /// Listens with these options (they apply to every accepted stream;
+    /// [`Options::congestion`] is set on the listening socket too, so
+    /// connections inherit it from their first byte).
     pub fn bind_with(addr: SocketAddr, opts: &Options) -> io::Result<Listener> {
         let cm = cm::Listener::bind(addr, opts.mpa.clone()).map_err(conn::cm_err)?;
+        if let Some(cc) = &opts.congestion {
+            cm.set_congestion(cc).map_err(conn::cm_err)?;
+        }
         Ok(Listener {
             cm,
             opts: opts.clone(),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use iwarp::cm::MpaConfig;
+use iwarp::cm::{CongestionControl, MpaConfig};
 
 /// The socket design a stream follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,17 @@ pub struct Options {
     /// `riowrite` can reach them. Rounded as `target_iomap_size` carries it
     /// (exact up to 128, then multiples of 256).
     pub iomap_size: u16,
+    /// The TCP congestion-control algorithm of the stream's TCP
+    /// connection (`TCP_CONGESTION`, tcp(7); `None`: the kernel's
+    /// default). A connecting stream sets it before the TCP connect, a
+    /// listener on its listening socket (accepted streams inherit it) and
+    /// on each accepted connection. rsockets itself keeps no such option:
+    /// this is what the kernel's `setsockopt(IPPROTO_TCP, TCP_CONGESTION)`
+    /// does for a TCP socket, passed to the TCP connection below the
+    /// stream ([`Stream::set_tcp_congestion`](crate::Stream::set_tcp_congestion)
+    /// changes it on a live stream). Which to pick: docs/SOCKETS.md,
+    /// "Congestion control".
+    pub congestion: Option<CongestionControl>,
 }
 
 /// A zero-copy threshold for hosts where copies are dear (set it in
@@ -110,6 +121,7 @@ impl Default for Options {
             keepalive: false,
             linger: Duration::from_secs(1),
             iomap_size: 0,
+            congestion: None,
         }
     }
 }
@@ -132,8 +144,10 @@ impl Options {
     /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
     /// (`0`/`1`), `IWARP_SOCKETS_ACK_EACH` (`0`/`1`, after the design),
     /// `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
-    /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table). Values that
-    /// do not parse are reported and ignored.
+    /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table),
+    /// `IWARP_SOCKETS_CONGESTION` (a TCP congestion-control name: `reno`,
+    /// `cubic`, `bbr`, ...). Values that do not parse are reported and
+    /// ignored.
     pub fn from_env() -> Options {
         Options::from_vars(|k| std::env::var(k).ok())
     }
@@ -173,6 +187,12 @@ impl Options {
             match v.parse::<u16>() {
                 Ok(n) => o.iomap_size = n,
                 Err(_) => tracing::warn!(value = %v, "IWARP_SOCKETS_IOMAP_SIZE: entries, 0-32512"),
+            }
+        }
+        if let Some(v) = get("IWARP_SOCKETS_CONGESTION") {
+            match v.parse::<CongestionControl>() {
+                Ok(cc) => o.congestion = Some(cc),
+                Err(e) => tracing::warn!(error = %e, "IWARP_SOCKETS_CONGESTION ignored"),
             }
         }
         if let Some(v) = get("IWARP_SOCKETS_COALESCE") {
@@ -252,5 +272,15 @@ mod tests {
         ]);
         assert_eq!(z.zcopy_threshold, Some(65536));
         assert_eq!(z.rbuf_size, 8192);
+    }
+
+    #[test]
+    fn congestion_from_the_environment() {
+        assert_eq!(with(&[]).congestion, None);
+        let b = with(&[("IWARP_SOCKETS_CONGESTION", "bbr")]);
+        assert_eq!(b.congestion.as_ref().map(|c| c.as_str()), Some("bbr"));
+        // A name the kernel would cut (16 bytes) is refused here.
+        let long = with(&[("IWARP_SOCKETS_CONGESTION", "abcdefghijklmnop")]);
+        assert_eq!(long.congestion, None);
     }
 }

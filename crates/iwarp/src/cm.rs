@@ -78,6 +78,18 @@ pub fn tcp_congestion(qp: &QueuePair) -> Result<String, CmError> {
     crate::soft::cm::tcp_congestion(qp)
 }
 
+/// Change the congestion control of `qp`'s live connection: see
+/// [`crate::soft::cm::set_tcp_congestion`]. [`CmError::Unsupported`] for
+/// a queue pair of a kernel device.
+pub fn set_tcp_congestion(qp: &QueuePair, cc: &CongestionControl) -> Result<(), CmError> {
+    #[cfg(feature = "rdma-core")]
+    if crate::rdma::owns(qp) {
+        let _ = cc;
+        return Err(CC_UNSUPPORTED);
+    }
+    crate::soft::cm::set_tcp_congestion(qp, cc)
+}
+
 #[cfg(feature = "rdma-core")]
 fn provider_err(during: &'static str, e: impl ToString) -> CmError {
     CmError::Io {

@@ -192,6 +192,26 @@ fn names_are_checked_before_they_reach_the_kernel() {
 }
 
 #[test]
+fn a_live_connection_changes_its_algorithm() {
+    let (client, server) = (Host::new(), Host::new());
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let (c, _, a) = connect_through(&listener, &client, &server, &param(None), &param(None));
+    c.unwrap();
+    a.unwrap();
+    let want = other_than(&kernel_default());
+    cm::set_tcp_congestion(&client.qp, &want).unwrap();
+    assert_eq!(cm::tcp_congestion(&client.qp).unwrap(), want.as_str());
+    let e = cm::set_tcp_congestion(&client.qp, &cc("nosuch")).unwrap_err();
+    assert!(matches!(e, CmError::Congestion { .. }), "{e:?}");
+    assert_eq!(cm::tcp_congestion(&client.qp).unwrap(), want.as_str());
+    let fresh = Host::new();
+    assert!(matches!(
+        cm::set_tcp_congestion(&fresh.qp, &want),
+        Err(CmError::NotConnected)
+    ));
+}
+
+#[test]
 fn the_getter_needs_a_connection() {
     let h = Host::new();
     assert!(matches!(

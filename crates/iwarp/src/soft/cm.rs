@@ -416,6 +416,19 @@ pub fn tcp_congestion(qp: &QueuePair) -> Result<String, CmError> {
     })
 }
 
+/// Change the TCP congestion-control algorithm of `qp`'s live connection
+/// (setsockopt `TCP_CONGESTION` on an established socket: Linux switches
+/// the algorithm at once, tcp(7)). For the `setsockopt` of a sockets
+/// layer; a new connection sets it before `connect` with
+/// [`ConnParam::congestion`] instead.
+pub fn set_tcp_congestion(qp: &QueuePair, cc: &CongestionControl) -> Result<(), CmError> {
+    let shared = super::of(qp).ok_or(CmError::OtherProvider)?;
+    let conn = shared.conn.get().ok_or(CmError::NotConnected)?;
+    apply_congestion(&conn.sock, cc)?;
+    tracing::debug!(qpn = shared.qpn, congestion = %cc, "congestion control changed");
+    Ok(())
+}
+
 /// A deadline-bounded MPA frame exchange on a blocking socket.
 struct Exchange<'a> {
     sock: &'a Socket,
