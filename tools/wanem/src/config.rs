@@ -41,6 +41,13 @@ pub struct UpArgs {
     /// Independent random loss per packet, each direction (`0.1%` or `0.001`).
     #[arg(long)]
     pub loss: Option<String>,
+    /// Random loss from a to b only (overrides --loss for that direction;
+    /// e.g. `--loss 1% --loss-b-a 0` loses data but no ACKs).
+    #[arg(long)]
+    pub loss_a_b: Option<String>,
+    /// Random loss from b to a only (overrides --loss for that direction).
+    #[arg(long)]
+    pub loss_b_a: Option<String>,
     /// Gilbert-Elliott burst loss instead of --loss: `p,r[,h,k]`. p: good->bad
     /// per packet, r: bad->good, h: delivery probability in the bad state,
     /// k: in the good state (netem's `gemodel p r 1-h 1-k`). Long-run loss
@@ -81,6 +88,13 @@ pub struct UpArgs {
     /// The namespaces are private, so two paths may use the same N.
     #[arg(long, value_name = "N")]
     pub subnet: Option<u8>,
+    /// Run the two packet threads SCHED_FIFO (priority 10), so builds or
+    /// benchmarks on the same cores do not delay releases (sched(7)). Use
+    /// it for timing-sensitive runs; near the emulator's top rate it takes
+    /// CPU time from the endpoints.
+    #[arg(long)]
+    #[serde(default)]
+    pub realtime: bool,
     /// Seed of the loss, jitter and reordering processes (default: from the
     /// clock). The same seed gives the same decisions for the same arrivals.
     #[arg(long)]
@@ -105,7 +119,7 @@ impl UpArgs {
             None => UpArgs::default(),
         };
         macro_rules! pick {
-            ($($f:ident),*) => { UpArgs { config: self.config, $($f: self.$f.or(file.$f)),* } };
+            ($($f:ident),*) => { UpArgs { config: self.config, realtime: self.realtime || file.realtime, $($f: self.$f.or(file.$f)),* } };
         }
         Ok(pick!(
             tag,
@@ -114,6 +128,8 @@ impl UpArgs {
             delay_b_a,
             jitter,
             loss,
+            loss_a_b,
+            loss_b_a,
             ge,
             rate,
             queue,
@@ -143,6 +159,7 @@ pub struct Plan {
     /// Scheduled outage: (start after launch, length).
     pub down: Option<(Nanos, Nanos)>,
     pub seed: Option<u64>,
+    pub realtime: bool,
 }
 
 /// The device name inside both namespaces.
@@ -188,6 +205,16 @@ impl Plan {
             (None, Some(g)) => LossModel::parse_ge(g)?,
             (None, None) => LossModel::None,
         };
+        let one_way = |v: &Option<String>| -> Result<LossModel, String> {
+            match v {
+                Some(_) if a.ge.is_some() => {
+                    Err("--loss-a-b/--loss-b-a with --ge: pick one loss process".into())
+                }
+                Some(l) => Ok(LossModel::Bernoulli(units::parse_prob(l)?)),
+                None => Ok(loss),
+            }
+        };
+        let (loss_ab, loss_ba) = (one_way(&a.loss_a_b)?, one_way(&a.loss_b_a)?);
         let rate = a.rate.as_deref().map(units::parse_rate).transpose()?;
         let mtu = a.mtu.unwrap_or(1500);
         if !(68..=65535).contains(&mtu) {
@@ -219,7 +246,7 @@ impl Plan {
             }
         };
         let n = a.subnet.unwrap_or(0);
-        let dir = |delay| DirConfig {
+        let dir = |delay, loss| DirConfig {
             loss,
             rate,
             queue,
@@ -240,10 +267,11 @@ impl Plan {
             addr_a: format!("10.201.{n}.1"),
             addr_b: format!("10.201.{n}.2"),
             mtu,
-            a_to_b: dir(d_ab),
-            b_to_a: dir(d_ba),
+            a_to_b: dir(d_ab, loss_ab),
+            b_to_a: dir(d_ba, loss_ba),
             down,
             seed: a.seed,
+            realtime: a.realtime,
             tag,
         })
     }
@@ -252,7 +280,7 @@ impl Plan {
     pub fn describe(&self) -> String {
         let d = &self.a_to_b;
         format!(
-            "{} {}<->{} {} delay a->b {} b->a {} jitter {} loss {:?} rate {} queue {} B reorder {} mtu {} drop-syn {} down {:?}",
+            "{} {}<->{} {} delay a->b {} b->a {} jitter {} loss a->b {:?} b->a {:?} rate {} queue {} B reorder {} mtu {} drop-syn {} down {:?}",
             self.tag,
             self.addr_a,
             self.addr_b,
@@ -261,6 +289,7 @@ impl Plan {
             units::fmt_ns(self.b_to_a.delay.delay),
             units::fmt_ns(d.delay.jitter),
             d.loss,
+            self.b_to_a.loss,
             d.rate.map_or("unlimited".into(), |r| format!("{r} bit/s")),
             d.queue,
             d.delay.reorder,
@@ -341,5 +370,12 @@ mod tests {
         assert_eq!(m.drop_syn, Some(2));
         let p = Plan::from_args(&m).unwrap();
         assert_eq!(p.a_to_b.loss, LossModel::Bernoulli(0.01));
+        let p = Plan::from_args(&UpArgs {
+            loss_b_a: Some("0".into()),
+            ..m
+        })
+        .unwrap();
+        assert_eq!(p.a_to_b.loss, LossModel::Bernoulli(0.01));
+        assert_eq!(p.b_to_a.loss, LossModel::Bernoulli(0.0));
     }
 }

@@ -148,8 +148,8 @@ fn serve(plan: &Plan, ta: OwnedFd, tb: OwnedFd) -> Result<(), String> {
 
     let (fa, fb) = (ta.as_raw_fd(), tb.as_raw_fd());
     let threads = vec![
-        spawn_dir("a->b", fa, fb, pab, shared.clone(), true),
-        spawn_dir("b->a", fb, fa, pba, shared.clone(), false),
+        spawn_dir("a->b", fa, fb, pab, shared.clone(), true, plan.realtime),
+        spawn_dir("b->a", fb, fa, pba, shared.clone(), false, plan.realtime),
         {
             let sh = shared.clone();
             std::thread::Builder::new()
@@ -199,10 +199,16 @@ fn spawn_dir(
     pipe: Pipe,
     sh: Arc<Shared>,
     ab: bool,
+    realtime: bool,
 ) -> std::thread::JoinHandle<Result<(), String>> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
+            if realtime {
+                if let Err(e) = sys::set_fifo(10) {
+                    tracing::warn!("{name}: --realtime: SCHED_FIFO refused: {e} (needs root or CAP_SYS_NICE); running at normal priority");
+                }
+            }
             let counters = if ab { &sh.a_to_b } else { &sh.b_to_a };
             let r = direction(name, fd_in, fd_out, pipe, &sh, counters);
             if let Err(e) = &r {

@@ -277,3 +277,16 @@ pub fn terminate(pid: i32) {
     // SAFETY: kill(2) with a plain signal number.
     unsafe { libc::kill(pid, libc::SIGTERM) };
 }
+
+/// Makes the calling thread SCHED_FIFO at `prio` (sched_setscheduler(2);
+/// pid 0 is the calling thread).
+pub fn set_fifo(prio: i32) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: prio,
+    };
+    // SAFETY: a valid sched_param for the duration of the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
