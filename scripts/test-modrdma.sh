@@ -129,6 +129,7 @@ P1=$(free_port)      # mod_rdma, static registration
 P2=$(free_port)      # mod_rdma vhost, dynamic registration
 P3=$(free_port)      # plain Apache, no module
 P6=$(free_port)      # mod_rdma on [::1] (static), when the host has IPv6 loopback
+P7=$(free_port)      # mod_rdma vhost: reno, every connection closed after 5 requests
 HAVE_V6=0
 python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null && HAVE_V6=1
 DOCS="$T/docs"
@@ -207,6 +208,7 @@ EOF
     cat <<EOF
 Listen 127.0.0.1:$P1
 Listen 127.0.0.1:$P2
+Listen 127.0.0.1:$P7
 $([ "$HAVE_V6" = 1 ] && echo "Listen [::1]:$P6")
 LoadModule rdma_module $MOD
 LoadModule remoteip_module /usr/lib/apache2/modules/mod_remoteip.so
@@ -228,6 +230,10 @@ RDMATimeout 5000
     RDMAAllowConnect client 127.0.0.2
     RDMAConnectPorts 1024-65535 79
     RDMATrustProxy On
+</VirtualHost>
+<VirtualHost 127.0.0.1:$P7>
+    MaxKeepAliveRequests 4
+    RDMACongestion reno
 </VirtualHost>
 EOF
 } >"$T/rdma.conf"
@@ -326,6 +332,105 @@ t_reuse() {
 }
 check "keep-alive: 3 GETs on one HTTP connection reuse one RDMA connection (2 reuses logged)" t_reuse
 connect_count() { grep -c "connected to the client's RDMA listener" "$T/logs/error.log"; }
+# rhttp get -r (like wget -r -l1): a page and the objects it links, the
+# objects pipelined (8 in flight) over the page's HTTP connection and its one
+# RDMA connection, each body checked. A link to another host, one to the
+# page itself and a duplicate are not fetched.
+PAGE_OBJS=()
+mkdir -p "$DOCS/page/img"
+{
+    echo '<html><head><link rel="stylesheet" href="/page/style.css"></head><body>'
+    echo '<a href="http://192.0.2.1/elsewhere.html">other host</a> <a href="./">this page</a>'
+    for i in 01 02 03 04 05 06 07 08 09 10 11; do
+        head -c "$((10#$i * 27 + 3))K" /dev/urandom >"$DOCS/page/img/p$i.jpg"
+        PAGE_OBJS+=("img/p$i.jpg")
+        echo "<img src=\"img/p$i.jpg\" alt=\"$i\">"
+    done
+    echo '<img src="img/p01.jpg"></body></html>'
+} >"$DOCS/page/index.html"
+echo "body { color: black }" >"$DOCS/page/style.css"
+PAGE_OBJS+=(style.css index.html)
+chmod -R a+rX "$DOCS/page"
+page_same() { # $1: the -P directory; every object equal to the server's
+    local o
+    for o in "${PAGE_OBJS[@]}"; do
+        [ "$(sha "$1/page/$o")" = "$(sha "$DOCS/page/$o")" ] || { echo "$o differs"; return 1; }
+    done
+    [ "$(find "$1" -type f | wc -l)" -eq "${#PAGE_OBJS[@]}" ] || { find "$1" -type f; return 1; }
+}
+t_recursive() { # $1 scheme
+    local d="$T/out/rec-$1" c0 r0 c1 r1
+    rm -rf "$d"
+    c0=$(connect_count)
+    r0=$(reuse_count)
+    R get -r --stats --scheme "$1" -P "$d" "$U1/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    c1=$(connect_count)
+    r1=$(reuse_count)
+    cat "$d.err"
+    page_same "$d" || return 1
+    [ "$(grep -c "via RDMA ($1)" "$d.err")" -eq 13 ] || return 1
+    grep -q "stats: 13 requests, 13 bodies by RDMA, .* 1 HTTP connections, 1 RDMA connections" "$d.err" || return 1
+    echo "server: $((c1 - c0)) connect-backs, $((r1 - r0)) reuses"
+    [ $((c1 - c0)) -eq 1 ] && [ $((r1 - r0)) -eq 12 ]
+}
+check "rhttp get -r, server-writes: a page and its 12 linked objects, pipelined, over 1 HTTP and 1 RDMA connection (server log: 1 connect-back, 12 reuses), SHA-256 equal" t_recursive server-writes
+check "rhttp get -r, client-reads: a page and its 12 linked objects, pipelined, over 1 HTTP and 1 RDMA connection (server log: 1 connect-back, 12 reuses), SHA-256 equal" t_recursive client-reads
+# The server closes the connection after every 5th answer (Apache serves
+# MaxKeepAliveRequests + 1 requests on a connection) while 8 requests are in
+# flight: the unanswered ones are sent again on a new connection.
+t_recursive_close() {
+    local d="$T/out/rec-close"
+    rm -rf "$d"
+    R get -r --stats -P "$d" "http://127.0.0.1:$P7/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    cat "$d.err"
+    page_same "$d" || return 1
+    [ "$(grep -c "via RDMA (server-writes)" "$d.err")" -eq 13 ] &&
+        grep -q "stats: 13 requests, 13 bodies by RDMA, .* 3 HTTP connections, 3 RDMA connections" "$d.err"
+}
+check "rhttp get -r against MaxKeepAliveRequests 4: the pipelined requests the server did not answer are sent again (13 objects over 3 connections), SHA-256 equal" t_recursive_close
+# A pipelined request that gets a 404 (its body on the HTTP connection, no
+# DONE) between RDMA answers: the answers after it still get their own bodies.
+t_pipeline_404() {
+    local d="$T/out/pipe404" rc
+    rm -rf "$d" && mkdir -p "$d"
+    R get --pipeline 8 --stats "$U1/f4K.bin" "$U1/missing" "$U1/f500K.bin" "$U1/nordma/f1M.bin" "$U1/f2K.bin" \
+        -o "$d/a" -o "$d/b" -o "$d/c" -o "$d/d" -o "$d/e" 2>"$d.err"
+    rc=$?
+    cat "$d.err"
+    [ "$rc" -eq 1 ] && grep -q "missing: 404 .* via plain HTTP (fallback)" "$d.err" &&
+        grep -q "f1M.bin: 200 1048576 bytes via plain HTTP (fallback)" "$d.err" &&
+        [ "$(grep -c "via RDMA (server-writes)" "$d.err")" -eq 3 ] &&
+        same "$d/a" "$DOCS/f4K.bin" && same "$d/c" "$DOCS/f500K.bin" && same "$d/d" "$DOCS/f1M.bin" &&
+        same "$d/e" "$DOCS/f2K.bin" &&
+        grep -q "stats: 5 requests, 3 bodies by RDMA, .* 1 HTTP connections, 1 RDMA connections" "$d.err"
+}
+check "pipelined GETs with a 404 and an RDMA Off location among them: each body in its place (3 by RDMA, 2 plain, 1 connection)" t_pipeline_404
+
+# RDMACongestion (the P7 vhost: reno) and rhttp --congestion: both ends of
+# the RDMA connection use the algorithm asked for (tcp(7) TCP_CONGESTION,
+# read back with getsockopt and logged).
+t_congestion() {
+    local c0 e="$T/out/cc.err"
+    c0=$(grep -c "connected to the client's RDMA listener .* (congestion reno)" "$T/logs/error.log")
+    RUST_LOG=rhttp=debug R --congestion reno get "http://127.0.0.1:$P7/f500K.bin" -o "$T/out/cc" 2>"$e" ||
+        { cat "$e"; return 1; }
+    grep -E "GET|congestion" "$e"
+    same "$T/out/cc" "$DOCS/f500K.bin" && grep -q "via RDMA (server-writes)" "$e" &&
+        grep -q 'RDMA connection from the server accepted.*congestion.*"reno"' "$e" &&
+        [ "$(grep -c "connected to the client's RDMA listener .* (congestion reno)" "$T/logs/error.log")" -gt "$c0" ]
+}
+check "RDMACongestion reno (vhost) and rhttp --congestion reno: the RDMA connection runs reno on both ends (logged by each), body equal" t_congestion
+t_congestion_bad() {
+    local c="$T/badcc.conf"
+    printf 'ServerRoot /etc/apache2\nLoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\nLoadModule rdma_module %s\nRDMACongestion nosuchcc\n' "$MOD" >"$c"
+    timeout 20 apache2 -d /etc/apache2 -f "$c" -t >"$T/badcc.out" 2>&1
+    cat "$T/badcc.out"
+    grep -q "RDMACongestion nosuchcc: the kernel has no such TCP congestion control.*Fix: modprobe tcp_nosuchcc" "$T/badcc.out" || return 1
+    R --congestion nosuchcc get "$U1/f2K.bin" -o "$T/out/ccbad" 2>"$T/out/ccbad.err"
+    [ $? -eq 2 ] && cat "$T/out/ccbad.err" && grep -q "no such algorithm.*modprobe tcp_nosuchcc" "$T/out/ccbad.err"
+}
+check "an unknown congestion control is refused, naming the fix: RDMACongestion at config check, rhttp --congestion at start" t_congestion_bad
+
 t_redial() {
     local before after
     before=$(connect_count)

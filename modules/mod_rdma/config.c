@@ -2,7 +2,7 @@
  *
  * The directives (RDMA, RDMARegistration, RDMABufferSize, RDMAMaxLength,
  * RDMATimeout, RDMAConnectTimeout, RDMAAllowConnect, RDMAConnectPorts,
- * RDMATrustProxy, RDMADevice), their per-server and per-directory merging and the
+ * RDMATrustProxy, RDMADevice, RDMACongestion), their per-server and per-directory merging and the
  * defaults (docs/MOD_RDMA.md, "Directives"). */
 #include "mod_rdma_private.h"
 
@@ -49,6 +49,7 @@ void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     c->ports_set = a->ports_set || b->ports_set;
     c->ports = a->ports_set ? a->ports : b->ports;
     c->trust_proxy = a->trust_proxy != -1 ? a->trust_proxy : b->trust_proxy;
+    c->congestion = a->congestion ? a->congestion : b->congestion;
     return c;
 }
 
@@ -146,6 +147,64 @@ static const char *set_ctimeout(cmd_parms *cmd, void *d, const char *arg)
     if (ms <= 0)
         return "RDMAConnectTimeout takes a positive number of milliseconds";
     srv_conf(cmd->server)->connect_timeout_ms = ms;
+    return NULL;
+}
+
+/* Whether the word `name` is in the space-separated list of the file
+ * `path` (a line of /proc/sys/net/ipv4); -1 if it cannot be read. */
+static int in_proc_list(apr_pool_t *p, const char *path, const char *name)
+{
+    char buf[512], *tok, *last;
+    FILE *f = fopen(path, "r");
+    size_t n;
+    (void)p;
+    if (!f)
+        return -1;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    for (tok = apr_strtok(buf, " \t\n", &last); tok; tok = apr_strtok(NULL, " \t\n", &last))
+        if (!strcmp(tok, name))
+            return 1;
+    return 0;
+}
+
+/* RDMACongestion NAME: the TCP congestion control (TCP_CONGESTION, tcp(7))
+ * of the RDMA connections this server opens. Checked here against what the
+ * kernel offers, and against what it lets unprivileged processes choose:
+ * the workers run as the User of the configuration, and tcp(7) allows a
+ * process without CAP_NET_ADMIN only the algorithms in
+ * tcp_allowed_congestion_control. */
+static const char *set_congestion(cmd_parms *cmd, void *d, const char *arg)
+{
+    const char *s;
+    int r;
+    (void)d;
+    if (!strcmp(arg, "default")) {
+        srv_conf(cmd->server)->congestion = NULL;
+        return NULL;
+    }
+    if (!*arg || strlen(arg) >= IWARP_CONGESTION_MAX)
+        return apr_psprintf(cmd->pool, "RDMACongestion takes an algorithm name of 1 to %d bytes "
+                            "(reno, cubic, bbr, ...) or \"default\"", IWARP_CONGESTION_MAX - 1);
+    for (s = arg; *s; s++)
+        if (!apr_isalnum(*s) && *s != '_' && *s != '-' && *s != '.')
+            return "RDMACongestion: the name has characters no TCP congestion control has";
+    r = in_proc_list(cmd->pool, "/proc/sys/net/ipv4/tcp_available_congestion_control", arg);
+    if (r == 0)
+        return apr_psprintf(cmd->pool,
+                            "RDMACongestion %s: the kernel has no such TCP congestion control "
+                            "(see /proc/sys/net/ipv4/tcp_available_congestion_control). Fix: "
+                            "modprobe tcp_%s, or choose one of that list", arg, arg);
+    r = in_proc_list(cmd->pool, "/proc/sys/net/ipv4/tcp_allowed_congestion_control", arg);
+    if (r == 0)
+        return apr_psprintf(cmd->pool,
+                            "RDMACongestion %s: the Apache workers (unprivileged) may not choose "
+                            "it: tcp(7) allows them only what "
+                            "/proc/sys/net/ipv4/tcp_allowed_congestion_control lists. Fix: add it "
+                            "there (sysctl -w net.ipv4.tcp_allowed_congestion_control=\"$(cat "
+                            "/proc/sys/net/ipv4/tcp_allowed_congestion_control) %s\")", arg, arg);
+    srv_conf(cmd->server)->congestion = apr_pstrdup(cmd->pool, arg);
     return NULL;
 }
 
@@ -296,6 +355,9 @@ const command_rec rdma_cmds[] = {
                   "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
     AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,
                   "bound on connecting to the client's listener, in ms (default 3000)"),
+    AP_INIT_TAKE1("RDMACongestion", set_congestion, NULL, RSRC_CONF,
+                  "TCP congestion control of the RDMA connections the server opens: reno, "
+                  "cubic, bbr, ... (default: the kernel's default)"),
     AP_INIT_TAKE1("RDMADevice", set_device, NULL, RSRC_CONF,
                   "RDMA device of the workers: soft (software iWARP over TCP), auto (a kernel "
                   "RDMA device if there is one, else soft), or a kernel device such as siw0 "

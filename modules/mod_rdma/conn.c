@@ -148,11 +148,31 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const rdma_hdr *h, const char **w
         pd_len += 8;
     }
     iwarp_conn_param_init(&prm);
+    /* RDMACongestion: set on the socket before the TCP connect (tcp(7),
+     * TCP_CONGESTION); the name was checked at configuration time. */
+    if (c->congestion && iwarp_conn_param_set_congestion(&prm, c->congestion) != IWARP_OK) {
+        *why = apr_pstrcat(r->pool, "RDMACongestion ", c->congestion, ": ", iwarp_err(r->pool), NULL);
+        conn_drop_qp(rc);
+        return HTTP_SERVICE_UNAVAILABLE;
+    }
     prm.private_data = pd;
     prm.private_data_len = pd_len;
     prm.timeout_ms = (uint32_t)cf_ctimeout(c);
     started = apr_time_now();
     res = iwarp_connect(rc->qp, ip, (uint16_t)port, &prm, NULL, NULL);
+    if (res == IWARP_ERR_UNSUPPORTED) {
+        /* Not the client's fault: the congestion control cannot be set in
+         * this process (or on this device). 503 at once, no limiter. */
+        const char *e = iwarp_err(r->pool);
+        conn_drop_qp(rc);
+        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                      "mod_rdma: RDMACongestion %s cannot be used: %s. Fix: choose an algorithm "
+                      "the kernel has and lets the workers use "
+                      "(/proc/sys/net/ipv4/tcp_allowed_congestion_control), or remove the "
+                      "directive", c->congestion ? c->congestion : "(unset)", e);
+        *why = "the server's RDMACongestion setting cannot be used on this host";
+        return HTTP_SERVICE_UNAVAILABLE;
+    }
     if (res != IWARP_OK) {
         const char *e = iwarp_err(r->pool);
         apr_interval_time_t left;
@@ -178,8 +198,14 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const rdma_hdr *h, const char **w
     apr_cpystrn(rc->ip, ip, sizeof rc->ip);
     rc->port = port;
     rc->uses = 1;
-    ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "mod_rdma: connected to the client's RDMA listener %s:%u",
-                  ip, port);
+    {
+        char cc[IWARP_CONGESTION_MAX];
+        if (iwarp_query_qp_congestion(rc->qp, cc, sizeof cc) != IWARP_OK)
+            apr_cpystrn(cc, "unknown", sizeof cc);
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                      "mod_rdma: connected to the client's RDMA listener %s:%u (congestion %s)", ip,
+                      port, cc);
+    }
     return OK;
 }
 

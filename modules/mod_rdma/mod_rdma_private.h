@@ -52,6 +52,7 @@ typedef struct {
     apr_array_header_t *ports; /* RDMAConnectPorts: port_range entries */
     int ports_set;
     int trust_proxy;         /* RDMATrustProxy: -1 unset, 0 off, 1 on */
+    const char *congestion;  /* RDMACongestion: TCP congestion control, NULL unset */
 } rdma_srv_conf;
 
 /* One range of RDMAConnectPorts, inclusive. */

@@ -9,12 +9,14 @@
 //!   travel as RDMAP Sends on the RDMA connection.
 //!
 //! [`http`] is the small HTTP/1.1 client (keep-alive, Content-Length and
-//! chunked bodies) that the `rhttp` binary drives.
+//! chunked bodies) that the `rhttp` binary drives; [`links`] finds the
+//! objects a page links for `rhttp get -r`.
 #![deny(unsafe_code)]
 
 pub mod ctrl;
 pub mod header;
 pub mod http;
+pub mod links;
 
 /// The test vectors shared with mod_rdma's C codecs
 /// (`testdata/rdma-vectors/`; format in its README.md).

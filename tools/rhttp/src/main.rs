@@ -8,11 +8,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use iwarp::cm::{ConnParam, Listener, MpaConfig, Policy};
+use iwarp::cm::{CongestionControl, ConnParam, Listener, MpaConfig, Policy};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
     QpState, QueuePair, RecvWr, SendWr, SgList, WcStatus, WrOpcode,
@@ -59,6 +60,22 @@ struct Args {
     /// soft only: a kernel device's MPA follows its own settings.)
     #[arg(long, global = true, value_name = "NAME")]
     device: Option<String>,
+    /// TCP congestion control of this client's connections (tcp(7)
+    /// TCP_CONGESTION): reno, cubic, bbr, ... as
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control lists them.
+    /// It governs what this client sends (uploads; the RDMA Read
+    /// Responses of server-reads); what the server sends (GET bodies)
+    /// follows the server's choice, mod_rdma's `RDMACongestion`.
+    /// [default: the kernel's default]
+    #[arg(long, global = true, value_name = "ALGO")]
+    congestion: Option<CongestionControl>,
+}
+
+/// `--congestion`, set once in `main`.
+static CONGESTION: std::sync::OnceLock<Option<CongestionControl>> = std::sync::OnceLock::new();
+
+fn congestion() -> Option<&'static CongestionControl> {
+    CONGESTION.get().and_then(Option::as_ref)
 }
 
 /// `--max-len` when not given: the software provider registers an
@@ -110,6 +127,28 @@ enum Cmd {
         /// http:// URLs.
         #[arg(required = true)]
         urls: Vec<String>,
+        /// Recursive, one level (like `wget -r -l1 -nH`): fetch each URL as
+        /// a page, then every object it links on the same host and port
+        /// (`<img src>`, `<a href>`, `<link href>`, `<script src>`, ...),
+        /// over the same HTTP and RDMA connections; everything is saved
+        /// under -P DIR by its URL path.
+        #[arg(short, long)]
+        recursive: bool,
+        /// Where -r saves (like wget's --directory-prefix).
+        #[arg(short = 'P', long, default_value = ".", value_name = "DIR")]
+        directory_prefix: PathBuf,
+        /// Requests in flight on the HTTP connection (HTTP/1.1 pipelining;
+        /// 1 = one at a time, at most 8): saves a round trip per object on a
+        /// long path. Each server-writes request in flight has its own
+        /// --max-len slot of the receive buffer (a mapping: unused pages
+        /// cost nothing on the software device; a kernel device pins them).
+        /// [default: 8 with -r, else 1]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=8))]
+        pipeline: Option<u64>,
+        /// Print a summary at the end: requests, bodies moved by RDMA,
+        /// bytes, HTTP and RDMA connections made, total time.
+        #[arg(long)]
+        stats: bool,
         /// Output file for each URL in order ("-" for stdout); URLs without
         /// one are saved under their last path segment.
         #[arg(short, long)]
@@ -223,10 +262,11 @@ struct Rdma {
     recv_cq: CompletionQueue,
     listener: Listener,
     server_ip: IpAddr,
-    /// The token of the request that waits for the server's connection
-    /// (docs/MOD_RDMA.md, "The request token"); `None` between requests,
+    /// The tokens of the requests that may still make the server connect
+    /// (docs/MOD_RDMA.md, "The request token"): the one request in flight,
+    /// or every unanswered request of a pipeline; empty between requests,
     /// when no connection is expected.
-    token: Option<u64>,
+    tokens: Vec<u64>,
     qp: Option<QueuePair>,
     ctrl: MemoryRegion,
     msg: MemoryRegion,
@@ -321,6 +361,12 @@ impl Rdma {
         };
         let listener = Listener::bind_on(&ctx, local, mpa)
             .map_err(|e| format!("listening for the server's RDMA connection on {local}: {e}"))?;
+        if let Some(cc) = congestion() {
+            // Accepted connections inherit it (tcp(7), TCP_CONGESTION).
+            listener
+                .set_congestion(cc)
+                .map_err(|e| format!("--congestion {cc}: {e}"))?;
+        }
         let ctrl = pd
             .reg_mr(RECV_SLOTS * MSG_LEN, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
@@ -334,7 +380,7 @@ impl Rdma {
             recv_cq,
             listener,
             server_ip: http.peer.ip(),
-            token: None,
+            tokens: Vec::new(),
             qp: None,
             ctrl,
             msg,
@@ -405,20 +451,25 @@ impl Rdma {
             let _ = req.reject(b"rhttp: not the HTTP server");
             return Ok(false);
         }
-        let Some(token) = self.token else {
+        if self.tokens.is_empty() {
             tracing::warn!(%peer, "refused an RDMA connection while none was expected");
             let _ = req.reject(b"rhttp: no request waits for a connection");
             return Ok(false);
-        };
-        if !private_data_matches(req.private_data(), token) {
+        }
+        let Some(k) = self
+            .tokens
+            .iter()
+            .position(|&t| private_data_matches(req.private_data(), t))
+        else {
             tracing::warn!(
                 %peer,
+                private_data = ?req.private_data(),
                 "refused an RDMA connection without this request's token in its private data \
                  (an impostor, or a server that does not send tokens back)"
             );
             let _ = req.reject(b"rhttp: wrong or missing request token");
             return Ok(false);
-        }
+        };
         let qp = self
             .pd
             .create_qp(&QpInitAttr {
@@ -433,9 +484,14 @@ impl Rdma {
         }
         req.accept(&qp, &ConnParam::default())
             .map_err(|e| format!("accepting the server's RDMA connection: {e}"))?;
-        tracing::debug!(%peer, "RDMA connection from the server accepted");
+        tracing::debug!(
+            %peer,
+            congestion = iwarp::cm::tcp_congestion(&qp).unwrap_or_default(),
+            "RDMA connection from the server accepted"
+        );
         self.qp = Some(qp);
-        self.token = None;
+        self.tokens.remove(k);
+        RDMA_CONNS.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
@@ -449,10 +505,12 @@ impl Rdma {
 
     /// The `RDMA:` header of a new request with `scheme`, naming our
     /// listener and carrying a fresh token (after [`Rdma::prepare`]).
-    fn request_header(&mut self, scheme: Scheme) -> Res<RdmaHeader> {
-        self.prepare()?;
+    /// With `pipelined`, the tokens of earlier unanswered requests stay
+    /// valid ([`Rdma::forget_token`] drops each when its answer is in).
+    fn request_header(&mut self, scheme: Scheme, pipelined: bool) -> Res<RdmaHeader> {
+        self.prepare(pipelined)?;
         let token = new_token()?;
-        self.token = Some(token);
+        self.tokens.push(token);
         let mut h = RdmaHeader::new(scheme);
         h.ip = Some(self.ip());
         h.port = Some(self.port());
@@ -463,15 +521,23 @@ impl Rdma {
     /// Before a request: refuse connections that wait in the listener (no
     /// request expects one now: the server connects while a request
     /// waits for it), and forget a dead connection.
-    fn prepare(&mut self) -> Res<()> {
+    fn prepare(&mut self, pipelined: bool) -> Res<()> {
         if !self.live() {
             self.qp = None;
         }
-        self.token = None;
+        if !pipelined {
+            self.tokens.clear();
+        }
         while let Ok(req) = self.listener.get_request(Some(Duration::ZERO)) {
             self.accept(req)?;
         }
         Ok(())
+    }
+
+    /// The answer to the request that carried `token` is in: the server
+    /// will not connect for it any more.
+    fn forget_token(&mut self, token: u64) {
+        self.tokens.retain(|&t| t != token);
     }
 
     /// After sending a request with an RDMA header: wait until the server
@@ -741,6 +807,44 @@ fn report(line: std::fmt::Arguments<'_>) {
 /// ms with 500 us against 0.28-0.30 with 50).
 const SPIN_PROGRESS: Duration = Duration::from_micros(50);
 
+/// Set TCP_CONGESTION (tcp(7)) on a connected socket; the kernel switches
+/// the connection's algorithm at once. ENOENT: the kernel lacks it.
+fn set_tcp_congestion(sock: &std::net::TcpStream, cc: &CongestionControl) -> io::Result<()> {
+    let name = cc.as_str().as_bytes();
+    // SAFETY: a live socket; optval points to `name.len()` readable bytes.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::last_os_error();
+        Err(match e.raw_os_error() {
+            Some(libc::ENOENT) => io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: the kernel has no such algorithm (see \
+                     /proc/sys/net/ipv4/tcp_available_congestion_control; modprobe tcp_{cc})"
+                ),
+            ),
+            Some(libc::EPERM) => io::Error::new(
+                e.kind(),
+                format!(
+                    "{e}: unprivileged processes may choose only what \
+                     /proc/sys/net/ipv4/tcp_allowed_congestion_control lists"
+                ),
+            ),
+            _ => e,
+        })
+    }
+}
+
 /// One HTTP connection plus its RDMA side.
 struct Session {
     url0: Url,
@@ -758,6 +862,11 @@ impl Session {
                 url.host, url.port
             )
         })?;
+        HTTP_CONNS.fetch_add(1, Ordering::Relaxed);
+        if let Some(cc) = congestion() {
+            set_tcp_congestion(http.stream(), cc)
+                .map_err(|e| format!("--congestion {cc} on the HTTP connection: {e}"))?;
+        }
         Ok(Session {
             url0: url.clone(),
             http,
@@ -869,18 +978,18 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; COPY_CHUNK]);
 }
 
-/// Write `len` bytes of the registered buffer to `sink`.
+/// Write `len` bytes of the registered buffer, from offset `at`, to `sink`.
 ///
 /// Straight from the registered memory to the file or pipe with `write(2)`
 /// ([`MemoryRegion::write_to_fd`]): no copy in user space, and no Rust
 /// slice of memory that stays registered for the next request (a
 /// misbehaving server could still be writing into it).
-fn copy_out(buf: &MemoryRegion, len: u64, sink: &mut Sink) -> Res<()> {
+fn copy_out(buf: &MemoryRegion, at: usize, len: u64, sink: &mut Sink) -> Res<()> {
     let fd = sink.fd().map_err(|e| e.to_string())?;
     let mut off = 0usize;
     let len = usize::try_from(len).map_err(|_| "body larger than the address space")?;
     while off < len {
-        match buf.write_to_fd(off, len - off, fd) {
+        match buf.write_to_fd(at + off, len - off, fd) {
             Ok(0) => return Err("writing the body: the output accepted no bytes".into()),
             Ok(n) => off += n,
             Err(e) => return Err(format!("writing the body: {e}")),
@@ -964,10 +1073,13 @@ fn rdma_get(
     let (hold_ms, delay_accept_ms) = (hooks.hold, hooks.delay_accept);
     let max_len = max_len(a);
     let r = s.rdma()?;
-    let mut h = r.request_header(match scheme {
-        GetScheme::ServerWrites => Scheme::ServerWrites,
-        GetScheme::ClientReads => Scheme::ClientReads,
-    })?;
+    let mut h = r.request_header(
+        match scheme {
+            GetScheme::ServerWrites => Scheme::ServerWrites,
+            GetScheme::ClientReads => Scheme::ClientReads,
+        },
+        false,
+    )?;
     h.maxlen = Some(max_len);
     if let GetScheme::ServerWrites = scheme {
         let b = r.buf(max_len)?;
@@ -1102,7 +1214,7 @@ fn rdma_get(
         }
         other => return Err(format!("the server answered a GET with scheme {other}")),
     }
-    copy_out(r.buf.as_ref().ok_or("no buffer")?, len, sink)?;
+    copy_out(r.buf.as_ref().ok_or("no buffer")?, 0, len, sink)?;
     pb.finish_and_clear();
     s.reopen_if(resp.close)?;
     Ok(Outcome {
@@ -1120,80 +1232,468 @@ struct GetHooks {
     pause_before_request: bool,
 }
 
+impl GetHooks {
+    /// Whether a test hook is set: hooks act on one request at a time, so
+    /// they turn pipelining off.
+    fn any(&self) -> bool {
+        self.hold > 0
+            || self.delay_accept > 0
+            || self.drop_rdma_after.is_some()
+            || self.pause_before_request
+    }
+}
+
+/// Options of `rhttp get` beyond the URLs.
+struct GetOpts {
+    recursive: bool,
+    dir: PathBuf,
+    depth: usize,
+    stats: bool,
+}
+
+/// One URL to fetch and where its body goes.
+struct Job {
+    url: Url,
+    out: PathBuf,
+}
+
+/// Counters for `--stats` (and the test command): what one run of rhttp
+/// did on the network.
+static HTTP_CONNS: AtomicU64 = AtomicU64::new(0);
+static RDMA_CONNS: AtomicU64 = AtomicU64::new(0);
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+static RDMA_BODIES: AtomicU64 = AtomicU64::new(0);
+static BODY_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Most requests in flight on one HTTP connection (`--pipeline`): each
+/// server-writes request has its own slot of `--max-len` bytes in the
+/// receive buffer, and the server's DONE for each may wait, unread, in
+/// one of our [`RECV_SLOTS`] posted receives (a Send that finds no
+/// posted receive ends the connection, RFC 5040 §5.3).
+const MAX_PIPELINE: usize = RECV_SLOTS;
+
+/// The largest page `-r` reads links from.
+const MAX_PAGE: u64 = 16 << 20;
+
 fn cmd_get(
     a: &Args,
     urls: &[String],
     outputs: &[PathBuf],
     scheme: GetScheme,
     hooks: GetHooks,
+    opts: &GetOpts,
 ) -> Res<bool> {
-    let GetHooks {
-        hold,
-        delay_accept,
-        drop_rdma_after,
-        pause_before_request,
-    } = hooks;
-    let timeout = Duration::from_secs(a.timeout);
-    let mut session: Option<Session> = None;
-    let mut all_ok = true;
+    if opts.recursive && !outputs.is_empty() {
+        return Err("-r saves every object under -P DIR by its path; drop -o".into());
+    }
+    let depth = if hooks.any() { 1 } else { opts.depth };
+    let started = Instant::now();
+    let mut pages = Vec::new();
     for (i, u) in urls.iter().enumerate() {
         let url = Url::parse(u)?;
-        if session
-            .as_ref()
-            .is_some_and(|s| s.url0.host != url.host || s.url0.port != url.port)
-        {
-            session = None;
-        }
-        if session.is_none() {
-            session = Some(Session::open(&url, timeout, a.crc.into())?);
-        }
-        let s = session.as_mut().expect("just set");
-        let out = outputs
-            .get(i)
-            .cloned()
-            .unwrap_or_else(|| PathBuf::from(url.file_name()));
-        let mut sink = open_sink(&out)?;
-        let t = Instant::now();
-        let o = if a.plain {
-            plain_get(s, &url, &mut sink, a)
+        let out = if opts.recursive {
+            opts.dir.join(rhttp::links::local_path(&url))
         } else {
-            rdma_get(
-                s,
-                &url,
-                scheme,
-                &mut sink,
-                a,
-                &GetHooks {
-                    hold,
-                    delay_accept,
-                    drop_rdma_after,
-                    pause_before_request,
-                },
-            )
+            outputs
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| PathBuf::from(url.file_name()))
         };
-        sink.flush()
-            .map_err(|e| format!("writing {}: {e}", out.display()))?;
-        let o = o.map_err(|e| format!("GET {u}: {e}"))?;
-        let secs = t.elapsed().as_secs_f64();
-        report(format_args!(
-            "GET {u}: {} {} bytes via {} in {:.3} ms ({:.1} MB/s)",
-            o.status,
-            o.bytes,
-            o.via,
-            secs * 1e3,
-            o.bytes as f64 / secs.max(1e-9) / 1e6
-        ));
-        if o.status >= 400 {
-            all_ok = false;
-        }
-        if drop_rdma_after == Some(i + 1) {
-            if let Some(r) = s.rdma.as_mut() {
-                eprintln!("rhttp-test: closing the RDMA connection");
-                r.close_connection();
-            }
+        pages.push(Job { url, out });
+    }
+    let mut session: Option<Session> = None;
+    let mut all_ok = fetch(a, &mut session, &pages, scheme, &hooks, depth, opts)?;
+    if opts.recursive {
+        for page in &pages {
+            let html = match read_page(&page.out) {
+                Some(h) => h,
+                None => continue,
+            };
+            let jobs: Vec<Job> = rhttp::links::page_links(&page.url, &html)
+                .into_iter()
+                .map(|url| Job {
+                    out: opts.dir.join(rhttp::links::local_path(&url)),
+                    url,
+                })
+                .collect();
+            tracing::debug!(page = %page.url.path, links = jobs.len(), "links on the page");
+            all_ok &= fetch(a, &mut session, &jobs, scheme, &hooks, depth, opts)?;
         }
     }
+    if opts.stats {
+        report(format_args!(
+            "rhttp: stats: {} requests, {} bodies by RDMA, {} body bytes, {} HTTP connections, \
+             {} RDMA connections, {:.3} ms",
+            REQUESTS.load(Ordering::Relaxed),
+            RDMA_BODIES.load(Ordering::Relaxed),
+            BODY_BYTES.load(Ordering::Relaxed),
+            HTTP_CONNS.load(Ordering::Relaxed),
+            RDMA_CONNS.load(Ordering::Relaxed),
+            started.elapsed().as_secs_f64() * 1e3
+        ));
+    }
     Ok(all_ok)
+}
+
+/// The saved page, if it is there and small enough to scan for links.
+fn read_page(path: &PathBuf) -> Option<Vec<u8>> {
+    let f = File::open(path).ok()?;
+    if f.metadata().ok()?.len() > MAX_PAGE {
+        tracing::warn!(page = %path.display(), "page larger than {MAX_PAGE} bytes: links not followed");
+        return None;
+    }
+    let mut v = Vec::new();
+    f.take(MAX_PAGE).read_to_end(&mut v).ok()?;
+    Some(v)
+}
+
+/// Open the session for `url`'s host, unless the current one is for it.
+fn session_for<'s>(session: &'s mut Option<Session>, url: &Url, a: &Args) -> Res<&'s mut Session> {
+    if session
+        .as_ref()
+        .is_some_and(|s| s.url0.host != url.host || s.url0.port != url.port)
+    {
+        *session = None;
+    }
+    if session.is_none() {
+        *session = Some(Session::open(
+            url,
+            Duration::from_secs(a.timeout),
+            a.crc.into(),
+        )?);
+    }
+    Ok(session.as_mut().expect("just set"))
+}
+
+/// The sink for a job, its directories made in recursive mode.
+fn job_sink(job: &Job, opts: &GetOpts) -> Res<Sink> {
+    if opts.recursive {
+        if let Some(d) = job.out.parent() {
+            std::fs::create_dir_all(d)
+                .map_err(|e| format!("creating the directory {}: {e}", d.display()))?;
+        }
+    }
+    open_sink(&job.out)
+}
+
+/// The result line of one GET, and whether it succeeded.
+fn report_get(url: &Url, o: &Outcome, secs: f64) -> bool {
+    REQUESTS.fetch_add(1, Ordering::Relaxed);
+    BODY_BYTES.fetch_add(o.bytes, Ordering::Relaxed);
+    if o.via.starts_with("RDMA") {
+        RDMA_BODIES.fetch_add(1, Ordering::Relaxed);
+    }
+    report(format_args!(
+        "GET http://{}{}: {} {} bytes via {} in {:.3} ms ({:.1} MB/s)",
+        url.host_header(),
+        url.path,
+        o.status,
+        o.bytes,
+        o.via,
+        secs * 1e3,
+        o.bytes as f64 / secs.max(1e-9) / 1e6
+    ));
+    o.status < 400
+}
+
+/// Fetch `jobs` in order, one session per run of URLs on the same host:
+/// one request at a time (`depth` 1, `--plain`) or pipelined.
+fn fetch(
+    a: &Args,
+    session: &mut Option<Session>,
+    jobs: &[Job],
+    scheme: GetScheme,
+    hooks: &GetHooks,
+    depth: usize,
+    opts: &GetOpts,
+) -> Res<bool> {
+    let mut all_ok = true;
+    let mut i = 0;
+    while i < jobs.len() {
+        let s = session_for(session, &jobs[i].url, a)?;
+        let run = jobs[i..]
+            .iter()
+            .take_while(|j| j.url.host == s.url0.host && j.url.port == s.url0.port)
+            .count();
+        if depth > 1 && !a.plain {
+            all_ok &= get_pipelined(a, s, &jobs[i..i + run], scheme, depth, opts)?;
+            i += run;
+            continue;
+        }
+        for (k, job) in jobs[i..i + run].iter().enumerate() {
+            let mut sink = job_sink(job, opts)?;
+            let t = Instant::now();
+            let o = if a.plain {
+                plain_get(s, &job.url, &mut sink, a)
+            } else {
+                rdma_get(s, &job.url, scheme, &mut sink, a, hooks)
+            };
+            sink.flush()
+                .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
+            let o = o.map_err(|e| {
+                format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path)
+            })?;
+            all_ok &= report_get(&job.url, &o, t.elapsed().as_secs_f64());
+            if hooks.drop_rdma_after == Some(i + k + 1) {
+                if let Some(r) = s.rdma.as_mut() {
+                    eprintln!("rhttp-test: closing the RDMA connection");
+                    r.close_connection();
+                }
+            }
+        }
+        i += run;
+    }
+    Ok(all_ok)
+}
+
+/// A pipelined GET that has been sent and not answered yet.
+struct InFlight {
+    job: usize,
+    /// Its part of the receive buffer: bytes `slot * max_len ..` of it.
+    slot: usize,
+    token: u64,
+    sent: Instant,
+}
+
+/// What became of a pipelined GET.
+enum Answer {
+    Done(Outcome),
+    /// The server refused RDMA for it (`RDMA-Error`): fetch it again over
+    /// plain HTTP once the pipeline is empty.
+    Refused,
+}
+
+/// GET `jobs` (all on `s`'s host) with up to `depth` requests in flight
+/// on the HTTP connection (HTTP/1.1 pipelining, RFC 9112 §9.3.2: the
+/// server answers in order) and the one RDMA connection reused by all.
+///
+/// A request that needs a new RDMA connection is sent alone: the server
+/// connects back while it serves it, and we accept the connection only
+/// while we wait for that answer (Apache holds the answers to pipelined
+/// requests until its input is drained, so we could be waiting for an
+/// earlier answer while the server waits in its connect). Each request
+/// carries its own slot of `--max-len` bytes of the receive buffer
+/// (server-writes) and its own token. The server's DONE for each
+/// server-writes answer waits in the receive CQ, in order, until its
+/// answer is read. If the server closes the connection (a 502, or
+/// `MaxKeepAliveRequests`), the unanswered requests are sent again on a
+/// new one; a request it refused RDMA for is fetched over plain HTTP at
+/// the end.
+fn get_pipelined(
+    a: &Args,
+    s: &mut Session,
+    jobs: &[Job],
+    scheme: GetScheme,
+    depth: usize,
+    opts: &GetOpts,
+) -> Res<bool> {
+    let max_len = max_len(a);
+    let depth = depth.clamp(1, MAX_PIPELINE);
+    let span = usize::try_from(max_len).map_err(|_| "--max-len does not fit in memory")?;
+    let total = span
+        .checked_mul(depth)
+        .ok_or("--max-len times --pipeline does not fit in memory")?;
+    let mut queue: std::collections::VecDeque<usize> = (0..jobs.len()).collect();
+    let mut inflight: std::collections::VecDeque<InFlight> = Default::default();
+    let mut refused = Vec::new();
+    let mut seq = 0usize;
+    let mut all_ok = true;
+    while !queue.is_empty() || !inflight.is_empty() {
+        // Fill the pipeline.
+        while inflight.len() < depth {
+            let Some(&job) = queue.front() else { break };
+            let r = s.rdma()?;
+            if !inflight.is_empty() && !r.live() {
+                break; // this one may need a connect-back: send it alone
+            }
+            queue.pop_front();
+            let slot = seq % depth;
+            seq += 1;
+            let mut h = r.request_header(
+                match scheme {
+                    GetScheme::ServerWrites => Scheme::ServerWrites,
+                    GetScheme::ClientReads => Scheme::ClientReads,
+                },
+                true,
+            )?;
+            h.maxlen = Some(max_len);
+            if let GetScheme::ServerWrites = scheme {
+                let b = r.buf(total as u64)?;
+                h.stag = Some(b.rkey());
+                h.to = Some(b.addr() + (slot * span) as u64);
+            }
+            let token = h.token.expect("request_header sets a token");
+            tracing::debug!(header = %h, slot, "GET {} (pipelined)", jobs[job].url.path);
+            s.http
+                .send_request("GET", &jobs[job].url, &[("RDMA", h.to_string())], None)
+                .map_err(|e| format!("sending the request: {e}"))?;
+            inflight.push_back(InFlight {
+                job,
+                slot,
+                token,
+                sent: Instant::now(),
+            });
+        }
+        // Take the oldest answer.
+        let p = inflight.pop_front().expect("the pipeline is not empty");
+        let job = &jobs[p.job];
+        let mut sink = job_sink(job, opts)?;
+        let (answer, close) =
+            pipelined_answer(s, &p, scheme, max_len, &mut sink, a, &job.url.file_name()).map_err(
+                |e| format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path),
+            )?;
+        sink.flush()
+            .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
+        if let Some(r) = s.rdma.as_mut() {
+            r.forget_token(p.token);
+        }
+        match answer {
+            Answer::Done(o) => all_ok &= report_get(&job.url, &o, p.sent.elapsed().as_secs_f64()),
+            Answer::Refused => refused.push(p.job),
+        }
+        if close {
+            // The server closed the connection after this answer: the
+            // rest were never answered. Send them again on a new one.
+            tracing::debug!(
+                unanswered = inflight.len(),
+                "the server closed the connection"
+            );
+            while let Some(q) = inflight.pop_back() {
+                queue.push_front(q.job);
+            }
+            s.reopen_if(true)?;
+        }
+    }
+    for j in refused {
+        let job = &jobs[j];
+        let mut sink = job_sink(job, opts)?;
+        let t = Instant::now();
+        let o = plain_get(s, &job.url, &mut sink, a);
+        sink.flush()
+            .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
+        let o =
+            o.map_err(|e| format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path))?;
+        all_ok &= report_get(&job.url, &o, t.elapsed().as_secs_f64());
+    }
+    Ok(all_ok)
+}
+
+/// Read the answer to the oldest pipelined GET `p` and move its body to
+/// `sink`; also whether the server closes the connection after it.
+fn pipelined_answer(
+    s: &mut Session,
+    p: &InFlight,
+    scheme: GetScheme,
+    max_len: u64,
+    sink: &mut Sink,
+    a: &Args,
+    name: &str,
+) -> Res<(Answer, bool)> {
+    let r = s.rdma.as_mut().expect("created when the request was sent");
+    r.expect_conn(&s.http)?;
+    r.wait_http(&s.http)?;
+    let resp = s
+        .http
+        .read_head()
+        .map_err(|e| format!("reading the response: {e}"))?;
+    let Some(v) = resp.header("RDMA").map(str::to_string) else {
+        if let Some(err) = rdma_error_of(&resp) {
+            discard_body(s, &resp)?;
+            eprintln!(
+                "rhttp: server refused RDMA ({} {}: {err}); fetching it over plain HTTP",
+                resp.status, resp.reason
+            );
+            return Ok((Answer::Refused, resp.close));
+        }
+        // The server ignored the header (a 404, RDMA Off): the body is in
+        // the response, and no DONE comes for it.
+        let n = s
+            .http
+            .read_body(&resp, false, sink, &mut |_| {})
+            .map_err(|e| format!("reading the response body: {e}"))?;
+        return Ok((
+            Answer::Done(Outcome {
+                status: resp.status,
+                bytes: n,
+                via: "plain HTTP (fallback)".into(),
+            }),
+            resp.close,
+        ));
+    };
+    let rh = RdmaHeader::parse(&v).map_err(|e| format!("bad RDMA header from the server: {e}"))?;
+    discard_body(s, &resp)?;
+    let len = rh.length.ok_or("the server's RDMA header has no length")?;
+    if len > max_len {
+        return Err(format!(
+            "the server announced {len} bytes, more than maxlen {max_len}"
+        ));
+    }
+    // The caller checked that max_len * depth fits in a usize. Only
+    // server-writes answers are placed in their request's slot; a
+    // client-reads body is read once its answer is here, one at a time.
+    let span = max_len as usize;
+    let at = match scheme {
+        GetScheme::ServerWrites => p.slot * span,
+        GetScheme::ClientReads => 0,
+    };
+    let pb = bar(a.quiet, len, name);
+    let r = s.rdma.as_mut().expect("created when the request was sent");
+    match (rh.scheme, scheme) {
+        (Scheme::ServerWrites, GetScheme::ServerWrites) => {
+            // DONEs come in the order of the answers, each before its
+            // HTTP answer on the server's side (RFC 5040 §5.5 orders it
+            // behind the Writes): the oldest one in the CQ is this one's.
+            match r.wait_ctrl(None)? {
+                Some(m) if m.kind == Kind::Done => {}
+                Some(m) => {
+                    return Err(format!(
+                        "expected DONE after the server's writes, got {m:?}"
+                    ))
+                }
+                None => return Err("no DONE after the server's writes".into()),
+            }
+        }
+        (Scheme::ClientReads, GetScheme::ClientReads) => {
+            let (stag, to) = rh
+                .stag
+                .zip(rh.to)
+                .ok_or("the server's client-reads answer lacks stag or to")?;
+            r.buf(len)?;
+            let mut off = 0u64;
+            while off < len {
+                let n = (len - off).min(CHUNK as u64) as usize;
+                let sge = r.buf.as_ref().expect("allocated").sge(at + off as usize, n);
+                r.run(
+                    2,
+                    WrOpcode::RdmaRead {
+                        remote_addr: to + off,
+                        rkey: stag,
+                    },
+                    SgList::single(sge),
+                )?;
+                off += n as u64;
+                pb.set_position(off);
+            }
+            r.send_ctrl(&CtrlMsg {
+                kind: Kind::Done,
+                stag,
+                length: len.min(u32::MAX as u64) as u32,
+                to: 0,
+                offset: 0,
+            })?;
+        }
+        (got, _) => return Err(format!("the server answered with scheme {got}")),
+    }
+    copy_out(r.buf.as_ref().ok_or("no buffer")?, at, len, sink)?;
+    pb.finish_and_clear();
+    Ok((
+        Answer::Done(Outcome {
+            status: resp.status,
+            bytes: len,
+            via: format!("RDMA ({})", rh.scheme),
+        }),
+        resp.close,
+    ))
 }
 
 fn read_file_at(f: &mut File, off: u64, buf: &mut [u8]) -> Res<()> {
@@ -1272,10 +1772,13 @@ fn cmd_put(
         )
     } else {
         let r = s.rdma()?;
-        let mut h = r.request_header(match scheme {
-            PutScheme::ServerReads => Scheme::ServerReads,
-            PutScheme::ClientWrites => Scheme::ClientWrites,
-        })?;
+        let mut h = r.request_header(
+            match scheme {
+                PutScheme::ServerReads => Scheme::ServerReads,
+                PutScheme::ClientWrites => Scheme::ClientWrites,
+            },
+            false,
+        )?;
         h.length = Some(size);
         let pb = bar(a.quiet, size, &url.file_name());
         if let PutScheme::ServerReads = scheme {
@@ -1395,7 +1898,7 @@ fn cmd_put(
 fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) -> Res<bool> {
     let url = Url::parse(u)?;
     let mut s = Session::open(&url, Duration::from_secs(a.timeout), a.crc.into())?;
-    let h = s.rdma()?.request_header(Scheme::ClientReads)?;
+    let h = s.rdma()?.request_header(Scheme::ClientReads, false)?;
     s.http
         .send_request("GET", &url, &[("RDMA", h.to_string())], None)
         .map_err(|e| e.to_string())?;
@@ -1464,6 +1967,7 @@ fn main() -> ExitCode {
         .init();
     let a = Args::parse();
     let _ = DEVICE.set(a.device.clone());
+    let _ = CONGESTION.set(a.congestion.clone());
     if !a.plain {
         // Fail at start, with the reason and the fix, rather than at the
         // first RDMA request.
@@ -1475,6 +1979,10 @@ fn main() -> ExitCode {
     let r = match &a.cmd {
         Cmd::Get {
             urls,
+            recursive,
+            directory_prefix,
+            pipeline,
+            stats,
             output,
             scheme,
             x_hold_ms,
@@ -1491,6 +1999,12 @@ fn main() -> ExitCode {
                 delay_accept: *x_delay_accept_ms,
                 drop_rdma_after: *x_drop_rdma_after,
                 pause_before_request: *x_pause_before_request,
+            },
+            &GetOpts {
+                recursive: *recursive,
+                dir: directory_prefix.clone(),
+                depth: pipeline.unwrap_or(if *recursive { 8 } else { 1 }) as usize,
+                stats: *stats,
             },
         ),
         Cmd::Put {
