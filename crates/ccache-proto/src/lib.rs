@@ -27,9 +27,12 @@
 //!   torn entry; and the push / pull / hybrid [`state::Policy`].
 //! - [`push`]: the frames of the push channel (registration, pushed
 //!   documents and their acknowledgements, state requests).
+//! - [`auth`]: the proof of the shared access token in MPA private data
+//!   and in the push registration, and the listeners' refusals.
 #![deny(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod auth;
 pub mod ipc;
 pub mod mrsw;
 pub mod push;

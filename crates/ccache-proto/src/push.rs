@@ -18,7 +18,10 @@
 //! +------+----+-----+----------+------------------+-----------+-----------+----------+
 //! ```
 //!
-//! `REGISTER`'s body is a [`Registration`] (40 bytes); `PUSH`'s is the
+//! `REGISTER`'s body is a [`Registration`] (40 bytes), followed, where the
+//! deployment has an access token, by a 52-byte proof whose MAC covers the
+//! registration (its address and STag then masked; see [`crate::auth`]);
+//! `REGISTERED`'s body is empty, or ccappd's 32-byte MAC; `PUSH`'s is the
 //! document; `STATE_REPLY`'s is the region; `PUSH_ACK`'s `status` is a
 //! [`PushStatus`]; `ERROR`'s `status` is a [`PushStatus`] too. A body is at
 //! most [`MAX_BODY`] bytes.
@@ -94,6 +97,13 @@ pub enum PushStatus {
     NotCached,
     /// The frame was malformed or unexpected.
     Malformed,
+    /// A push whose announced body is larger than the proxy's
+    /// `--max-doc-bytes`: refused from its header, before any byte of the
+    /// body is read or allocated; the proxy closes the channel.
+    TooLarge,
+    /// A `REGISTER` without the right access proof (`--token-file`), or a
+    /// `REGISTERED` without ccappd's: refused, and the channel closed.
+    AccessDenied,
     /// A code this version does not know.
     Unknown(u32),
 }
@@ -105,6 +115,8 @@ impl From<u32> for PushStatus {
             1 => PushStatus::NotNewer,
             2 => PushStatus::NotCached,
             3 => PushStatus::Malformed,
+            4 => PushStatus::TooLarge,
+            5 => PushStatus::AccessDenied,
             v => PushStatus::Unknown(v),
         }
     }
@@ -117,6 +129,8 @@ impl From<PushStatus> for u32 {
             PushStatus::NotNewer => 1,
             PushStatus::NotCached => 2,
             PushStatus::Malformed => 3,
+            PushStatus::TooLarge => 4,
+            PushStatus::AccessDenied => 5,
             PushStatus::Unknown(v) => v,
         }
     }
@@ -358,6 +372,8 @@ mod tests {
             PushStatus::NotNewer,
             PushStatus::NotCached,
             PushStatus::Malformed,
+            PushStatus::TooLarge,
+            PushStatus::AccessDenied,
             PushStatus::Unknown(9),
         ] {
             assert_eq!(PushStatus::from(u32::from(s)), s);
