@@ -8,17 +8,24 @@
 //!   socket's file mode (`--ipc-mode`, default 660) is the first fence, the
 //!   credential check the second: a socket made world-writable by mistake
 //!   still admits only the allowed users.
-//! - [`Token`]: the shared access token of a cache deployment. ccappd
-//!   presents it in the MPA private data when it connects to read a
-//!   proxy's cache state region (RFC 5044 §7.1: the Request may carry
-//!   private data for the ULP; RFC 6581's IRD/ORD block comes first, the
-//!   token after it), and a proxy presents it in its push registration.
-//!   Generated from the OS random number generator (`/dev/urandom`,
-//!   random(4)), 32 bytes, stored as 64 hex digits in a file that only its
-//!   owner can read (`--token-file`; the same file, or the same
+//! - [`Token`]: the shared access token of a cache deployment, 32 bytes
+//!   from the OS random number generator (`/dev/urandom`, random(4)),
+//!   stored as 64 hex digits in a file that only its owner may read
+//!   (`--token-file`, mode 0600, checked; the same file, or the same
 //!   `token-file = PATH` line in the `--config` files, on every host).
+//!   The token itself never goes on the wire: a peer proves it holds it
+//!   with HMAC-SHA-256 (RFC 2104) over a fresh nonce and a label
+//!   ([`Token::proof`], [`ccache_proto::auth`]): a proxy in the MPA
+//!   private data of its connection to ccappd's version table, ccappd in
+//!   its connection to a proxy's cache state region (RFC 5044 §7.1: the
+//!   Request may carry private data for the ULP), a proxy in its push
+//!   `REGISTER`, ccappd in its `REGISTERED`. The verifier recomputes the
+//!   MAC and compares in constant time ([`Token::verify`]).
 
 use std::io::{self, Read, Write};
+
+use ccache_proto::auth::{Proof, MAC_LEN, NONCE_LEN};
+use sha2::{Digest, Sha256};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -125,20 +132,57 @@ impl Token {
     /// Whether `presented` is this token, in time independent of where
     /// they differ.
     pub fn matches(&self, presented: &[u8]) -> bool {
-        if presented.len() != TOKEN_LEN {
-            return false;
+        ct_eq(&self.0, presented)
+    }
+
+    /// `HMAC-SHA-256(token, label | parts...)` (RFC 2104: `H(K ^ opad,
+    /// H(K ^ ipad, text))`, the 32-byte key padded with zeros to SHA-256's
+    /// 64-byte block).
+    pub fn mac(&self, label: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+        hmac_sha256(&self.0, label, parts)
+    }
+
+    /// A fresh proof for `label` covering `covered` (a new nonce from the
+    /// OS random number generator).
+    pub fn proof(&self, label: &[u8], covered: &[u8]) -> io::Result<Proof> {
+        let nonce = nonce()?;
+        let mac = self.mac(label, &[&nonce, covered]);
+        Ok(Proof { nonce, mac })
+    }
+
+    /// Whether `presented` is `mac(label, parts)`, compared in constant
+    /// time.
+    pub fn check_mac(&self, label: &[u8], parts: &[&[u8]], presented: &[u8]) -> bool {
+        ct_eq(&self.mac(label, parts), presented)
+    }
+
+    /// Whether `presented` (untrusted private data) is a proof of this
+    /// token for `label` covering `covered`; the MACs are compared in time
+    /// independent of where they differ.
+    pub fn verify(&self, label: &[u8], presented: &[u8], covered: &[u8]) -> Result<Proof, String> {
+        let p = Proof::parse(presented).map_err(|e| e.to_string())?;
+        if ct_eq(&self.mac(label, &[&p.nonce, covered]), &p.mac) {
+            Ok(p)
+        } else {
+            Err("wrong access proof (the peer's --token-file holds another token)".into())
         }
-        let diff = self
-            .0
-            .iter()
-            .zip(presented)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        std::hint::black_box(diff) == 0
     }
 
     /// Read the token of `path` (64 hex digits); with `create`, write a
-    /// fresh one (mode 0600) if the file does not exist.
+    /// fresh one (mode 0600) if the file does not exist. A file that its
+    /// group or others may read or write is refused (a secret only its
+    /// owner may read, as ssh(1) refuses a private key).
     pub fn load(path: &Path, create: bool) -> Result<Token, String> {
+        if let Ok(m) = std::fs::metadata(path) {
+            if m.mode() & 0o077 != 0 {
+                return Err(format!(
+                    "--token-file {}: mode {:o} lets others read or change the access token; run `chmod 600 {}`",
+                    path.display(),
+                    m.mode() & 0o777,
+                    path.display()
+                ));
+            }
+        }
         match std::fs::read_to_string(path) {
             Ok(text) => Token::parse_hex(text.trim()).map_err(|e| {
                 format!(
@@ -189,9 +233,43 @@ impl Token {
     }
 }
 
+/// A fresh nonce from the OS random number generator.
+pub fn nonce() -> io::Result<[u8; NONCE_LEN]> {
+    let mut n = [0u8; NONCE_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut n)?;
+    Ok(n)
+}
+
+/// Equal bytes, in time independent of where they differ.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// HMAC-SHA-256 (RFC 2104) of `label | parts...` under `key` (at most one
+/// 64-byte block).
+fn hmac_sha256(key: &[u8], label: &[u8], parts: &[&[u8]]) -> [u8; MAC_LEN] {
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let mut inner = Sha256::new();
+    inner.update(k.map(|b| b ^ 0x36));
+    inner.update(label);
+    for p in parts {
+        inner.update(p);
+    }
+    let mut outer = Sha256::new();
+    outer.update(k.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn allow_list() {
@@ -207,6 +285,38 @@ mod tests {
             .add_users(&["no-such-user-here".into()])
             .unwrap_err()
             .contains("no such user"));
+    }
+
+    #[test]
+    fn hmac_rfc4231_test_case_2() {
+        // RFC 4231 §4.3: key "Jefe", data "what do ya want for nothing?".
+        let want = "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
+        let got = hmac_sha256(b"Jefe", b"what do ya ", &[b"want ", b"for nothing?"]);
+        let hex: String = got.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(hex, want);
+    }
+
+    #[test]
+    fn proofs() {
+        let a = Token::generate().unwrap();
+        let b = Token::generate().unwrap();
+        let p = a.proof(b"label", b"covered").unwrap();
+        let q = a.proof(b"label", b"covered").unwrap();
+        assert_ne!(p.nonce, q.nonce, "every proof has a fresh nonce");
+        assert!(a.verify(b"label", &p.emit(), b"covered").is_ok());
+        assert!(a.verify(b"other", &p.emit(), b"covered").is_err());
+        assert!(a.verify(b"label", &p.emit(), b"changed").is_err());
+        assert!(b
+            .verify(b"label", &p.emit(), b"covered")
+            .unwrap_err()
+            .contains("--token-file"));
+        assert!(a
+            .verify(b"label", &[], b"covered")
+            .unwrap_err()
+            .contains("--token-file"));
+        let mut bad = p.emit();
+        bad[51] ^= 1;
+        assert!(a.verify(b"label", &bad, b"covered").is_err());
     }
 
     #[test]
@@ -227,6 +337,9 @@ mod tests {
         let t = Token::load(&f, true).unwrap();
         assert_eq!(Token::load(&f, false).unwrap(), t);
         assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o777, 0o600);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = Token::load(&f, false).unwrap_err();
+        assert!(e.contains("chmod 600"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -128,6 +128,7 @@ pub struct AsyncCheck {
     kind: Way,
     addr: SocketAddr,
     timeout: Duration,
+    token: Option<crate::access::Token>,
     link: Option<Link>,
 }
 
@@ -177,8 +178,15 @@ impl AsyncCheck {
             kind,
             addr,
             timeout,
+            token: None,
             link: None,
         }
+    }
+
+    /// RDMA: prove `token` when connecting (ccappd's `--token-file`).
+    pub fn with_token(mut self, token: Option<crate::access::Token>) -> AsyncCheck {
+        self.token = token;
+        self
     }
 
     async fn connect(&self) -> Result<Link, CheckError> {
@@ -186,8 +194,9 @@ impl AsyncCheck {
         let join = |e: tokio::task::JoinError| CheckError::Unreachable(e.to_string());
         match self.kind {
             Way::Rdma(wait) => {
+                let token = self.token.clone();
                 let conn = tokio::task::spawn_blocking(move || {
-                    RdmaConn::open(addr, t, Some(wait.progress()))
+                    RdmaConn::open(addr, t, Some(wait.progress()), token.as_ref())
                 })
                 .await
                 .map_err(join)??;

@@ -1,8 +1,8 @@
 //! The application module's servers (`ccappd`).
 //!
-//! - [`serve_rdma`]: accepts proxies' iWARP connections and replies with
-//!   the version table's [`Advert`](ccache_proto::slot::Advert) as MPA
-//!   private data. After that the proxies RDMA-Read slots on their own:
+//! - [`serve_rdma`]: accepts proxies' iWARP connections ([`crate::listen`])
+//!   and replies with the version table's
+//!   [`Advert`](ccache_proto::slot::Advert) as MPA private data. After that the proxies RDMA-Read slots on their own:
 //!   no thread of ours runs for a version check (the provider's receive
 //!   thread answers the Read Request).
 //! - [`serve_versions`]: the two-sided path. A task per connection (at
@@ -25,8 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
-use iwarp::cm::Listener;
 use iwarp::{CompletionQueue, ProtectionDomain};
+
+use crate::listen::{Endpoint, ListenCfg, ListenStats};
 
 use crate::msgio::{read_msg, write_msg};
 use crate::table::VersionTable;
@@ -53,16 +54,30 @@ pub fn init_docs(root: &Path, docs: u32, version: u64, size: usize) -> io::Resul
     Ok(())
 }
 
-/// Accept proxies' iWARP connections until the listener fails. Each gets
-/// its own QP on `pd`; closed QPs are dropped as new ones arrive.
+/// The version table listener's settings: `cfg` with the table's
+/// advertisement as the accepted Reply's private data and the version
+/// table's proof label.
+pub fn rdma_cfg(table: &VersionTable, mut cfg: ListenCfg) -> ListenCfg {
+    cfg.what = "version table";
+    cfg.label = ccache_proto::auth::LABEL_VERSION_TABLE;
+    cfg.private_data = table.advert().emit().to_vec();
+    cfg
+}
+
+/// Accept proxies' iWARP connections for ever ([`crate::listen`]: the
+/// handshakes off the accept path, the live-connection limit, the token).
+/// Each gets its own QP on `pd`; the advertisement goes only into an
+/// accepted Reply.
 pub fn serve_rdma(
-    listener: Listener,
+    ep: Endpoint,
     pd: ProtectionDomain,
     cq: CompletionQueue,
     table: Arc<VersionTable>,
-) -> io::Result<()> {
-    let advert = table.advert().emit().to_vec();
-    crate::push::accept_rdma(listener, pd, cq, advert, "version table")
+    cfg: ListenCfg,
+    stats: Arc<ListenStats>,
+) -> ! {
+    let cfg = rdma_cfg(&table, cfg);
+    crate::listen::serve(ep, pd, cq, cfg, stats)
 }
 
 /// The version thread(s): answer `VERSION_REQUEST`s over TCP, with the

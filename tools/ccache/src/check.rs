@@ -26,6 +26,7 @@ use iwarp::{
     WcStatus, WorkCompletion, WrOpcode,
 };
 
+use crate::access::Token;
 use crate::msgio::{read_msg, write_msg};
 
 /// Why a version is not known.
@@ -92,7 +93,10 @@ impl Drop for Reader {
 }
 
 /// Connects a [`Reader`] with a `len`-byte buffer to the listener at
-/// `addr` (blocking, bounded by `timeout`); the listener's private data.
+/// `addr` (blocking, bounded by `timeout`), with `request_data` as the MPA
+/// Request's private data (an access proof, or nothing); the listener's
+/// private data. A refusal ([`ccache_proto::auth::Refusal`]) is an error
+/// that names it.
 /// MPA CRC is off: the remote region may change while the remote stack
 /// sends it, after it computed the CRC (see docs/CACHE.md); TCP's checksum
 /// and the region's own check words cover it.
@@ -101,6 +105,7 @@ pub(crate) fn connect_reader(
     len: usize,
     timeout: Duration,
     progress: Option<iwarp::ProgressMode>,
+    request_data: Vec<u8>,
 ) -> Result<(Reader, Vec<u8>), String> {
     let ctx = Context::open().map_err(|e| e.to_string())?;
     let pd = ctx.alloc_pd();
@@ -125,9 +130,14 @@ pub(crate) fn connect_reader(
             ..MpaConfig::default()
         },
         timeout,
+        private_data: request_data,
         ..ConnParam::default()
     };
-    let pdata = cm::connect(&qp, addr, &param).map_err(|e| e.to_string())?;
+    let pdata =
+        cm::connect(&qp, addr, &param).map_err(|e| match crate::listen::refusal_of(&e) {
+            Some(r) => format!("{addr} refused the connection: {r}"),
+            None => e.to_string(),
+        })?;
     Ok((
         Reader {
             _ctx: ctx,
@@ -153,9 +163,12 @@ impl RdmaConn {
         addr: SocketAddr,
         timeout: Duration,
         progress: Option<iwarp::ProgressMode>,
+        token: Option<&Token>,
     ) -> Result<RdmaConn, CheckError> {
-        let (r, pdata) =
-            connect_reader(addr, SLOT_LEN, timeout, progress).map_err(CheckError::Unreachable)?;
+        let pdata = crate::listen::request_data(token, ccache_proto::auth::LABEL_VERSION_TABLE)
+            .map_err(CheckError::Unreachable)?;
+        let (r, pdata) = connect_reader(addr, SLOT_LEN, timeout, progress, pdata)
+            .map_err(CheckError::Unreachable)?;
         let advert = Advert::parse(&pdata).map_err(|e| CheckError::Protocol(e.to_string()))?;
         tracing::info!(%addr, slots = advert.slots, rkey = format_args!("{:#010x}", advert.rkey), "connected to the version table");
         Ok(RdmaConn {
@@ -238,6 +251,7 @@ pub struct RdmaCheck {
     addr: SocketAddr,
     timeout: Duration,
     progress: Option<iwarp::ProgressMode>,
+    token: Option<Token>,
     conn: Option<RdmaConn>,
 }
 
@@ -258,8 +272,15 @@ impl RdmaCheck {
             addr,
             timeout,
             progress: None,
+            token: None,
             conn: None,
         }
+    }
+
+    /// Prove `token` when connecting (ccappd's `--token-file`).
+    pub fn with_token(mut self, token: Option<Token>) -> RdmaCheck {
+        self.token = token;
+        self
     }
 
     /// Wait for the Read's completion this way (default: the CQ's default,
@@ -270,7 +291,7 @@ impl RdmaCheck {
     }
 
     fn connect(&self) -> Result<RdmaConn, CheckError> {
-        RdmaConn::open(self.addr, self.timeout, self.progress)
+        RdmaConn::open(self.addr, self.timeout, self.progress, self.token.as_ref())
     }
 
     /// The table's advertisement (connecting if needed).

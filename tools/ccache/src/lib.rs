@@ -7,7 +7,10 @@
 //! - [`ipc`]: ccappd's Table 1 IPC server (per-client output queues,
 //!   peer credentials, connection and hold limits).
 //! - [`access`]: the IPC allow-list (`SO_PEERCRED`) and the deployment's
-//!   access token.
+//!   access token (HMAC proofs of it).
+//! - [`listen`]: the RDMA listeners of the version table and of a proxy's
+//!   state region: handshakes off the accept path with a deadline, a
+//!   bound on live connections, the token checked before any queue pair.
 //! - [`msgio`]: reading and writing the 16-byte IPC message on a stream.
 //! - [`appd`]: the application module's servers (`ccappd`): the RDMA
 //!   listener that hands out the table's address and rkey, the two-sided
@@ -36,6 +39,7 @@ pub mod acheck;
 pub mod appd;
 pub mod check;
 pub mod ipc;
+pub mod listen;
 pub mod load;
 pub mod msgio;
 pub mod proxy;

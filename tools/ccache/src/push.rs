@@ -16,8 +16,14 @@
 //!   their own, after the update committed: the updater never waits for a
 //!   proxy. Updates of the same document that pile up while a push runs
 //!   are pushed once, at the newest version.
-//! - [`accept_rdma`]: the iWARP accept loop both sides use (ccappd for its
-//!   version table, ccproxy for its state region).
+//!
+//! With an access token (`--token-file`), `REGISTER` carries the proxy's
+//! proof and `REGISTERED` ccappd's (see [`ccache_proto::auth`]): ccappd
+//! registers (and so pushes to, and reads the state of) only proxies that
+//! hold the token, and a proxy serves pushes only from a ccappd that
+//! proved it. No frame body is allocated before its announced length is
+//! checked against what that frame may carry (a registration's 92 bytes,
+//! a push's `--max-doc-bytes`).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -29,68 +35,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use ccache_proto::auth::{self, Proof, MAC_LEN, PROOF_LEN};
 use ccache_proto::ipc::{Kind as IpcKind, Repr};
-use ccache_proto::push::{Header, Kind, PushError, PushStatus, Registration, HEADER_LEN};
-use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
-use iwarp::cm::{ConnParam, Listener};
-use iwarp::{
-    CompletionQueue, ProtectionDomain, QpInitAttr, QpState, QueuePair, SendWr, SgList, WcStatus,
-    WrOpcode,
+use ccache_proto::push::{
+    Header, Kind, PushError, PushStatus, Registration, HEADER_LEN, MAX_BODY, REGISTRATION_LEN,
 };
+use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
+use iwarp::{QpState, SendWr, SgList, WcStatus, WrOpcode};
 
+use crate::access::Token;
 use crate::appd::doc_path;
 use crate::check::{connect_reader, Reader};
 use crate::msgio::{read_msg, write_msg};
 use crate::state::CacheState;
-
-/// Accept iWARP connections until the listener fails, replying with
-/// `private_data`; each gets a QP on `pd` (with `max_send_wr` 4: enough to
-/// answer Reads). Dead QPs are dropped as new ones arrive.
-pub fn accept_rdma(
-    listener: Listener,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    private_data: Vec<u8>,
-    what: &'static str,
-) -> io::Result<()> {
-    let mut qps: Vec<QueuePair> = Vec::new();
-    loop {
-        qps.retain(|qp| !matches!(qp.state(), QpState::Error | QpState::Closed));
-        let req = match listener.get_request(Some(Duration::from_secs(1))) {
-            Ok(r) => r,
-            Err(iwarp::cm::CmError::Timeout { .. }) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, what, "RDMA connection request failed");
-                continue;
-            }
-        };
-        let peer = req.peer_addr();
-        let qp = match pd.create_qp(&QpInitAttr {
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            max_send_wr: 4,
-            max_recv_wr: 4,
-        }) {
-            Ok(qp) => qp,
-            Err(e) => {
-                tracing::warn!(error = %e, %peer, what, "cannot create a QP; rejecting");
-                let _ = req.reject(b"no QP");
-                continue;
-            }
-        };
-        let param = ConnParam {
-            private_data: private_data.clone(),
-            ..ConnParam::default()
-        };
-        match req.accept(&qp, &param) {
-            Ok(()) => {
-                tracing::info!(%peer, live = qps.len() + 1, what, "RDMA reader connected");
-                qps.push(qp);
-            }
-            Err(e) => tracing::warn!(error = %e, %peer, what, "accepting an RDMA reader failed"),
-        }
-    }
-}
 
 /// A frame could not be read.
 #[derive(Debug)]
@@ -101,6 +58,14 @@ pub enum FrameError {
     Io(io::Error),
     /// Not a valid frame.
     Malformed(PushError),
+    /// A frame whose announced body is longer than this frame may carry
+    /// here; nothing of the body was read or allocated.
+    TooLong {
+        /// The header.
+        header: Header,
+        /// The most this frame may carry.
+        max: u32,
+    },
 }
 
 impl std::fmt::Display for FrameError {
@@ -109,6 +74,11 @@ impl std::fmt::Display for FrameError {
             FrameError::Closed => f.write_str("the peer closed the push channel"),
             FrameError::Io(e) => write!(f, "push channel: {e}"),
             FrameError::Malformed(e) => write!(f, "push channel: {e}"),
+            FrameError::TooLong { header, max } => write!(
+                f,
+                "push channel: {:?} frame announces {} bytes of body, at most {max} accepted here (a larger document needs a larger --max-doc-bytes at the proxy)",
+                header.kind, header.body_len
+            ),
         }
     }
 }
@@ -149,9 +119,24 @@ fn read_full(r: &mut impl Read, buf: &mut [u8], idle_ok: bool) -> Result<(), Fra
 /// (the caller is a server between requests); the rest of the frame is
 /// bounded by the socket's read timeout.
 pub fn read_frame(r: &mut impl Read, idle_ok: bool) -> Result<(Header, Vec<u8>), FrameError> {
+    read_frame_limited(r, idle_ok, |_| MAX_BODY)
+}
+
+/// Read one frame whose body may be at most `max(kind)` bytes: a longer
+/// one is [`FrameError::TooLong`] as soon as its header is read, before
+/// any of the body is allocated or read.
+pub fn read_frame_limited(
+    r: &mut impl Read,
+    idle_ok: bool,
+    max: impl Fn(Kind) -> u32,
+) -> Result<(Header, Vec<u8>), FrameError> {
     let mut h = [0u8; HEADER_LEN];
     read_full(r, &mut h, idle_ok)?;
     let h = Header::parse(&h).map_err(FrameError::Malformed)?;
+    let max = max(h.kind);
+    if h.body_len > max {
+        return Err(FrameError::TooLong { header: h, max });
+    }
     let mut body = vec![0u8; h.body_len as usize];
     read_full(r, &mut body, false)?;
     Ok((h, body))
@@ -173,13 +158,25 @@ fn error_frame(status: PushStatus) -> Header {
     }
 }
 
-/// Serve one registered push channel (proxy side) until it ends.
-/// `Ok(())` is a clean close by ccappd.
-pub fn serve_channel(s: &mut TcpStream, state: &CacheState) -> Result<(), FrameError> {
+/// Serve one registered push channel (proxy side) until it ends: pushes
+/// of at most `max_doc` bytes (`--max-doc-bytes`; a larger one is refused
+/// from its header with `ERROR(too large)` and the channel closed, the body
+/// never read), state requests. `Ok(())` is a clean close by ccappd.
+pub fn serve_channel(
+    s: &mut TcpStream,
+    state: &CacheState,
+    max_doc: u32,
+) -> Result<(), FrameError> {
     loop {
-        let (h, body) = match read_frame(s, true) {
+        let limit = |k: Kind| if k == Kind::Push { max_doc } else { 0 };
+        let (h, body) = match read_frame_limited(s, true, limit) {
             Ok(f) => f,
             Err(FrameError::Closed) => return Ok(()),
+            Err(e @ FrameError::TooLong { .. }) => {
+                tracing::warn!(error = %e, "push refused before reading its body; closing the channel");
+                let _ = write_frame(s, error_frame(PushStatus::TooLarge), &[]);
+                return Err(e);
+            }
             Err(FrameError::Malformed(e)) => {
                 tracing::warn!(error = %e, "malformed push frame; closing the channel");
                 let _ = write_frame(s, error_frame(PushStatus::Malformed), &[]);
@@ -211,46 +208,103 @@ pub fn serve_channel(s: &mut TcpStream, state: &CacheState) -> Result<(), FrameE
     }
 }
 
+/// The proxy's push agent's settings.
+#[derive(Debug, Clone)]
+pub struct AgentCfg {
+    /// Bound on each connect and each wait inside a frame.
+    pub timeout: Duration,
+    /// Pause before registering again after the channel ended.
+    pub retry: Duration,
+    /// The deployment's token (`--token-file`): prove it in `REGISTER`,
+    /// and serve only a ccappd that proves it in `REGISTERED`.
+    pub token: Option<Token>,
+    /// Largest push accepted (`--max-doc-bytes`).
+    pub max_doc: u32,
+}
+
 /// Register with ccappd's push listener at `appd` and serve pushes, for
-/// ever: when the channel ends, register again (every `retry`). Each
-/// connect and each wait inside a frame is bounded by `timeout`.
-pub fn run_agent(
-    appd: SocketAddr,
-    reg: Registration,
-    state: Arc<CacheState>,
-    timeout: Duration,
-    retry: Duration,
-) {
+/// ever: when the channel ends, register again (every `cfg.retry`).
+pub fn run_agent(appd: SocketAddr, reg: Registration, state: Arc<CacheState>, cfg: AgentCfg) {
     let mut warned = false;
     loop {
-        match register(appd, &reg, timeout) {
+        match register_with(appd, &reg, cfg.timeout, cfg.token.as_ref()) {
             Ok(mut s) => {
                 warned = false;
                 tracing::info!(%appd, "registered for pushes");
-                match serve_channel(&mut s, &state) {
+                match serve_channel(&mut s, &state, cfg.max_doc) {
                     Ok(()) => tracing::info!(%appd, "push channel closed by ccappd"),
                     Err(e) => tracing::warn!(%appd, error = %e, "push channel ended"),
                 }
             }
             Err(e) if !warned => {
-                tracing::warn!(%appd, error = %e, "cannot register for pushes (retrying; is ccappd --push-listen up?)");
+                tracing::warn!(%appd, error = %e, "cannot register for pushes (retrying; is ccappd --push-listen up, with the same --token-file?)");
                 warned = true;
             }
             Err(_) => {}
         }
-        std::thread::sleep(retry);
+        std::thread::sleep(cfg.retry);
     }
 }
 
-/// Connect and register; returns the channel.
+/// Connect and register without a token; returns the channel.
 pub fn register(appd: SocketAddr, reg: &Registration, timeout: Duration) -> io::Result<TcpStream> {
+    register_with(appd, reg, timeout, None)
+}
+
+/// The body of `REGISTER`: the registration, and with a token its address
+/// and STag masked and the proxy's proof after it; and the nonce.
+pub fn register_body(
+    reg: &Registration,
+    token: Option<&Token>,
+) -> io::Result<(Vec<u8>, Option<[u8; auth::NONCE_LEN]>)> {
+    let mut r = reg.emit();
+    let Some(t) = token else {
+        return Ok((r.to_vec(), None));
+    };
+    let nonce = crate::access::nonce()?;
+    auth::mask_registration(&mut r, &t.mac(auth::LABEL_MASK, &[&nonce]));
+    let mac = t.mac(auth::LABEL_REGISTER, &[&nonce, &r]);
+    let mut b = r.to_vec();
+    b.extend_from_slice(&Proof { nonce, mac }.emit());
+    Ok((b, Some(nonce)))
+}
+
+/// Connect and register (with `token`: prove it, and require ccappd's
+/// proof in `REGISTERED`); returns the channel.
+pub fn register_with(
+    appd: SocketAddr,
+    reg: &Registration,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> io::Result<TcpStream> {
     let mut s = TcpStream::connect_timeout(&appd, timeout)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    write_frame(&mut s, Header::new(Kind::Register, 0), &reg.emit())?;
-    match read_frame(&mut s, false) {
-        Ok((h, _)) if h.kind == Kind::Registered => Ok(s),
+    let (body, nonce) = register_body(reg, token)?;
+    write_frame(&mut s, Header::new(Kind::Register, 0), &body)?;
+    let limit = |k: Kind| {
+        if k == Kind::Registered {
+            MAC_LEN as u32
+        } else {
+            0
+        }
+    };
+    match read_frame_limited(&mut s, false, limit) {
+        Ok((h, b)) if h.kind == Kind::Registered => match (token, nonce) {
+            (Some(t), Some(n)) if !t.check_mac(auth::LABEL_REGISTERED, &[&n], &b) => {
+                let _ = write_frame(&mut s, error_frame(PushStatus::AccessDenied), &[]);
+                Err(io::Error::other(format!(
+                    "{appd} answered REGISTERED without proving the access token: not our ccappd, or its --token-file holds another token; no push is taken from it"
+                )))
+            }
+            _ => Ok(s),
+        },
+        Ok((h, _)) if h.kind == Kind::Error && PushStatus::from(h.status) == PushStatus::AccessDenied => {
+            Err(io::Error::other(format!(
+                "ccappd at {appd} refused the registration: access denied (give this proxy ccappd's --token-file)"
+            )))
+        }
         Ok((h, _)) => Err(io::Error::other(format!(
             "ccappd answered {:?} (status {}) to REGISTER",
             h.kind, h.status
@@ -282,7 +336,14 @@ pub struct PushCfg {
     pub state_read: StateRead,
     /// Bound on every step (connect, Read, reply).
     pub timeout: Duration,
+    /// The deployment's token: registrations must prove it, and state
+    /// reads by RDMA present a proof of it.
+    pub token: Option<Token>,
 }
+
+/// Registration handshakes in progress at once on the push listener; one
+/// more connection is closed at once.
+pub const MAX_REGISTRATIONS_IN_PROGRESS: usize = 16;
 
 /// ccappd's push counters.
 #[derive(Debug, Default)]
@@ -310,13 +371,19 @@ struct RdmaState {
     next: u64,
 }
 
-/// One RDMA Read of a proxy's region: connect once, read, retry a torn
-/// copy (at most 16 times).
-fn rdma_connect(addr: SocketAddr, len: usize, timeout: Duration) -> Result<RdmaState, String> {
+/// One RDMA Read of a proxy's region: connect once (with a proof of
+/// `token`), read, retry a torn copy (at most 16 times).
+fn rdma_connect(
+    addr: SocketAddr,
+    len: usize,
+    timeout: Duration,
+    token: Option<&Token>,
+) -> Result<RdmaState, String> {
     let progress = iwarp::ProgressMode::Threaded {
         spin: Duration::ZERO,
     };
-    let (r, _) = connect_reader(addr, len, timeout, Some(progress))?;
+    let pdata = crate::listen::request_data(token, auth::LABEL_STATE_REGION)?;
+    let (r, _) = connect_reader(addr, len, timeout, Some(progress), pdata)?;
     Ok(RdmaState { r, next: 1 })
 }
 
@@ -371,6 +438,7 @@ pub struct RdmaStateReader {
     addr: SocketAddr,
     reg: Registration,
     timeout: Duration,
+    token: Option<Token>,
     conn: Option<RdmaState>,
 }
 
@@ -390,8 +458,15 @@ impl RdmaStateReader {
             addr,
             reg,
             timeout,
+            token: None,
             conn: None,
         }
+    }
+
+    /// Present a proof of `token` when connecting.
+    pub fn with_token(mut self, token: Option<Token>) -> RdmaStateReader {
+        self.token = token;
+        self
     }
 
     /// One consistent snapshot (torn copies are read again, at most 16
@@ -407,6 +482,7 @@ impl RdmaStateReader {
                 self.addr,
                 self.reg.len as usize,
                 self.timeout,
+                self.token.as_ref(),
             )?);
         }
         let c = self.conn.as_mut().expect("connected above");
@@ -433,6 +509,7 @@ pub struct Pusher {
     pending: Mutex<BTreeSet<u32>>,
     wake: Condvar,
     next_id: AtomicU64,
+    registering: Arc<std::sync::atomic::AtomicUsize>,
     /// Counters.
     pub stats: PushStats,
 }
@@ -455,6 +532,7 @@ impl Pusher {
             pending: Mutex::new(BTreeSet::new()),
             wake: Condvar::new(),
             next_id: AtomicU64::new(1),
+            registering: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             stats: PushStats::default(),
         }
     }
@@ -469,8 +547,18 @@ impl Pusher {
         self.cfg.policy
     }
 
-    /// Accept registrations on `listener`, for ever.
+    /// Accept registrations on `listener`, for ever. Each registration is
+    /// read on a thread of its own (at most
+    /// [`MAX_REGISTRATIONS_IN_PROGRESS`] at once), so a silent peer delays
+    /// nobody else.
     pub fn serve_registrations(self: &Arc<Self>, listener: TcpListener) {
+        use std::sync::atomic::AtomicUsize;
+        struct Slot(Arc<AtomicUsize>);
+        impl Drop for Slot {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         for conn in listener.incoming() {
             let s = match conn {
                 Ok(s) => s,
@@ -480,9 +568,25 @@ impl Pusher {
                     continue;
                 }
             };
-            if let Err(e) = self.accept_one(s) {
-                tracing::warn!(error = %e, "refused a push registration");
+            let n = &self.registering;
+            if n.fetch_update(Ordering::AcqRel, Ordering::Acquire, |x| {
+                (x < MAX_REGISTRATIONS_IN_PROGRESS).then_some(x + 1)
+            })
+            .is_err()
+            {
+                tracing::warn!(peer = ?s.peer_addr().ok(), "push registration closed: {MAX_REGISTRATIONS_IN_PROGRESS} registrations are in progress (slow or silent peers)");
+                continue;
             }
+            let slot = Slot(n.clone());
+            let me = self.clone();
+            let _ = std::thread::Builder::new()
+                .name("ccappd-register".into())
+                .spawn(move || {
+                    let _slot = slot;
+                    if let Err(e) = me.accept_one(s) {
+                        tracing::warn!(error = %e, "refused a push registration");
+                    }
+                });
         }
     }
 
@@ -492,7 +596,40 @@ impl Pusher {
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         s.set_read_timeout(t).map_err(|e| e.to_string())?;
         s.set_write_timeout(t).map_err(|e| e.to_string())?;
-        let (h, body) = read_frame(&mut s, false).map_err(|e| format!("{peer}: {e}"))?;
+        // A registration (and its proof) is all a REGISTER may carry: a
+        // larger announced body is refused before it is allocated.
+        let limit = |k: Kind| {
+            if k == Kind::Register {
+                (REGISTRATION_LEN + PROOF_LEN) as u32
+            } else {
+                0
+            }
+        };
+        let (h, mut body) = match read_frame_limited(&mut s, false, limit) {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = write_frame(&mut s, error_frame(PushStatus::Malformed), &[]);
+                return Err(format!("{peer}: {e}"));
+            }
+        };
+        let mut registered_body = Vec::new();
+        if let (Kind::Register, Some(tok)) = (h.kind, &self.cfg.token) {
+            let (reg_bytes, proof) = body.split_at(REGISTRATION_LEN.min(body.len()));
+            let p = match tok.verify(auth::LABEL_REGISTER, proof, reg_bytes) {
+                Ok(p) => p,
+                Err(why) => {
+                    let _ = write_frame(&mut s, error_frame(PushStatus::AccessDenied), &[]);
+                    return Err(format!(
+                        "{peer}: registration refused: {why} (give the proxy the same --token-file)"
+                    ));
+                }
+            };
+            let mut r = [0u8; REGISTRATION_LEN];
+            r.copy_from_slice(reg_bytes);
+            auth::mask_registration(&mut r, &tok.mac(auth::LABEL_MASK, &[&p.nonce]));
+            body = r.to_vec();
+            registered_body = tok.mac(auth::LABEL_REGISTERED, &[&p.nonce]).to_vec();
+        }
         let max = ccache_proto::state::region_len(ccache_proto::state::MAX_CAPACITY);
         let reg = match (h.kind, Registration::parse(&body)) {
             (Kind::Register, Ok(r))
@@ -516,7 +653,8 @@ impl Pusher {
                 ));
             }
         };
-        write_frame(&mut s, Header::new(Kind::Registered, 0), &[]).map_err(|e| e.to_string())?;
+        write_frame(&mut s, Header::new(Kind::Registered, 0), &registered_body)
+            .map_err(|e| e.to_string())?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         tracing::info!(proxy = id, %peer, rdma = ?reg.rdma, len = reg.len, "proxy registered for pushes");
         self.links
@@ -548,7 +686,9 @@ impl Pusher {
         self.stats.state_tcp.fetch_add(1, Ordering::Relaxed);
         let mut c = l.chan.lock().unwrap_or_else(|p| p.into_inner());
         write_frame(&mut *c, Header::new(Kind::StateRequest, 0), &[]).map_err(|e| e.to_string())?;
-        match read_frame(&mut *c, false) {
+        let max = ccache_proto::state::region_len(ccache_proto::state::MAX_CAPACITY);
+        let limit = |k: Kind| if k == Kind::StateReply { max as u32 } else { 0 };
+        match read_frame_limited(&mut *c, false, limit) {
             Ok((h, b)) if h.kind == Kind::StateReply => {
                 Snapshot::parse(&b).map_err(|e: StateError| e.to_string())
             }
@@ -561,8 +701,10 @@ impl Pusher {
     fn state_of(&self, l: &Link) -> Result<Snapshot, String> {
         if let (StateRead::Rdma, Some(addr)) = (self.cfg.state_read, l.reg.rdma) {
             let mut r = l.rdma.lock().unwrap_or_else(|p| p.into_inner());
-            let reader =
-                r.get_or_insert_with(|| RdmaStateReader::new(addr, l.reg, self.cfg.timeout));
+            let reader = r.get_or_insert_with(|| {
+                RdmaStateReader::new(addr, l.reg, self.cfg.timeout)
+                    .with_token(self.cfg.token.clone())
+            });
             match reader.read() {
                 Ok(s) => {
                     self.stats.state_rdma.fetch_add(1, Ordering::Relaxed);
@@ -667,7 +809,8 @@ impl Pusher {
                     ..Header::new(Kind::Push, doc)
                 };
                 write_frame(&mut *c, h, body).map_err(|e| e.to_string())?;
-                let (a, _) = read_frame(&mut *c, false).map_err(|e| e.to_string())?;
+                let (a, _) =
+                    read_frame_limited(&mut *c, false, |_| 0).map_err(|e| e.to_string())?;
                 if a.kind != Kind::PushAck || a.doc != doc {
                     return Err(format!("answered {:?} to PUSH", a.kind));
                 }

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use ccache::appd::{self, IpcState, UpdaterCfg};
 use ccache::check::{CheckError, RdmaCheck, TcpCheck, VersionCheck};
+use ccache::listen::{Endpoint, ListenCfg};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::table::VersionTable;
+use ccache_proto::auth::LABEL_VERSION_TABLE;
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
-use iwarp::cm::{Listener, MpaConfig, Policy};
+use iwarp::cm::{MpaConfig, Policy};
 use iwarp::{Context, WcStatus};
 
 const T: Duration = Duration::from_secs(5);
@@ -43,10 +45,11 @@ fn start(docs: u32) -> Appd {
         crc: Policy::Off,
         ..MpaConfig::default()
     };
-    let rl = Listener::bind("127.0.0.1:0".parse().unwrap(), mpa).unwrap();
-    let rdma = rl.local_addr();
+    let rl = Endpoint::bind(&ctx, "127.0.0.1:0".parse().unwrap(), mpa).unwrap();
+    let rdma = rl.local_addr().unwrap();
     let t = table.clone();
-    std::thread::spawn(move || appd::serve_rdma(rl, pd, cq, t));
+    let cfg = ListenCfg::new("version table", LABEL_VERSION_TABLE, Vec::new());
+    std::thread::spawn(move || appd::serve_rdma(rl, pd, cq, t, cfg, Default::default()));
     let vl = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp = vl.local_addr().unwrap();
     let t = table.clone();

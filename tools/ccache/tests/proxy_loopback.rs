@@ -20,11 +20,13 @@ use std::time::Duration;
 
 use ccache::acheck::{AsyncCheck, RdmaWait};
 use ccache::appd::{self, IpcState, UpdaterCfg};
+use ccache::listen::{Endpoint, ListenCfg};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::table::VersionTable;
+use ccache_proto::auth::LABEL_VERSION_TABLE;
 use ccache_proto::ipc::{Kind, Repr};
-use iwarp::cm::{Listener, MpaConfig, Policy};
+use iwarp::cm::{MpaConfig, Policy};
 use iwarp::Context;
 
 const T: Duration = Duration::from_secs(5);
@@ -86,10 +88,11 @@ fn start(tag: &str) -> World {
         crc: Policy::Off,
         ..MpaConfig::default()
     };
-    let rl = Listener::bind("127.0.0.1:0".parse().unwrap(), mpa).unwrap();
-    let rdma = rl.local_addr();
+    let rl = Endpoint::bind(&ctx, "127.0.0.1:0".parse().unwrap(), mpa).unwrap();
+    let rdma = rl.local_addr().unwrap();
     let t = table.clone();
-    std::thread::spawn(move || appd::serve_rdma(rl, pd, cq, t));
+    let cfg = ListenCfg::new("version table", LABEL_VERSION_TABLE, Vec::new());
+    std::thread::spawn(move || appd::serve_rdma(rl, pd, cq, t, cfg, Default::default()));
     let vl = TcpListener::bind("127.0.0.1:0").unwrap();
     let tcp = vl.local_addr().unwrap();
     let t = table.clone();

@@ -19,15 +19,17 @@ use std::time::{Duration, Instant};
 
 use ccache::acheck::AsyncCheck;
 use ccache::appd::{self, IpcState, Select, UpdaterCfg};
+use ccache::listen::{self, Endpoint, ListenCfg};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
 use ccache::state::CacheState;
 use ccache::table::VersionTable;
+use ccache_proto::auth::LABEL_STATE_REGION;
 use ccache_proto::ipc::{Kind as IpcKind, Repr};
 use ccache_proto::push::{Header, Kind, PushStatus, Registration};
 use ccache_proto::state::{Policy, Snapshot};
-use iwarp::cm::{Listener, MpaConfig, Policy as Crc};
+use iwarp::cm::{MpaConfig, Policy as Crc};
 use iwarp::{Access, Context};
 
 const T: Duration = Duration::from_secs(5);
@@ -104,6 +106,7 @@ fn start(tag: &str, policy: Policy, state_read: StateRead) -> World {
         docroot: root.clone(),
         state_read,
         timeout: T,
+        token: None,
     }));
     let pl = TcpListener::bind("127.0.0.1:0").unwrap();
     let push_addr = pl.local_addr().unwrap();
@@ -159,11 +162,12 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
             crc: Crc::Off,
             ..MpaConfig::default()
         };
-        let l = Listener::bind("127.0.0.1:0".parse().unwrap(), mpa).unwrap();
-        let at = l.local_addr();
+        let l = Endpoint::bind(&ctx, "127.0.0.1:0".parse().unwrap(), mpa).unwrap();
+        let at = l.local_addr().unwrap();
+        let cfg = ListenCfg::new("cache state", LABEL_STATE_REGION, Vec::new());
         std::thread::spawn(move || {
             let _ctx = ctx;
-            push::accept_rdma(l, pd, cq, Vec::new(), "cache state")
+            listen::serve(l, pd, cq, cfg, Default::default())
         });
         Registration {
             rdma: Some(at),
@@ -178,7 +182,7 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
         }
     };
     let (c, pa) = (cache.clone(), w.push_addr);
-    std::thread::spawn(move || push::run_agent(pa, reg, c, T, Duration::from_millis(50)));
+    std::thread::spawn(move || push::run_agent(pa, reg, c, agent_cfg(Duration::from_millis(50))));
     let checkers: Vec<AsyncCheck> = (0..2).map(|_| AsyncCheck::tcp(w.tcp, T)).collect();
     let cfg = ProxyCfg {
         backend: w.backend,
@@ -380,6 +384,15 @@ fn update_server_picks_accessed_documents() {
     assert_eq!(total, 10);
 }
 
+fn agent_cfg(retry: Duration) -> push::AgentCfg {
+    push::AgentCfg {
+        timeout: T,
+        retry,
+        token: None,
+        max_doc: ccache_proto::push::MAX_BODY,
+    }
+}
+
 /// A fake ccappd push listener: the proxy's agent registers with it.
 struct Fake {
     l: TcpListener,
@@ -397,7 +410,9 @@ impl Fake {
             len: cache.region_len() as u32,
         };
         let (c, a) = (cache.clone(), l.local_addr().unwrap());
-        std::thread::spawn(move || push::run_agent(a, reg, c, T, Duration::from_millis(20)));
+        std::thread::spawn(move || {
+            push::run_agent(a, reg, c, agent_cfg(Duration::from_millis(20)))
+        });
         Fake { l, cache }
     }
 
@@ -591,9 +606,10 @@ fn rdma_reads_of_the_state_region_during_publishes_are_consistent() {
         crc: Crc::Off,
         ..MpaConfig::default()
     };
-    let l = Listener::bind("127.0.0.1:0".parse().unwrap(), mpa).unwrap();
-    let at = l.local_addr();
-    std::thread::spawn(move || push::accept_rdma(l, pd, cq, Vec::new(), "cache state"));
+    let l = Endpoint::bind(&ctx, "127.0.0.1:0".parse().unwrap(), mpa).unwrap();
+    let at = l.local_addr().unwrap();
+    let cfg = ListenCfg::new("cache state", LABEL_STATE_REGION, Vec::new());
+    std::thread::spawn(move || listen::serve(l, pd, cq, cfg, Default::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (c, st) = (cache.clone(), stop.clone());
     let writer = std::thread::spawn(move || {

@@ -10,13 +10,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccache::access::Allow;
+use ccache::access::{Allow, Token};
 use ccache::appd::{self, IpcCfg, IpcState, UpdaterCfg};
+use ccache::listen::{Endpoint, ListenCfg, ListenStats};
 use ccache::push::{PushCfg, Pusher, StateRead};
 use ccache::table::VersionTable;
 use ccache_proto::state::Policy as PushPolicy;
 use clap::{Parser, ValueEnum};
-use iwarp::cm::{Listener, MpaConfig, Policy};
+use iwarp::cm::{MpaConfig, Policy};
 use iwarp::Context;
 
 /// Application module (issue 13): owns the documents' version table in a
@@ -141,6 +142,25 @@ struct Args {
     /// Which document the update thread updates.
     #[arg(long, value_enum, default_value = "uniform")]
     update_select: SelectArg,
+    /// The deployment's access token (64 hex digits, mode 0600; created if
+    /// missing). Proxies must prove it to read the version table
+    /// (--rdma-listen) and to register for pushes; ccappd proves it to
+    /// read their state regions. Copy the file to every proxy (their
+    /// --token-file). Without it, anyone who reaches the listeners may.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// Most live RDMA connections to the version table; one more gets an
+    /// MPA Reject ("busy"). Each proxy opens --check-conns (default 4).
+    #[arg(long, default_value_t = ccache::listen::MAX_CONNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    rdma_max_conns: u64,
+    /// Most RDMA (MPA) handshakes in progress at once; one more connection
+    /// is closed at once.
+    #[arg(long, default_value_t = ccache::listen::MAX_HANDSHAKES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    rdma_max_handshakes: u64,
+    /// How long a connected peer has to send its MPA Request,
+    /// milliseconds; a silent one is dropped then (it delays nobody else).
+    #[arg(long, default_value_t = ccache::listen::HANDSHAKE_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    rdma_handshake_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -228,8 +248,27 @@ fn run(a: Args) -> Result<(), String> {
         crc: Policy::Off,
         ..MpaConfig::default()
     };
-    let rl = Listener::bind(a.rdma_listen, mpa)
-        .map_err(|e| format!("--rdma-listen {}: {e}", a.rdma_listen))?;
+    let rl = Endpoint::bind(&ctx, a.rdma_listen, mpa).map_err(|e| {
+        format!(
+            "--rdma-listen {}: {e} (port in use? pick another)",
+            a.rdma_listen
+        )
+    })?;
+    let token = match &a.token_file {
+        Some(p) => Some(Token::load(p, true)?),
+        None => None,
+    };
+    let lcfg = ListenCfg {
+        token: token.clone(),
+        max_conns: a.rdma_max_conns as usize,
+        max_handshakes: a.rdma_max_handshakes as usize,
+        handshake_timeout: Duration::from_millis(a.rdma_handshake_ms),
+        ..ListenCfg::new(
+            "version table",
+            ccache_proto::auth::LABEL_VERSION_TABLE,
+            Vec::new(),
+        )
+    };
     let vl = TcpListener::bind(a.version_listen).map_err(|e| {
         format!(
             "--version-listen {}: {e} (port in use? pick another)",
@@ -239,7 +278,7 @@ fn run(a: Args) -> Result<(), String> {
     let il = bind_ipc(&a, mode)?;
     tracing::info!(
         docs = a.docs,
-        rdma = %rl.local_addr(),
+        rdma = %rl.local_addr().map_err(|e| e.to_string())?,
         version = %a.version_listen,
         ipc = %a.ipc.display(),
         rkey = format_args!("{:#010x}", table.advert().rkey),
@@ -271,6 +310,7 @@ fn run(a: Args) -> Result<(), String> {
                 StateReadArg::Tcp => StateRead::Tcp,
             },
             timeout: Duration::from_secs(5),
+            token: token.clone(),
         }));
         tracing::info!(listen = %addr, %policy, "push listener ready");
         let p = pusher.clone();
@@ -327,7 +367,8 @@ fn run(a: Args) -> Result<(), String> {
             }
         });
     }
-    appd::serve_rdma(rl, pd, cq, table).map_err(|e| e.to_string())
+    let stats = Arc::new(ListenStats::default());
+    appd::serve_rdma(rl, pd, cq, table, lcfg, stats)
 }
 
 /// Bind the IPC socket: its directory made if missing (0750, group

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ccache::access::Token;
 use ccache::acheck::{AsyncCheck, RdmaWait};
+use ccache::listen::{Endpoint, ListenCfg, ListenStats};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push;
 use ccache::shard::{ShardMap, Sharded};
@@ -124,10 +126,21 @@ struct Args {
     /// Publish the cache state this often, milliseconds.
     #[arg(long, default_value_t = 10)]
     state_interval_ms: u64,
+    /// The deployment's access token: a copy of ccappd's --token-file
+    /// (mode 0600). Proven to ccappd's version table and push listener;
+    /// ccappd must prove it to read the state region (--state-rdma-listen)
+    /// and to push.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+    /// Most live RDMA connections to the state region (ccappd opens one);
+    /// one more gets an MPA Reject ("busy").
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    state_rdma_max_conns: u64,
 }
 
 fn checkers(
     a: &Args,
+    token: &Option<Token>,
     rdma: Option<SocketAddr>,
     tcp: Option<SocketAddr>,
     sockets: Option<SocketAddr>,
@@ -150,7 +163,9 @@ fn checkers(
             };
             (
                 Mode::Rdma,
-                (0..n).map(|_| AsyncCheck::rdma(addr, t, wait)).collect(),
+                (0..n)
+                    .map(|_| AsyncCheck::rdma(addr, t, wait).with_token(token.clone()))
+                    .collect(),
             )
         }
         ModeArg::Tcp => {
@@ -207,12 +222,20 @@ fn run(a: Args) -> Result<(), String> {
         a.state_entries,
     ));
     cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
+    let token = match &a.token_file {
+        Some(p) => Some(Token::load(p, false)?),
+        None => None,
+    };
     if let Some(appd) = a.push_appd {
-        let reg = push_setup(&cache, a.state_rdma_listen)?;
+        let reg = push_setup(&cache, a.state_rdma_listen, &token, a.state_rdma_max_conns)?;
         let c = cache.clone();
-        std::thread::spawn(move || {
-            push::run_agent(appd, reg, c, Duration::from_secs(5), Duration::from_secs(1))
-        });
+        let cfg = push::AgentCfg {
+            timeout: Duration::from_secs(5),
+            retry: Duration::from_secs(1),
+            token: token.clone(),
+            max_doc: u32::try_from(a.max_doc_bytes).unwrap_or(u32::MAX),
+        };
+        std::thread::spawn(move || push::run_agent(appd, reg, c, cfg));
     }
     if let Some(path) = &a.shards {
         let text = std::fs::read_to_string(path)
@@ -221,7 +244,7 @@ fn run(a: Args) -> Result<(), String> {
             ShardMap::parse(&text).map_err(|e| format!("--shards {}: {e}", path.display()))?;
         let mut proxies = Vec::new();
         for s in &map.shards {
-            let (mode, c) = checkers(&a, s.rdma, s.tcp, s.sockets)?;
+            let (mode, c) = checkers(&a, &token, s.rdma, s.tcp, s.sockets)?;
             proxies.push(Proxy::with_cache(
                 cfg_for(s.backend, mode),
                 c,
@@ -240,6 +263,7 @@ fn run(a: Args) -> Result<(), String> {
     let backend = a.backend.ok_or("--backend or --shards is required")?;
     let (mode, c) = checkers(
         &a,
+        &token,
         Some(a.appd_rdma),
         Some(a.appd_tcp),
         Some(a.appd_sockets),
@@ -256,7 +280,12 @@ fn run(a: Args) -> Result<(), String> {
 
 /// Register the state region (and, with `rdma`, listen for ccappd's RDMA
 /// Reads of it); the registration to send.
-fn push_setup(cache: &Arc<CacheState>, rdma: Option<SocketAddr>) -> Result<Registration, String> {
+fn push_setup(
+    cache: &Arc<CacheState>,
+    rdma: Option<SocketAddr>,
+    token: &Option<Token>,
+    max_conns: u64,
+) -> Result<Registration, String> {
     let len = cache.region_len();
     let Some(addr) = rdma else {
         return Ok(Registration {
@@ -285,14 +314,22 @@ fn push_setup(cache: &Arc<CacheState>, rdma: Option<SocketAddr>) -> Result<Regis
         crc: iwarp::cm::Policy::Off,
         ..iwarp::cm::MpaConfig::default()
     };
-    let l = iwarp::cm::Listener::bind(addr, mpa)
-        .map_err(|e| format!("--state-rdma-listen {addr}: {e}"))?;
-    tracing::info!(listen = %l.local_addr(), len, "cache state region readable by RDMA");
+    let l = Endpoint::bind(&ctx, addr, mpa)
+        .map_err(|e| format!("--state-rdma-listen {addr}: {e} (port in use? pick another)"))?;
+    let local = l.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %local, len, "cache state region readable by RDMA");
+    let cfg = ListenCfg {
+        token: token.clone(),
+        max_conns: max_conns as usize,
+        ..ListenCfg::new(
+            "cache state",
+            ccache_proto::auth::LABEL_STATE_REGION,
+            Vec::new(),
+        )
+    };
     std::thread::spawn(move || {
         let _ctx = ctx;
-        if let Err(e) = push::accept_rdma(l, pd, cq, Vec::new(), "cache state") {
-            tracing::error!("state region listener stopped: {e}");
-        }
+        ccache::listen::serve(l, pd, cq, cfg, Arc::new(ListenStats::default()))
     });
     Ok(reg)
 }
