@@ -21,7 +21,9 @@
 #   ONLY=check_udp_loss scripts/test-wanem.sh   # one check
 #   scripts/test-wanem.sh --bench    # instead: the highest rate wanem
 #                                    # sustains (iperf3 TCP, MTU 1500 and
-#                                    # 9000, 0 and 50 ms) and its CPU share
+#                                    # 9000, 0 and 50 ms, against a plain
+#                                    # veth pair, interleaved, median of
+#                                    # BENCH_ROUNDS=3) and its CPU share
 #
 # The paths run with --realtime (SCHED_FIFO packet threads) so builds on
 # the same 2 cores do not add delay. Each check prints measured against
@@ -245,29 +247,90 @@ print(f"{time.monotonic()-t0:.3f}"); s.close()' "$(wan_addr_b)")
 
 # ---------------------------------------------------------------- bench
 
-# bench_one MTU RTT: iperf3 TCP (cubic, kernel defaults) through an
-# unlimited path; prints the rate and the emulator's CPU share.
-bench_one() {
-    local mtu=$1 rtt=$2 tag="${TAGP}b" out cpu
-    wan_up "$tag" --rtt "$rtt" --mtu "$mtu" || return 1
+# iperf3_rate [iperf3 flags]: TCP (kernel defaults: cubic, autotuned
+# buffers) from a to b for BENCH_SECONDS; prints Mbit/s received.
+iperf3_rate() {
     iperf_server || return 1
-    out=$(wan_a timeout 40 iperf3 -c "$(wan_addr_b)" -t "${BENCH_SECONDS:-10}" -O 2 -J 2>&1)
-    cpu=$(wan_ctl stats | sed -n 's/^cpu .*share=\([0-9.]*\)%.*/\1/p')
-    py 'import json,sys
-d=json.loads(sys.stdin.read())
-r=d["end"]["sum_received"]["bits_per_second"]/1e6
-print(f"| {sys.argv[1]} | {sys.argv[2]} | {r:.0f} Mbit/s | {sys.argv[3]}% of one core (whole run) |")' "$mtu" "$rtt" "$cpu" <<<"$out"
-    wan_down "$tag"
+    wan_a timeout 60 iperf3 -c "$(wan_addr_b)" -t "${BENCH_SECONDS:-6}" -O 1 -J "$@" 2>&1 |
+        py 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))'
 }
 
+# cpu_wall: "cpu_seconds wall_seconds" of the running wanem.
+cpu_wall() {
+    wan_ctl stats | sed -n 's/^cpu user_s=\([0-9.]*\) sys_s=\([0-9.]*\) wall_s=\([0-9.]*\).*/\1 \2 \3/p' |
+        py 'import sys; u,s,w=map(float,sys.stdin.read().split()); print(u+s, w)'
+}
+
+# bench_wanem MTU RTT [iperf3 flags]: "Mbit/s cpu%" through wanem with no
+# rate limit; the CPU share is over the iperf3 run only.
+bench_wanem() {
+    local tag="${TAGP}b" r c0 c1
+    wan_up "$tag" --rtt "$2" --mtu "$1" >/dev/null || return 1
+    c0=$(cpu_wall)
+    r=$(iperf3_rate "${@:3}")
+    c1=$(cpu_wall)
+    wan_down "$tag"
+    echo "$r $(py 'import sys; a=sys.argv[1].split(); b=sys.argv[2].split(); print(round(100*(float(b[0])-float(a[0]))/(float(b[1])-float(a[1]))))' "$c0" "$c1")"
+}
+
+# bench_veth MTU: "Mbit/s" over a plain veth pair between two namespaces
+# with the same names and addresses: the kernel path without the emulator.
+bench_veth() {
+    local tag="${TAGP}v" r
+    ip netns add "wan-$tag-a" && ip netns add "wan-$tag-b" || return 1
+    ip link add "v$$a" mtu "$1" netns "wan-$tag-a" type veth peer "v$$b" mtu "$1" netns "wan-$tag-b"
+    ip -n "wan-$tag-a" addr add 10.201.0.1 peer 10.201.0.2 dev "v$$a"
+    ip -n "wan-$tag-b" addr add 10.201.0.2 peer 10.201.0.1 dev "v$$b"
+    ip -n "wan-$tag-a" link set "v$$a" up
+    ip -n "wan-$tag-b" link set "v$$b" up
+    mkdir -p /run/wanem
+    printf 'WAN_ADDR_A=10.201.0.1\nWAN_ADDR_B=10.201.0.2\n' >"/run/wanem/$tag.env"
+    local old="$WAN_TAG"
+    WAN_TAG="$tag"
+    r=$(iperf3_rate)
+    WAN_TAG="$old"
+    for ns in "wan-$tag-a" "wan-$tag-b"; do
+        for pid in $(ip netns pids "$ns"); do kill "$pid" 2>/dev/null; done
+        ip netns del "$ns"
+    done
+    rm -f "/run/wanem/$tag.env"
+    echo "$r"
+}
+
+median() { py 'import sys,statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+
 if [[ "${1:-}" == "--bench" ]]; then
-    echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores"
-    echo "| MTU | RTT | iperf3 TCP (1 stream, cubic) | wanem CPU |"
-    echo "|---|---|---|---|"
-    for mtu in 1500 9000; do
-        for rtt in 0 50ms; do
-            bench_one "$mtu" "$rtt"
+    # Interleaved: each round measures the veth baseline and every wanem
+    # case once; the table gives the median of BENCH_ROUNDS rounds.
+    rounds="${BENCH_ROUNDS:-3}"
+    declare -A R=() C=()
+    for ((k = 1; k <= rounds; k++)); do
+        for mtu in 1500 9000; do
+            R[veth-$mtu]+="$(bench_veth "$mtu") "
+            for rtt in 0 50ms; do
+                read -r r c < <(bench_wanem "$mtu" "$rtt")
+                R[$mtu-$rtt]+="$r "
+                C[$mtu-$rtt]+="$c "
+            done
+            # At 50 ms one stream is held by the kernel's default window; 4 streams load the emulator.
+            read -r r c < <(bench_wanem "$mtu" 50ms -P 4)
+            R[$mtu-50ms-P4]+="$r "
+            C[$mtu-50ms-P4]+="$c "
         done
+        echo "round $k: ${R[*]@K}" >&2
+    done
+    echo "CPU: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1), $(nproc) cores; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    echo "| MTU | path | iperf3 TCP (median of $rounds) | runs | wanem CPU during the run (% of one core) |"
+    echo "|---|---|---|---|---|"
+    for mtu in 1500 9000; do
+        # shellcheck disable=SC2086
+        echo "| $mtu | veth, no emulator, 1 stream | $(median ${R[veth-$mtu]}) Mbit/s | ${R[veth-$mtu]}| - |"
+        for rtt in 0 50ms; do
+            # shellcheck disable=SC2086
+            echo "| $mtu | wanem, RTT $rtt, no rate limit, 1 stream | $(median ${R[$mtu-$rtt]}) Mbit/s | ${R[$mtu-$rtt]}| $(median ${C[$mtu-$rtt]}) % |"
+        done
+        # shellcheck disable=SC2086
+        echo "| $mtu | wanem, RTT 50ms, no rate limit, 4 streams | $(median ${R[$mtu-50ms-P4]}) Mbit/s | ${R[$mtu-50ms-P4]}| $(median ${C[$mtu-50ms-P4]}) % |"
     done
     exit 0
 fi

@@ -11,7 +11,8 @@
 # iwarp-ping server on loopback (scripts/ping-loopback.sh); the default
 # iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
 # clients (scripts/test-rftp.sh); mod_rdma in a real Apache
-# (scripts/test-modrdma.sh); a short cargo-fuzz run of every fuzz target
+# (scripts/test-modrdma.sh); the WAN path emulator's validation
+# (scripts/test-wanem.sh); a short cargo-fuzz run of every fuzz target
 # (the install step installs the nightly toolchain it needs); the short
 # sanitizer run (scripts/sanitize.sh: ASan/UBSan over the C parts, Miri over
 # the Rust crates' unsafe memory code; ThreadSanitizer is in its long run).
@@ -338,8 +339,10 @@ if ((BUILD_OK)); then
     run_step "cache (ccappd/ccproxy)" scripts/test-cache.sh || true
     run_step "cache push-pull (ccappd pushes to ccproxy)" scripts/test-cache-push.sh || true
     run_step "cache topology (namespaces, sharding, faults)" scripts/test-cache-topology.sh || true
+    # The WAN path emulator (tools/wanem) checked with ping and iperf3; about 50 s.
+    run_step "WAN path emulator (wanem: delay, loss, rate, TCP, outages)" scripts/test-wanem.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)" "WAN path emulator (wanem: delay, loss, rate, TCP, outages)"; do
         skip_step "$s" "release build failed"
     done
 fi
