@@ -53,6 +53,7 @@ mod progress;
 pub mod rdma;
 mod reorder;
 pub mod tcp;
+pub mod tune;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -116,6 +117,16 @@ pub struct Config {
     /// `mlx5_0`) through rdma-core. `None`: `IWARP_DEVICE`, else `soft`
     /// ([`iwarp::Context::open`]).
     pub device: Option<String>,
+    /// Let the sink size the blocks in flight inside the pool as the
+    /// transfer goes ([`tune::Autotune`]); `false` keeps the whole pool
+    /// granted (a pinned `--iodepth`). Local: not negotiated.
+    pub autotune: bool,
+    /// TCP congestion control of the session's connections
+    /// (`TCP_CONGESTION`, tcp(7): reno, cubic, bbr, ...); `None` keeps the
+    /// kernel's default (`net.ipv4.tcp_congestion_control`). RDMA mode
+    /// sets it through the CM ([`iwarp::cm::ConnParam::congestion`]), TCP
+    /// mode on its sockets. Local: not negotiated.
+    pub congestion: Option<String>,
 }
 
 /// Most data streams a session may have.
@@ -138,6 +149,8 @@ impl Default for Config {
             crc: false,
             progress_interval: Duration::from_millis(200),
             device: None,
+            autotune: true,
+            congestion: None,
         }
     }
 }
@@ -166,6 +179,10 @@ impl Config {
         }
         if self.timeout.is_zero() {
             self.timeout = Duration::from_secs(1);
+        }
+        if let Some(c) = &self.congestion {
+            iwarp::cm::CongestionControl::new(c)
+                .map_err(|e| Error::Config(format!("congestion control: {e}")))?;
         }
         if let Some(d) = &self.device {
             d.parse::<iwarp::DeviceSpec>()

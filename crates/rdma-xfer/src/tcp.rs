@@ -67,8 +67,39 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 fn prep(s: &TcpStream, cfg: &Config) -> io::Result<()> {
     s.set_nodelay(true)?;
+    if let Some(cc) = &cfg.congestion {
+        set_congestion(s, cc)?;
+    }
     s.set_read_timeout(Some(cfg.timeout))?;
     s.set_write_timeout(Some(cfg.timeout))
+}
+
+/// `TCP_CONGESTION` (tcp(7)) on `s`. An algorithm the kernel lacks fails
+/// with ENOENT: the error names the sysctl that lists what it has.
+fn set_congestion(s: &TcpStream, cc: &str) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the life of `s`; the pointer and length
+    // describe `cc`'s bytes, which the kernel only reads.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    Err(io::Error::new(
+        e.kind(),
+        format!(
+            "TCP_CONGESTION {cc}: {e}; the kernel offers those in \
+             /proc/sys/net/ipv4/tcp_available_congestion_control (modprobe tcp_{cc} adds one)"
+        ),
+    ))
 }
 
 /// A frame header as the sink's readers decode it (`kind | len | seq`).

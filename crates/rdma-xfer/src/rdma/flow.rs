@@ -219,6 +219,11 @@ pub(super) struct SinkWindow {
     granted: Vec<bool>,
     /// Grants the source asked for and has not got.
     pending: u32,
+    /// Most blocks granted and not yet done at once (the autotuned
+    /// window, `1..=depth`; [`crate::tune::Autotune`]).
+    limit: u32,
+    /// Blocks granted and not yet done.
+    out: u32,
     // Every waiting block holds a granted buffer, and the source numbers
     // blocks in order, so an honest source never gets `depth` blocks
     // ahead of the first missing one.
@@ -236,6 +241,8 @@ impl SinkWindow {
             free: (0..depth).rev().collect(),
             granted: vec![false; depth as usize],
             pending: prerequest.min(depth),
+            limit: depth,
+            out: 0,
             reorder: Reorder::with_window(u64::from(depth)),
             end: None,
             bytes: 0,
@@ -244,13 +251,21 @@ impl SinkWindow {
 
     /// The next block to grant (free and wanted), marked granted.
     pub(super) fn next_grant(&mut self) -> Option<u32> {
-        if self.pending == 0 {
+        if self.pending == 0 || self.out >= self.limit {
             return None;
         }
         let b = self.free.pop()?;
         self.granted[b as usize] = true;
         self.pending -= 1;
+        self.out += 1;
         Some(b)
+    }
+
+    /// Grant at most `n` blocks at once from now on (`1..=depth`). Grants
+    /// already out stay valid; a smaller window takes effect as they come
+    /// back.
+    pub(super) fn set_limit(&mut self, n: u32) {
+        self.limit = n.clamp(1, self.depth);
     }
 
     /// The source asks for `n` more grants.
@@ -268,6 +283,7 @@ impl SinkWindow {
             ));
         }
         self.granted[block as usize] = false;
+        self.out -= 1;
         self.reorder
             .insert(seq, (block, len))
             .map_err(|e| e.to_string())
@@ -542,6 +558,30 @@ mod tests {
         assert!(grants(&mut w).is_empty());
         write_ready(&mut w);
         assert_eq!(grants(&mut w), [0]);
+    }
+
+    #[test]
+    fn sink_grants_within_the_autotuned_window() {
+        let mut w = SinkWindow::new(8, 100, 8);
+        w.set_limit(3);
+        assert_eq!(grants(&mut w), [0, 1, 2]);
+        // A block back frees a place in the window (once written, its
+        // buffer is free again).
+        w.on_block_done(0, 100, 0).unwrap();
+        assert_eq!(grants(&mut w), [3]);
+        write_ready(&mut w);
+        // The window grows: the rest of the asked-for grants go out.
+        w.set_limit(100);
+        assert_eq!(grants(&mut w), [0, 4, 5, 6], "the pending four");
+        assert_eq!(w.outstanding(), 7);
+        // Shrinking never recalls grants; it holds new ones back.
+        w.set_limit(0);
+        w.on_request(8);
+        for (seq, b) in [(1, 1), (2, 2), (3, 3)] {
+            w.on_block_done(seq, 100, b).unwrap();
+        }
+        write_ready(&mut w);
+        assert!(grants(&mut w).is_empty(), "4 still out, window 1");
     }
 
     #[test]

@@ -182,6 +182,13 @@ pub(super) fn parse_private_data(pd: &[u8]) -> Option<(u64, u32)> {
     Some((id, index))
 }
 
+/// The CM parameter for `cfg.congestion` (checked by `Config::validated`).
+fn congestion(cfg: &Config) -> Option<cm::CongestionControl> {
+    cfg.congestion
+        .as_deref()
+        .and_then(|c| cm::CongestionControl::new(c).ok())
+}
+
 impl RdmaSession {
     /// The active side (see [`crate::connect`]).
     pub fn connect(addr: SocketAddr, token: u64, cfg: &Config) -> Result<RdmaSession, Error> {
@@ -193,6 +200,7 @@ impl RdmaSession {
             timeout: cfg.connect_timeout,
             // A peer silent this long while it owes Read Responses is gone.
             peer_timeout: cfg.timeout,
+            congestion: congestion(cfg),
             ..ConnParam::default()
         };
         cm::connect(&s.ctrl_qp, addr, &param(private_data(token, u32::MAX)))
@@ -253,6 +261,7 @@ impl RdmaSession {
             mpa: mpa_config(ours.crc),
             timeout: ours.connect_timeout,
             peer_timeout: ours.timeout,
+            congestion: congestion(ours),
             ..ConnParam::default()
         };
         let left = || deadline.saturating_duration_since(Instant::now());

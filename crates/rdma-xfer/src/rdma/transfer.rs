@@ -176,6 +176,17 @@ impl RdmaSession {
         let start = Instant::now();
         self.logger.begin(len);
         let mut w = SinkWindow::new(depth, self.cfg.block_size, prerequest);
+        // The window inside the pool (crate::tune): never under today's
+        // fixed default (16 MiB, 2-4 blocks per stream), grown while it
+        // limits, shrunk when the rate falls.
+        let streams = self.cfg.streams.max(1);
+        let floor = (crate::tune::LAN_WINDOW / u64::from(self.cfg.block_size.max(1)))
+            .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
+        let mut tune = crate::tune::Autotune::new(depth, floor, self.cfg.block_size);
+        if self.cfg.autotune {
+            w.set_limit(tune.window());
+        }
+        let mut granted_at: Vec<Option<Instant>> = vec![None; depth as usize];
         let mut batch: Vec<Grant> = Vec::new();
         let proto = |s: &Shared, m: String| {
             s.ctrl_send(Msg::Abort { reason: m.clone() });
@@ -191,6 +202,7 @@ impl RdmaSession {
                 let (rkey, addr) = self.sink_pool[b as usize]
                     .grant(&self.pd)
                     .map_err(|e| self.fail_local(e))?;
+                granted_at[b as usize] = Some(Instant::now());
                 batch.push(Grant {
                     block: b,
                     rkey,
@@ -232,6 +244,11 @@ impl RdmaSession {
                 SinkEv::Block { seq, len, block } => {
                     w.on_block_done(seq, len, block)
                         .map_err(|m| proto(&self.shared, m))?;
+                    // A grant to its BlockDone: a round trip plus one
+                    // block's transmission (Autotune keeps the minimum).
+                    if let Some(t) = granted_at.get_mut(block as usize).and_then(Option::take) {
+                        tune.on_rtt(t.elapsed());
+                    }
                     while let Some((b, l)) = w.next_ready() {
                         // The source says (BlockDone, behind its Write on
                         // the same stream) that it is done with block `b`.
@@ -246,6 +263,19 @@ impl RdmaSession {
                         attend = Some(sh.cq.attend());
                         self.logger.add(u64::from(l));
                         w.written(b, l);
+                        tune.on_delivered(u64::from(l));
+                    }
+                    if self.cfg.autotune {
+                        if let Some(c) = tune.tick(start.elapsed()) {
+                            tracing::info!(
+                                from = c.from,
+                                to = c.to,
+                                pool = depth,
+                                why = %c.why,
+                                "rdma-xfer: window (blocks in flight) changed"
+                            );
+                            w.set_limit(c.to);
+                        }
                     }
                 }
                 SinkEv::End { blocks, bytes } => w.on_end(blocks, bytes),
