@@ -60,8 +60,13 @@ pub fn summary_text(what: &str, s: &Summary) -> String {
     } else {
         String::new()
     };
+    let retried = match s.retries {
+        0 => String::new(),
+        1 => " after 1 retry".to_string(),
+        n => format!(" after {n} retries"),
+    };
     let mut t = format!(
-        "rftp: {what}: {mib:.1} MiB in {:.3} s, {:.2} Gbit/s via {}{resumed}",
+        "rftp: {what}: {mib:.1} MiB in {:.3} s, {:.2} Gbit/s via {}{resumed}{retried}",
         s.elapsed.as_secs_f64(),
         s.gbps(),
         s.via

@@ -125,6 +125,52 @@ impl Read for CtrlRead {
     }
 }
 
+/// TCP_INFO's smoothed round-trip time of `s` (tcp(7): `tcpi_rtt`, in
+/// microseconds), if the kernel gives it.
+fn tcp_info_rtt(s: &TcpStream) -> Option<Duration> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero tcp_info is valid (plain integers); getsockopt
+    // writes at most `len` bytes into it and sets `len` to what it wrote.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the fd is open for the life of `s`; the pointers are to
+    // `info` and `len`, which outlive the call.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// `TCP_CONGESTION` (tcp(7)) on the control connection.
+fn set_congestion(s: &TcpStream, cc: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the life of `s`; the pointer and length
+    // describe `cc`'s bytes, which the kernel only reads.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "--congestion {cc}: {}; the kernel offers those in \
+         /proc/sys/net/ipv4/tcp_available_congestion_control (modprobe tcp_{cc} adds one)",
+        io::Error::last_os_error()
+    ))
+}
+
 /// A reply: code and text (lines joined with '\n').
 pub type Reply = crate::reply::Reply;
 
@@ -158,6 +204,21 @@ impl Ftp {
             return Err(format!("server refused the connection: {code} {text}"));
         }
         Ok(f)
+    }
+
+    /// The control connection's round-trip time: the smaller of TCP_INFO's
+    /// smoothed RTT (`tcpi_rtt`, tcp(7)) and one timed `NOOP` (which also
+    /// counts the server's turnaround, so it only wins when the kernel has
+    /// few samples yet).
+    pub fn rtt(&mut self) -> Result<Duration, String> {
+        let t = Instant::now();
+        // Any reply is a round trip (a server without NOOP answers 502).
+        self.cmd("NOOP")?;
+        let noop = t.elapsed();
+        Ok(match tcp_info_rtt(&self.out) {
+            Some(k) if k > Duration::ZERO => k.min(noop),
+            _ => noop,
+        })
     }
 
     /// Allow (or refuse, the default) data connections to an address other
@@ -322,7 +383,13 @@ impl Ftp {
 
     /// RADR: set up a transfer session. `Ok(None)` if the server does not
     /// know the extension (the caller falls back to plain FTP).
-    pub fn radr(&mut self, o: &Options) -> Result<Option<Box<dyn Transport>>, String> {
+    /// `autotune`: let the sink size the blocks in flight inside the pool
+    /// (false when `--iodepth` is pinned).
+    pub fn radr(
+        &mut self,
+        o: &Options,
+        autotune: bool,
+    ) -> Result<Option<Box<dyn Transport>>, String> {
         let line = format!(
             "RADR STREAMS={} BS={} DEPTH={} MODE={}",
             o.streams,
@@ -353,6 +420,8 @@ impl Ftp {
             connect_timeout: o.timeout,
             crc: o.crc,
             device: o.device.clone(),
+            autotune,
+            congestion: o.congestion.clone(),
             ..rdma_xfer::Config::default()
         };
         let mut x = rdma_xfer::connect(addr, mode, token, cfg).map_err(err)?;
@@ -389,6 +458,7 @@ pub type ProgressCb = Arc<dyn Fn(u64, Option<u64>) + Send + Sync>;
 /// Options of a transfer.
 #[derive(Clone)]
 pub struct Options {
+    /// Data streams; 0 is `auto` (sized to the path, [`plan_for_path`]).
     pub streams: u32,
     pub block_size: u32,
     /// Blocks in flight per stream; 0 picks [`Options::effective_iodepth`]'s
@@ -419,6 +489,15 @@ pub struct Options {
     pub limit_rate: Option<u64>,
     pub progress: Option<rdma_xfer::ProgressFn>,
     pub plain_progress: Option<ProgressCb>,
+    /// Largest pool the automatic sizing registers per side (bytes);
+    /// `None`: [`rdma_xfer::tune::DEFAULT_MAX_WINDOW`].
+    pub max_window: Option<u64>,
+    /// Say what the automatic sizing chose and why (stderr), besides the
+    /// log.
+    pub explain: bool,
+    /// TCP congestion control of the control and data connections
+    /// (`TCP_CONGESTION`); `None`: the kernel's default.
+    pub congestion: Option<String>,
 }
 
 impl std::fmt::Debug for Options {
@@ -453,10 +532,65 @@ impl Options {
     }
 }
 
+/// Resolve the `auto` settings of `o` for the path behind `f`: with
+/// streams and depth both pinned (or plain FTP) `o` is used as it is;
+/// otherwise the control connection's RTT and the rate delivered by the
+/// last transfer of this session (`measured`, bits/s) size the session
+/// ([`rdma_xfer::tune::plan`]), and what is pinned stays pinned.
+pub fn plan_for_path(
+    f: &mut Ftp,
+    o: &Options,
+    measured: Option<f64>,
+) -> Result<(Options, Option<rdma_xfer::tune::Plan>), String> {
+    if o.tcp || (o.streams > 0 && o.iodepth > 0) {
+        let mut o = o.clone();
+        o.streams = o.streams.max(1);
+        return Ok((o, None));
+    }
+    let rtt = f.rtt()?;
+    let lim = rdma_xfer::tune::Limits::of_this_host(o.max_window);
+    let mut lim = lim;
+    if o.streams > 0 {
+        lim.max_streams = o.streams;
+    }
+    let mut p = rdma_xfer::tune::plan(rtt, measured, o.block_size, &lim);
+    let mut r = o.clone();
+    if o.streams > 0 {
+        p.streams = o.streams;
+        p.why
+            .push_str(&format!("; streams pinned at {}", o.streams));
+    }
+    r.streams = p.streams;
+    if o.iodepth > 0 {
+        p.iodepth = o.iodepth;
+        p.why
+            .push_str(&format!("; iodepth pinned at {}", o.iodepth));
+    } else {
+        r.iodepth = p.iodepth;
+    }
+    tracing::info!(
+        streams = p.streams,
+        iodepth = p.iodepth,
+        block_size = p.block_size,
+        why = %p.why,
+        "auto sizing"
+    );
+    if o.explain {
+        eprintln!(
+            "rftp: auto: {} stream(s) x {} blocks x {} KiB: {}",
+            p.streams,
+            p.iodepth,
+            p.block_size / 1024,
+            p.why
+        );
+    }
+    Ok((r, Some(p)))
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {
-            streams: 1,
+            streams: 0,
             block_size: 1 << 20,
             iodepth: 0,
             tcp: false,
@@ -472,6 +606,9 @@ impl Default for Options {
             limit_rate: None,
             progress: None,
             plain_progress: None,
+            max_window: None,
+            explain: false,
+            congestion: None,
         }
     }
 }
@@ -487,6 +624,8 @@ pub struct Summary {
     pub via: String,
     /// The verified checksum (algorithm, hex digest), if verification ran.
     pub checksum: Option<(Algo, String)>,
+    /// Retries it took ([`get_retrying`]).
+    pub retries: u32,
 }
 
 impl Summary {
@@ -531,6 +670,9 @@ impl<S: BlockSink> BlockSink for Throttle<S> {
 /// Connect, log in and switch to binary (TYPE I).
 pub fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
     let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
+    if let Some(cc) = &o.congestion {
+        set_congestion(&f.out, cc)?;
+    }
     f.set_allow_foreign_data_addr(o.allow_foreign_data_addr);
     f.login(&url.user, &url.password)?;
     f.expect("TYPE I", |c| c == 200)?;
@@ -547,11 +689,19 @@ pub struct XferSlot {
     key: Option<String>,
     /// The server answered RADR with 500/502/504.
     unsupported: bool,
+    /// The automatic plan the session was made with, if any.
+    plan: Option<rdma_xfer::tune::Plan>,
+    /// The rate (bits/s) the last long enough transfer delivered: the next
+    /// automatic plan starts from it.
+    measured: Option<f64>,
 }
 
 impl XferSlot {
     /// The session for `o`: the cached one, a new one, or `None` when `o`
-    /// asks for plain FTP or the server lacks the extension.
+    /// asks for plain FTP or the server lacks the extension. `auto`
+    /// settings are sized to the path ([`plan_for_path`]); a cached
+    /// automatic session is replaced when the rate measured since asks for
+    /// a window at least twice or at most half its own.
     fn get(&mut self, f: &mut Ftp, o: &Options) -> Result<Option<&mut Box<dyn Transport>>, String> {
         if o.tcp || self.unsupported {
             return Ok(None);
@@ -564,13 +714,42 @@ impl XferSlot {
             o.xfer_mode,
             o.crc
         );
-        if self.x.is_none() || self.key.as_deref() != Some(key.as_str()) {
+        let auto = o.streams == 0 || o.iodepth == 0;
+        let mut stale = self.x.is_none() || self.key.as_deref() != Some(key.as_str());
+        let mut resolved = None;
+        if auto && (stale || self.measured.is_some()) {
+            let (r, p) = plan_for_path(f, o, self.measured.take())?;
+            if let (false, Some(old), Some(new)) = (stale, &self.plan, &p) {
+                let (a, b) = (old.window(), new.window());
+                stale = b >= 2 * a || 2 * b <= a;
+                if stale {
+                    tracing::info!(
+                        old = a,
+                        new = b,
+                        "auto sizing: a new session for the measured rate"
+                    );
+                }
+            }
+            if stale {
+                resolved = Some((r, p));
+            }
+        }
+        if stale {
             self.x = None;
             self.key = None;
-            match f.radr(o)? {
+            let (ro, plan) = match resolved {
+                Some((r, p)) => (r, p),
+                None => {
+                    let mut r = o.clone();
+                    r.streams = r.streams.max(1);
+                    (r, None)
+                }
+            };
+            match f.radr(&ro, o.iodepth == 0)? {
                 Some(x) => {
                     self.x = Some(x);
                     self.key = Some(key);
+                    self.plan = plan;
                 }
                 None => {
                     self.unsupported = true;
@@ -589,10 +768,28 @@ impl XferSlot {
         Ok(Some(x))
     }
 
+    /// A transfer of this session moved `st`: remember its rate for the
+    /// next automatic plan if it was long enough to say something (at
+    /// least twice the pool, so past the start).
+    fn note(&mut self, st: &rdma_xfer::Stats) {
+        let Some(x) = &self.x else { return };
+        let c = x.config();
+        let pool = u64::from(c.pool_depth()) * u64::from(c.block_size);
+        if st.bytes >= 2 * pool && self.plan.is_some() {
+            self.measured = Some(st.bits_per_sec());
+        }
+    }
+
+    /// The automatic plan of the current session, if it has one.
+    pub fn plan(&self) -> Option<&rdma_xfer::tune::Plan> {
+        self.plan.as_ref()
+    }
+
     /// Forget the session (after a failed transfer both ends drop it).
     pub fn reset(&mut self) {
         self.x = None;
         self.key = None;
+        self.plan = None;
     }
 
     /// "rdma x8" for the current session, if any.
@@ -749,6 +946,7 @@ fn mem_transfer(
             return Err(e);
         }
     };
+    slot.note(&st);
     let what = if download { "RRTR" } else { "RSTR" };
     let done = final_reply(f, what);
     let _ = f.cmd("OPTS RDMA MEM OFF");
@@ -759,6 +957,7 @@ fn mem_transfer(
         elapsed: st.elapsed,
         via: via_s,
         checksum: None,
+        retries: 0,
     })
 }
 
@@ -856,6 +1055,7 @@ pub fn get_with(
                 ));
             }
         };
+        slot.note(&st);
         final_reply(f, "RRTR")?;
         st.bytes
     } else {
@@ -932,7 +1132,102 @@ pub fn get_with(
         elapsed,
         via: via_s,
         checksum,
+        retries: 0,
     })
+}
+
+/// Whether a failed transfer may succeed on a new connection: the path or
+/// the server went away or silent (reset, timeout, a lost session, 421 /
+/// 425 / 426, RFC 959 §4.2: "transient negative completion"). A checksum
+/// mismatch, a local file error or a permanent 5xx reply is not retried.
+pub fn transient(e: &str) -> bool {
+    let permanent = [
+        "mismatch",
+        "creating ",
+        "opening ",
+        "renaming ",
+        "local I/O error",
+        "invalid transfer configuration",
+    ];
+    if permanent.iter().any(|p| e.contains(p)) {
+        return false;
+    }
+    let transient = [
+        "connection",
+        "Connection",
+        "timed out",
+        "no reply",
+        "Broken pipe",
+        "went silent",
+        "stopped responding",
+        "vanished",
+        "unreachable",
+        ": 421 ",
+        ": 425 ",
+        ": 426 ",
+        "replied 421",
+        "replied 425",
+        "replied 426",
+        "session setup failed",
+    ];
+    transient.iter().any(|p| e.contains(p))
+}
+
+/// The wait before retry `n` (1-based): 1 s, doubling, at most 30 s.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.saturating_sub(1).min(5)).min(Duration::from_secs(30))
+}
+
+/// [`get`], tried again up to `retries` times (after [`backoff`]) when it
+/// fails for a [`transient`] reason: each retry opens a new control
+/// connection and transfer session and resumes at the end of `FILE.part`
+/// (`REST`), the first byte not yet written in order, so nothing already
+/// received is sent again; the checksum of the kept part is taken before
+/// the rest arrives, and the whole file is verified at the end as usual.
+/// `say` reports each failure and retry (the progress line). Returns the
+/// last attempt's summary, with `retries` and `first_offset` telling what
+/// happened.
+pub fn get_retrying(
+    url: &Url,
+    out: &Path,
+    o: &Options,
+    retries: u32,
+    say: &dyn Fn(&str),
+) -> Result<Summary, String> {
+    let mut o = o.clone();
+    let mut n = 0;
+    loop {
+        let e = match get(url, out, &o) {
+            Ok(mut s) => {
+                s.retries = n;
+                return Ok(s);
+            }
+            Err(e) => e,
+        };
+        if n >= retries || !transient(&e) {
+            if n > 0 {
+                return Err(format!(
+                    "{e} (after {n} retr{})",
+                    if n == 1 { "y" } else { "ies" }
+                ));
+            }
+            return Err(e);
+        }
+        n += 1;
+        let kept = fs::metadata(part_path(out)).map(|m| m.len()).unwrap_or(0);
+        let wait = backoff(n);
+        say(&format!(
+            "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at byte \
+             {kept} (kept in {})",
+            wait.as_secs(),
+            part_path(out).display(),
+        ));
+        tracing::info!(retry = n, retries, kept, error = %e, "download interrupted; retrying");
+        std::thread::sleep(wait);
+        // Resume from what this run kept, even under --no-resume (which
+        // is about a part left by an earlier run).
+        o.resume = true;
+    }
 }
 
 /// Upload `file` to `url` (or, in memory mode, zeros to a null sink) on a
@@ -989,6 +1284,7 @@ pub fn put_with(
                 return Err(format!("upload failed: {e}{srv}"));
             }
         };
+        slot.note(&st);
         final_reply(f, "RSTR")?;
         st.bytes
     } else {
@@ -1043,6 +1339,7 @@ pub fn put_with(
         elapsed,
         via: via_s,
         checksum,
+        retries: 0,
     })
 }
 

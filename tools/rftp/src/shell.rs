@@ -378,7 +378,11 @@ impl Shell {
         }
         println!(
             "streams {}, blocksize {}, iodepth {}{}, verify {}, resume {}, mem {}",
-            self.o.streams,
+            if self.o.streams == 0 {
+                "auto".to_string()
+            } else {
+                self.o.streams.to_string()
+            },
             self.o.block_size,
             self.o.effective_iodepth(),
             if self.o.iodepth == 0 { " (auto)" } else { "" },

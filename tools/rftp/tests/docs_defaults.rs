@@ -54,6 +54,7 @@ fn the_documented_config_block_shows_the_defaults() {
         max_streams,
         block_size,
         iodepth,
+        max_iodepth,
         crc,
         max_mem_bytes,
         session_mem_budget_bytes,

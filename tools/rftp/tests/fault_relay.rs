@@ -388,6 +388,41 @@ fn stall_shorter_than_the_timeout_completes() {
     }
 }
 
+/// `rftp get --retry`: the data stream of the RDMA session (and in TCP
+/// mode the only stream) is reset 2 MiB in; rftp reconnects by itself,
+/// resumes at the end of what it kept (never from 0: the part holds at
+/// least the bytes before the cut that reached the file), and the file
+/// verifies. Without `--retry` the same fault fails the transfer (the
+/// `drop` cases above).
+#[test]
+fn get_retry_reconnects_and_resumes_after_a_cut() {
+    for (mode, conn) in [(Mode::Rdma, 2), (Mode::Tcp, 1)] {
+        let rig = Rig::new(SIZE, &[], &[format!("drop:at=2M,dir=down,conn={conn}")]);
+        let (ok, text, took, same) = rig.transfer(Op::Get, mode, "retried.bin", &["--retry", "3"]);
+        assert!(
+            ok && same,
+            "{mode:?}: the retried get did not complete: {text}"
+        );
+        assert!(
+            text.contains("retry 1 of 3") && text.contains("after 1 retry"),
+            "{mode:?}: the output does not say what happened: {text}"
+        );
+        let resumed: u64 = text
+            .split("resumed at byte ")
+            .nth(1)
+            .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: no resume offset in {text}"));
+        assert!(
+            resumed > 0 && resumed <= 2 << 20,
+            "{mode:?}: resumed at {resumed}, not after the bytes kept before the cut: {text}"
+        );
+        if std::env::var_os("RFTP_FAULT_LOG").is_some() {
+            eprintln!("retry {mode:?}: {took:?}: {text}");
+        }
+    }
+}
+
 #[test]
 fn stall_longer_than_the_timeout_fails_clearly() {
     // The stream would resume after 30 s, but both ends give up after 5 s

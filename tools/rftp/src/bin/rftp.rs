@@ -24,21 +24,41 @@ struct Args {
     cmd: Option<Cmd>,
     /// Interactive mode connected to ftp://[user[:pass]@]host[:port]/[dir].
     url: Option<String>,
-    /// TOML config file with defaults (streams, block_size, iodepth, user,
-    /// password, timeout_secs, crc, checksum, device,
-    /// allow_foreign_data_addr).
+    /// TOML config file with defaults (streams, block_size, iodepth,
+    /// max_window, retry, congestion, user, password, timeout_secs, crc,
+    /// checksum, device, allow_foreign_data_addr).
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
-    /// Data streams (QPs).
-    #[arg(long, global = true)]
-    streams: Option<u32>,
+    /// Data streams (QPs or TCP connections): a number, or auto (the
+    /// default: enough that no connection must carry more than the
+    /// kernel's per-connection window of the path's bandwidth-delay
+    /// product; see docs/RFTP.md "Tuned to the path").
+    #[arg(long, global = true, value_name = "N|auto")]
+    streams: Option<String>,
     /// Block size, e.g. 1M or 256K.
     #[arg(long, global = true)]
     block_size: Option<String>,
-    /// Blocks in flight per stream [default: enough for 16 MiB in flight
-    /// over all streams, 2 to 4 per stream; raise it for long-RTT paths].
-    #[arg(long, global = true)]
-    iodepth: Option<u32>,
+    /// Blocks in flight per stream: a number (pins the window), or auto
+    /// (the default: 1.5 x the bandwidth-delay product from the measured
+    /// RTT, at least 16 MiB over all streams, and the receiving side
+    /// grows and shrinks the window inside that pool as the rate goes).
+    #[arg(long, global = true, value_name = "N|auto")]
+    iodepth: Option<String>,
+    /// Most bytes an automatic plan may keep in flight (registered per
+    /// side), e.g. 64M [default: 64M]. Config key: max_window.
+    #[arg(long, global = true, value_name = "SIZE")]
+    max_window: Option<String>,
+    /// Retry an interrupted get up to N times (1 s, 2 s, 4 s, ... up to
+    /// 30 s apart), each on a new connection, resuming at the first byte
+    /// not yet in FILE.part. Config key: retry.
+    #[arg(long, global = true, value_name = "N")]
+    retry: Option<u32>,
+    /// TCP congestion control of the data connections and the control
+    /// connection (reno, cubic, bbr; see
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control). Default: the
+    /// kernel's. Config key: congestion.
+    #[arg(long, global = true, value_name = "ALGO")]
+    congestion: Option<String>,
     /// Plain FTP data connection (no RDMA).
     #[arg(long, global = true)]
     tcp: bool,
@@ -116,9 +136,12 @@ enum Cmd {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    streams: Option<u32>,
+    streams: Option<Knob>,
     block_size: Option<String>,
-    iodepth: Option<u32>,
+    iodepth: Option<Knob>,
+    max_window: Option<String>,
+    retry: Option<u32>,
+    congestion: Option<String>,
     user: Option<String>,
     password: Option<String>,
     timeout_secs: Option<u64>,
@@ -128,15 +151,55 @@ struct FileConfig {
     allow_foreign_data_addr: Option<bool>,
 }
 
+/// A setting that is a number or `auto` (in the config file: `8` or
+/// `"auto"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Knob {
+    N(u32),
+    Word(String),
+}
+
+impl Knob {
+    /// 0 for auto.
+    fn value(&self, what: &str) -> Result<u32, String> {
+        match self {
+            Knob::N(0) => Err(format!("{what} must be at least 1, or auto")),
+            Knob::N(n) => Ok(*n),
+            Knob::Word(w) if w.eq_ignore_ascii_case("auto") => Ok(0),
+            Knob::Word(w) => match w.parse::<u32>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{what} {w:?}: give a number (1 or more) or auto")),
+            },
+        }
+    }
+}
+
 fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     let mut o = Options::default();
-    if let Some(s) = a.streams.or(fc.streams) {
+    let knob =
+        |flag: &Option<String>, file: &Option<Knob>, what: &str| -> Result<Option<u32>, String> {
+            match (flag, file) {
+                (Some(f), _) => Knob::Word(f.clone()).value(what).map(Some),
+                (None, Some(k)) => k.value(what).map(Some),
+                (None, None) => Ok(None),
+            }
+        };
+    if let Some(s) = knob(&a.streams, &fc.streams, "--streams")? {
         o.streams = s;
     }
+    if let Some(w) = a.max_window.as_ref().or(fc.max_window.as_ref()) {
+        o.max_window = Some(parse_size(w)?);
+    }
+    o.congestion = a.congestion.clone().or_else(|| fc.congestion.clone());
+    if let Some(c) = &o.congestion {
+        iwarp::cm::CongestionControl::new(c).map_err(|e| format!("--congestion {c}: {e}"))?;
+    }
+    o.explain = !a.quiet;
     if let Some(b) = a.block_size.as_ref().or(fc.block_size.as_ref()) {
         o.block_size = u32::try_from(parse_size(b)?).map_err(|_| "block size too large")?;
     }
-    if let Some(d) = a.iodepth.or(fc.iodepth) {
+    if let Some(d) = knob(&a.iodepth, &fc.iodepth, "--iodepth")? {
         o.iodepth = d;
     }
     if let Some(t) = a.timeout.or(fc.timeout_secs) {
@@ -204,8 +267,13 @@ fn run(a: &Args) -> Result<u8, String> {
                         .ok_or("the URL names no file; pass -o FILE")?,
                 ),
             };
+            let retries = a.retry.or(fc.retry).unwrap_or(0);
+            let say = |m: &str| match &pb {
+                Some(pb) => pb.println(m),
+                None => eprintln!("{m}"),
+            };
             (
-                client::get(&u, &out, &o)?,
+                client::get_retrying(&u, &out, &o, retries, &say)?,
                 format!("{} -> {}", u.path, out.display()),
             )
         }

@@ -38,6 +38,11 @@ struct Args {
     /// IWARP_DEVICE environment variable, else soft. Config key: device.
     #[arg(long, value_name = "NAME")]
     device: Option<String>,
+    /// TCP congestion control of the transfer sessions' connections
+    /// (reno, cubic, bbr: /proc/sys/net/ipv4/tcp_available_congestion_control).
+    /// Default: the kernel's. Config key: congestion.
+    #[arg(long, value_name = "ALGO")]
+    congestion: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +75,15 @@ fn main() -> ExitCode {
     }
     if let Some(d) = a.device {
         cfg.device = Some(d);
+    }
+    if let Some(c) = a.congestion {
+        cfg.congestion = Some(c);
+    }
+    if let Some(c) = &cfg.congestion {
+        if let Err(e) = iwarp::cm::CongestionControl::new(c) {
+            eprintln!("rftpd: congestion = {c:?}: {e}");
+            return ExitCode::from(2);
+        }
     }
     if cfg.rdma {
         // Fail at start, with the reason and the fix, rather than at the
