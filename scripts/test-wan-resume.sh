@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# rftp get --retry across a link outage (issue 27 §3): rftpd in one network
+# namespace, rftp in the other, joined by the wanem path emulator (20 ms
+# RTT, 100 Mbit/s). Once the download has written 8 MiB, the link goes down
+# for 8 s, longer than the transfer's silent-peer limit (rftp --timeout 3,
+# rftpd data_timeout_secs = 3), so both ends give the session up. rftp must
+# reconnect by itself (backoff 1, 2, 4 s while the link is still down),
+# resume at the end of FILE.part (REST, never from byte 0), verify the
+# SHA-256 of the whole file, and say so on its output. About 20-30 s.
+#
+# Skips (exit 0, with the reason) only when /dev/net/tun or network
+# namespaces are unavailable. Builds rftp and wanem if missing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+
+if [[ ! -c /dev/net/tun ]]; then
+    echo "test-wan-resume: SKIP: /dev/net/tun is missing (the wanem path emulator needs TUN devices)"
+    exit 0
+fi
+if ! ip netns add "wanresume-probe-$$" 2>/dev/null; then
+    echo "test-wan-resume: SKIP: cannot create network namespaces (need root and netns support)"
+    exit 0
+fi
+ip netns del "wanresume-probe-$$"
+
+cargo build --release -q -p rftp -p wanem
+BIN="$ROOT/target/release"
+# shellcheck source=scripts/lib/wan.sh disable=SC1091
+. "$ROOT/scripts/lib/wan.sh"
+
+TAG="rsm$$"
+WORK="$(mktemp -d)"
+cleanup() {
+    wan_down "$TAG"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+SIZE_MIB=40
+mkdir -p "$WORK/root" "$WORK/local"
+head -c "$((SIZE_MIB << 20))" /dev/urandom >"$WORK/root/big.bin"
+cat >"$WORK/rftpd.toml" <<EOF
+root = "$WORK/root"
+data_timeout_secs = 3
+[[users]]
+name = "u"
+password = "p"
+write = true
+EOF
+
+wan_up "$TAG" --rtt 20ms --rate 100mbit --queue bdp
+ADDR_B="$(wan_addr_b)"
+wan_b "$BIN/rftpd" -c "$WORK/rftpd.toml" --listen "$ADDR_B:2121" >"$WORK/rftpd.out" 2>"$WORK/rftpd.log" &
+for _ in $(seq 100); do
+    grep -q "listening" "$WORK/rftpd.out" 2>/dev/null && break
+    sleep 0.1
+done
+grep -q "listening" "$WORK/rftpd.out" || { echo "test-wan-resume: FAIL: rftpd did not start"; cat "$WORK/rftpd.log"; exit 1; }
+
+OUT="$WORK/local/big.bin"
+start=$SECONDS
+wan_a timeout 90 "$BIN/rftp" get "ftp://u:p@$ADDR_B:2121/big.bin" -o "$OUT" \
+    --timeout 3 --retry 6 -q >"$WORK/rftp.out" 2>&1 &
+rftp_pid=$!
+
+# The outage starts once 8 MiB are in the part file (a real signal, not a
+# guess at how long the login takes), bounded by 30 s.
+deadline=$((SECONDS + 30))
+until [[ -f "$OUT.part" ]] && (($(stat -c %s "$OUT.part") >= 8 << 20)); do
+    if ((SECONDS >= deadline)) || ! kill -0 "$rftp_pid" 2>/dev/null; then
+        echo "test-wan-resume: FAIL: the download never reached 8 MiB"
+        cat "$WORK/rftp.out"
+        exit 1
+    fi
+    sleep 0.05
+done
+kept_at_cut=$(stat -c %s "$OUT.part")
+wan_ctl down 8 >/dev/null
+echo "test-wan-resume: link down for 8 s at $((kept_at_cut >> 20)) MiB of $SIZE_MIB MiB"
+
+rc=0
+wait "$rftp_pid" || rc=$?
+took=$((SECONDS - start))
+cat "$WORK/rftp.out"
+fail() {
+    echo "test-wan-resume: FAIL: $*"
+    echo "--- rftpd log (tail)"; tail -20 "$WORK/rftpd.log"
+    exit 1
+}
+((rc == 0)) || fail "rftp exited $rc"
+[[ "$(sha256sum <"$OUT" | cut -d' ' -f1)" == "$(sha256sum <"$WORK/root/big.bin" | cut -d' ' -f1)" ]] ||
+    fail "the downloaded file differs from the server's"
+grep -q "transfer interrupted" "$WORK/rftp.out" || fail "rftp did not say the transfer was interrupted"
+grep -q "SHA-256 verified" "$WORK/rftp.out" || fail "rftp did not verify the SHA-256"
+resumed=$(sed -n 's/.*resumed at byte \([0-9]*\).*/\1/p' "$WORK/rftp.out" | tail -1)
+[[ -n "$resumed" ]] || fail "no resume offset in rftp's summary (started over?)"
+((resumed >= kept_at_cut)) || fail "resumed at byte $resumed, before the $kept_at_cut bytes kept when the link went down"
+echo "test-wan-resume: OK in ${took} s: resumed at byte $resumed (>= $kept_at_cut kept at the cut), SHA-256 verified"
