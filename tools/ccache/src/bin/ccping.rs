@@ -59,23 +59,39 @@ struct Args {
     /// A label copied into the JSON line.
     #[arg(long, default_value = "")]
     label: String,
+    /// ccappd's access token (a copy of its --token-file, mode 0600), for
+    /// mode rdma against a ccappd that has one.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
     ccache::init_logging();
     let a = Args::parse();
     let t = Duration::from_millis(a.timeout_ms.max(1));
+    let token = match &a.token_file {
+        Some(p) => match ccache::access::Token::load(p, false) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
     let mut c: Box<dyn VersionCheck> = match a.mode {
         Mode::Rdma => Box::new(
-            RdmaCheck::new(a.appd_rdma, t).with_progress(match a.progress {
-                Progress::Threaded => iwarp::ProgressMode::Threaded {
-                    spin: iwarp::DEFAULT_SPIN,
-                },
-                Progress::Sleep => iwarp::ProgressMode::Threaded {
-                    spin: Duration::ZERO,
-                },
-                Progress::BusyPoll => iwarp::ProgressMode::BusyPoll,
-            }),
+            RdmaCheck::new(a.appd_rdma, t)
+                .with_progress(match a.progress {
+                    Progress::Threaded => iwarp::ProgressMode::Threaded {
+                        spin: iwarp::DEFAULT_SPIN,
+                    },
+                    Progress::Sleep => iwarp::ProgressMode::Threaded {
+                        spin: Duration::ZERO,
+                    },
+                    Progress::BusyPoll => iwarp::ProgressMode::BusyPoll,
+                })
+                .with_token(token),
         ),
         Mode::Tcp => Box::new(TcpCheck::new(a.appd_tcp, t)),
     };
