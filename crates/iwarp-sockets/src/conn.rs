@@ -49,6 +49,7 @@ use crate::flow::{
 };
 use crate::options::{Design, Options};
 use crate::ready::Readiness;
+use crate::tune::RingTuner;
 use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, SGE_LEN};
 
 mod iomap;
@@ -148,6 +149,10 @@ struct State {
     recvs: Vec<RecvWr>,
     /// The private buffer of [`Design::Basic`].
     basic_buf: Vec<u8>,
+    /// Receive-ring autotuning ([`crate::tune`]).
+    tuner: RingTuner,
+    /// The path's RTT at the last measurement.
+    rtt: Duration,
     /// Our `riomap` mappings (conn/iomap.rs).
     iomaps: iomap::LocalMaps,
 }
@@ -164,7 +169,11 @@ pub(crate) struct Conn {
     tsgl: MemoryRegion,
     sbuf: MemoryRegion,
     ctl: MemoryRegion,
-    rbuf_size: u32,
+    /// Where the message slots begin in `rbuf`: after the largest ring
+    /// it may grow to ([`crate::tune`]).
+    slots_at: u32,
+    /// The clock of the ring tuner.
+    epoch: Instant,
     sq_size: usize,
     cq_fd: RawFd,
     state: Mutex<State>,
@@ -204,6 +213,8 @@ pub(crate) struct Parts {
     ctl: MemoryRegion,
     flow: Flow,
     opts: Options,
+    /// The largest ring the receive ring may grow to.
+    ring_cap: u32,
 }
 
 impl Parts {
@@ -242,8 +253,13 @@ impl Parts {
             })
             .map_err(verbs_err)?;
         let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // Registered as large as the ring may grow (crate::tune); the
+        // pages beyond the ring in use are never touched, so they cost
+        // address space, not memory.
+        let limit = opts.rbuf_max.unwrap_or_else(crate::tune::kernel_rmem_max);
+        let ring_cap = crate::tune::ring_cap(opts.rbuf_size, limit);
         let rbuf = pd
-            .reg_mr(opts.rbuf_size as usize + 4 * rq as usize, rw)
+            .reg_mr(ring_cap as usize + 4 * rq as usize, rw)
             .map_err(verbs_err)?;
         // The target SGL, then our iomap table (conn/iomap.rs).
         let tsgl = pd.reg_mr(iomap::region_len(&opts), rw).map_err(verbs_err)?;
@@ -284,6 +300,7 @@ impl Parts {
             ctl,
             flow,
             opts,
+            ring_cap,
         })
     }
 
@@ -309,7 +326,8 @@ impl Parts {
             )
         })?;
         let sq_size = self.ctl.len() / CTL_SLOT;
-        let rbuf_size = self.opts.rbuf_size;
+        let slots_at = self.ring_cap;
+        let tuner = RingTuner::new(self.opts.rbuf_size, self.ring_cap);
         let cq_fd = self.cq.as_raw_fd();
         let conn = Arc::new(Conn {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -324,7 +342,8 @@ impl Parts {
             tsgl: self.tsgl,
             sbuf: self.sbuf,
             ctl: self.ctl,
-            rbuf_size,
+            slots_at,
+            epoch: Instant::now(),
             sq_size,
             cq_fd,
             state: Mutex::new(State {
@@ -344,6 +363,8 @@ impl Parts {
                 recvs: Vec::with_capacity(64),
                 basic_buf: Vec::new(),
                 iomaps: iomap::LocalMaps::default(),
+                tuner,
+                rtt: Duration::ZERO,
             }),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
@@ -378,9 +399,7 @@ impl Parts {
         let mut recvs = Vec::new();
         while let Some(a) = self.flow.poll_action() {
             match a {
-                Action::PostRecv { slot } => {
-                    recvs.push(recv_wr(&self.rbuf, self.opts.rbuf_size, slot))
-                }
+                Action::PostRecv { slot } => recvs.push(recv_wr(&self.rbuf, self.ring_cap, slot)),
                 other => {
                     return Err(io::Error::other(format!(
                         "unexpected action before the connection: {other:?}"
@@ -397,10 +416,10 @@ impl Parts {
 /// Receives a pump may leave for the next one (see [`Conn::pump`]).
 const RECV_DEFER: usize = 1;
 
-fn recv_wr(rbuf: &MemoryRegion, rbuf_size: u32, slot: u16) -> RecvWr {
+fn recv_wr(rbuf: &MemoryRegion, slots_at: u32, slot: u16) -> RecvWr {
     RecvWr {
         wr_id: u64::from(slot),
-        sgl: SgList::single(rbuf.sge(rbuf_size as usize + 4 * usize::from(slot), 4)),
+        sgl: SgList::single(rbuf.sge(slots_at as usize + 4 * usize::from(slot), 4)),
     }
 }
 
@@ -541,7 +560,7 @@ impl Conn {
         while let Some(a) = st.flow.poll_action() {
             match a {
                 Action::PostRecv { slot } => {
-                    let wr = recv_wr(&self.rbuf, self.rbuf_size, slot);
+                    let wr = recv_wr(&self.rbuf, self.slots_at, slot);
                     st.recvs.push(wr);
                 }
                 Action::RdmaWrite {
@@ -665,7 +684,7 @@ impl Conn {
                     let n = (wc.byte_len as usize).min(4);
                     let mut word = [0u8; 4];
                     self.rbuf
-                        .read_at(self.rbuf_size as usize + 4 * slot, &mut word[..n]);
+                        .read_at(self.slots_at as usize + 4 * slot, &mut word[..n]);
                     if st.awaiting_first_word {
                         self.first_word(st);
                     }
@@ -980,6 +999,27 @@ impl Conn {
         self.unlock_and_notify(st);
     }
 
+    /// Once per round trip while the ring may still grow: measure what
+    /// the application read and the path's RTT, and let the ring grow
+    /// toward twice the bandwidth-delay product ([`crate::tune`]).
+    fn tune_ring(&self, st: &mut State) {
+        if !st.tuner.can_grow() {
+            return;
+        }
+        let now = self.epoch.elapsed();
+        if !st.tuner.due(now, st.rtt) {
+            return;
+        }
+        let Ok(Some(rtt)) = cm::path_rtt(&self.qp) else {
+            return;
+        };
+        st.rtt = rtt;
+        if let Some(goal) = st.tuner.sample(now, st.stats.bytes_received, rtt) {
+            tracing::debug!(stream = self.id, goal, ?rtt, "receive ring goal raised");
+            st.flow.set_ring_goal(goal, self.slots_at);
+        }
+    }
+
     /// `rrecv`: up to `buf.len()` bytes; 0 at end of stream.
     pub(crate) fn read(
         &self,
@@ -1021,6 +1061,7 @@ impl Conn {
                     self.copy_out(st, g.spans, &mut buf[..n]);
                     st.stats.bytes_received += n as u64;
                     st.idle = false;
+                    self.tune_ring(st);
                     // The credit update the read made possible.
                     self.pump(st);
                     self.refresh(st);

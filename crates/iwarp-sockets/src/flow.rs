@@ -657,6 +657,14 @@ pub struct Flow {
     rx_count: u16,
     rx_limit: u16,
     rx_window: u64,
+    /// The receive ring in use (`rbuf_size` at first; see
+    /// [`Flow::set_ring_goal`]): halves of it are advertised, reads wrap
+    /// at it.
+    ring: u32,
+    /// What the ring may grow to: the driver's goal, and the registered
+    /// region's capacity.
+    ring_goal: u32,
+    ring_cap: u32,
 
     // riomap / riowrite (flow/iomap.rs).
     iomap: iomap::Iomaps,
@@ -719,6 +727,9 @@ impl Flow {
             rx_count: 0,
             rx_limit: cfg.rq_size,
             rx_window: u64::from(cfg.rbuf_size >> 1),
+            ring: cfg.rbuf_size,
+            ring_goal: cfg.rbuf_size,
+            ring_cap: cfg.rbuf_size,
             iomap: iomap::Iomaps::default(),
         };
         for _ in 0..f.recv_slots() {
@@ -1302,7 +1313,7 @@ impl Flow {
                 Phase::Init => Err(FlowError::NotConnected),
                 Phase::Error => Err(self.err.unwrap_or(FlowError::SendFailed)),
                 _ if !self.readable => Ok(RecvGrant {
-                    spans: Spans::of_ring(self.rbuf_offset, 0, self.cfg.rbuf_size),
+                    spans: Spans::of_ring(self.rbuf_offset, 0, self.ring),
                     eof: true,
                 }),
                 _ => Err(FlowError::WouldBlock),
@@ -1327,19 +1338,54 @@ impl Flow {
             }
         }
         self.rmsg_bytes -= u64::from(taken);
-        let spans = Spans::of_ring(self.rbuf_offset, taken, self.cfg.rbuf_size);
-        self.rbuf_offset = (self.rbuf_offset + taken) % self.cfg.rbuf_size;
+        let spans = Spans::of_ring(self.rbuf_offset, taken, self.ring);
+        self.rbuf_offset = (self.rbuf_offset + taken) % self.ring;
         self.rbuf_bytes_avail += taken;
         self.update_credits();
         Ok(RecvGrant { spans, eof: false })
     }
 
+    /// The receive ring in use: `rbuf_size`, or more once it grew.
+    pub fn ring_size(&self) -> u32 {
+        self.ring
+    }
+
+    /// Let the receive ring grow toward `goal` bytes, within `capacity`
+    /// (the bytes registered for it, from the start of the receive
+    /// region; the message slots must lie beyond). The driver measures the
+    /// path (`crate::tune`) and calls this; the ring never shrinks.
+    ///
+    /// The wire does not change: rsocket.c's sender writes wherever the
+    /// receiver's target-SGL entries point, for their length, one entry
+    /// after the other (`rs_write_data`), and never reads the size of our
+    /// ring. So the ring grows by doubling at the moment its free offset
+    /// wraps to 0 (the half at offset 0 has been read, the other half is
+    /// still the peer's): instead of advertising the half at 0 again, we
+    /// advertise the untouched `[size, 2 * size)` as one entry, the new
+    /// half. The peer fills it right after the old second half, so the
+    /// reader runs on past the old end instead of wrapping, and from then
+    /// on the ring is twice as large, its halves `size` bytes. A ring that
+    /// covers twice the bandwidth-delay product keeps the sender busy
+    /// (what the peer may have in flight is between one and two halves).
+    pub fn set_ring_goal(&mut self, goal: u32, capacity: u32) {
+        self.ring_cap = capacity.clamp(self.cfg.rbuf_size, MAX_BUF);
+        self.ring_goal = goal.min(self.ring_cap);
+        self.update_credits();
+    }
+
+    /// Whether the ring doubles at this advertisement (see
+    /// [`Flow::set_ring_goal`]).
+    fn ring_grows_now(&self) -> bool {
+        self.rbuf_free_offset == 0
+            && self.ring < self.ring_goal
+            && u64::from(self.ring) * 2 <= u64::from(self.ring_cap)
+    }
+
     /// `rs_give_credits` (iWARP) then `rs_send_credits`, as often as it
     /// holds; with [`Flow::acks_each`] also whenever the limit moved.
     fn update_credits(&mut self) {
-        let half = self.cfg.rbuf_size >> 1;
         while self.phase == Phase::Connected
-            && (self.rbuf_bytes_avail >= half
+            && (self.rbuf_bytes_avail >= self.ring >> 1
                 || self.rseq_no.wrapping_sub(self.rseq_comp) as i16 >= 0
                 || (self.ack_each && self.rseq_no.wrapping_add(self.cfg.rq_size) != self.rx_limit))
             && self.two_ctrl_avail()
@@ -1350,16 +1396,19 @@ impl Flow {
             let limit = u32::from(self.rseq_no) + u32::from(self.cfg.rq_size);
             self.rx_limit = limit as u16;
             let payload = self.word(Message::Sgl { limit });
+            let half = self.ring >> 1;
             if self.rbuf_bytes_avail >= half {
                 self.ctrl_seqno = self.ctrl_seqno.wrapping_add(1);
+                let grow = self.ring_grows_now();
+                let (offset, len) = if grow {
+                    (self.ring, self.ring)
+                } else {
+                    (self.rbuf_free_offset, half)
+                };
                 let sge = Sge {
-                    addr: self
-                        .cfg
-                        .rbuf
-                        .addr
-                        .wrapping_add(u64::from(self.rbuf_free_offset)),
+                    addr: self.cfg.rbuf.addr.wrapping_add(u64::from(offset)),
                     key: self.cfg.rbuf.key,
-                    length: half,
+                    length: len,
                 };
                 // RS_OPT_SWAP_SGL: the entry goes in the peer's order.
                 let bytes = sge.to_bytes(self.peer_order);
@@ -1376,12 +1425,24 @@ impl Flow {
                     payload,
                     tag: SendTag::SglMsg,
                 });
-                self.rbuf_bytes_avail -= half;
-                self.rbuf_free_offset += half;
-                if self.rbuf_free_offset >= self.cfg.rbuf_size {
-                    self.rbuf_free_offset = 0;
+                if grow {
+                    // Fresh memory: nothing read is used up, and the free
+                    // bytes at offset 0 wait for the first new half.
+                    if self.rbuf_offset == 0 {
+                        // The reader had read everything up to the old
+                        // end; the next bytes land at the old end.
+                        self.rbuf_offset = self.ring;
+                    }
+                    self.ring *= 2;
+                    tracing::debug!(ring = self.ring, "receive ring grew");
+                } else {
+                    self.rbuf_bytes_avail -= half;
+                    self.rbuf_free_offset += half;
+                    if self.rbuf_free_offset >= self.ring {
+                        self.rbuf_free_offset = 0;
+                    }
                 }
-                self.rx_window += u64::from(half);
+                self.rx_window += u64::from(len);
                 self.remote_sge += 1;
                 if self.remote_sge == self.remote_sgl.length {
                     self.remote_sge = 0;

@@ -82,6 +82,7 @@ mod ready;
 mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;
+pub mod tune;
 pub mod wire;
 
 pub use conn::{IoMap, Stats, Watermark, WatermarkFn};

@@ -36,6 +36,15 @@ pub struct Options {
     /// reach 15-18 (docs/BENCHMARKS.md). Each side advertises its own, so
     /// a real rsocket peer keeps its sizes.
     pub rbuf_size: u32,
+    /// How large the receive ring may grow (bytes; `None`: the kernel's
+    /// limit for a TCP receive buffer, `net.ipv4.tcp_rmem`'s third value).
+    /// The ring starts at `rbuf_size` and doubles, once per wrap, while
+    /// the stream reads more than half of it per round trip (see
+    /// [`crate::tune`]): a 1 MiB ring holds a 50 ms path to about 168
+    /// Mbit/s, 8 MiB to 1.3 Gbit/s. At most `rbuf_size` (or `Some(0)`)
+    /// turns growth off. The wire does not change: rsockets peers write
+    /// where our target-SGL entries point.
+    pub rbuf_max: Option<u32>,
     /// Send queue entries (rsocket.c `def_sqsize`, 384).
     pub sq_size: u16,
     /// Receive queue entries and credits granted (rsocket.c `def_rqsize`).
@@ -109,6 +118,7 @@ impl Default for Options {
         Options {
             sbuf_size: 1 << 20,
             rbuf_size: 1 << 20,
+            rbuf_max: None,
             sq_size: 384,
             rq_size: 384,
             mpa: MpaConfig::default(),
@@ -140,7 +150,8 @@ impl Options {
 
     /// Options from the environment, over the defaults:
     /// `IWARP_SOCKETS_DESIGN` (`enhanced` | `basic`), `IWARP_SOCKETS_SBUF`,
-    /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_ZCOPY` (bytes, or
+    /// `IWARP_SOCKETS_RBUF` (bytes), `IWARP_SOCKETS_RBUF_MAX` (bytes, or
+    /// `off`: the ring does not grow), `IWARP_SOCKETS_ZCOPY` (bytes, or
     /// `off`), `IWARP_SOCKETS_COALESCE` (`0`/`1`), `IWARP_SOCKETS_BUSY_POLL`
     /// (`0`/`1`), `IWARP_SOCKETS_ACK_EACH` (`0`/`1`, after the design),
     /// `IWARP_SOCKETS_CRC` (`on`/`off`/`optional`),
@@ -172,6 +183,15 @@ impl Options {
                     Ok(n) if n >= 4096 => *slot = n & !1,
                     _ => tracing::warn!(key = k, value = %v, "not a byte count >= 4096; ignored"),
                 }
+            }
+        }
+        if let Some(v) = get("IWARP_SOCKETS_RBUF_MAX") {
+            match v.as_str() {
+                "off" | "0" => o.rbuf_max = Some(0),
+                n => match n.parse::<u32>() {
+                    Ok(n) => o.rbuf_max = Some(n),
+                    Err(_) => tracing::warn!(value = %v, "IWARP_SOCKETS_RBUF_MAX: bytes or off"),
+                },
             }
         }
         if let Some(v) = get("IWARP_SOCKETS_ZCOPY") {
@@ -272,6 +292,17 @@ mod tests {
         ]);
         assert_eq!(z.zcopy_threshold, Some(65536));
         assert_eq!(z.rbuf_size, 8192);
+    }
+
+    #[test]
+    fn ring_limit_from_the_environment() {
+        assert_eq!(with(&[]).rbuf_max, None);
+        assert_eq!(with(&[("IWARP_SOCKETS_RBUF_MAX", "off")]).rbuf_max, Some(0));
+        assert_eq!(
+            with(&[("IWARP_SOCKETS_RBUF_MAX", "16777216")]).rbuf_max,
+            Some(16 << 20)
+        );
+        assert_eq!(with(&[("IWARP_SOCKETS_RBUF_MAX", "lots")]).rbuf_max, None);
     }
 
     #[test]

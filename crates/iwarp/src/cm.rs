@@ -90,6 +90,21 @@ pub fn set_tcp_congestion(qp: &QueuePair, cc: &CongestionControl) -> Result<(), 
     crate::soft::cm::set_tcp_congestion(qp, cc)
 }
 
+/// The round-trip time of `qp`'s TCP path: see
+/// [`crate::soft::cm::path_rtt`]. [`CmError::Unsupported`] for a queue
+/// pair of a kernel device (its TCP is the kernel's).
+pub fn path_rtt(qp: &QueuePair) -> Result<Option<Duration>, CmError> {
+    #[cfg(feature = "rdma-core")]
+    if crate::rdma::owns(qp) {
+        return Err(CmError::Unsupported {
+            what: "reading the TCP path's round-trip time",
+            provider: "rdma-core",
+            fix: "the device's TCP connections belong to the kernel; size buffers by hand there",
+        });
+    }
+    crate::soft::cm::path_rtt(qp)
+}
+
 #[cfg(feature = "rdma-core")]
 fn provider_err(during: &'static str, e: impl ToString) -> CmError {
     CmError::Io {

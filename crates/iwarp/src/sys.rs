@@ -248,6 +248,27 @@ pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
     (rc == 0 && info.tcpi_advmss > 0).then_some(info.tcpi_advmss)
 }
 
+/// The smoothed round-trip time of the connection and the receiver's own
+/// estimate (`tcpi_rtt`, `tcpi_rcv_rtt` of `TCP_INFO`, microseconds), or
+/// `None` if the kernel does not say.
+pub(crate) fn tcp_rtts(fd: RawFd) -> Option<(u32, u32)> {
+    // SAFETY: an all-zero tcp_info is a valid value of this plain C struct.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is writable for `len` bytes and `len` is passed by
+    // pointer as getsockopt(2) requires; the kernel writes at most `len`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some((info.tcpi_rtt, info.tcpi_rcv_rtt))
+}
+
 /// Bytes in the socket's send queue that the peer has not acknowledged
 /// yet (`SIOCOUTQ`, the same request as `TIOCOUTQ`), or `None` if the
 /// kernel does not say.

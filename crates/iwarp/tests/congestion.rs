@@ -212,6 +212,22 @@ fn a_live_connection_changes_its_algorithm() {
 }
 
 #[test]
+fn the_path_rtt_is_read_from_the_connection() {
+    let (client, server) = (Host::new(), Host::new());
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let (c, _, a) = connect_through(&listener, &client, &server, &param(None), &param(None));
+    c.unwrap();
+    a.unwrap();
+    // The handshake gave the kernel a sample: loopback, well under 1 s.
+    let rtt = cm::path_rtt(&client.qp).unwrap().expect("an RTT sample");
+    assert!(rtt < std::time::Duration::from_secs(1), "{rtt:?}");
+    assert!(matches!(
+        cm::path_rtt(&Host::new().qp),
+        Err(CmError::NotConnected)
+    ));
+}
+
+#[test]
 fn the_getter_needs_a_connection() {
     let h = Host::new();
     assert!(matches!(

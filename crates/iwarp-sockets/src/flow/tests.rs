@@ -363,6 +363,66 @@ fn normal_flow_moves_every_byte_in_order_both_ways() {
 }
 
 #[test]
+fn the_ring_grows_at_its_wrap_and_every_byte_arrives_in_order() {
+    let mut p = Pair::small();
+    p.settle();
+    let data = pattern(600_000, 3);
+    let mut i = 0;
+    // Some data through the 8 KiB ring first, then the goal moves to
+    // 64 KiB (the region registered that large) mid-stream.
+    let mut rounds = 0;
+    let mut sizes = vec![p.b.flow.ring_size()];
+    while p.b.received.len() < data.len() {
+        rounds += 1;
+        assert!(rounds < 20_000, "no progress");
+        if rounds == 5 {
+            p.b.rbuf.resize(1 << 16, 0);
+            p.b.flow.set_ring_goal(1 << 16, 1 << 16);
+        }
+        i += p.a.write(&data[i..]);
+        p.settle();
+        p.b.read(700 + (rounds % 11) as u32 * 1300);
+        p.settle();
+        if sizes.last() != Some(&p.b.flow.ring_size()) {
+            sizes.push(p.b.flow.ring_size());
+        }
+    }
+    assert_eq!(p.b.received, data);
+    // It doubled, one step per wrap, to the goal and no further.
+    assert_eq!(sizes, [8192, 16384, 32768, 65536]);
+    assert!(p.a.flow.all_sends_done());
+}
+
+#[test]
+fn a_grown_ring_is_advertised_as_one_fresh_entry_past_the_old_end() {
+    let mut b = lone_b();
+    // lone_b's ring is 8192: halves of 4096 at 0 (conn data) and 4096
+    // (the first update). Let it grow, then have the peer fill and the
+    // reader read the first half: the free offset wraps to 0.
+    b.set_ring_goal(1 << 20, 16384);
+    while b.poll_action().is_some() {}
+    b.on_recv(&le(Message::Data { len: 4096 })).unwrap();
+    while b.poll_action().is_some() {}
+    assert_eq!(b.recv(4096).unwrap().spans.len(), 4096);
+    // Instead of the half at offset 0 again: [8192, 16384), 8192 bytes.
+    let sge = std::iter::from_fn(|| b.poll_action()).find_map(|a| match a {
+        Action::RdmaWrite {
+            src: Source::Inline(bytes),
+            tag: SendTag::SglWrite,
+            ..
+        } => Some(Sge::parse(&bytes, ByteOrder::Little).unwrap()),
+        _ => None,
+    });
+    let sge = sge.expect("an SGL entry was written");
+    assert_eq!(sge.addr, RBUF_ADDR + 8192);
+    assert_eq!(sge.length, 8192);
+    assert_eq!(b.ring_size(), 16384);
+    // The capacity bounds it: no further growth.
+    b.set_ring_goal(1 << 20, 16384);
+    assert_eq!(b.ring_size(), 16384);
+}
+
+#[test]
 fn mixed_endian_pair_swaps_sges_and_words() {
     let mut p = Pair::new(
         cfg(0xA0, ByteOrder::Little, 16, 4096, 8192),
@@ -872,6 +932,7 @@ proptest! {
         rq in 16u16..40,
         big_b in any::<bool>(),
         ack in 0u8..4,
+        grow in 0u8..4,
     ) {
         let ob = if big_b { ByteOrder::Big } else { ByteOrder::Little };
         // Either, both or neither end in the basic design's credit return
@@ -880,6 +941,15 @@ proptest! {
             Config { ack_each: ack & 1 != 0, ..cfg(0xA0, ByteOrder::Little, rq, 4096, 8192) },
             Config { ack_each: ack & 2 != 0, ..cfg(0xB0, ob, 16, 6144, 12288) },
         );
+        // Either, both or neither receive ring may grow (to 8x).
+        if grow & 1 != 0 {
+            p.a.rbuf.resize(8 * 8192, 0);
+            p.a.flow.set_ring_goal(8 * 8192, 8 * 8192);
+        }
+        if grow & 2 != 0 {
+            p.b.rbuf.resize(8 * 12288, 0);
+            p.b.flow.set_ring_goal(8 * 12288, 8 * 12288);
+        }
         let src_a = pattern(400_000, 5);
         let src_b = pattern(400_000, 6);
         let (mut ia, mut ib) = (0usize, 0usize);

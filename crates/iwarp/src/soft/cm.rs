@@ -429,6 +429,22 @@ pub fn set_tcp_congestion(qp: &QueuePair, cc: &CongestionControl) -> Result<(), 
     Ok(())
 }
 
+/// The round-trip time of `qp`'s TCP path as the kernel measures it: the
+/// larger of the smoothed RTT of our own segments' acknowledgements and
+/// the receiver-side estimate (`tcpi_rtt`, `tcpi_rcv_rtt` of `TCP_INFO`,
+/// tcp(7)); `Ok(None)` while the kernel has no sample yet. For sizing
+/// buffers to the bandwidth-delay product.
+pub fn path_rtt(qp: &QueuePair) -> Result<Option<Duration>, CmError> {
+    let shared = super::of(qp).ok_or(CmError::OtherProvider)?;
+    let conn = shared.conn.get().ok_or(CmError::NotConnected)?;
+    let rtts = crate::sys::tcp_rtts(conn.sock.as_raw_fd()).ok_or_else(|| CmError::Io {
+        during: "reading TCP_INFO",
+        source: io::Error::last_os_error(),
+    })?;
+    let us = rtts.0.max(rtts.1);
+    Ok((us > 0).then(|| Duration::from_micros(u64::from(us))))
+}
+
 /// A deadline-bounded MPA frame exchange on a blocking socket.
 struct Exchange<'a> {
     sock: &'a Socket,
