@@ -78,9 +78,10 @@ cp_layout() {
 }
 
 # cp_start_appd ARGS...: ccappd with the push listener and the given extra
-# flags (policy, rate, ...); sets APPD_PID.
+# flags (policy, rate, ...); sets APPD_PID. It creates the deployment's
+# access token $T/token (mode 0600) on its first start; the proxies read it.
 cp_start_appd() {
-    "$APPD" --docroot "$T/docs" --init-docs \
+    "$APPD" --docroot "$T/docs" --init-docs --token-file "$T/token" \
         --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
         --push-listen "127.0.0.1:$P_PUSH" \
         --ipc "$IPC" --ipc-mode 660 --ipc-group www-data --update-log "$T/updates.log" "$@" \
@@ -130,13 +131,14 @@ EOF
     cp_wait_port "$P_HTTP" "$APACHE_PID"
 }
 
-# cp_start_proxy NAME PORT ARGS...: ccproxy registered for pushes; sets PX_PID.
+# cp_start_proxy NAME PORT ARGS...: ccproxy registered for pushes, with
+# ccappd's token; sets PX_PID.
 cp_start_proxy() {
     local name="$1" port="$2"
     shift 2
     "$PROXY" --listen "127.0.0.1:$port" --backend "127.0.0.1:$P_HTTP" --prefix /docs/ \
         --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" \
-        --push-appd "127.0.0.1:$P_PUSH" --check-timeout-ms 1000 "$@" \
+        --push-appd "127.0.0.1:$P_PUSH" --check-timeout-ms 1000 --token-file "$T/token" "$@" \
         >>"$T/ccproxy-$name.log" 2>&1 &
     PX_PID=$!
     PX_PIDS="$PX_PIDS $PX_PID"

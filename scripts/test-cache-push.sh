@@ -15,6 +15,8 @@
 #     any stale response and on any body that is not the served version
 #   the proxies' counters (/_ccproxy/stats): pushes stored and served
 #   ccupdate --select accessed
+#   the access token: ccappd creates it (mode 600), the proxies read it; a
+#     proxy without it is refused (502, "access denied" in both logs)
 #   faults: ccappd killed during pushes (proxies stay up, answer 502, then
 #     register again and are pushed to after the restart, zero stale); a
 #     fake ccappd (Python) that sends the real ccproxy a malformed frame, a
@@ -62,6 +64,7 @@ P_TC=$(cp_free_port)
 P_STATE=$(cp_free_port)
 P_FAKE=$(cp_free_port)
 P_FX=$(cp_free_port)
+P_NT=$(cp_free_port)
 
 APPD_ARGS=(--docs "$DOCS" --doc-size 4096 --push-policy push --update-rate "$RATE" --update-select accessed)
 if cp_start_appd "${APPD_ARGS[@]}"; then ok "ccappd starts with --push-listen, policy push, $RATE updates/s on accessed documents"; else
@@ -73,6 +76,30 @@ if cp_start_proxy rd "$P_RD" --mode rdma --state-rdma-listen "127.0.0.1:$P_STATE
 if cp_start_proxy tc "$P_TC" --mode tcp; then ok "ccproxy tc (tcp checks, state over the channel) starts"; else
     bad "ccproxy tc did not start"; cat "$T/ccproxy-tc.log"; finish; fi
 check "both proxies register with ccappd" cp_registered 2
+
+# ---- the access token (issue 26 item 4) ---------------------------------------
+t_token_file() { # ccappd made the token file, readable by its owner only
+    [ "$(stat -c %a "$T/token")" = 600 ] && [ "$(tr -d '\n' <"$T/token" | wc -c)" = 64 ]
+}
+check "ccappd created the access token file (mode 600, 64 hex digits)" t_token_file
+t_no_token() { # a proxy without the token: its RDMA checks and its registration are refused
+    "$PROXY" --listen "127.0.0.1:$P_NT" --backend "127.0.0.1:$P_HTTP" --prefix /docs/ --mode rdma \
+        --appd-rdma "127.0.0.1:$P_RDMA" --push-appd "127.0.0.1:$P_PUSH" --check-timeout-ms 1000 \
+        >>"$T/ccproxy-nt.log" 2>&1 &
+    local px=$! code=none
+    # Not in PX_PIDS: this proxy is stopped here, the others must live on.
+    if cp_wait_port "$P_NT" "$px"; then
+        code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$P_NT/docs/1")
+    fi
+    kill "$px"
+    wait "$px" 2>/dev/null
+    echo "status without the token: $code"
+    [ "$code" = 502 ] || return 1
+    grep 'access denied' "$T/ccproxy-nt.log" | head -3
+    grep -q 'refused the connection: access denied' "$T/ccproxy-nt.log" || return 1
+    grep -q 'RDMA connection refused: access denied' "$T/ccappd.log"
+}
+check "a proxy without the token: 502, its RDMA check refused (access denied)" t_no_token
 
 url() { echo "http://127.0.0.1:$1/docs/"; }
 t_load() { # $1 name, $2 port, $3 requests
