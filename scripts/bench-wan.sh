@@ -10,7 +10,9 @@
 # bottleneck rate (wall time of the client command, connection setup
 # included). Tools:
 #   iperf3        one TCP stream (-n SIZE), the TCP reference
-#   rftp-auto     rftp get with no options (sized to the path)
+#   rftp-auto     rftp get with no options (sized to the path; SHA-256 on both ends)
+#   rftp-crc      the same with --checksum crc32c (GridFTP -fast and curl verify nothing)
+#   rftp-noverify the same with --no-verify
 #   rftp-fixed    today's fixed sizing before issue 27 (--streams 1 --iodepth 4)
 #   rftp-tuned    tuned by hand (--streams 8 --iodepth 16)
 #   gridftp1/8    globus-url-copy -p 1 / -p 8 with -tcp-bs = the path's BDP
@@ -22,6 +24,8 @@
 # Usage: scripts/bench-wan.sh [--rtt "10 50"] [--loss "0 0.1"] [--rate 1gbit]
 #          [--size 1G] [--n 3] [--tools "iperf3 rftp-auto gridftp8"] [--seed]
 #          [--no-matrix] [--out DIR] [--skip-install]
+# RFTPD_CONGESTION=bbr|cubic|reno sets rftpd's congestion control (the
+# sender's, for the downloads measured here).
 # Writes DIR/wan_results.jsonl, DIR/wan_summary.md and DIR/wan.png
 # (scripts/plot_wan.py); DIR defaults to docs/bench. Needs root. The full
 # matrix (4 RTTs x 4 losses x 8 tools x 3 runs of 1 GiB) takes hours on
@@ -136,9 +140,12 @@ path_up() {
     printf '127.0.0.1 localhost\n10.201.0.1 wan-a %s\n10.201.0.2 wan-b\n' "$(hostname)" >"/etc/netns/wan-$TAG-a/hosts"
     wan_up "$TAG" "${args[@]}"
     B="$(wan_addr_b)"
+    local CC_LINE=""
+    [[ -n "${RFTPD_CONGESTION:-}" ]] && CC_LINE="congestion = \"$RFTPD_CONGESTION\""
     cat >"$TMP/rftpd.toml" <<EOF
 root = "$DATA"
 data_timeout_secs = 60
+$CC_LINE
 [[users]]
 name = "bench"
 password = "bench"
@@ -184,18 +191,20 @@ timed() {
         echo "nan"; return 0
     fi
     t1=$(date +%s.%N)
-    echo "$t1 - $t0" | bc -l
+    awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", b - a}'
 }
 
 run_tool() { # tool file bytes rtt_ms -> seconds
     local tool="$1" file="$2" bytes="$3" rtt="$4" bdp
-    bdp=$(echo "$LINK_BPS / 8 * $rtt / 1000" | bc)
+    bdp=$(awk -v r="$LINK_BPS" -v t="$rtt" 'BEGIN {printf "%d", r / 8 * t / 1000}')
     ((bdp < 65536)) && bdp=65536
     rm -f "$TMP/dl.bin" "$TMP/dl.bin.part"
     local url="ftp://bench:bench@$B:2121/$file"
     case "$tool" in
         iperf3) timed iperf3 -c "$B" -n "$bytes" -f m ;;
         rftp-auto) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume ;;
+        rftp-crc) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --checksum crc32c ;;
+        rftp-noverify) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --no-verify ;;
         rftp-fixed) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --streams 1 --iodepth 4 ;;
         rftp-tuned) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --streams 8 --iodepth 16 ;;
         gridftp1) timed globus-url-copy -fast -p 1 -tcp-bs "$bdp" "ftp://$B:2811$DATA/$file" "file://$TMP/dl.bin" ;;
@@ -214,7 +223,7 @@ record() { # kind rtt loss tool bytes seconds-list
     local kind="$1" rtt="$2" loss="$3" tool="$4" bytes="$5" secs="$6" med frac share
     med=$(tr ' ' '\n' <<<"$secs" | { grep -Ev '^(nan)?$' || true; } | median)
     frac=nan
-    [[ "$med" != nan ]] && frac=$(echo "$bytes * 8 / $med / $LINK_BPS" | bc -l)
+    [[ "$med" != nan ]] && frac=$(awk -v b="$bytes" -v m="$med" -v l="$LINK_BPS" 'BEGIN {printf "%.4f", b * 8 / m / l}')
     share=$(emu_share)
     printf '{"kind":"%s","rtt_ms":%s,"loss_pct":%s,"rate":"%s","tool":"%s","bytes":%s,"runs_s":[%s],"median_s":%s,"fraction":%s,"emu_cpu_pct":%s,"cpu":"%s","date":"%s"}\n' \
         "$kind" "$rtt" "$loss" "$RATE" "$tool" "$bytes" "$(tr ' ' ',' <<<"${secs% }")" \
