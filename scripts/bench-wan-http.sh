@@ -11,6 +11,9 @@
 #   ROUNDS=3 RTT=100ms RATE=200mbit scripts/bench-wan-http.sh
 #   PAGES=page20 VARIANTS="curl rhttp-sw" scripts/bench-wan-http.sh
 #   OUT=/tmp/x.md scripts/bench-wan-http.sh   # where the table goes
+#   LOSS=0.1% CC=bbr scripts/bench-wan-http.sh  # random loss on the path;
+#                                      # RDMACongestion and the TCP default of
+#                                      # both namespaces (plain HTTP too)
 #
 # Pages (made here, same bytes every run: seeded):
 #   page20  an HTML page with 20 images of 30-200 KB (the seed's "1 page
@@ -44,6 +47,8 @@ cd "$ROOT"
 ROUNDS="${ROUNDS:-5}"
 RTT="${RTT:-50ms}"
 RATE="${RATE:-1gbit}"
+LOSS="${LOSS:-}"
+CC="${CC:-}"
 PAGES="${PAGES:-page20 files5}"
 VARIANTS="${VARIANTS:-curl wget plain rhttp-sw1 rhttp-sw rhttp-cr}"
 OUT="${OUT:-$ROOT/docs/bench/wan_http.md}"
@@ -76,7 +81,20 @@ cleanup() {
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
-WAN_LOG_DIR="$T" wan_up "$TAG" --rtt "$RTT" --rate "$RATE" --queue bdp
+WAN_LOG_DIR="$T" wan_up "$TAG" --rtt "$RTT" --rate "$RATE" --queue bdp ${LOSS:+--loss "$LOSS"}
+if [ -n "$CC" ]; then
+    # Every TCP connection of the run, plain HTTP's and the RDMA ones, uses
+    # it (tcp(7): net.ipv4.tcp_congestion_control is per namespace).
+    # A namespace other than the first may pick only an algorithm that
+    # tcp_allowed_congestion_control lists (and the Apache workers too).
+    for ns in wan_a wan_b; do
+        "$ns" sysctl -q -w net.ipv4.tcp_congestion_control="$CC" || {
+            echo "CC=$CC cannot be set in the path's namespaces. Fix: add it to" \
+                "/proc/sys/net/ipv4/tcp_allowed_congestion_control (now: $(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control))" >&2
+            exit 1
+        }
+    done
+fi
 B="$(wan_addr_b)"
 PORT=8080
 U="http://$B:$PORT"
@@ -141,6 +159,7 @@ DavLockDB $T/davlock/lock
 Listen $B:$PORT
 LogLevel warn
 RDMARegistration dynamic
+${CC:+RDMACongestion $CC}
 <Directory />
     Require all granted
 </Directory>
@@ -247,7 +266,7 @@ cat "$T/single.txt"
 
 cpu="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
 {
-    echo "#### HTTP through the WAN emulator: $RTT RTT, $RATE, bdp queue, no loss"
+    echo "#### HTTP through the WAN emulator: $RTT RTT, $RATE, bdp queue, ${LOSS:-no} loss, congestion control ${CC:-$(wan_b cat /proc/sys/net/ipv4/tcp_congestion_control) (default)}"
     echo
     echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') at commit $(git rev-parse --short HEAD) on $(nproc) cores ($cpu), by \`scripts/bench-wan-http.sh\`"
     echo "(ROUNDS=$ROUNDS, interleaved; Apache prefork with mod_rdma, RDMARegistration dynamic, in namespace b; clients in a)."
