@@ -170,3 +170,28 @@ fn radr_session_only_accepts_the_control_connections_address() {
     drop(x);
     f.quit();
 }
+
+/// Issue 27: rftpd's `iodepth` (4) used to be the most a RADR could get,
+/// so `rftp --iodepth 16` silently got 4 (4 MiB per stream per round
+/// trip: 0.41 Gbit/s at 50 ms). A default rftpd now grants up to
+/// `max_iodepth` (64), still within the session memory budget.
+#[test]
+fn radr_depth_is_granted_past_the_default_up_to_max_iodepth() {
+    let s = server("");
+    let mut f = s.ftp();
+    for (asked, granted) in [(16, 16), (64, 64), (200, 64)] {
+        let (c, t, at) = radr(
+            &mut f,
+            &format!("STREAMS=1 DEPTH={asked} BS=1048576 MODE=tcp"),
+        );
+        assert_eq!(c, 200, "{t}");
+        let (addr, token) = at.unwrap();
+        let cfg = Config {
+            streams: 1,
+            iodepth: asked,
+            ..xcfg()
+        };
+        let x = rdma_xfer::connect(addr, Mode::Tcp, token, cfg).unwrap();
+        assert_eq!(x.config().iodepth, granted, "DEPTH={asked}");
+    }
+}
