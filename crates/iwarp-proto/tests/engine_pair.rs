@@ -136,6 +136,8 @@ struct Pair {
     /// Drop this range of the a->b stream (loss that TCP would not allow:
     /// the framing must catch it).
     drop_ab: Option<(usize, usize)>,
+    /// Every a->b byte sent, when recording.
+    log_ab: Option<Vec<u8>>,
 }
 
 impl Pair {
@@ -163,6 +165,7 @@ impl Pair {
             ab_sent: 0,
             corrupt_ab_at: None,
             drop_ab: None,
+            log_ab: None,
         }
     }
 
@@ -226,6 +229,9 @@ impl Pair {
                 progress = true;
                 let base = self.ab_sent;
                 self.ab_sent += out.len();
+                if let Some(log) = self.log_ab.as_mut() {
+                    log.extend_from_slice(&out);
+                }
                 if let Some(at) = self.corrupt_ab_at {
                     if at >= base && at < base + out.len() {
                         out[at - base] ^= 0x5a;
@@ -498,6 +504,91 @@ fn write_and_read_large_with_any_split() {
             &pattern(len, 77),
             &format!("link {i}: read placed"),
         );
+    }
+}
+
+/// The ends (stream positions, markers counted) and ULPDU lengths of the
+/// FPDUs of a stream with markers every 512 octets from position 0
+/// (RFC 5044 §5.1); a marker due where an FPDU ends opens the next one.
+fn fpdu_ends_with_markers(stream: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    // Read `n` bytes of FPDU content from `pos`, stepping over markers.
+    let take = |pos: &mut usize, n: usize| -> Vec<u8> {
+        let mut v = Vec::with_capacity(n);
+        while v.len() < n {
+            if (*pos).is_multiple_of(512) {
+                *pos += 4;
+            }
+            v.push(stream[*pos]);
+            *pos += 1;
+        }
+        v
+    };
+    while pos < stream.len() {
+        let len = take(&mut pos, 2);
+        let ulpdu = u16::from_be_bytes([len[0], len[1]]) as usize;
+        let pad = (4 - (2 + ulpdu) % 4) % 4;
+        take(&mut pos, ulpdu + pad + 4);
+        out.push((pos, ulpdu));
+    }
+    assert_eq!(pos, stream.len(), "the stream ends with a whole FPDU");
+    out
+}
+
+#[test]
+fn with_markers_no_full_fpdu_ends_on_a_marker_position() {
+    // Wireshark's iwarp_mpa dissector (one FPDU per TCP segment) counts a
+    // marker due right after an FPDU in that FPDU too, and rejects it; the
+    // sender keeps FPDU ends off marker positions when it can (tx.rs,
+    // `emit_segment`). Without that, MULPDU 200 already puts an FPDU end
+    // on a marker position within a 60 KB Write.
+    for mulpdu in (200..=1460).step_by(4) {
+        let link = Link {
+            crc: true,
+            markers: true,
+            mulpdu,
+            ird: 2,
+            ord: 2,
+        };
+        let mut p = Pair::new(mulpdu as u64, link);
+        p.log_ab = Some(Vec::new());
+        let len = 60_000;
+        let a_buf = p.a.mem.register(PD, Access::LOCAL_WRITE, 0x10_0000, len);
+        p.a.mem.fill(a_buf, &pattern(len, 5));
+        let b_buf = p.b.mem.register(PD, Access::REMOTE_WRITE, 0x50_0000, len);
+        p.a.eng
+            .post_send(send_wr(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: 0x50_0000,
+                    rkey: b_buf,
+                },
+                &[Sge {
+                    addr: 0x10_0000,
+                    length: len as u32,
+                    lkey: a_buf,
+                }],
+            ))
+            .unwrap();
+        p.run();
+        assert!(p.b.events.is_empty(), "mulpdu {mulpdu}: {:?}", p.b.events);
+        assert_same(
+            &p.b.mem.contents(b_buf),
+            &pattern(len, 5),
+            &format!("mulpdu {mulpdu}: write placed"),
+        );
+        let log = p.log_ab.take().unwrap();
+        for (end, ulpdu) in fpdu_ends_with_markers(&log) {
+            // A tagged header is 14 bytes; an FPDU with more than 4 payload
+            // bytes can always be shortened.
+            if ulpdu > 14 + 4 {
+                assert!(
+                    !end.is_multiple_of(512),
+                    "mulpdu {mulpdu}: an FPDU of ULPDU {ulpdu} ends on marker position {end}"
+                );
+            }
+        }
     }
 }
 

@@ -161,7 +161,9 @@ pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Non-blocking `send(2)` of `buf` (`MSG_DONTWAIT | MSG_NOSIGNAL`);
 /// returns the bytes written.
-pub(crate) fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+///
+/// `flags` are added to `MSG_DONTWAIT | MSG_NOSIGNAL` (e.g. `MSG_EOR`).
+pub(crate) fn send_nonblocking(fd: RawFd, buf: &[u8], flags: libc::c_int) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is a borrowed slice, readable for `buf.len()` bytes
         // for the length of the call; the kernel only reads it. The call does
@@ -171,7 +173,7 @@ pub(crate) fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
                 fd,
                 buf.as_ptr().cast(),
                 buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | flags,
             )
         };
         if rc >= 0 {
@@ -202,12 +204,16 @@ pub(crate) fn recv_blocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Non-blocking gather write (`sendmsg(2)` with `MSG_DONTWAIT |
-/// MSG_NOSIGNAL`) of the iovecs; returns the bytes written.
+/// MSG_NOSIGNAL`, plus `flags`) of the iovecs; returns the bytes written.
 ///
 /// # Safety
 /// Every iovec must describe memory valid for reads for the duration of the
 /// call.
-pub(crate) unsafe fn send_iovecs(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
+pub(crate) unsafe fn send_iovecs(
+    fd: RawFd,
+    iov: &[libc::iovec],
+    flags: libc::c_int,
+) -> io::Result<usize> {
     // SAFETY: an all-zero msghdr is a valid empty message header.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
@@ -216,7 +222,8 @@ pub(crate) unsafe fn send_iovecs(fd: RawFd, iov: &[libc::iovec]) -> io::Result<u
         // SAFETY: `msg` points at `iov`, whose entries the caller guarantees
         // to be readable; the kernel only reads them. The call does not
         // block (MSG_DONTWAIT) and raises no SIGPIPE (MSG_NOSIGNAL).
-        let rc = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+        let rc =
+            unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | flags) };
         if rc >= 0 {
             return Ok(rc as usize);
         }

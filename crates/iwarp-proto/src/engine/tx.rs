@@ -564,7 +564,25 @@ impl Engine {
         };
         // RFC 5044 §5.1 / RFC 5041 §5.2: each segment fits in MULPDU.
         let max_payload = mulpdu - hdr_len;
-        let n = ((cur.total - cur.off) as usize).min(max_payload) as u32;
+        let mut n = ((cur.total - cur.off) as usize).min(max_payload) as u32;
+        if self.link.markers_tx
+            && n > 4
+            && mpa::is_marker_pos(fpdu_end_with_markers(
+                self.tx.stream_pos,
+                hdr_len + n as usize,
+            ))
+        {
+            // The FPDU would end exactly where a marker is due, so the
+            // next FPDU starts with that marker (RFC 5044 §5.1). That is
+            // valid, but Wireshark's iwarp_mpa dissector, which assumes one
+            // FPDU per TCP segment, then counts the marker in both FPDUs
+            // and rejects the first (`number_of_markers` is one too many
+            // when the segment ends on a marker position). Four payload
+            // bytes fewer move the end off the marker position; any
+            // segment size up to MULPDU is allowed (RFC 5041 §5.2), and the
+            // four bytes lead the next segment.
+            n -= 4;
+        }
         let last = cur.off + n == cur.total;
         let (op, placement, ulp_word) = cur.kind.segment(cur.off);
         let mut hdr = [0u8; ddp::UNTAGGED_HDR_LEN];
@@ -852,5 +870,26 @@ impl MemoryAccess for NoMemory {
     }
     fn invalidate(&self, _: u32, _: PdId) -> Result<(), MemError> {
         Err(MemError::InvalidStag)
+    }
+}
+
+/// Where an FPDU carrying an ULPDU of `ulpdu_len` bytes ends on the stream
+/// when it starts at `start` and markers are in use: its bytes without
+/// markers (`2 + ULPDU + pad + 4`, RFC 5044 §4.1) plus a marker at every
+/// marker position from `start` (included: a marker due at the start is
+/// the FPDU's first bytes, as `marker_gap` emits it) up to its end
+/// (excluded: a marker due right after the CRC opens the next FPDU).
+pub(crate) fn fpdu_end_with_markers(start: u64, ulpdu_len: usize) -> u64 {
+    let bare = mpa::fpdu_len(ulpdu_len, true) as u64;
+    let mut markers = 0u64;
+    loop {
+        let end = start + bare + markers * mpa::MARKER_LEN as u64;
+        // Marker positions in [start, end).
+        let n = mpa::next_marker_pos(end).saturating_sub(mpa::next_marker_pos(start))
+            / mpa::MARKER_PERIOD;
+        if n == markers {
+            return end;
+        }
+        markers = n;
     }
 }

@@ -256,6 +256,7 @@ impl ConnParam {
             peer_timeout: self.peer_timeout,
             probe_interval: self.probe_interval,
             wake_nudge: self.wake_nudge,
+            fpdu_per_segment: false,
         }
     }
 }
@@ -650,7 +651,11 @@ fn go_live(
         }
     }
     let _ = shared.info.set(info);
-    let conn = Conn::start(shared, sock, &param.liveness()).map_err(CmError::Driver)?;
+    let live = super::Liveness {
+        fpdu_per_segment: neg.markers_tx,
+        ..param.liveness()
+    };
+    let conn = Conn::start(shared, sock, &live).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(

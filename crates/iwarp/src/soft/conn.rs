@@ -99,6 +99,9 @@ pub(crate) struct Conn {
     pub(super) lingering: AtomicBool,
     pub(super) linger_lock: Mutex<()>,
     pub(super) linger_cond: Condvar,
+    /// We send markers (RFC 5044 §5): one FPDU per write, each written
+    /// with `MSG_EOR`, so that every FPDU is alone in its TCP segment.
+    pub(super) fpdu_per_segment: bool,
     /// We shut down our write side.
     pub(super) write_shut: AtomicBool,
     pub(super) live: Mutex<usize>,
@@ -123,6 +126,9 @@ pub(crate) struct Liveness {
     pub(crate) peer_timeout: Duration,
     pub(crate) probe_interval: Duration,
     pub(crate) wake_nudge: bool,
+    /// Markers are negotiated for what we send: one FPDU per TCP segment
+    /// (see [`Conn::fpdu_per_segment`]).
+    pub(crate) fpdu_per_segment: bool,
 }
 
 impl Conn {

@@ -423,6 +423,7 @@ impl Conn {
             last_nudge_ms: AtomicU64::new(0),
             acked_mark: AtomicU64::new(0),
             stalled_since_ms: AtomicU64::new(NOT_OWED),
+            fpdu_per_segment: live.fpdu_per_segment,
             write_shut: AtomicBool::new(false),
             lingering: AtomicBool::new(false),
             linger_lock: Mutex::new(()),

@@ -189,8 +189,17 @@ pub(super) fn gather_and_send(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io:
         }
     }
     let fd = conn.sock.as_raw_fd();
+    // With markers each write is one FPDU (see `flush`); MSG_EOR ends the
+    // kernel's buffer there, so TCP never appends the next FPDU to it and
+    // the FPDU leaves in a segment of its own (tcp(7): since Linux 4.7 a
+    // write with MSG_EOR is not merged with later writes).
+    let flags = if conn.fpdu_per_segment {
+        libc::MSG_EOR
+    } else {
+        0
+    };
     if small {
-        return sys::send_nonblocking(fd, &copy[..copied]);
+        return sys::send_nonblocking(fd, &copy[..copied], flags);
     }
     if iov.0.is_empty() {
         return Ok(0);
@@ -198,7 +207,7 @@ pub(super) fn gather_and_send(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> io:
     // SAFETY: each iovec points into `frame.inline` (borrowed for this
     // call) or into a registered region whose `Arc` is in `hold`, so all of
     // it is readable until the call returns; the call does not block.
-    unsafe { sys::send_iovecs(fd, &iov.0) }
+    unsafe { sys::send_iovecs(fd, &iov.0, flags) }
 }
 
 /// Write everything the engine has, `tx` held; returns `WouldBlock` when the
@@ -235,7 +244,14 @@ pub(super) fn flush(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> Flush {
             tx.off = 0;
             pump(qp, &mut eng);
         }
-        if eng.has_transmit() && eng.poll_transmit(&mut tx.frame, TX_BATCH, &*qp.mem) {
+        // With markers, one FPDU per frame: RFC 5044 §8 asks the sender to
+        // align FPDUs with TCP segments, and markers exist for receivers
+        // that find FPDUs segment by segment (Wireshark's dissector among
+        // them): an FPDU cut across two segments is lost to them. A budget
+        // of one byte makes the engine emit exactly one FPDU (at least one
+        // is always emitted), and `gather_and_send` writes it with MSG_EOR.
+        let batch = if conn.fpdu_per_segment { 1 } else { TX_BATCH };
+        if eng.has_transmit() && eng.poll_transmit(&mut tx.frame, batch, &*qp.mem) {
             tx.frame_len = tx.frame.len();
             continue;
         }
