@@ -12,8 +12,7 @@
 #   KEEP=1 scripts/test-wanem-mpa.sh # keep the capture (path printed)
 #   MARKERS=off scripts/test-wanem-mpa.sh  # the same without markers (the control)
 #
-# Not in scripts/test.sh yet: see docs/WAN.md ("MPA markers at MTU 1280")
-# for what it finds today.
+# A step of scripts/test.sh; see docs/WAN.md ("MPA markers at MTU 1280").
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1

@@ -12,7 +12,9 @@
 # iwarp-demo run; the C API tests (scripts/test-capi.sh); RFTP with real FTP
 # clients (scripts/test-rftp.sh); mod_rdma in a real Apache
 # (scripts/test-modrdma.sh); the WAN path emulator's validation
-# (scripts/test-wanem.sh); a short cargo-fuzz run of every fuzz target
+# (scripts/test-wanem.sh), MPA markers at MTU 1280 through it
+# (scripts/test-wanem-mpa.sh) and rftp resuming across an outage
+# (scripts/test-wan-resume.sh); a short cargo-fuzz run of every fuzz target
 # (the install step installs the nightly toolchain it needs); the short
 # sanitizer run (scripts/sanitize.sh: ASan/UBSan over the C parts, Miri over
 # the Rust crates' unsafe memory code; ThreadSanitizer is in its long run).
@@ -21,7 +23,7 @@
 #   FAST=1            skip the slow parts (tshark check, siw interop, fuzz,
 #                     sanitizers)
 #   SKIP_INSTALL=1    never install anything; fail if a tool is missing
-#   FUZZ_SECONDS=N    seconds per fuzz target (default 15; 0 skips fuzzing)
+#   FUZZ_SECONDS=N    seconds per fuzz target (default 10; 0 skips fuzzing)
 #   TEST_TIMEOUT=N    seconds allowed for `cargo test` (default 1200)
 #   CI=true           set by CI; only changes the banner
 #
@@ -34,7 +36,7 @@ cd "$ROOT"
 
 FAST="${FAST:-0}"
 SKIP_INSTALL="${SKIP_INSTALL:-0}"
-FUZZ_SECONDS="${FUZZ_SECONDS:-15}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-1200}"
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
@@ -341,8 +343,12 @@ if ((BUILD_OK)); then
     run_step "cache topology (namespaces, sharding, faults)" scripts/test-cache-topology.sh || true
     # The WAN path emulator (tools/wanem) checked with ping and iperf3; about 50 s.
     run_step "WAN path emulator (wanem: delay, loss, rate, TCP, outages)" scripts/test-wanem.sh || true
+    # MPA with markers and CRC at MTU 1280 through wanem, decoded by tshark; about 10 s.
+    run_step "MPA markers at MTU 1280 through wanem (tshark)" scripts/test-wanem-mpa.sh || true
+    # rftp get --retry across a wanem link outage (resumes, SHA-256); about 20 s.
+    run_step "RFTP resume across a WAN outage (wanem)" scripts/test-wan-resume.sh || true
 else
-    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)" "WAN path emulator (wanem: delay, loss, rate, TCP, outages)"; do
+    for s in "cargo test --release" "tshark wire check" "iwarp-ping client vs server (loopback)" "$VM_SIW" "$VM_RDMACORE" "$VM_RSTREAM" "$VM_RIOSTREAM" "$VM_PERFTEST" "iwarp-demo" "C API (libiwarp, header check, C tests)" "RFTP (rftpd/rftp with curl, lftp, ftplib)" "mod_rdma (Apache httpd with rhttp and curl)" "preload shim (real programs over iWARP sockets)" "cache (ccappd/ccproxy)" "cache push-pull (ccappd pushes to ccproxy)" "cache topology (namespaces, sharding, faults)" "WAN path emulator (wanem: delay, loss, rate, TCP, outages)" "MPA markers at MTU 1280 through wanem (tshark)" "RFTP resume across a WAN outage (wanem)"; do
         skip_step "$s" "release build failed"
     done
 fi
