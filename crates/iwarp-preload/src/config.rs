@@ -27,9 +27,6 @@ pub struct Config {
     /// the shim makes it a stream anyway (below the client's connect
     /// timeout, so it gets its MPA Reply).
     pub settle_after: Duration,
-    /// At most this many MPA accepts wait for their first use or their
-    /// exchange at once (see `iwarp_rsocket::settle`).
-    pub max_pending: usize,
     /// Where to append one line per connection decision.
     pub stats: Option<String>,
     /// The stream options (`IWARP_SOCKETS_*`).
@@ -46,7 +43,6 @@ const KEYS: &[&str] = &[
     "STATS",
     "LOG",
     "EINTR",
-    "MAX_PENDING",
 ];
 
 fn parse_file(path: &str) -> HashMap<String, String> {
@@ -179,7 +175,6 @@ fn load_from(secure: bool, env: &dyn Fn(&str) -> Option<String>) -> Config {
         peek: Duration::from_millis(num("PEEK_MS", 200)),
         fallback: Duration::from_secs(num("FALLBACK_SECS", 60)),
         settle_after: Duration::from_millis(num("SETTLE_MS", 300)),
-        max_pending: num("MAX_PENDING", 64).clamp(1, 65536) as usize,
         stats: get("STATS"),
         opts,
     }
@@ -191,14 +186,7 @@ pub fn get() -> &'static Config {
     static C: OnceLock<Config> = OnceLock::new();
     C.get_or_init(|| {
         let _inside = Inside::enter();
-        let c = load();
-        iwarp_rsocket::settle::configure(iwarp_rsocket::settle::Settings {
-            peek: c.peek,
-            settle_after: c.settle_after,
-            max_pending: c.max_pending,
-        });
-        iwarp_rsocket::settle::set_reporter(crate::record_accept);
-        c
+        load()
     })
 }
 
