@@ -305,7 +305,7 @@ const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
 #[derive(Debug)]
 pub enum Acceptor {
     /// rsockets only (the default).
-    Rsockets(Listener),
+    Rsockets(Box<Listener>),
     /// Plain TCP only (`-T s`).
     Tcp(TcpListener),
     /// Both on one port (`--tcp`): each accepted connection is told apart
@@ -324,7 +324,9 @@ impl Acceptor {
             Ok(s.into())
         };
         match kinds {
-            [Kind::Rsockets] => Listener::bind_with(addr, &setup.opts).map(Acceptor::Rsockets),
+            [Kind::Rsockets] => {
+                Listener::bind_with(addr, &setup.opts).map(|l| Acceptor::Rsockets(Box::new(l)))
+            }
             [Kind::Tcp] => tcp_listener().map(Acceptor::Tcp),
             _ => tcp_listener().map(Acceptor::Both),
         }
