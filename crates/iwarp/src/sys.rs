@@ -234,10 +234,9 @@ pub(crate) unsafe fn send_iovecs(
     }
 }
 
-/// The MSS this end advertised (`tcpi_advmss` of `TCP_INFO`): the path
-/// MTU's MSS, where `TCP_MAXSEG` early in a connection may still be bounded
-/// by half the peer's initial window (32 KiB on loopback).
-pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
+/// The connection's `TCP_INFO` (tcp(7)), or `None` if the kernel does not
+/// give it.
+fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
     // SAFETY: an all-zero tcp_info is a valid value of this plain C struct.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -252,28 +251,21 @@ pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0 && info.tcpi_advmss > 0).then_some(info.tcpi_advmss)
+    (rc == 0).then_some(info)
+}
+
+/// The MSS this end advertised (`tcpi_advmss` of `TCP_INFO`): the path
+/// MTU's MSS, where `TCP_MAXSEG` early in a connection may still be bounded
+/// by half the peer's initial window (32 KiB on loopback).
+pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
+    tcp_info(fd).map(|i| i.tcpi_advmss).filter(|&mss| mss > 0)
 }
 
 /// The smoothed round-trip time of the connection and the receiver's own
 /// estimate (`tcpi_rtt`, `tcpi_rcv_rtt` of `TCP_INFO`, microseconds), or
 /// `None` if the kernel does not say.
 pub(crate) fn tcp_rtts(fd: RawFd) -> Option<(u32, u32)> {
-    // SAFETY: an all-zero tcp_info is a valid value of this plain C struct.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` is writable for `len` bytes and `len` is passed by
-    // pointer as getsockopt(2) requires; the kernel writes at most `len`.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0).then_some((info.tcpi_rtt, info.tcpi_rcv_rtt))
+    tcp_info(fd).map(|i| (i.tcpi_rtt, i.tcpi_rcv_rtt))
 }
 
 /// Bytes in the socket's send queue that the peer has not acknowledged

@@ -1017,36 +1017,33 @@ impl ConnRequest {
         r
     }
 
+    /// Send an MPA Reject (RFC 5044 §7.1.3) within `timeout`, best effort,
+    /// and close the connection.
+    fn reject_and_close(&self, timeout: Duration) {
+        let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);
+        let start = Instant::now();
+        let x = Exchange {
+            sock: &self.sock,
+            addr: self.peer,
+            start,
+            deadline: start + timeout,
+        };
+        let _ = x.send(&reject, "sending the MPA Reject");
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
     fn accept_inner(self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<(), CmError> {
         let addr = self.peer;
         if let Some(cc) = &param.congestion {
             if let Err(e) = apply_congestion(&self.sock, cc) {
                 tracing::warn!(peer = %addr, error = %e, "rejecting the connection");
-                let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);
-                let start = Instant::now();
-                let x = Exchange {
-                    sock: &self.sock,
-                    addr,
-                    start,
-                    deadline: start + param.timeout,
-                };
-                let _ = x.send(&reject, "sending the MPA Reject");
-                let _ = self.sock.shutdown(Shutdown::Both);
+                self.reject_and_close(param.timeout);
                 return Err(e);
             }
         }
         let (reply, neg) =
             handshake::accept(&self.mpa, &self.req, &param.private_data).map_err(|error| {
-                let reject = handshake::reject(&self.mpa, Some(&self.req), &[]);
-                let start = Instant::now();
-                let x = Exchange {
-                    sock: &self.sock,
-                    addr,
-                    start,
-                    deadline: start + param.timeout,
-                };
-                let _ = x.send(&reject, "sending the MPA Reject");
-                let _ = self.sock.shutdown(Shutdown::Both);
+                self.reject_and_close(param.timeout);
                 CmError::Mpa { addr, error }
             })?;
         let start = Instant::now();
