@@ -1,13 +1,17 @@
 //! Fuzz target: the coherent cache's wire formats from `ccache-proto`,
 //! all of which arrive from another process: the 16-byte IPC message, a
 //! proxy's cache state region (read by RDMA Read or over the push
-//! channel), and the push channel's frame header and registration.
+//! channel), the push channel's frame header and registration, and the
+//! access token's formats (`auth`): the proof in MPA Request private data
+//! and after a `REGISTER`, the refusal in MPA Reject private data, and the
+//! masking of a registration's address and STag.
 //! Nothing may panic; whatever parses emits back to the same meaning, and
 //! the push policy decides on any parsed state without panicking.
 #![no_main]
 
+use ccache_proto::auth::{self, AuthError, Proof, Refusal, MAC_LEN, PROOF_LEN, REFUSAL_LEN};
 use ccache_proto::ipc::Repr;
-use ccache_proto::push::{Header, Registration};
+use ccache_proto::push::{Header, Registration, REGISTRATION_LEN};
 use ccache_proto::state::{Policy, Region, Snapshot};
 use libfuzzer_sys::fuzz_target;
 
@@ -34,4 +38,56 @@ fuzz_target!(|data: &[u8]| {
             let _ = p.decide(&s, doc, u64::MAX);
         }
     }
+    auth_formats(data);
 });
+
+/// `ccache_proto::auth`: what a listener reads from a Request's private
+/// data, what a client reads from a Reject's, and what ccappd does with a
+/// `REGISTER` body (registration, then proof).
+fn auth_formats(data: &[u8]) {
+    // The proof: exactly the first PROOF_LEN bytes, re-emitted byte for
+    // byte; refused only for being short or for its magic.
+    match Proof::parse(data) {
+        Ok(p) => assert_eq!(&p.emit()[..], &data[..PROOF_LEN]),
+        Err(AuthError::Truncated { len, need }) => {
+            assert!(len == data.len() && len < PROOF_LEN && need == PROOF_LEN)
+        }
+        Err(AuthError::BadMagic(m)) => {
+            assert!(data.len() >= PROOF_LEN && m[..] == data[..4] && m != auth::PROOF_MAGIC)
+        }
+    }
+    if let Err(e) = Proof::parse(data) {
+        let _ = e.to_string();
+    }
+    // The refusal: any code is kept (unknown ones too) and re-emitted.
+    match Refusal::parse(data) {
+        Some(r) => {
+            assert_eq!(&r.emit()[..], &data[..REFUSAL_LEN]);
+            assert!(!matches!(r, Refusal::Unknown(1 | 2)));
+            let _ = r.to_string();
+        }
+        None => assert!(data.len() < REFUSAL_LEN || data[..4] != auth::REFUSAL_MAGIC),
+    }
+    // A REGISTER body as ccappd splits it (push.rs accept_one): the
+    // registration, then the proof; the key is the next MAC_LEN bytes.
+    let (reg, rest) = data.split_at(REGISTRATION_LEN.min(data.len()));
+    let _ = Proof::parse(rest);
+    if let (Ok(reg), Some(key)) = (<[u8; REGISTRATION_LEN]>::try_from(reg), rest.get(..MAC_LEN)) {
+        let key: &[u8; MAC_LEN] = key.try_into().expect("MAC_LEN bytes");
+        let mut masked = reg;
+        auth::mask_registration(&mut masked, key);
+        // Only the address (20..28) and the STag (28..32) change...
+        assert_eq!(masked[..20], reg[..20]);
+        assert_eq!(masked[32..], reg[32..]);
+        // ...and masking again gives the registration back.
+        let mut unmasked = masked;
+        auth::mask_registration(&mut unmasked, key);
+        assert_eq!(unmasked, reg);
+        // Whatever the key, the family, port and length are unchanged.
+        match (Registration::parse(&reg), Registration::parse(&masked)) {
+            (Ok(a), Ok(b)) => assert!(a.rdma == b.rdma && a.len == b.len),
+            (Err(a), Err(b)) => assert_eq!(a, b),
+            (a, b) => panic!("masking changed the verdict: {a:?} -> {b:?}"),
+        }
+    }
+}
