@@ -85,6 +85,10 @@ if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p c
 if ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
     bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish; fi
 MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
+# mod_ccache's codec against the shared IPC vectors (the Rust side runs them
+# in cargo test -p ccache-proto), about 1 s.
+check "mod_ccache's IPC codec passes the shared vectors (crates/ccache-proto/vectors/ipc.txt)" \
+    timeout 120 bash "$ROOT/scripts/test-cache-vectors.sh"
 APPD="$TARGET/release/ccappd"
 UPDATE="$TARGET/release/ccupdate"
 PROXY="$TARGET/release/ccproxy"

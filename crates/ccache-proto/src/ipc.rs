@@ -113,6 +113,23 @@ impl From<Kind> for u8 {
 }
 
 impl Kind {
+    /// Every kind this version knows, in code order (the generated C
+    /// header `tools/ccache/apache/ccache_ipc.h` lists the same).
+    pub const ALL: [Kind; 12] = [
+        Kind::ReadRequest,
+        Kind::ReadProceed,
+        Kind::ReadDone,
+        Kind::UpdateRequest,
+        Kind::UpdateProceed,
+        Kind::UpdateDone,
+        Kind::UpdateCommitted,
+        Kind::VersionRequest,
+        Kind::VersionReply,
+        Kind::PickAccessed,
+        Kind::Picked,
+        Kind::Error,
+    ];
+
     /// The name used in the seed's Table 1 (and in logs).
     pub fn name(self) -> &'static str {
         match self {
@@ -168,6 +185,31 @@ impl From<u64> for ErrorCode {
             5 => ErrorCode::Busy,
             6 => ErrorCode::NotPermitted,
             other => ErrorCode::Unknown(other),
+        }
+    }
+}
+
+impl ErrorCode {
+    /// Every code this version knows, in code order.
+    pub const ALL: [ErrorCode; 6] = [
+        ErrorCode::NoSuchDocument,
+        ErrorCode::OutOfOrder,
+        ErrorCode::Malformed,
+        ErrorCode::NotARequest,
+        ErrorCode::Busy,
+        ErrorCode::NotPermitted,
+    ];
+
+    /// The name in logs, the shared vectors and the C header.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::NoSuchDocument => "NO_SUCH_DOCUMENT",
+            ErrorCode::OutOfOrder => "OUT_OF_ORDER",
+            ErrorCode::Malformed => "MALFORMED",
+            ErrorCode::NotARequest => "NOT_A_REQUEST",
+            ErrorCode::Busy => "BUSY",
+            ErrorCode::NotPermitted => "NOT_PERMITTED",
+            ErrorCode::Unknown(_) => "UNKNOWN",
         }
     }
 }
@@ -386,6 +428,11 @@ impl fmt::Display for Repr {
     }
 }
 
+// The C header of mod_ccache, generated from this file and checked.
+#[cfg(test)]
+#[path = "ipc_c_header.rs"]
+mod c_header;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,20 +466,12 @@ mod tests {
 
     #[test]
     fn every_kind_round_trips() {
-        for k in [
-            Kind::ReadRequest,
-            Kind::ReadProceed,
-            Kind::ReadDone,
-            Kind::UpdateRequest,
-            Kind::UpdateProceed,
-            Kind::UpdateDone,
-            Kind::UpdateCommitted,
-            Kind::VersionRequest,
-            Kind::VersionReply,
-            Kind::PickAccessed,
-            Kind::Picked,
-            Kind::Error,
-        ] {
+        // ALL is complete: every code that is not Unknown is in it.
+        let known = (0..=255u8).filter(|&b| !matches!(Kind::from(b), Kind::Unknown(_)));
+        assert!(known.map(Kind::from).eq(Kind::ALL));
+        let known = (0..=255u64).filter(|&v| !matches!(ErrorCode::from(v), ErrorCode::Unknown(_)));
+        assert!(known.map(ErrorCode::from).eq(ErrorCode::ALL));
+        for k in Kind::ALL {
             let r = Repr::with_value(k, u32::MAX, u64::MAX);
             assert_eq!(Repr::from_bytes(&r.to_bytes()), Ok(r), "{k:?}");
         }

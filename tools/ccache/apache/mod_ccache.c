@@ -25,7 +25,7 @@
  * fails with 503 and no document is served. A document ccappd does not
  * know is 404. The IPC message is the 16-byte frame of
  * crates/ccache-proto/src/ipc.rs: "CC" | format 1 | kind | doc (BE u32) |
- * value (BE u64).
+ * value (BE u64); its constants are in ccache_ipc.h, generated from there.
  *
  *   LoadModule ccache_module .../mod_ccache.so
  *   CCacheIPC /run/ccappd.sock      # ccappd --ipc
@@ -56,16 +56,13 @@
 
 module AP_MODULE_DECLARE_DATA ccache_module;
 
-enum {
-    MSG_LEN = 16,
-    KIND_READ_REQUEST = 1,
-    KIND_READ_PROCEED = 2,
-    KIND_READ_DONE = 3,
-    KIND_ERROR = 15,
-    ERR_NO_SUCH_DOCUMENT = 1,
-    ERR_BUSY = 5,
-    ERR_NOT_PERMITTED = 6,
-};
+/* The frame's constants (length, magic, format, field offsets, kinds,
+ * error codes) are generated from crates/ccache-proto/src/ipc.rs; the
+ * codec below is checked against the shared vectors
+ * crates/ccache-proto/vectors/ipc.txt by test/vectors.c. */
+#include "ccache_ipc.h"
+
+#define MSG_LEN CCACHE_IPC_MSG_LEN
 
 typedef struct {
     const char *ipc;
@@ -141,29 +138,31 @@ static const command_rec ccache_cmds[] = {
 static void put_msg(unsigned char b[MSG_LEN], unsigned kind, uint32_t doc, uint64_t value)
 {
     int i;
-    b[0] = 0x43;
-    b[1] = 0x43;
-    b[2] = 1;
-    b[3] = (unsigned char)kind;
-    for (i = 0; i < 4; i++)
-        b[4 + i] = (unsigned char)(doc >> (24 - 8 * i));
-    for (i = 0; i < 8; i++)
-        b[8 + i] = (unsigned char)(value >> (56 - 8 * i));
+    b[CCACHE_IPC_OFF_MAGIC] = CCACHE_IPC_MAGIC_0;
+    b[CCACHE_IPC_OFF_MAGIC + 1] = CCACHE_IPC_MAGIC_1;
+    b[CCACHE_IPC_OFF_VERSION] = CCACHE_IPC_FORMAT_VERSION;
+    b[CCACHE_IPC_OFF_KIND] = (unsigned char)kind;
+    for (i = 0; i < CCACHE_IPC_DOC_LEN; i++) /* big endian */
+        b[CCACHE_IPC_OFF_DOC + i] = (unsigned char)(doc >> (8 * (CCACHE_IPC_DOC_LEN - 1 - i)));
+    for (i = 0; i < CCACHE_IPC_VALUE_LEN; i++)
+        b[CCACHE_IPC_OFF_VALUE + i] = (unsigned char)(value >> (8 * (CCACHE_IPC_VALUE_LEN - 1 - i)));
 }
 
 /* 0 if b is a valid frame; its fields in *kind, *doc, *value. */
 static int get_msg(const unsigned char b[MSG_LEN], unsigned *kind, uint32_t *doc, uint64_t *value)
 {
     int i;
-    if (b[0] != 0x43 || b[1] != 0x43 || b[2] != 1)
+    if (b[CCACHE_IPC_OFF_MAGIC] != CCACHE_IPC_MAGIC_0 ||
+        b[CCACHE_IPC_OFF_MAGIC + 1] != CCACHE_IPC_MAGIC_1 ||
+        b[CCACHE_IPC_OFF_VERSION] != CCACHE_IPC_FORMAT_VERSION)
         return -1;
-    *kind = b[3];
+    *kind = b[CCACHE_IPC_OFF_KIND];
     *doc = 0;
-    for (i = 0; i < 4; i++)
-        *doc = (*doc << 8) | b[4 + i];
+    for (i = 0; i < CCACHE_IPC_DOC_LEN; i++)
+        *doc = (*doc << 8) | b[CCACHE_IPC_OFF_DOC + i];
     *value = 0;
-    for (i = 0; i < 8; i++)
-        *value = (*value << 8) | b[8 + i];
+    for (i = 0; i < CCACHE_IPC_VALUE_LEN; i++)
+        *value = (*value << 8) | b[CCACHE_IPC_OFF_VALUE + i];
     return 0;
 }
 
@@ -186,16 +185,16 @@ static enum reply decode_reply(const unsigned char b[MSG_LEN], uint32_t doc, uns
 {
     if (get_msg(b, kind, rdoc, value) != 0)
         return REPLY_MALFORMED;
-    if (*kind == KIND_ERROR) {
-        if (*value == ERR_NO_SUCH_DOCUMENT)
+    if (*kind == CCACHE_IPC_KIND_ERROR) {
+        if (*value == CCACHE_IPC_ERR_NO_SUCH_DOCUMENT)
             return REPLY_NO_SUCH_DOCUMENT;
-        if (*value == ERR_NOT_PERMITTED)
+        if (*value == CCACHE_IPC_ERR_NOT_PERMITTED)
             return REPLY_NOT_PERMITTED;
-        if (*value == ERR_BUSY)
+        if (*value == CCACHE_IPC_ERR_BUSY)
             return REPLY_BUSY;
         return REPLY_REFUSED;
     }
-    if (*kind != KIND_READ_PROCEED || *rdoc != doc)
+    if (*kind != CCACHE_IPC_KIND_READ_PROCEED || *rdoc != doc)
         return REPLY_UNEXPECTED;
     return REPLY_PROCEED;
 }
@@ -261,7 +260,7 @@ static apr_status_t release_read(void *data)
 {
     held_read *h = data;
     unsigned char b[MSG_LEN];
-    put_msg(b, KIND_READ_DONE, h->doc, 0);
+    put_msg(b, CCACHE_IPC_KIND_READ_DONE, h->doc, 0);
     if (send_all(h->fd, b, sizeof(b)) != 0)
         ap_log_error(APLOG_MARK, APLOG_WARNING, errno, h->s,
                      "mod_ccache: READ_DONE for document %u not sent; ccappd releases the read when the socket closes",
@@ -315,7 +314,7 @@ static int ccache_fixups(request_rec *r)
         close(fd);
         return HTTP_SERVICE_UNAVAILABLE;
     }
-    put_msg(b, KIND_READ_REQUEST, doc, 0);
+    put_msg(b, CCACHE_IPC_KIND_READ_REQUEST, doc, 0);
     if (send_all(fd, b, sizeof(b)) != 0 || recv_all(fd, b, sizeof(b)) != 0) {
         ap_log_rerror(APLOG_MARK, APLOG_ERR, errno, r,
                       "mod_ccache: no READ_PROCEED for document %u from %s (ccappd died or held it longer than CCacheTimeout)",

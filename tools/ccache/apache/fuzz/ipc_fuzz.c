@@ -127,16 +127,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(stream_pos == MSG_LEN); /* not one byte of what follows */
     CHECK(!memcmp(b, copy, MSG_LEN));
 
-    /* The model, from crates/ccache-proto/src/ipc.rs. */
-    mvalue = be(b + 8, 8);
-    if (b[0] != 'C' || b[1] != 'C' || b[2] != 1)
+    /* The model, from crates/ccache-proto/src/ipc.rs (its constants from
+     * ccache_ipc.h, which is generated from ipc.rs). */
+    mvalue = be(b + CCACHE_IPC_OFF_VALUE, CCACHE_IPC_VALUE_LEN);
+    if (b[0] != CCACHE_IPC_MAGIC_0 || b[1] != CCACHE_IPC_MAGIC_1 || b[2] != CCACHE_IPC_FORMAT_VERSION)
         want = REPLY_MALFORMED;
-    else if (b[3] == 15)
-        want = mvalue == 1 ? REPLY_NO_SUCH_DOCUMENT
-             : mvalue == 5 ? REPLY_BUSY
-             : mvalue == 6 ? REPLY_NOT_PERMITTED
-                           : REPLY_REFUSED;
-    else if (b[3] == 2 && be(b + 4, 4) == HARNESS_DOC)
+    else if (b[3] == CCACHE_IPC_KIND_ERROR)
+        want = mvalue == CCACHE_IPC_ERR_NO_SUCH_DOCUMENT ? REPLY_NO_SUCH_DOCUMENT
+             : mvalue == CCACHE_IPC_ERR_BUSY          ? REPLY_BUSY
+             : mvalue == CCACHE_IPC_ERR_NOT_PERMITTED ? REPLY_NOT_PERMITTED
+                                                      : REPLY_REFUSED;
+    else if (b[3] == CCACHE_IPC_KIND_READ_PROCEED && be(b + CCACHE_IPC_OFF_DOC, CCACHE_IPC_DOC_LEN) == HARNESS_DOC)
         want = REPLY_PROCEED;
     else
         want = REPLY_UNEXPECTED;
@@ -145,12 +146,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(got == want);
     CHECK(!memcmp(b, copy, MSG_LEN)); /* the reply is only read */
     if (got != REPLY_MALFORMED) {
-        CHECK(kind == b[3] && rdoc == be(b + 4, 4) && value == mvalue);
+        CHECK(kind == b[3] && rdoc == be(b + CCACHE_IPC_OFF_DOC, CCACHE_IPC_DOC_LEN) && value == mvalue);
         put_msg(enc, kind, rdoc, value);
         CHECK(!memcmp(enc, b, MSG_LEN));
     }
     if (got == REPLY_PROCEED)
-        CHECK(rdoc == HARNESS_DOC && kind == KIND_READ_PROCEED);
+        CHECK(rdoc == HARNESS_DOC && kind == CCACHE_IPC_KIND_READ_PROCEED);
     free(copy);
     return 0;
 }
