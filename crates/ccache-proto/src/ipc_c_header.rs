@@ -119,8 +119,7 @@ fn c_header_is_generated_from_rust() {
         std::fs::write(&path, &want).expect("write ccache_ipc.h");
         return;
     }
-    let have = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let have = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert!(
         have == want,
         "{} differs from what crates/ccache-proto/src/ipc.rs gives; regenerate it with \
