@@ -25,7 +25,7 @@ fn vectors() -> Vec<Vector> {
             .split_once('|')
             .unwrap_or_else(|| panic!("ipc.txt:{}: no '|'", i + 1));
         let hex: String = hex.chars().filter(|c| !c.is_whitespace()).collect();
-        assert!(hex.len() % 2 == 0, "ipc.txt:{}: odd hex", i + 1);
+        assert!(hex.len().is_multiple_of(2), "ipc.txt:{}: odd hex", i + 1);
         let bytes = (0..hex.len())
             .step_by(2)
             .map(|j| u8::from_str_radix(&hex[j..j + 2], 16))
