@@ -358,12 +358,13 @@ page_same() { # $1: the -P directory; every object equal to the server's
     done
     [ "$(find "$1" -type f | wc -l)" -eq "${#PAGE_OBJS[@]}" ] || { find "$1" -type f; return 1; }
 }
-t_recursive() { # $1 scheme
-    local d="$T/out/rec-$1" c0 r0 c1 r1
+t_recursive() { # $1 scheme [$2 base URL, default $U1]
+    local d="$T/out/rec-$1" c0 r0 c1 r1 l0 most
     rm -rf "$d"
     c0=$(connect_count)
     r0=$(reuse_count)
-    R get -r --stats --scheme "$1" -P "$d" "$U1/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    l0=$(wc -l <"$T/logs/error.log")
+    R get -r --stats --scheme "$1" -P "$d" "${2:-$U1}/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
     c1=$(connect_count)
     r1=$(reuse_count)
     cat "$d.err"
@@ -371,23 +372,41 @@ t_recursive() { # $1 scheme
     [ "$(grep -c "via RDMA ($1)" "$d.err")" -eq 13 ] || return 1
     grep -q "stats: 13 requests, 13 bodies by RDMA, .* 1 HTTP connections, 1 RDMA connections" "$d.err" || return 1
     echo "server: $((c1 - c0)) connect-backs, $((r1 - r0)) reuses"
-    [ $((c1 - c0)) -eq 1 ] && [ $((r1 - r0)) -eq 12 ]
+    [ $((c1 - c0)) -eq 1 ] && [ $((r1 - r0)) -eq 12 ] || return 1
+    if [ "$1" = client-reads ]; then
+        # One round trip per window, not two per object: the worker answers
+        # the pipelined requests without waiting for each DONE, so several
+        # bodies are granted at once (expose.c). Every grant ends: by its
+        # DONE, or (the last ones, whose DONE may still be in the socket
+        # when the client's close reaches the worker) by the connection's
+        # end; none by the deadline.
+        tail -n +"$((l0 + 1))" "$T/logs/error.log" >"$d.log"
+        most=$(sed -n 's/.*client-reads: granted stag .* (\([0-9]*\) grants out).*/\1/p' "$d.log" |
+            sort -n | tail -1)
+        echo "server: at most ${most:-0} client-reads grants out at once;" \
+            "$(grep -c "client-reads of /page/.*: DONE for stag" "$d.log") ended by DONE"
+        [ "${most:-0}" -ge 2 ] || return 1
+        [ "$(grep -c "client-reads of /page/.*: \(DONE for stag\|no DONE before\)" "$d.log")" -eq 13 ] &&
+            ! grep -q "within RDMATimeout" "$d.log"
+    fi
 }
 check "rhttp get -r, server-writes: a page and its 12 linked objects, pipelined, over 1 HTTP and 1 RDMA connection (server log: 1 connect-back, 12 reuses), SHA-256 equal" t_recursive server-writes
-check "rhttp get -r, client-reads: a page and its 12 linked objects, pipelined, over 1 HTTP and 1 RDMA connection (server log: 1 connect-back, 12 reuses), SHA-256 equal" t_recursive client-reads
+check "rhttp get -r, client-reads: a page and its 12 linked objects, pipelined, over 1 HTTP and 1 RDMA connection (server log: 1 connect-back, 12 reuses, several bodies granted at once, 13 DONEs), SHA-256 equal" t_recursive client-reads
+check "rhttp get -r, client-reads, dynamic registration (mapped files, pinned in the mapping cache while granted): as above" t_recursive client-reads "$U2"
 # The server closes the connection after every 5th answer (Apache serves
 # MaxKeepAliveRequests + 1 requests on a connection) while 8 requests are in
 # flight: the unanswered ones are sent again on a new connection.
-t_recursive_close() {
-    local d="$T/out/rec-close"
+t_recursive_close() { # [$1 scheme, default server-writes]
+    local d="$T/out/rec-close" sch="${1:-server-writes}"
     rm -rf "$d"
-    R get -r --stats -P "$d" "http://127.0.0.1:$P7/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    R get -r --stats --scheme "$sch" -P "$d" "http://127.0.0.1:$P7/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
     cat "$d.err"
     page_same "$d" || return 1
-    [ "$(grep -c "via RDMA (server-writes)" "$d.err")" -eq 13 ] &&
+    [ "$(grep -c "via RDMA ($sch)" "$d.err")" -eq 13 ] &&
         grep -q "stats: 13 requests, 13 bodies by RDMA, .* 3 HTTP connections, 3 RDMA connections" "$d.err"
 }
 check "rhttp get -r against MaxKeepAliveRequests 4: the pipelined requests the server did not answer are sent again (13 objects over 3 connections), SHA-256 equal" t_recursive_close
+check "rhttp get -r --scheme client-reads against MaxKeepAliveRequests 4: bodies granted before the close are read and released first, the rest sent again, SHA-256 equal" t_recursive_close client-reads
 # A pipelined request that gets a 404 (its body on the HTTP connection, no
 # DONE) between RDMA answers: the answers after it still get their own bodies.
 t_pipeline_404() {
@@ -780,12 +799,28 @@ t_bad_stag_upload() {
 check "server-reads with a wrong STag: the Read is refused by the client's stack, logged, plain retry" t_bad_stag_upload
 
 # ---- STag scope ---------------------------------------------------------------
+# The grant outlives its request (expose.c): the worker may be in its
+# keep-alive wait when the DONE comes. The DONE is a Send with Invalidate, so
+# the STag is dead on arrival, before the worker releases the body: a Read
+# right behind it (no pause) must get a Terminate, and so must a Read one
+# byte beyond the granted length; the worker serves the next request.
 t_stale() {
     R probe-stag "$U1/f4K.bin" >"$T/out/probe1" 2>&1 || { cat "$T/out/probe1"; return 1; }
     cat "$T/out/probe1"
-    grep -q "refused the RDMA Read" "$T/out/probe1"
+    grep -q "refused the RDMA Read" "$T/out/probe1" || return 1
+    R probe-stag "$U2/f4K.bin" >"$T/out/probe1d" 2>&1 || { cat "$T/out/probe1d"; return 1; }
+    cat "$T/out/probe1d"
+    grep -q "refused the RDMA Read" "$T/out/probe1d" || return 1
+    R get --scheme client-reads "$U1/f4K.bin" -o "$T/out/afterstale" && same "$DOCS/f4K.bin" "$T/out/afterstale"
 }
-check "a client-reads STag is dead after DONE (a second Read of it is refused)" t_stale
+check "a client-reads STag is dead right after DONE (a Read behind it is refused with a Terminate), static and dynamic; next request served" t_stale
+t_beyond() {
+    R probe-stag --beyond "$U1/f4K.bin" >"$T/out/probe3" 2>&1 || { cat "$T/out/probe3"; return 1; }
+    cat "$T/out/probe3"
+    grep -q "refused the RDMA Read" "$T/out/probe3" || return 1
+    R get --scheme client-reads "$U1/f4K.bin" -o "$T/out/afterbeyond" && same "$DOCS/f4K.bin" "$T/out/afterbeyond"
+}
+check "a Read one byte beyond the granted length is refused with a Terminate; next request served" t_beyond
 t_cross() {
     local hp stag to
     timeout 60 "$RHTTP" -q get --scheme client-reads --x-hold-ms 3000 "$U1/f1M.bin" -o "$T/out/held" 2>"$T/out/held.err" &

@@ -18,6 +18,8 @@ static void drain(iwarp_cq *cq)
 
 void conn_drop_qp(rdma_conn *rc)
 {
+    /* Every STag still granted to the client dies with its connection. */
+    expo_release_all(rc, "the RDMA connection is closed");
     if (rc->qp) {
         iwarp_destroy_qp(rc->qp);
         rc->qp = NULL;
@@ -119,6 +121,23 @@ int conn_ensure(rdma_conn *rc, request_rec *r, const rdma_hdr *h, const char **w
         (void)iwarp_cq_progress(rc->rcq);
     if (rc->qp && iwarp_query_qp_state(rc->qp) == IWARP_QPS_RTS && rc->port == port &&
         !strcmp(rc->ip, ip)) {
+        /* Bodies granted to earlier client-reads answers (expose.c): take
+         * the DONEs that came; a request that copies through the static
+         * buffer waits (bounded) until no grant holds it. */
+        if (cf_mode(c) == MODE_STATIC && h->scheme != S_CLIENT_READS)
+            *why = expo_make_room(rc, r, 0, EXPO_STATIC);
+        else {
+            expo_reap(rc, r);
+            *why = NULL;
+        }
+        if (*why) {
+            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
+                          "mod_rdma: client-reads: waiting for the DONE of a body in the static "
+                          "buffer: %s; RDMA connection closed", *why);
+            conn_drop_qp(rc);
+            *why = "the client did not release an earlier client-reads body";
+            return HTTP_BAD_GATEWAY;
+        }
         rc->uses++;
         ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
                       "mod_rdma: reusing the RDMA connection to %s:%u (request %u on it)", ip,
@@ -265,26 +284,65 @@ const char *send_ctrl(rdma_conn *rc, request_rec *r, const ctrl_msg *m)
                   iwarp_mr_lkey(rc->ctrl), 0, 0);
 }
 
-const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
+/* Decode the control message of receive completion `wc` into *m and post
+ * its slot again. NULL, or what went wrong. */
+static const char *take_msg(rdma_conn *rc, apr_pool_t *p, const iwarp_wc *wc, ctrl_msg *m)
+{
+    const char *e;
+    if (wc->status != IWARP_WC_SUCCESS)
+        return apr_psprintf(p, "the RDMA connection failed while waiting for DONE "
+                            "(status %d): the client went away", wc->status);
+    e = decode_msg((unsigned char *)iwarp_mr_addr(rc->ctrl) + wc->wr_id * MSG_LEN, wc->byte_len, m);
+    if (e)
+        return e;
+    return post_slot(rc, (int)wc->wr_id, p);
+}
+
+/* The next control message, waiting at most tmo_ms; NULL, or what went
+ * wrong ("no DONE from the client within N ms" on a timeout). */
+const char *recv_ctrl_for(rdma_conn *rc, request_rec *r, ctrl_msg *m, int tmo_ms)
 {
     iwarp_wc wc;
     iwarp_result res;
-    const char *e;
-    int tmo = cf_timeout(srv_conf(r->server));
     if (!rc->qp)
         return "the RDMA connection is gone";
-    res = iwarp_wait_cq(rc->rcq, (uint32_t)tmo, &wc);
+    res = iwarp_wait_cq(rc->rcq, (uint32_t)tmo_ms, &wc);
     if (res == IWARP_ERR_TIMEOUT)
-        return apr_psprintf(r->pool, "no DONE from the client within %d ms", tmo);
+        return apr_psprintf(r->pool, "no DONE from the client within %d ms", tmo_ms);
     if (res != IWARP_OK)
         return apr_psprintf(r->pool, "waiting for DONE failed: %s", iwarp_err(r->pool));
-    if (wc.status != IWARP_WC_SUCCESS)
-        return apr_psprintf(r->pool, "the RDMA connection failed while waiting for DONE "
-                            "(status %d): the client went away", wc.status);
-    e = decode_msg((unsigned char *)iwarp_mr_addr(rc->ctrl) + wc.wr_id * MSG_LEN, wc.byte_len, m);
-    if (e)
-        return e;
-    return post_slot(rc, (int)wc.wr_id, r->pool);
+    return take_msg(rc, r->pool, &wc, m);
+}
+
+/* The next control message of this request (bounded by RDMATimeout). A
+ * DONE or ABORT for a client-reads body granted earlier (expose.c) is
+ * taken on the way: it releases that body and is not this request's. */
+const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m)
+{
+    for (;;) {
+        const char *e = recv_ctrl_for(rc, r, m, cf_timeout(srv_conf(r->server)));
+        if (e || !expo_take(rc, m))
+            return e;
+    }
+}
+
+/* A control message that has already arrived, without waiting: 1 and *m,
+ * 0 if none, -1 and *why if the connection failed or sent garbage. */
+int poll_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m, const char **why)
+{
+    iwarp_wc wc;
+    int n;
+    if (!rc->qp)
+        return 0;
+    n = iwarp_poll_cq(rc->rcq, 1, &wc);
+    if (n < 0) {
+        *why = apr_psprintf(r->pool, "polling the RDMA connection failed: %s", iwarp_err(r->pool));
+        return -1;
+    }
+    if (n == 0)
+        return 0;
+    *why = take_msg(rc, r->pool, &wc, m);
+    return *why ? -1 : 1;
 }
 
 /* The RDMA: header grammar is in rdma_header.c. */

@@ -84,6 +84,31 @@ typedef struct {
 
 /* ---- per-connection state (pre_connection) ----------------------------- */
 
+/* A client-reads body still granted to the client (expose.c): its STag
+ * stays valid after its request ended, until the client's DONE (or
+ * ABORT) for it, its deadline, or the end of the RDMA connection, so a
+ * worker answers pipelined requests without waiting for each DONE. */
+typedef struct {
+    iwarp_mr *win;        /* the registration with remote read rights */
+    uint32_t stag;        /* iwarp_mr_rkey(win), what the DONE names */
+    apr_uint64_t len;
+    apr_time_t deadline;  /* granted + RDMATimeout */
+    void *map;            /* dynamic: the file's mapping (pinned if cached) */
+    size_t map_len;
+    char *body;           /* a collected body (malloc), else NULL */
+    int in_static;        /* the body lies in g_static_mr */
+    char uri[80];         /* for the log (truncated) */
+} rdma_expo;
+
+/* The per-connection budget of exposures. At most RECV_SLOTS objects: the
+ * client sends one DONE per granted STag, and each DONE needs a posted
+ * receive (RFC 5040 section 7.1: a Send with no receive posted is a
+ * Terminate), so the DONEs in flight can never outnumber the receives.
+ * And at most EXPO_MAX_BYTES of bodies (a single larger body waits until
+ * it is the only one). */
+#define EXPO_MAX RECV_SLOTS
+#define EXPO_MAX_BYTES ((apr_uint64_t)256 << 20)
+
 typedef struct {
     conn_rec *c;
     /* IWARP_PROGRESS_APP_DRIVEN: the worker does the connection's receive
@@ -94,6 +119,10 @@ typedef struct {
     char ip[64];
     unsigned port;
     unsigned uses;
+    rdma_expo expo[EXPO_MAX]; /* oldest first */
+    int n_expo;
+    apr_uint64_t expo_bytes;
+    int threaded;             /* CQs switched to THREADED while n_expo > 0 */
 } rdma_conn;
 
 /* ---- per-request state ------------------------------------------------- */
@@ -157,6 +186,8 @@ const char *xfer(rdma_conn *rc, request_rec *r, int opcode, uint64_t laddr, uint
                  uint32_t lkey, uint64_t raddr, uint32_t rkey);
 const char *send_ctrl(rdma_conn *rc, request_rec *r, const ctrl_msg *m);
 const char *recv_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m);
+const char *recv_ctrl_for(rdma_conn *rc, request_rec *r, ctrl_msg *m, int tmo_ms);
+int poll_ctrl(rdma_conn *rc, request_rec *r, ctrl_msg *m, const char **why);
 int canon_ip(const char *in, char *out, size_t outlen);
 int same_ip(const char *a, const char *b);
 
@@ -170,7 +201,18 @@ void connect_back_succeeded(const char *client);
 
 /* response.c */
 void release_map(void *m, size_t len);
+int map_pin(const void *m);
+void map_unpin(void *m, size_t len);
 apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb);
+
+/* expose.c */
+int expo_take(rdma_conn *rc, const ctrl_msg *m);
+void expo_reap(rdma_conn *rc, request_rec *r);
+enum { EXPO_GRANT = 1, EXPO_STATIC = 2 };
+const char *expo_make_room(rdma_conn *rc, request_rec *r, apr_uint64_t len, int flags);
+void expo_add(rdma_conn *rc, request_rec *r, rdma_req *q);
+void expo_release_all(rdma_conn *rc, const char *why);
+int expo_holds_static(const rdma_conn *rc);
 
 /* request.c */
 apr_status_t rdma_in_filter(ap_filter_t *f, apr_bucket_brigade *bb, ap_input_mode_t mode,

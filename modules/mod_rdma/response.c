@@ -2,7 +2,8 @@
  *
  * The output filter of GET responses: server-writes (RDMA Writes into the
  * client's buffer, then DONE) and client-reads (register the body, answer
- * with its STag, wait for DONE), static bounce buffer or dynamic
+ * with its STag and hand the grant to the connection, expose.c), static
+ * bounce buffer or dynamic
  * registration, and the mapping cache of dynamic registration. */
 #include "mod_rdma_private.h"
 
@@ -185,6 +186,8 @@ typedef struct {
     struct timespec mtime;
     unsigned long used; /* LRU clock; 0 = free slot */
     apr_time_t last;    /* when it was last used */
+    unsigned pins;      /* client-reads exposures still granting it (expose.c):
+                         * a pinned entry is never unmapped */
 } map_ent;
 
 static map_ent g_maps[MAPCACHE_SLOTS];
@@ -207,6 +210,34 @@ void release_map(void *m, size_t len)
         munmap(m, len);
 }
 
+/* A client-reads exposure outlives its request (expose.c): a cached
+ * mapping it grants must not be evicted (unmapped) until the exposure is
+ * released. Returns 1 if `m` is cached (and now pinned), 0 if the caller
+ * owns an uncached mapping (released with release_map). */
+int map_pin(const void *m)
+{
+    int i;
+    for (i = 0; i < MAPCACHE_SLOTS; i++)
+        if (g_maps[i].used && g_maps[i].map == m) {
+            g_maps[i].pins++;
+            return 1;
+        }
+    return 0;
+}
+
+/* Undo map_pin; an uncached mapping is unmapped. */
+void map_unpin(void *m, size_t len)
+{
+    int i;
+    for (i = 0; i < MAPCACHE_SLOTS; i++)
+        if (g_maps[i].used && g_maps[i].map == m) {
+            if (g_maps[i].pins)
+                g_maps[i].pins--;
+            return;
+        }
+    munmap(m, len);
+}
+
 static void map_evict(int i)
 {
     munmap(g_maps[i].map, g_maps[i].len);
@@ -219,7 +250,7 @@ static void *map_lookup(const struct stat *st, off_t base, size_t len)
     int i;
     apr_time_t now = apr_time_now();
     for (i = 0; i < MAPCACHE_SLOTS; i++)
-        if (g_maps[i].used && now - g_maps[i].last > MAPCACHE_IDLE)
+        if (g_maps[i].used && !g_maps[i].pins && now - g_maps[i].last > MAPCACHE_IDLE)
             map_evict(i);
     for (i = 0; i < MAPCACHE_SLOTS; i++) {
         map_ent *e = &g_maps[i];
@@ -242,8 +273,8 @@ static void map_insert(const struct stat *st, off_t base, size_t len, void *m)
     if (len > MAPCACHE_MAX_ENTRY)
         return;
     for (i = 0; i < MAPCACHE_SLOTS; i++)
-        if (g_maps[i].used && g_maps[i].dev == st->st_dev && g_maps[i].ino == st->st_ino &&
-            (g_maps[i].size != st->st_size || g_maps[i].mtime.tv_sec != st->st_mtim.tv_sec ||
+        if (g_maps[i].used && !g_maps[i].pins && g_maps[i].dev == st->st_dev &&
+            g_maps[i].ino == st->st_ino && (g_maps[i].size != st->st_size || g_maps[i].mtime.tv_sec != st->st_mtim.tv_sec ||
              g_maps[i].mtime.tv_nsec != st->st_mtim.tv_nsec))
             map_evict(i);
     for (;;) {
@@ -252,7 +283,7 @@ static void map_insert(const struct stat *st, off_t base, size_t len, void *m)
         for (i = 0; i < MAPCACHE_SLOTS; i++) {
             if (!g_maps[i].used)
                 free_slot = i;
-            else if (lru < 0 || g_maps[i].used < g_maps[lru].used)
+            else if (!g_maps[i].pins && (lru < 0 || g_maps[i].used < g_maps[lru].used))
                 lru = i;
         }
         if (free_slot >= 0 && g_map_bytes + len <= MAPCACHE_MAX_TOTAL) {
@@ -270,7 +301,7 @@ static void map_insert(const struct stat *st, off_t base, size_t len, void *m)
             return;
         }
         if (lru < 0)
-            return;
+            return; /* every entry is pinned: the caller keeps it uncached */
         map_evict(lru);
     }
 }
@@ -318,8 +349,9 @@ static char *collect_space(ap_filter_t *f, apr_size_t len, const char **why)
 {
     rdma_req *q = f->ctx;
     apr_size_t need = (apr_size_t)q->total + len;
+    /* The static buffer holds one granted body at a time (expose.c). */
     if (q->mode == MODE_STATIC && g_static_mr && need <= iwarp_mr_length(g_static_mr) &&
-        (q->body_in_static || q->total == 0)) {
+        (q->body_in_static || (q->total == 0 && !expo_holds_static(q->rc)))) {
         q->body_in_static = 1;
         return (char *)iwarp_mr_addr(g_static_mr) + q->total;
     }
@@ -378,7 +410,6 @@ static apr_status_t out_finish(ap_filter_t *f)
     apr_bucket_brigade *bb = apr_brigade_create(r->pool, r->connection->bucket_alloc);
     const char *e;
     apr_status_t rv;
-    ctrl_msg m;
     if (q->h.scheme == S_SERVER_WRITES) {
         if (q->mode == MODE_STATIC && (e = flush_bounce(f, 0)) != NULL)
             return out_fail(f, e);
@@ -399,17 +430,24 @@ static apr_status_t out_finish(ap_filter_t *f)
                       "mod_rdma: server-writes: %" APR_UINT64_T_FMT " bytes written", q->total);
         return ap_pass_brigade(f->next, bb);
     }
-    /* client-reads: register the body for the client's RDMA Read. */
+    /* client-reads: make room among the connection's grants (waiting for
+     * DONEs of earlier bodies if the budget is spent), register the body
+     * for the client's RDMA Read under a fresh STag, hand the grant to the
+     * connection (expose.c) and answer; the worker does not wait for this
+     * body's DONE, so it serves the next pipelined request at once. */
+    if ((e = expo_make_room(q->rc, r, q->total, EXPO_GRANT)) != NULL)
+        return out_fail(f, apr_pstrcat(r->pool, "waiting for the client's DONE of earlier bodies: ",
+                                       e, NULL));
     {
+        /* An empty body grants one byte that holds nothing of anyone's. */
+        static char empty[1];
         void *addr = q->map ? q->map
                    : q->body_in_static ? iwarp_mr_addr(g_static_mr)
-                                       : q->body;
+                   : q->body ? (void *)q->body
+                             : (void *)empty;
         uint64_t off = 0;
         if (q->map)
             off = (uint64_t)q->fill; /* page delta of the mapping */
-        if (!addr) {
-            addr = iwarp_mr_addr(g_static_mr ? g_static_mr : q->rc->ctrl);
-        }
         if (iwarp_reg_mr(g_pd, (char *)addr + off, q->total ? (size_t)q->total : 1,
                          IWARP_ACCESS_REMOTE_READ, &q->win) != IWARP_OK)
             return out_fail(f, apr_pstrcat(r->pool, "registering the body failed: ",
@@ -419,7 +457,13 @@ static apr_status_t out_finish(ap_filter_t *f)
                                     ", length=%" APR_UINT64_T_FMT,
                                     iwarp_mr_rkey(q->win),
                                     (apr_uint64_t)(uintptr_t)((char *)addr + off), q->total));
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                      "mod_rdma: client-reads: granted stag 0x%x, %" APR_UINT64_T_FMT " bytes (%d "
+                      "grants out)", iwarp_mr_rkey(q->win), q->total, q->rc->n_expo + 1);
     }
+    /* From here the connection owns the body; it is released at the
+     * client's DONE, the deadline, or the connection's end. */
+    expo_add(q->rc, r, q);
     ap_set_content_length(r, 0);
     q->out_state = OUT_PASS;
     APR_BRIGADE_INSERT_TAIL(bb, apr_bucket_eos_create(r->connection->bucket_alloc));
@@ -428,28 +472,8 @@ static apr_status_t out_finish(ap_filter_t *f)
     if (rv != APR_SUCCESS) {
         conn_drop_qp(q->rc);
         req_cleanup(q);
-        return rv;
     }
-    /* Hold the STag window open until the client's DONE (bounded). */
-    e = recv_ctrl(q->rc, r, &m);
-    if (!e && m.type != MSG_DONE)
-        e = m.type == MSG_ABORT ? "the client aborted the read" : "expected DONE, got BUF";
-    if (!e && m.stag != iwarp_mr_rkey(q->win))
-        e = apr_psprintf(r->pool, "DONE names stag 0x%x, not the advertised 0x%x", m.stag,
-                         iwarp_mr_rkey(q->win));
-    if (e) {
-        ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r,
-                      "mod_rdma: client-reads of %s: %s; RDMA connection closed, buffer released",
-                      r->uri, e);
-        conn_drop_qp(q->rc);
-        r->connection->keepalive = AP_CONN_CLOSE;
-    } else {
-        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
-                      "mod_rdma: client-reads: DONE for stag 0x%x, %u bytes; buffer released", m.stag,
-                      m.length);
-    }
-    req_cleanup(q);
-    return APR_SUCCESS;
+    return rv;
 }
 
 /* After an error, read (and drop) the rest of the body instead of just

@@ -95,8 +95,11 @@ class Responder:
                 reply_flags = flags & (F_CRC | F_ENHANCED)
                 block = b"\x00\x01\x00\x01" if flags & F_ENHANCED else b""
                 self.private_data.append(pd[len(block):])
-                c.sendall(KEY_REP + bytes([reply_flags, rev]) + struct.pack(">H", len(block)) + block)
+                # Counted before the Reply goes out: the server's connect
+                # completes only with it, so its HTTP answer (which no
+                # longer waits for a DONE) cannot overtake the count.
                 self.conns.append(c)
+                c.sendall(KEY_REP + bytes([reply_flags, rev]) + struct.pack(">H", len(block)) + block)
             except (OSError, EOFError):
                 c.close()
 
@@ -178,9 +181,8 @@ def connect_back(port, name):
         ).encode()
         s = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         s.sendall(req)
-        # The head comes before the server waits for DONE; stop reading
-        # there (the DONE never comes: closing the MPA connection below
-        # releases the worker at once).
+        # The head comes at once (the body stays granted until a DONE that
+        # never comes; closing the connections below releases it).
         s.settimeout(TIMEOUT)
         data = b""
         while b"\r\n\r\n" not in data:

@@ -209,6 +209,9 @@ enum Cmd {
         to: Option<u64>,
         #[arg(long, default_value_t = 4096)]
         len: u32,
+        /// Instead: before DONE, Read one byte more than the server granted.
+        #[arg(long)]
+        beyond: bool,
     },
 }
 
@@ -370,8 +373,10 @@ impl Rdma {
         let ctrl = pd
             .reg_mr(RECV_SLOTS * MSG_LEN, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
+        // Slot 0: signaled control messages ([`Rdma::send_ctrl`]); slot
+        // 1 + i: the unsignaled DONE of pipeline slot i.
         let msg = pd
-            .reg_mr(MSG_LEN, Access::LOCAL_WRITE)
+            .reg_mr((1 + MAX_PIPELINE) * MSG_LEN, Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
         tracing::debug!(addr = %listener.local_addr(), "RDMA listener up");
         Ok(Rdma {
@@ -617,6 +622,43 @@ impl Rdma {
     fn send_ctrl(&self, m: &CtrlMsg) -> Res<()> {
         self.msg.write_at(0, &m.encode());
         self.run(1, WrOpcode::Send, SgList::single(self.msg.sge(0, MSG_LEN)))
+    }
+
+    /// The DONE of a client-reads body, as a Send with Invalidate of the
+    /// server's `stag` (RFC 5040 §5.3, §6.7.2: the Data Sink invalidates
+    /// the STag before it delivers the Send): from then on a Read of it on
+    /// this stream is refused with a Terminate (invalid STag), whenever
+    /// the server's worker gets to release the body. `slot`: a pipeline
+    /// slot's own message buffer, posted unsignaled (its completion would
+    /// stand between the Reads' on the send CQ; the buffer is written
+    /// again only after a later Read completed, and completions come in
+    /// order, so this Send is gone by then); `None`: signaled, waited for.
+    fn send_done(&self, stag: u32, len: u64, slot: Option<usize>) -> Res<()> {
+        let m = CtrlMsg {
+            kind: Kind::Done,
+            stag,
+            length: len.min(u32::MAX as u64) as u32,
+            to: 0,
+            offset: 0,
+        };
+        let opcode = WrOpcode::SendWithInv {
+            invalidate_rkey: stag,
+        };
+        let Some(i) = slot else {
+            self.msg.write_at(0, &m.encode());
+            return self.run(1, opcode, SgList::single(self.msg.sge(0, MSG_LEN)));
+        };
+        let at = (1 + i) * MSG_LEN;
+        self.msg.write_at(at, &m.encode());
+        self.qp()?
+            .post_send(&SendWr {
+                wr_id: 3,
+                opcode,
+                sgl: SgList::single(self.msg.sge(at, MSG_LEN)),
+                signaled: false,
+                solicited: false,
+            })
+            .map_err(|e| format!("posting the DONE: {e}"))
     }
 
     /// Wait for a control message, or (with `http`) return `None` as soon
@@ -1204,13 +1246,7 @@ fn rdma_get(
                 off += n as u64;
                 pb.set_position(off);
             }
-            r.send_ctrl(&CtrlMsg {
-                kind: Kind::Done,
-                stag,
-                length: len.min(u32::MAX as u64) as u32,
-                to: 0,
-                offset: 0,
-            })?;
+            r.send_done(stag, len, None)?;
         }
         other => return Err(format!("the server answered a GET with scheme {other}")),
     }
@@ -1449,6 +1485,7 @@ fn fetch(
 /// A pipelined GET that has been sent and not answered yet.
 struct InFlight {
     job: usize,
+    url: Url,
     /// Its part of the receive buffer: bytes `slot * max_len ..` of it.
     slot: usize,
     token: u64,
@@ -1461,6 +1498,156 @@ enum Answer {
     /// The server refused RDMA for it (`RDMA-Error`): fetch it again over
     /// plain HTTP once the pipeline is empty.
     Refused,
+    /// A client-reads answer: the caller posts its RDMA Reads into the
+    /// request's slot ([`post_reads`]); they complete later
+    /// ([`finish_reads`]).
+    Reading {
+        stag: u32,
+        to: u64,
+        len: u64,
+        status: u16,
+    },
+}
+
+/// At most this many RDMA Reads posted at once (the send queue and CQ hold
+/// 64 entries; the DONEs need room too).
+const MAX_POSTED_READS: usize = 32;
+
+/// Post the Reads of a client-reads body of `len` bytes at the server's
+/// `stag`/`to` into bytes `at..` of the buffer, in pieces of at most
+/// [`CHUNK`]; returns how many completions they will make. A body that
+/// needs more than [`MAX_POSTED_READS`] pieces is read here, piece by
+/// piece, and makes none.
+fn post_reads(r: &Rdma, at: usize, stag: u32, to: u64, len: u64) -> Res<usize> {
+    let pieces = len.div_ceil(CHUNK as u64) as usize;
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min(CHUNK as u64) as usize;
+        let sgl = SgList::single(r.buf.as_ref().ok_or("no buffer")?.sge(at + off as usize, n));
+        let opcode = WrOpcode::RdmaRead {
+            remote_addr: to + off,
+            rkey: stag,
+        };
+        if pieces > MAX_POSTED_READS {
+            // The caller finished every earlier Read (`reading` is empty),
+            // so the next send completion is this Read's.
+            r.run(2, opcode, sgl)?;
+        } else {
+            r.qp()?
+                .post_send(&SendWr {
+                    wr_id: 2,
+                    opcode,
+                    sgl,
+                    signaled: true,
+                    solicited: false,
+                })
+                .map_err(|e| format!("posting the RDMA Read: {e}"))?;
+        }
+        off += n as u64;
+    }
+    Ok(if pieces > MAX_POSTED_READS { 0 } else { pieces })
+}
+
+/// A client-reads body being read: the Reads are posted, the DONE is not
+/// sent yet.
+struct Reading {
+    p: InFlight,
+    sink: Sink,
+    stag: u32,
+    len: u64,
+    chunks: usize,
+    status: u16,
+}
+
+/// Take the completions of posted client-reads Reads (they complete in the
+/// order they were posted, on the send CQ: the DONEs in between are
+/// unsignaled) and finish each body whose Reads are all done: its DONE
+/// (as a Send with Invalidate of the server's STag, so no Read of it can
+/// follow, see [`Rdma::send_done`]), then its bytes to its sink.
+///
+/// Waits (bounded by `--timeout`) until at least one body is finished,
+/// or, with `until_http`, until the next HTTP answer starts arriving,
+/// whichever comes first; returns at once if nothing is being read. The
+/// wait does the RDMA connection's receive work (the CQs are
+/// application-driven). A server that still holds each answer until the
+/// previous body's DONE (mod_rdma before grants outlived requests) is
+/// served as well: its DONE goes out while we wait for its next answer.
+fn pump_reads(
+    s: &mut Session,
+    reading: &mut std::collections::VecDeque<Reading>,
+    span: usize,
+    until_http: bool,
+) -> Res<bool> {
+    let mut all_ok = true;
+    if reading.is_empty() {
+        return Ok(all_ok);
+    }
+    let r = s
+        .rdma
+        .as_mut()
+        .ok_or("client-reads without an RDMA connection")?;
+    let deadline = Instant::now() + r.timeout;
+    let mut finished = 0;
+    loop {
+        while let Some(wc) = r.send_cq.poll_one() {
+            if wc.status != WcStatus::Success {
+                let why = r
+                    .qp()?
+                    .next_event(Duration::from_millis(200))
+                    .map(|e| format!(" ({e:?})"))
+                    .unwrap_or_default();
+                return Err(format!("the RDMA Read failed: {:?}{why}", wc.status));
+            }
+            let x = reading
+                .front_mut()
+                .ok_or("a send completion with no RDMA Read posted")?;
+            x.chunks = x.chunks.saturating_sub(1);
+            while reading.front().is_some_and(|x| x.chunks == 0) {
+                let mut x = reading.pop_front().expect("checked");
+                r.send_done(x.stag, x.len, Some(x.p.slot))?;
+                copy_out(
+                    r.buf.as_ref().ok_or("no buffer")?,
+                    x.p.slot * span,
+                    x.len,
+                    &mut x.sink,
+                )?;
+                x.sink
+                    .flush()
+                    .map_err(|e| format!("writing the body of {}: {e}", x.p.url.path))?;
+                all_ok &= report_get(
+                    &x.p.url,
+                    &Outcome {
+                        status: x.status,
+                        bytes: x.len,
+                        via: format!("RDMA ({})", Scheme::ClientReads),
+                    },
+                    x.p.sent.elapsed().as_secs_f64(),
+                );
+                finished += 1;
+            }
+        }
+        if reading.is_empty() || finished > 0 || (until_http && s.http.has_buffered()) {
+            return Ok(all_ok);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "the RDMA Reads of {} did not complete within {:?}",
+                reading.front().map_or("", |x| x.p.url.path.as_str()),
+                r.timeout
+            ));
+        }
+        // Sleep on the send CQ's fd (its completions and the RDMA
+        // connection's socket) and the HTTP socket.
+        let http_ready = poll_http(
+            &s.http,
+            Some(r.send_cq.as_raw_fd()),
+            left.as_millis().clamp(1, 100) as i32,
+        );
+        if until_http && http_ready {
+            return Ok(all_ok);
+        }
+    }
 }
 
 /// GET `jobs` (all on `s`'s host) with up to `depth` requests in flight
@@ -1495,12 +1682,22 @@ fn get_pipelined(
         .ok_or("--max-len times --pipeline does not fit in memory")?;
     let mut queue: std::collections::VecDeque<usize> = (0..jobs.len()).collect();
     let mut inflight: std::collections::VecDeque<InFlight> = Default::default();
+    // client-reads bodies whose Reads are posted (each still holds its slot).
+    let mut reading: std::collections::VecDeque<Reading> = Default::default();
     let mut refused = Vec::new();
     let mut seq = 0usize;
     let mut all_ok = true;
-    while !queue.is_empty() || !inflight.is_empty() {
+    loop {
+        // No answer is due: wait until a client-reads body is read, which
+        // frees its slot for the next request.
+        if inflight.is_empty() && !reading.is_empty() {
+            all_ok &= pump_reads(s, &mut reading, span, false)?;
+        }
+        if queue.is_empty() && inflight.is_empty() && reading.is_empty() {
+            break;
+        }
         // Fill the pipeline.
-        while inflight.len() < depth {
+        while inflight.len() + reading.len() < depth {
             let Some(&job) = queue.front() else { break };
             let r = s.rdma()?;
             if !inflight.is_empty() && !r.live() {
@@ -1517,8 +1714,11 @@ fn get_pipelined(
                 true,
             )?;
             h.maxlen = Some(max_len);
+            // One slot of `span` bytes per request in flight, for both
+            // schemes (client-reads bodies are read into their slots
+            // side by side); allocated once, before any Read is posted.
+            let b = r.buf(total as u64)?;
             if let GetScheme::ServerWrites = scheme {
-                let b = r.buf(total as u64)?;
                 h.stag = Some(b.rkey());
                 h.to = Some(b.addr() + (slot * span) as u64);
             }
@@ -1529,12 +1729,18 @@ fn get_pipelined(
                 .map_err(|e| format!("sending the request: {e}"))?;
             inflight.push_back(InFlight {
                 job,
+                url: jobs[job].url.clone(),
                 slot,
                 token,
                 sent: Instant::now(),
             });
         }
-        // Take the oldest answer.
+        // Take the oldest answer; finish the client-reads bodies whose
+        // Reads complete while it comes.
+        if inflight.is_empty() {
+            continue;
+        }
+        all_ok &= pump_reads(s, &mut reading, span, true)?;
         let p = inflight.pop_front().expect("the pipeline is not empty");
         let job = &jobs[p.job];
         let mut sink = job_sink(job, opts)?;
@@ -1542,16 +1748,53 @@ fn get_pipelined(
             pipelined_answer(s, &p, scheme, max_len, &mut sink, a, &job.url.file_name()).map_err(
                 |e| format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path),
             )?;
-        sink.flush()
-            .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
         if let Some(r) = s.rdma.as_mut() {
             r.forget_token(p.token);
         }
         match answer {
-            Answer::Done(o) => all_ok &= report_get(&job.url, &o, p.sent.elapsed().as_secs_f64()),
+            Answer::Done(o) => {
+                sink.flush()
+                    .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
+                all_ok &= report_get(&job.url, &o, p.sent.elapsed().as_secs_f64())
+            }
             Answer::Refused => refused.push(p.job),
+            Answer::Reading {
+                stag,
+                to,
+                len,
+                status,
+            } => {
+                // Post the Reads and go on to the next answer: the server
+                // answered it without waiting for this body's DONE, so the
+                // Reads of a whole window share one round trip.
+                let need = len.div_ceil(CHUNK as u64) as usize;
+                while !reading.is_empty()
+                    && reading.iter().map(|x| x.chunks).sum::<usize>() + need > MAX_POSTED_READS
+                {
+                    all_ok &= pump_reads(s, &mut reading, span, false)?;
+                }
+                let r = s
+                    .rdma
+                    .as_mut()
+                    .ok_or("client-reads without an RDMA connection")?;
+                let chunks = post_reads(r, p.slot * span, stag, to, len).map_err(|e| {
+                    format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path)
+                })?;
+                reading.push_back(Reading {
+                    p,
+                    sink,
+                    stag,
+                    len,
+                    chunks,
+                    status,
+                });
+            }
         }
         if close {
+            // The reads of this connection's bodies complete first.
+            while !reading.is_empty() {
+                all_ok &= pump_reads(s, &mut reading, span, false)?;
+            }
             // The server closed the connection after this answer: the
             // rest were never answered. Send them again on a new one.
             tracing::debug!(
@@ -1628,14 +1871,10 @@ fn pipelined_answer(
             "the server announced {len} bytes, more than maxlen {max_len}"
         ));
     }
-    // The caller checked that max_len * depth fits in a usize. Only
-    // server-writes answers are placed in their request's slot; a
-    // client-reads body is read once its answer is here, one at a time.
+    // The caller checked that max_len * depth fits in a usize and
+    // allocated the buffer: each answer goes to its request's slot.
     let span = max_len as usize;
-    let at = match scheme {
-        GetScheme::ServerWrites => p.slot * span,
-        GetScheme::ClientReads => 0,
-    };
+    let at = p.slot * span;
     let pb = bar(a.quiet, len, name);
     let r = s.rdma.as_mut().expect("created when the request was sent");
     match (rh.scheme, scheme) {
@@ -1658,29 +1897,16 @@ fn pipelined_answer(
                 .stag
                 .zip(rh.to)
                 .ok_or("the server's client-reads answer lacks stag or to")?;
-            r.buf(len)?;
-            let mut off = 0u64;
-            while off < len {
-                let n = (len - off).min(CHUNK as u64) as usize;
-                let sge = r.buf.as_ref().expect("allocated").sge(at + off as usize, n);
-                r.run(
-                    2,
-                    WrOpcode::RdmaRead {
-                        remote_addr: to + off,
-                        rkey: stag,
-                    },
-                    SgList::single(sge),
-                )?;
-                off += n as u64;
-                pb.set_position(off);
-            }
-            r.send_ctrl(&CtrlMsg {
-                kind: Kind::Done,
-                stag,
-                length: len.min(u32::MAX as u64) as u32,
-                to: 0,
-                offset: 0,
-            })?;
+            pb.finish_and_clear();
+            return Ok((
+                Answer::Reading {
+                    stag,
+                    to,
+                    len,
+                    status: resp.status,
+                },
+                resp.close,
+            ));
         }
         (got, _) => return Err(format!("the server answered with scheme {got}")),
     }
@@ -1895,7 +2121,14 @@ fn cmd_put(
     Ok(resp.status < 400)
 }
 
-fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) -> Res<bool> {
+fn cmd_probe(
+    a: &Args,
+    u: &str,
+    stag: Option<u64>,
+    to: Option<u64>,
+    len: u32,
+    beyond: bool,
+) -> Res<bool> {
     let url = Url::parse(u)?;
     let mut s = Session::open(&url, Duration::from_secs(a.timeout), a.crc.into())?;
     let h = s.rdma()?.request_header(Scheme::ClientReads, false)?;
@@ -1917,8 +2150,29 @@ fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) ->
         rh.length.unwrap_or(0),
     );
     let r = s.rdma.as_mut().expect("created");
-    r.buf(own.2.max(len as u64))?;
+    r.buf(own.2.max(len as u64) + 1)?;
     let b = r.buf.as_ref().expect("allocated");
+    if beyond {
+        // One byte more than granted, before DONE: the base and bounds
+        // check of the Read's source (RFC 5040 §7.2, base or bounds
+        // violation) must refuse it.
+        let n = own.2 as usize + 1;
+        eprintln!(
+            "rhttp-test: probing stag={:#x} to={:#x} len={n} (granted {})",
+            own.0, own.1, own.2
+        );
+        return Ok(probe_verdict(
+            own.0,
+            r.run(
+                4,
+                WrOpcode::RdmaRead {
+                    remote_addr: own.1,
+                    rkey: own.0,
+                },
+                SgList::single(b.sge(0, n)),
+            ),
+        ));
+    }
     r.run(
         2,
         WrOpcode::RdmaRead {
@@ -1927,32 +2181,35 @@ fn cmd_probe(a: &Args, u: &str, stag: Option<u64>, to: Option<u64>, len: u32) ->
         },
         SgList::single(b.sge(0, own.2 as usize)),
     )?;
-    r.send_ctrl(&CtrlMsg {
-        kind: Kind::Done,
-        stag: own.0,
-        length: own.2 as u32,
-        to: 0,
-        offset: 0,
-    })?;
-    // Let the server process DONE and deregister before probing.
-    std::thread::sleep(Duration::from_millis(300));
+    // DONE invalidates the STag on arrival (Send with Invalidate), so the
+    // Read that follows it on the same stream must be refused at once,
+    // whenever the server's worker releases the body.
+    r.send_done(own.0, own.2, None)?;
     let (ps, pt) = (stag.unwrap_or(own.0 as u64) as u32, to.unwrap_or(own.1));
     eprintln!("rhttp-test: probing stag={ps:#x} to={pt:#x} len={len}");
-    match r.run(
-        4,
-        WrOpcode::RdmaRead {
-            remote_addr: pt,
-            rkey: ps,
-        },
-        SgList::single(b.sge(0, len as usize)),
-    ) {
+    Ok(probe_verdict(
+        ps,
+        r.run(
+            4,
+            WrOpcode::RdmaRead {
+                remote_addr: pt,
+                rkey: ps,
+            },
+            SgList::single(b.sge(0, len as usize)),
+        ),
+    ))
+}
+
+/// Print what became of a probing Read; true if the server refused it.
+fn probe_verdict(stag: u32, res: Res<()>) -> bool {
+    match res {
         Ok(()) => {
-            eprintln!("rhttp-test: the server ALLOWED the RDMA Read of stag {ps:#x}");
-            Ok(false)
+            eprintln!("rhttp-test: the server ALLOWED the RDMA Read of stag {stag:#x}");
+            false
         }
         Err(e) => {
-            eprintln!("rhttp-test: the server refused the RDMA Read of stag {ps:#x}: {e}");
-            Ok(true)
+            eprintln!("rhttp-test: the server refused the RDMA Read of stag {stag:#x}: {e}");
+            true
         }
     }
 }
@@ -2023,7 +2280,13 @@ fn main() -> ExitCode {
             };
             cmd_put(method, &a, file, url, *scheme, output.as_ref(), hooks)
         }
-        Cmd::ProbeStag { url, stag, to, len } => cmd_probe(&a, url, *stag, *to, *len),
+        Cmd::ProbeStag {
+            url,
+            stag,
+            to,
+            len,
+            beyond,
+        } => cmd_probe(&a, url, *stag, *to, *len, *beyond),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
