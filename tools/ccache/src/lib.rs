@@ -29,6 +29,8 @@
 //!   iWARP sockets (ccappd's listener and the proxy's check).
 //! - [`shard`]: documents sharded over application servers (the shard
 //!   map file and the proxy's front).
+//! - [`config`]: the TOML configuration files (`--config FILE`), the
+//!   flags as their schema, the command line overriding them.
 //! - [`load`]: `ccload`'s workloads (Zipf, sizes, access-log replay, a
 //!   WorldCup-98-shaped log) and the stale checker.
 #![deny(unsafe_code)]
@@ -38,6 +40,7 @@ pub mod access;
 pub mod acheck;
 pub mod appd;
 pub mod check;
+pub mod config;
 pub mod ipc;
 pub mod listen;
 pub mod load;
@@ -60,106 +63,4 @@ pub fn init_logging() {
         .init();
 }
 
-/// The command line with a config file's settings in front of it.
-///
-/// If the arguments hold `--config FILE` (or `--config=FILE`), each line
-/// `key = value` of FILE becomes `--key value` (`key = true` becomes
-/// `--key`, `key = false` is left out; blank lines and `#` comments are
-/// skipped), inserted before the command line's own arguments, so that a
-/// flag given on the command line wins (the binaries parse with
-/// `args_override_self`). The keys are the long flags' names.
-pub fn args_with_config(args: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
-    let mut path = None;
-    let mut it = args.iter().enumerate().skip(1);
-    while let Some((_, a)) = it.next() {
-        let a = a.to_string_lossy();
-        if a == "--config" {
-            path = it.next().map(|(_, p)| std::path::PathBuf::from(p));
-        } else if let Some(p) = a.strip_prefix("--config=") {
-            path = Some(p.into());
-        }
-    }
-    let Some(path) = path else { return Ok(args) };
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| format!("--config {}: {e}", path.display()))?;
-    let mut out = vec![args[0].clone()];
-    for (n, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let (k, v) = line.split_once('=').ok_or_else(|| {
-            format!(
-                "{}:{}: expected `key = value`, got {line:?}",
-                path.display(),
-                n + 1
-            )
-        })?;
-        let (k, v) = (k.trim(), v.trim().trim_matches('"'));
-        if k.is_empty() || k == "config" {
-            return Err(format!("{}:{}: bad key {k:?}", path.display(), n + 1));
-        }
-        match v {
-            "true" => out.push(format!("--{k}").into()),
-            "false" => {}
-            v => {
-                out.push(format!("--{k}").into());
-                out.push(v.into());
-            }
-        }
-    }
-    out.extend(args.into_iter().skip(1));
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::args_with_config;
-    use std::ffi::OsString;
-
-    fn os(v: &[&str]) -> Vec<OsString> {
-        v.iter().map(OsString::from).collect()
-    }
-
-    #[test]
-    fn config_file_args_come_first() {
-        let dir = std::env::temp_dir().join(format!("ccache-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("a.conf");
-        std::fs::write(&f, "# push\npush-policy = hybrid\nhybrid-percent=30 # hot\n\ninit-docs = true\nverbose = false\n").unwrap();
-        let got = args_with_config(os(&[
-            "ccappd",
-            "--config",
-            f.to_str().unwrap(),
-            "--hybrid-percent",
-            "10",
-        ]))
-        .unwrap();
-        assert_eq!(
-            got,
-            os(&[
-                "ccappd",
-                "--push-policy",
-                "hybrid",
-                "--hybrid-percent",
-                "30",
-                "--init-docs",
-                "--config",
-                f.to_str().unwrap(),
-                "--hybrid-percent",
-                "10"
-            ])
-        );
-        assert_eq!(
-            args_with_config(os(&["x", "--docs", "3"])).unwrap(),
-            os(&["x", "--docs", "3"])
-        );
-        std::fs::write(&f, "nonsense\n").unwrap();
-        let e = args_with_config(os(&["x", &format!("--config={}", f.display())])).unwrap_err();
-        assert!(e.contains(":1: expected `key = value`"), "{e}");
-        assert!(args_with_config(os(&["x", "--config", "/nonexistent/c"]))
-            .unwrap_err()
-            .contains("/nonexistent/c"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+pub use config::args_with_config;

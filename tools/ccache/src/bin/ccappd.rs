@@ -16,7 +16,7 @@ use ccache::listen::{Endpoint, ListenCfg, ListenStats};
 use ccache::push::{PushCfg, Pusher, StateRead};
 use ccache::table::VersionTable;
 use ccache_proto::state::Policy as PushPolicy;
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use iwarp::cm::{MpaConfig, Policy};
 use iwarp::Context;
 
@@ -27,8 +27,9 @@ use iwarp::Context;
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Read settings from FILE first: lines `key = value`, keys are the
-    /// long flags (e.g. `push-policy = hybrid`); the command line wins.
+    /// Read settings from FILE first: TOML whose keys are the long flags
+    /// (e.g. `push_policy = "hybrid"`; docs/CACHE.md); the command line wins. The old
+    /// `key = value` syntax with bare values is still read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Number of documents (version slots); documents are 0..DOCS.
@@ -194,7 +195,7 @@ enum SelectArg {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
         Ok(args) => Args::parse_from(args),
         Err(e) => {
             eprintln!("ccappd: {e}");

@@ -15,7 +15,7 @@ use ccache::push;
 use ccache::shard::{ShardMap, Sharded};
 use ccache::state::CacheState;
 use ccache_proto::push::Registration;
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ModeArg {
@@ -45,8 +45,9 @@ enum WaitArg {
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Read settings from FILE first: lines `key = value`, keys are the
-    /// long flags (e.g. `mode = tcp`); the command line wins.
+    /// Read settings from FILE first: TOML whose keys are the long flags
+    /// (e.g. `mode = "tcp"`; docs/CACHE.md); the command line wins. The old
+    /// `key = value` syntax with bare values is still read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
     /// Listen address for clients.
@@ -187,7 +188,7 @@ fn checkers(
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
         Ok(args) => Args::parse_from(args),
         Err(e) => {
             eprintln!("ccproxy: {e}");

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use ccache::appd::{self, UpdaterCfg};
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum SelectArg {
@@ -25,8 +25,9 @@ enum SelectArg {
 #[derive(Parser, Debug)]
 #[command(version, args_override_self = true)]
 struct Args {
-    /// Read settings from FILE first: lines `key = value`, keys are the
-    /// long flags (e.g. `rate = 2`); the command line wins.
+    /// Read settings from FILE first: TOML whose keys are the long flags
+    /// (e.g. `rate = 2`; docs/CACHE.md); the command line wins. The old
+    /// `key = value` syntax with bare values is still read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Which document each update picks: `accessed` asks ccappd
@@ -66,7 +67,7 @@ struct Args {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(std::env::args_os().collect()) {
+    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
         Ok(args) => Args::parse_from(args),
         Err(e) => {
             eprintln!("ccupdate: {e}");
