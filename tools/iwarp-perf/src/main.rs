@@ -20,7 +20,7 @@ mod tcp;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use iwarp::cm::Listener;
@@ -149,7 +149,7 @@ struct Cli {
     /// Outstanding operations per QP (queue depth) [default: 128]; latency tests always use 1.
     #[arg(short = 't', long = "tx-depth")]
     tx_depth: Option<u32>,
-    /// Number of QPs, each on its own connection, driven round-robin by one thread.
+    /// Number of QPs (1 to 1024), each on its own connection, driven round-robin by one thread (the TCP baseline: one thread per connection).
     #[arg(short = 'q', long, default_value_t = 1)]
     qps: u32,
     /// MPA CRC32C: `on` requires it, `off` refuses it [client default: on; server default: follow the client].
@@ -230,6 +230,7 @@ fn main() -> ExitCode {
         })
         .unwrap_or_else(|| "soft".into());
     let _ = DEVICE.set(device);
+    raise_fd_limit(cli.qps);
     let r = match (cli.server, cli.perftest) {
         (true, true) => serve_perftest(&cli),
         (false, true) => run_perftest(&cli),
@@ -302,8 +303,12 @@ fn params_for(cli: &Cli, test: Test, size: usize) -> Result<Params, String> {
     if depth == 0 || depth > 4096 {
         return Err(format!("--tx-depth must be 1..=4096, got {depth}"));
     }
-    if cli.qps == 0 || cli.qps > 256 {
-        return Err(format!("--qps must be 1..=256, got {}", cli.qps));
+    if cli.qps == 0 || cli.qps > params::MAX_QPS {
+        return Err(format!(
+            "--qps must be 1..={}, got {}",
+            params::MAX_QPS,
+            cli.qps
+        ));
     }
     if !test.is_bw() && cli.qps != 1 {
         return Err(format!(
@@ -351,6 +356,38 @@ fn test_title(t: Test) -> &'static str {
         Test::WriteLat => "RDMA Write latency test",
         Test::ReadLat => "RDMA Read latency test",
         Test::SendLat => "Send latency test",
+    }
+}
+
+/// Raise the soft limit on open descriptors to the hard limit, as servers
+/// that hold many connections do: a thousand QPs in loopback hold a few
+/// descriptors each on both ends, more than the usual soft limit of 1024.
+/// A limit that cannot be raised is only logged: a run that then runs out
+/// of descriptors fails with the OS's error naming it.
+fn raise_fd_limit(qps: u32) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read or write one `struct rlimit` that we
+    // own; RLIMIT_NOFILE is a valid resource.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    if rc != 0 || lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let want = lim.rlim_max;
+    let new = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: as above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+        tracing::warn!(
+            qps,
+            soft = lim.rlim_cur,
+            hard = lim.rlim_max,
+            "could not raise the open-descriptor limit; many QPs may fail with EMFILE (raise it with ulimit -n)"
+        );
     }
 }
 
@@ -434,6 +471,10 @@ fn run(cli: &Cli) -> Result<(), String> {
         } else {
             None
         };
+        // A harness that reports the impossible must say so, not print it.
+        for m in iw.iter().chain(tc.iter()) {
+            m.check_plausible(report::cores())?;
+        }
         match (&iw, &tc) {
             (Some(a), Some(b)) if cli.compare => {
                 if cli.json {
@@ -488,7 +529,11 @@ fn measure_iwarp(
 ) -> Result<Measurement, String> {
     let mpa = rdma::mpa_config(Some(crc), Some(markers), p.depth.max(16));
     report::reset_peak_rss();
-    let cpu0 = report::cpu_seconds();
+    let (cpu0, wall0, peak) = (
+        report::cpu_seconds(),
+        Instant::now(),
+        report::ThreadPeak::start(),
+    );
     let client = |addr: SocketAddr| -> Result<(rdma::ClientResult, (bool, bool)), String> {
         let mut side = rdma::connect(addr, p, &mpa, last)?;
         let cm = side.crc_markers();
@@ -534,7 +579,10 @@ fn measure_iwarp(
         markers: markers_neg,
         lat: r.lat,
         peak_rss_kib: report::peak_rss_kib(),
-        cpu_s: report::cpu_seconds() - cpu0,
+        cpu_s: r.span_cpu_s.unwrap_or(report::cpu_seconds() - cpu0),
+        cpu_over_span: r.span_cpu_s.is_some(),
+        wall: wall0.elapsed(),
+        threads: peak.finish(),
         verified: r.verified,
     })
 }
@@ -542,7 +590,11 @@ fn measure_iwarp(
 /// Run one TCP-baseline measurement.
 fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Measurement, String> {
     report::reset_peak_rss();
-    let cpu0 = report::cpu_seconds();
+    let (cpu0, wall0, peak) = (
+        report::cpu_seconds(),
+        Instant::now(),
+        report::ThreadPeak::start(),
+    );
     let r = match remote {
         Some(addr) => tcp::run_client(addr, p, last)?,
         None => {
@@ -575,7 +627,10 @@ fn measure_tcp(p: &Params, remote: Option<SocketAddr>, last: bool) -> Result<Mea
         markers: false,
         lat: r.lat,
         peak_rss_kib: report::peak_rss_kib(),
-        cpu_s: report::cpu_seconds() - cpu0,
+        cpu_s: r.span_cpu_s.unwrap_or(report::cpu_seconds() - cpu0),
+        cpu_over_span: r.span_cpu_s.is_some(),
+        wall: wall0.elapsed(),
+        threads: peak.finish(),
         verified: r.verified,
     })
 }

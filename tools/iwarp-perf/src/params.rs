@@ -107,7 +107,8 @@ pub struct Remote {
 const MAGIC: &[u8; 4] = b"IWPF";
 /// 2: the request fits InfiniBand/RoCE's rdma_cm private data (56 bytes;
 /// version 1 had 80, which `rdma_connect` refuses with EINVAL on rxe).
-const VERSION: u8 = 2;
+/// 3: up to 1024 QPs (two more bits each for the count and the index).
+const VERSION: u8 = 3;
 /// Length of an encoded request block ([`encode_request`]): the most
 /// private data an rdma_cm connect request carries on InfiniBand and RoCE
 /// (92 bytes of the CM REQ less rdma_cm's 36-byte header). iWARP allows
@@ -118,9 +119,9 @@ const VERSION: u8 = 2;
 /// | 0..4 | `IWPF` |
 /// | 4 | version |
 /// | 5 | test |
-/// | 6 | flags (integrity, busy poll, corrupt, last run) |
-/// | 7 | QPs - 1 |
-/// | 8 | this QP's index |
+/// | 6 | flags (integrity, busy poll, corrupt, last run; bits 4-7: high bits of the next two) |
+/// | 7 | QPs - 1 (low 8 of 10 bits) |
+/// | 8 | this QP's index (low 8 of 10 bits) |
 /// | 9 | `--timeout` in whole seconds (rounded up, 1..=255) |
 /// | 10..12 | depth (u16) |
 /// | 12..16 | message size (u32) |
@@ -140,6 +141,14 @@ const F_INTEGRITY: u8 = 1;
 const F_BUSY: u8 = 2;
 const F_CORRUPT: u8 = 4;
 const F_LAST: u8 = 8;
+/// Version 3: bits 4-5 of the flags byte carry bits 8-9 of `qps - 1`, bits
+/// 6-7 bits 8-9 of the QP index, so a run has up to [`MAX_QPS`]
+/// connections (the 56-byte block has no other room).
+const QPS_HI_SHIFT: u8 = 4;
+const INDEX_HI_SHIFT: u8 = 6;
+
+/// Most connections one run may have (10 bits on the wire).
+pub const MAX_QPS: u32 = 1024;
 
 /// What a connecting client tells the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,8 +196,8 @@ impl Params {
     /// [`REQUEST_LEN`]); the command line checks its own limits, which
     /// are within these, so this guards the encoding itself.
     pub fn check_wire(&self) -> Result<(), String> {
-        if !(1..=256).contains(&self.qps) {
-            return Err(format!("{} QPs: 1 to 256 fit the protocol", self.qps));
+        if !(1..=MAX_QPS).contains(&self.qps) {
+            return Err(format!("{} QPs: 1 to {MAX_QPS} fit the protocol", self.qps));
         }
         if self.depth == 0 || self.depth > u32::from(u16::MAX) {
             return Err(format!("depth {}: 1 to 65535 fit the protocol", self.depth));
@@ -223,8 +232,11 @@ pub fn encode_request(r: &Request) -> Vec<u8> {
         | (if p.busy_poll { F_BUSY } else { 0 })
         | (if p.corrupt { F_CORRUPT } else { 0 })
         | (if r.last { F_LAST } else { 0 });
-    b[7] = p.qps.clamp(1, 256).saturating_sub(1) as u8;
-    b[8] = r.qp_index.min(255) as u8;
+    let qps1 = p.qps.clamp(1, MAX_QPS) - 1;
+    let index = r.qp_index.min(MAX_QPS - 1);
+    b[6] |= ((qps1 >> 8) as u8) << QPS_HI_SHIFT | ((index >> 8) as u8) << INDEX_HI_SHIFT;
+    b[7] = qps1 as u8;
+    b[8] = index as u8;
     b[9] = p.timeout.as_secs_f64().ceil().clamp(1.0, 255.0) as u8;
     b[10..12].copy_from_slice(&(p.depth.min(u32::from(u16::MAX)) as u16).to_le_bytes());
     b[12..16].copy_from_slice(&clamp32(p.size as u64).to_le_bytes());
@@ -250,8 +262,8 @@ pub fn decode_request(b: &[u8]) -> Result<Request, String> {
     }
     let test = Test::from_code(b[5]).ok_or_else(|| format!("unknown test code {}", b[5]))?;
     let flags = b[6];
-    let qps = u32::from(b[7]) + 1;
-    let qp_index = u32::from(b[8]);
+    let qps = (u32::from((flags >> QPS_HI_SHIFT) & 3) << 8 | u32::from(b[7])) + 1;
+    let qp_index = u32::from((flags >> INDEX_HI_SHIFT) & 3) << 8 | u32::from(b[8]);
     let depth = u32::from(u16::from_le_bytes([b[10], b[11]]));
     let size = u32_at(b, 12);
     let iters = u64::from(u32_at(b, 16));
@@ -382,7 +394,30 @@ mod tests {
         p.iters = u64::from(u32::MAX) + 1;
         assert!(p.check_wire().unwrap_err().contains("iterations"));
         p.iters = 1;
-        p.qps = 257;
-        assert!(p.check_wire().is_err());
+        p.qps = 1024;
+        assert!(p.check_wire().is_ok());
+        p.qps = 1025;
+        assert!(p.check_wire().unwrap_err().contains("1 to 1024"));
+    }
+
+    #[test]
+    fn a_thousand_qps_fit_the_block() {
+        for (qps, idx) in [(1024, 1023), (1000, 999), (257, 256), (513, 2), (300, 299)] {
+            let r = request(qps, idx);
+            let mut b = encode_request(&r);
+            assert_eq!(b.len(), REQUEST_LEN);
+            let d = decode_request(&b).unwrap();
+            assert_eq!((d.params.qps, d.qp_index), (qps, idx));
+            // The high bits share the flags byte: the flags still decode.
+            assert!(d.params.busy_poll && !d.params.integrity && !d.last);
+            // An index at or past the count is refused with the high bits too.
+            b[6] |= 3 << INDEX_HI_SHIFT;
+            b[8] = 0xff;
+            if qps < 1024 {
+                assert!(decode_request(&b)
+                    .unwrap_err()
+                    .contains(&format!("of {qps}")));
+            }
+        }
     }
 }

@@ -48,8 +48,18 @@ pub struct Measurement {
     pub markers: bool,
     pub lat: Option<LatStats>,
     pub peak_rss_kib: u64,
-    /// User + system CPU seconds of the whole process during the run.
+    /// User + system CPU seconds of the whole process
+    /// (`getrusage(RUSAGE_SELF)`: every thread, the provider's included),
+    /// over the span of `elapsed` when `cpu_over_span`, else over `wall`.
     pub cpu_s: f64,
+    /// Bandwidth runs: `cpu_s` covers exactly the measured span.
+    pub cpu_over_span: bool,
+    /// Wall time of the window `cpu_s` was taken over: connection set-up,
+    /// the run and the teardown (so at least `elapsed`).
+    pub wall: Duration,
+    /// Threads of the process at the end of the run (`/proc/self/status`),
+    /// the provider's per-connection threads included.
+    pub threads: u64,
     /// Integrity: messages verified.
     pub verified: u64,
 }
@@ -69,6 +79,41 @@ impl Measurement {
     }
     pub fn mmsg_s(&self) -> f64 {
         self.msgs as f64 / 1e6 / self.secs()
+    }
+
+    /// Refuse a measurement that cannot be true: more CPU time than
+    /// `cores` can give in the window it was taken over, or a measured span
+    /// longer than that window. `msgs` is the count the receivers reported
+    /// (the clients compare it with what they sent), so the bandwidth is
+    /// bounded by what arrived. A failure here is a bug in the harness, not
+    /// in the stack under test.
+    pub fn check_plausible(&self, cores: usize) -> Result<(), String> {
+        let wall = self.wall.as_secs_f64();
+        let over = if self.cpu_over_span {
+            self.elapsed.as_secs_f64()
+        } else {
+            wall
+        };
+        // getrusage counts in microseconds, but the scheduler charges
+        // whole ticks to a thread now and then: allow one tick per core.
+        let slack = 0.01 * cores as f64 + 0.005;
+        if self.cpu_s > cores as f64 * over + slack {
+            return Err(format!(
+                "impossible measurement ({}): {:.2} CPU seconds in {:.2} s of wall time on {cores} cores; \
+                 this is a bug in iwarp-perf's accounting, please report it",
+                self.transport, self.cpu_s, over
+            ));
+        }
+        if self.elapsed > self.wall {
+            return Err(format!(
+                "impossible measurement ({}): the run's span {:.3} s is longer than the {:.3} s it was measured in; \
+                 this is a bug in iwarp-perf's clock, please report it",
+                self.transport,
+                self.elapsed.as_secs_f64(),
+                wall
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -134,10 +179,12 @@ fn json_body(m: &Measurement, out: &mut String) {
     }
     let _ = write!(
         out,
-        ",\"peak_rss_kib\":{},\"peak_rss_mib\":{},\"cpu_s\":{},\"verified\":{}",
+        ",\"peak_rss_kib\":{},\"peak_rss_mib\":{},\"cpu_s\":{},\"wall_s\":{},\"threads\":{},\"verified\":{}",
         m.peak_rss_kib,
         num(m.peak_rss_kib as f64 / 1024.0),
         num(m.cpu_s),
+        num(m.wall.as_secs_f64()),
+        m.threads,
         m.verified
     );
 }
@@ -199,7 +246,7 @@ pub fn header(test: Test, compare: bool) -> String {
     let first = if compare { " transport " } else { "" };
     if test.is_bw() {
         format!(
-            "{first} #bytes     #msgs   depth qps  BW[Gb/s]    BW[MB/s]   MsgRate[Mpps]  CPU[s]  RSS[MiB]"
+            "{first} #bytes     #msgs   depth qps   BW[Gb/s]    BW[MB/s]   MsgRate[Mpps]  CPU[s]  Wall[s]  Thr    RSS[MiB]"
         )
     } else {
         format!(
@@ -223,7 +270,7 @@ pub fn row(m: &Measurement, compare: bool) -> String {
             p.size, m.msgs, l.min, l.median, l.avg, l.p99, l.max, m.cpu_s, rss
         ),
         _ => format!(
-            "{first} {:<9} {:<9} {:<5} {:<3} {:>9.3}  {:>10.1}  {:>13.4}  {:>6.2}  {:>8.1}",
+            "{first} {:<9} {:<9} {:<5} {:<4} {:>9.3}  {:>10.1}  {:>13.4}  {:>6.2}  {:>7.2}  {:<5}  {:>8.1}",
             p.size,
             m.msgs,
             p.depth,
@@ -232,6 +279,8 @@ pub fn row(m: &Measurement, compare: bool) -> String {
             m.mb_s(),
             m.mmsg_s(),
             m.cpu_s,
+            m.wall.as_secs_f64(),
+            m.threads,
             rss
         ),
     }
@@ -266,24 +315,75 @@ pub fn reset_peak_rss() {
 }
 
 /// User + system CPU seconds consumed by this process so far, from
-/// `/proc/self/stat` (fields 14 and 15, in USER_HZ ticks, which Linux fixes
-/// at 100 for this interface): all threads, including the driver's.
+/// `getrusage(RUSAGE_SELF)`: all threads, live and finished, the
+/// provider's included.
 pub fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a whole `struct rusage` to the pointer,
+    // which points to one we own; RUSAGE_SELF is always valid, so the call
+    // cannot fail (we still check its result).
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+    if rc != 0 {
         return 0.0;
-    };
-    // The command name (field 2) may contain spaces; fields resume after
-    // its closing parenthesis, starting with field 3.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        f.get(i - 3)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (ticks(14) + ticks(15)) as f64 / 100.0
+    }
+    // SAFETY: getrusage returned 0, so it filled the struct (and zeroed
+    // memory is a valid rusage anyway).
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Threads of this process now (`Threads:` in `/proc/self/status`), 0 if
+/// unknown.
+pub fn threads() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Samples the process's thread count every 20 ms on a thread of its own
+/// (counted too) and keeps the largest: threads come and go with
+/// connections, so the count at the end of a run says little.
+pub struct ThreadPeak {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl ThreadPeak {
+    pub fn start() -> ThreadPeak {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("thread-peak".into())
+            .spawn(move || {
+                let mut peak = threads();
+                while !s.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    peak = peak.max(threads());
+                }
+                peak
+            })
+            .ok();
+        ThreadPeak { stop, handle }
+    }
+
+    /// Stop sampling; the largest count seen (0 if the sampler could not
+    /// start).
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.take().and_then(|h| h.join().ok()).unwrap_or(0)
+    }
+}
+
+/// Cores this process may run on (affinity and cgroup limits included).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]
@@ -301,6 +401,70 @@ mod tests {
         assert!((l.median - 50.0).abs() <= 1.0);
         assert!(LatStats::from_samples(&mut []).is_none());
         assert!(peak_rss_kib() > 0);
+    }
+
+    fn measurement(cpu_s: f64, elapsed_ms: u64, wall_ms: u64) -> Measurement {
+        Measurement {
+            transport: "tcp",
+            params: Params {
+                test: Test::WriteBw,
+                size: 4096,
+                iters: 1,
+                duration: None,
+                depth: 1,
+                qps: 256,
+                integrity: false,
+                busy_poll: false,
+                corrupt: false,
+                timeout: Duration::from_secs(1),
+            },
+            msgs: 1,
+            elapsed: Duration::from_millis(elapsed_ms),
+            crc: false,
+            markers: false,
+            lat: None,
+            peak_rss_kib: 1,
+            cpu_s,
+            cpu_over_span: true,
+            wall: Duration::from_millis(wall_ms),
+            threads: 1,
+            verified: 0,
+        }
+    }
+
+    #[test]
+    fn impossible_measurements_are_refused() {
+        // The figure issue 29 found: 22.2 CPU-s in 3.2 s on 2 cores.
+        let e = measurement(22.2, 3200, 3200)
+            .check_plausible(2)
+            .unwrap_err();
+        assert!(
+            e.contains("22.20 CPU seconds in 3.20 s") && e.contains("2 cores"),
+            "{e}"
+        );
+        // A span longer than the window it was taken in.
+        let e = measurement(1.0, 4000, 3000).check_plausible(2).unwrap_err();
+        assert!(e.contains("span"), "{e}");
+        // Two busy cores for the whole window, plus a tick: plausible.
+        assert!(measurement(6.41, 3200, 3400).check_plausible(2).is_ok());
+        assert!(measurement(6.5, 3200, 3400).check_plausible(2).is_err());
+        assert!(measurement(6.5, 3200, 3400).check_plausible(4).is_ok());
+    }
+
+    #[test]
+    fn rusage_counts_this_threads_work() {
+        let c0 = cpu_seconds();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(100) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let used = cpu_seconds() - c0;
+        // At least part of the 100 ms of spinning (a loaded machine may
+        // deschedule us), never more than the wall time allows.
+        assert!(used > 0.0 && used <= 0.1 * cores() as f64 + 0.05, "{used}");
+        assert!(threads() >= 1);
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub(super) fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
     let mut wrs: Vec<SendWr> = Vec::with_capacity(64);
     let mut waiter = Waiter::new(&p, &side.scq);
     let mut scratch = Vec::new();
+    let cpu0 = crate::report::cpu_seconds();
     let start = Instant::now();
     let end_at = p.duration.map(|d| start + d);
     let mut stop_posting = false;
@@ -177,6 +178,7 @@ pub(super) fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
     }
     let acks = collect_ctrl(side, ACK, &mut waiter)?;
     let elapsed = start.elapsed();
+    let span_cpu_s = Some(crate::report::cpu_seconds() - cpu0);
     drain_sends(side)?;
     let mut verified = 0;
     for (ci, (count, sum)) in acks.iter().enumerate() {
@@ -202,6 +204,7 @@ pub(super) fn client_bw(side: &mut Side) -> Result<ClientResult, String> {
         elapsed,
         lat: None,
         verified,
+        span_cpu_s,
     })
 }
 

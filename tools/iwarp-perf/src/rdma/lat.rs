@@ -172,6 +172,7 @@ pub(super) fn finish_lat(
         elapsed,
         lat,
         verified: verified + acks[0].1,
+        span_cpu_s: None,
     })
 }
 

@@ -192,6 +192,10 @@ pub struct ClientResult {
     pub elapsed: Duration,
     pub lat: Option<LatStats>,
     pub verified: u64,
+    /// Bandwidth runs: the process's CPU seconds over exactly the span of
+    /// `elapsed` (from the common start to the last ACK), so the two can be
+    /// compared. `None`: the caller's whole window is used.
+    pub span_cpu_s: Option<f64>,
 }
 
 /// Run the client role of the test.
