@@ -5,11 +5,13 @@
 //! A queue pair is a handle on a provider object ([`QpOps`]); a completion
 //! queue knows the queue pairs that complete into it only as
 //! [`CqSource`]s. The software provider ([`crate::soft`]: the sans-IO engine
-//! plus TCP sockets and driver threads) is one implementation; an rdma-core
-//! provider (libibverbs / librdmacm) is meant to be the second. Nothing in
-//! this module, in `qp.rs` or in `cq.rs` knows which provider runs, so the
-//! dependencies point one way: `lib` → `soft` → `qp`, `cq`, `provider`, and
-//! `qp` → `cq` → `provider`.
+//! plus TCP sockets and driver threads) is one implementation; the rdma-core
+//! provider ([`crate::rdma`] with the `rdma-core` feature: libibverbs /
+//! librdmacm) is the second. Nothing in this module, in `qp.rs` or in
+//! `cq.rs` knows which provider runs: `qp` → `cq` → `provider`. Context,
+//! PD and CQ creation and the CM still choose the provider with `cfg`
+//! branches in `lib.rs` and `cm.rs` (docs/ARCHITECTURE.md says what is
+//! left of the seam).
 //!
 //! Also here: the data types every provider reports ([`QpEvent`],
 //! [`ConnInfo`], [`QpStats`]).
