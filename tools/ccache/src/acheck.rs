@@ -15,15 +15,25 @@
 //! - `sockets`: the same on an iWARP socket ([`iwarp_sockets::tokio_io`]).
 //!
 //! Connection setup that blocks (the MPA exchange of the RDMA connection
-//! and of the iWARP socket) runs on tokio's blocking pool. As in the
-//! blocking checks, an operation on a connection that was already up is
-//! retried once on a fresh one; every step is bounded by the timeout.
+//! and of the iWARP socket) runs on tokio's blocking pool. An operation on
+//! a connection that was already up is retried once on a fresh one (the
+//! module restarted); a failure on a fresh one is the caller's error (the
+//! proxy answers 502); every step is bounded by the timeout.
+//!
+//! This is the one implementation of the checks: the blocking ones
+//! ([`crate::check::RdmaCheck`], [`crate::check::TcpCheck`],
+//! [`crate::sockets::SocketsCheck`]) run an `AsyncCheck` on a runtime of
+//! their own ([`crate::check::Blocking`]). Their RDMA wait is
+//! [`iwarp::CompletionQueue::wait_one`] in the progress mode they were
+//! given (a spin, busy polling), called from the check itself, because
+//! nothing else runs on their runtime.
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use ccache_proto::ipc::{Kind, Repr, MSG_LEN};
+use ccache_proto::slot::Advert;
 use iwarp::{CompletionQueue, ProgressMode, WcStatus, WorkCompletion};
 use iwarp_sockets::tokio_io::AsyncStream;
 use tokio::io::unix::AsyncFd;
@@ -56,6 +66,17 @@ impl RdmaWait {
     }
 }
 
+/// How an RDMA check waits for its Read's completion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CqWait {
+    /// On tokio's reactor, on the CQ's descriptor ([`RdmaWait`]).
+    Reactor(RdmaWait),
+    /// In [`CompletionQueue::wait_one`], on the thread that runs the check,
+    /// with the CQ in this progress mode (`None`: the CQ's default). Only
+    /// for a runtime that runs nothing else: the blocking checks.
+    Blocking(Option<ProgressMode>),
+}
+
 /// The CQ's descriptor for tokio's reactor (never read through this
 /// type); the CQ handle keeps the descriptor open.
 struct CqFd(CompletionQueue);
@@ -67,23 +88,31 @@ impl AsRawFd for CqFd {
 }
 
 /// An RDMA connection to the version table with its descriptor in tokio's
-/// reactor. `fd` is declared first so it is deregistered before the
-/// connection goes.
+/// reactor (`None`: waits with [`CqWait::Blocking`]). `fd` is declared
+/// first so it is deregistered before the connection goes.
 struct RdmaLink {
-    fd: AsyncFd<CqFd>,
+    fd: Option<AsyncFd<CqFd>>,
     conn: RdmaConn,
+    timeout: Duration,
 }
 
 impl RdmaLink {
     /// The next completion, doing the receive work on this thread in
     /// application-driven mode (`poll_one` does it when the CQ is empty).
     async fn completion(&self) -> Result<WorkCompletion, CheckError> {
+        let Some(fd) = &self.fd else {
+            return self
+                .conn
+                .cq()
+                .wait_one(self.timeout)
+                .map_err(|e| CheckError::Protocol(e.to_string()))?
+                .ok_or(CheckError::Timeout(self.timeout));
+        };
         loop {
             if let Some(wc) = self.conn.cq().poll_one() {
                 return Ok(wc);
             }
-            let mut ready = self
-                .fd
+            let mut ready = fd
                 .readable()
                 .await
                 .map_err(|e| CheckError::Protocol(format!("waiting on the CQ: {e}")))?;
@@ -112,13 +141,20 @@ impl RdmaLink {
 enum Link {
     Rdma(Box<RdmaLink>),
     Tcp(TcpStream),
+    /// A blocking check's TCP stream (read and write timeouts set).
+    BlockingTcp(std::net::TcpStream),
     Sockets(AsyncStream),
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Way {
-    Rdma(RdmaWait),
+    Rdma(CqWait),
     Tcp,
+    /// TCP with blocking reads and writes on the thread that runs the
+    /// check (the blocking [`crate::check::TcpCheck`]: its runtime runs
+    /// nothing else, and a read that sleeps in the kernel answers sooner
+    /// than a wait on the reactor).
+    BlockingTcp,
     Sockets,
 }
 
@@ -157,15 +193,50 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, doc: u32) -> Result<u
     version_of_reply(&m, doc)
 }
 
+/// [`ask`] with blocking reads and writes (`timeout`: the stream's, named
+/// in the error).
+fn ask_blocking(
+    s: &mut std::net::TcpStream,
+    doc: u32,
+    timeout: Duration,
+) -> Result<u64, CheckError> {
+    use crate::msgio::{read_msg, write_msg, MsgError};
+    write_msg(s, &Repr::new(Kind::VersionRequest, doc))
+        .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
+    let m = read_msg(s).map_err(|e| match e {
+        MsgError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            CheckError::Timeout(timeout)
+        }
+        e => CheckError::Protocol(format!("reading the version thread's answer: {e}")),
+    })?;
+    version_of_reply(&m, doc)
+}
+
 impl AsyncCheck {
     /// RDMA Reads of the version table at the module's `--rdma-listen`.
     pub fn rdma(addr: SocketAddr, timeout: Duration, wait: RdmaWait) -> AsyncCheck {
+        AsyncCheck::new(Way::Rdma(CqWait::Reactor(wait)), addr, timeout)
+    }
+
+    /// RDMA Reads that wait as `wait` says (the blocking checks use
+    /// [`CqWait::Blocking`]).
+    pub(crate) fn rdma_waiting(addr: SocketAddr, timeout: Duration, wait: CqWait) -> AsyncCheck {
         AsyncCheck::new(Way::Rdma(wait), addr, timeout)
     }
 
     /// Requests to the module's version thread at its `--version-listen`.
     pub fn tcp(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
         AsyncCheck::new(Way::Tcp, addr, timeout)
+    }
+
+    /// Requests to the version thread with blocking I/O ([`Way::BlockingTcp`]).
+    pub(crate) fn tcp_blocking(addr: SocketAddr, timeout: Duration) -> AsyncCheck {
+        AsyncCheck::new(Way::BlockingTcp, addr, timeout)
     }
 
     /// Requests to the version thread over iWARP sockets (`--sockets-listen`).
@@ -193,7 +264,16 @@ impl AsyncCheck {
         let (addr, t) = (self.addr, self.timeout);
         let join = |e: tokio::task::JoinError| CheckError::Unreachable(e.to_string());
         match self.kind {
-            Way::Rdma(wait) => {
+            Way::Rdma(CqWait::Blocking(progress)) => {
+                // Nothing else runs on this runtime: connect right here.
+                let conn = RdmaConn::open(addr, t, progress, self.token.as_ref())?;
+                Ok(Link::Rdma(Box::new(RdmaLink {
+                    fd: None,
+                    conn,
+                    timeout: t,
+                })))
+            }
+            Way::Rdma(CqWait::Reactor(wait)) => {
                 let token = self.token.clone();
                 let conn = tokio::task::spawn_blocking(move || {
                     RdmaConn::open(addr, t, Some(wait.progress()), token.as_ref())
@@ -213,7 +293,11 @@ impl AsyncCheck {
                         e.into_parts().1
                     ))
                 })?;
-                Ok(Link::Rdma(Box::new(RdmaLink { fd, conn })))
+                Ok(Link::Rdma(Box::new(RdmaLink {
+                    fd: Some(fd),
+                    conn,
+                    timeout: t,
+                })))
             }
             Way::Tcp => {
                 let s = tokio::time::timeout(t, TcpStream::connect(addr))
@@ -223,6 +307,15 @@ impl AsyncCheck {
                 s.set_nodelay(true)
                     .map_err(|e| CheckError::Unreachable(e.to_string()))?;
                 Ok(Link::Tcp(s))
+            }
+            Way::BlockingTcp => {
+                let s = std::net::TcpStream::connect_timeout(&addr, t)
+                    .map_err(|e| CheckError::Unreachable(format!("{addr}: {e}")))?;
+                let io = |e: std::io::Error| CheckError::Unreachable(e.to_string());
+                s.set_nodelay(true).map_err(io)?;
+                s.set_read_timeout(Some(t)).map_err(io)?;
+                s.set_write_timeout(Some(t)).map_err(io)?;
+                Ok(Link::BlockingTcp(s))
             }
             Way::Sockets => {
                 let opts = iwarp_sockets::Options {
@@ -245,6 +338,7 @@ impl AsyncCheck {
             match link {
                 Link::Rdma(l) => l.read(doc, bounds).await,
                 Link::Tcp(s) => ask(s, doc).await,
+                Link::BlockingTcp(s) => ask_blocking(s, doc, t),
                 Link::Sockets(s) => ask(s, doc).await,
             }
         };
@@ -261,12 +355,18 @@ impl AsyncCheck {
         }
     }
 
-    async fn check(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
+    /// Connect unless the link is up; whether it was.
+    async fn ensure_link(&mut self) -> Result<bool, CheckError> {
         let reused = self.usable();
         if !reused {
             self.link = None;
             self.link = Some(self.connect().await?);
         }
+        Ok(reused)
+    }
+
+    async fn check(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
+        let reused = self.ensure_link().await?;
         match self.once(doc, bounds).await {
             Ok(v) => Ok(v),
             Err(e @ CheckError::NoSuchDocument { .. }) => Err(e),
@@ -287,6 +387,32 @@ impl AsyncCheck {
                 }
             }
         }
+    }
+
+    /// RDMA: the version table's advertisement (connecting if needed).
+    pub async fn advert(&mut self) -> Result<Advert, CheckError> {
+        if !matches!(self.kind, Way::Rdma(_)) {
+            return Err(CheckError::Protocol(
+                "only an RDMA check has a version table advertisement".into(),
+            ));
+        }
+        self.ensure_link().await?;
+        match &self.link {
+            Some(Link::Rdma(l)) => Ok(l.conn.advert()),
+            _ => Err(CheckError::Protocol(
+                "no RDMA connection after connecting".into(),
+            )),
+        }
+    }
+
+    /// The address checked.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Is a connection up (made by an earlier check)?
+    pub fn connected(&self) -> bool {
+        self.link.is_some()
     }
 
     /// The same checker without its connection (the next check connects).

@@ -1,21 +1,27 @@
-//! The proxy's version checks.
+//! The proxy's version checks, blocking, and what every check shares.
 //!
 //! - [`RdmaCheck`]: one RDMA Read of the document's 16-byte slot in the
 //!   module's version table; the module runs no code for it.
 //! - [`TcpCheck`]: a `VERSION_REQUEST` to the module's version thread.
 //!
-//! Both keep one connection and make it again when it broke (the module
-//! restarted): an operation on a connection that was already up is
-//! retried once on a fresh one; a failure on a fresh one is the caller's
-//! error (the proxy answers 502). A slot outside the table is refused
-//! before any Read; [`RdmaCheck::read_slot_unchecked`] skips that check
-//! (tests), and then the module's stack answers with a Terminate, the
-//! Read completes with a remote access error, and the connection is
-//! dropped: an error, never a stale or made-up version.
+//! The checks themselves are written once, in [`crate::acheck`]
+//! ([`AsyncCheck`]); these blocking types run one on a runtime of their
+//! own ([`Blocking`]), so they behave alike: one connection, made again
+//! when it broke (the module restarted): an operation on a connection that
+//! was already up is retried once on a fresh one; a failure on a fresh one
+//! is the caller's error (the proxy answers 502). A slot outside the table
+//! is refused before any Read; [`RdmaCheck::read_slot_unchecked`] skips
+//! that check (tests), and then the module's stack answers with a
+//! Terminate, the Read completes with a remote access error, and the
+//! connection is dropped: an error, never a stale or made-up version.
+//!
+//! This module also holds the pieces of a check: the errors, the RDMA
+//! connection to the version table ([`RdmaConn`], and the [`Reader`] the
+//! push module reads a proxy's state region with), and the meaning of the
+//! version thread's answer.
 
 use std::fmt;
-use std::io;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
@@ -27,7 +33,7 @@ use iwarp::{
 };
 
 use crate::access::Token;
-use crate::msgio::{read_msg, write_msg};
+use crate::acheck::{AsyncCheck, CqWait};
 
 /// Why a version is not known.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +184,11 @@ impl RdmaConn {
         })
     }
 
+    /// The table's advertisement (from the MPA Reply).
+    pub(crate) fn advert(&self) -> Advert {
+        self.advert
+    }
+
     /// The completion queue (its descriptor is what an event loop waits on).
     pub(crate) fn cq(&self) -> &CompletionQueue {
         &self.r.cq
@@ -246,22 +257,70 @@ impl RdmaConn {
     }
 }
 
-/// Version checks by RDMA Read.
+/// A blocking front on one [`AsyncCheck`], the one implementation of the
+/// checks: each call runs the check to its end on a current-thread tokio
+/// runtime that this value owns (made at the first check), so a blocking
+/// check takes no thread besides the caller's.
+pub(crate) struct Blocking {
+    // Declared first: the check's connections go before their runtime.
+    check: AsyncCheck,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl fmt::Debug for Blocking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Blocking")
+            .field("addr", &self.check.addr())
+            .field("connected", &self.check.connected())
+            .finish()
+    }
+}
+
+impl Blocking {
+    pub(crate) fn new(check: AsyncCheck) -> Blocking {
+        Blocking { check, rt: None }
+    }
+
+    pub(crate) fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
+        runtime(&mut self.rt)?.block_on(self.check.version(doc))
+    }
+
+    fn advert(&mut self) -> Result<Advert, CheckError> {
+        runtime(&mut self.rt)?.block_on(self.check.advert())
+    }
+
+    fn read_slot_unchecked(&mut self, doc: u32) -> Result<u64, CheckError> {
+        runtime(&mut self.rt)?.block_on(self.check.read_slot_unchecked(doc))
+    }
+}
+
+/// The blocking check's runtime, made at its first use.
+fn runtime(
+    rt: &mut Option<tokio::runtime::Runtime>,
+) -> Result<&tokio::runtime::Runtime, CheckError> {
+    if rt.is_none() {
+        let made = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                CheckError::Unreachable(format!(
+                    "creating the check's event loop: {e} (out of file descriptors? raise ulimit -n)"
+                ))
+            })?;
+        *rt = Some(made);
+    }
+    Ok(rt.as_ref().expect("made above"))
+}
+
+/// Version checks by RDMA Read (blocking; [`AsyncCheck::rdma`] is the
+/// same check on an event loop).
+#[derive(Debug)]
 pub struct RdmaCheck {
+    inner: Blocking,
     addr: SocketAddr,
     timeout: Duration,
     progress: Option<iwarp::ProgressMode>,
     token: Option<Token>,
-    conn: Option<RdmaConn>,
-}
-
-impl fmt::Debug for RdmaCheck {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RdmaCheck")
-            .field("addr", &self.addr)
-            .field("connected", &self.conn.is_some())
-            .finish()
-    }
 }
 
 impl RdmaCheck {
@@ -269,156 +328,75 @@ impl RdmaCheck {
     /// operation bounded by `timeout`. Connects lazily.
     pub fn new(addr: SocketAddr, timeout: Duration) -> RdmaCheck {
         RdmaCheck {
+            inner: Blocking::new(AsyncCheck::rdma_waiting(
+                addr,
+                timeout,
+                CqWait::Blocking(None),
+            )),
             addr,
             timeout,
             progress: None,
             token: None,
-            conn: None,
         }
+    }
+
+    fn rebuild(mut self) -> RdmaCheck {
+        let c = AsyncCheck::rdma_waiting(self.addr, self.timeout, CqWait::Blocking(self.progress));
+        self.inner = Blocking::new(c.with_token(self.token.clone()));
+        self
     }
 
     /// Prove `token` when connecting (ccappd's `--token-file`).
     pub fn with_token(mut self, token: Option<Token>) -> RdmaCheck {
         self.token = token;
-        self
+        self.rebuild()
     }
 
     /// Wait for the Read's completion this way (default: the CQ's default,
     /// `Threaded` with a short spin).
     pub fn with_progress(mut self, mode: iwarp::ProgressMode) -> RdmaCheck {
         self.progress = Some(mode);
-        self
-    }
-
-    fn connect(&self) -> Result<RdmaConn, CheckError> {
-        RdmaConn::open(self.addr, self.timeout, self.progress, self.token.as_ref())
+        self.rebuild()
     }
 
     /// The table's advertisement (connecting if needed).
     pub fn advert(&mut self) -> Result<Advert, CheckError> {
-        if self.conn.is_none() {
-            self.conn = Some(self.connect()?);
-        }
-        Ok(self
-            .conn
-            .as_ref()
-            .map(|c| c.advert)
-            .expect("connected above"))
-    }
-
-    fn read_once(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
-        let c = self.conn.as_mut().expect("caller connects");
-        c.bounds(doc, bounds)?;
-        for _ in 0..TORN_RETRIES {
-            let wr_id = c.post_read(doc)?;
-            let wc =
-                c.r.cq
-                    .wait_one(self.timeout)
-                    .map_err(|e| CheckError::Protocol(e.to_string()))?
-                    .ok_or(CheckError::Timeout(self.timeout))?;
-            if let Some(v) = c.slot_version(doc, wr_id, &wc)? {
-                return Ok(v);
-            }
-        }
-        Err(CheckError::Torn { doc })
-    }
-
-    fn read(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
-        let reused = match &self.conn {
-            Some(c) if c.usable() => true,
-            _ => {
-                self.conn = None;
-                self.conn = Some(self.connect()?);
-                false
-            }
-        };
-        match self.read_once(doc, bounds) {
-            Ok(v) => Ok(v),
-            Err(e @ CheckError::NoSuchDocument { .. }) => Err(e),
-            Err(e) => {
-                // The connection is unusable after a failed Read (the QP is
-                // in error, or a late completion may still arrive).
-                self.conn = None;
-                if reused && !matches!(e, CheckError::Completion(WcStatus::RemAccessErr)) {
-                    tracing::info!(error = %e, "version connection broke; reconnecting once");
-                    self.conn = Some(self.connect()?);
-                    let r = self.read_once(doc, bounds);
-                    if r.is_err() {
-                        self.conn = None;
-                    }
-                    r
-                } else {
-                    Err(e)
-                }
-            }
-        }
+        self.inner.advert()
     }
 
     /// Read slot `doc` even if it is outside the advertised table (to
     /// exercise the module's bounds check).
     pub fn read_slot_unchecked(&mut self, doc: u32) -> Result<u64, CheckError> {
-        self.read(doc, false)
+        self.inner.read_slot_unchecked(doc)
     }
 }
 
 impl VersionCheck for RdmaCheck {
     fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
-        self.read(doc, true)
+        self.inner.version(doc)
     }
 }
 
-/// Version checks by a request to the module's version thread.
+/// Version checks by a request to the module's version thread (blocking;
+/// [`AsyncCheck::tcp`] is the same check on an event loop).
 #[derive(Debug)]
 pub struct TcpCheck {
-    addr: SocketAddr,
-    timeout: Duration,
-    conn: Option<TcpStream>,
+    inner: Blocking,
 }
 
 impl TcpCheck {
     /// Checks against the module's `--version-listen` at `addr`.
     pub fn new(addr: SocketAddr, timeout: Duration) -> TcpCheck {
         TcpCheck {
-            addr,
-            timeout,
-            conn: None,
+            inner: Blocking::new(AsyncCheck::tcp_blocking(addr, timeout)),
         }
-    }
-
-    fn connect(&self) -> Result<TcpStream, CheckError> {
-        let s = TcpStream::connect_timeout(&self.addr, self.timeout)
-            .map_err(|e| CheckError::Unreachable(format!("{}: {e}", self.addr)))?;
-        let io = |e: io::Error| CheckError::Unreachable(e.to_string());
-        s.set_nodelay(true).map_err(io)?;
-        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
-        s.set_write_timeout(Some(self.timeout)).map_err(io)?;
-        Ok(s)
     }
 }
 
-/// One two-sided version request on a connected stream (a TCP stream, or
-/// an iWARP socket in `sockets` mode): `VERSION_REQUEST`, then the
-/// `VERSION_REPLY` or `ERROR` (`timeout` is the stream's read timeout,
-/// named in the error).
-pub(crate) fn ask_version(
-    s: &mut (impl io::Read + io::Write),
-    doc: u32,
-    timeout: Duration,
-) -> Result<u64, CheckError> {
-    write_msg(s, &Repr::new(Kind::VersionRequest, doc))
-        .map_err(|e| CheckError::Protocol(format!("sending the version request: {e}")))?;
-    let m = read_msg(s).map_err(|e| match e {
-        crate::msgio::MsgError::Io(io)
-            if matches!(
-                io.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            CheckError::Timeout(timeout)
-        }
-        e => CheckError::Protocol(e.to_string()),
-    })?;
-    version_of_reply(&m, doc)
+impl VersionCheck for TcpCheck {
+    fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
+        self.inner.version(doc)
+    }
 }
 
 /// The version in the version thread's answer `m` to a request for `doc`.
@@ -431,33 +409,5 @@ pub(crate) fn version_of_reply(m: &Repr, doc: u32) -> Result<u64, CheckError> {
         _ => Err(CheckError::Protocol(format!(
             "the version thread answered {m} to a request for document {doc}"
         ))),
-    }
-}
-
-impl VersionCheck for TcpCheck {
-    fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
-        let reused = self.conn.is_some();
-        let mut s = match self.conn.take() {
-            Some(s) => s,
-            None => self.connect()?,
-        };
-        match ask_version(&mut s, doc, self.timeout) {
-            Ok(v) => {
-                self.conn = Some(s);
-                Ok(v)
-            }
-            Err(e @ CheckError::NoSuchDocument { .. }) => {
-                self.conn = Some(s);
-                Err(e)
-            }
-            Err(e) if reused => {
-                tracing::info!(error = %e, "version connection broke; reconnecting once");
-                let mut s = self.connect()?;
-                let v = ask_version(&mut s, doc, self.timeout)?;
-                self.conn = Some(s);
-                Ok(v)
-            }
-            Err(e) => Err(e),
-        }
     }
 }

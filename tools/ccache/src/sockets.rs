@@ -6,23 +6,25 @@
 //!   `iwarp_sockets::Listener` (`ccappd --sockets-listen`): a thread per
 //!   connection answers `VERSION_REQUEST` with `VERSION_REPLY` from the
 //!   version table, exactly as [`crate::appd::serve_versions`] does on TCP.
-//! - [`SocketsCheck`]: the proxy's side (`ccproxy --mode sockets
-//!   --appd-sockets A`), one stream per checker, reconnected once when a
-//!   stream that was up breaks (ccappd restarted).
+//! - [`SocketsCheck`]: the blocking check (`ccproxy --mode sockets
+//!   --appd-sockets A` uses [`AsyncCheck::sockets`], the same check on its
+//!   event loop), one stream per checker, reconnected once when a stream
+//!   that was up breaks (ccappd restarted).
 //!
 //! Like the `tcp` mode, every check runs the version thread on the
 //! application server; only the transport differs (RDMA Writes of the
 //! message into the peer's ring and a 4-byte Send, by rsockets' protocol).
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
-use iwarp_sockets::{Listener, Options, Stream};
+use iwarp_sockets::{Listener, Options};
 
-use crate::check::{ask_version, CheckError, VersionCheck};
+use crate::acheck::AsyncCheck;
+use crate::check::{Blocking, CheckError, VersionCheck};
 use crate::msgio::{read_msg, write_msg, MsgError};
 use crate::table::VersionTable;
 
@@ -126,62 +128,24 @@ pub fn spawn_listener(
     Ok(local)
 }
 
-/// Version checks by a request to the version thread over iWARP sockets.
+/// Version checks by a request to the version thread over iWARP sockets
+/// (blocking; [`AsyncCheck::sockets`] is the same check on an event loop).
 #[derive(Debug)]
 pub struct SocketsCheck {
-    addr: SocketAddr,
-    timeout: Duration,
-    conn: Option<Stream>,
+    inner: Blocking,
 }
 
 impl SocketsCheck {
     /// Checks against ccappd's `--sockets-listen` at `addr`.
     pub fn new(addr: SocketAddr, timeout: Duration) -> SocketsCheck {
         SocketsCheck {
-            addr,
-            timeout,
-            conn: None,
+            inner: Blocking::new(AsyncCheck::sockets(addr, timeout)),
         }
-    }
-
-    fn connect(&self) -> Result<Stream, CheckError> {
-        let opts = Options {
-            connect_timeout: self.timeout,
-            ..options()
-        };
-        let s = Stream::connect_with(self.addr, &opts)
-            .map_err(|e| CheckError::Unreachable(format!("{} (iWARP sockets): {e}", self.addr)))?;
-        let io = |e: io::Error| CheckError::Unreachable(e.to_string());
-        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
-        s.set_write_timeout(Some(self.timeout)).map_err(io)?;
-        Ok(s)
     }
 }
 
 impl VersionCheck for SocketsCheck {
     fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
-        let reused = self.conn.is_some();
-        let mut s = match self.conn.take() {
-            Some(s) => s,
-            None => self.connect()?,
-        };
-        match ask_version(&mut s, doc, self.timeout) {
-            Ok(v) => {
-                self.conn = Some(s);
-                Ok(v)
-            }
-            Err(e @ CheckError::NoSuchDocument { .. }) => {
-                self.conn = Some(s);
-                Err(e)
-            }
-            Err(e) if reused => {
-                tracing::info!(error = %e, "sockets version connection broke; reconnecting once");
-                let mut s = self.connect()?;
-                let v = ask_version(&mut s, doc, self.timeout)?;
-                self.conn = Some(s);
-                Ok(v)
-            }
-            Err(e) => Err(e),
-        }
+        self.inner.version(doc)
     }
 }
