@@ -282,15 +282,34 @@ impl Blocking {
     }
 
     pub(crate) fn version(&mut self, doc: u32) -> Result<u64, CheckError> {
-        runtime(&mut self.rt)?.block_on(self.check.version(doc))
+        drive(runtime(&mut self.rt)?, self.check.version(doc))
     }
 
     fn advert(&mut self) -> Result<Advert, CheckError> {
-        runtime(&mut self.rt)?.block_on(self.check.advert())
+        drive(runtime(&mut self.rt)?, self.check.advert())
     }
 
     fn read_slot_unchecked(&mut self, doc: u32) -> Result<u64, CheckError> {
-        runtime(&mut self.rt)?.block_on(self.check.read_slot_unchecked(doc))
+        drive(runtime(&mut self.rt)?, self.check.read_slot_unchecked(doc))
+    }
+}
+
+/// Run `fut` to its end on `rt`. The RDMA and TCP checks of a blocking
+/// check finish in their first poll (their waits are blocking calls), so
+/// that poll is made directly, inside the runtime's context; only a check
+/// that waits on the reactor (iWARP sockets) goes through `block_on`.
+fn drive<T>(rt: &tokio::runtime::Runtime, fut: impl std::future::Future<Output = T>) -> T {
+    use std::task::{Context, Poll, Waker};
+    let mut fut = std::pin::pin!(fut);
+    let first = {
+        let _in = rt.enter();
+        fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+    };
+    match first {
+        Poll::Ready(v) => v,
+        // Polled again by block_on with its own waker, which replaces
+        // the no-op one wherever the future registered it.
+        Poll::Pending => rt.block_on(fut),
     }
 }
 
