@@ -19,12 +19,16 @@
 #   g) a peer killed mid-stream: the other side's blocked read returns
 #      within 1 s (both directions); fork: a child closes an inherited
 #      stream and the parent carries on;
-#   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite).
+#   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite);
+#   j) descriptors closed or replaced during stalled MPA exchanges;
+#   k) a thread-per-connection and an event-loop (selectors/epoll) server keep
+#      >= 0.9x their rate of new clients while MPA stallers arrive (issue 26 item 1).
 #
 #   scripts/test-preload.sh          # everything (about a minute)
 #   KEEP=1 scripts/test-preload.sh   # keep the temp dir (logs, stats)
 #   ONLY='^i\)' scripts/test-preload.sh  # only the checks whose name matches
 #   PORT_BASE=27400 scripts/test-preload.sh
+#   PRELOAD_LIBDIR=DIR scripts/test-preload.sh  # the libraries in DIR, no build
 #
 # Missing Debian packages (socat, iperf3, redis-server, redis-tools, nginx,
 # curl, python3, gcc) are installed with apt-get. Last line: "N passed, M
@@ -107,13 +111,18 @@ fi
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3)
 
-echo "building libiwarp_preload.so and libiwarp_rsocket.so (release)"
-if ! timeout 1200 cargo build --release -q -p iwarp-preload -p iwarp-rsocket; then
-    bad "cargo build -p iwarp-preload -p iwarp-rsocket"
-    finish
+if [ -n "${PRELOAD_LIBDIR:-}" ]; then
+    # Libraries built elsewhere (a copy of target/release), no build.
+    LIBDIR=$(cd "$PRELOAD_LIBDIR" && pwd) || exit 1
+else
+    echo "building libiwarp_preload.so and libiwarp_rsocket.so (release)"
+    if ! timeout 1200 cargo build --release -q -p iwarp-preload -p iwarp-rsocket; then
+        bad "cargo build -p iwarp-preload -p iwarp-rsocket"
+        finish
+    fi
+    TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    LIBDIR=$TARGET_DIR/release
 fi
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-LIBDIR=$TARGET_DIR/release
 LIB=$LIBDIR/libiwarp_preload.so
 
 # pre STATS CMD...: run CMD preloaded, its decisions appended to STATS.
@@ -574,6 +583,57 @@ t_fork_child() {
     echo "info: parent served over iWARP; the child's client fell back to plain TCP"
 }
 check "g) fork: a child of a parent with streams serves its client over plain TCP" t_fork_child
+# The same child, deterministically: its client's MPA Request arrives
+# 100 ms after the TCP handshake (a loaded client; this was the race that
+# made the check above fail 1 run in 3). A process that makes no streams
+# must decide at accept, so the MPA client is closed before the program
+# sees it and the program's one accept is the client's plain fallback;
+# handed over undecided, the child would write the file into the MPA
+# connection and never serve the fallback.
+t_fork_child_late() {
+    next_port
+    local s out
+    rm -f "$T/g-fl-srv.stats" "$T/g-fl-cli.stats"
+    bgpre "$T/g-fl-srv.stats" timeout 30 "$PY" "$HELPER" fork-serve "$PORT" "$T/in4"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    out=$(pre "$T/g-fl-cli.stats" timeout 20 "$PY" "$HELPER" fetch "$PORT" 1) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (parent)"; return 1; }
+    # A raw MPA client (RFC 5044 §7.1 Request header, no private data),
+    # then its fallback: a plain connection that reads the file.
+    out=$(timeout 20 "$PY" - "$PORT" <<'PYEOF'
+import hashlib, socket, sys, time
+port = int(sys.argv[1])
+c = socket.create_connection(("127.0.0.1", port), timeout=10)
+time.sleep(0.1)
+c.sendall(b"MPA ID Req Frame" + bytes([0x40, 0x01, 0, 0]))
+got = b""
+try:
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+except OSError:
+    pass
+if got:
+    sys.exit(f"the MPA client got {len(got)} bytes of plain data instead of a close")
+c = socket.create_connection(("127.0.0.1", port), timeout=10)
+h = hashlib.sha256()
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    h.update(b)
+print(h.hexdigest())
+PYEOF
+    ) || return 1
+    [ "$out" = "$(sha "$T/in4")" ] || { echo "SHA-256 differs (child): $out"; return 1; }
+    wait_pid "$s" 10 || return 1
+    has "$T/g-fl-srv.stats" "accept refused" && has "$T/g-fl-srv.stats" "accept plain" || return 1
+    echo "info: a late MPA Request (100 ms after the handshake) was refused at the child's accept; its plain fallback was served"
+}
+check "g) fork: a child of a parent with streams refuses a late MPA client at accept, serves its fallback" t_fork_child_late
 # socat_echo TAG SERVICE: a socat that accepts in the parent and serves
 # each connection in a forked child with SERVICE (socat's second
 # address); 4 preloaded clients echo 4 MiB each through it. Passes when
@@ -592,7 +652,11 @@ socat_echo() {
     done
     stop "$s"
     [ "$(grep -c ' connect iwarp ' "$T/g-$tag-cli.stats")" = 4 ] || { echo "client stats:"; cat "$T/g-$tag-cli.stats"; return 1; }
-    [ "$(grep -c ' accept iwarp ' "$T/g-$tag-srv.stats")" = 4 ] || { echo "server stats:"; cat "$T/g-$tag-srv.stats"; return 1; }
+    # The server side records "accept iwarp" where it decides (the
+    # accepting parent when the Request was there at accept, else the
+    # process that first looks at it): at least one per client process is
+    # not required, but no refusal is allowed (below).
+    grep -q ' accept iwarp ' "$T/g-$tag-srv.stats" || { echo "server stats:"; cat "$T/g-$tag-srv.stats"; return 1; }
     if grep -q "connect plain" "$T/g-$tag-cli.stats" || grep -q refused "$T/g-$tag-srv.stats"; then
         echo "a client fell back:"; cat "$T/g-$tag-cli.stats" "$T/g-$tag-srv.stats"; return 1
     fi
@@ -724,11 +788,12 @@ rate_round() {
     pre "$T/k-cli.stats" timeout 30 "$PY" "$HELPER" conn-rate "$port" "$secs" | sed -n 's/^rate //p'
     [ -z "${st:-}" ] || wait "$st"
 }
-# t_stall_rate MODE: a preloaded echo server (helper.py echo-server MODE)
-# keeps its rate of new preloaded clients while stallers arrive (issue 26
-# item 1: target 0.9x, gate 0.75x, see below). Interleaved rounds, medians compared; every measured
-# client must have gone over iWARP (a fallback to TCP would compare
-# unlike things).
+# t_stall_rate MODE: a preloaded echo server (helper.py echo-server MODE:
+# `blocking`, a thread per connection, or `select`, one thread with
+# selectors/epoll and non-blocking sockets) keeps >= 0.9x its rate of new
+# preloaded clients while stallers arrive (issue 26 item 1). Interleaved
+# rounds, medians compared; every measured client must have gone over
+# iWARP (a fallback to TCP would compare unlike things).
 t_stall_rate() {
     local mode=$1 s _round base=() with=() ratio
     next_port
@@ -749,17 +814,15 @@ t_stall_rate() {
     grep -q "accept refused" "$T/k-srv.stats" || { echo "no staller reached the server's MPA exchange"; return 1; }
     ratio=$("$PY" -c 'import statistics as s,sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print(f"{s.median(b)/s.median(a):.2f}")' "${base[*]}" "${with[*]}")
     echo "info: $mode server: median rate with stallers / without = $ratio (${with[*]} vs ${base[*]} connections/s)"
-    # The issue's target is 0.9x. Measured: 1.04 on an idle machine, 0.86
-    # in a CI rehearsal (2 cores, where the stallers' own processes and
-    # settle threads compete for the CPU this CPU-bound rate needs), so the
-    # gate is 0.75x until the rest of item 1 lands: it still fails on a
-    # stall (a process-wide lock held for a staller's 1 s, which made the
-    # measured clients time out and fall back to TCP, is caught above).
-    "$PY" -c "import sys; sys.exit(0 if $ratio >= 0.75 else 1)" || { echo "below 0.75x"; return 1; }
-    "$PY" -c "import sys; sys.exit(0 if $ratio >= 0.9 else 1)" ||
-        echo "info: below the issue's 0.9x target (issue 26 item 1 is open)"
+    # The issue's gate. A staller costs the server nothing on its own
+    # threads now (its exchange waits in the shim's one watcher thread), so
+    # what is left is CPU: the stallers' processes share the 2 cores.
+    "$PY" -c "import sys; sys.exit(0 if $ratio >= 0.9 else 1)" || { echo "below 0.9x"; return 1; }
 }
-check "k) a blocking (thread per connection) server keeps >= 0.75x its rate while MPA stallers arrive (target 0.9x)" t_stall_rate blocking
+check "k) a blocking (thread per connection) server keeps >= 0.9x its rate while MPA stallers arrive" t_stall_rate blocking
+# The event loop: before the fix its first read of a staller's accept ran
+# the MPA exchange on its only thread (up to 1 s each).
+check "k) an event-loop (selectors/epoll) server keeps >= 0.9x its rate while MPA stallers arrive" t_stall_rate select
 
 # ---- i) a privileged program --------------------------------------------------------------
 # Under secure execution (AT_SECURE: setuid, setgid, file capabilities) the

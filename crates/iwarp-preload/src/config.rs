@@ -19,7 +19,8 @@ pub struct Config {
     /// Addresses to take over (the peer's for connect, ours for accept;
     /// empty: all).
     pub addrs: Vec<IpAddr>,
-    /// How long a server waits for a client's first bytes.
+    /// How long a server waits for a client's first bytes (by default
+    /// the connect timeout, `IWARP_PRELOAD_CONNECT_MS`).
     pub peek: Duration,
     /// How long a peer that did not answer MPA is remembered.
     pub fallback: Duration,
@@ -27,6 +28,9 @@ pub struct Config {
     /// the shim makes it a stream anyway (below the client's connect
     /// timeout, so it gets its MPA Reply).
     pub settle_after: Duration,
+    /// At most this many MPA accepts wait for their first use or their
+    /// exchange at once (see `iwarp_rsocket::settle`).
+    pub max_pending: usize,
     /// Where to append one line per connection decision.
     pub stats: Option<String>,
     /// The stream options (`IWARP_SOCKETS_*`).
@@ -43,6 +47,7 @@ const KEYS: &[&str] = &[
     "STATS",
     "LOG",
     "EINTR",
+    "MAX_PENDING",
 ];
 
 fn parse_file(path: &str) -> HashMap<String, String> {
@@ -166,15 +171,24 @@ fn load_from(secure: bool, env: &dyn Fn(&str) -> Option<String>) -> Config {
     if get("EINTR").is_some_and(|v| v.trim() == "0") {
         iwarp_rsocket::ops::INTERRUPTIBLE.store(false, std::sync::atomic::Ordering::Relaxed);
     }
-    let connect_timeout = Duration::from_millis(num("CONNECT_MS", 1000).max(1));
+    let connect_ms = num("CONNECT_MS", 1000).max(1);
+    let connect_timeout = Duration::from_millis(connect_ms);
     let mut opts = Options::from_vars(env);
     opts.connect_timeout = connect_timeout;
     Config {
         ports,
         addrs,
-        peek: Duration::from_millis(num("PEEK_MS", 200)),
+        // An MPA client sends its Request right after the TCP handshake
+        // and gives up on its exchange after its connect timeout: waiting
+        // that long for the first bytes never decides a live MPA client
+        // plain (200 ms did, on a loaded machine: a preloaded client whose
+        // Request came late got its own Request echoed back as data).
+        // Nobody waits on the program's thread for it (`settle`), except
+        // a write-first server's first write to a silent plain client.
+        peek: Duration::from_millis(num("PEEK_MS", connect_ms)),
         fallback: Duration::from_secs(num("FALLBACK_SECS", 60)),
         settle_after: Duration::from_millis(num("SETTLE_MS", 300)),
+        max_pending: num("MAX_PENDING", 64).clamp(1, 65536) as usize,
         stats: get("STATS"),
         opts,
     }
@@ -186,7 +200,14 @@ pub fn get() -> &'static Config {
     static C: OnceLock<Config> = OnceLock::new();
     C.get_or_init(|| {
         let _inside = Inside::enter();
-        load()
+        let c = load();
+        iwarp_rsocket::settle::configure(iwarp_rsocket::settle::Settings {
+            peek: c.peek,
+            settle_after: c.settle_after,
+            max_pending: c.max_pending,
+        });
+        iwarp_rsocket::settle::set_reporter(crate::record_accept);
+        c
     })
 }
 
@@ -268,7 +289,7 @@ mod tests {
         let c = load_from(true, &hostile);
         assert_eq!(c.stats, None, "IWARP_PRELOAD_STATS must not name a file");
         assert!(c.ports.is_empty());
-        assert_eq!(c.peek, Duration::from_millis(200));
+        assert_eq!(c.peek, Duration::from_millis(1000)); // CONNECT_MS
         let defaults = Options {
             connect_timeout: Duration::from_millis(1000), // IWARP_PRELOAD_CONNECT_MS
             ..Options::default()

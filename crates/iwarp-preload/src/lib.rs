@@ -11,18 +11,21 @@
 //!   `IWARP_PRELOAD_FALLBACK_SECS` (default 60) and connects the
 //!   program's socket over plain TCP, so the program sees a normal
 //!   connect. Peers in that memory get plain TCP at once.
-//! - **accept**: the listening socket stays a real TCP socket. Each
-//!   accepted connection is peeked at (`MSG_PEEK`, up to
-//!   `IWARP_PRELOAD_PEEK_MS`, default 200): if its first 16 bytes are the
-//!   MPA Request key (RFC 5044 §7.1), it becomes an iWARP stream on the
-//!   same descriptor number at its first use (a read, a write,
-//!   `epoll_ctl`, ...: `settled`), in the process that uses it, so a
-//!   server that accepts in the parent and serves in a forked child works
-//!   (or after `IWARP_PRELOAD_SETTLE_MS`, default 300, unused:
-//!   `start_settler`); otherwise the program gets the TCP connection
-//!   untouched. Copies (`dup`, `dup2`, `F_DUPFD`) wait with it, and a
-//!   program started by `exec` with such a connection (an inetd's
-//!   service) adopts it when the shim loads (`adopt_inherited`).
+//! - **accept**: the listening socket stays a real TCP socket, and
+//!   `accept` never waits for a client: an accepted connection whose first
+//!   16 bytes are already the MPA Request key (RFC 5044 §7.1) waits for
+//!   its first use (a read, a write, `epoll_ctl`, ...: `settled`) in the
+//!   process that uses it, so a server that accepts in the parent and
+//!   serves in a forked child works; one whose first bytes have not
+//!   arrived is *undecided* until they do; anything else is the program's
+//!   TCP connection, untouched. The MPA exchange itself never runs on the
+//!   program's thread (`iwarp_rsocket::settle`): the number shows "not
+//!   ready" meanwhile, a non-blocking call gets `EAGAIN`, a blocking one
+//!   waits, one watcher thread per process drives every exchange, and an
+//!   accept left alone for `IWARP_PRELOAD_SETTLE_MS` (300) is made a stream
+//!   anyway. Copies (`dup`, `dup2`, `F_DUPFD`) wait with it, and a program
+//!   started by `exec` with such a connection (an inetd's service) adopts
+//!   it when the shim loads (`adopt_inherited`).
 //!
 //! A stream's descriptor number refers to its readiness descriptor (see
 //! `iwarp_rsocket::table`), so `poll`, `select` and `epoll_wait` need no
@@ -39,12 +42,10 @@
 mod config;
 
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Duration;
 
 use iwarp_rsocket::errno::{boundary, fail_with};
 use iwarp_rsocket::real::real;
-use iwarp_rsocket::{attach, ops, table};
+use iwarp_rsocket::{attach, ops, settle, table};
 use libc::{c_int, c_ulong, c_void, iovec, msghdr, off_t, size_t, sockaddr, socklen_t, ssize_t};
 
 /// Reads the configuration when the library is loaded, before `main`:
@@ -61,6 +62,12 @@ extern "C" fn load_config() {
         config::get();
         adopt_inherited();
     });
+}
+
+/// The decisions the settle watcher takes (an undecided accept found plain
+/// or MPA, an exchange that failed) go to the same record as `accept`'s.
+fn record_accept(how: &str, peer: Option<std::net::SocketAddr>, why: &str) {
+    config::get().record("accept", how, peer, why);
 }
 
 /// The descriptors open in this process (`/proc/self/fd`; without `/proc`,
@@ -105,10 +112,17 @@ fn adopt_inherited() {
         let (Some(local), Some(peer)) = (sock_addr(fd, false), sock_addr(fd, true)) else {
             continue; // listening, or not connected
         };
-        if !cfg.wants(&local) || !attach::peek_is_mpa(fd, Duration::ZERO) {
+        if !cfg.wants(&local) {
             continue;
         }
-        match attach::defer(fd, &cfg.opts) {
+        // The client's Request may still be on its way (the accept that
+        // left it undecided was in the process before the exec).
+        let deferred = match settle::first_bytes(fd) {
+            attach::FirstBytes::Plain => continue,
+            attach::FirstBytes::Mpa => attach::defer(fd, &cfg.opts),
+            attach::FirstBytes::NeedMore => attach::defer_undecided(fd, &cfg.opts),
+        };
+        match deferred {
             Ok(()) => {
                 any = true;
                 tracing::debug!(fd, %peer, "an MPA client's connection inherited through exec waits for its first use");
@@ -119,16 +133,17 @@ fn adopt_inherited() {
         }
     }
     if any {
-        start_settler(cfg.settle_after);
+        settle::ensure_watcher();
     }
 }
 
 macro_rules! on_stream {
-    ($fd:expr, $what:literal, |$s:ident| $body:expr, else $real:expr) => {
-        match settled($fd, $what) {
+    ($fd:ident, $what:literal, $dontwait:expr, |$s:ident| $body:expr, else $real:expr) => {
+        match settled($fd, $what, $dontwait) {
             Err(errno) => fail_with(errno),
-            // `_held`: see `settled`.
-            Ok(_held) => match table::lookup($fd) {
+            // `_held`: see `settled`; `$fd` may now name the TCP socket's
+            // private copy (a name or option call during an exchange).
+            Ok((_held, $fd)) => match table::lookup($fd) {
                 Some($s) => boundary($what, || $body),
                 None => $real,
             },
@@ -138,109 +153,64 @@ macro_rules! on_stream {
 
 /// Calls that a TCP socket answers as well as a stream: they leave a
 /// deferred accept deferred (socat's parent asks for names before it
-/// forks the child that serves).
-const ANSWERED_BY_TCP: [&str; 3] = ["getsockname", "getpeername", "getsockopt"];
+/// forks the child that serves), and during its exchange the TCP socket
+/// (a private copy) answers them.
+const ANSWERED_BY_TCP: [&str; 4] = ["getsockname", "getpeername", "getsockopt", "setsockopt"];
+/// Calls that start the exchange of a deferred accept but never wait for
+/// it: they act on the placeholder meanwhile (`iwarp_rsocket::settle`).
+const NEVER_WAIT: [&str; 2] = ["epoll_ctl", "ioctl"];
 
 /// If `fd` is an accept deferred to its first use (`table`, "Accepts
-/// wait for their first use"), make it a stream now, unless `what` is a
-/// call the TCP socket answers: then the returned guard keeps the settle
-/// thread from changing the descriptor during that call. `Err(errno)`
-/// when the stream could not be made (`fd` is then a closed connection,
-/// and the client falls back).
-fn settled(fd: RawFd, what: &str) -> Result<Option<attach::SettlesHeld>, c_int> {
+/// wait for their first use"), start making it a stream, off this thread
+/// (`iwarp_rsocket::settle`): a non-blocking call (`O_NONBLOCK`, or
+/// `dontwait`: `MSG_DONTWAIT`) then fails with `EAGAIN` until the stream
+/// is ready, as a TCP socket in its handshake would; a blocking call
+/// waits for it. A call the TCP socket answers ([`ANSWERED_BY_TCP`])
+/// leaves the accept deferred; the returned guard keeps the settle
+/// watcher from changing the descriptor during that call, and the
+/// returned number is the one to make the call on. `Err(errno)` when the
+/// stream could not be made (`fd` is then a closed connection, and the
+/// client falls back).
+fn settled(
+    fd: RawFd,
+    what: &str,
+    dontwait: bool,
+) -> Result<(Option<attach::SettlesHeld>, RawFd), c_int> {
     if table::inside() || !(table::is_deferred(fd) || attach::is_settling(fd)) {
-        return Ok(None);
+        return Ok((None, fd));
     }
     if ANSWERED_BY_TCP.contains(&what) {
-        return Ok(Some(attach::hold_settles()));
+        let held = attach::hold_settles();
+        let target = held.tcp_of(fd);
+        return Ok((Some(held), target));
     }
-    let peer = sock_addr(fd, true);
-    let mut why = String::from("internal error");
-    let rc: i8 = boundary(what, || match attach::settle(fd) {
-        Ok(()) => 0,
-        Err(e) => {
-            why = e.to_string();
-            1
-        }
+    let wait = !NEVER_WAIT.contains(&what) && !dontwait && !attach::fd_flags(fd).0;
+    let mut why = None;
+    let rc: i8 = boundary(what, || {
+        let r = if wait {
+            attach::settle(fd)
+        } else {
+            settle::begin(fd).map(|_| ())
+        };
+        why = r.err();
+        0
     });
-    if rc == 0 {
-        return Ok(None);
-    }
-    let why = format!(
-        "(MPA Request, but the iWARP accept at its first use ({what}) failed: {why}; closed, the client falls back)"
-    );
-    config::get().record("accept", "refused", peer, &why.replace('\n', " "));
-    Err(libc::ECONNRESET)
-}
-
-/// The pid of the process whose settle thread runs (0: none). A child
-/// inherits the value but not the thread, hence the pid.
-static SETTLER: AtomicI32 = AtomicI32::new(0);
-
-/// Makes sure this process has a thread that makes deferred accepts
-/// streams once they waited `after` for their first use (a client gives up
-/// on its MPA Reply after `IWARP_PRELOAD_CONNECT_MS`, 1 s by default). It
-/// ends when no accept waits.
-fn start_settler(after: Duration) {
-    let me = std::process::id() as i32;
-    let cur = SETTLER.load(Ordering::Acquire);
-    if cur == me
-        || SETTLER
-            .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-    {
-        return;
-    }
-    let tick = (after / 4).clamp(Duration::from_millis(5), Duration::from_millis(50));
-    let spawned = std::thread::Builder::new()
-        .name("iwarp-settle".into())
-        .spawn(move || loop {
-            std::thread::sleep(tick);
-            for fd in table::deferred_older_than(after) {
-                settle_in_background(fd);
-            }
-            if table::none_deferred() {
-                SETTLER.store(0, Ordering::Release);
-                // An accept deferred meanwhile may have seen this thread
-                // still running: take the job back unless another did.
-                if table::none_deferred()
-                    || SETTLER
-                        .compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire)
-                        .is_err()
-                {
-                    return;
-                }
-            }
-        });
-    if spawned.is_err() {
-        SETTLER.store(0, Ordering::Release);
-    }
-}
-
-/// Settles started by the timer that have not ended yet.
-static TIMER_SETTLES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-/// At most this many of them at once (each is one thread, for up to
-/// `IWARP_PRELOAD_CONNECT_MS` when its client stalls); the rest wait for
-/// a later tick.
-const MAX_TIMER_SETTLES: usize = 16;
-
-/// Makes the deferred accept `fd` a stream on a thread of its own, so a
-/// client that stalls its MPA exchange delays no other accept's (the
-/// settle thread used to settle them one after another). At most
-/// [`MAX_TIMER_SETTLES`] threads; `fd` is left for the next tick beyond.
-fn settle_in_background(fd: RawFd) {
-    if TIMER_SETTLES.fetch_add(1, Ordering::AcqRel) >= MAX_TIMER_SETTLES {
-        TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("iwarp-settle-1".into())
-        .spawn(move || {
-            let _ = settled(fd, "settle timer");
-            TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
-        });
-    if spawned.is_err() {
-        TIMER_SETTLES.fetch_sub(1, Ordering::AcqRel);
+    match why {
+        // The call acts on what is at `fd` now: the placeholder, or a
+        // closed connection if the accept failed (the program reads its end).
+        _ if !wait && NEVER_WAIT.contains(&what) => Ok((None, fd)),
+        _ if rc != 0 => Err(libc::ECONNRESET),
+        Some(e) => {
+            tracing::debug!(fd, what, error = %e, "the iWARP accept failed at its first use");
+            Err(match iwarp_rsocket::errno::code(&e) {
+                libc::EOPNOTSUPP => libc::EOPNOTSUPP,
+                _ => libc::ECONNRESET,
+            })
+        }
+        None if !wait && !NEVER_WAIT.contains(&what) && attach::is_settling(fd) => {
+            Err(libc::EAGAIN)
+        }
+        None => Ok((None, fd)),
     }
 }
 
@@ -333,40 +303,57 @@ pub unsafe extern "C" fn accept4(
         return unsafe { (r.accept4)(lfd, addr, len, flags) };
     }
     boundary("accept", || loop {
-        // Blocking until decided; SOCK_NONBLOCK is applied after.
         // SAFETY: the caller's arguments, passed through.
-        let nfd = unsafe { (r.accept4)(lfd, addr, len, flags & !libc::SOCK_NONBLOCK) };
+        let nfd = unsafe { (r.accept4)(lfd, addr, len, flags) };
         if nfd < 0 {
             return nfd;
         }
-        let nonblocking = flags & libc::SOCK_NONBLOCK != 0;
-        let plain = |nfd: c_int| {
-            if nonblocking {
-                // SAFETY: plain descriptor calls on our new descriptor.
-                unsafe {
-                    let fl = (r.fcntl)(nfd, libc::F_GETFL, 0);
-                    (r.fcntl)(nfd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_ulong);
-                }
-            }
-            nfd
-        };
         let cfg = config::get();
         let local = sock_addr(nfd, false);
         if !local.is_some_and(|l| cfg.wants(&l)) || !ops::is_tcp_socket(nfd) {
-            return plain(nfd);
+            return nfd;
         }
+        // No waiting here for the client's first bytes (issue 26 item 1):
+        // what has arrived decides now; if nothing has, the accept is
+        // decided when its bytes arrive, off the program's thread
+        // (`iwarp_rsocket::settle`).
         let peer_addr = sock_addr(nfd, true);
-        if !attach::peek_is_mpa(nfd, cfg.peek) {
-            cfg.record("accept", "plain", peer_addr, "");
-            return plain(nfd);
-        }
-        // The stream is made at the first use, in the process that uses
-        // it (table.rs, "Accepts wait for their first use").
-        match attach::defer(nfd, &cfg.opts) {
-            Ok(()) => {
+        let deferred = match settle::first_bytes(nfd) {
+            attach::FirstBytes::Plain => {
+                cfg.record("accept", "plain", peer_addr, "");
+                return nfd;
+            }
+            // This process makes no MPA streams (a child forked after its
+            // parent made one, or a parent whose children use inherited
+            // streams: `attach::may_accept`). Its MPA clients must be
+            // closed before the program sees them, so that each falls
+            // back with a new connection the program accepts next; a
+            // connection handed over undecided and found MPA later could
+            // only be reset under the program (a one-shot server's only
+            // client). So the bytes decide here, waiting at most
+            // IWARP_PRELOAD_PEEK_MS: the wait that issue 26 item 1 took
+            // off the accept of a process that makes streams.
+            attach::FirstBytes::NeedMore => match attach::may_accept() {
+                Ok(()) => attach::defer_undecided(nfd, &cfg.opts),
+                Err(e) if attach::peek_is_mpa(nfd, cfg.peek) => Err(e),
+                Err(_) => {
+                    cfg.record("accept", "plain", peer_addr, "");
+                    return nfd;
+                }
+            },
+            attach::FirstBytes::Mpa if !settle::room_for_one_more() => Err(std::io::Error::other(
+                "IWARP_PRELOAD_MAX_PENDING MPA clients already wait for their exchange",
+            )),
+            // The stream is made at the first use, in the process that
+            // uses it (table.rs, "Accepts wait for their first use").
+            attach::FirstBytes::Mpa => attach::defer(nfd, &cfg.opts).inspect(|()| {
                 cfg.record("accept", "iwarp", peer_addr, "");
-                start_settler(cfg.settle_after);
-                return plain(nfd);
+            }),
+        };
+        match deferred {
+            Ok(()) => {
+                settle::ensure_watcher();
+                return nfd;
             }
             Err(e) => {
                 let why = format!(
@@ -393,6 +380,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t
     on_stream!(
         fd,
         "read",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::recv(&s, buf, n, 0) },
@@ -422,6 +410,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssiz
     on_stream!(
         fd,
         "write",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::send(&s, buf, n, 0) },
@@ -435,6 +424,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, cnt: c_int) -> ssiz
     on_stream!(
         fd,
         "readv",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::readv(&s, iov, cnt, 0) },
@@ -448,6 +438,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssi
     on_stream!(
         fd,
         "writev",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::writev(&s, iov, cnt, 0) },
@@ -461,6 +452,7 @@ pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_i
     on_stream!(
         fd,
         "recv",
+        flags & libc::MSG_DONTWAIT != 0,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::recv(&s, buf, n, flags) },
@@ -490,6 +482,7 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
     on_stream!(
         fd,
         "send",
+        flags & libc::MSG_DONTWAIT != 0,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::send(&s, buf, n, flags) },
@@ -510,6 +503,7 @@ pub unsafe extern "C" fn recvfrom(
     on_stream!(
         fd,
         "recvfrom",
+        flags & libc::MSG_DONTWAIT != 0,
         |s| {
             // SAFETY: the caller's promise.
             let got = unsafe { ops::recv(&s, buf, n, flags) };
@@ -554,6 +548,7 @@ pub unsafe extern "C" fn sendto(
     on_stream!(
         fd,
         "sendto",
+        flags & libc::MSG_DONTWAIT != 0,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::send(&s, buf, n, flags) },
@@ -567,6 +562,7 @@ pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> s
     on_stream!(
         fd,
         "recvmsg",
+        flags & libc::MSG_DONTWAIT != 0,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::recvmsg(&s, msg, flags) },
@@ -580,6 +576,7 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) ->
     on_stream!(
         fd,
         "sendmsg",
+        flags & libc::MSG_DONTWAIT != 0,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::sendmsg(&s, msg, flags) },
@@ -601,6 +598,7 @@ pub unsafe extern "C" fn sendfile(
     on_stream!(
         out,
         "sendfile",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::sendfile(&s, in_fd, off, count) },
@@ -663,6 +661,7 @@ pub extern "C" fn shutdown(fd: c_int, how: c_int) -> c_int {
     on_stream!(
         fd,
         "shutdown",
+        false,
         |s| {
             tracing::debug!(fd, how, "shutdown of an iWARP stream");
             ops::shutdown(&s, how)
@@ -738,7 +737,7 @@ pub extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
 
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_int {
-    if let Err(e) = settled(fd, "ioctl") {
+    if let Err(e) = settled(fd, "ioctl", true) {
         return fail_with(e);
     }
     if let Some(s) = table::lookup(fd) {
@@ -794,9 +793,12 @@ fn redirected(old: c_int, new: c_int) {
 }
 
 /// `epoll_ctl` needs no stream calls (a stream's descriptor is its
-/// readiness socket), but a deferred accept must become a stream before
-/// it is registered: the registration holds the file it names, and the
-/// stream replaces the TCP socket at that number.
+/// readiness socket), but a deferred accept's number is replaced while it
+/// becomes a stream, and an epoll registration belongs to the file, not
+/// the number (epoll(7)): registering a deferred accept starts its
+/// exchange (the number becomes the placeholder at once), and the
+/// registrations made while it runs are recorded and moved to the stream
+/// (`iwarp_rsocket::settle::epoll_ctl`).
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn epoll_ctl(
     epfd: c_int,
@@ -804,9 +806,15 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut libc::epoll_event,
 ) -> c_int {
-    if op != libc::EPOLL_CTL_DEL {
-        if let Err(e) = settled(fd, "epoll_ctl") {
-            return fail_with(e);
+    if !table::inside() {
+        if op != libc::EPOLL_CTL_DEL {
+            // A failure leaves a closed connection on `fd`: registered,
+            // the program reads its end.
+            let _ = settled(fd, "epoll_ctl", true);
+        }
+        // SAFETY: the caller's arguments, passed through.
+        if let Some(rc) = unsafe { settle::epoll_ctl(epfd, op, fd, ev) } {
+            return rc;
         }
     }
     // SAFETY: the caller's arguments, passed through unchanged.
@@ -820,6 +828,7 @@ pub unsafe extern "C" fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut s
     on_stream!(
         fd,
         "getsockname",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::sockname(&s, false, addr, len) },
@@ -833,6 +842,7 @@ pub unsafe extern "C" fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut s
     on_stream!(
         fd,
         "getpeername",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::sockname(&s, true, addr, len) },
@@ -859,8 +869,10 @@ pub unsafe extern "C" fn setsockopt(
         // SAFETY: the caller's promise.
         unsafe { iwarp_rsocket::note_sockopt(fd, level, name, val, len) };
     }
+    // During an exchange the TCP socket (a private copy) takes it.
+    let (_held, target) = settled(fd, "setsockopt", false).unwrap_or((None, fd));
     // SAFETY: passed through.
-    unsafe { (real().setsockopt)(fd, level, name, val, len) }
+    unsafe { (real().setsockopt)(target, level, name, val, len) }
 }
 
 #[cfg_attr(not(test), no_mangle)]
@@ -874,6 +886,7 @@ pub unsafe extern "C" fn getsockopt(
     on_stream!(
         fd,
         "getsockopt",
+        false,
         // SAFETY: the caller's promise: its pointers are valid for the
         // lengths it gives, as the C prototype requires.
         |s| unsafe { ops::getsockopt(&s, level, name, val, len) },

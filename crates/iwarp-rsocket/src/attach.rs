@@ -79,7 +79,7 @@ pub fn connect(fd: RawFd, addr: SocketAddr, opts: &Options) -> io::Result<()> {
 
 /// Whether this process may accept MPA clients as streams (the errors
 /// name why not).
-fn may_accept() -> io::Result<()> {
+pub fn may_accept() -> io::Result<()> {
     if !table::new_streams_allowed() {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -115,245 +115,18 @@ pub fn defer(fd: RawFd, opts: &Options) -> io::Result<()> {
     table::defer(fd, opts.clone())
 }
 
-/// Settles in progress: descriptor number -> the settle that claimed it.
-///
-/// A settle's MPA exchange waits on the remote peer (up to the options'
-/// `connect_timeout`), so no lock is held across it: the lock below only
-/// guards these claims and the local calls that change what a claimed
-/// number refers to (the final `dup2`s). A claimed number is changed only
-/// while it is still claimed, and `close`, `dup2` onto it and
-/// `close_range` drop the claim first ([`forget`]): a settle can never
-/// replace a descriptor the program has closed and reused (issue 26,
-/// item 2).
-static CLAIMS: std::sync::Mutex<std::collections::BTreeMap<RawFd, u64>> =
-    std::sync::Mutex::new(std::collections::BTreeMap::new());
-/// Signalled when a settle ends (its claims are gone).
-static SETTLED: std::sync::Condvar = std::sync::Condvar::new();
-static NEXT_CLAIM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-/// One bit per descriptor number: claimed (a copy of [`CLAIMS`]' keys),
-/// so that [`is_settling`] is one atomic load and never waits for the
-/// lock: it is asked on every call on every descriptor, by the socket
-/// library's own threads too, which hold their connection's lock then.
-static CLAIMED: [std::sync::atomic::AtomicU64; table::MAX_FD / 64] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; table::MAX_FD / 64];
+pub use crate::settle::{copy_waiting, forget, hold_settles, is_settling, settle, SettlesHeld};
 
-fn claimed_bit(fd: RawFd) -> Option<(&'static std::sync::atomic::AtomicU64, u64)> {
-    let i = usize::try_from(fd).ok().filter(|&i| i < table::MAX_FD)?;
-    Some((&CLAIMED[i / 64], 1u64 << (i % 64)))
-}
-
-/// Claims `fd` for the settle `id` (with the claims held).
-fn claim(c: &mut std::collections::BTreeMap<RawFd, u64>, fd: RawFd, id: u64) {
-    c.insert(fd, id);
-    if let Some((w, b)) = claimed_bit(fd) {
-        w.fetch_or(b, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-/// Drops the claim on `fd` (with the claims held).
-fn unclaim(c: &mut std::collections::BTreeMap<RawFd, u64>, fd: RawFd) {
-    c.remove(&fd);
-    if let Some((w, b)) = claimed_bit(fd) {
-        w.fetch_and(!b, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-fn claims() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<RawFd, u64>> {
-    CLAIMS.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Keeps settles from changing any descriptor while held: a call that the
-/// TCP socket of a deferred accept answers (`getpeername`, ...) holds it,
-/// so a settle cannot turn the descriptor into the stream halfway through
-/// it. Never held across a wait on a peer.
-pub fn hold_settles() -> SettlesHeld {
-    SettlesHeld(claims())
-}
-
-/// While alive, no settle changes a descriptor ([`hold_settles`]).
-#[derive(Debug)]
-pub struct SettlesHeld(
-    #[allow(dead_code)] std::sync::MutexGuard<'static, std::collections::BTreeMap<RawFd, u64>>,
-);
-
-/// Whether a settle of `fd` is in progress (another thread's MPA
-/// exchange): calls on it wait for that settle ([`settle`] does).
-pub fn is_settling(fd: RawFd) -> bool {
-    claimed_bit(fd).is_some_and(|(w, b)| w.load(std::sync::atomic::Ordering::Acquire) & b != 0)
-}
-
-/// `fd` is being closed or replaced (`close`, `dup2`/`dup3` onto it,
-/// `close_range`): forgets its deferred entry and drops a settle's claim
-/// on it, atomically with respect to settles, so that no settle changes
-/// the number afterwards. Call before the real call.
-pub fn forget(first: RawFd, last: RawFd) {
-    // The common case without the lock (the socket library's own threads
-    // close descriptors through here while they hold a connection's
-    // lock): the deferred bit first, then the claim bit (see `settle`).
-    if first == last && !table::is_deferred(first) && !is_settling(first) {
-        table::forget(first, last);
-        return;
-    }
-    let mut c = claims();
-    table::forget(first, last);
-    if first <= last {
-        let gone: Vec<RawFd> = c.range(first..=last).map(|(fd, _)| *fd).collect();
-        for fd in gone {
-            unclaim(&mut c, fd);
-        }
-    }
-}
-
-/// `call` makes `new` a copy of the deferred or settling descriptor `old`
-/// (`dup`, `dup2`, `F_DUPFD`): returns its result, with `new` deferred
-/// with `old` (`table::defer_copy`), or claimed by the same settle, so
-/// the settle makes it a copy of the stream too. `None` when `old` is
-/// neither.
-pub fn copy_waiting(old: RawFd, call: impl FnOnce() -> libc::c_int) -> Option<libc::c_int> {
-    let mut c = claims();
-    let settling = c.get(&old).copied();
-    if settling.is_none() && !table::is_deferred(old) {
-        return None;
-    }
-    let rc = call();
-    if rc >= 0 && rc != old {
-        match settling {
-            Some(id) => {
-                claim(&mut c, rc, id);
-            }
-            None => table::defer_copy(old, rc),
-        }
-    }
-    Some(rc)
-}
-
-/// Makes the deferred connection `fd` a stream now (the MPA exchange, in
-/// this process), with the descriptor's current `O_NONBLOCK` and
-/// close-on-exec flags and the socket options set on it meanwhile. Its
-/// deferred copies in this process ([`table::deferred_siblings`]) become
-/// copies of the stream, each keeping its close-on-exec flag. If another
-/// thread settles `fd`, waits for that settle instead. Does nothing if
-/// `fd` is not deferred (any more). If the stream cannot be made, or the
-/// MPA Request is gone (another process sharing the connection made it
-/// its stream), `fd` and its copies become closed connections (reads see
-/// end of stream, writes `EPIPE`) and the error is returned.
-///
-/// Only this call's thread waits for the peer: no lock is held during
-/// the exchange (see `CLAIMS`). The numbers are claimed first; those
-/// the program closes or replaces meanwhile lose their claim and are left
-/// alone, and if none is left the stream is dropped (the client sees its
-/// connection closed).
-pub fn settle(fd: RawFd) -> io::Result<()> {
-    // Claim fd and its copies (short lock; local calls only).
-    let (id, base, siblings) = {
-        let mut c = claims();
-        while c.contains_key(&fd) {
-            // Another thread's settle of this descriptor: wait for it.
-            c = SETTLED.wait(c).unwrap_or_else(|e| e.into_inner());
-        }
-        if !table::is_deferred(fd) {
-            return Ok(());
-        }
-        let siblings = table::deferred_siblings(fd);
-        let id = NEXT_CLAIM.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // The claim bit goes up before the deferred bit comes down, so a
-        // `close` that tests them in the other order without the lock
-        // (`forget`) always sees one of them.
-        claim(&mut c, fd, id);
-        let Some(base) = table::take_deferred(fd) else {
-            unclaim(&mut c, fd);
-            return Ok(());
-        };
-        let siblings: Vec<RawFd> = siblings
-            .into_iter()
-            .filter(|&d| {
-                claim(&mut c, d, id);
-                let taken = table::take_deferred(d).is_some();
-                if !taken {
-                    unclaim(&mut c, d);
-                }
-                taken
-            })
-            .collect();
-        (id, base, siblings)
-    };
-    let made = if !peek_is_mpa(fd, std::time::Duration::ZERO) {
-        // Another process (a parent or a child sharing the connection)
-        // read the Request and made the connection its stream: this
-        // descriptor must not read that stream's bytes.
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "another process made this connection its iWARP stream (it was shared through fork)",
-        ))
-    } else {
-        let (nonblocking, _) = fd_flags(fd);
-        let opts = table::options_for(fd, &base);
-        accept_stream(fd, &opts, nonblocking)
-    };
-    // Install on the numbers still claimed (short lock).
-    let mut c = claims();
-    let mine: Vec<RawFd> = std::iter::once(fd)
-        .chain(siblings.iter().copied())
-        .filter(|d| c.get(d) == Some(&id))
-        .chain(
-            // copies made during the exchange (`copy_waiting`)
-            c.iter()
-                .filter(|&(d, &i)| i == id && *d != fd && !siblings.contains(d))
-                .map(|(d, _)| *d)
-                .collect::<Vec<_>>(),
-        )
-        .collect();
-    for &d in &mine {
-        unclaim(&mut c, d);
-    }
-    let result = match made {
-        Err(e) => {
-            for &d in &mine {
-                dead_end(d);
-            }
-            Err(e)
-        }
-        Ok(_) if mine.is_empty() => Err(io::Error::new(
-            io::ErrorKind::ConnectionAborted,
-            "the program closed the descriptor during the MPA exchange; the stream is dropped",
-        )),
-        Ok(stream) => install_copies(stream, &mine),
-    };
-    drop(c);
-    SETTLED.notify_all();
-    result
-}
-
-/// Makes the numbers `fds` (the first one first) the stream, each keeping
-/// its close-on-exec flag. Called with the claims held.
-fn install_copies(stream: Stream, fds: &[RawFd]) -> io::Result<()> {
-    let r = real();
-    let first = fds[0];
-    let cloexec = fd_flags(first).1;
-    if let Err(e) = table::install(first, stream, cloexec) {
-        for &d in fds {
-            dead_end(d);
-        }
-        return Err(e);
-    }
-    for &d in &fds[1..] {
-        let d_cloexec = fd_flags(d).1;
-        // SAFETY: plain descriptor calls on descriptors of the program's
-        // that referred to this connection and are still claimed (not
-        // closed since); `dup2` replaces the TCP socket at `d` by the
-        // stream's descriptor, as `install` did at `first`.
-        unsafe {
-            if (r.dup2)(first, d) < 0 {
-                dead_end(d);
-                continue;
-            }
-            if d_cloexec {
-                (r.fcntl)(d, libc::F_SETFD, libc::FD_CLOEXEC as libc::c_ulong);
-            }
-        }
-        table::duplicated(first, d);
-    }
-    Ok(())
+/// Marks the TCP connection `fd` (just accepted, nothing from the client
+/// yet) to be decided when its first bytes arrive: an MPA client then
+/// waits for its first use as [`defer`] does, anything else is plain TCP
+/// (see `settle`). On error the caller still owns `fd`.
+pub fn defer_undecided(fd: RawFd, opts: &Options) -> io::Result<()> {
+    // No `may_accept` here: a process that makes no streams still serves
+    // its plain clients; an MPA client is refused when it is decided (the
+    // preload decides at `accept` in such a process, so that it refuses
+    // an MPA client before the program sees it).
+    table::defer_undecided(fd, opts.clone())
 }
 
 /// The MPA exchange on a private copy of the accepted connection `fd`
@@ -377,7 +150,7 @@ fn accept_stream(fd: RawFd, opts: &Options, nonblocking: bool) -> io::Result<Str
 
 /// Makes `fd` a connection whose peer is gone: one end of a socket pair
 /// whose other end is closed (what was at `fd` is closed).
-fn dead_end(fd: RawFd) {
+pub(crate) fn dead_end(fd: RawFd) {
     let r = real();
     let mut pair = [-1; 2];
     // SAFETY: `pair` has room for the two descriptors; the other calls

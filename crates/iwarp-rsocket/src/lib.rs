@@ -9,6 +9,9 @@
 //! - [`attach`]: making a descriptor a stream, after connect or on an
 //!   accepted TCP connection whose first bytes are an MPA Request (RFC
 //!   5044 §7.1), the way to share a port with plain TCP clients.
+//! - [`settle`]: making deferred accepts streams off the program's
+//!   threads (one watcher thread per process, placeholders, epoll
+//!   registrations kept across the descriptor's replacement).
 //! - [`ops`]: the socket calls on a stream, from C arguments.
 //! - `capi`: the `rsocket.h`-style C API (`include/iwarp_rsocket.h`,
 //!   `libiwarp_rsocket.so`).
@@ -26,6 +29,7 @@ pub mod errno;
 mod iomap;
 pub mod ops;
 pub mod real;
+pub mod settle;
 pub mod table;
 
 use libc::{c_int, c_void, socklen_t};

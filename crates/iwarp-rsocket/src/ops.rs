@@ -622,6 +622,7 @@ pub unsafe fn setsockopt(
     }
 }
 
+
 /// Writes an option value (truncated to `*len`).
 ///
 /// # Safety

@@ -78,7 +78,17 @@ pub const MAX_FD: usize = 1 << 20;
 static TAKEN: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 static PENDING: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
 static DEFERRED: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 64];
-static DEFERRED_OPTS: Mutex<BTreeMap<RawFd, (Options, Instant)>> = Mutex::new(BTreeMap::new());
+/// A deferred accept: its options, when it was accepted, and whether its
+/// first bytes are still unknown (`undecided`: nothing had arrived at
+/// `accept`; it is an MPA client or a plain one once they do).
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    opts: Options,
+    since: Instant,
+    undecided: bool,
+}
+
+static DEFERRED_OPTS: Mutex<BTreeMap<RawFd, Entry>> = Mutex::new(BTreeMap::new());
 static TABLE: RwLock<BTreeMap<RawFd, Arc<Sock>>> = RwLock::new(BTreeMap::new());
 static GENERATION: AtomicU32 = AtomicU32::new(0);
 static EVER_STREAM: AtomicBool = AtomicBool::new(false);
@@ -503,6 +513,17 @@ pub fn dup3(old: RawFd, new: RawFd, flags: libc::c_int, three: bool) -> libc::c_
 /// Defers the accepted MPA connection `fd` (see "Accepts wait for their
 /// first use" above): it becomes a stream with `opts` at its first use.
 pub fn defer(fd: RawFd, opts: Options) -> io::Result<()> {
+    defer_entry(fd, opts, false)
+}
+
+/// Defers the accepted connection `fd` whose first bytes have not arrived
+/// yet: it is decided (MPA client or plain TCP) when they do, off the
+/// program's thread (`settle`), or at its first use.
+pub fn defer_undecided(fd: RawFd, opts: Options) -> io::Result<()> {
+    defer_entry(fd, opts, true)
+}
+
+fn defer_entry(fd: RawFd, opts: Options, undecided: bool) -> io::Result<()> {
     if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -512,7 +533,14 @@ pub fn defer(fd: RawFd, opts: Options) -> io::Result<()> {
     DEFERRED_OPTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(fd, (opts, Instant::now()));
+        .insert(
+            fd,
+            Entry {
+                opts,
+                since: Instant::now(),
+                undecided,
+            },
+        );
     set(&DEFERRED, fd, true);
     Ok(())
 }
@@ -580,16 +608,59 @@ pub fn deferred_siblings(fd: RawFd) -> Vec<RawFd> {
         .collect()
 }
 
-/// The deferred accepts that have waited at least `age` for their first
-/// use.
+/// The deferred MPA accepts (not the undecided ones) that have waited at
+/// least `age` for their first use.
 pub fn deferred_older_than(age: Duration) -> Vec<RawFd> {
     DEFERRED_OPTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter(|(_, (_, t))| t.elapsed() >= age)
+        .filter(|(_, e)| !e.undecided && e.since.elapsed() >= age)
         .map(|(fd, _)| *fd)
         .collect()
+}
+
+/// The undecided accepts (first bytes unknown), with when each was
+/// accepted.
+pub fn undecided() -> Vec<(RawFd, Instant)> {
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(_, e)| e.undecided)
+        .map(|(fd, e)| (*fd, e.since))
+        .collect()
+}
+
+/// Whether the deferred accept `fd` is undecided (see [`defer_undecided`]).
+pub fn is_undecided(fd: RawFd) -> bool {
+    is_deferred(fd)
+        && DEFERRED_OPTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fd)
+            .is_some_and(|e| e.undecided)
+}
+
+/// The undecided accept `fd` turned out to be an MPA client.
+pub fn set_decided(fd: RawFd) {
+    if let Some(e) = DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(&fd)
+    {
+        e.undecided = false;
+    }
+}
+
+/// Deferred MPA accepts (undecided ones not counted).
+pub fn count_deferred_mpa() -> usize {
+    DEFERRED_OPTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .filter(|e| !e.undecided)
+        .count()
 }
 
 /// Whether no accept waits for its first use.
@@ -608,6 +679,12 @@ pub fn is_deferred(fd: RawFd) -> bool {
 
 /// Takes the deferred entry of `fd` (its options), if it still has one.
 pub fn take_deferred(fd: RawFd) -> Option<Options> {
+    take_deferred_entry(fd).map(|(opts, _, _)| opts)
+}
+
+/// Takes the deferred entry of `fd`: its options, when it was accepted,
+/// and whether it is undecided.
+pub fn take_deferred_entry(fd: RawFd) -> Option<(Options, Instant, bool)> {
     if !test(&DEFERRED, fd) {
         return None;
     }
@@ -616,7 +693,7 @@ pub fn take_deferred(fd: RawFd) -> Option<Options> {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&fd);
     set(&DEFERRED, fd, false);
-    o.map(|(opts, _)| opts)
+    o.map(|e| (e.opts, e.since, e.undecided))
 }
 
 /// Forgets what is noted about the descriptors `first..=last` that are not
@@ -641,6 +718,20 @@ pub fn forget(first: RawFd, last: RawFd) {
         m.remove(&fd);
         set(&PENDING, fd, false);
     }
+}
+
+/// The table's locks, held across a `fork` (see `settle::ensure_watcher`).
+pub(crate) type ForkGuards = (
+    std::sync::MutexGuard<'static, BTreeMap<RawFd, Entry>>,
+    std::sync::MutexGuard<'static, BTreeMap<RawFd, Pending>>,
+);
+
+/// Takes the table's locks (in the order the library takes them).
+pub(crate) fn lock_for_fork() -> ForkGuards {
+    (
+        DEFERRED_OPTS.lock().unwrap_or_else(|e| e.into_inner()),
+        PENDING_OPTS.lock().unwrap_or_else(|e| e.into_inner()),
+    )
 }
 
 /// Socket options set on a descriptor before it became a stream, applied
