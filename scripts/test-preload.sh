@@ -22,7 +22,8 @@
 #   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite);
 #   j) descriptors closed or replaced during stalled MPA exchanges;
 #   k) a thread-per-connection and an event-loop (selectors/epoll) server keep
-#      >= 0.9x their rate of new clients while MPA stallers arrive (issue 26 item 1).
+#      >= 0.9x their rate of new clients while MPA stallers arrive (issue 26 item 1);
+#   l) TCP_CONGESTION on a stream reaches its TCP connection (ss -ti).
 #
 #   scripts/test-preload.sh          # everything (about a minute)
 #   KEEP=1 scripts/test-preload.sh   # keep the temp dir (logs, stats)
@@ -823,6 +824,69 @@ check "k) a blocking (thread per connection) server keeps >= 0.9x its rate while
 # The event loop: before the fix its first read of a staller's accept ran
 # the MPA exchange on its only thread (up to 1 s each).
 check "k) an event-loop (selectors/epoll) server keeps >= 0.9x its rate while MPA stallers arrive" t_stall_rate select
+
+# ---- l) TCP_CONGESTION ---------------------------------------------------------------------
+# A preloaded client sets TCP_CONGESTION (tcp(7)) before connect and
+# changes it on the live stream: the TCP connection below the stream must
+# use each (ss -ti shows the kernel's view), and getsockopt on the stream
+# returns it. The default here is bbr, so reno first, then bbr.
+t_congestion() {
+    next_port
+    local s c out k1 k2 _i
+    rm -f "$T/l-srv.stats" "$T/l-cli.stats" "$T/l.out" "$T/l-go1" "$T/l-go2"
+    bgpre "$T/l-srv.stats" timeout 30 "$PY" "$HELPER" echo-server "$PORT" blocking
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    # The client waits for the shell's ss (a file appears) between steps:
+    # ss runs outside the preloaded process (a vfork'd child of it would
+    # share its descriptor table's memory).
+    cat >"$T/l.py" <<'PYEOF'
+import os, socket, sys, time
+port, go1, go2 = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def cc_of(c):
+    return c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+def wait_for(path):
+    for _ in range(200):
+        if os.path.exists(path):
+            return
+        time.sleep(0.05)
+    sys.exit(f"no {path} after 10 s")
+c = socket.socket()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+c.connect(("127.0.0.1", port))
+c.sendall(b"x"); c.recv(1)
+print(f"step1 {cc_of(c)}", flush=True)
+wait_for(go1)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
+print(f"step2 {cc_of(c)}", flush=True)
+wait_for(go2)
+try:
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"nosuchcc")
+    print("unknown accepted", flush=True)
+except OSError as e:
+    print(f"unknown errno {e.errno}", flush=True)
+PYEOF
+    bgpre "$T/l-cli.stats" timeout 30 "$PY" "$T/l.py" "$PORT" "$T/l-go1" "$T/l-go2" >"$T/l.out" 2>&1
+    c=$BGPID
+    # kernel_cc: the algorithm of the established connection to $PORT, as
+    # the kernel sees it (the client side of the stream's TCP connection).
+    kernel_cc() { ss -Htin state established "( dport = :$PORT )" | grep -oE '\b(reno|bbr|cubic)\b' | head -1; }
+    for _i in $(seq 100); do grep -q step1 "$T/l.out" && break; sleep 0.1; done
+    k1=$(kernel_cc)
+    touch "$T/l-go1"
+    for _i in $(seq 100); do grep -q step2 "$T/l.out" && break; sleep 0.1; done
+    k2=$(kernel_cc)
+    touch "$T/l-go2"
+    wait_pid "$c" 10
+    stop "$s"
+    out="$(tr '\n' ' ' <"$T/l.out")kernel: $k1 then $k2"
+    echo "$out"
+    grep -q "step1 reno" "$T/l.out" && [ "$k1" = reno ] && grep -q "step2 bbr" "$T/l.out" &&
+        [ "$k2" = bbr ] && grep -q "unknown errno 2" "$T/l.out" || return 1
+    has "$T/l-cli.stats" "connect iwarp" || return 1
+    echo "info: TCP_CONGESTION set before connect (reno) and on the live stream (bbr): getsockopt and ss -ti agree; an unknown name is ENOENT"
+}
+check "l) TCP_CONGESTION set before connect and on the live stream reaches the stream's TCP connection" t_congestion
 
 # ---- i) a privileged program --------------------------------------------------------------
 # Under secure execution (AT_SECURE: setuid, setgid, file capabilities) the

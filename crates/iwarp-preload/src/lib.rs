@@ -872,7 +872,15 @@ pub unsafe extern "C" fn setsockopt(
     // During an exchange the TCP socket (a private copy) takes it.
     let (_held, target) = settled(fd, "setsockopt", false).unwrap_or((None, fd));
     // SAFETY: passed through.
-    unsafe { (real().setsockopt)(target, level, name, val, len) }
+    let rc = unsafe { (real().setsockopt)(target, level, name, val, len) };
+    if rc == 0 && !table::inside() && level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION {
+        // The kernel took the name (ENOENT/EPERM otherwise, as tcp(7)
+        // says): a stream made later on `fd` by `connect` uses it too
+        // (an accepted one is this TCP socket already).
+        // SAFETY: the caller's promise.
+        unsafe { iwarp_rsocket::note_sockopt(fd, level, name, val, len) };
+    }
+    rc
 }
 
 #[cfg_attr(not(test), no_mangle)]

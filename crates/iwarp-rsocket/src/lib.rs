@@ -45,7 +45,9 @@ pub const SOL_RDMA: c_int = 0x10000;
 pub const RDMA_IOMAPSIZE: c_int = 3;
 
 /// Notes the socket options that shape a stream made later on `fd`
-/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`, `RDMA_IOMAPSIZE`).
+/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`, `RDMA_IOMAPSIZE`,
+/// `TCP_CONGESTION`). Call it for an option the TCP socket took (a
+/// congestion-control name the kernel refused is not noted).
 ///
 /// # Safety
 /// `val` must be valid for `len` bytes of reads.
@@ -62,6 +64,15 @@ pub unsafe fn note_sockopt(
             table::note_pending(fd, |p| {
                 p.iomap_size = Some(v.clamp(0, i32::from(u16::MAX)) as u16)
             });
+        }
+        return;
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION {
+        // SAFETY: the caller's promise.
+        if let Some(n) = unsafe { ops::opt_name(val, len) }.filter(|n| n.len() < 16) {
+            let mut b = [0u8; 16];
+            b[..n.len()].copy_from_slice(n.as_bytes());
+            table::note_pending(fd, |p| p.congestion = Some(b));
         }
         return;
     }

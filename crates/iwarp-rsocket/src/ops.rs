@@ -615,6 +615,22 @@ pub unsafe fn setsockopt(
             tracing::debug!(level, name, "socket option ignored on an iWARP stream");
             0
         }
+        // tcp(7) TCP_CONGESTION: the algorithm of the TCP connection
+        // below the stream (the congestion control is TCP's, not the
+        // stream's), so it is passed through, not ignored.
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) => {
+            // SAFETY: the caller's promise.
+            let Some(name) = (unsafe { opt_name(val, len) }) else {
+                return fail_with(libc::EINVAL);
+            };
+            match s.stream.set_tcp_congestion(&name) {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::debug!(name, error = %e, "TCP_CONGESTION on an iWARP stream");
+                    fail_with(congestion_errno(&e))
+                }
+            }
+        }
         // rsocket.c: the table is part of the connection's private data,
         // so it cannot change once connected.
         (crate::SOL_RDMA, crate::RDMA_IOMAPSIZE) => fail_with(libc::EINVAL),
@@ -622,6 +638,34 @@ pub unsafe fn setsockopt(
     }
 }
 
+/// The errno tcp(7) gives for a `TCP_CONGESTION` that failed: `ENOENT`
+/// (no such algorithm), `EPERM` (not in
+/// `tcp_allowed_congestion_control`), `EINVAL` (not a name).
+fn congestion_errno(e: &io::Error) -> c_int {
+    match e.kind() {
+        io::ErrorKind::NotFound => libc::ENOENT,
+        io::ErrorKind::PermissionDenied => libc::EPERM,
+        io::ErrorKind::InvalidInput => libc::EINVAL,
+        _ => crate::errno::code(e),
+    }
+}
+
+/// A `TCP_CONGESTION` value: the bytes up to the first NUL (tcp(7): a
+/// string of at most `TCP_CA_NAME_MAX` (16) bytes with its NUL); `None`
+/// for a null pointer, no bytes or bytes that are not UTF-8.
+///
+/// # Safety
+/// `val` must be valid for `len` bytes of reads.
+pub unsafe fn opt_name(val: *const c_void, len: socklen_t) -> Option<String> {
+    if val.is_null() || len == 0 {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    let bytes = unsafe { std::slice::from_raw_parts(val.cast::<u8>(), (len as usize).min(64)) };
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    let name = std::str::from_utf8(&bytes[..end]).ok()?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
 
 /// Writes an option value (truncated to `*len`).
 ///
@@ -696,6 +740,27 @@ pub unsafe fn getsockopt(
                     len,
                 )
             }
+        }
+        (libc::IPPROTO_TCP, libc::TCP_CONGESTION) => {
+            // tcp(7): the name, NUL-padded, at most TCP_CA_NAME_MAX bytes.
+            let name = match s.stream.tcp_congestion() {
+                Ok(n) => n,
+                Err(e) => return fail(&e),
+            };
+            if val.is_null() || len.is_null() {
+                return fail_with(libc::EFAULT);
+            }
+            let mut buf = [0u8; 16];
+            let n = name.len().min(buf.len() - 1);
+            buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+            // SAFETY: the caller's promise.
+            let n = (unsafe { *len } as usize).min(buf.len());
+            // SAFETY: `val` takes `n` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(buf.as_ptr(), val.cast::<u8>(), n);
+                *len = n as socklen_t;
+            }
+            0
         }
         (libc::IPPROTO_TCP, libc::TCP_NODELAY) => int(1),
         (libc::IPPROTO_TCP, libc::TCP_CORK) => int(0),

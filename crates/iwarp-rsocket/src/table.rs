@@ -746,6 +746,9 @@ pub struct Pending {
     pub keepalive: Option<bool>,
     /// `RDMA_IOMAPSIZE` (level `SOL_RDMA`).
     pub iomap_size: Option<u16>,
+    /// `TCP_CONGESTION` (level `IPPROTO_TCP`): the name, NUL-padded
+    /// (tcp(7): at most 15 bytes and the NUL).
+    pub congestion: Option<[u8; 16]>,
 }
 
 static PENDING_OPTS: Mutex<BTreeMap<RawFd, Pending>> = Mutex::new(BTreeMap::new());
@@ -791,6 +794,17 @@ pub fn options_for(fd: RawFd, base: &Options) -> Options {
             }
             if let Some(n) = p.iomap_size {
                 o.iomap_size = n;
+            }
+            if let Some(name) = p.congestion {
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                // The kernel took the name on the TCP socket already
+                // (the caller notes it only then), so it parses.
+                if let Some(cc) = std::str::from_utf8(&name[..end])
+                    .ok()
+                    .and_then(|n| n.parse().ok())
+                {
+                    o.congestion = Some(cc);
+                }
             }
         }
     }
