@@ -45,6 +45,11 @@ impl Access {
     pub const fn contains(self, other: Access) -> bool {
         self.0 & other.0 == other.0
     }
+    /// True if `self` has the REMOTE_READ or REMOTE_WRITE right: the region
+    /// was registered to be named by a peer.
+    pub const fn is_remote(self) -> bool {
+        self.0 & (Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0) != 0
+    }
 }
 
 impl core::ops::BitOr for Access {
@@ -144,8 +149,18 @@ pub trait MemoryAccess {
     fn visit(&self, stag: u32, to: u64, len: u32, f: &mut dyn FnMut(&[u8]))
         -> Result<(), MemError>;
 
-    /// Invalidate the region (RFC 5040 §5.1 Send with Invalidate, or a local
-    /// invalidate). After this, every check of `stag` fails with `InvalidStag`.
+    /// Invalidate the region on a peer's Send with Invalidate (RFC 5040
+    /// §5.1, §6.7.2). After this, every check of `stag` fails with
+    /// `InvalidStag`.
+    ///
+    /// The STag must be valid, in the QP's protection domain (as siw's
+    /// `siw_invalidate_stag` checks) and registered for remote access
+    /// (`AccessRights` otherwise): a peer only ever learns STags that were
+    /// advertised to it, which are remote STags, so naming a local-only one
+    /// (a server's private buffer, whose key a hostile client can guess
+    /// from the 8-bit key space) is refused rather than letting the peer
+    /// break the owner's later local work. siw itself does not check
+    /// rights here; no well-behaved peer sees the difference.
     fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError>;
 }
 
@@ -304,6 +319,9 @@ impl MemoryAccess for SimMemory {
         self.with_region(stag, |r| {
             if r.pd != pd {
                 return Err(MemError::PdMismatch);
+            }
+            if !r.access.is_remote() {
+                return Err(MemError::AccessRights);
             }
             r.valid = false;
             Ok(())

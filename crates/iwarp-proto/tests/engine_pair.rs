@@ -723,6 +723,7 @@ fn send_with_invalidate_and_solicited() {
     let mut p = Pair::new(3, Link::default());
     let victim = p.b.mem.register(PD, Access::REMOTE_WRITE, 0x7000, 64);
     let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 256);
+    let exposed = p.b.mem.register(PD, Access::REMOTE_READ, 0x9000, 64);
     for i in 0..3 {
         p.b.eng
             .post_recv(recv_wr(
@@ -757,7 +758,7 @@ fn send_with_invalidate_and_solicited() {
         .post_send(send_wr(
             3,
             WrOpcode::SendWithInv {
-                invalidate_rkey: dst,
+                invalidate_rkey: exposed,
             },
             &[],
         ))
@@ -781,12 +782,57 @@ fn send_with_invalidate_and_solicited() {
         vec![
             (10, WcStatus::Success, Some(victim), true, 16),
             (11, WcStatus::Success, None, true, 16),
-            (12, WcStatus::Success, Some(dst), false, 0),
+            (12, WcStatus::Success, Some(exposed), false, 0),
         ]
     );
     assert!(
         p.b.mem.check(victim, 0x7000, 1, PD, Access::NONE).is_err(),
         "STag invalidated"
+    );
+}
+
+/// A hostile peer's Send with Invalidate naming a LOCAL-ONLY STag (one
+/// never advertised: here the receive buffer's own lkey, guessable from
+/// its 8-bit key) is refused with the RFC 5040 §7 "cannot invalidate"
+/// Terminate and a receive completion in error, and the region stays
+/// valid for its owner.
+#[test]
+fn send_with_invalidate_of_a_local_only_stag_is_refused() {
+    let mut p = Pair::new(3, Link::default());
+    let dst = p.b.mem.register(PD, Access::LOCAL_WRITE, 0, 256);
+    let private = p.b.mem.register(PD, Access::LOCAL_WRITE, 0x4000, 64);
+    p.b.eng
+        .post_recv(recv_wr(
+            20,
+            &[Sge {
+                addr: 0,
+                length: 64,
+                lkey: dst,
+            }],
+        ))
+        .unwrap();
+    p.a.eng
+        .post_send(send_wr(
+            1,
+            WrOpcode::SendWithInv {
+                invalidate_rkey: private,
+            },
+            &[],
+        ))
+        .unwrap();
+    p.run();
+    assert_eq!(term_sent(&p.b), code(TermCode::RdmapCannotInvalidate));
+    assert_eq!(term_received(&p.a), code(TermCode::RdmapCannotInvalidate));
+    assert!(
+        p.b.wcs
+            .iter()
+            .any(|w| w.wr_id == 20 && w.status == WcStatus::RemInvReqErr),
+        "{:?}",
+        p.b.wcs
+    );
+    assert!(
+        p.b.mem.check(private, 0x4000, 1, PD, Access::NONE).is_ok(),
+        "the local-only region must stay valid"
     );
 }
 

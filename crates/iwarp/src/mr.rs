@@ -430,10 +430,15 @@ impl MemoryAccess for MrTable {
 
     fn invalidate(&self, stag: u32, pd: PdId) -> Result<(), MemError> {
         // RFC 5040 §5.1 / §6.7.2: Send with Invalidate names an STag that
-        // must be valid and belong to the QP's protection domain.
+        // must be valid and belong to the QP's protection domain; and only
+        // a remote STag (see `MemoryAccess::invalidate`: a local-only one
+        // was never advertised, so a peer naming it is guessing).
         let region = self.resolve_valid(stag)?;
         if region.pd != pd {
             return Err(MemError::PdMismatch);
+        }
+        if !region.access.is_remote() {
+            return Err(MemError::AccessRights);
         }
         region.valid.store(false, Ordering::Release);
         tracing::debug!(stag = format_args!("{stag:#010x}"), "STag invalidated");

@@ -246,6 +246,31 @@ fn write_visit_and_invalidate() {
     assert_eq!(m.invalidate(mr.rkey(), pd.id()), Err(MemError::InvalidStag));
 }
 
+/// A peer's Send with Invalidate may only name a remote STag: a local-only
+/// region (never advertised, its key guessable) stays valid, refused with
+/// `AccessRights` (which the engine turns into the "cannot invalidate"
+/// Terminate).
+#[test]
+fn remote_invalidate_of_a_local_only_region_is_refused() {
+    let ctx = Context::open().unwrap();
+    let pd = ctx.alloc_pd();
+    let m = ctx.memory_access();
+    let local = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        m.invalidate(local.lkey(), pd.id()),
+        Err(MemError::AccessRights)
+    );
+    assert!(local.is_valid());
+    for rights in [
+        Access::REMOTE_READ,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    ] {
+        let r = pd.reg_mr(64, rights).unwrap();
+        m.invalidate(r.rkey(), pd.id()).unwrap();
+        assert!(!r.is_valid(), "{rights:?}");
+    }
+}
+
 #[test]
 fn reg_mr_raw_uses_caller_memory() {
     let ctx = Context::open().unwrap();
