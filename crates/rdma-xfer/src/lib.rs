@@ -47,6 +47,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
+pub mod hello;
 pub mod io;
 pub mod msg;
 mod progress;

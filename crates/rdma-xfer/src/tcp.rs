@@ -1,10 +1,10 @@
 //! The plain-TCP transport: the same [`Transport`] over N TCP
 //! connections, for comparison with RDMA and for peers without it.
 //!
-//! Setup: the first connection carries `Hello` (magic, token, proposal)
-//! and the reply (magic, session ID, grant); the other streams open with
-//! (magic, session ID, index). Then each block travels as a frame on
-//! stream `seq % N`:
+//! Setup ([`crate::hello`]): every stream connects at once and opens with
+//! a `Hello` (magic, token, its index, the proposal); the passive side
+//! answers on stream 0 with the `HelloAck` (session ID, grant) or a
+//! refusal. Then each block travels as a frame on stream `seq % N`:
 //!
 //! ```text
 //! kind u32 | len u32 | seq u64 | payload (len bytes)
@@ -20,13 +20,41 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::hello::{
+    Admission, Hello, HelloAck, Proposal, Refusal, Verdict, ACK_LEN, HELLO_LEN, MAGIC, MAX_REFUSAL,
+    REFUSAL_MAGIC,
+};
 use crate::io::{BlockSink, BlockSource};
 use crate::progress::Logger;
-use crate::{
-    negotiate, AdmitError, Config, Error, Mode, ProgressFn, Reorder, Stats, Transport, Window,
-};
+use crate::{AdmitError, Config, Error, Mode, ProgressFn, Reorder, Stats, Transport, Window};
 
-const MAGIC: &[u8; 4] = b"RFTT";
+/// Read the passive side's answer on stream 0: a [`HelloAck`], or a
+/// [`Refusal`] with its reason.
+fn read_ack(s: &mut TcpStream) -> Result<HelloAck, Error> {
+    let mut head = [0u8; 8];
+    s.read_exact(&mut head)
+        .map_err(|e| setup_err("waiting for the Hello reply", e))?;
+    if &head[..4] == REFUSAL_MAGIC {
+        let n = (u32_at(&head, 4) as usize).min(MAX_REFUSAL);
+        let mut r = vec![0u8; n];
+        let _ = s.read_exact(&mut r);
+        return Err(Error::Setup(format!(
+            "the peer refused the session: {}",
+            String::from_utf8_lossy(&r)
+        )));
+    }
+    if &head[..4] != MAGIC {
+        return Err(Error::Protocol(format!(
+            "{}",
+            HelloAck::parse(&head).expect_err("not the magic")
+        )));
+    }
+    let mut ack = [0u8; ACK_LEN];
+    ack[..8].copy_from_slice(&head);
+    s.read_exact(&mut ack[8..])
+        .map_err(|e| setup_err("waiting for the Hello reply", e))?;
+    HelloAck::parse(&ack).map_err(|e| Error::Protocol(e.to_string()))
+}
 const F_BLOCK: u32 = 1;
 const F_END: u32 = 2;
 const F_FIN: u32 = 3;
@@ -169,57 +197,54 @@ fn io_err(e: io::Error, what: &'static str, timeout: Duration) -> Error {
 }
 
 impl TcpSession {
-    /// The active side.
+    /// The active side: every stream connects at once and opens with the
+    /// whole proposal ([`crate::hello`]); the grant comes back on stream
+    /// 0. Two round trips (TCP handshake, Hello/HelloAck) however many
+    /// streams.
     pub fn connect(addr: SocketAddr, token: u64, cfg: &Config) -> Result<TcpSession, Error> {
-        let open = || -> Result<TcpStream, Error> {
-            let s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
-                .map_err(|e| setup_err(&format!("connecting to {addr}"), e))?;
+        let proposal = Proposal::of(cfg);
+        let open = |index: u32| -> Result<TcpStream, Error> {
+            let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
+                .map_err(|e| setup_err(&format!("connecting stream {index} to {addr}"), e))?;
             prep(&s, cfg).map_err(|e| setup_err("socket options", e))?;
+            let hello = Hello {
+                token,
+                index,
+                proposal,
+            };
+            s.write_all(&hello.emit())
+                .map_err(|e| setup_err(&format!("sending stream {index}'s Hello"), e))?;
             Ok(s)
         };
-        let mut first = open()?;
-        let mut hello = MAGIC.to_vec();
-        hello.extend_from_slice(&token.to_be_bytes());
-        for v in [cfg.streams, cfg.block_size, cfg.iodepth] {
-            hello.extend_from_slice(&v.to_be_bytes());
-        }
-        first
-            .write_all(&hello)
-            .map_err(|e| setup_err("sending Hello", e))?;
-        let mut ack = [0u8; 24];
-        first
-            .read_exact(&mut ack)
-            .map_err(|e| setup_err("waiting for the Hello reply", e))?;
-        if &ack[..4] != MAGIC {
-            return Err(Error::Protocol("bad Hello reply".into()));
-        }
-        let session = u64_at(&ack, 4);
-        let mut neg = cfg.clone();
-        neg.streams = u32_at(&ack, 12);
-        neg.block_size = u32_at(&ack, 16);
-        neg.iodepth = u32_at(&ack, 20);
-        let neg = neg
-            .validated()
-            .map_err(|e| Error::Protocol(format!("peer granted {e}")))?;
-        let mut streams = vec![first];
-        for i in 1..neg.streams {
-            let mut s = open()?;
-            let mut h = MAGIC.to_vec();
-            h.extend_from_slice(&session.to_be_bytes());
-            h.extend_from_slice(&i.to_be_bytes());
-            s.write_all(&h)
-                .map_err(|e| setup_err("opening a stream", e))?;
-            streams.push(s);
-        }
+        // connect(2) blocks for a round trip: one thread per stream.
+        let mut streams = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..cfg.streams)
+                .map(|i| scope.spawn(move || open(i)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Setup("a connect thread panicked".into())))
+                })
+                .collect::<Result<Vec<TcpStream>, Error>>()
+        })?;
+        let ack = read_ack(&mut streams[0])?;
+        let neg = ack.apply(cfg).map_err(Error::Protocol)?;
+        // Streams beyond the grant were refused (or will be): closed here.
+        streams.truncate(neg.streams as usize);
         Ok(TcpSession {
             streams,
             logger: Logger::new(neg.progress_interval),
             cfg: neg,
-            session,
+            session: ack.session,
             broken: None,
         })
     }
 
+    /// The passive side: streams in any order, matched by token and index
+    /// ([`Admission`]); anything else gets a [`Refusal`] and is closed, and
+    /// the session goes on waiting for its own streams until `timeout`.
     pub(crate) fn accept(
         l: &TcpListener,
         token: u64,
@@ -230,24 +255,26 @@ impl TcpSession {
         let deadline = Instant::now() + timeout;
         l.set_nonblocking(true)
             .map_err(|e| setup_err("listener", e))?;
-        let next = || -> Result<TcpStream, Error> {
-            loop {
+        let session = crate::random_u64();
+        let mut adm = Admission::new(token, ours, false, session);
+        let mut slots: Vec<Option<TcpStream>> = Vec::new();
+        while !adm.complete() {
+            let mut s = loop {
                 match l.accept() {
                     Ok((s, peer)) if crate::rdma::refuse(peer, only_from).is_some() => {
                         let _ = s.shutdown(Shutdown::Both);
                     }
-                    Ok((s, _)) => {
-                        s.set_nonblocking(false)
-                            .map_err(|e| setup_err("socket options", e))?;
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        s.set_read_timeout(Some(left.max(Duration::from_millis(10))))
-                            .map_err(|e| setup_err("socket options", e))?;
-                        return Ok(s);
-                    }
+                    Ok((s, _)) => break s,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         if Instant::now() >= deadline {
+                            let (got, of) = adm.admitted();
+                            tracing::warn!(got, of, "rdma-xfer: session setup timed out");
                             return Err(Error::Timeout {
-                                waiting_for: "the transfer connection",
+                                waiting_for: if adm.granted().is_none() {
+                                    "the transfer connection"
+                                } else {
+                                    "the transfer streams"
+                                },
                                 after: timeout,
                             });
                         }
@@ -255,57 +282,46 @@ impl TcpSession {
                     }
                     Err(e) => return Err(setup_err("accepting", e)),
                 }
+            };
+            // A connection that says nothing is dropped after
+            // REQUEST_WAIT, so it cannot hold the session up.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let wait = left.min(crate::hello::REQUEST_WAIT);
+            let mut hello = [0u8; HELLO_LEN];
+            let got = s
+                .set_nonblocking(false)
+                .and_then(|_| s.set_read_timeout(Some(wait.max(Duration::from_millis(10)))))
+                .and_then(|_| s.read_exact(&mut hello));
+            if let Err(e) = got {
+                tracing::debug!(peer = ?s.peer_addr().ok(), %e, "rdma-xfer: a connection sent no Hello");
+                continue;
             }
-        };
-        // A connection with the wrong token is refused, and the session
-        // keeps waiting for its own peer until the deadline.
-        let (mut first, hello) = loop {
-            let mut s = next()?;
-            let mut hello = [0u8; 24];
-            if let Err(e) = s.read_exact(&mut hello) {
-                if Instant::now() >= deadline {
-                    return Err(setup_err("waiting for Hello", e));
+            let i = match adm.admit(&hello) {
+                Verdict::Stream(i) => i as usize,
+                v => {
+                    let reason = match v {
+                        Verdict::Refuse(r) => r,
+                        // Admission refuses CONTROL in TCP mode already.
+                        _ => "rdma-xfer: refused: no control connection in TCP mode".into(),
+                    };
+                    tracing::warn!(peer = ?s.peer_addr().ok(), %reason, "rdma-xfer: refused a connection during session setup");
+                    let _ = s.write_all(&Refusal(reason).emit());
+                    let _ = s.shutdown(Shutdown::Both);
+                    continue;
                 }
-                continue;
+            };
+            let neg = adm.granted().expect("an admitted stream fixed the grant");
+            if slots.is_empty() {
+                slots = (0..neg.streams).map(|_| None).collect();
             }
-            if &hello[..4] != MAGIC || u64_at(&hello, 4) != token {
-                tracing::warn!(peer = ?s.peer_addr().ok(), "rdma-xfer: refused a connection with a wrong session token");
-                let _ = s.shutdown(Shutdown::Both);
-                continue;
+            if i == 0 {
+                let ack = adm.ack().expect("granted").emit();
+                s.write_all(&ack)
+                    .map_err(|e| setup_err("sending the Hello reply", e))?;
             }
-            break (s, hello);
-        };
-        let neg = negotiate(
-            ours,
-            u32_at(&hello, 12),
-            u32_at(&hello, 16),
-            u32_at(&hello, 20),
-        );
-        let session = crate::random_u64();
-        let mut ack = MAGIC.to_vec();
-        ack.extend_from_slice(&session.to_be_bytes());
-        for v in [neg.streams, neg.block_size, neg.iodepth] {
-            ack.extend_from_slice(&v.to_be_bytes());
+            slots[i] = Some(s);
         }
-        first
-            .write_all(&ack)
-            .map_err(|e| setup_err("sending the Hello reply", e))?;
-        let mut slots: Vec<Option<TcpStream>> = (0..neg.streams).map(|_| None).collect();
-        slots[0] = Some(first);
-        while slots.iter().any(Option::is_none) {
-            let mut s = next()?;
-            let mut h = [0u8; 16];
-            if s.read_exact(&mut h).is_err() {
-                continue;
-            }
-            let i = u32_at(&h, 12) as usize;
-            if &h[..4] == MAGIC && u64_at(&h, 4) == session && i < slots.len() && slots[i].is_none()
-            {
-                slots[i] = Some(s);
-            } else {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
+        let neg = adm.granted().expect("complete").clone();
         let streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
         for s in &streams {
             prep(s, &neg).map_err(|e| setup_err("socket options", e))?;

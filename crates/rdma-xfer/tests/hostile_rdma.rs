@@ -26,6 +26,7 @@ use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, QpEvent, QpInitAttr, QueuePair, RecvWr, SendWr,
     SgList, WcStatus, WrOpcode,
 };
+use rdma_xfer::hello::{Hello, HelloAck, Proposal, CONTROL};
 use rdma_xfer::msg::{Grant, Msg, MSG_BUF};
 use rdma_xfer::rdma::CTRL_RECVS;
 use rdma_xfer::{BlockSink, Config, Error, Mode, XferListener};
@@ -157,11 +158,20 @@ impl Peer {
     }
 }
 
-fn private_data(id: u64, index: u32) -> Vec<u8> {
-    let mut v = b"RFTX".to_vec();
-    v.extend_from_slice(&id.to_be_bytes());
-    v.extend_from_slice(&index.to_be_bytes());
-    v
+/// The setup of connection `index` of a 1-stream session (the control
+/// connection is `CONTROL`).
+fn private_data(token: u64, index: u32) -> Vec<u8> {
+    Hello {
+        token,
+        index,
+        proposal: Proposal {
+            streams: 1,
+            block_size: BS,
+            iodepth: 2,
+        },
+    }
+    .emit()
+    .to_vec()
 }
 
 /// Connect to the session at `addr`, move block 0 legitimately, then keep
@@ -202,7 +212,9 @@ fn hostile_source(
         timeout: WAIT,
         ..ConnParam::default()
     };
-    cm::connect(&ctrl, addr, &param(private_data(token, u32::MAX))).unwrap();
+    let ack = cm::connect(&ctrl, addr, &param(private_data(token, CONTROL))).unwrap();
+    let ack = HelloAck::parse(&ack).expect("the grant in the MPA Reply");
+    assert_eq!(ack.granted.block_size, BS);
     let mut p = Peer {
         _ctx: ctx.clone(),
         ctrl,
@@ -210,23 +222,6 @@ fn hostile_source(
         ctrl_recv_cq,
         ctrl_msgs,
         reposted: 0,
-    };
-    p.send(&Msg::Hello {
-        token,
-        streams: 1,
-        block_size: BS,
-        iodepth: 2,
-    });
-    let session = match p.recv() {
-        Msg::HelloAck {
-            session,
-            block_size,
-            ..
-        } => {
-            assert_eq!(block_size, BS);
-            session
-        }
-        m => panic!("expected HelloAck, got {m:?}"),
     };
     let data_cq = ctx.create_cq(64).unwrap();
     let data = pd
@@ -237,7 +232,7 @@ fn hostile_source(
             max_recv_wr: 4,
         })
         .unwrap();
-    cm::connect(&data, addr, &param(private_data(session, 0))).unwrap();
+    cm::connect(&data, addr, &param(private_data(token, 0))).unwrap();
 
     p.send(&Msg::Begin {
         transfer: 1,

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdma_xfer::hello::{Hello, HelloAck, Proposal, ACK_LEN};
 use rdma_xfer::{BlockSink, Config, Error, Mode, XferListener};
 
 const BS: u32 = 64 << 10;
@@ -54,18 +55,22 @@ fn a_source_that_skips_block_0_is_held_to_the_window_and_fails_clearly() {
         (r, got.load(Ordering::Relaxed), t0.elapsed())
     });
 
-    // Hello: magic, token, streams, block size, iodepth.
+    // Hello: token, stream 0, the proposal.
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut hello = b"RFTT".to_vec();
-    hello.extend_from_slice(&token.to_be_bytes());
-    for v in [1u32, BS, 4] {
-        hello.extend_from_slice(&v.to_be_bytes());
-    }
-    s.write_all(&hello).unwrap();
-    let mut ack = [0u8; 24];
+    let hello = Hello {
+        token,
+        index: 0,
+        proposal: Proposal {
+            streams: 1,
+            block_size: BS,
+            iodepth: 4,
+        },
+    };
+    s.write_all(&hello.emit()).unwrap();
+    let mut ack = [0u8; ACK_LEN];
     s.read_exact(&mut ack).unwrap();
-    assert_eq!(&ack[..4], b"RFTT");
+    HelloAck::parse(&ack).unwrap();
 
     // Blocks 1, 2, 3, ... (never 0), 256 MiB in all if the sink took them.
     let written = Arc::new(AtomicU64::new(0));

@@ -7,6 +7,7 @@ use std::io::{Cursor, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use rdma_xfer::hello::{Hello, Proposal};
 use rdma_xfer::{connect, Config, Error, Mode, ReadSource, WriteSink, XferListener};
 use socket2::{Domain, Socket, Type};
 
@@ -31,12 +32,13 @@ fn connect_from(from: IpAddr, to: SocketAddr) -> TcpStream {
 }
 
 fn hello(token: u64) -> Vec<u8> {
-    let mut h = b"RFTT".to_vec();
-    h.extend_from_slice(&token.to_be_bytes());
-    for v in [2u32, 4096, 2] {
-        h.extend_from_slice(&v.to_be_bytes());
+    Hello {
+        token,
+        index: 0,
+        proposal: Proposal::of(&cfg()),
     }
-    h
+    .emit()
+    .to_vec()
 }
 
 #[test]

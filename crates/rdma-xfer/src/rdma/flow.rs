@@ -54,14 +54,15 @@ pub(super) struct CtrlCredits {
 }
 
 impl CtrlCredits {
-    /// The state after session setup: one setup message went each way
-    /// (one credit spent, one receive reposted but not yet returned).
-    pub(super) fn after_setup(recvs: u32, slots: u32, signal_every: u32) -> CtrlCredits {
+    /// The state after session setup, which sends no control message (the
+    /// negotiation rides in the MPA handshakes, [`crate::hello`]): the
+    /// peer's `recvs` receives are all ours to use.
+    pub(super) fn new(recvs: u32, slots: u32, signal_every: u32) -> CtrlCredits {
         CtrlCredits {
             recvs,
             signal_every,
-            credits: recvs - 1,
-            unreturned: 1,
+            credits: recvs,
+            unreturned: 0,
             backlog: VecDeque::new(),
             free_slots: (0..slots).rev().collect(),
             in_flight: VecDeque::new(),
@@ -354,56 +355,61 @@ mod tests {
 
     #[test]
     fn ctrl_messages_leave_in_order_returning_credits() {
-        let mut c = CtrlCredits::after_setup(32, 32, 8);
+        let mut c = CtrlCredits::new(32, 32, 8);
         c.queue(Msg::Request { n: 1 });
         c.queue(Msg::Request { n: 2 });
         let sent = drain(&mut c);
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[0].msg, Msg::Request { n: 1 });
-        // The receive reposted after setup goes back with the first.
-        assert_eq!((sent[0].credits, sent[1].credits), (1, 0));
+        // Setup consumed no receive: nothing to return yet.
+        assert_eq!((sent[0].credits, sent[1].credits), (0, 0));
         assert_eq!((sent[0].slot, sent[1].slot), (0, 1));
         assert!(!sent[0].signaled && !sent[1].signaled);
-        assert_eq!(c.credits, 29);
+        assert_eq!(c.credits, 30);
+        // A consumed receive goes back with the next message.
+        c.on_recv(0);
+        c.queue(Msg::Request { n: 3 });
+        assert_eq!(drain(&mut c)[0].credits, 1);
     }
 
     #[test]
     fn ctrl_keeps_the_last_credit_for_a_credit_message() {
-        let mut c = CtrlCredits::after_setup(4, 32, 8);
+        let mut c = CtrlCredits::new(4, 32, 8);
         for n in 0..5 {
             c.queue(Msg::Request { n });
         }
-        // 3 credits: two messages, the third waits, keeping one.
-        assert_eq!(drain(&mut c).len(), 2);
+        // 4 credits: three messages, the fourth waits, keeping one.
+        assert_eq!(drain(&mut c).len(), 3);
         assert_eq!(c.credits, 1);
         // Two receives consumed: half of 4 owed, but the backlog will
         // carry them, so no Credit message is queued; nothing can leave.
         c.on_recv(0);
         c.on_recv(0);
         assert!(c.next_send().is_none());
-        assert_eq!(c.backlog.len(), 3);
+        assert_eq!(c.backlog.len(), 2);
         // The peer returns credits: the rest leaves, the first carrying
         // the three receives we owe.
         c.on_recv(3);
         let sent = drain(&mut c);
-        assert_eq!(sent.len(), 3);
-        assert_eq!(
-            sent.iter().map(|s| s.credits).collect::<Vec<_>>(),
-            [3, 0, 0]
-        );
-        assert_eq!(c.credits, 1);
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent.iter().map(|s| s.credits).collect::<Vec<_>>(), [3, 0]);
+        assert_eq!(c.credits, 2);
     }
 
     #[test]
     fn ctrl_queues_a_credit_message_when_half_the_receives_are_owed() {
-        let mut c = CtrlCredits::after_setup(4, 32, 8);
+        let mut c = CtrlCredits::new(4, 32, 8);
+        c.on_recv(0);
+        assert!(drain(&mut c).is_empty(), "one of four owed: not yet");
         c.on_recv(0);
         let sent = drain(&mut c);
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].msg, Msg::Credit);
         assert_eq!(sent[0].credits, 2);
         // A Credit message needs only the last credit.
-        let mut c = CtrlCredits::after_setup(2, 32, 8);
+        let mut c = CtrlCredits::new(2, 32, 8);
+        c.queue(Msg::Request { n: 1 });
+        assert_eq!(drain(&mut c).len(), 1);
         c.on_recv(0);
         assert_eq!(c.credits, 1);
         assert_eq!(drain(&mut c)[0].msg, Msg::Credit);
@@ -411,7 +417,7 @@ mod tests {
 
     #[test]
     fn ctrl_signals_every_nth_and_the_last_slot_and_frees_in_order() {
-        let mut c = CtrlCredits::after_setup(32, 3, 2);
+        let mut c = CtrlCredits::new(32, 3, 2);
         for n in 0..4 {
             c.queue(Msg::Request { n });
         }
@@ -431,7 +437,7 @@ mod tests {
 
     #[test]
     fn ctrl_ignores_a_completion_for_a_slot_not_in_flight() {
-        let mut c = CtrlCredits::after_setup(32, 4, 8);
+        let mut c = CtrlCredits::new(32, 4, 8);
         c.queue(Msg::Request { n: 1 });
         let s = drain(&mut c).remove(0);
         c.on_send_done(3);
@@ -444,13 +450,13 @@ mod tests {
 
     #[test]
     fn ctrl_failed_post_frees_the_slot_and_drops_the_backlog() {
-        let mut c = CtrlCredits::after_setup(32, 4, 8);
+        let mut c = CtrlCredits::new(32, 4, 8);
         c.queue(Msg::Request { n: 1 });
         c.queue(Msg::Request { n: 2 });
         let s = c.next_send().unwrap();
         c.send_failed(&s);
         assert_eq!(c.free_slots.len(), 4);
-        assert_eq!(c.credits, 31);
+        assert_eq!(c.credits, 32);
         assert!(c.next_send().is_none());
     }
 

@@ -63,8 +63,9 @@
 //!   pairing, the sink's grant and reorder window), tested on their own.
 //! - `shared`: what the threads share; carries out `flow`'s actions with
 //!   verbs (posting control Sends and block Write + `BlockDone` pairs).
-//! - `setup`: verbs resources, the Hello/HelloAck exchange, connecting and
-//!   accepting the data streams, starting the threads.
+//! - `setup`: verbs resources, connecting and accepting the control QP
+//!   and the data streams all at once (the negotiation rides in their MPA
+//!   private data, [`crate::hello`]), starting the threads.
 //! - `sink`: the sink's blocks, registered for the peer's RDMA Write only
 //!   while granted and deregistered right before they are read, so a
 //!   source that keeps writing after its `BlockDone` is refused (a
@@ -142,8 +143,6 @@ fn repost_batch(depth: u32) -> u32 {
 }
 /// How often blocked waits look at the failure flag.
 pub const TICK: Duration = Duration::from_millis(50);
-/// Private-data magic of rdma-xfer connection requests.
-const PD_MAGIC: &[u8; 4] = b"RFTX";
 
 const K_CTRL_RECV: u64 = 1;
 const K_CTRL_SEND: u64 = 2;

@@ -1,7 +1,8 @@
-//! Session setup: verbs resources, the Hello/HelloAck exchange, the data
-//! streams' connections, and starting the threads.
+//! Session setup: verbs resources, connecting (or accepting) the control
+//! connection and every data stream at once with the session's
+//! negotiation in their MPA private data ([`crate::hello`]), and starting
+//! the threads.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
@@ -11,19 +12,18 @@ use std::time::{Duration, Instant};
 use iwarp::cm::{self, ConnParam, Listener};
 use iwarp::{
     Access, CompletionQueue, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr, QueuePair,
-    RecvWr, SendWr, SgList, WakePolicy, WcStatus, WorkCompletion, WrOpcode,
+    RecvWr, SgList, WakePolicy,
 };
 
-use crate::msg::{Msg, MSG_BUF};
+use crate::hello::{Admission, Hello, HelloAck, Proposal, Verdict, CONTROL, REQUEST_WAIT};
+use crate::msg::MSG_BUF;
 use crate::progress::Logger;
-use crate::{negotiate, Config, Error};
+use crate::{Config, Error};
 
 use super::*;
 
 /// Verbs resources of a session before the data streams exist.
 pub(super) struct Setup {
-    /// Completions that arrived while waiting for another kind.
-    pub(super) stash: std::cell::RefCell<VecDeque<WorkCompletion>>,
     pub(super) pd: ProtectionDomain,
     pub(super) cq: CompletionQueue,
     pub(super) ctrl_qp: QueuePair,
@@ -76,82 +76,11 @@ impl Setup {
                 .map_err(|e| Error::Setup(format!("posting control receives: {e:?}")))?;
         }
         Ok(Setup {
-            stash: Default::default(),
             pd,
             cq,
             ctrl_qp,
             ctrl_msgs,
         })
-    }
-
-    /// Send one setup message from send slot 0 and wait for its completion.
-    pub(super) fn send(&self, msg: &Msg, deadline: Instant) -> Result<(), Error> {
-        let mut buf = [0u8; MSG_BUF];
-        let len = msg.emit(0, &mut buf);
-        let off = CTRL_RECVS as usize * MSG_BUF;
-        self.ctrl_msgs.write_at(off, &buf[..len]);
-        self.ctrl_qp
-            .post_send(&SendWr {
-                wr_id: wr_id(K_CTRL_SEND, 0, 0),
-                opcode: WrOpcode::Send,
-                sgl: SgList::single(self.ctrl_msgs.sge(off, len)),
-                signaled: true,
-                solicited: false,
-            })
-            .map_err(|e| Error::Setup(format!("sending {msg:?}: {e:?}")))?;
-        self.wait(K_CTRL_SEND, deadline, "the session setup message to leave")?;
-        Ok(())
-    }
-
-    /// Wait for the next setup message; the receive slot is reposted.
-    pub(super) fn recv(&self, deadline: Instant) -> Result<Msg, Error> {
-        let wc = self.wait(K_CTRL_RECV, deadline, "the peer's session setup message")?;
-        let slot = wr_parts(wc.wr_id).2;
-        let mut buf = vec![0u8; wc.byte_len as usize];
-        self.ctrl_msgs.read_at(slot as usize * MSG_BUF, &mut buf);
-        self.ctrl_qp
-            .post_recv(&RecvWr {
-                wr_id: wc.wr_id,
-                sgl: SgList::single(self.ctrl_msgs.sge(slot as usize * MSG_BUF, MSG_BUF)),
-            })
-            .map_err(|e| Error::Setup(format!("reposting a control receive: {e:?}")))?;
-        Msg::parse(&buf)
-            .map(|(m, _)| m)
-            .map_err(|e| Error::Protocol(e.to_string()))
-    }
-
-    /// The next successful completion of `kind`; others are stashed.
-    pub(super) fn wait(
-        &self,
-        kind: u64,
-        deadline: Instant,
-        what: &'static str,
-    ) -> Result<WorkCompletion, Error> {
-        let mut stash = self.stash.borrow_mut();
-        if let Some(i) = stash.iter().position(|wc| wr_parts(wc.wr_id).0 == kind) {
-            if let Some(wc) = stash.remove(i) {
-                return Ok(wc);
-            }
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.cq.wait_one(left).map_err(verbs)? {
-                Some(wc) if wc.status != WcStatus::Success => {
-                    return Err(Error::Disconnected(format!(
-                        "{} while waiting for {what}",
-                        wc.status.as_str()
-                    )))
-                }
-                Some(wc) if wr_parts(wc.wr_id).0 == kind => return Ok(wc),
-                Some(wc) => stash.push_back(wc),
-                None => {
-                    return Err(Error::Timeout {
-                        waiting_for: what,
-                        after: left,
-                    })
-                }
-            }
-        }
     }
 
     pub(super) fn data_qp(&self, depth: u32) -> Result<QueuePair, Error> {
@@ -166,22 +95,6 @@ impl Setup {
     }
 }
 
-pub(super) fn private_data(id: u64, index: u32) -> Vec<u8> {
-    let mut v = PD_MAGIC.to_vec();
-    v.extend_from_slice(&id.to_be_bytes());
-    v.extend_from_slice(&index.to_be_bytes());
-    v
-}
-
-pub(super) fn parse_private_data(pd: &[u8]) -> Option<(u64, u32)> {
-    if pd.len() < 16 || &pd[..4] != PD_MAGIC {
-        return None;
-    }
-    let id = u64::from_be_bytes(pd[4..12].try_into().ok()?);
-    let index = u32::from_be_bytes(pd[12..16].try_into().ok()?);
-    Some((id, index))
-}
-
 /// The CM parameter for `cfg.congestion` (checked by `Config::validated`).
 fn congestion(cfg: &Config) -> Option<cm::CongestionControl> {
     cfg.congestion
@@ -189,13 +102,35 @@ fn congestion(cfg: &Config) -> Option<cm::CongestionControl> {
         .and_then(|c| cm::CongestionControl::new(c).ok())
 }
 
+/// A CM error, with the peer's reason when it refused the connection
+/// (the MPA Reject's private data, RFC 5044 §7.1.3).
+fn cm_err(what: &str, e: &cm::CmError) -> String {
+    match e {
+        cm::CmError::Rejected { private_data, .. } if !private_data.is_empty() => format!(
+            "{what}: the peer refused it: {}",
+            String::from_utf8_lossy(private_data)
+        ),
+        e => format!("{what}: {e}"),
+    }
+}
+
 impl RdmaSession {
-    /// The active side (see [`crate::connect`]).
+    /// The active side (see [`crate::connect`]): the control connection
+    /// and every data stream connect at once, each with the whole proposal
+    /// in its MPA Request ([`crate::hello`]); the grant comes back in the
+    /// control connection's MPA Reply. Two round trips (TCP, MPA) in all.
     pub fn connect(addr: SocketAddr, token: u64, cfg: &Config) -> Result<RdmaSession, Error> {
         let deadline = Instant::now() + cfg.connect_timeout;
         let s = Setup::new(cfg)?;
-        let param = |pdata: Vec<u8>| ConnParam {
-            private_data: pdata,
+        let proposal = Proposal::of(cfg);
+        let param = |index: u32| ConnParam {
+            private_data: Hello {
+                token,
+                index,
+                proposal,
+            }
+            .emit()
+            .to_vec(),
             mpa: mpa_config(cfg.crc),
             timeout: cfg.connect_timeout,
             // A peer silent this long while it owes Read Responses is gone.
@@ -203,51 +138,58 @@ impl RdmaSession {
             congestion: congestion(cfg),
             ..ConnParam::default()
         };
-        cm::connect(&s.ctrl_qp, addr, &param(private_data(token, u32::MAX)))
-            .map_err(|e| Error::Setup(e.to_string()))?;
-        s.send(
-            &Msg::Hello {
-                token,
-                streams: cfg.streams,
-                block_size: cfg.block_size,
-                iodepth: cfg.iodepth,
-            },
-            deadline,
-        )?;
-        let (session, neg) = match s.recv(deadline)? {
-            Msg::HelloAck {
-                session,
-                streams,
-                block_size,
-                iodepth,
-            } => {
-                let mut neg = cfg.clone();
-                neg.streams = streams;
-                neg.block_size = block_size;
-                neg.iodepth = iodepth;
-                let neg = neg
-                    .validated()
-                    .map_err(|e| Error::Protocol(format!("peer granted {e}")))?;
-                (session, neg)
+        // The data QPs are sized for the proposal (the grant is at most
+        // that); their receives are posted once the grant is known, before
+        // the session starts: the peer sends on a data QP only a
+        // `BlockDone` for a block we granted, so never before then.
+        let (tx, rx) = mpsc::channel();
+        for i in 0..cfg.streams {
+            let qp = s.data_qp(cfg.pool_depth())?;
+            let (tx, p) = (tx.clone(), param(i));
+            // The CM's connect blocks for its round trips: one thread per
+            // stream. A stream the passive side does not grant is refused
+            // (or, once the session is complete, left to the listener), and
+            // its thread ends then or at `connect_timeout`: nobody waits
+            // for it.
+            std::thread::Builder::new()
+                .name(format!("xfer-connect-{i}"))
+                .spawn(move || {
+                    let r = cm::connect(&qp, addr, &p);
+                    let _ = tx.send((i, qp, r));
+                })
+                .map_err(|e| Error::Setup(format!("starting a connect thread: {e}")))?;
+        }
+        drop(tx);
+        let ack = cm::connect(&s.ctrl_qp, addr, &param(CONTROL))
+            .map_err(|e| Error::Setup(cm_err("the control connection", &e)))?;
+        let ack = HelloAck::parse(&ack)
+            .map_err(|e| Error::Protocol(format!("the control connection's MPA Reply: {e}")))?;
+        let neg = ack.apply(cfg).map_err(Error::Protocol)?;
+        let session = ack.session;
+        let mut qps: Vec<Option<QueuePair>> = (0..neg.streams).map(|_| None).collect();
+        while qps.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (i, qp, r) = rx.recv_timeout(left).map_err(|_| Error::Timeout {
+                waiting_for: "the data streams to connect",
+                after: cfg.connect_timeout,
+            })?;
+            if i >= neg.streams {
+                // Not granted: dropped (disconnected if it got through).
+                continue;
             }
-            Msg::Abort { reason } => return Err(Error::PeerAborted(reason)),
-            m => return Err(Error::Protocol(format!("expected HelloAck, got {m:?}"))),
-        };
-        let depth = neg.pool_depth();
-        let mut qps = Vec::new();
-        for _ in 0..neg.streams {
-            qps.push(s.data_qp(depth)?);
+            r.map_err(|e| Error::Setup(cm_err(&format!("data stream {i}"), &e)))?;
+            qps[i as usize] = Some(qp);
         }
-        let data_msgs = Self::post_data_recvs(&s, &qps, depth)?;
-        for (i, qp) in qps.iter().enumerate() {
-            cm::connect(qp, addr, &param(private_data(session, i as u32)))
-                .map_err(|e| Error::Setup(format!("data stream {i}: {e}")))?;
-        }
+        let qps: Vec<QueuePair> = qps.into_iter().flatten().collect();
+        let data_msgs = Self::post_data_recvs(&s, &qps, neg.pool_depth())?;
         tracing::debug!(%addr, session = format_args!("{session:016x}"), streams = neg.streams, block_size = neg.block_size, iodepth = neg.iodepth, "rdma-xfer session connected");
         Ok(Self::start(s, qps, data_msgs, neg, session))
     }
 
-    /// The passive side (see [`crate::XferListener::accept`]).
+    /// The passive side (see [`crate::XferListener::accept`]): connections
+    /// in any order, matched by token and index ([`Admission`]); anything
+    /// else is refused with the reason in the MPA Reject, and the session
+    /// goes on waiting for its own connections until `timeout`.
     pub(crate) fn accept(
         l: &Listener,
         token: u64,
@@ -257,79 +199,77 @@ impl RdmaSession {
     ) -> Result<RdmaSession, Error> {
         let deadline = Instant::now() + timeout;
         let s = Setup::new(ours)?;
-        let param = ConnParam {
+        let param = |private_data: Vec<u8>| ConnParam {
+            private_data,
             mpa: mpa_config(ours.crc),
             timeout: ours.connect_timeout,
             peer_timeout: ours.timeout,
             congestion: congestion(ours),
             ..ConnParam::default()
         };
-        let left = || deadline.saturating_duration_since(Instant::now());
-        // A connection from the wrong address or with the wrong token is
-        // refused, and the session keeps waiting for its own peer.
-        let req = loop {
-            let req = l
-                .get_request(Some(left()))
-                .map_err(|e| Error::Setup(format!("waiting for the session's connection: {e}")))?;
-            if let Some(reason) = refuse(req.peer_addr(), only_from) {
-                let _ = req.reject(reason.as_bytes());
-                continue;
-            }
-            if parse_private_data(req.private_data()).map(|p| p.0) != Some(token) {
-                tracing::warn!(peer = %req.peer_addr(), "rdma-xfer: refused a connection with a wrong session token");
-                let _ = req.reject(b"rdma-xfer: bad session token");
-                continue;
-            }
-            break req;
-        };
-        req.accept(&s.ctrl_qp, &param)
-            .map_err(|e| Error::Setup(e.to_string()))?;
-        let (streams, block_size, iodepth) = match s.recv(deadline)? {
-            Msg::Hello {
-                token: t,
-                streams,
-                block_size,
-                iodepth,
-            } if t == token => (streams, block_size, iodepth),
-            m => return Err(Error::Protocol(format!("expected Hello, got {m:?}"))),
-        };
-        let neg = negotiate(ours, streams, block_size, iodepth);
         let session = crate::random_u64();
-        let depth = neg.pool_depth();
-        let mut qps = Vec::new();
-        for _ in 0..neg.streams {
-            qps.push(s.data_qp(depth)?);
-        }
-        let data_msgs = Self::post_data_recvs(&s, &qps, depth)?;
-        s.send(
-            &Msg::HelloAck {
-                session,
-                streams: neg.streams,
-                block_size: neg.block_size,
-                iodepth: neg.iodepth,
-            },
-            deadline,
-        )?;
-        let mut done = vec![false; qps.len()];
-        while done.iter().any(|d| !d) {
-            let req = l
-                .get_request(Some(left()))
-                .map_err(|e| Error::Setup(format!("waiting for the data streams: {e}")))?;
+        let mut adm = Admission::new(token, ours, true, session);
+        // The data QPs and their receives, made when the first connection
+        // of the session fixes the grant.
+        let mut data: Option<(Vec<QueuePair>, MemoryRegion)> = None;
+        while !adm.complete() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let req = match l.get_request(Some(left.min(REQUEST_WAIT))) {
+                Ok(r) => r,
+                Err(e) if Instant::now() >= deadline => {
+                    let what = if adm.granted().is_none() {
+                        "waiting for the session's connection"
+                    } else {
+                        "waiting for the data streams"
+                    };
+                    let (got, of) = adm.admitted();
+                    return Err(Error::Setup(format!(
+                        "{what} ({got} of {of} streams connected): {e}"
+                    )));
+                }
+                Err(e) => {
+                    // A connection that sent no (or a malformed) MPA
+                    // Request: the CM closed it; keep waiting for ours.
+                    tracing::debug!(%e, "rdma-xfer: a connection attempt failed during setup");
+                    continue;
+                }
+            };
             if let Some(reason) = refuse(req.peer_addr(), only_from) {
                 let _ = req.reject(reason.as_bytes());
                 continue;
             }
-            match parse_private_data(req.private_data()) {
-                Some((id, i)) if id == session && (i as usize) < qps.len() && !done[i as usize] => {
-                    req.accept(&qps[i as usize], &param)
-                        .map_err(|e| Error::Setup(format!("data stream {i}: {e}")))?;
-                    done[i as usize] = true;
+            let verdict = adm.admit(req.private_data());
+            if let Verdict::Refuse(reason) = &verdict {
+                tracing::warn!(peer = %req.peer_addr(), %reason, "rdma-xfer: refused a connection during session setup");
+                let _ = req.reject(crate::hello::clip(reason).as_bytes());
+                continue;
+            }
+            let neg = adm
+                .granted()
+                .expect("an admitted connection fixed the grant");
+            if data.is_none() {
+                let depth = neg.pool_depth();
+                let qps = (0..neg.streams)
+                    .map(|_| s.data_qp(depth))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let msgs = Self::post_data_recvs(&s, &qps, depth)?;
+                data = Some((qps, msgs));
+            }
+            let qps = &data.as_ref().expect("made above").0;
+            match verdict {
+                Verdict::Control => {
+                    let ack = adm.ack().expect("granted").emit().to_vec();
+                    req.accept(&s.ctrl_qp, &param(ack))
+                        .map_err(|e| Error::Setup(format!("the control connection: {e}")))?;
                 }
-                _ => {
-                    let _ = req.reject(b"rdma-xfer: unknown session or stream");
-                }
+                Verdict::Stream(i) => req
+                    .accept(&qps[i as usize], &param(Vec::new()))
+                    .map_err(|e| Error::Setup(format!("data stream {i}: {e}")))?,
+                Verdict::Refuse(_) => unreachable!("handled above"),
             }
         }
+        let neg = adm.granted().expect("complete").clone();
+        let (qps, data_msgs) = data.expect("complete");
         tracing::debug!(
             session = format_args!("{session:016x}"),
             streams = neg.streams,
@@ -386,11 +326,7 @@ impl RdmaSession {
             ctrl_msgs: s.ctrl_msgs,
             data_msgs,
             depth,
-            ctrl: Mutex::new(CtrlCredits::after_setup(
-                CTRL_RECVS,
-                CTRL_SLOTS,
-                CTRL_SIGNAL_EVERY,
-            )),
+            ctrl: Mutex::new(CtrlCredits::new(CTRL_RECVS, CTRL_SLOTS, CTRL_SIGNAL_EVERY)),
             pairing: Mutex::new(SourcePairing::new(depth)),
             dispatch: Mutex::new(Dispatch {
                 routes: Routes {
@@ -406,11 +342,10 @@ impl RdmaSession {
             stop: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
-        let stashed: Vec<WorkCompletion> = s.stash.into_inner().into();
         let sh = shared.clone();
         if let Ok(t) = std::thread::Builder::new()
             .name("xfer-dispatch".into())
-            .spawn(move || dispatcher(&sh, stashed))
+            .spawn(move || dispatcher(&sh))
         {
             threads.push(t);
         }

@@ -49,13 +49,7 @@ pub(super) struct Routes {
 
 /// The completion dispatcher: drains the CQ until the session stops,
 /// starting with what setup stashed.
-pub(super) fn dispatcher(sh: &Shared, stashed: Vec<WorkCompletion>) {
-    {
-        let mut d = lock(&sh.dispatch);
-        for wc in stashed {
-            dispatch(sh, &mut d, &wc, true);
-        }
-    }
+pub(super) fn dispatcher(sh: &Shared) {
     while !sh.stop.load(Ordering::Acquire) {
         // This thread never attends, so under `WakePolicy::Newest` it
         // sleeps in the background: a completion wakes it only while the
