@@ -181,12 +181,22 @@ check_tcp_mathis() {
     out=$(wan_a timeout 30 iperf3 -c "$(wan_addr_b)" -C reno -t 15 -O 3 -J 2>&1)
     stats=$(wan_ctl stats)
     # Mathis et al. 1997: rate <= MSS/RTT * C/sqrt(p), C = sqrt(3/2); MSS 1448 (1500 - 40 - 12 B timestamps).
+    # RTT is the one the connection saw (iperf3's mean smoothed RTT from
+    # TCP_INFO), as the model means: on a loaded machine the emulator's own
+    # scheduling adds to the configured 20 ms (runs under stress-ng saw the
+    # rate fall below a bound taken at the nominal RTT). The measured RTT
+    # may not stray more than 50 % above the configured one, so a slow
+    # emulator still fails the check instead of excusing itself.
     if py 'import json,sys,math
 d=json.loads(sys.stdin.read())
 got=d["end"]["sum_received"]["bits_per_second"]/1e6
-want=1448*8/0.020*math.sqrt(1.5)/math.sqrt(0.01)/1e6
-ok=abs(got-want) <= 0.35*want
-print(("PASS" if ok else "FAIL")+f" tcp reno at --rtt 20ms --loss 1% (a->b): {got:.2f} Mbit/s, Mathis bound {want:.2f} Mbit/s +-35% [{0.65*want:.2f}, {1.35*want:.2f}]")
+try:
+    rtt=d["end"]["streams"][0]["sender"]["mean_rtt"]/1e6
+except (KeyError, IndexError, TypeError):
+    rtt=0.020
+want=1448*8/rtt*math.sqrt(1.5)/math.sqrt(0.01)/1e6
+ok=abs(got-want) <= 0.35*want and rtt <= 0.030
+print(("PASS" if ok else "FAIL")+f" tcp reno at --rtt 20ms --loss 1% (a->b): {got:.2f} Mbit/s, Mathis bound at the measured RTT {rtt*1e3:.1f} ms (<= 30) {want:.2f} Mbit/s +-35% [{0.65*want:.2f}, {1.35*want:.2f}]")
 sys.exit(0 if ok else 1)' <<<"$out"; then
         PASS=$((PASS + 1))
     else
