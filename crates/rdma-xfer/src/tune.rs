@@ -181,6 +181,75 @@ pub fn plan(rtt: Duration, measured_bps: Option<f64>, block_size: u32, lim: &Lim
     }
 }
 
+/// Fit a session's plan to one transfer of `size` bytes (issue 27): a
+/// transfer small against the path's bandwidth-delay product does not
+/// need the streams and the pool that fill the path.
+///
+/// - Block: a transfer smaller than one block gets one block of its own
+///   size (rounded up to 4 KiB, at least [`crate::MIN_BLOCK`]): no
+///   memory registered for bytes that never come.
+/// - Streams: no more than the transfer has blocks (blocks go to streams
+///   in turn, so a stream without a block idles), and one per
+///   `lim.per_conn` bytes of the transfer: a transfer that fits in what
+///   one TCP connection keeps in flight is one round of that connection,
+///   and more streams only add connections to open and to ramp up. A
+///   200 KB file gets one stream whatever the path.
+/// - Depth: no more blocks in flight per stream than the transfer gives
+///   each stream, so the whole transfer can be granted at once (and the
+///   first block goes out on the first grant, with no ramp).
+///
+/// Never more than `p` asks for: it only shrinks a plan.
+pub fn fit_to_size(p: &Plan, size: u64, lim: &Limits) -> Plan {
+    let min_block = u64::from(crate::MIN_BLOCK);
+    let mut block = u64::from(p.block_size.max(crate::MIN_BLOCK));
+    if size < block {
+        block = size.div_ceil(4096).saturating_mul(4096).max(min_block);
+    }
+    let blocks = size.div_ceil(block).max(1);
+    let by_size = size.div_ceil(lim.per_conn.max(min_block)).max(1);
+    let streams = u64::from(p.streams.max(1)).min(blocks).min(by_size) as u32;
+    let iodepth = u64::from(p.iodepth.max(1)).min(blocks.div_ceil(u64::from(streams))) as u32;
+    let mut why = p.why.clone();
+    if (streams, iodepth, block as u32) != (p.streams, p.iodepth, p.block_size) {
+        why.push_str(&format!(
+            "; fitted to the {} transfer ({blocks} block(s) of {}): {streams} stream(s) x {iodepth}",
+            mib(size),
+            mib(block)
+        ));
+    }
+    Plan {
+        streams,
+        block_size: block as u32,
+        iodepth: iodepth.max(1),
+        why,
+    }
+}
+
+/// [`plan`], then [`fit_to_size`] when the transfer's size is known.
+pub fn plan_for(
+    rtt: Duration,
+    measured_bps: Option<f64>,
+    block_size: u32,
+    size: Option<u64>,
+    lim: &Limits,
+) -> Plan {
+    let p = plan(rtt, measured_bps, block_size, lim);
+    match size {
+        Some(n) => fit_to_size(&p, n, lim),
+        None => p,
+    }
+}
+
+/// The sink's first window (blocks granted at once) for a transfer of
+/// `len` bytes (if the source announced it) in a pool of `pool` blocks of
+/// `block` bytes, when [`Autotune`] would start at `start`: a transfer
+/// that fits the pool is granted whole, so it needs no growing.
+pub fn first_window(start: u32, pool: u32, block: u32, len: Option<u64>) -> u32 {
+    let need = len.map_or(0, |n| n.div_ceil(u64::from(block.max(1))));
+    let need = need.min(u64::from(pool)) as u32;
+    start.max(need).min(pool.max(1))
+}
+
 fn mib(b: u64) -> String {
     if b >= 1 << 20 {
         format!("{:.1} MiB", b as f64 / f64::from(1 << 20))
@@ -241,6 +310,12 @@ impl Autotune {
             delivered: 0,
             low_rounds: 0,
         }
+    }
+
+    /// Start at `blocks` (within `min..=pool`) instead of half the pool
+    /// ([`first_window`]).
+    pub fn start_at(&mut self, blocks: u32) {
+        self.window = blocks.clamp(self.min, self.pool);
     }
 
     /// The window in blocks now.
@@ -469,5 +544,92 @@ mod tests {
             None,
             "within a round trip"
         );
+    }
+
+    #[test]
+    fn a_small_transfer_gets_one_stream_and_no_more_pool_than_it_needs() {
+        // The plan for a 50 ms path asks for several streams and a deep
+        // pool; a 200 KB file needs one stream and one block of its size.
+        let rtt = Duration::from_millis(50);
+        let p = plan(rtt, None, 1 << 20, &lim());
+        assert!(p.streams > 1, "{p:?}");
+        let f = fit_to_size(&p, 200_000, &lim());
+        assert_eq!((f.streams, f.iodepth), (1, 1), "{f:?}");
+        assert_eq!(f.block_size, 200_704, "200 000 rounded up to 4 KiB");
+        assert!(
+            f.why.contains("fitted to the 196 KiB transfer"),
+            "{}",
+            f.why
+        );
+        // 1 MB: still one block, one stream.
+        let f = fit_to_size(&p, 1_000_000, &lim());
+        assert_eq!((f.streams, f.iodepth), (1, 1), "{f:?}");
+        // 10 MB: 10 blocks, at most one stream per 3 MiB (4), each with
+        // its share of the blocks in flight at once.
+        let f = fit_to_size(&p, 10_000_000, &lim());
+        assert_eq!((f.streams, f.block_size), (4, 1 << 20), "{f:?}");
+        assert_eq!(f.iodepth, 3, "10 blocks over 4 streams");
+        assert!(u64::from(f.streams * f.iodepth) * (1 << 20) >= 10_000_000);
+        // 100 MB and more: the path's plan, untouched.
+        let f = fit_to_size(&p, 100_000_000, &lim());
+        assert_eq!(f, p);
+        // Nothing at all: the smallest session.
+        let f = fit_to_size(&p, 0, &lim());
+        assert_eq!(
+            (f.streams, f.iodepth, f.block_size),
+            (1, 1, crate::MIN_BLOCK)
+        );
+    }
+
+    #[test]
+    fn fitting_never_grows_a_plan() {
+        let l = lim();
+        for rtt_ms in [0.05, 10.0, 50.0, 100.0] {
+            let rtt = Duration::from_secs_f64(rtt_ms / 1e3);
+            for size in [
+                0u64,
+                1,
+                4096,
+                200 << 10,
+                1 << 20,
+                10 << 20,
+                100 << 20,
+                1 << 30,
+            ] {
+                let p = plan(rtt, None, 1 << 20, &l);
+                let f = plan_for(rtt, None, 1 << 20, Some(size), &l);
+                assert!(
+                    f.streams >= 1 && f.streams <= p.streams,
+                    "{rtt_ms} {size}: {f:?}"
+                );
+                assert!(
+                    f.iodepth >= 1 && f.iodepth <= p.iodepth,
+                    "{rtt_ms} {size}: {f:?}"
+                );
+                assert!(f.block_size >= crate::MIN_BLOCK && f.block_size <= p.block_size);
+                assert!(f.window() <= p.window());
+                // Big enough to take the whole transfer at once, or the
+                // path's plan.
+                assert!(f.window() >= size.min(p.window()), "{rtt_ms} {size}: {f:?}");
+            }
+        }
+        assert_eq!(
+            plan_for(Duration::from_millis(10), None, 1 << 20, None, &l),
+            plan(Duration::from_millis(10), None, 1 << 20, &l)
+        );
+    }
+
+    #[test]
+    fn a_transfer_that_fits_the_pool_is_granted_whole_at_once() {
+        // Autotune would start at half of a 16-block pool.
+        assert_eq!(first_window(8, 16, 1 << 20, Some(12 << 20)), 12);
+        assert_eq!(first_window(8, 16, 1 << 20, Some(100 << 20)), 16);
+        assert_eq!(first_window(8, 16, 1 << 20, Some(1)), 8);
+        assert_eq!(first_window(8, 16, 1 << 20, None), 8);
+        let mut a = Autotune::new(16, 4, 1 << 20);
+        a.start_at(first_window(a.window(), 16, 1 << 20, Some(12 << 20)));
+        assert_eq!(a.window(), 12);
+        a.start_at(100);
+        assert_eq!(a.window(), 16, "bounded by the pool");
     }
 }

@@ -183,6 +183,14 @@ impl RdmaSession {
         let floor = (crate::tune::LAN_WINDOW / u64::from(self.cfg.block_size.max(1)))
             .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
         let mut tune = crate::tune::Autotune::new(depth, floor, self.cfg.block_size);
+        // A transfer that fits the pool is granted whole at once: the
+        // first round of grants covers it, no growing (issue 27 §3).
+        tune.start_at(crate::tune::first_window(
+            tune.window(),
+            depth,
+            self.cfg.block_size,
+            len,
+        ));
         if self.cfg.autotune {
             w.set_limit(tune.window());
         }
