@@ -19,11 +19,15 @@
 #   gridftp8v     the same as gridftp8 with -verify-checksum
 #   vsftpd        vsftpd + curl, one stream
 # --seed adds the seed paper's table: 200 KB, 1 MB, 10 MB and 100 MB at
-# 10 ms RTT, rftp against one-stream TCP FTP (vsftpd + curl), time per file.
+# 10 ms RTT, rftp against one-stream TCP FTP (vsftpd + curl), time per file,
+# the N runs of each size interleaved across the tools; --seed-rtt,
+# --seed-sizes and --seed-tools change the RTTs, sizes and tools (the
+# issue's "100 MB at 50 ms": --seed --no-matrix --seed-rtt 50 --seed-sizes 100M).
 #
 # Usage: scripts/bench-wan.sh [--rtt "10 50"] [--loss "0 0.1"] [--rate 1gbit]
 #          [--size 1G] [--n 3] [--tools "iperf3 rftp-auto gridftp8"] [--seed]
-#          [--no-matrix] [--out DIR] [--skip-install]
+#          [--no-matrix] [--seed-rtt "10 50"] [--seed-sizes "200K 100M"]
+#          [--seed-tools "rftp-auto rftp-noverify vsftpd"] [--out DIR] [--skip-install]
 # RFTPD_CONGESTION=bbr|cubic|reno sets rftpd's congestion control (the
 # sender's, for the downloads measured here).
 # Writes DIR/wan_results.jsonl, DIR/wan_summary.md and DIR/wan.png
@@ -42,12 +46,15 @@ SIZE="1G"
 N=3
 TOOLS="iperf3 rftp-auto rftp-fixed rftp-tuned gridftp1 gridftp8 gridftp8v vsftpd"
 SEED=0
+SEED_RTTS="10"
+SEED_SIZES="200K 1M 10M 100M"
+SEED_TOOLS="rftp-auto vsftpd"
 MATRIX=1
 OUT="$ROOT/docs/bench"
 SKIP_INSTALL=0
 STEP_TIMEOUT=600
 
-usage() { sed -n '2,30p' "$0"; exit "${1:-0}"; }
+usage() { sed -n '2,35p' "$0"; exit "${1:-0}"; }
 while (($#)); do
     case "$1" in
         --rtt) RTTS="$2"; shift 2 ;;
@@ -57,6 +64,9 @@ while (($#)); do
         --n) N="$2"; shift 2 ;;
         --tools) TOOLS="$2"; shift 2 ;;
         --seed) SEED=1; shift ;;
+        --seed-rtt) SEED_RTTS="$2"; shift 2 ;;
+        --seed-sizes) SEED_SIZES="$2"; shift 2 ;;
+        --seed-tools) SEED_TOOLS="$2"; shift 2 ;;
         --no-matrix) MATRIX=0; shift ;;
         --out) OUT="$2"; shift 2 ;;
         --skip-install) SKIP_INSTALL=1; shift ;;
@@ -250,17 +260,27 @@ if ((MATRIX)); then
 fi
 
 if ((SEED)); then
-    echo "== seed table: 10 ms RTT, $RATE, rftp vs vsftpd + curl"
-    path_up 10 0
-    for s in 200K 1M 10M 100M; do
-        b=$(bytes_of "$s"); make_file "s$s.bin" "$b"
-        for tool in rftp-auto vsftpd; do
-            secs=""
-            for _ in $(seq "$N"); do secs+="$(run_tool "$tool" "s$s.bin" "$b" 10) "; done
-            record seed 10 0 "$tool" "$b" "$secs"
+    for rtt in $SEED_RTTS; do
+        echo "== seed table: $rtt ms RTT, $RATE, $SEED_TOOLS, $N runs interleaved"
+        path_up "$rtt" 0
+        for s in $SEED_SIZES; do
+            b=$(bytes_of "$s"); make_file "s$s.bin" "$b"
+            # Interleaved: run 1 of every tool, then run 2, ...: a burst
+            # of load from the other users of the machine hits all tools
+            # alike instead of one tool's three runs.
+            declare -A secs=()
+            for _ in $(seq "$N"); do
+                for tool in $SEED_TOOLS; do
+                    secs[$tool]+="$(run_tool "$tool" "s$s.bin" "$b" "$rtt") "
+                done
+            done
+            for tool in $SEED_TOOLS; do
+                record seed "$rtt" 0 "$tool" "$b" "${secs[$tool]}"
+            done
+            unset secs
         done
+        wan_down "$TAG"
     done
-    wan_down "$TAG"
 fi
 
 /usr/bin/python3 "$ROOT/scripts/plot_wan.py" "$RESULTS" "$OUT/wan_summary.md" "$OUT/wan.png"

@@ -44,15 +44,18 @@ def summary(rows):
     seed = [r for r in rows if r["kind"] == "seed"]
     if seed:
         out.append("")
-        out.append(f"Seed table: time per file at 10 ms RTT (median), {cpu}.")
+        out.append(f"Seed table: time per file (median; ratio = first tool / last tool), {cpu}.")
         out.append("")
         tools = list(dict.fromkeys(r["tool"] for r in seed))
-        out.append("| size | " + " | ".join(f"{t} s" for t in tools) + " | ratio |")
-        out.append("| --- | " + " | ".join("---" for _ in tools) + " | --- |")
-        for b in sorted(set(r["bytes"] for r in seed)):
-            ts = [next((r["median_s"] for r in seed if r["bytes"] == b and r["tool"] == t), None) for t in tools]
+        out.append("| RTT ms | size | " + " | ".join(f"{t} s" for t in tools) + " | ratio |")
+        out.append("| --- | --- | " + " | ".join("---" for _ in tools) + " | --- |")
+        for rtt, b in sorted(set((r["rtt_ms"], r["bytes"]) for r in seed)):
+            ts = [
+                next((r["median_s"] for r in seed if (r["rtt_ms"], r["bytes"], r["tool"]) == (rtt, b, t)), None)
+                for t in tools
+            ]
             ratio = fmt(ts[0] / ts[-1], ".2f") if len(ts) > 1 and ts[0] and ts[-1] else "n/a"
-            out.append(f"| {b} | " + " | ".join(fmt(t, ".3f") for t in ts) + f" | {ratio} |")
+            out.append(f"| {rtt} | {b} | " + " | ".join(fmt(t, ".3f") for t in ts) + f" | {ratio} |")
     return "\n".join(out) + "\n"
 
 
