@@ -308,7 +308,7 @@ chmod 644 "$DATA/file.bin"
 LO_PORT=$(awk -F'[:"]' '/^listen/ {print $(NF-1)}' "$TMP/rftpd-lo.toml")
 t0=$(date +%s.%N)
 if timeout 600 "$BIN/rftp" get "ftp://bench:bench@127.0.0.1:$LO_PORT/file.bin" -o "$DISK_TMP/file.bin" \
-        --streams 8 -q > "$TMP/file.log" 2>&1; then
+        --streams 8 --checksum sha256 -q > "$TMP/file.log" 2>&1; then
     t1=$(date +%s.%N)
     cat "$TMP/file.log"
     want=$(sha256sum "$DATA/file.bin" | cut -d' ' -f1)

@@ -19,7 +19,7 @@ pub fn progress_bar(quiet: bool, total: Option<u64>) -> Option<ProgressBar> {
     };
     pb.set_style(
         ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            "{spinner} [{elapsed_precise}] [{wide_bar}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
         )
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
@@ -43,22 +43,27 @@ pub fn attach(o: &mut Options, pb: &ProgressBar) {
         }
         p2.set_position(done);
     }));
+    let p3 = pb.clone();
+    o.checksum_note = Some(Arc::new(move |a| p3.set_message(a.to_string())));
 }
 
 /// Remove the progress callbacks again.
 pub fn detach(o: &mut Options) {
     o.progress = None;
     o.plain_progress = None;
+    o.checksum_note = None;
 }
 
 /// `rftp: WHAT: 256.0 MiB in 0.412 s, 5.21 Gbit/s via rdma x4`, plus the
 /// verified SHA-256 on a second line when there is one.
 pub fn summary_text(what: &str, s: &Summary) -> String {
     let mib = s.bytes as f64 / (1u64 << 20) as f64;
-    let resumed = if s.resumed_from > 0 {
-        format!(" (resumed at byte {})", s.resumed_from)
-    } else {
-        String::new()
+    let resumed = match (s.resumed_from, s.rehashed) {
+        (0, _) => String::new(),
+        (at, Some(n)) => format!(
+            " (resumed at byte {at}; {n} bytes of the kept part hashed again, the rest from its saved checksum state)"
+        ),
+        (at, None) => format!(" (resumed at byte {at})"),
     };
     let retried = match s.retries {
         0 => String::new(),
@@ -78,9 +83,15 @@ pub fn summary_text(what: &str, s: &Summary) -> String {
 }
 
 /// Progress as plain lines on stderr (for logs, where a bar is not drawn):
-/// `LABEL: 120.0/300.0 MiB (40%), 3.91 Gbit/s` about twice a second.
+/// `LABEL: 120.0/300.0 MiB (40%), 3.91 Gbit/s, XXH3-128` about twice a
+/// second.
 pub fn attach_lines(o: &mut Options, label: &str) {
     let label = label.to_string();
+    let algo = Arc::new(std::sync::Mutex::new(String::new()));
+    let a2 = algo.clone();
+    o.checksum_note = Some(Arc::new(move |a| {
+        *a2.lock().unwrap_or_else(|e| e.into_inner()) = format!(", {a}");
+    }));
     let last = std::sync::Mutex::new(None::<std::time::Instant>);
     o.progress = Some(Arc::new(move |p: &rdma_xfer::Progress| {
         let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
@@ -100,8 +111,9 @@ pub fn attach_lines(o: &mut Options, label: &str) {
             ),
             _ => (String::new(), String::new()),
         };
+        let algo = algo.lock().unwrap_or_else(|e| e.into_inner()).clone();
         eprintln!(
-            "{label}: {:.1}{total} MiB{pct}, {:.2} Gbit/s",
+            "{label}: {:.1}{total} MiB{pct}, {:.2} Gbit/s{algo}",
             mib(p.bytes),
             p.rate * 8.0 / 1e9
         );

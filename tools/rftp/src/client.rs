@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use rdma_xfer::{BlockSink, FileReader, FileWriter, Mode, NullSink, Transport, ZeroSource};
 
-use crate::checksum::{self, Algo, HashRead, HashSink, HashSource, HashWrite, Running};
+use crate::checksum::{
+    self, Algo, Choice, HashRead, HashSink, HashSource, HashWrite, Journal, Running,
+};
 
 /// `ftp://[user[:password]@]host[:port]/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +99,9 @@ pub struct Ftp {
     timeout: Duration,
     /// The HASH algorithm this connection selected with `OPTS HASH`.
     hash_algo: Option<Algo>,
+    /// The algorithms the server's FEAT `HASH` line offers, once asked
+    /// (`Some(None)`: FEAT has no HASH line).
+    offered: Option<Option<Vec<Algo>>>,
     /// Open data connections to addresses other than the control
     /// connection's peer when a PASV or RADR reply names one
     /// (`--allow-foreign-data-addr`).
@@ -197,6 +202,7 @@ impl Ftp {
             peer: addr.ip(),
             timeout,
             hash_algo: None,
+            offered: None,
             allow_foreign_data_addr: false,
         };
         let (code, text) = f.read_reply().map_err(err)?;
@@ -355,14 +361,78 @@ impl Ftp {
         }
         let (c, t) = self.cmd(&format!("HASH {path}"))?;
         match c {
-            213 => t
-                .split_whitespace()
-                .nth(2)
-                .map(|h| Some(h.to_ascii_lowercase()))
-                .ok_or_else(|| format!("bad HASH reply {t}")),
+            // draft-bryan-ftpext-hash §3: "213 ALGORITHM START-END HEX
+            // PATH"; the algorithm must be the one selected.
+            213 => {
+                let mut w = t.split_whitespace();
+                let named = w.next().unwrap_or("");
+                if !named.eq_ignore_ascii_case(algo.wire_name()) {
+                    return Err(format!(
+                        "the server's HASH reply names {named:.32}, not the {algo} selected: {t:.200}"
+                    ));
+                }
+                w.nth(1)
+                    .map(|h| Some(h.to_ascii_lowercase()))
+                    .ok_or_else(|| format!("bad HASH reply {t}"))
+            }
             500 | 502 | 504 => Ok(None),
             _ => Err(format!("HASH: {c} {t}")),
         }
+    }
+
+    /// The algorithms the server offers for HASH (its FEAT `HASH` line,
+    /// asked once per connection); `None` when FEAT has no HASH line (or
+    /// there is no FEAT).
+    pub fn offered_hashes(&mut self) -> Result<Option<Vec<Algo>>, String> {
+        if self.offered.is_none() {
+            let (c, t) = self.cmd("FEAT")?;
+            self.offered = Some(if c == 211 {
+                checksum::feat_hash(&t)
+            } else {
+                None
+            });
+        }
+        Ok(self.offered.clone().flatten())
+    }
+
+    /// Choose the checksum for `choice` with the server (rsync style: the
+    /// first of [`checksum::PREFERENCE`] the server offers, or the one
+    /// asked for) and select it (`OPTS HASH`). `Ok(None)`: the server has no
+    /// HASH, the transfer cannot be verified. A server whose FEAT lists no
+    /// HASH line is tried with SHA-256 (old servers know only that).
+    pub fn negotiate_hash(&mut self, choice: Choice) -> Result<Option<Algo>, String> {
+        let offered = self.offered_hashes()?;
+        let algo = match (&offered, choice) {
+            (Some(list), Choice::Auto) => match Algo::pick(list) {
+                Some(a) => a,
+                None => return Ok(None),
+            },
+            (Some(list), Choice::Only(a)) if !list.contains(&a) => {
+                return Err(format!(
+                    "--checksum {a}: the server offers {} (FEAT HASH); pass --checksum auto or \
+                     one of those",
+                    if list.is_empty() {
+                        "no algorithm rftp knows".to_string()
+                    } else {
+                        Algo::list(list)
+                    }
+                ));
+            }
+            (Some(_), Choice::Only(a)) => a,
+            (None, Choice::Auto) => Algo::Sha256,
+            (None, Choice::Only(a)) => a,
+        };
+        if self.select_hash(algo)? || (offered.is_none() && algo == Algo::Sha256) {
+            tracing::info!(%algo, offered = ?offered, "checksum negotiated");
+            return Ok(Some(algo));
+        }
+        if offered.is_some() {
+            // It was offered, and OPTS HASH refused it anyway.
+            return Err(format!(
+                "OPTS HASH {algo}: the server refused the checksum it offers in FEAT"
+            ));
+        }
+        Ok(None)
     }
 
     /// Make `algo` the server's HASH algorithm (`OPTS HASH`), so that it
@@ -473,8 +543,12 @@ pub struct Options {
     /// Compare the file's checksum with the server's (`HASH`) after each
     /// transfer; both ends compute it as the data flows.
     pub verify: bool,
-    /// The checksum `verify` uses.
-    pub checksum: Algo,
+    /// The checksum `verify` uses: `auto` (the best the server offers,
+    /// [`Ftp::negotiate_hash`]) or one algorithm.
+    pub checksum: Choice,
+    /// Told the checksum chosen for each transfer (the progress line shows
+    /// it).
+    pub checksum_note: Option<Arc<dyn Fn(Algo) + Send + Sync>>,
     pub resume: bool,
     pub crc: bool,
     /// RDMA device of the data sessions: `soft`, `auto`, or a kernel
@@ -597,7 +671,8 @@ impl Default for Options {
             xfer_mode: Mode::Rdma,
             mem: None,
             verify: true,
-            checksum: Algo::Sha256,
+            checksum: Choice::Auto,
+            checksum_note: None,
             resume: true,
             crc: false,
             device: None,
@@ -619,6 +694,10 @@ pub struct Summary {
     pub bytes: u64,
     /// Bytes that were already there (REST).
     pub resumed_from: u64,
+    /// Of those, the bytes read again to take their checksum (the rest came
+    /// from the state saved in `FILE.part.sums`); `None` when not resumed
+    /// or not verified.
+    pub rehashed: Option<u64>,
     pub elapsed: Duration,
     /// "rdma x8", "tcp x1 (extension)", "ftp".
     pub via: String,
@@ -859,6 +938,25 @@ fn copy_plain(
     }
 }
 
+/// The checksum of a transfer under `o`: negotiated with the server when
+/// verifying (`None` when not verifying or the server has no HASH), and
+/// told to `o.checksum_note`.
+fn chosen_checksum(f: &mut Ftp, o: &Options) -> Result<Option<Algo>, String> {
+    if !o.verify {
+        return Ok(None);
+    }
+    let algo = f.negotiate_hash(o.checksum)?;
+    match algo {
+        Some(a) => {
+            if let Some(n) = &o.checksum_note {
+                n(a);
+            }
+        }
+        None => eprintln!("rftp: the server offers no HASH; the transfer is not verified"),
+    }
+    Ok(algo)
+}
+
 /// Why [`verify`] failed: the digests differ, or the server could not be
 /// asked.
 enum VerifyError {
@@ -954,6 +1052,7 @@ fn mem_transfer(
     Ok(Summary {
         bytes: st.bytes,
         resumed_from: 0,
+        rehashed: None,
         elapsed: st.elapsed,
         via: via_s,
         checksum: None,
@@ -974,9 +1073,7 @@ pub fn get_with(
         return mem_transfer(f, slot, remote, len, true, o);
     }
     let start = Instant::now();
-    if o.verify {
-        f.select_hash(o.checksum)?;
-    }
+    let algo = chosen_checksum(f, o)?;
     let total = f.size(remote);
     let part = part_path(out);
     let mut offset = if o.resume {
@@ -987,18 +1084,25 @@ pub fn get_with(
     if total.is_some_and(|t| offset > t) {
         offset = 0;
     }
-    // The checksum runs over the part a resume keeps, then over the blocks
-    // as they arrive.
-    let run = if !o.verify {
-        None
-    } else if offset > 0 {
-        Some(
-            checksum::hash_prefix(&part, offset, o.checksum)
-                .map_err(|e| format!("hashing {}: {e}", part.display()))?,
-        )
-    } else {
-        Some(Running::new(o.checksum))
+    // The checksum runs over the part a resume keeps (from the state saved
+    // beside it, FILE.part.sums, plus what the part holds past that state),
+    // then over the blocks as they arrive, saving its state after each.
+    let mut rehashed = None;
+    let run = match algo {
+        None => None,
+        Some(a) if offset > 0 => {
+            let (run, read) = checksum::resume_prefix(&part, offset, a)
+                .map_err(|e| format!("hashing {}: {e}", part.display()))?;
+            tracing::info!(offset, %a, hashed_again = read, "resuming: checksum of the kept part");
+            rehashed = Some(read);
+            Some(run)
+        }
+        Some(a) => {
+            Journal::remove(&part);
+            Some(Running::new(a))
+        }
     };
+    let journal = || algo.map(|_| Journal::new(&part));
     let run_out: Option<Running>;
     let x = slot.get(f, o)?;
     let rest = |f: &mut Ftp| -> Result<(), String> {
@@ -1028,7 +1132,11 @@ pub fn get_with(
             return Err(e);
         }
         let mut w = Throttle {
-            inner: HashSink { inner: w, run },
+            inner: HashSink {
+                inner: w,
+                run,
+                journal: journal(),
+            },
             rate: o.limit_rate,
             start: Instant::now(),
             bytes: 0,
@@ -1037,6 +1145,7 @@ pub fn get_with(
         let HashSink {
             inner: w,
             run: hashed,
+            ..
         } = w.inner;
         drop(w);
         run_out = hashed;
@@ -1091,7 +1200,11 @@ pub fn get_with(
                 return Err(e);
             }
         };
-        let mut dst = HashWrite { inner: file, run };
+        let mut dst = HashWrite {
+            inner: file,
+            run,
+            journal: journal(),
+        };
         let n = copy_plain(&mut data, &mut dst, o, offset, total).map_err(|e| {
             format!(
                 "download failed: {e}; the partial file {} is kept for a resume",
@@ -1120,15 +1233,18 @@ pub fn get_with(
     let checksum = match run_out {
         Some(run) => verify(f, remote, out, run).map_err(|e| {
             let _ = fs::remove_file(&part);
+            Journal::remove(&part);
             format!("{e} ({} deleted)", part.display())
         })?,
         None => None,
     };
     fs::rename(&part, out)
         .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
+    Journal::remove(&part);
     Ok(Summary {
         bytes,
         resumed_from: offset,
+        rehashed,
         elapsed,
         via: via_s,
         checksum,
@@ -1253,9 +1369,7 @@ pub fn put_with(
     }
     let start = Instant::now();
     let file = file.ok_or("put needs a FILE (or --mem SIZE)")?;
-    if o.verify {
-        f.select_hash(o.checksum)?;
-    }
+    let algo = chosen_checksum(f, o)?;
     // Open before any command, so a missing file costs no round trip and
     // leaves the server's state alone.
     let r =
@@ -1263,7 +1377,7 @@ pub fn put_with(
     // The checksum runs over the blocks as they are read.
     let mut r = HashSource {
         inner: r,
-        run: o.verify.then(|| Running::new(o.checksum)),
+        run: algo.map(Running::new),
     };
     let run_out;
     let x = slot.get(f, o)?;
@@ -1294,7 +1408,7 @@ pub fn put_with(
         let total = src.metadata().map(|m| m.len()).ok();
         let mut src = HashRead {
             inner: src,
-            run: o.verify.then(|| Running::new(o.checksum)),
+            run: algo.map(Running::new),
         };
         let mut data = f.data()?;
         f.expect(&format!("STOR {remote}"), |c| c / 100 == 1)?;
@@ -1336,6 +1450,7 @@ pub fn put_with(
     Ok(Summary {
         bytes,
         resumed_from: 0,
+        rehashed: None,
         elapsed,
         via: via_s,
         checksum,

@@ -27,6 +27,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod checksum;
+pub mod hash_xxh3;
 pub mod cli;
 pub mod client;
 pub mod cmdline;

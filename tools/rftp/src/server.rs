@@ -143,6 +143,11 @@ pub struct ServerConfig {
     /// (`IP:PORT`, or `IP` to keep the port), like vsftpd's
     /// `pasv_address`: for relays and NAT.
     pub rdma_advertise: Option<String>,
+    /// The checksums `HASH` offers, in the server's order (FEAT `HASH`
+    /// line; `OPTS HASH` may select only these): XXH3-128, BLAKE3, SHA-256,
+    /// CRC32C. `["SHA-256"]` behaves as a server from before the
+    /// negotiation.
+    pub hash_algorithms: Vec<String>,
     pub users: Vec<User>,
 }
 
@@ -174,6 +179,10 @@ impl Default for ServerConfig {
             rdma_bind_peer: true,
             rdma_port: 0,
             rdma_advertise: None,
+            hash_algorithms: checksum::OFFERED_DEFAULT
+                .iter()
+                .map(|a| a.wire_name().to_string())
+                .collect(),
             users: Vec::new(),
         }
     }
@@ -194,7 +203,33 @@ impl ServerConfig {
                 ));
             }
         }
+        cfg.offered_hashes()
+            .map_err(|e| format!("config {}: {e}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// `hash_algorithms` as algorithms; an unknown name or an empty list
+    /// is an error naming the known ones.
+    pub fn offered_hashes(&self) -> Result<Vec<Algo>, String> {
+        let v = self
+            .hash_algorithms
+            .iter()
+            .map(|n| {
+                n.parse::<Algo>().map_err(|_| {
+                    format!(
+                        "hash_algorithms: unknown {n:?}; known: {}",
+                        Algo::list(&checksum::OFFERED_DEFAULT)
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if v.is_empty() {
+            return Err(format!(
+                "hash_algorithms is empty; offer at least one of {}",
+                Algo::list(&checksum::OFFERED_DEFAULT)
+            ));
+        }
+        Ok(v)
     }
 }
 
@@ -215,6 +250,8 @@ struct Server {
     session_mem: Mutex<MemUse>,
     /// The root held open: every file operation resolves beneath it.
     confined: confine::Root,
+    /// The checksums HASH offers (`hash_algorithms`).
+    hashes: Vec<Algo>,
 }
 
 /// Session buffer memory in use.
@@ -311,7 +348,11 @@ pub fn serve(listener: TcpListener, cfg: ServerConfig) -> io::Result<()> {
     let confined = confine::Root::open(&root)
         .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", root.display())))?;
     tracing::info!(mode = ?confined.mode(), "paths are confined beneath the root by the kernel");
+    let hashes = cfg
+        .offered_hashes()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let srv = Arc::new(Server {
+        hashes,
         cfg,
         root,
         conns: AtomicUsize::new(0),
@@ -533,6 +574,7 @@ impl Session {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr()?;
         let login_by = Instant::now() + Duration::from_secs(srv.cfg.login_timeout_secs.max(1));
+        let srv_hashes = srv.hashes.clone();
         Ok(Session {
             srv,
             out: stream.try_clone()?,
@@ -551,7 +593,13 @@ impl Session {
             xfer: None,
             xfer_mem: None,
             mem: false,
-            hash_algo: Algo::default(),
+            // SHA-256 for a client that sends HASH without OPTS HASH, as
+            // before the negotiation, when it is offered.
+            hash_algo: if srv_hashes.contains(&Algo::Sha256) {
+                Algo::Sha256
+            } else {
+                srv_hashes[0]
+            },
             hash_during: false,
             served: Vec::new(),
         })
@@ -981,7 +1029,8 @@ impl Session {
         ];
         let hash = format!(
             "HASH {}",
-            [Algo::Sha256, Algo::Crc32c]
+            self.srv
+                .hashes
                 .iter()
                 .map(|a| {
                     let star = if *a == self.hash_algo { "*" } else { "" };
@@ -1005,13 +1054,24 @@ impl Session {
         match (it.next(), it.next(), it.next()) {
             (Some("UTF8"), Some("ON") | None, _) => r(200, "UTF8 is always on."),
             (Some("HASH"), None, _) => r(200, self.hash_algo.wire_name()),
+            // draft-bryan-ftpext-hash §4: 200 and the algorithm selected;
+            // one the server does not offer gets 501 and the selection
+            // stays; the reply names what is offered, so the client can
+            // choose again.
             (Some("HASH"), Some(a), _) => match a.parse::<Algo>() {
-                Ok(algo) => {
+                Ok(algo) if self.srv.hashes.contains(&algo) => {
                     self.hash_algo = algo;
                     self.hash_during = true;
                     r(200, algo.wire_name())
                 }
-                Err(_) => r(501, "Unknown algorithm: SHA-256 and CRC32C are supported."),
+                _ => r(
+                    501,
+                    format!(
+                        "Unknown algorithm {a:.32}, current selection not changed; this server \
+                         offers {} (FEAT HASH).",
+                        Algo::list(&self.srv.hashes)
+                    ),
+                ),
             },
             (Some("MLST"), _, _) => r(200, "MLST OPTS type;size;modify;"),
             (Some("RDMA"), Some("MEM"), Some(v)) if self.srv.cfg.rdma => {
@@ -1377,10 +1437,11 @@ impl Session {
         let mut dst = HashWrite {
             inner: f,
             run: self.hash_during.then(|| Running::new(self.hash_algo)),
+            journal: None,
         };
         let res = copy_in(&mut data, &mut dst)
             .and_then(|n| dst.inner.sync_data().map(|_| n).map_err(CopyErr::Write));
-        let HashWrite { inner: f, run } = dst;
+        let HashWrite { inner: f, run, .. } = dst;
         drop(f);
         Ok(Some(match res {
             Ok(n) => match fs::rename(tmp.path(), target.path()) {
@@ -1593,6 +1654,7 @@ impl Session {
                     Some(HashSink {
                         inner: w,
                         run: self.hash_during.then(|| Running::new(self.hash_algo)),
+                        journal: None,
                     }),
                 ),
                 Err(e) => {
@@ -1606,7 +1668,7 @@ impl Session {
             Some(s) => x.recv(s),
             None => x.recv(&mut NullSink::default()),
         });
-        let run = sink.map(|HashSink { inner, run }| {
+        let run = sink.map(|HashSink { inner, run, .. }| {
             drop(inner);
             run
         });

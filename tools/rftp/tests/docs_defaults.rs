@@ -58,6 +58,7 @@ fn the_documented_config_block_shows_the_defaults() {
         crc,
         max_mem_bytes,
         session_mem_budget_bytes,
+        hash_algorithms,
         session_mem_per_user_bytes,
         rdma_bind_peer,
         rdma_port

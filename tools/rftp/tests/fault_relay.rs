@@ -216,7 +216,7 @@ impl Rig {
             Ok(h) => h == sha256_file(&want).unwrap(),
             Err(_) => false,
         };
-        if text.contains("SHA-256 mismatch") && op == Op::Put {
+        if text.contains(" mismatch for ") && op == Op::Put {
             assert!(
                 text.contains("was deleted") && !result.exists(),
                 "{mode:?}: a mismatched upload stayed on the server: {text}"
@@ -298,7 +298,7 @@ fn case_sized(
     match expect {
         Expect::Complete => {
             assert!(ok && same, "{what} {op:?} {mode:?} should complete: {text}");
-            assert!(text.contains("SHA-256 verified"), "{text}");
+            assert!(text.contains("XXH3-128 verified"), "{text}");
         }
         Expect::Fail(causes) => {
             let causes = match mode {
@@ -396,9 +396,17 @@ fn stall_shorter_than_the_timeout_completes() {
 /// `drop` cases above).
 #[test]
 fn get_retry_reconnects_and_resumes_after_a_cut() {
-    for (mode, conn) in [(Mode::Rdma, 2), (Mode::Tcp, 1)] {
+    // The default checksum (XXH3-128) goes on from the state saved beside
+    // the part (FILE.part.sums) and reads none of it again; BLAKE3 saves
+    // at 1 MiB boundaries and reads less than 1 MiB again.
+    for (mode, conn, algo) in [(Mode::Rdma, 2, "auto"), (Mode::Tcp, 1, "blake3")] {
         let rig = Rig::new(SIZE, &[], &[format!("drop:at=2M,dir=down,conn={conn}")]);
-        let (ok, text, took, same) = rig.transfer(Op::Get, mode, "retried.bin", &["--retry", "3"]);
+        let (ok, text, took, same) = rig.transfer(
+            Op::Get,
+            mode,
+            "retried.bin",
+            &["--retry", "3", "--checksum", algo],
+        );
         assert!(
             ok && same,
             "{mode:?}: the retried get did not complete: {text}"
@@ -417,6 +425,29 @@ fn get_retry_reconnects_and_resumes_after_a_cut() {
             resumed > 0 && resumed <= 2 << 20,
             "{mode:?}: resumed at {resumed}, not after the bytes kept before the cut: {text}"
         );
+        // "(resumed at byte N; M bytes of the kept part hashed again, ...)"
+        let again: u64 = text
+            .split(" bytes of the kept part hashed again")
+            .next()
+            .filter(|_| text.contains(" bytes of the kept part hashed again"))
+            .and_then(|t| t.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: no count of bytes hashed again in {text}"));
+        let bound = if algo == "auto" { 0 } else { (1 << 20) - 1 };
+        assert!(
+            again <= bound,
+            "{mode:?} {algo}: {again} bytes of the kept part hashed again (at most {bound}): {text}"
+        );
+        assert!(
+            text.contains(if algo == "auto" {
+                "XXH3-128 verified"
+            } else {
+                "BLAKE3 verified"
+            }),
+            "{text}"
+        );
+        let sums = rig.local.path().join("retried.bin.part.sums");
+        assert!(!sums.exists(), "{mode:?}: {} left behind", sums.display());
         if std::env::var_os("RFTP_FAULT_LOG").is_some() {
             eprintln!("retry {mode:?}: {took:?}: {text}");
         }
@@ -584,7 +615,7 @@ const PLAIN_DISCONNECT: &[&str] = &[
     "Connection reset by peer",
     "Broken pipe",
     "426 Connection lost",
-    "SHA-256 mismatch",
+    "XXH3-128 mismatch",
 ];
 /// Plain FTP: the data connection went silent (or, on upload, the client
 /// sent everything into the void and the final reply does not come, or
@@ -602,7 +633,7 @@ const PLAIN_SILENCE: &[&str] = &[
 /// With MPA CRC the corrupted FPDU fails its CRC check at the receiver,
 /// which ends the connection with a Terminate that both ends name.
 const CRC_CAUGHT: &[&str] = &["failed its CRC32C check"];
-const MISMATCH: &[&str] = &["SHA-256 mismatch", "connection to the peer lost"];
+const MISMATCH: &[&str] = &["XXH3-128 mismatch", "connection to the peer lost"];
 /// The control connection broke: normally while the client waits for the
 /// final reply ("RRTR: reading the final reply on the control connection:
 /// ..."); on a slow machine perhaps before, at an earlier reply.

@@ -21,7 +21,8 @@ use rftp::client::Ftp;
 fn rftp(args: &[&str], limit: Duration) -> (bool, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
         .args(args)
-        .arg("-q")
+        // SHA-256 pinned: the output is checked for it.
+        .args(["-q", "--checksum", "sha256"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

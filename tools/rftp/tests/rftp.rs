@@ -147,7 +147,11 @@ fn run_limited(mut cmd: Command, limit: Duration) -> Output {
 
 fn rftp(args: &[&str]) -> (bool, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rftp"));
-    c.args(args).arg("-q").env("RUST_LOG", "warn");
+    // These tests compare SHA-256 digests (sha256_file); the negotiated
+    // default (XXH3-128) is tested in verify.rs.
+    c.args(args)
+        .args(["-q", "--checksum", "sha256"])
+        .env("RUST_LOG", "warn");
     let out = run_limited(c, Duration::from_secs(90));
     let text = format!(
         "{}{}",
@@ -798,7 +802,7 @@ fn demo_runs_and_verifies() {
 fn rftp_script(args: &[&str], script: &str) -> (i32, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rftp"))
         .args(args)
-        .arg("-q")
+        .args(["-q", "--checksum", "sha256"])
         .env("RUST_LOG", "error")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

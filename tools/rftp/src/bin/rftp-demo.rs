@@ -245,6 +245,10 @@ fn demo(a: &Args) -> Result<(), String> {
         block_size,
         iodepth: a.iodepth.max(1),
         timeout,
+        // The demo shows three SHA-256 values side by side (the original,
+        // the server's HASH, the download), so it asks for SHA-256 rather
+        // than the negotiated default.
+        checksum: rftp::checksum::Choice::Only(rftp::checksum::Algo::Sha256),
         ..Options::default()
     };
 

@@ -74,10 +74,12 @@ struct Args {
     #[arg(long, global = true)]
     no_verify: bool,
     /// Checksum both ends compute as the data flows and compare (HASH):
-    /// sha256 (default) or crc32c (faster, catches corruption but not
-    /// tampering). Config key: checksum.
-    #[arg(long, global = true, value_name = "ALG")]
-    checksum: Option<rftp::checksum::Algo>,
+    /// auto (default: the first of xxh3, blake3, sha256, crc32c that the
+    /// server offers in FEAT), xxh3 (XXH3-128: corruption at memory speed,
+    /// not tampering), blake3 or sha256 (cryptographic: tampering too), or
+    /// crc32c (32 bits). Config key: checksum.
+    #[arg(long, global = true, value_name = "auto|ALG")]
+    checksum: Option<rftp::checksum::Choice>,
     /// Start downloads over instead of resuming a FILE.part.
     #[arg(long, global = true)]
     no_resume: bool,
