@@ -283,7 +283,7 @@ fn tcp_client_opens_every_stream_before_any_answer() {
         s0.write_all(&ack.emit()).unwrap();
         got
     });
-    let t = connect(addr.into(), Mode::Tcp, 1, cfg(4)).expect("connected");
+    let t = connect(addr, Mode::Tcp, 1, cfg(4)).expect("connected");
     assert_eq!((t.config().streams, t.session_id()), (4, 7));
     let mut idx: Vec<u32> = server
         .join()
@@ -305,7 +305,7 @@ fn fewer_streams_granted_than_proposed_still_transfer() {
             let mut sink = WriteSink(Vec::new());
             t.recv(&mut sink).map(|_| (t.config().streams, sink.0))
         });
-        let mut t = connect(addr, mode, token, cfg(6)).expect(&format!("{mode}"));
+        let mut t = connect(addr, mode, token, cfg(6)).unwrap_or_else(|e| panic!("{mode}: {e}"));
         assert_eq!(t.config().streams, 2, "{mode}");
         let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
         t.send(&mut ReadSource(Cursor::new(&data))).unwrap();
