@@ -528,10 +528,19 @@ fn killed_client_leaves_no_partial_file_and_rest_resumes() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(700));
+        // Kill it once bytes have reached the part file (bounded), not
+        // after a guessed time: on a loaded machine the session's set-up
+        // alone can take longer than any fixed sleep.
+        let part = rftp::client::part_path(&out);
+        let t0 = std::time::Instant::now();
+        while std::fs::metadata(&part).map_or(0, |m| m.len()) == 0
+            && t0.elapsed() < Duration::from_secs(20)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
         child.kill().unwrap();
         child.wait().unwrap();
-        let part = rftp::client::part_path(&out);
         assert!(!out.exists(), "{mode:?}: no file under the final name");
         let have = std::fs::metadata(&part).map(|m| m.len()).unwrap_or(0);
         assert!(have > 0 && have < len as u64, "{mode:?}: partial {have}");
