@@ -27,11 +27,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod checksum;
-pub mod hash_xxh3;
 pub mod cli;
 pub mod client;
 pub mod cmdline;
 pub mod confine;
+pub mod hash_xxh3;
 pub mod relay;
 pub mod reply;
 pub mod server;
