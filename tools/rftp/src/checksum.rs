@@ -259,7 +259,7 @@ impl B3Tree {
     fn restore(b: &[u8]) -> Option<B3Tree> {
         let units = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
         let cvs = &b[8..];
-        if cvs.len() % 32 != 0 || cvs.len() / 32 != units.count_ones() as usize {
+        if !cvs.len().is_multiple_of(32) || cvs.len() / 32 != units.count_ones() as usize {
             return None;
         }
         let mut t = B3Tree::new();
@@ -381,7 +381,7 @@ enum State {
     Xxh3(Box<Xxh3>),
     Blake3(Box<B3Tree>),
     Sha256(Box<Sha>),
-    Crc32c(CrcDigest),
+    Crc32c(Box<CrcDigest>),
 }
 
 /// A checksum being computed.
@@ -407,7 +407,7 @@ impl Running {
             Algo::Xxh3_128 => State::Xxh3(Box::default()),
             Algo::Blake3 => State::Blake3(Box::new(B3Tree::new())),
             Algo::Sha256 => State::Sha256(Box::new(Sha::new())),
-            Algo::Crc32c => State::Crc32c(CrcDigest::new(CrcAlgorithm::Crc32Iscsi)),
+            Algo::Crc32c => State::Crc32c(Box::new(CrcDigest::new(CrcAlgorithm::Crc32Iscsi))),
         };
         Running {
             algo,
@@ -488,10 +488,10 @@ impl Running {
                 }
                 State::Sha256(Box::new(s))
             }
-            Algo::Crc32c => State::Crc32c(CrcDigest::new_with_init_state(
+            Algo::Crc32c => State::Crc32c(Box::new(CrcDigest::new_with_init_state(
                 CrcAlgorithm::Crc32Iscsi,
                 u64::from_le_bytes(state.try_into().ok()?),
-            )),
+            ))),
         };
         Some(Running { algo, state, bytes })
     }
@@ -587,7 +587,7 @@ impl Journal {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
