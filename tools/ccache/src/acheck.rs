@@ -23,7 +23,7 @@
 //! This is the one implementation of the checks: the blocking ones
 //! ([`crate::check::RdmaCheck`], [`crate::check::TcpCheck`],
 //! [`crate::sockets::SocketsCheck`]) run an `AsyncCheck` on a runtime of
-//! their own ([`crate::check::Blocking`]). Their RDMA wait is
+//! their own (`check::Blocking`). Their RDMA wait is
 //! [`iwarp::CompletionQueue::wait_one`] in the progress mode they were
 //! given (a spin, busy polling), called from the check itself, because
 //! nothing else runs on their runtime.

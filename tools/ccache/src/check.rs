@@ -6,7 +6,7 @@
 //!
 //! The checks themselves are written once, in [`crate::acheck`]
 //! ([`AsyncCheck`]); these blocking types run one on a runtime of their
-//! own ([`Blocking`]), so they behave alike: one connection, made again
+//! own (`Blocking`), so they behave alike: one connection, made again
 //! when it broke (the module restarted): an operation on a connection that
 //! was already up is retried once on a fresh one; a failure on a fresh one
 //! is the caller's error (the proxy answers 502). A slot outside the table
@@ -16,7 +16,7 @@
 //! connection is dropped: an error, never a stale or made-up version.
 //!
 //! This module also holds the pieces of a check: the errors, the RDMA
-//! connection to the version table ([`RdmaConn`], and the [`Reader`] the
+//! connection to the version table (`RdmaConn`, and the `Reader` the
 //! push module reads a proxy's state region with), and the meaning of the
 //! version thread's answer.
 
