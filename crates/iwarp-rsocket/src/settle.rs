@@ -852,7 +852,7 @@ fn take_failure(st: &mut State, id: u64) -> io::Result<()> {
 }
 
 /// Makes the deferred connection `fd` a stream now and waits for it (see
-/// [`begin`], [`wait_for`]): the descriptor's `O_NONBLOCK` and
+/// [`begin`], `wait_for`): the descriptor's `O_NONBLOCK` and
 /// close-on-exec flags and the socket options set meanwhile apply. Its
 /// deferred copies ([`table::deferred_siblings`]) become copies of the
 /// stream. Does nothing if `fd` is not deferred (any more). If the stream

@@ -26,7 +26,7 @@
 //!
 //! The passive side ([`Admission`]) takes the connections in any order: the
 //! first one with the right token fixes the proposal and the grant
-//! ([`crate::negotiate`]); every later one must present the same token and
+//! (`negotiate`); every later one must present the same token and
 //! proposal and an index not yet taken. Anything else is refused with a
 //! reason the peer sees (an MPA Reject's private data, or a TCP
 //! [`Refusal`]): a wrong token, a duplicate or out-of-range stream, a
