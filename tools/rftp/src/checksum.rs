@@ -739,20 +739,27 @@ impl<W: Write> Write for HashWrite<W> {
     }
 }
 
+/// `n` pseudo-random bytes (xorshift64 from `seed`), for this crate's
+/// hash tests.
+#[cfg(test)]
+pub(crate) fn test_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn data(n: usize) -> Vec<u8> {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        test_bytes(n, 0x9e37_79b9_7f4a_7c15)
     }
 
     fn reference(algo: Algo, d: &[u8]) -> String {

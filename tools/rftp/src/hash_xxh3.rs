@@ -236,15 +236,7 @@ mod tests {
     use super::*;
 
     fn data(n: usize) -> Vec<u8> {
-        let mut x = 0x243F_6A88_85A3_08D3u64;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        crate::checksum::test_bytes(n, 0x243F_6A88_85A3_08D3)
     }
 
     #[test]
