@@ -1,0 +1,172 @@
+# shellcheck shell=bash
+# The zipsite's shared steps, sourced by scripts/test-zipsite.sh and
+# scripts/bench-zipsite.sh (which set ROOT and T, a temp dir of mode 755):
+#
+#   zs_install            install what is missing (Debian packages)
+#   zs_data [PICS]        generate the data set into $T/data and the docroot
+#                         $T/www (PICS: none, all or ids:FILE)
+#   zs_pg_start           an unprivileged PostgreSQL cluster in $T/pg with its
+#                         socket in $T/pgsock (no TCP listener), loaded
+#   zs_pg_stop
+#   zs_apache_conf NAME PORT DSN [RDMA]   write $T/NAME.conf; RDMA = path
+#                         of mod_rdma.so (RDMA On for /pics), or empty
+#   zs_apache_start NAME PORT             start it; echoes the pid
+#   zs_stop PID           TERM, wait (bounded), KILL
+#
+# PHP runs as Debian's mod_php (libapache2-mod-php), which needs the prefork
+# MPM: so does mod_rdma, so both load into the same Apache.
+
+ZS_DIR="$ROOT/apps/zipsite"
+ZS_PGBIN=""
+ZS_PHPMOD=""
+
+zs_log() { echo "zipsite: $*" >&2; }
+
+zs_find() {
+    ZS_PGBIN="$(find /usr/lib/postgresql -maxdepth 3 -name pg_ctl -path '*/bin/*' 2>/dev/null | sort -V | tail -1)"
+    ZS_PGBIN="${ZS_PGBIN%/pg_ctl}"
+    ZS_PHPMOD="$(find /usr/lib/apache2/modules -maxdepth 1 -name 'libphp*.so' 2>/dev/null | sort -V | tail -1)"
+}
+
+# Installs only what is missing: mod_php, PDO SQLite and PostgreSQL drivers,
+# PostgreSQL, Apache. Returns 1 naming what could not be installed.
+zs_install() {
+    local need=()
+    zs_find
+    command -v apache2 >/dev/null || need+=(apache2)
+    [ -n "$ZS_PHPMOD" ] || need+=(libapache2-mod-php)
+    compgen -G "/etc/php/*/mods-available/pdo_sqlite.ini" >/dev/null || need+=(php-sqlite3)
+    compgen -G "/etc/php/*/mods-available/pdo_pgsql.ini" >/dev/null || need+=(php-pgsql)
+    [ -n "$ZS_PGBIN" ] || need+=(postgresql)
+    command -v curl >/dev/null || need+=(curl)
+    if [ "${#need[@]}" -gt 0 ]; then
+        zs_log "installing ${need[*]}"
+        timeout 300 apt-get update -qq >/dev/null
+        # policy-rc.d exit 101: the packages must not start a system Apache
+        # or PostgreSQL (the scripts start their own, on their own sockets).
+        local policy=/usr/sbin/policy-rc.d added=0
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1
+        fi
+        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need[@]}" >/dev/null
+        [ "$added" = 1 ] && rm -f "$policy"
+        zs_find
+    fi
+    [ -n "$ZS_PHPMOD" ] || { zs_log "libapache2-mod-php is missing: apt-get install libapache2-mod-php"; return 1; }
+    [ -n "$ZS_PGBIN" ] || { zs_log "PostgreSQL is missing: apt-get install postgresql"; return 1; }
+    return 0
+}
+
+zs_data() { # [PICS]
+    local pics="${1:-none}"
+    mkdir -p "$T/data" "$T/www"
+    timeout 600 python3 "$ZS_DIR/zipdata.py" --out "$T/data" --pictures "$pics" >&2 || return 1
+    cp "$ZS_DIR"/site/*.php "$T/www/"
+    rm -rf "$T/www/pics"
+    mv "$T/data/pics" "$T/www/pics"
+    chmod -R a+rX "$T/data" "$T/www"
+}
+
+ZS_PGSOCK=""
+zs_pg_start() {
+    local pg="$T/pg"
+    ZS_PGSOCK="$T/pgsock"
+    mkdir -p "$pg" "$ZS_PGSOCK"
+    chown postgres: "$pg" "$ZS_PGSOCK" && chmod 700 "$pg" && chmod 755 "$ZS_PGSOCK" || return 1
+    # The cluster runs as the unprivileged postgres user, with trust auth on
+    # its own Unix socket only (listen_addresses '': no TCP port at all).
+    runuser -u postgres -- "$ZS_PGBIN/initdb" -D "$pg/data" -U zipsite --auth=trust -E UTF8 --no-sync >"$T/pg-initdb.log" 2>&1 ||
+        { cat "$T/pg-initdb.log" >&2; return 1; }
+    runuser -u postgres -- "$ZS_PGBIN/pg_ctl" -D "$pg/data" -l "$pg/server.log" -w -t 60 \
+        -o "-c listen_addresses='' -k $ZS_PGSOCK -c fsync=off -c max_connections=60" start >"$T/pg-start.log" 2>&1 ||
+        { cat "$T/pg-start.log" "$pg/server.log" >&2; return 1; }
+    timeout 60 psql -q -h "$ZS_PGSOCK" -U zipsite -d postgres -c 'CREATE DATABASE zipsite' >/dev/null &&
+        timeout 120 psql -q -v ON_ERROR_STOP=1 -h "$ZS_PGSOCK" -U zipsite -d zipsite \
+            -f "$T/data/schema.sql" \
+            -c "\\copy place FROM '$T/data/places.csv' CSV" \
+            -c "\\copy person FROM '$T/data/people.csv' CSV" \
+            -c 'ANALYZE' >/dev/null
+}
+zs_pg_stop() {
+    [ -n "$ZS_PGSOCK" ] && [ -d "$T/pg/data" ] || return 0
+    runuser -u postgres -- "$ZS_PGBIN/pg_ctl" -D "$T/pg/data" -m fast -w -t 30 stop >/dev/null 2>&1
+}
+zs_pg_dsn() { echo "pgsql:host=$ZS_PGSOCK;dbname=zipsite"; }
+
+zs_apache_conf() { # NAME PORT DSN [MOD_RDMA_SO]
+    local name="$1" port="$2" dsn="$3" mod="${4:-}"
+    mkdir -p "$T/$name"
+    {
+        cat <<EOF
+ServerRoot /etc/apache2
+ServerName 127.0.0.1
+Listen 127.0.0.1:$port
+DefaultRuntimeDir $T/$name
+PidFile $T/$name/httpd.pid
+ErrorLog $T/$name/error.log
+LogFormat "%h \"%r\" %>s %b %D" zs
+CustomLog $T/$name/access.log zs
+User www-data
+Group www-data
+LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
+LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
+LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
+LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
+LoadModule env_module /usr/lib/apache2/modules/mod_env.so
+LoadModule php_module $ZS_PHPMOD
+StartServers ${ZS_WORKERS:-4}
+MinSpareServers ${ZS_WORKERS:-4}
+MaxSpareServers ${ZS_WORKERS:-4}
+ServerLimit ${ZS_WORKERS:-4}
+MaxRequestWorkers ${ZS_WORKERS:-4}
+MaxConnectionsPerChild 0
+KeepAlive On
+KeepAliveTimeout 5
+MaxKeepAliveRequests 0
+TypesConfig /etc/mime.types
+DocumentRoot $T/www
+DirectoryIndex index.php
+<Directory />
+    Require all granted
+</Directory>
+<FilesMatch "\\.php\$">
+    SetHandler application/x-httpd-php
+</FilesMatch>
+SetEnv ZIPSITE_DSN "$dsn"
+SetEnv ZIPSITE_DB_USER zipsite
+LogLevel warn
+EOF
+        if [ -n "$mod" ]; then
+            cat <<EOF
+LoadModule rdma_module $mod
+RDMARegistration dynamic
+<Location /pics>
+    RDMA On
+</Location>
+EOF
+        fi
+    } >"$T/$name.conf"
+}
+
+zs_apache_start() { # NAME PORT -> pid on stdout
+    local name="$1" port="$2" pid
+    # Own session: on shutdown prefork signals its whole process group.
+    setsid apache2 -d /etc/apache2 -f "$T/$name.conf" -DFOREGROUND >>"$T/$name/stdout.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 150); do
+        if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/pics/"; then echo "$pid"; return 0; fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "$pid"
+    cat "$T/$name/stdout.log" "$T/$name/error.log" >&2 2>/dev/null
+    return 1
+}
+
+zs_stop() { # PID...
+    local p
+    for p in "$@"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "$@"; do
+        timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
+    done
+}
