@@ -66,6 +66,7 @@
 pub mod cm;
 mod cq;
 pub mod device;
+mod device_info;
 mod mr;
 mod provider;
 mod qp;

@@ -45,7 +45,7 @@ use iwarp_proto::engine::{
 use iwarp_proto::mem::Access;
 
 use crate::cq::{CompletionQueue, WeakCq};
-use crate::device::{DeviceError, DeviceInfo, Transport};
+use crate::device_info::{no_device_reason, DeviceError, DeviceInfo, Transport};
 use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::Error;
 use ffi::Lib;
@@ -95,7 +95,7 @@ pub(crate) fn list() -> Result<Vec<DeviceInfo>, String> {
         return Err(format!(
             "ibv_get_device_list failed ({}): {}",
             std::io::Error::last_os_error(),
-            crate::device::no_device_reason()
+            no_device_reason()
         ));
     }
     let mut out = Vec::new();
@@ -197,7 +197,7 @@ impl Device {
         if list.is_null() {
             return Err(DeviceError::NoRdma {
                 name: name.to_string(),
-                why: crate::device::no_device_reason(),
+                why: no_device_reason(),
             });
         }
         let mut found = None;
@@ -220,7 +220,7 @@ impl Device {
             None if names.is_empty() => {
                 return Err(DeviceError::NoRdma {
                     name: name.to_string(),
-                    why: crate::device::no_device_reason(),
+                    why: no_device_reason(),
                 })
             }
             None => {
