@@ -3,11 +3,14 @@
 //! (`RxState`, `TxState`) behind their locks, the liveness rules (peer
 //! timeout, probes, wake-up nudges), and losing the connection. It uses no
 //! sibling module: `rx.rs` and `tx.rs` build on it, and `progress.rs`
-//! (threads, who reads, start and teardown) on all three.
+//! (threads, who reads, start and teardown) on all three, with `pool.rs`
+//! (the progress pool) between them. The pool reaches a connection only
+//! through [`PoolLink`] and the [`Waker`] trait defined here, so this file
+//! still imports no sibling.
 
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,6 +26,14 @@ use super::{lock, pump, SoftQp};
 
 /// Slice of the transmit thread's waits, so that it notices `stop`.
 pub(super) const TICK: Duration = Duration::from_millis(100);
+
+/// Application `progress` calls between two looks of the receive thread
+/// (or pool thread) above which it considers the application to be busy
+/// polling.
+pub(super) const SPINNING_POLLS: u64 = 64;
+/// How long the receive thread (or pool thread) steps aside while an
+/// application thread busy-polls.
+pub(super) const STEP_ASIDE: Duration = Duration::from_millis(1);
 
 /// `Conn::quiet_since_ms` when the peer owes nothing.
 pub(super) const NOT_OWED: u64 = u64::MAX;
@@ -107,6 +118,46 @@ pub(crate) struct Conn {
     pub(super) live: Mutex<usize>,
     pub(super) live_cond: Condvar,
     pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Set when the connection is served by the progress pool (`pool.rs`)
+    /// instead of its own two threads; never changes afterwards.
+    pub(super) pool: std::sync::OnceLock<PoolLink>,
+    /// Pool work due for this connection (`WORK_*` bits); see
+    /// [`Conn::schedule`].
+    pub(super) pending: AtomicU8,
+    /// Pooled connections only: who does the receive work now
+    /// (`RX_FREE`, `RX_HELD`, `RX_AGAIN`); see [`Conn::claim_rx`].
+    pub(super) rx_owner: AtomicU8,
+}
+
+/// Pool work bits (see [`Conn::schedule`]): read what the socket holds...
+pub(super) const WORK_RX: u8 = 1;
+/// ...write what the engine has...
+pub(super) const WORK_TX: u8 = 2;
+/// ...recompute the epoll interest (application-driven mode or stepping
+/// aside changed)...
+pub(super) const WORK_REARM: u8 = 4;
+/// ...the connection is over: leave the pool.
+pub(super) const WORK_CLOSE: u8 = 8;
+
+/// `Conn::rx_owner`: nobody does the receive work.
+pub(super) const RX_FREE: u8 = 0;
+/// One thread does it.
+pub(super) const RX_HELD: u8 = 1;
+/// One thread does it, and the pool was told the socket became readable
+/// meanwhile: the holder runs one more pass before it lets go.
+pub(super) const RX_AGAIN: u8 = 2;
+
+/// Where a pooled connection's work is queued.
+pub(super) trait Waker: Send + Sync {
+    /// Queue `token` for the pool thread serving it (and wake it).
+    fn wake(&self, token: u64);
+}
+
+/// A pooled connection's place in the pool: its pool thread and its key
+/// in that thread's table.
+pub(super) struct PoolLink {
+    pub(super) token: u64,
+    pub(super) worker: Arc<dyn Waker>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -433,6 +484,9 @@ impl Conn {
             t.unpark();
         }
         self.tx_released();
+        // A pooled connection leaves its pool thread's epoll set (before
+        // the socket can be closed: the pool holds the `Conn`).
+        self.schedule(WORK_CLOSE);
         qp.report_disconnected();
     }
 }
@@ -448,10 +502,86 @@ impl Conn {
         }
     }
 
-    /// Wake the transmit thread.
+    /// Wake the transmit side: the transmit thread, or for a pooled
+    /// connection its pool thread.
     pub(crate) fn wake_tx(&self) {
+        if self.schedule(WORK_TX) {
+            return;
+        }
         *lock(&self.wake) = true;
         self.wake_cond.notify_one();
+    }
+
+    /// True if the progress pool serves this connection.
+    pub(super) fn pooled(&self) -> bool {
+        self.pool.get().is_some()
+    }
+
+    /// Queue pool work (`WORK_*` bits) for this connection; false (and
+    /// nothing done) if the connection is not pooled. Only the call that
+    /// finds no work pending queues the connection, so a busy connection
+    /// costs one queue entry however often it is woken; the pool thread
+    /// takes the bits with a `swap` before it does the work, so bits set
+    /// during that work queue it again.
+    pub(super) fn schedule(&self, bits: u8) -> bool {
+        let Some(link) = self.pool.get() else {
+            return false;
+        };
+        if self.pending.fetch_or(bits, Ordering::SeqCst) == 0 {
+            link.worker.wake(link.token);
+        }
+        true
+    }
+
+    /// Become the reader of a pooled connection (the one mechanism by which
+    /// a pool thread and application threads hand the receive work over:
+    /// one owner at a time, no thread ever waits for another). True if the
+    /// caller now owns the receive work; it must then call
+    /// [`release_rx`](Self::release_rx) until that returns true.
+    ///
+    /// `notify` (a pool thread told that the socket became readable): if
+    /// another thread owns the work, make it run one more pass before it
+    /// lets go, so the edge-triggered readiness is not lost. Application
+    /// threads do not notify: the owner reads whatever the socket holds
+    /// anyway.
+    pub(super) fn claim_rx(&self, notify: bool) -> bool {
+        loop {
+            match self.rx_owner.compare_exchange(
+                RX_FREE,
+                RX_HELD,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(RX_HELD) if notify => {
+                    if self
+                        .rx_owner
+                        .compare_exchange(RX_HELD, RX_AGAIN, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return false;
+                    }
+                    // Released meanwhile: try to take it.
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Let go of the receive work claimed with [`claim_rx`](Self::claim_rx):
+    /// true if released, false if the pool asked for one more pass (the
+    /// caller still owns the work and must run it, then call this again).
+    pub(super) fn release_rx(&self) -> bool {
+        match self
+            .rx_owner
+            .compare_exchange(RX_HELD, RX_FREE, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(_) => {
+                self.rx_owner.store(RX_HELD, Ordering::Release);
+                false
+            }
+        }
     }
 
     pub(super) fn shut_write(&self) {

@@ -107,6 +107,7 @@
 pub mod cm;
 mod conn;
 mod link;
+pub mod pool;
 mod progress;
 mod rx;
 mod tx;
@@ -134,6 +135,10 @@ pub use conn::RX_BUF;
 pub(crate) use conn::{Conn, Liveness};
 pub(crate) use link::tune_socket;
 pub use link::{mulpdu_for_mss, mulpdu_for_path, MULPDU_CAP};
+pub use pool::{
+    pool_stats, progress_engine, set_progress_engine, PoolStats, ProgressEngine, ENV_ENGINE,
+    ENV_THREADS,
+};
 pub use progress::LINGER;
 pub use rx::{DIRECT_MIN, DIRECT_TAIL, HDR_PEEK, RX_READ};
 pub use tx::{fault, SMALL_SEND, TX_BATCH};

@@ -29,7 +29,7 @@
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -42,20 +42,16 @@ use super::rx::*;
 use super::tx::*;
 use super::{lock, SoftQp};
 
-/// Application `progress` calls between two looks of the receive thread
-/// above which it considers the application to be busy polling.
-pub(super) const SPINNING_POLLS: u64 = 64;
-/// How long the receive thread steps aside while an application thread
-/// busy-polls.
-pub(super) const STEP_ASIDE: Duration = Duration::from_millis(1);
-
 /// One receive pass, then the transmit it made due: a Read Response or a
 /// Terminate leaves from the thread that read its cause, at once and
 /// without blocking ([`Conn::kick`]: written here if the socket has room
 /// and nobody else writes, otherwise by the transmit thread).
+///
+/// On a pooled connection `tx_due` is left set for the caller, which
+/// hands it to the transmit side (`Conn::progress_pooled`).
 fn pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     let p = rx_pass(qp, conn, rx);
-    if std::mem::take(&mut rx.tx_due) {
+    if !conn.pooled() && std::mem::take(&mut rx.tx_due) {
         conn.kick(qp);
     }
     p
@@ -145,6 +141,10 @@ impl Conn {
             return;
         }
         self.app_polls.fetch_add(1, Ordering::Relaxed);
+        if self.pooled() {
+            self.progress_pooled(qp);
+            return;
+        }
         match self.rx.try_lock() {
             Ok(mut rx) => {
                 if let Err(why) = self.progress_rx(qp, &mut rx) {
@@ -163,6 +163,38 @@ impl Conn {
             // notices this call): give it the CPU rather than spin against
             // it, which matters when threads outnumber cores.
             Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+        self.progress_tx(qp);
+    }
+
+    /// [`progress`](Self::progress) on a pooled connection: the receive
+    /// work if nobody owns it ([`Conn::claim_rx`]; if the pool thread owns
+    /// it, it reads and this thread does not wait), then the transmit
+    /// work: a Read Response or Terminate the receive work made due, and a
+    /// frame the socket could not take whole. The receive passes
+    /// themselves never write.
+    fn progress_pooled(&self, qp: &SoftQp) {
+        if self.claim_rx(false) {
+            let mut tx_due = false;
+            loop {
+                let r = {
+                    let mut rx = lock(&self.rx);
+                    let r = self.progress_rx(qp, &mut rx);
+                    tx_due |= std::mem::take(&mut rx.tx_due);
+                    r
+                };
+                if let Err(why) = r {
+                    while !self.release_rx() {}
+                    self.connection_lost(qp, &why, None);
+                    return;
+                }
+                if self.release_rx() {
+                    break;
+                }
+            }
+            if tx_due {
+                self.kick(qp);
+            }
         }
         self.progress_tx(qp);
     }
@@ -215,8 +247,17 @@ impl Conn {
     /// Application-driven mode on or off (see `ProgressMode::AppDriven`):
     /// while on, the receive thread stays parked and only application
     /// threads read the socket; turning it off wakes the receive thread.
+    /// On a pooled connection the pool thread drops `EPOLLIN` from the
+    /// socket's interest while the mode is on (`WORK_REARM`).
     pub(crate) fn set_app_driven(&self, on: bool) {
-        if self.app_driven.swap(on, Ordering::SeqCst) != on && !on {
+        let changed = self.app_driven.swap(on, Ordering::SeqCst) != on;
+        if self.pooled() {
+            if changed {
+                self.schedule(WORK_REARM);
+            }
+            return;
+        }
+        if changed && !on {
             self.stop_progress();
         }
     }
@@ -245,6 +286,8 @@ impl Conn {
     pub(crate) fn stop_progress(&self) {
         self.handbacks.fetch_add(1, Ordering::SeqCst);
         if self.aside.load(Ordering::SeqCst) {
+            // A pool thread stepping aside takes the socket back.
+            self.schedule(WORK_REARM);
             if let Some(t) = self.rx_thread.get() {
                 t.unpark();
             }
@@ -376,10 +419,20 @@ impl Drop for LiveGuard<'_> {
 impl Conn {
     /// Start the driver threads for `qp` on the connected, handshaken
     /// socket. The engine must already be established.
+    ///
+    /// With [`ProgressEngine::Pool`](super::pool::ProgressEngine) (see
+    /// `pool.rs`) no thread is started: the socket becomes non-blocking
+    /// and joins a pool thread's epoll set.
     pub(crate) fn start(qp: &Arc<SoftQp>, sock: Socket, live: &Liveness) -> io::Result<Arc<Conn>> {
+        let pooled = super::pool::progress_engine() == super::pool::ProgressEngine::Pool;
         let peer_timeout = live.peer_timeout;
         sock.set_read_timeout(None)?;
         sock.set_write_timeout(None)?;
+        if pooled {
+            // Every read and write already passes MSG_DONTWAIT; this makes
+            // any other call on the socket non-blocking too.
+            sock.set_nonblocking(true)?;
+        }
         if !peer_timeout.is_zero() {
             // Data the peer does not acknowledge (or a window it keeps
             // shut) ends the connection after `peer_timeout`, instead of
@@ -428,9 +481,13 @@ impl Conn {
             lingering: AtomicBool::new(false),
             linger_lock: Mutex::new(()),
             linger_cond: Condvar::new(),
-            live: Mutex::new(2),
+            // The two threads, or the pool's table entry.
+            live: Mutex::new(if pooled { 1 } else { 2 }),
             live_cond: Condvar::new(),
             threads: Mutex::new(Vec::new()),
+            pool: std::sync::OnceLock::new(),
+            pending: AtomicU8::new(0),
+            rx_owner: AtomicU8::new(RX_FREE),
         });
         let qpn = qp.qpn;
         if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {
@@ -439,6 +496,17 @@ impl Conn {
         }
         for cq in [&qp.send_cq, &qp.recv_cq] {
             cq.watch(conn.raw_fd());
+        }
+        if pooled {
+            if let Err(e) = super::pool::register(qp, &conn) {
+                *lock(&conn.live) = 0;
+                for cq in [&qp.send_cq, &qp.recv_cq] {
+                    cq.unwatch(conn.raw_fd());
+                }
+                return Err(e);
+            }
+            tracing::debug!(qpn, %local, %peer, "connection joined the progress pool");
+            return Ok(conn);
         }
         let (q, c) = (qp.clone(), conn.clone());
         let rx = std::thread::Builder::new()
