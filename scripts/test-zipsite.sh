@@ -10,8 +10,10 @@
 # (zip, miles) queries the ids, their order and the distances (to 0.01 mile)
 # on both databases; 400 with a message for bad input (non-numeric, unknown
 # zip, huge miles, SQL metacharacters); person pages; then one page with
-# its pictures fetched by `rhttp get -r` (pictures by RDMA), every picture
-# equal to the generator's.
+# its pictures fetched by rhttp (pictures by RDMA), every picture
+# equal to the generator's; and the coherent cache in front (ccproxy with
+# RDMA version checks, ccappd, mod_ccache): /near/N pages a miss then a hit,
+# equal to the reference.
 #
 #   scripts/test-zipsite.sh              # about 30 s once the packages are there
 #   KEEP=1 scripts/test-zipsite.sh       # keep the temp dir (configs, logs)
@@ -29,6 +31,7 @@ FAIL=0
 T="$(mktemp -d /tmp/zipsite.XXXXXX)"
 chmod 755 "$T"
 PIDS=()
+ZS_DATA="$T/data"  # the test always generates its own (pictures of one page)
 # shellcheck source=apps/zipsite/common.sh
 . "$ROOT/apps/zipsite/common.sh"
 # shellcheck source=scripts/lib/free-port.sh
@@ -63,13 +66,15 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 [[ $TARGET == /* ]] || TARGET="$ROOT/$TARGET"
 RHTTP="$TARGET/release/rhttp"
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
-# rhttp and mod_rdma as scripts/test-modrdma.sh builds them (no-ops when
-# warm); NO_BUILD=1 uses the binaries already there.
+# rhttp and mod_rdma as scripts/test-modrdma.sh builds them, the coherent
+# cache as scripts/test-cache.sh does (no-ops when warm); NO_BUILD=1 uses
+# the binaries already there.
 if [ "${NO_BUILD:-0}" = 1 ] && [ -x "$RHTTP" ] && [ -f "$MOD" ]; then
     ok "rhttp and mod_rdma present (NO_BUILD=1: not rebuilt)"
-elif timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp 2>"$T/build.log" &&
-    timeout 300 make -s -C modules/mod_rdma IWARP_LIB="$TARGET/release" >>"$T/build.log" 2>&1 && [ -f "$MOD" ]; then
-    ok "rhttp and mod_rdma built"
+elif timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp -p ccache 2>"$T/build.log" &&
+    timeout 300 make -s -C modules/mod_rdma IWARP_LIB="$TARGET/release" >>"$T/build.log" 2>&1 && [ -f "$MOD" ] &&
+    timeout 300 make -s -C tools/ccache/apache >>"$T/build.log" 2>&1; then
+    ok "rhttp, mod_rdma, ccappd, ccproxy and mod_ccache built"
 else
     bad "building rhttp / mod_rdma (as scripts/test-modrdma.sh does)"; tail -30 "$T/build.log"; finish
 fi
@@ -104,12 +109,19 @@ fi
 PORTS="$T/ports"
 P_SQL=$(free_port_once "$PORTS")
 P_PG=$(free_port_once "$PORTS")
+P_PROXY=$(free_port_once "$PORTS")
+ZS_CCACHE_IPC="$T/ccappd/ipc.sock"  # mod_ccache on /near/N in the SQLite Apache only
+# A mod_rdma with RDMAInlineBelow (issue 30 part 1) answers files below it
+# inline by default (512K: every picture); 0 sends the pictures by RDMA,
+# which is what this test checks.
+ZS_RDMA_CONF=""
+grep -q RDMAInlineBelow "$MOD" && ZS_RDMA_CONF="RDMAInlineBelow 0"
 zs_apache_conf sqlite "$P_SQL" "sqlite:$T/data/zipsite.db" "$MOD"
 if pid=$(zs_apache_start sqlite "$P_SQL"); then PIDS+=("$pid"); ok "Apache (prefork) + mod_php + mod_rdma on SQLite starts (port $P_SQL)"; else
     PIDS+=("$pid"); bad "Apache with mod_php and mod_rdma did not start"; finish; fi
 BASES=("http://127.0.0.1:$P_SQL")
 if [ "$HAVE_PG" = 1 ]; then
-    zs_apache_conf pgsql "$P_PG" "$(zs_pg_dsn)" "$MOD"
+    ZS_CCACHE_IPC="" zs_apache_conf pgsql "$P_PG" "$(zs_pg_dsn)" "$MOD"
     if pid=$(zs_apache_start pgsql "$P_PG"); then PIDS+=("$pid"); ok "the same on PostgreSQL starts (port $P_PG)"; BASES+=("http://127.0.0.1:$P_PG"); else
         PIDS+=("$pid"); bad "Apache on PostgreSQL did not start"; fi
 fi
@@ -126,24 +138,35 @@ done
 grep -h "results per page" "$T"/check-*.log | sed 's/^#/  /' | sort -u
 
 # ---- a page with its pictures, the pictures by RDMA ------------------------------------------
+# As a browser does: the page, then the <img src> it names, all of them in
+# one rhttp invocation (one keep-alive HTTP connection, one RDMA connection).
 t_rhttp_page() {
-    local n=0 id
-    rm -rf "$T/got"
-    timeout 120 "$RHTTP" -q --timeout 20 get -r --stats -P "$T/got" "${BASES[0]}/near.php?zip=$PAGE_ZIP&miles=$PAGE_MILES" 2>"$T/rhttp.err" || { cat "$T/rhttp.err"; return 1; }
-    tail -5 "$T/rhttp.err"
+    local n=0 id src args=()
+    timeout 60 "$RHTTP" -q --timeout 20 get "${BASES[0]}/near.php?zip=$PAGE_ZIP&miles=$PAGE_MILES" -o "$T/page.html" || return 1
+    mkdir -p "$T/got"
+    while read -r src; do
+        args+=("${BASES[0]}$src" -o "$T/got/${src##*/}")
+    done < <(grep -o '<img src="[^"]*"' "$T/page.html" | cut -d'"' -f2)
+    timeout 120 "$RHTTP" -q --timeout 20 get --stats "${args[@]}" 2>"$T/rhttp.err" || { tail "$T/rhttp.err"; return 1; }
+    tail -2 "$T/rhttp.err"
     while read -r id; do
-        cmp -s "$T/www/pics/$id.png" "$T/got/pics/$id.png" || { echo "picture $id differs or is missing"; return 1; }
+        cmp -s "$T/www/pics/$id.png" "$T/got/$id.png" || { echo "picture $id differs or is missing"; return 1; }
         n=$((n + 1))
     done <"$T/page-ids"
-    echo "$n pictures equal"
-    [ "$n" -gt 50 ] || return 1
-    # Every picture came by RDMA (RDMA On for /pics only), over one HTTP and
-    # one RDMA connection; -r (like wget -r -l1) also fetched the person
-    # pages the page links, over plain HTTP.
+    echo "$n pictures equal; the page names $((${#args[@]} / 3))"
+    [ "$n" -gt 50 ] && [ "$n" -eq $((${#args[@]} / 3)) ] || return 1
     [ "$(grep -c 'pics/[0-9]*\.png: 200 [0-9]* bytes via RDMA' "$T/rhttp.err")" -eq "$n" ] &&
-        grep -q "bodies by RDMA, [0-9]* body bytes, 1 HTTP connections, 1 RDMA connections" "$T/rhttp.err"
+        grep -q "$n bodies by RDMA, [0-9]* body bytes, 1 HTTP connections, 1 RDMA connections" "$T/rhttp.err"
 }
-check "rhttp get -r: page $PAGE_ZIP within $PAGE_MILES mi and its pictures over one connection, pictures by RDMA, each equal to the generator's" t_rhttp_page
+check "page $PAGE_ZIP within $PAGE_MILES mi, then its pictures in one rhttp (1 HTTP + 1 RDMA connection): every picture by RDMA, equal to the generator's" t_rhttp_page
+
+# ---- the coherent cache in front ------------------------------------------------------
+t_cache() {
+    zs_cache_start "$P_SQL" "$P_PROXY" || return 1
+    PIDS+=("$ZS_PROXY_PID" "$ZS_APPD_PID")
+    (cd "$ROOT/apps/zipsite" && timeout 120 python3 reference.py check-cache "http://127.0.0.1:$P_PROXY" "${BASES[0]}")
+}
+check "ccproxy (rdma version checks) + ccappd + mod_ccache in front: /near/N a miss then a hit, equal to the reference and to the direct page" t_cache
 
 t_no_crash() { ! grep -h -E "Segmentation fault|exit signal|AH00052|PHP Fatal" "$T"/sqlite/error.log "$T"/pgsql/error.log 2>/dev/null; }
 check "no Apache child crashed, no PHP fatal error (error logs)" t_no_crash

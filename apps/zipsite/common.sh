@@ -3,13 +3,16 @@
 # scripts/bench-zipsite.sh (which set ROOT and T, a temp dir of mode 755):
 #
 #   zs_install            install what is missing (Debian packages)
-#   zs_data [PICS]        generate the data set into $T/data and the docroot
-#                         $T/www (PICS: none, all or ids:FILE)
+#   zs_data [PICS]        generate the data set into ${ZS_DATA:-$T/data} (an
+#                         existing complete one is reused with PICS=all) and
+#                         the docroot $T/www (PICS: none, all or ids:FILE)
 #   zs_pg_start           an unprivileged PostgreSQL cluster in $T/pg with its
 #                         socket in $T/pgsock (no TCP listener), loaded
 #   zs_pg_stop
 #   zs_apache_conf NAME PORT DSN [RDMA]   write $T/NAME.conf; RDMA = path
-#                         of mod_rdma.so (RDMA On for /pics), or empty
+#                         of mod_rdma.so (RDMA On for /pics; more directives
+#                         in ZS_RDMA_CONF), or empty. ZS_CCACHE_IPC set: also
+#                         mod_ccache on /near/N (the coherent cache's side)
 #   zs_apache_start NAME PORT             start it; echoes the pid
 #   zs_stop PID           TERM, wait (bounded), KILL
 #
@@ -57,14 +60,18 @@ zs_install() {
     return 0
 }
 
-zs_data() { # [PICS]
+zs_data() { # [PICS]: the data set into ${ZS_DATA:-$T/data}, the docroot $T/www
     local pics="${1:-none}"
-    mkdir -p "$T/data" "$T/www"
-    timeout 600 python3 "$ZS_DIR/zipdata.py" --out "$T/data" --pictures "$pics" >&2 || return 1
+    ZS_DATA="${ZS_DATA:-$T/data}"
+    mkdir -p "$ZS_DATA" "$T/www"
+    if [ "$pics" = all ] && [ -f "$ZS_DATA/zipsite.db" ] && [ -f "$ZS_DATA/pics/42000.png" ]; then
+        zs_log "reusing the data set in $ZS_DATA"
+    else
+        timeout 1200 python3 "$ZS_DIR/zipdata.py" --out "$ZS_DATA" --pictures "$pics" >&2 || return 1
+    fi
     cp "$ZS_DIR"/site/*.php "$T/www/"
-    rm -rf "$T/www/pics"
-    mv "$T/data/pics" "$T/www/pics"
-    chmod -R a+rX "$T/data" "$T/www"
+    ln -sfn "$ZS_DATA/pics" "$T/www/pics"
+    chmod -R a+rX "$ZS_DATA" "$T/www"
 }
 
 ZS_PGSOCK=""
@@ -82,9 +89,9 @@ zs_pg_start() {
         { cat "$T/pg-start.log" "$pg/server.log" >&2; return 1; }
     timeout 60 psql -q -h "$ZS_PGSOCK" -U zipsite -d postgres -c 'CREATE DATABASE zipsite' >/dev/null &&
         timeout 120 psql -q -v ON_ERROR_STOP=1 -h "$ZS_PGSOCK" -U zipsite -d zipsite \
-            -f "$T/data/schema.sql" \
-            -c "\\copy place FROM '$T/data/places.csv' CSV" \
-            -c "\\copy person FROM '$T/data/people.csv' CSV" \
+            -f "$ZS_DATA/schema.sql" \
+            -c "\\copy place FROM '$ZS_DATA/places.csv' CSV" \
+            -c "\\copy person FROM '$ZS_DATA/people.csv' CSV" \
             -c 'ANALYZE' >/dev/null
 }
 zs_pg_stop() {
@@ -136,10 +143,25 @@ SetEnv ZIPSITE_DSN "$dsn"
 SetEnv ZIPSITE_DB_USER zipsite
 LogLevel warn
 EOF
+        if [ -n "${ZS_CCACHE_IPC:-}" ]; then
+            # The coherent cache's application side (docs/CACHE.md): each
+            # /near/N page is document N, served inside a Table 1 read.
+            cat <<EOF
+LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
+LoadModule ccache_module $ROOT/tools/ccache/apache/.libs/mod_ccache.so
+CCacheIPC $ZS_CCACHE_IPC
+CCacheTimeout 10000
+AliasMatch "^/near/([0-9]+)\$" "$T/www/nearplace.php"
+<Location /near/>
+    CCache On
+</Location>
+EOF
+        fi
         if [ -n "$mod" ]; then
             cat <<EOF
 LoadModule rdma_module $mod
 RDMARegistration dynamic
+${ZS_RDMA_CONF:-}
 <Location /pics>
     RDMA On
 </Location>
@@ -160,6 +182,33 @@ zs_apache_start() { # NAME PORT -> pid on stdout
     done
     echo "$pid"
     cat "$T/$name/stdout.log" "$T/$name/error.log" >&2 2>/dev/null
+    return 1
+}
+
+# zs_cache_start BACKEND_PORT PROXY_PORT: ccappd (documents 0..42000, no
+# update thread) and ccproxy --mode rdma in front of the Apache on
+# BACKEND_PORT, caching /near/N; ZS_CCACHE_IPC must have been set before
+# that Apache's zs_apache_conf. Sets ZS_APPD_PID, ZS_PROXY_PID.
+zs_cache_start() {
+    local target="${CARGO_TARGET_DIR:-$ROOT/target}" p_rd p_ver
+    [[ $target == /* ]] || target="$ROOT/$target"
+    p_rd=$(free_port_once "$T/ports")
+    p_ver=$(free_port_once "$T/ports")
+    "$target/release/ccappd" --docs 42001 --rdma-listen "127.0.0.1:$p_rd" --version-listen "127.0.0.1:$p_ver" \
+        --ipc "$ZS_CCACHE_IPC" --ipc-mode 660 --ipc-group www-data >>"$T/ccappd.log" 2>&1 &
+    ZS_APPD_PID=$!
+    zs_wait_port "$p_ver" "$ZS_APPD_PID" || { cat "$T/ccappd.log" >&2; return 1; }
+    "$target/release/ccproxy" --mode rdma --listen "127.0.0.1:$2" --backend "127.0.0.1:$1" --prefix /near/ \
+        --appd-rdma "127.0.0.1:$p_rd" --appd-tcp "127.0.0.1:$p_ver" --check-timeout-ms 2000 >>"$T/ccproxy.log" 2>&1 &
+    ZS_PROXY_PID=$!
+    zs_wait_port "$2" "$ZS_PROXY_PID" || { cat "$T/ccproxy.log" >&2; return 1; }
+}
+zs_wait_port() { # PORT PID: until something accepts on PORT (at most 15 s) while PID lives
+    for _ in $(seq 1 150); do
+        python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.5).close()' "$1" 2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || return 1
+        sleep 0.1
+    done
     return 1
 }
 

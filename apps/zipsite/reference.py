@@ -9,6 +9,7 @@ with the same floating-point operations as the site's PHP (lib.php).
     reference.py queries [--count N]            # the (zip, miles) queries, one a line
     reference.py ids FILE                       # person ids on those pages -> FILE
     reference.py check URL [URL ...]            # fetch every query from each site, compare
+    reference.py check-cache PROXY DIRECT       # /near/N through ccproxy (miss, hit)
     reference.py near ZIP MILES                 # print the reference answer
 
 `check` compares, for each query: the ids and their order exactly, and each
@@ -177,6 +178,44 @@ def check(ref, bases, count):
     return c.failed == 0
 
 
+def fetch_headers(url, timeout=30):
+    """(status, headers, body text)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers, r.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read().decode("utf-8", "replace")
+
+
+def check_cache(ref, proxy, direct, count=8):
+    """The coherent cache in front (ccproxy --prefix /near/): /near/N through
+    the proxy is a miss, then a hit, both equal to the reference for 10 miles
+    around place N and byte-identical to near.php?zip=..&miles=10 direct."""
+    c = Checker()
+    rng = random.Random(5)
+    for _ in range(count):
+        pl = ref.places[rng.randrange(len(ref.places))]
+        want = ref.near(pl[1], 10.0)
+        _, _, page = fetch_headers(f"{direct}/near.php?zip={pl[1]}&miles=10")
+        seen = []
+        for _ in range(2):
+            status, hdr, body = fetch_headers(f"{proxy}/near/{pl[0]}")
+            seen.append(hdr.get("X-CC-Cache"))
+            if status != 200 or body != page or compare(want, body) is not None:
+                c.result(False, f"/near/{pl[0]} through ccproxy",
+                         f"HTTP {status}, {hdr.get('X-CC-Cache')}, equal to direct: {body == page}, "
+                         f"reference: {compare(want, body)}: {body[:200]!r}")
+                break
+        else:
+            c.result(seen == ["miss", "hit"], f"/near/{pl[0]} ({pl[1]}, {len(want)} people) through ccproxy: "
+                     f"{' then '.join(map(str, seen))}, equal to the reference and to near.php direct",
+                     f"X-CC-Cache {seen}")
+    status, hdr, body = fetch_headers(f"{proxy}/near/{len(ref.places) + 1}")
+    c.result(status == 404, "a place number past the last one: 404", f"HTTP {status}: {body[:200]!r}")
+    print(f"zipsite-check: {c.passed} passed, {c.failed} failed")
+    return c.failed == 0
+
+
 def htmlesc(s):
     return (s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
             .replace('"', "&quot;").replace("'", "&apos;"))
@@ -193,6 +232,9 @@ def main():
     p.add_argument("file")
     p = sub.add_parser("check")
     p.add_argument("urls", nargs="+")
+    p = sub.add_parser("check-cache")
+    p.add_argument("proxy")
+    p.add_argument("direct")
     p = sub.add_parser("near")
     p.add_argument("zip")
     p.add_argument("miles", type=float)
@@ -211,6 +253,8 @@ def main():
     elif a.cmd == "near":
         for i, d in ref.near(a.zip, a.miles):
             print(i, f"{d:.2f}")
+    elif a.cmd == "check-cache":
+        sys.exit(0 if check_cache(ref, a.proxy.rstrip("/"), a.direct.rstrip("/")) else 1)
     else:
         sys.exit(0 if check(ref, [u.rstrip("/") for u in a.urls], a.count) else 1)
 

@@ -158,13 +158,26 @@ def picture(seed, person_id):
             + _chunk(b"IDAT", zlib.compress(raw, 1)) + _chunk(b"IEND", b""))
 
 
-def write_pictures(seed, ids, outdir):
-    os.makedirs(outdir, exist_ok=True)
+def _write_some(args):
+    seed, ids, outdir = args
     for pid in ids:
         path = os.path.join(outdir, f"{pid}.png")
         with open(path + ".tmp", "wb") as f:
             f.write(picture(seed, pid))
         os.replace(path + ".tmp", path)
+
+
+def write_pictures(seed, ids, outdir, jobs=1):
+    """Each picture depends only on (seed, id): any split over processes
+    writes the same files."""
+    os.makedirs(outdir, exist_ok=True)
+    ids = list(ids)
+    if jobs <= 1 or len(ids) < 1000:
+        _write_some((seed, ids, outdir))
+        return
+    import multiprocessing
+    with multiprocessing.Pool(jobs) as pool:
+        pool.map(_write_some, [(seed, ids[k::jobs], outdir) for k in range(jobs)])
 
 
 # ---- outputs ----------------------------------------------------------------
@@ -208,6 +221,8 @@ def main():
     ap.add_argument("--places", type=int, default=DEFAULT_PLACES)
     ap.add_argument("--pictures", default="none",
                     help="none, all, or ids:FILE (one person id per line)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="processes writing pictures (default: one per CPU)")
     ap.add_argument("--no-sqlite", action="store_true", help="skip DIR/zipsite.db")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -224,7 +239,7 @@ def main():
         ids = []
     else:
         sys.exit(f"zipdata: --pictures {a.pictures!r}: expected none, all or ids:FILE")
-    write_pictures(a.seed, ids, os.path.join(a.out, "pics"))
+    write_pictures(a.seed, ids, os.path.join(a.out, "pics"), a.jobs)
     print(f"zipdata: {len(places)} places, {len(people)} people, {len(ids)} pictures in {a.out}")
 
 
