@@ -15,6 +15,9 @@
 //! On InfiniBand and RoCE the private data of a connect request arrives
 //! padded to the CM message's size (56 bytes for REQ); iWARP (MPA)
 //! delivers it at its length.
+//!
+//! A connection, once made, is the queue pair's: the id and its event
+//! channel (`conn.rs`), which the QP reads for a disconnect.
 
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;

@@ -21,15 +21,16 @@
 //! RNR errors, EEC errors) become `WcStatus::GeneralErr` and are logged
 //! with their name.
 //!
-//! The files depend one way (each on those after it): `cm` → `qp` →
-//! {`cq`, `mr`, `conn`, `wr`}, `cq` → {`device`, `wr`}, `mr` → `device`,
-//! everything → `ffi`. The pump thread (`cq.rs`) reaches its queue pairs
+//! The files form a chain with no circle: `ffi` (the bindings) at the
+//! bottom; `device`, `wr` and `conn` on it alone; `mr` and `cq` on
+//! `device` (and `cq` on `wr`); `qp` on all of those; `cm` on `qp`,
+//! `conn` and `device`. The pump thread (`cq.rs`) reaches its queue pairs
 //! only through the `Watched` trait it defines, so `cq` knows nothing of
 //! `qp`. This module only wires them; the crate's verbs layer and device
-//! selection call down into it, and it takes from above only the verbs
-//! types it implements (`CompletionQueue`, `QueuePair`, the provider
-//! traits), [`crate::Error`], and the device description of
-//! `device_info.rs`.
+//! selection call down into it, and it takes from the rest of the crate
+//! only the verbs types it implements (`CompletionQueue`, `QueuePair`,
+//! the provider traits), [`crate::Error`], and the device description of
+//! the leaf `device_info.rs`.
 //!
 //! `unsafe` is confined to this provider's files; each use says why it
 //! holds. libibverbs objects are thread-safe (verbs may be called from any
