@@ -28,8 +28,9 @@ use super::conn::{err, event_name, expect, next_event, sockaddr_of, socketaddr_f
 use super::device::Device;
 use super::ffi::{self, Lib};
 use super::qp::Qp;
+use crate::error::Error;
 use crate::qp::QueuePair;
-use crate::{Context, Error};
+use crate::Context;
 
 fn rdma_qp(qp: &QueuePair) -> Result<Arc<Qp>, Error> {
     qp.ops.clone().into_any().downcast::<Qp>().map_err(|_| {

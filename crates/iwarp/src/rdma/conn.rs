@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::ffi::{self, Lib};
-use crate::Error;
+use crate::error::Error;
 
 /// An rdma_cm call `op` failed because of `why`.
 pub(super) fn err(op: &'static str, why: impl ToString) -> Error {

@@ -19,7 +19,7 @@ use super::device::{os_err, Device};
 use super::ffi;
 use super::wr::map_wc;
 use crate::cq::{CompletionQueue, WeakCq};
-use crate::Error;
+use crate::error::Error;
 
 /// What the pump asks, once per tick, of a queue pair on its CQ: read the
 /// connection's rdma_cm events and, if the peer disconnected, flush (see

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::ffi::{self, Lib};
 use crate::device_info::{no_device_reason, DeviceError, DeviceInfo, Transport};
-use crate::Error;
+use crate::error::Error;
 
 /// The kernel devices librdmacm knows (name and transport).
 pub(crate) fn list() -> Result<Vec<DeviceInfo>, String> {

@@ -11,7 +11,7 @@ use iwarp_proto::mem::Access;
 
 use super::device::{os_err, Device};
 use super::ffi;
-use crate::Error;
+use crate::error::Error;
 
 /// An `ibv_reg_mr` failure; for ENOMEM, which is what a device's check of
 /// the locked-memory limit gives (siw counts registered pages against

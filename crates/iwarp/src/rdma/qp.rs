@@ -28,9 +28,9 @@ use super::ffi;
 use super::mr::Pd;
 use super::wr::{flushed_opcode, post_chain, send_wr_fields, sges};
 use crate::cq::CompletionQueue;
+use crate::error::Error;
 use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::qp::QueuePair;
-use crate::Error;
 
 /// What the device granted a queue pair at creation (`ibv_qp_init_attr.cap`
 /// as `ibv_create_qp` wrote it back): the depths and SGE counts (the
