@@ -112,6 +112,31 @@ t_conf_errors() {
     grep -q "neither \"client\" nor an IP address literal" "$T/bad.out"
 }
 check "bad directives are refused at config check, naming the fix" t_conf_errors
+# RDMAInlineBelow: a negative or garbage size, and a threshold above
+# RDMAMaxLength (checked once the vhosts merged theirs: check_config), fail
+# `apache2 -t` naming the directive; 0 and a size with a suffix pass.
+t_inline_conf() {
+    local c="$T/inl.conf" v want
+    while IFS='|' read -r v want; do
+        printf 'ServerRoot /etc/apache2\nServerName 127.0.0.1\nErrorLog %s/inl-error.log\nLoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so\nLoadModule rdma_module %s\nRDMAMaxLength 1M\n%b\n' "$T" "$MOD" "$v" >"$c"
+        timeout 20 apache2 -d /etc/apache2 -f "$c" -t >"$T/inl.out" 2>&1
+        echo "$v -> rc $?: $(cat "$T/inl.out")"
+        if [ "$want" = ok ]; then
+            grep -q "Syntax OK" "$T/inl.out" || return 1
+        else
+            ! grep -q "Syntax OK" "$T/inl.out" && grep -q "$want" "$T/inl.out" || return 1
+        fi
+    done <<'EOF'
+RDMAInlineBelow -4096|RDMAInlineBelow -4096: must not be negative
+RDMAInlineBelow lots|RDMAInlineBelow lots: not a size
+RDMAInlineBelow 4Kb|RDMAInlineBelow 4Kb: not a positive size
+RDMAInlineBelow 2M|RDMAInlineBelow 2097152 is above RDMAMaxLength 1048576.*Fix: lower RDMAInlineBelow
+Listen 127.0.0.1:1\n<VirtualHost 127.0.0.1:1>\nRDMAInlineBelow 4M\n</VirtualHost>|RDMAInlineBelow 4194304 is above RDMAMaxLength 1048576
+RDMAInlineBelow 0|ok
+RDMAInlineBelow 64K|ok
+EOF
+}
+check "RDMAInlineBelow: negative, garbage and above RDMAMaxLength (also in a vhost) fail the config test naming the fix; 0 and 64K pass" t_inline_conf
 t_threaded() {
     local c="$T/event.conf" rc
     mkdir -p "$T/evrun"
@@ -130,6 +155,7 @@ P2=$(free_port)      # mod_rdma vhost, dynamic registration
 P3=$(free_port)      # plain Apache, no module
 P6=$(free_port)      # mod_rdma on [::1] (static), when the host has IPv6 loopback
 P7=$(free_port)      # mod_rdma vhost: reno, every connection closed after 5 requests
+P8=$(free_port)      # mod_rdma vhost: dynamic, RDMAInlineBelow 8K
 HAVE_V6=0
 python3 -c 'import socket; socket.socket(socket.AF_INET6).bind(("::1", 0))' 2>/dev/null && HAVE_V6=1
 DOCS="$T/docs"
@@ -209,6 +235,7 @@ EOF
 Listen 127.0.0.1:$P1
 Listen 127.0.0.1:$P2
 Listen 127.0.0.1:$P7
+Listen 127.0.0.1:$P8
 $([ "$HAVE_V6" = 1 ] && echo "Listen [::1]:$P6")
 LoadModule rdma_module $MOD
 LoadModule remoteip_module /usr/lib/apache2/modules/mod_remoteip.so
@@ -219,6 +246,9 @@ RDMARegistration static
 RDMABufferSize 4M
 RDMAConnectTimeout 2000
 RDMATimeout 5000
+# Every body by RDMA here (the checks below fetch 2K and 4K files by RDMA);
+# the vhost on P8 answers small files inline.
+RDMAInlineBelow 0
 <Location />
     RDMA On
 </Location>
@@ -234,6 +264,10 @@ RDMATimeout 5000
 <VirtualHost 127.0.0.1:$P7>
     MaxKeepAliveRequests 4
     RDMACongestion reno
+</VirtualHost>
+<VirtualHost 127.0.0.1:$P8>
+    RDMARegistration dynamic
+    RDMAInlineBelow 8K
 </VirtualHost>
 EOF
 } >"$T/rdma.conf"
@@ -292,6 +326,40 @@ for scheme in server-writes client-reads; do
         check "GET $scheme, $mode registration: 2K 4K 500K 1M 8M over one connection, contents equal" t_get
     done
 done
+# RDMAInlineBelow (the vhost on P8: 8K): a GET of a static file smaller
+# than the threshold is answered in the HTTP response, as plain Apache
+# would, with `RDMA-Inline: length=N` and no `RDMA:` header, and without
+# a connect-back (curl names a port nobody listens on: a connect-back would
+# end in 502 after RDMAConnectTimeout); a file of exactly 8K and larger
+# ones go by RDMA. rhttp takes the inline answers as plain HTTP, on their
+# own and pipelined between RDMA answers; every body equal.
+t_inline() {
+    local code sch pl n
+    code=$(curl -s --max-time 10 -D "$T/out/inl.h" -o "$T/out/inl.body" -w '%{http_code}' \
+        -H "RDMA: client-reads, ip=127.0.0.1, port=$(free_port)" "http://127.0.0.1:$P8/f2K.bin")
+    cat "$T/out/inl.h"
+    [ "$code" = 200 ] && grep -qi "^RDMA-Inline: length=2048" "$T/out/inl.h" &&
+        ! grep -qi "^RDMA:" "$T/out/inl.h" && same "$DOCS/f2K.bin" "$T/out/inl.body" || return 1
+    curl -s --max-time 10 -D "$T/out/inl0.h" -o /dev/null "http://127.0.0.1:$P8/f2K.bin" || return 1
+    ! grep -qi "^RDMA-Inline" "$T/out/inl0.h" || return 1
+    head -c 8192 /dev/urandom >"$DOCS/i8K.bin" && chmod 644 "$DOCS/i8K.bin"
+    for sch in server-writes client-reads; do
+        for pl in 1 8; do
+            R get --pipeline "$pl" --scheme "$sch" "http://127.0.0.1:$P8/f2K.bin" "http://127.0.0.1:$P8/f500K.bin" \
+                "http://127.0.0.1:$P8/f4K.bin" "http://127.0.0.1:$P8/i8K.bin" "http://127.0.0.1:$P8/f1M.bin" \
+                -o "$T/out/i1" -o "$T/out/i2" -o "$T/out/i3" -o "$T/out/i4" -o "$T/out/i5" 2>"$T/out/inl.err" || return 1
+            cat "$T/out/inl.err"
+            n=$(grep -c "via RDMA ($sch)" "$T/out/inl.err")
+            [ "$n" = 3 ] || { echo "$sch pipeline $pl: $n by RDMA, expected 3"; return 1; }
+            grep "f2K.bin: 200 2048 bytes via plain" "$T/out/inl.err" &&
+                grep "f4K.bin: 200 4096 bytes via plain" "$T/out/inl.err" || return 1
+            same "$DOCS/f2K.bin" "$T/out/i1" && same "$DOCS/f500K.bin" "$T/out/i2" &&
+                same "$DOCS/f4K.bin" "$T/out/i3" && same "$DOCS/i8K.bin" "$T/out/i4" &&
+                same "$DOCS/f1M.bin" "$T/out/i5" || return 1
+        done
+    done
+}
+check "RDMAInlineBelow 8K: 2K and 4K answered inline (RDMA-Inline header, no connect-back, byte-exact), 8K and larger by RDMA, both schemes, alone and pipelined" t_inline
 # Dynamic registration keeps each worker's recent file mappings (keyed by
 # device, inode, size, mtime and range). Fill the workers' caches, then
 # change the file in place (same inode, other size and content) and replace
@@ -930,6 +998,7 @@ LogLevel warn rdma:debug
 RDMARegistration static
 RDMABufferSize 2G
 RDMATimeout 5000
+RDMAInlineBelow 0
 <Location />
     RDMA On
 </Location>

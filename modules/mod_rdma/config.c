@@ -2,7 +2,7 @@
  *
  * The directives (RDMA, RDMARegistration, RDMABufferSize, RDMAMaxLength,
  * RDMATimeout, RDMAConnectTimeout, RDMAAllowConnect, RDMAConnectPorts,
- * RDMATrustProxy, RDMADevice, RDMACongestion), their per-server and per-directory merging and the
+ * RDMATrustProxy, RDMADevice, RDMACongestion, RDMAInlineBelow), their per-server and per-directory merging and the
  * defaults (docs/MOD_RDMA.md, "Directives"). */
 #include "mod_rdma_private.h"
 
@@ -32,6 +32,7 @@ void *create_srv_conf(apr_pool_t *p, server_rec *s)
     c->allow = apr_array_make(p, 2, sizeof(char *));
     c->ports = apr_array_make(p, 2, sizeof(port_range));
     c->trust_proxy = -1;
+    c->inline_below = -1;
     return c;
 }
 
@@ -50,12 +51,22 @@ void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     c->ports = a->ports_set ? a->ports : b->ports;
     c->trust_proxy = a->trust_proxy != -1 ? a->trust_proxy : b->trust_proxy;
     c->congestion = a->congestion ? a->congestion : b->congestion;
+    c->inline_below = a->inline_below != -1 ? a->inline_below : b->inline_below;
     return c;
 }
 
 int cf_mode(const rdma_srv_conf *c) { return c->mode == -1 ? MODE_STATIC : c->mode; }
 apr_size_t cf_bufsize(const rdma_srv_conf *c) { return c->bufsize ? c->bufsize : DEF_BUFSIZE; }
 apr_uint64_t cf_maxlen(const rdma_srv_conf *c) { return c->maxlen ? c->maxlen : DEF_MAXLEN; }
+apr_uint64_t cf_inline_below(const rdma_srv_conf *c)
+{
+    /* Unset: the default, but never above RDMAMaxLength (a server with a
+     * small RDMAMaxLength must not fail for a directive it never wrote). */
+    if (c->inline_below == -1)
+        return cf_maxlen(c) < (apr_uint64_t)DEF_INLINE_BELOW ? cf_maxlen(c)
+                                                             : (apr_uint64_t)DEF_INLINE_BELOW;
+    return (apr_uint64_t)c->inline_below;
+}
 int cf_timeout(const rdma_srv_conf *c) { return c->timeout_ms ? c->timeout_ms : DEF_TIMEOUT_MS; }
 int cf_ctimeout(const rdma_srv_conf *c)
 {
@@ -128,6 +139,52 @@ static const char *set_maxlen(cmd_parms *cmd, void *d, const char *arg)
         return apr_pstrcat(cmd->pool, "RDMAMaxLength: ", err, NULL);
     srv_conf(cmd->server)->maxlen = n;
     return NULL;
+}
+
+/* RDMAInlineBelow SIZE: GETs of static files smaller than SIZE bytes are
+ * answered inline (0: never). Same suffixes as the other sizes; 0 allowed.
+ * Whether it stays below RDMAMaxLength is checked in check_config, once
+ * every virtual host has merged both. */
+static const char *set_inline_below(cmd_parms *cmd, void *d, const char *arg)
+{
+    apr_uint64_t n = 0;
+    const char *err;
+    (void)d;
+    if (*arg == '-')
+        return apr_pstrcat(cmd->pool, "RDMAInlineBelow ", arg, ": must not be negative: give "
+                           "a size in bytes (K, M or G suffix), or 0 to move every body by RDMA",
+                           NULL);
+    if (strcmp(arg, "0") && (err = parse_size(arg, &n)) != NULL)
+        return apr_pstrcat(cmd->pool, "RDMAInlineBelow ", arg, ": ", err,
+                           " (0 moves every body by RDMA)", NULL);
+    if (n > (apr_uint64_t)APR_INT64_MAX)
+        return apr_pstrcat(cmd->pool, "RDMAInlineBelow ", arg, ": too large", NULL);
+    srv_conf(cmd->server)->inline_below = (apr_int64_t)n;
+    return NULL;
+}
+
+/* check_config hook: runs after the virtual hosts merged their settings
+ * and before `apache2 -t` says "Syntax OK", so a wrong combination fails
+ * the configuration test. */
+int check_config(apr_pool_t *p, apr_pool_t *plog, apr_pool_t *ptemp, server_rec *s)
+{
+    (void)p; (void)ptemp;
+    for (; s; s = s->next) {
+        const rdma_srv_conf *c = srv_conf(s);
+        if (c->inline_below != -1 && cf_inline_below(c) > cf_maxlen(c)) {
+            ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_CRIT, 0, s,
+                         "mod_rdma: RDMAInlineBelow %" APR_UINT64_T_FMT " is above RDMAMaxLength %"
+                         APR_UINT64_T_FMT " (server %s:%u): the threshold must lie within the "
+                         "bodies RDMA may move. Fix: lower RDMAInlineBelow to at most "
+                         "RDMAMaxLength, or raise RDMAMaxLength",
+                         cf_inline_below(c), cf_maxlen(c),
+                         s->server_hostname ? s->server_hostname : "(main)",
+                         (unsigned)s->port);
+            (void)plog;
+            return HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+    return OK;
 }
 
 static const char *set_timeout(cmd_parms *cmd, void *d, const char *arg)
@@ -342,6 +399,10 @@ const command_rec rdma_cmds[] = {
                   "size of the per-process static buffer (default 8M)"),
     AP_INIT_TAKE1("RDMAMaxLength", set_maxlen, NULL, RSRC_CONF,
                   "largest body moved by RDMA (default 1G)"),
+    AP_INIT_TAKE1("RDMAInlineBelow", set_inline_below, NULL, RSRC_CONF,
+                  "GETs of static files smaller than this many bytes are answered in the HTTP "
+                  "response, as plain Apache would, with an RDMA-Inline header (0: never; "
+                  "default 512K)"),
     AP_INIT_ITERATE("RDMAAllowConnect", set_allow, NULL, RSRC_CONF,
                     "where the server may connect back: \"client\" (the request's own address, "
                     "the default) and/or IP address literals"),

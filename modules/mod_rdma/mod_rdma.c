@@ -306,6 +306,33 @@ static const char *body_on_socket(request_rec *r)
     return NULL;
 }
 
+/* RDMAInlineBelow: a GET of a static file smaller than the threshold is
+ * answered as plain Apache would (the default handler, sendfile or mmap,
+ * Content-Length), with `RDMA-Inline: length=N` (N = the file's size) so
+ * the client knows the server chose this; no connect-back, no RDMA state.
+ * One write on the HTTP connection costs less than the RDMA path's extra
+ * round trip (server-writes: the DONE; client-reads: the client's Read)
+ * for small bodies: the sockets design's bcopy/zcopy threshold applied to
+ * HTTP. Only when the file itself is the answer: no handler (the default
+ * handler serves it) and a regular file; CGI, PHP and other generated
+ * bodies have no known size here and go by RDMA. The header goes in
+ * headers_out, which Apache drops from error answers. */
+static int answer_inline(request_rec *r, const rdma_srv_conf *sc)
+{
+    apr_uint64_t below = cf_inline_below(sc);
+    if (!below || r->finfo.filetype != APR_REG || r->finfo.size < 0 ||
+        (apr_uint64_t)r->finfo.size >= below)
+        return 0;
+    if (r->handler && strcmp(r->handler, "default-handler"))
+        return 0;
+    apr_table_setn(r->headers_out, "RDMA-Inline",
+                   apr_psprintf(r->pool, "length=%" APR_OFF_T_FMT, r->finfo.size));
+    ap_log_rerror(APLOG_MARK, APLOG_TRACE1, 0, r,
+                  "mod_rdma: %" APR_OFF_T_FMT "-byte file answered inline (RDMAInlineBelow %"
+                  APR_UINT64_T_FMT ")", r->finfo.size, below);
+    return 1;
+}
+
 static int rdma_fixups(request_rec *r)
 {
     rdma_dir_conf *dc = ap_get_module_config(r->per_dir_config, &rdma_module);
@@ -377,6 +404,8 @@ static int rdma_fixups(request_rec *r)
                       apr_psprintf(r->pool, "port=%u is not among the ports this server connects "
                                    "back to (RDMAConnectPorts %s); listen on one of those",
                                    q->h.port, ports_text(r->pool, sc)));
+    if (is_get && answer_inline(r, sc))
+        return DECLINED;
     if ((st = connect_back_limited(r, q->h.ip)) != OK)
         return st;
     if (!g_pd || (cf_mode(sc) == MODE_STATIC && !g_static_mr)) {
@@ -435,6 +464,7 @@ static void rdma_insert_filter(request_rec *r)
 static void register_hooks(apr_pool_t *p)
 {
     (void)p;
+    ap_hook_check_config(check_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_post_config(post_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_child_init(child_init, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_pre_connection(pre_connection, NULL, NULL, APR_HOOK_MIDDLE);

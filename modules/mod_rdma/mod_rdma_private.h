@@ -53,6 +53,7 @@ typedef struct {
     int ports_set;
     int trust_proxy;         /* RDMATrustProxy: -1 unset, 0 off, 1 on */
     const char *congestion;  /* RDMACongestion: TCP congestion control, NULL unset */
+    apr_int64_t inline_below; /* RDMAInlineBelow: bytes, 0 off, -1 unset */
 } rdma_srv_conf;
 
 /* One range of RDMAConnectPorts, inclusive. */
@@ -69,6 +70,10 @@ typedef struct {
 #define DEF_MAXLEN ((apr_uint64_t)1 << 30)
 #define DEF_TIMEOUT_MS 30000
 #define DEF_CONNECT_TIMEOUT_MS 3000
+/* RDMAInlineBelow's default: GETs of static files smaller than this are
+ * answered inline, as plain Apache would (docs/MOD_RDMA.md, "Small
+ * objects", has the measurement that chose it). */
+#define DEF_INLINE_BELOW ((apr_int64_t)512 << 10)
 
 /* ---- wire: control messages (docs/MOD_RDMA.md; codec in wire.c) -------- */
 
@@ -172,6 +177,8 @@ void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv);
 int cf_mode(const rdma_srv_conf *c);
 apr_size_t cf_bufsize(const rdma_srv_conf *c);
 apr_uint64_t cf_maxlen(const rdma_srv_conf *c);
+apr_uint64_t cf_inline_below(const rdma_srv_conf *c);
+int check_config(apr_pool_t *p, apr_pool_t *plog, apr_pool_t *ptemp, server_rec *s);
 int cf_timeout(const rdma_srv_conf *c);
 int cf_ctimeout(const rdma_srv_conf *c);
 rdma_srv_conf *srv_conf(server_rec *s);
