@@ -57,8 +57,9 @@
 //!   libibverbs and librdmacm (`dlopen`, the verbs calls, reading the
 //!   structures they return), and `Send`/`Sync` for its device objects.
 //!
-//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`, `device.rs`) and the
-//! rest of the software provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
+//! The verbs layer (`cq.rs`, `qp.rs`, `provider.rs`, `device.rs`, and the
+//! leaves `device_info.rs` and `error.rs`) and the rest of the software
+//! provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
 //! the one other `unsafe` of the stack: CPU intrinsics.)
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
