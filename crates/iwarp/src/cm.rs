@@ -26,8 +26,9 @@ use std::time::Instant;
 
 pub use crate::soft::cm::{
     available_congestion_control, BadCongestionName, CmError, CongestionControl, ConnParam,
-    HandshakeError, MpaConfig, Policy, Rtr, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
-    DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, REQUEST_TIMEOUT, TCP_CA_NAME_MAX_LEN,
+    HandshakeError, MpaConfig, Policy, Rtr, TcpConnect, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
+    DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, MPA_WAIT_RTTS, REQUEST_TIMEOUT,
+    TCP_CA_NAME_MAX_LEN,
 };
 use crate::{Context, DeviceSpec, QueuePair};
 

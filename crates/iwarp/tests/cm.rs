@@ -174,6 +174,7 @@ fn connect_to_closed_port_is_refused() {
     )
     .unwrap_err();
     assert!(matches!(err, CmError::Refused { .. }), "{err:?}");
+    assert!(err.no_tcp(), "a refused connect never had TCP: {err:?}");
     let msg = err.to_string();
     assert!(
         msg.contains(&format!("connection refused by 127.0.0.1:{port}")),
@@ -207,6 +208,7 @@ fn silent_peer_times_out() {
     .unwrap_err();
     let el = t.elapsed();
     assert!(matches!(err, CmError::Timeout { .. }), "{err:?}");
+    assert!(!err.no_tcp(), "TCP was up, MPA was not answered: {err:?}");
     assert!(
         el >= timeout && el < timeout + Duration::from_secs(1),
         "{el:?}"
@@ -300,4 +302,83 @@ fn oversized_private_data_refused_locally() {
         matches!(err, CmError::Mpa { error: HandshakeError::PrivateDataTooLong(n), .. } if n >= 513),
         "{err:?}"
     );
+}
+
+/// A listener whose accept queue is full drops the next SYN (Linux,
+/// `tcp_conn_request`: `LISTENOVERFLOWS`), as a lossy path or a host
+/// still starting would, until the caller accepts the filler connection
+/// (then the client's SYN retransmission, RFC 6298 §5.7: 1 s, gets
+/// through). Returns the address, the listener and the filler.
+fn listener_with_full_queue() -> (SocketAddr, socket2::Socket, TcpStream) {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let l = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+    l.bind(&loopback().into()).unwrap();
+    // Backlog 0: one connection fills the queue.
+    l.listen(0).unwrap();
+    // accept(2) honours SO_RCVTIMEO: a failing test ends instead of
+    // waiting for a client that gave up.
+    l.set_read_timeout(Some(T)).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    let filler = TcpStream::connect(addr).unwrap();
+    (addr, l, filler)
+}
+
+#[test]
+fn a_lost_syn_costs_its_retransmission_not_the_connection() {
+    let (addr, l, filler) = listener_with_full_queue();
+    let (client, server) = (Host::new(), Host::new());
+    std::thread::scope(|s| {
+        let srv = s.spawn(|| -> Result<(), CmError> {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(l.accept().unwrap()); // the filler: the queue has room again
+            let (sock, _) = l.accept().unwrap();
+            let req = cm::request_from_stream(sock.into(), &MpaConfig::default(), T)?;
+            req.accept(&server.qp, &ConnParam::default())
+        });
+        let t = Instant::now();
+        let r = cm::connect(
+            &client.qp,
+            addr,
+            &ConnParam {
+                // Shorter than the SYN retransmission: only the MPA
+                // exchange is bounded by it.
+                timeout: Duration::from_millis(500),
+                tcp_connect: cm::TcpConnect::Kernel,
+                ..Default::default()
+            },
+        );
+        let el = t.elapsed();
+        assert!(r.is_ok(), "{r:?} after {el:?}");
+        // The first SYN was lost: the connect took the kernel's 1 s
+        // retransmission, which a 500 ms bound on the whole connect
+        // would have cut.
+        assert!(el >= Duration::from_millis(900), "{el:?}");
+        srv.join().unwrap().unwrap();
+    });
+    drop(filler);
+    assert_eq!(client.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn a_lost_syn_within_a_short_timeout_is_no_tcp_not_no_mpa() {
+    let (addr, l, filler) = listener_with_full_queue();
+    let client = Host::new();
+    let err = cm::connect(
+        &client.qp,
+        addr,
+        &ConnParam {
+            timeout: Duration::from_millis(400),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    // The handshake never completed: a caller that falls back to plain
+    // TCP for peers that do not speak MPA must not count this one.
+    assert!(matches!(err, CmError::Timeout { .. }), "{err:?}");
+    assert!(err.no_tcp(), "{err:?}");
+    assert!(
+        err.to_string().contains("opening the TCP connection"),
+        "{err}"
+    );
+    drop((l, filler));
 }

@@ -73,8 +73,15 @@ pub struct ConnParam {
     /// side the listener's configuration governs negotiation; see
     /// [`ConnRequest::accept`].
     pub mpa: MpaConfig,
-    /// Bound on the whole operation (TCP connect plus MPA exchange).
+    /// Bound on the operation: the TCP connect plus the MPA exchange
+    /// ([`TcpConnect::WithinTimeout`], the default), or the MPA exchange
+    /// alone, counted from the TCP handshake's completion
+    /// ([`TcpConnect::Kernel`]). The MPA exchange always gets at least
+    /// [`MPA_WAIT_RTTS`] times the handshake's round-trip time, so a
+    /// long path is not mistaken for a peer that does not speak MPA.
     pub timeout: Duration,
+    /// What bounds the TCP handshake of a connect (active side only).
+    pub tcp_connect: TcpConnect,
     /// How long a peer may stay silent while it owes an answer before the
     /// connection is declared dead, and every outstanding work request
     /// completes with `WrFlushErr` (`Duration::ZERO`: never). It bounds
@@ -127,6 +134,34 @@ pub struct ConnParam {
     /// given one ([`CmError::Unsupported`]).
     pub congestion: Option<CongestionControl>,
 }
+
+/// What bounds the TCP handshake of [`connect`].
+///
+/// A peer that never completes the handshake and a peer that completes it
+/// and then does not speak MPA are different failures: the first is the
+/// path or the host (a lost SYN, a host still starting), the second is a
+/// plain TCP server. A caller that falls back to plain TCP for the second
+/// (the preload library) must not do it for the first; [`CmError::no_tcp`]
+/// tells them apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TcpConnect {
+    /// The handshake counts against [`ConnParam::timeout`], as the MPA
+    /// exchange does.
+    #[default]
+    WithinTimeout,
+    /// The kernel's own SYN retransmissions and limit
+    /// (`net.ipv4.tcp_syn_retries`, about two minutes by default), as a
+    /// blocking `connect(2)` would have them (a first SYN lost costs its
+    /// 1 s retransmission, not the connection); [`ConnParam::timeout`]
+    /// then bounds the MPA exchange alone.
+    Kernel,
+}
+
+/// The MPA exchange of a connect waits at least this many round-trip
+/// times of the TCP handshake (`TCP_INFO`'s `tcpi_rtt` once it is
+/// established): the Request and the Reply take one, and a peer's accept
+/// may wait for its application.
+pub const MPA_WAIT_RTTS: u32 = 8;
 
 /// A TCP congestion-control algorithm's name, checked to fit the kernel's
 /// `TCP_CA_NAME_MAX` (at most [`TCP_CA_NAME_MAX_LEN`] = 15 bytes, since
@@ -241,6 +276,7 @@ impl Default for ConnParam {
             private_data: Vec::new(),
             mpa: MpaConfig::default(),
             timeout: Duration::from_secs(5),
+            tcp_connect: TcpConnect::WithinTimeout,
             peer_timeout: DEFAULT_PEER_TIMEOUT,
             probe_interval: DEFAULT_PROBE_INTERVAL,
             wake_nudge: true,
@@ -324,6 +360,20 @@ pub enum CmError {
     /// The queue pair has no connection (never connected, or still
     /// connecting).
     NotConnected,
+}
+
+impl CmError {
+    /// Whether the TCP connection itself was never established (refused,
+    /// unreachable, or its handshake timed out), as opposed to a peer
+    /// that completed TCP and then failed, refused or ignored MPA. Only
+    /// the second says the peer is not an iWARP endpoint.
+    pub fn no_tcp(&self) -> bool {
+        match self {
+            CmError::Refused { .. } | CmError::Connect { .. } => true,
+            CmError::Timeout { during, .. } => *during == DURING_TCP,
+            _ => false,
+        }
+    }
 }
 
 fn hex(data: &[u8]) -> String {
@@ -711,7 +761,14 @@ fn connect_inner(
         // grows) under the chosen algorithm.
         apply_congestion(&sock, cc)?;
     }
-    match sock.connect_timeout(&SockAddr::from(addr), param.timeout) {
+    let tcp = match param.tcp_connect {
+        TcpConnect::WithinTimeout => sock.connect_timeout(&SockAddr::from(addr), param.timeout),
+        // A blocking connect(2): the kernel retransmits the SYN on its own
+        // schedule (RFC 6298 §5.7's 1 s initial RTO, doubling) up to
+        // `tcp_syn_retries`, and gives its own errno.
+        TcpConnect::Kernel => sock.connect(&SockAddr::from(addr)),
+    };
+    match tcp {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
             return Err(CmError::Refused { addr })
@@ -719,7 +776,7 @@ fn connect_inner(
         Err(e) if is_timeout(&e) => {
             return Err(CmError::Timeout {
                 addr,
-                during: "opening the TCP connection",
+                during: DURING_TCP,
                 after: start.elapsed(),
             })
         }
@@ -730,7 +787,7 @@ fn connect_inner(
         sock: &sock,
         addr,
         start,
-        deadline,
+        deadline: mpa_deadline(param, deadline, &sock),
     };
     x.send(&request, "sending the MPA Request")?;
     let reply = x.read_frame("waiting for the MPA Reply")?;
@@ -748,6 +805,22 @@ fn connect_inner(
     go_live(qp, sock, &neg, true, param)?;
     Ok(peer_pd)
 }
+
+/// When the MPA exchange of a connect must be over: `deadline` (the
+/// whole connect's, or under [`TcpConnect::Kernel`] `timeout` from now),
+/// but never sooner than [`MPA_WAIT_RTTS`] handshake round trips from now.
+fn mpa_deadline(param: &ConnParam, deadline: Instant, sock: &Socket) -> Instant {
+    let now = Instant::now();
+    let base = match param.tcp_connect {
+        TcpConnect::WithinTimeout => deadline,
+        TcpConnect::Kernel => now + param.timeout,
+    };
+    let rtt = crate::sys::tcp_rtts(sock.as_raw_fd()).map_or(0, |r| r.0);
+    base.max(now + Duration::from_micros(u64::from(rtt)) * MPA_WAIT_RTTS)
+}
+
+/// `CmError::Timeout::during` of a TCP handshake that did not complete.
+const DURING_TCP: &str = "opening the TCP connection";
 
 /// A listening endpoint (`rdma_listen`).
 pub struct Listener {
