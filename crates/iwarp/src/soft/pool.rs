@@ -245,6 +245,11 @@ pub(super) fn register(qp: &Arc<SoftQp>, conn: &Arc<Conn>) -> io::Result<()> {
         .ok_or_else(|| io::Error::other("progress pool has no threads"))?;
     let fd = conn.sock.as_raw_fd();
     let ev = interest(conn);
+    if ev & libc::EPOLLIN as u32 == 0 {
+        // Application-driven from the start: the pool leaves the socket
+        // to the application (see `Worker::set_interest`).
+        qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
+    }
     let token = lock(&w.slab).insert(Entry {
         qp: qp.clone(),
         conn: conn.clone(),
@@ -534,9 +539,17 @@ impl Worker {
         l
     }
 
-    fn set_interest(&self, conn: &Conn, l: &mut Local) {
+    /// Bring the socket's epoll interest in line with the connection
+    /// ([`interest`]). Leaving `EPOLLIN` out counts as stepping aside in
+    /// the QP's statistics (`rx_steps_aside`), as a receive thread parking
+    /// for the application does.
+    fn set_interest(&self, qp: &SoftQp, conn: &Conn, l: &mut Local) {
         let ev = interest(conn);
         if ev != l.interest {
+            let inn = libc::EPOLLIN as u32;
+            if l.interest & inn != 0 && ev & inn == 0 {
+                qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
+            }
             let fd = conn.sock.as_raw_fd();
             match epoll_ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, ev, l.token) {
                 Ok(()) => l.interest = ev,
@@ -588,12 +601,16 @@ impl Worker {
         }
         if bits & WORK_REARM != 0 {
             if conn.aside.swap(false, Ordering::SeqCst) {
+                // The poller handed back: the polls it made before do not
+                // count at the next look (or this thread would step aside
+                // again for a poller that sleeps now).
                 l.aside_until = None;
                 l.handbacks_seen = conn.handbacks.load(Ordering::SeqCst);
+                l.polls_seen = conn.app_polls.load(Ordering::Relaxed);
             }
             // Turning EPOLLIN back on raises an edge if bytes are queued
             // (EPOLL_CTL_MOD polls the socket), so nothing is missed.
-            self.set_interest(&conn, l);
+            self.set_interest(&qp, &conn, l);
         }
         let mut tx = bits & WORK_TX != 0;
         if bits & WORK_RX != 0 {
@@ -631,9 +648,8 @@ impl Worker {
             conn.aside.store(false, Ordering::SeqCst);
             return false;
         }
-        qp.counters.rx_steps_aside.fetch_add(1, Ordering::Relaxed);
         l.aside_until = Some(Instant::now() + STEP_ASIDE);
-        self.set_interest(conn, l);
+        self.set_interest(qp, conn, l);
         true
     }
 
@@ -669,7 +685,7 @@ impl Worker {
             }
             l.aside_until = None;
             conn.aside.store(false, Ordering::SeqCst);
-            self.set_interest(&conn, l);
+            self.set_interest(&qp, &conn, l);
             false
         });
     }
