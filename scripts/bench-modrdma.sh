@@ -20,7 +20,12 @@
 # (subsets of the single-client variants and sizes), SINGLE_ONLY=1 (stop
 # after the single-client cells, no plot: for quick A/B runs), RHTTP (the
 # client binary; default target/release/rhttp) and MOD (the module; default
-# the one built here), for A/B runs of other builds.
+# the one built here), for A/B runs of other builds; INLINE_BELOW (writes
+# `RDMAInlineBelow $INLINE_BELOW` into mod_rdma's configuration: 0 moves
+# every body by RDMA, as before that directive; unset: the module's
+# default); LOADS (default "0 2": busy background processes per pass).
+# BENCH_SIZES may name sizes beyond SIZES (e.g. "2K 16K 64K 256K"); their
+# files are made too.
 # Writes OUT/modrdma_results.json (one JSON object per line),
 # OUT/modrdma.png and OUT/modrdma_summary.md.
 # The plot needs python3-matplotlib (installed with apt-get if missing).
@@ -56,8 +61,11 @@ if ! "$PY" -c 'import matplotlib' 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq python3-matplotlib >/dev/null ||
         die "could not install python3-matplotlib"
 fi
-timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp || die "cargo build failed"
-timeout 300 make -s -C modules/mod_rdma >/dev/null 2>&1 || die "building mod_rdma failed (make -C modules/mod_rdma)"
+# SKIP_BUILD=1: use the binaries as they are (RHTTP= and MOD= name others).
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp || die "cargo build failed"
+    timeout 300 make -s -C modules/mod_rdma >/dev/null 2>&1 || die "building mod_rdma failed (make -C modules/mod_rdma)"
+fi
 gcc -O2 -std=c11 -Wall -Wextra -Werror -Iinclude modules/mod_rdma/bench/regcost.c \
     -Ltarget/release -liwarp -Wl,-rpath,"$ROOT/target/release" -o "$T/regcost" ||
     die "building regcost failed"
@@ -74,7 +82,7 @@ P1=$(free_port); P2=$(free_port); P3=$(free_port)
 DOCS="$T/docs"
 mkdir -p "$DOCS" "$T/run1" "$T/run3"
 SIZES="2K 4K 500K 1M 8M"
-for s in $SIZES; do head -c "$s" /dev/urandom >"$DOCS/f$s.bin"; done
+for s in $SIZES ${BENCH_SIZES:-}; do [ -f "$DOCS/f$s.bin" ] || head -c "$s" /dev/urandom >"$DOCS/f$s.bin"; done
 chmod -R a+rX "$DOCS"
 
 conf() { # $1 run dir
@@ -113,6 +121,7 @@ Listen 127.0.0.1:$P2
 LoadModule rdma_module $MOD
 RDMARegistration static
 RDMABufferSize 8M
+${INLINE_BELOW:+RDMAInlineBelow $INLINE_BELOW}
 <Location />
     RDMA On
 </Location>
@@ -137,7 +146,7 @@ start "$T/plain.conf" "$P3"
 
 RES="$OUT/modrdma_results.json"
 : >"$RES"
-reps() { case $1 in 2K | 4K | 500K) echo 200 ;; 1M) echo 100 ;; *) echo 30 ;; esac; }
+reps() { case $1 in 2K | 4K | 16K | 64K | 256K | 500K) echo 200 ;; 1M) echo 100 ;; *) echo 30 ;; esac; }
 
 # stats FILE: per-request milliseconds (one per line) -> "median p90 n"
 stats() {
@@ -200,7 +209,7 @@ single() {
 }
 
 VARIANTS="${VARIANTS:-curl plain sw-static sw-dynamic cr-static cr-dynamic}"
-for load in 0 2; do
+for load in ${LOADS:-0 2}; do
     if [ "$load" = 2 ]; then
         for _ in 1 2; do sh -c 'while :; do :; done' & BUSY+=($!); done
     fi
