@@ -13,6 +13,10 @@ other directory: every file under it):
            `crate::x::y` / `super::x` paths in code (file -> module), and
            every strongly connected component of more than one module is
            reported with the lines that make it;
+  fact     the MPA key (RFC 5044 §7.1, "MPA ID Req Frame" / "MPA ID Rep
+           Frame") spelled out only in iwarp-proto, which exports it
+           (`iwarp_proto::wire::mpa::{KEY_REQ, KEY_REP}`): one fact, one
+           place; tests and fuzz targets may spell it (they check it);
   parent   no module importing an item (a type, a function, a constant)
            from one of its ancestor modules, the crate root included
            ("put shared types in leaf modules, not in the parent"); naming
@@ -48,6 +52,15 @@ EXEMPT = [
 ]
 
 SOURCE_RE = re.compile(r"\.(rs|c)$")
+
+# One fact, one place: these spellings belong to the file that defines them.
+FACTS = [
+    (re.compile(r"MPA ID Re[qp] Frame"), "crates/iwarp-proto/",
+     "the MPA key (RFC 5044 §7.1): use iwarp_proto::wire::mpa::{KEY_REQ, KEY_REP}"),
+]
+FACT_FILES = re.compile(r"\.(rs|c|h)$")
+TEST_TAIL = re.compile(r"^#\[cfg\(test\)\]\s*\n\s*mod tests\b", re.M)
+COMMENT_LINE = re.compile(r"^\s*(//|/?\*)")
 
 
 # --------------------------------------------------------------- files
@@ -102,6 +115,7 @@ class Allow:
         self.files = {}  # path -> (max lines, line no)
         self.circles = []  # (frozenset of paths, line no)
         self.parents = {}  # (from, to) -> line no
+        self.facts = {}  # path -> line no
         self.errors = []
         if path is None or not os.path.exists(path):
             return
@@ -125,10 +139,12 @@ class Allow:
                     self.circles.append((frozenset(args), no))
                 elif kind == "parent" and len(args) == 2:
                     self.parents[(args[0], args[1])] = no
+                elif kind == "fact" and len(args) == 1:
+                    self.facts[args[0]] = no
                 else:
                     self.errors.append(
                         f"{path}:{no}: not understood: expected 'file PATH LINES #N', "
-                        "'circle PATH PATH... #N' or 'parent FROM TO #N'"
+                        "'circle PATH PATH... #N', 'parent FROM TO #N' or 'fact PATH #N'"
                     )
 
 
@@ -490,6 +506,25 @@ def main():
         else:
             fails.append(f"size: {f} has {n} lines (limit {args.max_lines}): split it by role, the way Linux siw splits rx, tx, cm and mem, before it grows further")
 
+    # one fact, one place
+    for f in sorted(files):
+        if not FACT_FILES.search(f) or exempt_reason(f):
+            continue
+        with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        if f.endswith(".rs"):
+            m = TEST_TAIL.search(text)
+            text = text[: m.start()] if m else text
+        for pat, home, why in FACTS:
+            if f.startswith(home):
+                continue
+            for no, line in enumerate(text.split("\n"), 1):
+                if pat.search(line) and not COMMENT_LINE.match(line):
+                    listing.append(f"fact {f} #ISSUE spells out {pat.pattern}")
+                    if f not in allow.facts:
+                        fails.append(f"fact: {f}:{no}: spells out {why.split(':')[0]} again: {why.split(': ', 1)[1]}")
+                    break
+
     # module graph
     seen_circles, seen_parents = [], set()
     for name, rootfile in crate_roots(root, files):
@@ -526,12 +561,15 @@ def main():
             for a in sorted(comp):
                 for b in sorted(adj[a] & cset):
                     if b != a:
-                        lines.append(f"    {modname(crate, a)} -> {modname(crate, b)}: {', '.join(why[(a, b)])}")
+                        lines.append(f"    {modname(crate, a)} -> {modname(crate, b)}: {', '.join(dict.fromkeys(why[(a, b)]))}")
             lines.append("  fix: move what both sides need into a leaf module that imports neither (or merge them); a circle means the two are one module in two files")
             fails.append("\n".join(lines))
     for ok, no in allow.circles:
         if not any(c & ok and c <= ok for c in seen_circles):
             notes.append(f"{allow_path}:{no}: the circle {' '.join(sorted(ok))} is gone: remove its line")
+    for path, no in allow.facts.items():
+        if not any(l.startswith(f"fact {path} ") for l in listing):
+            notes.append(f"{allow_path}:{no}: {path} no longer spells out a fact of another file: remove its line")
     for key, no in allow.parents.items():
         if key not in seen_parents:
             notes.append(f"{allow_path}:{no}: {key[0]} no longer takes items from {key[1]}: remove its line")
@@ -548,7 +586,7 @@ def main():
             f"check-habits: {len(fails)} problem(s). Fix them; only if a fix is "
             f"planned elsewhere, add a line to {os.path.relpath(allow_path, root)} "
             "with the issue number that tracks it ('file PATH LINES #N why', "
-            "'circle PATH PATH #N why', 'parent FROM TO #N why').",
+            "'circle PATH PATH #N why', 'parent FROM TO #N why', 'fact PATH #N why').",
             file=sys.stderr,
         )
         return 1

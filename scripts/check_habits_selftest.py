@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Self-test of scripts/check_habits.py (run by `check-habits.sh
 --self-test`, well under a second): fake crates in a temp dir, with a
-circle, a 1,300-line file and an import from a parent module, must be
+circle, a 1,300-line file, an import from a parent module and the MPA key
+spelled out outside iwarp-proto, must be
 rejected, each for its own reason; a clean crate (with the look-alikes a
 naive grep would trip on) must be accepted; the allow-list must accept
 exactly what it lists."""
@@ -42,7 +43,8 @@ LONG = "".join(f"pub const C{i}: u32 = {i};\n" for i in range(1300))
 
 BAD = {
     "Cargo.toml": CARGO,
-    "src/lib.rs": "mod a;\nmod b;\nmod big;\npub mod p;\n",
+    "src/lib.rs": "mod a;\nmod b;\nmod big;\nmod key;\npub mod p;\n",
+    "src/key.rs": 'pub const KEY: &[u8; 16] = b"MPA ID Req Frame";\n',
     "src/a.rs": "use crate::b::B;\npub struct A(pub B);\n",
     "src/b.rs": "pub struct B;\npub fn f() -> crate::a::A {\n    crate::a::A(B)\n}\n",
     "src/big.rs": LONG,
@@ -62,7 +64,7 @@ CLEAN = {
         "#[cfg(test)]\nmod tests {\n    use super::*;\n    use crate::b::f;\n    #[test]\n    fn t() { f(); let _ = A(T); }\n}\n"
     ),
     "src/b.rs": "use super::types::T;\nuse crate::A;\npub fn f() -> A {\n    A(T)\n}\n",
-    "tests/long.rs": LONG,
+    "tests/long.rs": LONG + 'const KEY: &[u8; 16] = b"MPA ID Req Frame";\n',
 }
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -73,6 +75,7 @@ with tempfile.TemporaryDirectory() as tmp:
     expect("the circle named with its edges", "circle:" in out and "src/a.rs:1" in out and "src/b.rs:2" in out, out)
     expect("the 1,300-line file named", "size: src/big.rs has 1300 lines" in out, out)
     expect("the import from the parent named", "parent: src/p/kid.rs:1" in out and "`Shared`" in out, out)
+    expect("the MPA key spelled out again named", "fact: src/key.rs:1" in out, out)
     expect("it says what to do", "habits-allow.txt" in out or "none.txt" in out, out)
 
     clean = os.path.join(tmp, "clean")
@@ -88,6 +91,7 @@ with tempfile.TemporaryDirectory() as tmp:
             "circle src/a.rs src/b.rs #28 test\n"
             "file src/big.rs 1300 #28 test\n"
             "parent src/p/kid.rs src/p.rs #28 test\n"
+            "fact src/key.rs #28 test\n"
         )
     rc, out = run(bad, allow)
     expect("listed offenders accepted", rc == 0, out)

@@ -13,8 +13,8 @@ use crate::real::real;
 use crate::table::{self, Inside};
 
 /// The 16 bytes an MPA Request starts with (RFC 5044 §7.1, "MPA ID Req
-/// Frame").
-pub const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
+/// Frame"): iwarp-proto's key, the one definition in the workspace.
+pub use iwarp_proto::wire::mpa::KEY_REQ as MPA_REQ_KEY;
 
 /// What the first bytes of an accepted connection say about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
