@@ -1,0 +1,457 @@
+//! The FTP control connection (RFC 959 replies, RFC 2389 FEAT, the HASH
+//! draft's OPTS HASH, RFC 3659 SIZE) with the RDMA extension's RADR, the
+//! RTT from TCP_INFO and TCP_CONGESTION on the socket.
+
+use std::io::{self, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use rdma_xfer::Transport;
+
+use super::options::Options;
+use crate::checksum::{self, Algo, Choice};
+
+/// An FTP control connection.
+#[derive(Debug)]
+pub struct Ftp {
+    pub(super) ctrl: BufReader<CtrlRead>,
+    pub(super) out: TcpStream,
+    pub(super) peer: IpAddr,
+    pub(super) timeout: Duration,
+    /// The HASH algorithm this connection selected with `OPTS HASH`.
+    pub(super) hash_algo: Option<Algo>,
+    /// The algorithms the server's FEAT `HASH` line offers, once asked
+    /// (`Some(None)`: FEAT has no HASH line).
+    pub(super) offered: Option<Option<Vec<Algo>>>,
+    /// Open data connections to addresses other than the control
+    /// connection's peer when a PASV or RADR reply names one
+    /// (`--allow-foreign-data-addr`).
+    pub(super) allow_foreign_data_addr: bool,
+}
+
+/// The read side of the control connection. Each read waits at most until
+/// the deadline of the reply being read, so a server that dribbles a reply
+/// a byte at a time cannot hold rftp longer than its timeout per reply.
+#[derive(Debug)]
+pub(super) struct CtrlRead {
+    s: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for CtrlRead {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::ErrorKind::TimedOut.into());
+            }
+            self.s.set_read_timeout(Some(left))?;
+        }
+        self.s.read(buf)
+    }
+}
+
+/// TCP_INFO's smoothed round-trip time of `s` (tcp(7): `tcpi_rtt`, in
+/// microseconds), if the kernel gives it.
+pub(super) fn tcp_info_rtt(s: &TcpStream) -> Option<Duration> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero tcp_info is valid (plain integers); getsockopt
+    // writes at most `len` bytes into it and sets `len` to what it wrote.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: the fd is open for the life of `s`; the pointers are to
+    // `info` and `len`, which outlive the call.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && info.tcpi_rtt > 0).then(|| Duration::from_micros(u64::from(info.tcpi_rtt)))
+}
+
+/// `TCP_CONGESTION` (tcp(7)) on the control connection.
+pub(super) fn set_congestion(s: &TcpStream, cc: &str) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the life of `s`; the pointer and length
+    // describe `cc`'s bytes, which the kernel only reads.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "--congestion {cc}: {}; the kernel offers those in \
+         /proc/sys/net/ipv4/tcp_available_congestion_control (modprobe tcp_{cc} adds one)",
+        io::Error::last_os_error()
+    ))
+}
+
+/// A reply: code and text (lines joined with '\n').
+pub type Reply = crate::reply::Reply;
+
+pub(super) fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl Ftp {
+    /// Connect and read the greeting.
+    pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<Ftp, String> {
+        let addr = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("resolving {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{host}: no address"))?;
+        let s = TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+        s.set_read_timeout(Some(timeout)).map_err(err)?;
+        s.set_write_timeout(Some(timeout)).map_err(err)?;
+        let _ = s.set_nodelay(true);
+        let mut f = Ftp {
+            out: s.try_clone().map_err(err)?,
+            ctrl: BufReader::new(CtrlRead { s, deadline: None }),
+            peer: addr.ip(),
+            timeout,
+            hash_algo: None,
+            offered: None,
+            allow_foreign_data_addr: false,
+        };
+        let (code, text) = f.read_reply().map_err(err)?;
+        if code != 220 {
+            return Err(format!("server refused the connection: {code} {text}"));
+        }
+        Ok(f)
+    }
+
+    /// The control connection's round-trip time: the smaller of TCP_INFO's
+    /// smoothed RTT (`tcpi_rtt`, tcp(7)) and one timed `NOOP` (which also
+    /// counts the server's turnaround, so it only wins when the kernel has
+    /// few samples yet).
+    pub fn rtt(&mut self) -> Result<Duration, String> {
+        let t = Instant::now();
+        // Any reply is a round trip (a server without NOOP answers 502).
+        self.cmd("NOOP")?;
+        let noop = t.elapsed();
+        Ok(match tcp_info_rtt(&self.out) {
+            Some(k) if k > Duration::ZERO => k.min(noop),
+            _ => noop,
+        })
+    }
+
+    /// Allow (or refuse, the default) data connections to an address other
+    /// than the control connection's peer when the server names one in a
+    /// PASV or RADR reply (see [`crate::reply::check_data_addr`]).
+    pub fn set_allow_foreign_data_addr(&mut self, allow: bool) {
+        self.allow_foreign_data_addr = allow;
+    }
+
+    /// Read one (possibly multi-line) reply, within the timeout for the
+    /// whole reply and the bounds of [`crate::reply::read_reply`]. After a
+    /// malformed or over-long reply the control connection is shut down:
+    /// what follows on it could not be told apart from replies.
+    pub fn read_reply(&mut self) -> io::Result<Reply> {
+        let timeout = self.timeout;
+        // A read timeout shows as EAGAIN ("Resource temporarily
+        // unavailable"): say what it means.
+        let silent = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no reply from the server within {} s (the control connection went silent \
+                     or dribbles)",
+                    timeout.as_secs()
+                ),
+            ),
+            _ => e,
+        };
+        self.ctrl.get_mut().deadline = Some(Instant::now() + timeout);
+        let got = crate::reply::read_reply(&mut self.ctrl);
+        self.ctrl.get_mut().deadline = None;
+        match got {
+            Ok((code, text)) => {
+                tracing::debug!(code, %text, "reply");
+                Ok((code, text))
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    tracing::warn!(peer = %self.peer, %e, "unusable reply; closing the control connection");
+                    let _ = self.out.shutdown(Shutdown::Both);
+                }
+                Err(silent(e))
+            }
+        }
+    }
+
+    /// Send a command and read its reply.
+    pub fn cmd(&mut self, line: &str) -> Result<Reply, String> {
+        if line.starts_with("PASS ") {
+            tracing::debug!("command PASS ****");
+        } else {
+            tracing::debug!(command = line, "command");
+        }
+        self.out
+            .write_all(format!("{line}\r\n").as_bytes())
+            .map_err(|e| format!("sending {line:.4}: {e}"))?;
+        self.read_reply()
+            .map_err(|e| format!("reading the reply to {line:.4}: {e}"))
+    }
+
+    /// Send a command; an error unless `ok(code)`.
+    pub fn expect(&mut self, line: &str, ok: impl Fn(u32) -> bool) -> Result<String, String> {
+        let (c, t) = self.cmd(line)?;
+        if ok(c) {
+            Ok(t)
+        } else {
+            let shown = if line.starts_with("PASS") {
+                "PASS ****"
+            } else {
+                line
+            };
+            Err(format!("{shown}: server replied {c} {t}"))
+        }
+    }
+
+    /// USER / PASS.
+    pub fn login(&mut self, user: &str, password: &str) -> Result<(), String> {
+        let (c, t) = self.cmd(&format!("USER {user}"))?;
+        match c {
+            230 => return Ok(()),
+            331 | 332 => {}
+            _ => return Err(format!("USER: {c} {t}")),
+        }
+        self.expect(&format!("PASS {password}"), |c| c == 230 || c == 202)
+            .map(|_| ())
+            .map_err(|e| format!("login failed: {e}"))
+    }
+
+    /// Open a passive data connection (EPSV, falling back to PASV). A PASV
+    /// address other than the control connection's peer is refused unless
+    /// allowed ([`Ftp::set_allow_foreign_data_addr`]).
+    pub fn data(&mut self) -> Result<TcpStream, String> {
+        let (c, t) = self.cmd("EPSV")?;
+        let addr = if c == 229 {
+            // RFC 2428 §3: EPSV names only a port, on the control peer.
+            SocketAddr::new(self.peer, crate::reply::parse_epsv(&t)?)
+        } else {
+            let t = self.expect("PASV", |c| c == 227)?;
+            let named = crate::reply::parse_pasv(&t)?;
+            crate::reply::check_data_addr(
+                named,
+                self.peer,
+                self.allow_foreign_data_addr,
+                "PASV reply",
+            )?
+        };
+        let s = TcpStream::connect_timeout(&addr, self.timeout)
+            .map_err(|e| format!("data connection to {addr}: {e}"))?;
+        s.set_read_timeout(Some(self.timeout)).map_err(err)?;
+        s.set_write_timeout(Some(self.timeout)).map_err(err)?;
+        Ok(s)
+    }
+
+    /// SIZE, if the server knows it.
+    pub fn size(&mut self, path: &str) -> Option<u64> {
+        match self.cmd(&format!("SIZE {path}")) {
+            Ok((213, t)) => t.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// The server's SHA-256 of `path` (`HASH`), or `None` if it has no
+    /// HASH command.
+    pub fn hash(&mut self, path: &str) -> Result<Option<String>, String> {
+        self.hash_with(path, Algo::Sha256)
+    }
+
+    /// `HASH path` with `algo` chosen by `OPTS HASH` first (when it is not
+    /// the default). `Ok(None)` if the server has no HASH or not `algo`.
+    pub fn hash_with(&mut self, path: &str, algo: Algo) -> Result<Option<String>, String> {
+        // A server may know HASH (SHA-256) but not OPTS HASH.
+        if !self.select_hash(algo)? && algo != Algo::Sha256 {
+            return Ok(None);
+        }
+        let (c, t) = self.cmd(&format!("HASH {path}"))?;
+        match c {
+            // draft-bryan-ftpext-hash §3: "213 ALGORITHM START-END HEX
+            // PATH"; the algorithm must be the one selected.
+            213 => {
+                let mut w = t.split_whitespace();
+                let named = w.next().unwrap_or("");
+                if !named.eq_ignore_ascii_case(algo.wire_name()) {
+                    return Err(format!(
+                        "the server's HASH reply names {named:.32}, not the {algo} selected: {t:.200}"
+                    ));
+                }
+                w.nth(1)
+                    .map(|h| Some(h.to_ascii_lowercase()))
+                    .ok_or_else(|| format!("bad HASH reply {t}"))
+            }
+            500 | 502 | 504 => Ok(None),
+            _ => Err(format!("HASH: {c} {t}")),
+        }
+    }
+
+    /// The algorithms the server offers for HASH (its FEAT `HASH` line,
+    /// asked once per connection); `None` when FEAT has no HASH line (or
+    /// there is no FEAT).
+    pub fn offered_hashes(&mut self) -> Result<Option<Vec<Algo>>, String> {
+        if self.offered.is_none() {
+            let (c, t) = self.cmd("FEAT")?;
+            self.offered = Some(if c == 211 {
+                checksum::feat_hash(&t)
+            } else {
+                None
+            });
+        }
+        Ok(self.offered.clone().flatten())
+    }
+
+    /// Choose the checksum for `choice` with the server (rsync style: the
+    /// first of [`checksum::PREFERENCE`] the server offers, or the one
+    /// asked for) and select it (`OPTS HASH`). `Ok(None)`: the server has no
+    /// HASH, the transfer cannot be verified. A server whose FEAT lists no
+    /// HASH line is tried with SHA-256 (old servers know only that).
+    pub fn negotiate_hash(&mut self, choice: Choice) -> Result<Option<Algo>, String> {
+        let offered = self.offered_hashes()?;
+        let algo = match (&offered, choice) {
+            (Some(list), Choice::Auto) => match Algo::pick(list) {
+                Some(a) => a,
+                None => return Ok(None),
+            },
+            (Some(list), Choice::Only(a)) if !list.contains(&a) => {
+                return Err(format!(
+                    "--checksum {a}: the server offers {} (FEAT HASH); pass --checksum auto or \
+                     one of those",
+                    if list.is_empty() {
+                        "no algorithm rftp knows".to_string()
+                    } else {
+                        Algo::list(list)
+                    }
+                ));
+            }
+            (Some(_), Choice::Only(a)) => a,
+            (None, Choice::Auto) => Algo::Sha256,
+            (None, Choice::Only(a)) => a,
+        };
+        if self.select_hash(algo)? || (offered.is_none() && algo == Algo::Sha256) {
+            tracing::info!(%algo, offered = ?offered, "checksum negotiated");
+            return Ok(Some(algo));
+        }
+        if offered.is_some() {
+            // It was offered, and OPTS HASH refused it anyway.
+            return Err(format!(
+                "OPTS HASH {algo}: the server refused the checksum it offers in FEAT"
+            ));
+        }
+        Ok(None)
+    }
+
+    /// Make `algo` the server's HASH algorithm (`OPTS HASH`), so that it
+    /// computes that checksum while it transfers; false if it cannot.
+    /// rftpd computes a running digest during transfers only for a
+    /// connection that sent `OPTS HASH`, so it is sent once even for the
+    /// default algorithm.
+    pub fn select_hash(&mut self, algo: Algo) -> Result<bool, String> {
+        if self.hash_algo == Some(algo) {
+            return Ok(true);
+        }
+        let (c, _) = self.cmd(&format!("OPTS HASH {algo}"))?;
+        if c == 200 {
+            self.hash_algo = Some(algo);
+        }
+        Ok(c == 200)
+    }
+
+    /// RADR: set up a transfer session. `Ok(None)` if the server does not
+    /// know the extension (the caller falls back to plain FTP).
+    /// `autotune`: let the sink size the blocks in flight inside the pool
+    /// (false when `--iodepth` is pinned).
+    pub fn radr(
+        &mut self,
+        o: &Options,
+        autotune: bool,
+    ) -> Result<Option<Box<dyn Transport>>, String> {
+        let line = format!(
+            "RADR STREAMS={} BS={} DEPTH={} MODE={}",
+            o.streams,
+            o.block_size,
+            o.effective_iodepth(),
+            o.xfer_mode
+        );
+        let (c, t) = self.cmd(&line)?;
+        if crate::FALLBACK_CODES.contains(&c) {
+            return Ok(None);
+        }
+        if c != 200 {
+            return Err(format!("RADR: {c} {t}"));
+        }
+        let reply = crate::reply::parse_radr_reply(&t)?;
+        let addr = crate::reply::check_data_addr(
+            reply.addr,
+            self.peer,
+            self.allow_foreign_data_addr,
+            "RADR reply",
+        )?;
+        let (token, mode) = (reply.token, reply.mode);
+        let cfg = rdma_xfer::Config {
+            streams: o.streams,
+            block_size: o.block_size,
+            iodepth: o.effective_iodepth(),
+            timeout: o.timeout,
+            connect_timeout: o.timeout,
+            crc: o.crc,
+            device: o.device.clone(),
+            autotune,
+            congestion: o.congestion.clone(),
+            ..rdma_xfer::Config::default()
+        };
+        let mut x = rdma_xfer::connect(addr, mode, token, cfg).map_err(err)?;
+        x.set_progress(o.progress.clone());
+        Ok(Some(x))
+    }
+
+    /// A listing (`LIST` or `NLST`, optionally of `path`) over a passive
+    /// data connection.
+    pub fn listing(&mut self, verb: &str, path: Option<&str>) -> Result<String, String> {
+        let mut data = self.data()?;
+        let line = match path {
+            Some(p) => format!("{verb} {p}"),
+            None => verb.to_string(),
+        };
+        self.expect(&line, |c| c / 100 == 1)?;
+        let mut buf = Vec::new();
+        data.read_to_end(&mut buf)
+            .map_err(|e| format!("{verb}: reading the data connection: {e}"))?;
+        drop(data);
+        final_reply(self, verb)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// QUIT (best effort).
+    pub fn quit(mut self) {
+        let _ = self.cmd("QUIT");
+    }
+}
+
+/// The final reply of a transfer or listing: Ok for 2xx, else an error
+/// naming `what` and the reply.
+pub(super) fn final_reply(f: &mut Ftp, what: &str) -> Result<(), String> {
+    let (c, t) = f
+        .read_reply()
+        .map_err(|e| format!("{what}: reading the final reply on the control connection: {e}"))?;
+    if (200..300).contains(&c) {
+        Ok(())
+    } else {
+        Err(format!("{what}: server replied {c} {t}"))
+    }
+}

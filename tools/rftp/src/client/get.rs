@@ -1,0 +1,319 @@
+//! Downloads: `get` / `get_with`, resuming from a kept `.part`, and
+//! `get_retrying` (reconnect with backoff after a transient failure).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rdma_xfer::FileWriter;
+
+use super::ftp::{err, final_reply, Ftp};
+use super::options::{Options, Summary};
+use super::session::{session, via, XferSlot};
+use super::transfer::{chosen_checksum, copy_plain, mem_transfer, verify, Throttle};
+use super::url::Url;
+use crate::checksum::{self, HashSink, HashWrite, Journal, Running};
+
+/// The `.part` name a download is written to before it is complete.
+pub fn part_path(out: &Path) -> PathBuf {
+    let mut s = out.as_os_str().to_owned();
+    s.push(".part");
+    PathBuf::from(s)
+}
+
+/// Download `url` to `out` (or, in memory mode, to a null sink) on a new
+/// control connection.
+pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
+    let mut f = session(url, o)?;
+    let mut slot = XferSlot::default();
+    let s = get_with(&mut f, &mut slot, &url.path, out, o)?;
+    f.quit();
+    Ok(s)
+}
+
+/// Download `remote` to `out` on an open, logged-in control connection,
+/// over the slot's RDMA session (made if needed) or plain FTP.
+pub fn get_with(
+    f: &mut Ftp,
+    slot: &mut XferSlot,
+    remote: &str,
+    out: &Path,
+    o: &Options,
+) -> Result<Summary, String> {
+    if let Some(len) = o.mem {
+        return mem_transfer(f, slot, remote, len, true, o);
+    }
+    let start = Instant::now();
+    let algo = chosen_checksum(f, o)?;
+    let total = f.size(remote);
+    let part = part_path(out);
+    let mut offset = if o.resume {
+        fs::metadata(&part).map(|m| m.len()).unwrap_or(0)
+    } else {
+        0
+    };
+    if total.is_some_and(|t| offset > t) {
+        offset = 0;
+    }
+    // The checksum runs over the part a resume keeps (from the state saved
+    // beside it, FILE.part.sums, plus what the part holds past that state),
+    // then over the blocks as they arrive, saving its state after each.
+    let mut rehashed = None;
+    let run = match algo {
+        None => None,
+        Some(a) if offset > 0 => {
+            let (run, read) = checksum::resume_prefix(&part, offset, a)
+                .map_err(|e| format!("hashing {}: {e}", part.display()))?;
+            tracing::info!(offset, %a, hashed_again = read, "resuming: checksum of the kept part");
+            rehashed = Some(read);
+            Some(run)
+        }
+        Some(a) => {
+            Journal::remove(&part);
+            Some(Running::new(a))
+        }
+    };
+    let journal = || algo.map(|_| Journal::new(&part));
+    let run_out: Option<Running>;
+    let x = slot.get(f, o)?;
+    let rest = |f: &mut Ftp| -> Result<(), String> {
+        if offset > 0 {
+            tracing::info!(offset, "resuming download");
+            f.expect(&format!("REST {offset}"), |c| c == 350)?;
+        }
+        Ok(())
+    };
+    let via_s;
+    let bytes = if let Some(x) = x {
+        via_s = via(&**x);
+        // Create the .part before asking, so a local error costs no
+        // transfer; an empty .part made here goes if the server refuses.
+        let w = FileWriter::create(&part, offset, true).map_err(|e| {
+            format!(
+                "creating {}: {e}; check that its directory exists and is writable",
+                part.display()
+            )
+        })?;
+        if let Err(e) = rest(f).and_then(|_| f.expect(&format!("RRTR {remote}"), |c| c / 100 == 1))
+        {
+            drop(w);
+            if offset == 0 {
+                let _ = fs::remove_file(&part);
+            }
+            return Err(e);
+        }
+        let mut w = Throttle {
+            inner: HashSink {
+                inner: w,
+                run,
+                journal: journal(),
+            },
+            rate: o.limit_rate,
+            start: Instant::now(),
+            bytes: 0,
+        };
+        let r = x.recv(&mut w);
+        let HashSink {
+            inner: w,
+            run: hashed,
+            ..
+        } = w.inner;
+        drop(w);
+        run_out = hashed;
+        let st = match r {
+            Ok(st) => st,
+            Err(e) => {
+                slot.reset();
+                // The server's reply says more than "peer aborted" if it failed.
+                let srv = f
+                    .read_reply()
+                    .map(|(c, t)| format!(" (server: {c} {t})"))
+                    .unwrap_or_default();
+                return Err(format!(
+                    "download failed: {e}{srv}; the partial file {} is kept for a resume",
+                    part.display()
+                ));
+            }
+        };
+        slot.note(&st);
+        final_reply(f, "RRTR")?;
+        st.bytes
+    } else {
+        via_s = "ftp".to_string();
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(offset == 0)
+            .open(&part)
+            .map_err(|e| {
+                format!(
+                    "creating {}: {e}; check that its directory exists and is writable",
+                    part.display()
+                )
+            })?;
+        file.set_len(offset).map_err(err)?;
+        use std::io::Seek;
+        file.seek(io::SeekFrom::Start(offset)).map_err(err)?;
+        // RFC 959 §4.1.3: REST immediately precedes RETR, so the data
+        // connection is set up first.
+        let started = f.data().and_then(|d| {
+            rest(f)?;
+            f.expect(&format!("RETR {remote}"), |c| c / 100 == 1)
+                .map(|_| d)
+        });
+        let mut data = match started {
+            Ok(d) => d,
+            Err(e) => {
+                drop(file);
+                if offset == 0 {
+                    let _ = fs::remove_file(&part);
+                }
+                return Err(e);
+            }
+        };
+        let mut dst = HashWrite {
+            inner: file,
+            run,
+            journal: journal(),
+        };
+        let n = copy_plain(&mut data, &mut dst, o, offset, total).map_err(|e| {
+            format!(
+                "download failed: {e}; the partial file {} is kept for a resume",
+                part.display()
+            )
+        })?;
+        run_out = dst.run;
+        drop(data);
+        if let Some(t) = total.filter(|t| offset + n < *t) {
+            let srv = f
+                .read_reply()
+                .map(|(c, t)| format!(" (server: {c} {t})"))
+                .unwrap_or_else(|e| format!(" ({e})"));
+            return Err(format!(
+                "download failed: the data connection ended after {} of {t} bytes{srv}; the partial file {} is kept for a resume",
+                offset + n,
+                part.display()
+            ));
+        }
+        final_reply(f, "RETR")?;
+        n
+    };
+    let elapsed = start.elapsed();
+    // Verify before the rename: a copy that differs from the server's file
+    // must not appear under the final name (nor stay as a part to resume).
+    let checksum = match run_out {
+        Some(run) => verify(f, remote, out, run).map_err(|e| {
+            let _ = fs::remove_file(&part);
+            Journal::remove(&part);
+            format!("{e} ({} deleted)", part.display())
+        })?,
+        None => None,
+    };
+    fs::rename(&part, out)
+        .map_err(|e| format!("renaming {} to {}: {e}", part.display(), out.display()))?;
+    Journal::remove(&part);
+    Ok(Summary {
+        bytes,
+        resumed_from: offset,
+        rehashed,
+        elapsed,
+        via: via_s,
+        checksum,
+        retries: 0,
+    })
+}
+
+/// Whether a failed transfer may succeed on a new connection: the path or
+/// the server went away or silent (reset, timeout, a lost session, 421 /
+/// 425 / 426, RFC 959 §4.2: "transient negative completion"). A checksum
+/// mismatch, a local file error or a permanent 5xx reply is not retried.
+pub fn transient(e: &str) -> bool {
+    let permanent = [
+        "mismatch",
+        "creating ",
+        "opening ",
+        "renaming ",
+        "local I/O error",
+        "invalid transfer configuration",
+    ];
+    if permanent.iter().any(|p| e.contains(p)) {
+        return false;
+    }
+    let transient = [
+        "connection",
+        "Connection",
+        "timed out",
+        "no reply",
+        "Broken pipe",
+        "went silent",
+        "stopped responding",
+        "vanished",
+        "unreachable",
+        ": 421 ",
+        ": 425 ",
+        ": 426 ",
+        "replied 421",
+        "replied 425",
+        "replied 426",
+        "session setup failed",
+    ];
+    transient.iter().any(|p| e.contains(p))
+}
+
+/// The wait before retry `n` (1-based): 1 s, doubling, at most 30 s.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.saturating_sub(1).min(5)).min(Duration::from_secs(30))
+}
+
+/// [`get`], tried again up to `retries` times (after [`backoff`]) when it
+/// fails for a [`transient`] reason: each retry opens a new control
+/// connection and transfer session and resumes at the end of `FILE.part`
+/// (`REST`), the first byte not yet written in order, so nothing already
+/// received is sent again; the checksum of the kept part is taken before
+/// the rest arrives, and the whole file is verified at the end as usual.
+/// `say` reports each failure and retry (the progress line). Returns the
+/// last attempt's summary, with `retries` and `first_offset` telling what
+/// happened.
+pub fn get_retrying(
+    url: &Url,
+    out: &Path,
+    o: &Options,
+    retries: u32,
+    say: &dyn Fn(&str),
+) -> Result<Summary, String> {
+    let mut o = o.clone();
+    let mut n = 0;
+    loop {
+        let e = match get(url, out, &o) {
+            Ok(mut s) => {
+                s.retries = n;
+                return Ok(s);
+            }
+            Err(e) => e,
+        };
+        if n >= retries || !transient(&e) {
+            if n > 0 {
+                return Err(format!(
+                    "{e} (after {n} retr{})",
+                    if n == 1 { "y" } else { "ies" }
+                ));
+            }
+            return Err(e);
+        }
+        n += 1;
+        let kept = fs::metadata(part_path(out)).map(|m| m.len()).unwrap_or(0);
+        let wait = backoff(n);
+        say(&format!(
+            "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at byte \
+             {kept} (kept in {})",
+            wait.as_secs(),
+            part_path(out).display(),
+        ));
+        tracing::info!(retry = n, retries, kept, error = %e, "download interrupted; retrying");
+        std::thread::sleep(wait);
+        // Resume from what this run kept, even under --no-resume (which
+        // is about a part left by an earlier run).
+        o.resume = true;
+    }
+}

@@ -1,0 +1,30 @@
+//! The client side: an FTP control connection with the RDMA extension,
+//! and the `get` / `put` operations of the `rftp` binary.
+//!
+//! The modules, by role (each imports only the ones above it in this list
+//! that it needs; none imports this parent):
+//!
+//! - `url`: `ftp://` URLs.
+//! - `ftp`: the control connection and its commands.
+//! - `options`: a transfer's options, the plan for the path, the summary.
+//! - `session`: connect and log in; the rdma-xfer session kept across
+//!   transfers.
+//! - `transfer`: what downloads and uploads share (plain copy, final
+//!   reply, checksum verification, memory-to-memory).
+//! - `get`: downloads, resume and retries.
+//! - `put`: uploads.
+
+mod ftp;
+mod get;
+mod options;
+mod put;
+mod session;
+mod transfer;
+mod url;
+
+pub use ftp::{Ftp, Reply};
+pub use get::{backoff, get, get_retrying, get_with, part_path, transient};
+pub use options::{Options, ProgressCb, Summary, DEFAULT_WINDOW};
+pub use put::{put, put_with};
+pub use session::{plan_for_path, session, XferSlot};
+pub use url::Url;
