@@ -10,13 +10,18 @@
 //!
 //! [`http`] is the small HTTP/1.1 client (keep-alive, Content-Length and
 //! chunked bodies) that the `rhttp` binary drives; [`links`] finds the
-//! objects a page links for `rhttp get -r`.
+//! objects a page links for `rhttp get -r` and normalizes URLs,
+//! [`robots`] reads robots.txt (RFC 9309), and [`crawl`] decides what a
+//! recursive fetch follows (depth, page requisites, no-parent, robots,
+//! the visited set and `--max-files`), all without I/O.
 #![deny(unsafe_code)]
 
+pub mod crawl;
 pub mod ctrl;
 pub mod header;
 pub mod http;
 pub mod links;
+pub mod robots;
 
 /// The test vectors shared with mod_rdma's C codecs
 /// (`testdata/rdma-vectors/`; format in its README.md).

@@ -4,7 +4,8 @@
 //!
 //! Files by role: this one holds the command line and its settings, the
 //! HTTP session, the sinks, and `get` one request at a time (plain,
-//! server-writes, client-reads) with recursive mode; `rdma.rs` the RDMA
+//! server-writes, client-reads); `recursive.rs` drives `get -r`/`-p`
+//! (the crawl itself is the library's `crawl`); `rdma.rs` the RDMA
 //! side of a session (listener, connection, buffers, control messages,
 //! bounded waits); `pipeline.rs` pipelined GETs; `put.rs` uploads and the
 //! `probe-stag` test command. The protocol codecs are the library's
@@ -135,14 +136,44 @@ enum Cmd {
         /// http:// URLs.
         #[arg(required = true)]
         urls: Vec<String>,
-        /// Recursive, one level (like `wget -r -l1 -nH`): fetch each URL as
-        /// a page, then every object it links on the same host and port
-        /// (`<img src>`, `<a href>`, `<link href>`, `<script src>`, ...),
-        /// over the same HTTP and RDMA connections; everything is saved
-        /// under -P DIR by its URL path.
+        /// Recursive, like `wget -r`: fetch each URL, then what its pages
+        /// link (`<a href>`, `<img src>`, `<link href>`, `<script src>`,
+        /// `<iframe>`, ...) down to --level, breadth first, on the same
+        /// host and port only (never another host), each URL once, over
+        /// the same HTTP connection and its one RDMA connection; honours
+        /// robots.txt; saves under -P DIR/HOST[:PORT]/PATH.
         #[arg(short, long)]
         recursive: bool,
-        /// Where -r saves (like wget's --directory-prefix).
+        /// -r's depth: 1 is the pages and what they link; `inf` (or 0) no
+        /// limit but --max-files [default: 5, as wget].
+        #[arg(short = 'l', long, value_name = "N", value_parser = parse_level)]
+        level: Option<Level>,
+        /// Also fetch what each page needs to be shown (`<img src>`,
+        /// `<link rel=stylesheet|icon>`, `<script src>`, ...), even past
+        /// --level and, with --no-parent, outside the directory; without
+        /// -r: the given pages and their requisites (`wget -p`).
+        #[arg(short = 'p', long)]
+        page_requisites: bool,
+        /// Never go above the starting URLs' directories (`wget -np`).
+        #[arg(long)]
+        no_parent: bool,
+        /// No HOST[:PORT] directory under -P (`wget -nH`).
+        #[arg(long)]
+        no_host_directories: bool,
+        /// `-nH` (= --no-host-directories) and `-np` (= --no-parent), as
+        /// wget spells them.
+        #[arg(short = 'n', value_name = "H|p", value_parser = ["H", "p"])]
+        no: Vec<String>,
+        /// wget's `-e robots=off`: do not read or honour robots.txt (RFC
+        /// 9309); `robots=on` is the default.
+        #[arg(short = 'e', long, value_name = "robots=on|off", value_parser = parse_execute)]
+        execute: Vec<bool>,
+        /// -r/-p: queue at most this many URLs (a bound on a hostile
+        /// server's pages: a million links, a link loop).
+        #[arg(long, value_name = "N", default_value_t = 10_000,
+              value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+        max_files: u64,
+        /// Where -r and -p save (like wget's --directory-prefix).
         #[arg(short = 'P', long, default_value = ".", value_name = "DIR")]
         directory_prefix: PathBuf,
         /// Requests in flight on the HTTP connection (HTTP/1.1 pipelining;
@@ -243,6 +274,37 @@ fn parse_u64(s: &str) -> Result<u64, String> {
     r.map_err(|_| format!("{s:?} is not a number"))
 }
 
+/// `--level`: the deepest level, `None` for no limit.
+#[derive(Clone, Copy, Debug)]
+struct Level(Option<u32>);
+
+/// `--level`: a depth, or `inf`/0 for none (wget's `-l inf`, `-l 0`).
+fn parse_level(s: &str) -> Result<Level, String> {
+    if s.eq_ignore_ascii_case("inf") {
+        return Ok(Level(None));
+    }
+    match s.parse::<u32>() {
+        Ok(0) => Ok(Level(None)),
+        Ok(n) => Ok(Level(Some(n))),
+        Err(_) => Err(format!("{s:?} is not a depth (a number, or inf)")),
+    }
+}
+
+/// `-e robots=on|off`, the one wgetrc command rhttp knows.
+fn parse_execute(s: &str) -> Result<bool, String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: -e takes robots=on or robots=off"))?;
+    if !k.trim().eq_ignore_ascii_case("robots") {
+        return Err(format!("{s:?}: rhttp's -e knows only robots=on|off"));
+    }
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "yes" => Ok(true),
+        "off" | "0" | "no" => Ok(false),
+        _ => Err(format!("{s:?}: robots= takes on or off")),
+    }
+}
+
 fn parse_size(s: &str) -> Result<u64, String> {
     let (num, mult) = match s.as_bytes().last() {
         Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
@@ -262,6 +324,7 @@ type Res<T> = Result<T, String>;
 mod pipeline;
 mod put;
 mod rdma;
+mod recursive;
 use pipeline::*;
 use put::*;
 use rdma::*;
@@ -497,6 +560,25 @@ struct Outcome {
     status: u16,
     bytes: u64,
     via: String,
+    /// The body is an HTML page ([`is_html`]), for -r.
+    html: bool,
+}
+
+/// Whether a response's body is an HTML page whose links -r follows:
+/// `Content-Type` `text/html` or `application/xhtml+xml` (as wget); a
+/// response without one is taken as HTML when the path looks like a
+/// page (ends in '/', `.html` or `.htm`).
+fn is_html(resp: &Response, url: &Url) -> bool {
+    match resp.header("Content-Type") {
+        Some(t) => {
+            let t = t.split(';').next().unwrap_or("").trim();
+            t.eq_ignore_ascii_case("text/html") || t.eq_ignore_ascii_case("application/xhtml+xml")
+        }
+        None => {
+            let p = url.path.split('?').next().unwrap_or("");
+            p.ends_with('/') || p.ends_with(".html") || p.ends_with(".htm")
+        }
+    }
 }
 
 fn rdma_error_of(resp: &Response) -> Option<String> {
@@ -537,6 +619,7 @@ fn plain_get(s: &mut Session, url: &Url, sink: &mut dyn Write, a: &Args) -> Res<
         status: resp.status,
         bytes: n,
         via: "plain HTTP".into(),
+        html: is_html(&resp, url),
     })
 }
 
@@ -627,6 +710,7 @@ fn rdma_get(
             status: resp.status,
             bytes: n,
             via: "plain HTTP (fallback)".into(),
+            html: is_html(&resp, url),
         });
     };
     let rh = RdmaHeader::parse(&v).map_err(|e| format!("bad RDMA header from the server: {e}"))?;
@@ -693,6 +777,7 @@ fn rdma_get(
         status: resp.status,
         bytes: len,
         via: format!("RDMA ({})", rh.scheme),
+        html: is_html(&resp, url),
     })
 }
 
@@ -721,6 +806,15 @@ struct GetOpts {
     dir: PathBuf,
     depth: usize,
     stats: bool,
+    /// -r and -p: the crawl's settings.
+    crawl: recursive::CrawlOpts,
+}
+
+impl GetOpts {
+    /// -r or -p: objects saved in a tree under -P DIR.
+    fn tree(&self) -> bool {
+        self.recursive || self.crawl.page_requisites
+    }
 }
 
 /// One URL to fetch and where its body goes.
@@ -737,15 +831,28 @@ static REQUESTS: AtomicU64 = AtomicU64::new(0);
 static RDMA_BODIES: AtomicU64 = AtomicU64::new(0);
 static BODY_BYTES: AtomicU64 = AtomicU64::new(0);
 
+/// What became of each GET since the last [`take_fetched`] (for -r: the
+/// status, and whether the body is a page to read links from).
+static FETCHED: std::sync::Mutex<Vec<Fetched>> = std::sync::Mutex::new(Vec::new());
+
+/// One GET's result, as the crawl needs it.
+struct Fetched {
+    path: String,
+    status: u16,
+    bytes: u64,
+    html: bool,
+}
+
+fn take_fetched() -> Vec<Fetched> {
+    std::mem::take(&mut *FETCHED.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Most requests in flight on one HTTP connection (`--pipeline`): each
 /// server-writes request has its own slot of `--max-len` bytes in the
 /// receive buffer, and the server's DONE for each may wait, unread, in
 /// one of our [`RECV_SLOTS`] posted receives (a Send that finds no
 /// posted receive ends the connection, RFC 5040 §5.3).
 const MAX_PIPELINE: usize = RECV_SLOTS;
-
-/// The largest page `-r` reads links from.
-const MAX_PAGE: u64 = 16 << 20;
 
 fn cmd_get(
     a: &Args,
@@ -755,43 +862,31 @@ fn cmd_get(
     hooks: GetHooks,
     opts: &GetOpts,
 ) -> Res<bool> {
-    if opts.recursive && !outputs.is_empty() {
-        return Err("-r saves every object under -P DIR by its path; drop -o".into());
+    if opts.tree() {
+        if !outputs.is_empty() {
+            return Err("-r and -p save every object under -P DIR by its path; drop -o".into());
+        }
+        return recursive::cmd_crawl(a, urls, scheme, &hooks, opts);
     }
     let depth = if hooks.any() { 1 } else { opts.depth };
     let started = Instant::now();
     let mut pages = Vec::new();
     for (i, u) in urls.iter().enumerate() {
         let url = Url::parse(u)?;
-        let out = if opts.recursive {
-            opts.dir.join(rhttp::links::local_path(&url))
-        } else {
-            outputs
-                .get(i)
-                .cloned()
-                .unwrap_or_else(|| PathBuf::from(url.file_name()))
-        };
+        let out = outputs
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(url.file_name()));
         pages.push(Job { url, out });
     }
     let mut session: Option<Session> = None;
-    let mut all_ok = fetch(a, &mut session, &pages, scheme, &hooks, depth, opts)?;
-    if opts.recursive {
-        for page in &pages {
-            let html = match read_page(&page.out) {
-                Some(h) => h,
-                None => continue,
-            };
-            let jobs: Vec<Job> = rhttp::links::page_links(&page.url, &html)
-                .into_iter()
-                .map(|url| Job {
-                    out: opts.dir.join(rhttp::links::local_path(&url)),
-                    url,
-                })
-                .collect();
-            tracing::debug!(page = %page.url.path, links = jobs.len(), "links on the page");
-            all_ok &= fetch(a, &mut session, &jobs, scheme, &hooks, depth, opts)?;
-        }
-    }
+    let all_ok = fetch(a, &mut session, &pages, scheme, &hooks, depth, opts)?;
+    print_stats(opts, started);
+    Ok(all_ok)
+}
+
+/// `--stats`: the run's counters on one line.
+fn print_stats(opts: &GetOpts, started: Instant) {
     if opts.stats {
         report(format_args!(
             "rhttp: stats: {} requests, {} bodies by RDMA, {} body bytes, {} HTTP connections, \
@@ -804,19 +899,6 @@ fn cmd_get(
             started.elapsed().as_secs_f64() * 1e3
         ));
     }
-    Ok(all_ok)
-}
-
-/// The saved page, if it is there and small enough to scan for links.
-fn read_page(path: &PathBuf) -> Option<Vec<u8>> {
-    let f = File::open(path).ok()?;
-    if f.metadata().ok()?.len() > MAX_PAGE {
-        tracing::warn!(page = %path.display(), "page larger than {MAX_PAGE} bytes: links not followed");
-        return None;
-    }
-    let mut v = Vec::new();
-    f.take(MAX_PAGE).read_to_end(&mut v).ok()?;
-    Some(v)
 }
 
 /// Open the session for `url`'s host, unless the current one is for it.
@@ -837,9 +919,9 @@ fn session_for<'s>(session: &'s mut Option<Session>, url: &Url, a: &Args) -> Res
     Ok(session.as_mut().expect("just set"))
 }
 
-/// The sink for a job, its directories made in recursive mode.
+/// The sink for a job, its directories made with -r and -p.
 fn job_sink(job: &Job, opts: &GetOpts) -> Res<Sink> {
-    if opts.recursive {
+    if opts.tree() {
         if let Some(d) = job.out.parent() {
             std::fs::create_dir_all(d)
                 .map_err(|e| format!("creating the directory {}: {e}", d.display()))?;
@@ -850,6 +932,15 @@ fn job_sink(job: &Job, opts: &GetOpts) -> Res<Sink> {
 
 /// The result line of one GET, and whether it succeeded.
 fn report_get(url: &Url, o: &Outcome, secs: f64) -> bool {
+    FETCHED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Fetched {
+            path: url.path.clone(),
+            status: o.status,
+            bytes: o.bytes,
+            html: o.html,
+        });
     REQUESTS.fetch_add(1, Ordering::Relaxed);
     BODY_BYTES.fetch_add(o.bytes, Ordering::Relaxed);
     if o.via.starts_with("RDMA") {
@@ -941,6 +1032,13 @@ fn main() -> ExitCode {
         Cmd::Get {
             urls,
             recursive,
+            level,
+            page_requisites,
+            no_parent,
+            no_host_directories,
+            no,
+            execute,
+            max_files,
             directory_prefix,
             pipeline,
             stats,
@@ -964,8 +1062,17 @@ fn main() -> ExitCode {
             &GetOpts {
                 recursive: *recursive,
                 dir: directory_prefix.clone(),
-                depth: pipeline.unwrap_or(if *recursive { 8 } else { 1 }) as usize,
+                depth: pipeline.unwrap_or(if *recursive || *page_requisites { 8 } else { 1 })
+                    as usize,
                 stats: *stats,
+                crawl: recursive::CrawlOpts {
+                    level: level.map_or(Some(5), |l| l.0),
+                    page_requisites: *page_requisites,
+                    no_parent: *no_parent || no.iter().any(|n| n == "p"),
+                    host_dirs: !(*no_host_directories || no.iter().any(|n| n == "H")),
+                    robots: execute.last().copied().unwrap_or(true),
+                    max_files: *max_files as usize,
+                },
             },
         ),
         Cmd::Put {

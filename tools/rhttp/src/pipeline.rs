@@ -30,6 +30,7 @@ pub(super) enum Answer {
         to: u64,
         len: u64,
         status: u16,
+        html: bool,
     },
 }
 
@@ -81,6 +82,7 @@ pub(super) struct Reading {
     pub(super) len: u64,
     pub(super) chunks: usize,
     pub(super) status: u16,
+    pub(super) html: bool,
 }
 
 /// Take the completions of posted client-reads Reads (they complete in the
@@ -144,6 +146,7 @@ pub(super) fn pump_reads(
                         status: x.status,
                         bytes: x.len,
                         via: format!("RDMA ({})", Scheme::ClientReads),
+                        html: x.html,
                     },
                     x.p.sent.elapsed().as_secs_f64(),
                 );
@@ -287,6 +290,7 @@ pub(super) fn get_pipelined(
                 to,
                 len,
                 status,
+                html,
             } => {
                 // Post the Reads and go on to the next answer: the server
                 // answered it without waiting for this body's DONE, so the
@@ -311,6 +315,7 @@ pub(super) fn get_pipelined(
                     len,
                     chunks,
                     status,
+                    html,
                 });
             }
         }
@@ -383,6 +388,7 @@ pub(super) fn pipelined_answer(
                 status: resp.status,
                 bytes: n,
                 via: "plain HTTP (fallback)".into(),
+                html: is_html(&resp, &p.url),
             }),
             resp.close,
         ));
@@ -428,6 +434,7 @@ pub(super) fn pipelined_answer(
                     to,
                     len,
                     status: resp.status,
+                    html: is_html(&resp, &p.url),
                 },
                 resp.close,
             ));
@@ -441,6 +448,7 @@ pub(super) fn pipelined_answer(
             status: resp.status,
             bytes: len,
             via: format!("RDMA ({})", rh.scheme),
+            html: is_html(&resp, &p.url),
         }),
         resp.close,
     ))
