@@ -13,44 +13,10 @@ use std::time::{Duration, Instant};
 
 use iwarp::{Access, MemoryRegion};
 
-use super::{for_spans, verbs_err, Conn, State, Waited};
+use super::maps::LocalMap;
+use super::types::{for_spans, verbs_err, Conn, State, Waited};
 use crate::flow::{FlowError, IomapError, TARGET_SGL_LEN};
-use crate::options::Options;
-use crate::wire::{iomap_scale_to_value, iomap_value_to_scale, Sge, IOMAP_LEN};
-
-/// One of our mappings.
-#[derive(Debug)]
-struct LocalMap {
-    id: u64,
-    /// Its entry in the peer's table.
-    index: u16,
-    /// Held for its lifetime: the memory is deregistered when the last
-    /// handle drops.
-    _mr: Arc<MemoryRegion>,
-    /// `(address, length)` of a C caller's buffer (`riounmap` finds it by
-    /// them); `None` for a buffer the library allocated ([`IoMap`]).
-    raw: Option<(usize, usize)>,
-}
-
-/// The mappings of one connection (kept in its state).
-#[derive(Debug, Default)]
-pub(crate) struct LocalMaps {
-    maps: Vec<LocalMap>,
-    next_id: u64,
-}
-
-/// Entries of our iomap table for these options (rounded as the conn data
-/// carries them).
-pub(crate) fn table_entries(opts: &Options) -> u16 {
-    iomap_scale_to_value(iomap_value_to_scale(
-        opts.iomap_size.min(crate::flow::IOMAP_SIZE_MAX),
-    ))
-}
-
-/// Bytes of the `tsgl` region: the target SGL and our iomap table.
-pub(crate) fn region_len(opts: &Options) -> usize {
-    TARGET_SGL_LEN + IOMAP_LEN * usize::from(table_entries(opts))
-}
+use crate::wire::Sge;
 
 /// A buffer of ours the peer may `riowrite` into (see
 /// `Stream::riomap`). Dropping it unmaps it (`riounmap`): the memory is
