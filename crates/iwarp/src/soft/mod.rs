@@ -24,6 +24,16 @@
 //! So the modules form a chain, `conn` ← `rx`, `tx` ← `progress`, with
 //! no import loop.
 //! - `link`: FPDU sizing from the TCP MSS and the socket options.
+//! - [`pool`]: the progress pool, the other engine: a fixed set of
+//!   threads (epoll, edge-triggered) that does the receive and transmit
+//!   work of every connection of the process, chosen with
+//!   `IWARP_PROGRESS=pool` or [`set_progress_engine`]; on `conn`, `rx`
+//!   and `tx`, used by `progress` to start a connection. The default is
+//!   still one receive and one transmit thread per connection, described
+//!   below; on a pooled connection the pool thread plays both threads'
+//!   parts (see the `pool` module docs), and the receive work is handed
+//!   between it and application threads by `Conn::claim_rx` instead of
+//!   the `rx` lock's `try_lock`.
 //!
 //! # Threads and locks
 //!
