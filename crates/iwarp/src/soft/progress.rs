@@ -25,6 +25,16 @@
 //! Every handover is a pair of `SeqCst` flags written by one side and read
 //! by the other in opposite order (see `Conn::stop_progress`), so no side
 //! can sleep while the other thinks it reads.
+//!
+//! **Pooled connections** (`pool.rs`, `IWARP_PROGRESS=pool`) have no
+//! receive thread: their pool thread and application threads hand the
+//! receive work over with one mechanism, `Conn::claim_rx` (an atomic
+//! owner state: free, held, held-and-look-again), so exactly one of them
+//! reads at a time and neither ever waits for the other; the pool thread
+//! steps aside by leaving `EPOLLIN` out of the socket's interest. Their
+//! receive passes never write: a transmit they make due is done by the
+//! transmit half of the same call (`Conn::progress_pooled`) or by the
+//! pool thread's transmit work.
 
 use std::io;
 use std::net::Shutdown;
