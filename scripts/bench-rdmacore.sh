@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # iwarp-perf on the rdma-core provider against perftest, on Linux siw
-# (siw0) in the QEMU guest of ../shared/tools/siw-vm, same device, same
+# (siw0) in the QEMU guest of scripts/guest, same device, same
 # guest, same run:
 #
 #   write_bw at 64 KiB, 256 KiB and 1 MiB, and read_lat at 2 bytes
@@ -27,8 +27,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${NETNS:-siwvm}"
 PAIRS="${PAIRS:-5}"
 BYTES="${BYTES:-67108864}"
@@ -43,16 +43,14 @@ skip() {
     exit 77
 }
 
-[[ -x "$SIW_VM/run.sh" ]] || skip "no siw guest tooling at $SIW_VM (the shared/ folder beside the repository)"
+[[ -x "$SIW_VM/run.sh" ]] || skip "no guest tooling at $SIW_VM (GUEST_DIR: unset it to use scripts/guest)"
 ((EUID == 0)) || skip "needs root for the guest's network namespace and tap device"
 [[ -c /dev/net/tun ]] || skip "no /dev/net/tun: QEMU cannot attach the guest's tap device here"
 
 note "building iwarp-perf"
 cargo build --release -q -p iwarp-perf
-if [[ ! -s "$WORK/out/initramfs.cpio.gz" || ! -s "$WORK/out/vmlinuz" ]]; then
-    note "building the siw guest (about a minute)"
-    "$SIW_VM/build.sh" >&2
-fi
+# scripts/guest/build.sh returns at once when its cached guest is current.
+"$SIW_VM/build.sh" >&2
 command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed and build.sh did not install it"
 
 SHARE_DIR="$(mktemp -d /tmp/bench-rdmacore-share.XXXXXX)"

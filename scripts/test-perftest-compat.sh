@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # iwarp-perf --perftest against perftest (`ib_write_bw -R`, `ib_read_bw -R`,
-# `ib_read_lat -R`), in the QEMU guest of ../shared/tools/siw-vm, on Linux
+# `ib_read_lat -R`), in the QEMU guest of scripts/guest, on Linux
 # siw (siw0) through rdma-core, in both roles:
 #
 #   <test>-ptsrv   perftest server  <- iwarp-perf --perftest client (siw0)
@@ -22,14 +22,14 @@
 # half under TCG, boot included.
 #
 # Environment: NETNS/TAP/BRIDGE (the guest's network names, as run.sh),
-# SIW_WORK (siw-vm's artefacts, default /var/tmp/siw-vm), PTCOMPAT_LOG_DIR
+# SIW_WORK (the guest's artefacts, default /var/tmp/iwarp-guest), PTCOMPAT_LOG_DIR
 # (keep the logs there). Exits 77 ("SKIPPED: ...") where the guest cannot
-# run: no siw-vm tooling, not root, no /dev/net/tun.
+# run: no guest tooling, not root, no /dev/net/tun.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${NETNS:-siwvm}"
 LOGS="${PTCOMPAT_LOG_DIR:-$(mktemp -d /tmp/test-perftest-compat.XXXXXX)}"
 mkdir -p "$LOGS"

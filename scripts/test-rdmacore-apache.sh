@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Apache httpd with mod_rdma on kernel RDMA devices: Debian's apache2 and
-# this project's mod_rdma run inside the QEMU guest of ../shared/tools/siw-vm
+# this project's mod_rdma run inside the QEMU guest of scripts/guest
 # (the host's binaries and their libraries, handed over 9p), with
 # `RDMADevice siw0` and then `RDMADevice rxe0`, so mod_rdma goes through the
 # rdma-core provider of libiwarp:
@@ -30,8 +30,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${NETNS:-siwvm}"
 LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore-apache.XXXXXX)}"
 mkdir -p "$LOGS"

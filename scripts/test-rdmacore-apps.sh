@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The applications, unchanged but for how they pick the device, on kernel
 # RDMA devices through the rdma-core provider, inside the QEMU guest of
-# ../shared/tools/siw-vm, and in mixed pairs with this project's software
+# scripts/guest, and in mixed pairs with this project's software
 # stack (`soft`) on the host side of the guest's private network:
 #
 #   rftp-siw0     rftpd --device siw0 (via its config key `device`) and rftp
@@ -26,7 +26,7 @@
 # transfer's wall time as the guest measures it (TCG: not a benchmark).
 #
 # Skips (exit 77, with the reason) only where the guest cannot run: no
-# ../shared/tools/siw-vm, not root, no /dev/net/tun; the Apache scenario is
+# apt-get to build the guest (and none built), not root, no /dev/net/tun; the Apache scenario is
 # reported as skipped when apache2/apxs cannot be installed.
 #
 # Environment: SIW_VM, SIW_WORK, NETNS/TAP/BRIDGE, RDMACORE_LOG_DIR as for
@@ -35,8 +35,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${NETNS:-siwvm}"
 LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore-apps.XXXXXX)}"
 mkdir -p "$LOGS"

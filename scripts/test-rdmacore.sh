@@ -4,7 +4,7 @@
 # connected with rdma_cm; Send/Recv both ways with private data both ways,
 # a 4 KiB RDMA Write, a 4 KiB RDMA Read with the data checked, and a
 # disconnect that flushes a posted receive) run inside the QEMU guest of
-# ../shared/tools/siw-vm, first on siw0 (Linux soft-iWARP), then on rxe0
+# scripts/guest, first on siw0 (Linux soft-iWARP), then on rxe0
 # (Linux soft-RoCE, rdma_rxe), over the guest's eth0 address; on siw0 also
 # as two processes, and as mixed pairs against this crate's software stack
 # (`soft`) on the host side of the guest's private network, both ways.
@@ -14,28 +14,28 @@
 #                                       scripts/test-rdmacore-apache.sh (a
 #                                       guest each; 1-3 min) at the end
 #
-# The binary goes to the guest through the siw-vm SHARE= 9p export, with
+# The binary goes to the guest through the guest's SHARE= 9p export, with
 # the guest job (guest.sh) next to it; the guest's initramfs already holds
-# libibverbs, librdmacm and the siw/rxe user-space providers (siw-vm's
+# libibverbs, librdmacm and the siw/rxe user-space providers (the guest's
 # build.sh puts them there for rping).
 #
 # Before the guest: the unit tests of the crate built without the provider
 # (`--no-default-features`), which need no RDMA.
 #
 # Skips (exit 77, with the reason) only where the guest cannot run: no
-# ../shared/tools/siw-vm, not root (network namespace, tap), or no
+# apt-get to build the guest (and none built), not root (network namespace, tap), or no
 # /dev/net/tun. A failed build of the guest or of the example is a failure.
 #
-# Environment: SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest
-# artifacts, default /var/tmp/siw-vm), NETNS/TAP/BRIDGE (passed to siw-vm's
+# Environment: GUEST_DIR (the guest tooling, default scripts/guest), SIW_WORK (guest
+# artifacts, default /var/tmp/iwarp-guest), NETNS/TAP/BRIDGE (passed to the guest's
 # run.sh, default its siwvm/siwtap0/siwbr0), RDMACORE_LOG_DIR (logs, default a
 # temporary directory, kept on failure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
-# siw-vm's run.sh takes the network namespace (and TAP, BRIDGE) from the
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
+# the guest's run.sh takes the network namespace (and TAP, BRIDGE) from the
 # environment; another one keeps concurrent guests apart.
 export NETNS="${NETNS:-siwvm}"
 LOGS="${RDMACORE_LOG_DIR:-$(mktemp -d /tmp/test-rdmacore.XXXXXX)}"
@@ -97,10 +97,10 @@ install -m755 "$PING" "$SHARE_DIR/iwarp-ping"
 install -m755 "$PERF" "$SHARE_DIR/iwarp-perf"
 install -m755 "$ROOT/$DEVOPS" "$SHARE_DIR/device_ops"
 # rdma_rxe computes its ICRC with the kernel's "crc32" shash, which Debian
-# builds as crc32_generic.ko; siw-vm's initramfs does not carry it (siw
-# needs only crc32c), so rdma_rxe refuses to add a device ("failed to add
-# eth0", ENOENT). Hand it to the guest from the kernel tree build.sh
-# unpacked.
+# builds as crc32_generic.ko; without it rdma_rxe refuses to add a device
+# ("failed to add eth0", ENOENT). scripts/guest's image carries it; a
+# GUEST_DIR image may not (siw needs only crc32c), so hand it to the guest
+# from the kernel tree build.sh unpacked.
 KVER="$(cat "$WORK/out/.kver" 2>/dev/null || true)"
 CRC32_KO="$WORK/kroot-$KVER/lib/modules/$KVER/kernel/crypto/crc32_generic.ko"
 if [[ -n "$KVER" && -f "$CRC32_KO" ]]; then

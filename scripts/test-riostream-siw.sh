@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interop with REAL rsockets' riomap/riowrite: rdma-core's `riostream`
 # (librdmacm's rsockets over the Linux kernel's soft-iWARP, siw) in a QEMU
-# guest (../shared/tools/siw-vm) against our `iwarp-riostream`
+# guest (scripts/guest) against our `iwarp-riostream`
 # (iwarp-sockets' riomap/riowrite) on the host side of the guest's private
 # network, both directions, every byte of every iteration's last transfer
 # verified (-T v).
@@ -28,20 +28,20 @@
 #
 # A scenario passes when both ends exit 0 and print their table row.
 # Skips (exit 77, "SKIPPED: reason") where the guest cannot run: FAST=1,
-# no ../shared/tools/siw-vm, not root (network namespace, tap), no
+# no apt-get to build the guest, not root (network namespace, tap), no
 # /dev/net/tun. A failed guest build is a failure. If the guest image has
 # no riostream, the host's (rdmacm-utils) and its libraries go over 9p.
 #
 # Environment: RIOSTREAM_SIW_SCENARIOS (default "bw nb big"), SIW_VM
-# (default ../shared/tools/siw-vm), SIW_WORK (guest artifacts, default
-# /var/tmp/siw-vm), SIW_LOG_DIR (logs, default a temporary directory, kept
+# (default scripts/guest), SIW_WORK (guest artifacts, default
+# /var/tmp/iwarp-guest), SIW_LOG_DIR (logs, default a temporary directory, kept
 # on failure), RIOSTREAM_SIW_NETNS (default siwrio: a namespace of its own,
 # so the other siw scripts can run beside it), RIOSTREAM_VIA_SHARE=1.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${RIOSTREAM_SIW_NETNS:-siwrio}"
 export BRIDGE="${NETNS}br0"
 export TAP="${NETNS}tap0"

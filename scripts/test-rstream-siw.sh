@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interop with REAL rsockets: rdma-core's `rstream` (librdmacm's rsockets
 # over the Linux kernel's soft-iWARP, siw) in a QEMU guest
-# (../shared/tools/siw-vm) against our `iwarp-rstream` (iwarp-sockets) on
+# (scripts/guest) against our `iwarp-rstream` (iwarp-sockets) on
 # the host side of the guest's private network, both directions, every
 # byte verified (-T v).
 #
@@ -34,7 +34,7 @@
 # captured on the bridge (rstream-siw.pcap in the log directory).
 #
 # Skips (exit 77, "SKIPPED: reason") where the guest cannot run: FAST=1,
-# no ../shared/tools/siw-vm, not root (network namespace, tap), no
+# no apt-get to build the guest, not root (network namespace, tap), no
 # /dev/net/tun. A failed guest build is a failure. If the guest image has
 # no rstream (build.sh copies it only when the host has rdmacm-utils), the
 # host's rstream and its libraries are handed to the guest over 9p.
@@ -70,16 +70,16 @@
 # printed with every failure, so a reset of this kind is named as such.
 #
 # Environment: RSTREAM_SIW_SCENARIOS (default "lat bw nb big ring async basic tcp"),
-# SIW_VM (default ../shared/tools/siw-vm), SIW_WORK (guest artifacts,
-# default /var/tmp/siw-vm, shared with test-siw.sh), SIW_LOG_DIR (logs,
+# GUEST_DIR (the guest tooling, default scripts/guest), SIW_WORK (guest artifacts,
+# default /var/tmp/iwarp-guest, shared with test-siw.sh), SIW_LOG_DIR (logs,
 # default a temporary directory, kept on failure), RSTREAM_SIW_NETNS
 # (default siwrs: a namespace of its own, so test-siw.sh can run beside it),
 # RSTREAM_VIA_SHARE=1 (hand rstream over 9p even if the image has it).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
 export NETNS="${RSTREAM_SIW_NETNS:-siwrs}"
 export BRIDGE="${NETNS}br0"
 export TAP="${NETNS}tap0"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Interop with a real Linux kernel soft-iWARP (siw) peer: rdma-core's rping
-# in a QEMU guest (../shared/tools/siw-vm) against iwarp-ping on the host
+# in a QEMU guest (scripts/guest) against iwarp-ping on the host
 # side of the guest's private network, in both directions, with and without
 # MPA CRC, and in RFC 6581 peer-to-peer mode (RTR). rping's exchange is a
 # Send, an RDMA Read of the client's buffer, a Send, an RDMA Write back and
@@ -23,19 +23,22 @@
 #   F  iwarp-ping -c --crc on --rtr write -> rping -s
 #
 # Skips (exit 77, with the reason) only where the guest cannot run: no
-# ../shared/tools/siw-vm, not root (network namespaces, tap), or no
+# apt-get to build the guest (and none built), not root (network namespaces, tap), or no
 # /dev/net/tun. A failed build of the guest is a failure.
 #
 # Environment: SIW_RUNS (default 16), SIW_A_ARGS (extra iwarp-ping flags for
-# scenario A; `--no-wake-nudge` shows the stall the nudge repairs), SIW_VM (default ../shared/tools/siw-vm),
-# SIW_WORK (guest artifacts, default /var/tmp/siw-vm), SIW_LOG_DIR (logs,
+# scenario A; `--no-wake-nudge` shows the stall the nudge repairs), GUEST_DIR (the guest tooling, default scripts/guest),
+# SIW_WORK (guest artifacts, default /var/tmp/iwarp-guest), NETNS (default
+# siwvm), SIW_LOG_DIR (logs,
 # default a temporary directory, kept on failure).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SIW_VM="${SIW_VM:-$ROOT/../shared/tools/siw-vm}"
+SIW_VM="${GUEST_DIR:-$ROOT/scripts/guest}"
 RUNS="${SIW_RUNS:-16}"
-export WORK="${SIW_WORK:-/var/tmp/siw-vm}"
+export WORK="${SIW_WORK:-/var/tmp/iwarp-guest}"
+# run.sh takes the network namespace (and TAP, BRIDGE) from the environment.
+export NETNS="${NETNS:-siwvm}"
 LOGS="${SIW_LOG_DIR:-$(mktemp -d /tmp/test-siw.XXXXXX)}"
 mkdir -p "$LOGS"
 PING="$ROOT/target/release/iwarp-ping"
@@ -143,7 +146,7 @@ our_client() {
             break
         fi
         rc=0
-        timeout -k 2 30 ip netns exec siwvm "$PING" -c -a "$GUEST" -p "$SRV_PORT" -C 3 -V \
+        timeout -k 2 30 ip netns exec "$NETNS" "$PING" -c -a "$GUEST" -p "$SRV_PORT" -C 3 -V \
             --timeout 8 -d "$@" >"$LOGS/$tag.$i.log" 2>&1 || rc=$?
         wait_line "$glog" "SIWTEST RESULT $tag $i rc=" 60 || true
         if ((rc == 0)) && grep -aqE "SIWTEST RESULT $tag $i rc=0[[:space:]]*\$" "$glog"; then
@@ -196,7 +199,7 @@ finish_boot() {
 }
 
 start_server() {
-    ip netns exec siwvm "$PING" -s -P -a "$HOST" -p "$OUR_PORT" --timeout 10 "$@" \
+    ip netns exec "$NETNS" "$PING" -s -P -a "$HOST" -p "$OUR_PORT" --timeout 10 "$@" \
         >"$LOGS/server.$OUR_PORT.log" 2>&1 &
     SERVER_PID=$!
 }

@@ -214,7 +214,7 @@ step_cargo_test() {
         --features tokio --lib tokio_io
 }
 
-# A step that boots the QEMU guest (../shared/tools/siw-vm): its script
+# A step that boots the QEMU guest (scripts/guest, built on first use): its script
 # exits 77 when the guest cannot run here (recorded as SKIP with its
 # reason), 0 or 1 otherwise.
 #   step_vm NAME SCRIPT
