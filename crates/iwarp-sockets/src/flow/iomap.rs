@@ -62,14 +62,12 @@
 //!   copies through its send buffer (the bytes in flight are bounded by the
 //!   send queue instead of the send buffer).
 
-use std::collections::VecDeque;
 use std::fmt;
 
-use super::{Action, Flow, FlowError, Phase, ProtocolError, SendTag, Source, Spans};
-use crate::wire::{
-    iomap_scale_to_value, iomap_value_to_scale, ConnDataRepr, Iomap, Message, Op, Sge, IOMAP_LEN,
-    SGE_LEN,
-};
+use super::error::{FlowError, ProtocolError};
+use super::state::Flow;
+use super::types::{Action, Phase, SendTag, Source, Spans, TARGET_SGL_LEN};
+use crate::wire::{iomap_scale_to_value, iomap_value_to_scale, Iomap, Message, Op, Sge, IOMAP_LEN};
 
 /// The largest table `target_iomap_size` can describe
 /// (`rs_scale_to_value(0xff, 8)`).
@@ -78,45 +76,6 @@ pub const IOMAP_SIZE_MAX: u16 = 0x7f << 8;
 /// Bytes of one direct write at most: larger `riowrite`s are split, so that
 /// the first pieces leave while later ones are posted.
 pub const DIRECT_MAX: u32 = 1 << 20;
-
-/// The iomap state of one connection (kept inside [`Flow`]).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Iomaps {
-    /// Entries of our table (what we advertise).
-    local_size: u16,
-    /// The peer's table: address, rkey, and entries in `length`.
-    remote: Sge,
-    /// Which entries of the peer's table our mappings use.
-    used: Vec<bool>,
-    /// Entries to write into the peer's table, in order.
-    queue: VecDeque<(u16, Iomap)>,
-    /// The peer's mappings, copied out of our table.
-    peer: Vec<Option<Iomap>>,
-    /// Indices the peer announced whose entry is not copied out yet.
-    announced: Vec<u16>,
-}
-
-impl Iomaps {
-    /// `rs_save_conn_data`'s `remote_iomap`.
-    pub(crate) fn on_establish(&mut self, peer: &ConnDataRepr) {
-        if peer.iomap {
-            self.remote = Sge {
-                addr: peer
-                    .target_sgl
-                    .addr
-                    .wrapping_add(SGE_LEN as u64 * u64::from(peer.target_sgl.length)),
-                key: peer.target_sgl.key,
-                length: u32::from(peer.target_iomap_size),
-            };
-            self.used = vec![false; usize::from(peer.target_iomap_size)];
-        }
-    }
-
-    /// Entries we advertise.
-    pub(crate) fn local_size(&self) -> u16 {
-        self.local_size
-    }
-}
 
 /// What the driver copies into the send buffer for one queued entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,7 +210,7 @@ impl Flow {
 
     /// Bytes of the region that holds the target SGL and our iomap table.
     pub fn target_region_len(&self) -> usize {
-        super::TARGET_SGL_LEN + IOMAP_LEN * usize::from(self.iomap.local_size)
+        TARGET_SGL_LEN + IOMAP_LEN * usize::from(self.iomap.local_size)
     }
 
     /// `riomap`: takes a free entry of the peer's table for `region`

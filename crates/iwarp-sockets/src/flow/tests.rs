@@ -4,8 +4,9 @@
 //! fed hostile message words.
 
 use super::*;
-use crate::wire::ConnDataRepr;
+use crate::wire::{ByteOrder, ConnDataRepr, Ctrl, Message, Op, Sge, WireError};
 use proptest::prelude::*;
+use std::collections::VecDeque;
 
 const TGT_ADDR: u64 = 0x1000_0000;
 const RBUF_ADDR: u64 = 0x2000_0000;
