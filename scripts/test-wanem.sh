@@ -15,7 +15,12 @@
 #      demand (wanem ctl down), each seen by ping as that long a gap, then
 #      replies again;
 #   6. --drop-syn 1: the first TCP connect takes the kernel's 1 s SYN
-#      retransmission, and the emulator counted one dropped SYN.
+#      retransmission, and the emulator counted one dropped SYN;
+#   7. the same lost SYN at 50 ms under the preload library, to an
+#      iWARP-only server (iwarp-rstream): the blocking connect waits for
+#      the retransmission and goes over iWARP, not remembered as plain
+#      (issue 27 section 4; before, it fell back to plain TCP and the
+#      program's connection was useless).
 #
 #   scripts/test-wanem.sh            # about 45 s; needs root
 #   ONLY=check_udp_loss scripts/test-wanem.sh   # one check
@@ -266,6 +271,37 @@ print(f"{time.monotonic()-t0:.3f}"); s.close()' "$(wan_addr_b)")
     wan_down "$tag"
 }
 
+check_preload_drop_syn() {
+    local tag="${TAGP}p" rel="$ROOT/target/release" st out spid port=7471
+    if [[ ! -f $rel/libiwarp_preload.so || ! -x $rel/iwarp-rstream ]]; then
+        cargo build --release -q -p iwarp-preload -p iwarp-rstream || { bad "preload drop-syn: build failed"; return; }
+    fi
+    wan_up "$tag" --realtime --rtt 50ms --drop-syn 1 || { bad "preload drop-syn: path did not come up"; return; }
+    wan_b timeout 30 "$rel/iwarp-rstream" -b "$(wan_addr_b)" -p $port >/dev/null 2>&1 &
+    spid=$!
+    local i
+    for ((i = 0; i < 100; i++)); do
+        wan_b ss -ltn 2>/dev/null | grep -q ":$port " && break
+        sleep 0.05
+    done
+    st=$(mktemp)
+    # A blocking connect, as most programs make; 1 s is the shim's default
+    # connect limit (IWARP_PRELOAD_CONNECT_MS), shorter than the lost SYN.
+    out=$(wan_a env LD_PRELOAD="$rel/libiwarp_preload.so" IWARP_PRELOAD_PORTS=$port \
+        IWARP_PRELOAD_CONNECT_MS=1000 IWARP_PRELOAD_STATS="$st" timeout 20 python3 -c 'import socket,sys,time
+t0=time.monotonic(); s=socket.create_connection((sys.argv[1],int(sys.argv[2])))
+print(f"{time.monotonic()-t0:.3f}"); s.close()' "$(wan_addr_b)" $port 2>&1)
+    kill "$spid" 2>/dev/null
+    wait "$spid" 2>/dev/null
+    if grep -q ' connect iwarp ' "$st" && py "import sys; sys.exit(0 if 1.0 <= float('${out:-0}') <= 3.0 else 1)" 2>/dev/null; then
+        ok "preload, lost first SYN at 50 ms: connect over iWARP in ${out} s (the kernel's 1 s retransmission, then MPA), not remembered as plain"
+    else
+        bad "preload, lost first SYN at 50 ms: expected 'connect iwarp' in 1.0-3.0 s; got '${out}', decisions: $(tr '\n' ';' <"$st")"
+    fi
+    rm -f "$st"
+    wan_down "$tag"
+}
+
 # ---------------------------------------------------------------- bench
 
 # iperf3_rate [iperf3 flags]: TCP (kernel defaults: cubic, autotuned
@@ -369,6 +405,7 @@ else
     check_tcp_mathis
     check_link_down
     check_drop_syn
+    check_preload_drop_syn
 fi
 echo "test-wanem: $PASS passed, $FAIL failed ($((SECONDS - t0)) s)"
 ((FAIL == 0))

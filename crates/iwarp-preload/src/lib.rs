@@ -6,11 +6,18 @@
 //!
 //! - **connect**: to a port (and address) the configuration takes over,
 //!   the shim first connects over iWARP (bounded by
-//!   `IWARP_PRELOAD_CONNECT_MS`, default 1000). If the peer does not
-//!   answer MPA (timeout, closed, MPA error), it remembers the peer for
-//!   `IWARP_PRELOAD_FALLBACK_SECS` (default 60) and connects the
-//!   program's socket over plain TCP, so the program sees a normal
-//!   connect. Peers in that memory get plain TCP at once.
+//!   `IWARP_PRELOAD_CONNECT_MS`, default 1000, and at least
+//!   `iwarp::cm::MPA_WAIT_RTTS` round trips of the path). If the peer
+//!   completed TCP and then did not answer MPA (timeout, closed, MPA
+//!   error), it remembers the peer for `IWARP_PRELOAD_FALLBACK_SECS`
+//!   (default 60) and connects the program's socket over plain TCP, so
+//!   the program sees a normal connect. Peers in that memory get plain
+//!   TCP at once. A TCP handshake that never completed says nothing about
+//!   the peer and is not remembered: a blocking socket's connect waits
+//!   through the kernel's SYN retransmissions as connect(2) would (only
+//!   the MPA exchange is bounded by the limit) and gets the kernel's
+//!   errno; a non-blocking one that is not connected within the limit
+//!   goes on as the kernel's own connect (`EINPROGRESS`), plain.
 //! - **accept**: the listening socket stays a real TCP socket, and
 //!   `accept` never waits for a client: an accepted connection whose first
 //!   16 bytes are already the MPA Request key (RFC 5044 §7.1) waits for
@@ -266,7 +273,15 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             // SAFETY: passed through.
             return unsafe { (r.connect)(fd, addr, len) };
         }
-        let opts = table::options_for(fd, &cfg.opts);
+        let mut opts = table::options_for(fd, &cfg.opts);
+        let (nonblocking, _) = attach::fd_flags(fd);
+        if !nonblocking {
+            // A blocking connect(2) waits through the kernel's SYN
+            // retransmissions (a lost SYN costs 1 s, not the connection);
+            // ours does too, and `IWARP_PRELOAD_CONNECT_MS` bounds only
+            // the MPA exchange (issue 27 section 4).
+            opts.tcp_connect = iwarp_sockets::TcpConnect::Kernel;
+        }
         match attach::connect(fd, a, &opts) {
             Ok(()) => {
                 cfg.record("connect", "iwarp", Some(a), "");
@@ -278,6 +293,23 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
                 cfg.record("connect", "plain", Some(a), "(refused over iWARP)");
                 // SAFETY: passed through.
                 unsafe { (r.connect)(fd, addr, len) }
+            }
+            Err(e) if iwarp_sockets::never_reached_tcp(&e).is_some() => {
+                // The path or the host did not complete TCP: nothing is
+                // known about the peer's protocol, so nothing is
+                // remembered. A blocking socket already waited as the
+                // kernel would and gets the kernel's answer; a
+                // non-blocking one (bounded by the connect limit) goes on
+                // as the kernel's own connect, in progress.
+                let why = format!("(no TCP answer, not remembered: {e})").replace('\n', " ");
+                if nonblocking {
+                    cfg.record("connect", "plain", Some(a), &why);
+                    // SAFETY: passed through.
+                    unsafe { (r.connect)(fd, addr, len) }
+                } else {
+                    cfg.record("connect", "failed", Some(a), &why);
+                    fail_with(iwarp_sockets::never_reached_tcp(&e).unwrap_or(libc::ETIMEDOUT))
+                }
             }
             Err(e) => {
                 config::remember_plain_peer(a, cfg.fallback);

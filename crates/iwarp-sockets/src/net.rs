@@ -549,6 +549,26 @@ impl Listener {
     }
 }
 
+/// Whether a failed [`Stream::connect_with`] never had a TCP connection
+/// (refused, unreachable, or a handshake that did not complete in time:
+/// `iwarp::cm::CmError::no_tcp`), as opposed to a peer that completed
+/// TCP and then did not speak MPA. Only the second says the peer is a
+/// plain TCP server; the first is the path or the host, and falling back
+/// to plain TCP for it would misread a lost SYN. `Some` carries the errno
+/// connect(2) gives for it (`ECONNREFUSED`, the kernel's own, or
+/// `ETIMEDOUT`).
+pub fn never_reached_tcp(e: &io::Error) -> Option<i32> {
+    let cm = e.get_ref()?.downcast_ref::<cm::CmError>()?;
+    if !cm.no_tcp() {
+        return None;
+    }
+    Some(match cm {
+        cm::CmError::Refused { .. } => libc::ECONNREFUSED,
+        cm::CmError::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        _ => libc::ETIMEDOUT,
+    })
+}
+
 impl AsRawFd for Listener {
     /// The listening TCP socket: readable when a connection waits.
     fn as_raw_fd(&self) -> RawFd {

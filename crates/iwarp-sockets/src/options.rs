@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use iwarp::cm::{CongestionControl, MpaConfig};
+use iwarp::cm::{CongestionControl, MpaConfig, TcpConnect};
 
 /// The socket design a stream follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +51,16 @@ pub struct Options {
     pub rq_size: u16,
     /// The MPA terms (RFC 5044 / RFC 6581) of the connection.
     pub mpa: MpaConfig,
-    /// Bound on connection setup (TCP connect plus the MPA exchange).
+    /// Bound on connection setup: the TCP connect plus the MPA exchange,
+    /// or the MPA exchange alone under [`TcpConnect::Kernel`]; the MPA
+    /// exchange always gets at least `iwarp::cm::MPA_WAIT_RTTS` round
+    /// trips of the path.
     pub connect_timeout: Duration,
+    /// What bounds the TCP handshake of `connect` (see
+    /// [`iwarp::cm::TcpConnect`]). A handshake that never completed is
+    /// told apart from a peer that does not speak MPA by
+    /// [`crate::never_reached_tcp`].
+    pub tcp_connect: TcpConnect,
     /// The design; see [`Design`].
     pub design: Design,
     /// Coalescing by append: a small write that finds earlier data still
@@ -123,6 +131,7 @@ impl Default for Options {
             rq_size: 384,
             mpa: MpaConfig::default(),
             connect_timeout: Duration::from_secs(5),
+            tcp_connect: TcpConnect::WithinTimeout,
             design: Design::Enhanced,
             coalesce: true,
             zcopy_threshold: None,
