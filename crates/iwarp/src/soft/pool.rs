@@ -499,11 +499,11 @@ impl Worker {
                     self.efd.clear();
                     continue;
                 }
-                self.on_event(token, flags, &mut local, &mut aside);
+                self.guarded(token, |w| w.on_event(token, flags, &mut local, &mut aside));
             }
             std::mem::swap(&mut work, &mut *lock(&self.queue));
             for token in work.drain(..) {
-                self.on_work(token, &mut local);
+                self.guarded(token, |w| w.on_work(token, &mut local));
             }
             let now = Instant::now();
             if !aside.is_empty() {
@@ -512,6 +512,26 @@ impl Worker {
             if now >= next_walk || nudge_at.is_some_and(|t| now >= t) {
                 nudge_at = self.walk(&mut local);
                 next_walk = now + TICK;
+            }
+        }
+    }
+
+    /// Run one connection's turn; a panic in it (a bug) ends that
+    /// connection, as it would end its own receive thread, instead of the
+    /// pool thread and every other connection it serves.
+    fn guarded(&self, token: u64, f: impl FnOnce(&Worker)) {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self)));
+        if r.is_err() {
+            if let Some((qp, conn, _)) = self.lookup(token) {
+                tracing::error!(qpn = qp.qpn, peer = %conn.peer, "progress pool: a connection's work panicked; closing that connection");
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    conn.connection_lost(
+                        &qp,
+                        "internal error in the progress pool (a panic; see the log)",
+                        None,
+                    )
+                }));
+                self.remove(token, conn.sock.as_raw_fd());
             }
         }
     }
