@@ -68,10 +68,12 @@ RHTTP="$TARGET/release/rhttp"
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
 # rhttp and mod_rdma as scripts/test-modrdma.sh builds them, the coherent
 # cache as scripts/test-cache.sh does (no-ops when warm); NO_BUILD=1 uses
-# the binaries already there.
+# the binaries already there. The same cargo invocations as those scripts,
+# so that Cargo's feature unification finds their build warm.
 if [ "${NO_BUILD:-0}" = 1 ] && [ -x "$RHTTP" ] && [ -f "$MOD" ]; then
     ok "rhttp and mod_rdma present (NO_BUILD=1: not rebuilt)"
-elif timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp -p ccache 2>"$T/build.log" &&
+elif timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp 2>"$T/build.log" &&
+    timeout 1200 cargo build --release -q -p ccache 2>>"$T/build.log" &&
     timeout 300 make -s -C modules/mod_rdma IWARP_LIB="$TARGET/release" >>"$T/build.log" 2>&1 && [ -f "$MOD" ] &&
     timeout 300 make -s -C tools/ccache/apache >>"$T/build.log" 2>&1; then
     ok "rhttp, mod_rdma, ccappd, ccproxy and mod_ccache built"
