@@ -23,7 +23,7 @@
 //! (`EAGAIN`, or a short read: with Linux TCP a `recv` that returns less
 //! than it asked for has taken everything queued, and bytes that arrive
 //! later raise a new edge, see epoll(7)). The rule that guarantees it is
-//! [`Conn::claim_rx`]: a pool thread that gets an edge while an
+//! `Conn::claim_rx`: a pool thread that gets an edge while an
 //! application thread owns the receive work marks it `RX_AGAIN`, and the
 //! owner runs one more pass before it lets go.
 //!
@@ -36,11 +36,11 @@
 //!   queued as `WORK_RX`). Receive never writes: a Read Response or a
 //!   Terminate it makes due is written by the transmit work right after,
 //!   on the same thread.
-//! - **Transmit** (`WORK_TX`, queued by [`Conn::wake_tx`]: a poster whose
+//! - **Transmit** (`WORK_TX`, queued by `Conn::wake_tx`: a poster whose
 //!   inline write hit `EAGAIN`, or found another writer): write what the
 //!   engine has, non-blocking. On `EAGAIN` the thread notes it and
 //!   resumes on the next `EPOLLOUT` edge; it never blocks on a write.
-//! - **Liveness**, every [`TICK`] (sooner while a wake-up nudge is due):
+//! - **Liveness**, every `TICK` (100 ms) (sooner while a wake-up nudge is due):
 //!   the transmit thread's duties for each connection (peer timeout,
 //!   probes, nudges; `conn.rs`).
 //! - **Close** (`WORK_CLOSE`, queued by `Conn::connection_lost`): the
@@ -58,10 +58,10 @@
 //!
 //! `BusyPoll` and `AppDriven` CQs keep working: an application thread in
 //! `Conn::progress` takes the receive work when nobody owns it
-//! ([`Conn::claim_rx`], the one mechanism, one owner at a time). While an
-//! application thread busy-polls (more than [`SPINNING_POLLS`] progress
+//! (`Conn::claim_rx`, the one mechanism, one owner at a time). While an
+//! application thread busy-polls (more than `SPINNING_POLLS` progress
 //! calls between two edges) the pool thread steps aside: it drops
-//! `EPOLLIN` from the socket's interest for [`STEP_ASIDE`] slices, so
+//! `EPOLLIN` from the socket's interest for `STEP_ASIDE` (1 ms) slices, so
 //! arriving data does not wake it to compete for the CPU, and takes the
 //! work back at once when the poller says it sleeps
 //! (`Conn::stop_progress` queues `WORK_REARM`). An application-driven CQ
