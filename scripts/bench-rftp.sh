@@ -72,8 +72,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 VSFTPD="$(command -v vsftpd || echo /usr/sbin/vsftpd)"
 
-echo "== cargo build --release -p rftp"
-cargo build --release -q -p rftp
+echo "== cargo build --release -p rftp -p fault-relay"
+cargo build --release -q -p rftp -p fault-relay
 BIN="$ROOT/target/release"
 
 # --- state and cleanup -------------------------------------------------

@@ -1190,7 +1190,7 @@ relay_check() { # NAME OP SCHEME EXPECT FAULT...
 # connection dropped under it): that names the loss as well.
 LOST='RDMA connection failed: WrFlushErr|Rdma(Read|Write) .* failed: WrFlushErr|the queue pair is in the error state'
 SILENT='no completion within 5s|no HTTP answer within 5s|RDMA connection failed: WrFlushErr|the queue pair is in the error state'
-if [ -n "${DELAY_BRIDGE:-}" ] || timeout 1200 cargo build --release -q -p rftp --bin delay-bridge; then
+if [ -n "${DELAY_BRIDGE:-}" ] || timeout 1200 cargo build --release -q -p fault-relay --bin delay-bridge; then
     for f in "drop:at=2M,dir=up,map=1,how=rst" "drop:at=2M,dir=up,map=1,how=fin" "truncate:at=2M,dir=up,map=1"; do
         relay_check "GET server-writes, RDMA connection [$f]: fails naming the lost connection" get server-writes "body|$LOST" "$f"
         relay_check "GET client-reads, RDMA connection [$f]: fails naming the lost connection" get client-reads "body|$LOST" "$f"

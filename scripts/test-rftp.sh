@@ -3,8 +3,8 @@
 # (tools/rftp): loopback transfers over RDMA and TCP with 1 and 8 streams,
 # curl, lftp and Python ftplib against rftpd, the fault cases (client or
 # server killed mid-transfer, disk full, traversal, bad logins, ...), the
-# interactive mode through stdin, the rftp-demo main job, delay-bridge and
-# transfers through its fault relay, hostile peers (a client dribbling or
+# interactive mode through stdin, the rftp-demo main job, the fault relay
+# (crates/fault-relay) and transfers through it, hostile peers (a client dribbling or
 # flooding before login, one login after the whole session memory budget,
 # IPv4-mapped and IPv6 addresses, fake servers with an endless or dribbled
 # reply or a PASV/RADR naming another host: tools/rftp/tests/hostile.rs),
@@ -40,6 +40,6 @@ for tool in curl python3; do
     command -v "$tool" >/dev/null 2>&1 || { echo "test-rftp: $tool is required" >&2; exit 1; }
 done
 
-echo "== cargo test (release) -p rdma-xfer -p rftp"
+echo "== cargo test (release) -p rdma-xfer -p rftp -p fault-relay"
 timeout --kill-after=10 "$TEST_TIMEOUT" \
-    cargo test --release -p rdma-xfer -p rftp -- --test-threads=2
+    cargo test --release -p rdma-xfer -p rftp -p fault-relay -- --test-threads=2

@@ -7,7 +7,6 @@
 //! - [`client`]: the FTP client side used by the `rftp` binary.
 //! - [`shell`]: the interactive mode of `rftp` (ftp(1)-style prompt).
 //! - [`cli`]: progress bar and summary line shared by the binaries.
-//! - [`relay`]: the fault-injecting TCP relay behind `delay-bridge`.
 //! - [`reply`]: FTP replies as the client reads them (bounded), the PASV,
 //!   EPSV and RADR reply addresses, and the check that they name the
 //!   control connection's peer.
@@ -32,15 +31,12 @@ pub mod client;
 pub mod cmdline;
 pub mod confine;
 pub mod hash_xxh3;
-pub mod relay;
 pub mod reply;
 pub mod server;
 pub mod shell;
 pub mod util;
 
-/// Reply text of a server that lacks the extension makes the client fall
-/// back to plain FTP: these codes.
-pub const FALLBACK_CODES: [u32; 3] = [500, 502, 504];
+pub use reply::FALLBACK_CODES;
 
 /// Send `tracing` output to stderr, filtered by `RUST_LOG` (or `default`,
 /// e.g. "info", when it is unset or invalid). Used by every binary here.

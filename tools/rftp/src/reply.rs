@@ -18,6 +18,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use rdma_xfer::Mode;
 
+/// Reply codes of a server that lacks the RDMA extension (RADR): the
+/// client falls back to plain FTP (RFC 959 §4.2: 500 syntax error, 502
+/// not implemented, 504 not implemented for that parameter).
+pub const FALLBACK_CODES: [u32; 3] = [500, 502, 504];
+
 /// Longest reply line accepted, line end included. RFC 959 sets no limit;
 /// rftpd's own lines stay below its 4 KiB command limit plus a path.
 pub const MAX_REPLY_LINE: usize = 8192;

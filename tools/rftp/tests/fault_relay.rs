@@ -1,4 +1,4 @@
-//! RFTP transfers through `delay-bridge` with faults injected into the
+//! RFTP transfers through the fault relay (crates/fault-relay) with faults injected into the
 //! control connection or the transfer session's connections: every
 //! transfer either completes with the right SHA-256 or the client exits
 //! non-zero with an error naming the cause, within a bound, and rftpd
@@ -15,8 +15,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rftp::util::sha256_file;
@@ -29,46 +28,37 @@ const BOUND: Duration = Duration::from_secs(60);
 const CLIENT_TIMEOUT: &str = "5";
 const SIZE: usize = 8 << 20;
 
-struct Relay(Child);
+/// A fault relay ([`fault_relay`], in this process: the test-support
+/// crate behind `delay-bridge`). Its threads and connections live until
+/// the test process ends; every case uses relays of its own.
+struct Relay;
 
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// delay-bridge (no delay) relaying 127.0.0.1:`listen` to `target` with
-/// `faults` and `extra` flags; returns it and its port.
-fn relay(listen: u16, target: u16, faults: &[String], extra: &[&str]) -> (Relay, u16) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_delay-bridge"));
-    c.args(extra)
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{listen}=127.0.0.1:{target}"))
-        .args(["--delay-ms", "0"])
+/// The fault relay (no delay) relaying 127.0.0.1:`listen` to `target` with
+/// `faults`, and FTP passive replies rewritten when `ftp_passive`; returns
+/// it and its port.
+fn relay(listen: u16, target: u16, faults: &[String], ftp_passive: bool) -> (Relay, u16) {
+    let faults = faults
+        .iter()
+        .map(|f| f.parse().unwrap_or_else(|e| panic!("fault {f}: {e}")))
+        .collect();
+    let cfg = fault_relay::Config {
         // A stalled direction pushes back after 1 MiB, as a stalled path
         // would, instead of taking in 64 MiB.
-        .args(["--max-inflight", "1048576"]);
-    for f in faults {
-        c.arg("--fault").arg(f);
-    }
-    let mut child = c
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("delay-bridge said {line:?}"));
-    (Relay(child), port)
+        max_inflight: 1 << 20,
+        faults,
+        alg: ftp_passive.then(|| fault_relay::Alg {
+            ftp_passive: true,
+            map: 1,
+            ..fault_relay::Alg::default()
+        }),
+        ..fault_relay::Config::default()
+    };
+    let map = (
+        format!("127.0.0.1:{listen}").parse().unwrap(),
+        format!("127.0.0.1:{target}").parse().unwrap(),
+    );
+    let addrs = fault_relay::start(&[map], cfg).expect("starting the fault relay");
+    (Relay, addrs[0].port())
 }
 
 /// Run rftp with `args`; kill it after [`BOUND`] (which fails the test).
@@ -147,13 +137,13 @@ impl Rig {
     /// the two relays.
     fn new(size: usize, ctrl_faults: &[String], data_faults: &[String]) -> Rig {
         let xport = common::fixed_port();
-        let (data, bport) = relay(0, xport, data_faults, &[]);
+        let (data, bport) = relay(0, xport, data_faults, false);
         let server = common::server(&format!(
             "rdma_port = {xport}\nrdma_advertise = \"127.0.0.1:{bport}\""
         ));
         // --ftp-passive: plain FTP data connections (EPSV) go through the
         // control relay as its mapping 1.
-        let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults, &["--ftp-passive"]);
+        let (ctrl, ctrl_port) = relay(0, server.port, ctrl_faults, true);
         common::write_random(&server.root.join("src.bin"), size, 0x5eed);
         let local = tempfile::tempdir().unwrap();
         common::write_random(&local.path().join("up.bin"), size, 0xfeed);

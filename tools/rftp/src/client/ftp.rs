@@ -389,7 +389,7 @@ impl Ftp {
             o.xfer_mode
         );
         let (c, t) = self.cmd(&line)?;
-        if crate::FALLBACK_CODES.contains(&c) {
+        if crate::reply::FALLBACK_CODES.contains(&c) {
             return Ok(None);
         }
         if c != 200 {

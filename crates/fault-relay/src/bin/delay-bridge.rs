@@ -1,7 +1,7 @@
 //! `delay-bridge`: a user-space TCP relay that adds a fixed one-way delay
 //! in each direction, for RTT experiments where the kernel has no netem,
 //! and injects faults (drop, stall, truncate, reseg, blackhole, corrupt)
-//! for tests. The relay itself is [`rftp::relay`].
+//! for tests. The relay itself is the [`fault_relay`] library.
 //!
 //! `delay-bridge --listen 127.0.0.1:7000=10.213.0.2:2121 --listen
 //! 127.0.0.1:7001=10.213.0.2:2122 --delay-ms 1.8` relays every connection
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use rftp::relay::{self, FaultSpec};
+use fault_relay::{self as relay, FaultSpec};
 
 /// TCP relay adding a fixed one-way delay in each direction, and faults.
 ///
@@ -88,7 +88,14 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    rftp::init_logging("info");
+    // tracing to stderr, filtered by RUST_LOG (default info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let a = Args::parse();
     if !(0.0..=10_000.0).contains(&a.delay_ms) {
         eprintln!("delay-bridge: --delay-ms must be between 0 and 10000");
