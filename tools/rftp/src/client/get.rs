@@ -76,7 +76,8 @@ pub fn get_with(
     };
     let journal = || algo.map(|_| Journal::new(&part));
     let run_out: Option<Running>;
-    let x = slot.get(f, o)?;
+    // What is left to move sizes the session (a small file, few streams).
+    let x = slot.get(f, o, total.map(|t| t.saturating_sub(offset)))?;
     let rest = |f: &mut Ftp| -> Result<(), String> {
         if offset > 0 {
             tracing::info!(offset, "resuming download");

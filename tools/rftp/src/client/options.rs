@@ -14,7 +14,7 @@ pub type ProgressCb = Arc<dyn Fn(u64, Option<u64>) + Send + Sync>;
 /// Options of a transfer.
 #[derive(Clone)]
 pub struct Options {
-    /// Data streams; 0 is `auto` (sized to the path, [`plan_for_path`]).
+    /// Data streams; 0 is `auto` (sized to the path, [`plan_for_path`](crate::client::plan_for_path)).
     pub streams: u32,
     pub block_size: u32,
     /// Blocks in flight per stream; 0 picks [`Options::effective_iodepth`]'s
@@ -30,7 +30,7 @@ pub struct Options {
     /// transfer; both ends compute it as the data flows.
     pub verify: bool,
     /// The checksum `verify` uses: `auto` (the best the server offers,
-    /// [`Ftp::negotiate_hash`]) or one algorithm.
+    /// [`Ftp::negotiate_hash`](crate::client::Ftp::negotiate_hash)) or one algorithm.
     pub checksum: Choice,
     /// Told the checksum chosen for each transfer (the progress line shows
     /// it).
@@ -134,7 +134,7 @@ pub struct Summary {
     pub via: String,
     /// The verified checksum (algorithm, hex digest), if verification ran.
     pub checksum: Option<(Algo, String)>,
-    /// Retries it took ([`get_retrying`]).
+    /// Retries it took ([`get_retrying`](crate::client::get_retrying)).
     pub retries: u32,
 }
 

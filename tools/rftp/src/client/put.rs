@@ -49,7 +49,7 @@ pub fn put_with(
         run: algo.map(Running::new),
     };
     let run_out;
-    let x = slot.get(f, o)?;
+    let x = slot.get(f, o, fs::metadata(file).ok().map(|m| m.len()))?;
     let via_s;
     let bytes = if let Some(x) = x {
         via_s = via(&**x);

@@ -2,6 +2,8 @@
 //! transfers on it (`XferSlot`: a new RADR only when the parameters
 //! change).
 
+use std::time::Duration;
+
 use rdma_xfer::Transport;
 
 use super::ftp::{set_congestion, Ftp};
@@ -35,18 +37,24 @@ pub struct XferSlot {
     /// The rate (bits/s) the last long enough transfer delivered: the next
     /// automatic plan starts from it.
     measured: Option<f64>,
+    /// The control connection's RTT, measured (one NOOP) for the first
+    /// automatic plan and reused by the next ones.
+    rtt: Option<Duration>,
 }
 
 impl XferSlot {
     /// The session for `o`: the cached one, a new one, or `None` when `o`
     /// asks for plain FTP or the server lacks the extension. `auto`
-    /// settings are sized to the path ([`plan_for_path`]); a cached
-    /// automatic session is replaced when the rate measured since asks for
-    /// a window at least twice or at most half its own.
+    /// settings are sized to the path and to the transfer's `size` when
+    /// known ([`plan_for_path`]); a cached automatic session is replaced
+    /// when the rate measured since, or a larger transfer, asks for a
+    /// window at least twice its own, or the rate for at most half of it
+    /// (a transfer that fits the cached window keeps it: no new RADR).
     pub(super) fn get(
         &mut self,
         f: &mut Ftp,
         o: &Options,
+        size: Option<u64>,
     ) -> Result<Option<&mut Box<dyn Transport>>, String> {
         if o.tcp || self.unsupported {
             return Ok(None);
@@ -62,11 +70,20 @@ impl XferSlot {
         let auto = o.streams == 0 || o.iodepth == 0;
         let mut stale = self.x.is_none() || self.key.as_deref() != Some(key.as_str());
         let mut resolved = None;
-        if auto && (stale || self.measured.is_some()) {
-            let (r, p) = plan_for_path(f, o, self.measured.take())?;
+        if auto && (stale || self.measured.is_some() || size.is_some()) {
+            let rtt = match self.rtt {
+                Some(r) => r,
+                None => {
+                    let r = f.rtt()?;
+                    self.rtt = Some(r);
+                    r
+                }
+            };
+            let (r, p) = plan_for_path(f, o, self.measured.take(), size, Some(rtt))?;
             if let (false, Some(old), Some(new)) = (stale, &self.plan, &p) {
                 let (a, b) = (old.window(), new.window());
-                stale = b >= 2 * a || 2 * b <= a;
+                let fits = size.is_some_and(|n| n <= a);
+                stale = b >= 2 * a || (2 * b <= a && !fits);
                 if stale {
                     tracing::info!(
                         old = a,
@@ -149,40 +166,28 @@ pub(super) fn via(x: &dyn Transport) -> String {
 
 /// Resolve the `auto` settings of `o` for the path behind `f`: with
 /// streams and depth both pinned (or plain FTP) `o` is used as it is;
-/// otherwise the control connection's RTT and the rate delivered by the
-/// last transfer of this session (`measured`, bits/s) size the session
-/// ([`rdma_xfer::tune::plan`]), and what is pinned stays pinned.
+/// otherwise the path's RTT (`rtt`, or measured now on the control
+/// connection), the rate delivered by the last transfer of this session
+/// (`measured`, bits/s) and the transfer's `size` when known size the
+/// session ([`plan_sized`]), and what is pinned stays pinned.
 pub fn plan_for_path(
     f: &mut Ftp,
     o: &Options,
     measured: Option<f64>,
+    size: Option<u64>,
+    rtt: Option<Duration>,
 ) -> Result<(Options, Option<rdma_xfer::tune::Plan>), String> {
     if o.tcp || (o.streams > 0 && o.iodepth > 0) {
         let mut o = o.clone();
         o.streams = o.streams.max(1);
         return Ok((o, None));
     }
-    let rtt = f.rtt()?;
+    let rtt = match rtt {
+        Some(r) => r,
+        None => f.rtt()?,
+    };
     let lim = rdma_xfer::tune::Limits::of_this_host(o.max_window);
-    let mut lim = lim;
-    if o.streams > 0 {
-        lim.max_streams = o.streams;
-    }
-    let mut p = rdma_xfer::tune::plan(rtt, measured, o.block_size, &lim);
-    let mut r = o.clone();
-    if o.streams > 0 {
-        p.streams = o.streams;
-        p.why
-            .push_str(&format!("; streams pinned at {}", o.streams));
-    }
-    r.streams = p.streams;
-    if o.iodepth > 0 {
-        p.iodepth = o.iodepth;
-        p.why
-            .push_str(&format!("; iodepth pinned at {}", o.iodepth));
-    } else {
-        r.iodepth = p.iodepth;
-    }
+    let (r, p) = plan_sized(rtt, measured, size, o, lim);
     tracing::info!(
         streams = p.streams,
         iodepth = p.iodepth,
@@ -200,4 +205,114 @@ pub fn plan_for_path(
         );
     }
     Ok((r, Some(p)))
+}
+
+/// The automatic plan for a path of `rtt` (and `measured` bits/s, if a
+/// transfer measured it) with the host's limits `lim`, fitted to a
+/// transfer of `size` bytes when it is known ([`rdma_xfer::tune::plan_for`]:
+/// a 200 KB file does not open 8 streams), and `o` with it applied. What
+/// `o` pins (streams or iodepth) stays pinned.
+pub fn plan_sized(
+    rtt: Duration,
+    measured: Option<f64>,
+    size: Option<u64>,
+    o: &Options,
+    mut lim: rdma_xfer::tune::Limits,
+) -> (Options, rdma_xfer::tune::Plan) {
+    if o.streams > 0 {
+        lim.max_streams = o.streams;
+    }
+    let mut p = rdma_xfer::tune::plan_for(rtt, measured, o.block_size, size, &lim);
+    let mut r = o.clone();
+    if o.streams > 0 {
+        p.streams = o.streams;
+        p.why
+            .push_str(&format!("; streams pinned at {}", o.streams));
+    }
+    r.streams = p.streams;
+    if size.is_some() {
+        // fit_to_size may shrink the block for a file smaller than one.
+        r.block_size = p.block_size;
+    }
+    if o.iodepth > 0 {
+        p.iodepth = o.iodepth;
+        p.why
+            .push_str(&format!("; iodepth pinned at {}", o.iodepth));
+    } else {
+        r.iodepth = p.iodepth;
+    }
+    (r, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma_xfer::tune::{Limits, DEFAULT_MAX_WINDOW, MAX_AUTO_STREAMS};
+
+    /// Debian's default socket limits (tcp_wmem 4 MiB, tcp_rmem 6 MiB,
+    /// tcp_adv_win_scale 1): 3 MiB in flight per connection.
+    fn lim() -> Limits {
+        Limits {
+            max_window: DEFAULT_MAX_WINDOW,
+            per_conn: rdma_xfer::tune::per_connection_cap(4 << 20, 6 << 20, 1),
+            max_streams: MAX_AUTO_STREAMS,
+        }
+    }
+
+    /// issue 27: a get or put of a known size is sized to the file as well
+    /// as to the path. The seed's sizes at 10 and 50 ms: a 200 KB or 1 MB
+    /// file gets one stream whose window holds the whole file; a larger
+    /// file never gets more than the unsized plan, and 100 MB at 50 ms is
+    /// large enough for the whole unsized plan. Run with --nocapture for
+    /// the table.
+    #[test]
+    fn plan_is_fitted_to_the_transfer_size() {
+        let o = Options::default();
+        for ms in [10u64, 50] {
+            let rtt = Duration::from_millis(ms);
+            let (_, whole) = plan_sized(rtt, None, None, &o, lim());
+            println!(
+                "{ms} ms unsized: {} x {} x {} KiB",
+                whole.streams,
+                whole.iodepth,
+                whole.block_size >> 10
+            );
+            for size in [200_000u64, 1_000_000, 10_000_000, 100_000_000] {
+                let (r, p) = plan_sized(rtt, None, Some(size), &o, lim());
+                println!(
+                    "{ms} ms {size:>9} B: {} x {} x {} KiB ({})",
+                    p.streams,
+                    p.iodepth,
+                    p.block_size >> 10,
+                    p.why
+                );
+                assert_eq!(
+                    (r.streams, r.iodepth, r.block_size),
+                    (p.streams, p.iodepth, p.block_size)
+                );
+                assert!(p.streams <= whole.streams && p.window() <= whole.window().max(size));
+                if size <= 1_000_000 {
+                    assert_eq!(p.streams, 1, "{size} B at {ms} ms: {}", p.why);
+                    assert!(p.window() >= size, "{size} B at {ms} ms: {}", p.why);
+                }
+            }
+            let (_, big) = plan_sized(rtt, None, Some(100_000_000), &o, lim());
+            if ms == 50 {
+                assert_eq!(big.streams, whole.streams, "{}", big.why);
+            }
+        }
+        // What the user pins stays pinned, whatever the size.
+        let pinned = Options {
+            streams: 4,
+            ..Options::default()
+        };
+        let (r, p) = plan_sized(
+            Duration::from_millis(50),
+            None,
+            Some(200_000),
+            &pinned,
+            lim(),
+        );
+        assert_eq!((r.streams, p.streams), (4, 4), "{}", p.why);
+    }
 }

@@ -156,7 +156,7 @@ pub(super) fn mem_transfer(
     o: &Options,
 ) -> Result<Summary, String> {
     let x = slot
-        .get(f, o)?
+        .get(f, o, Some(len))?
         .ok_or("memory-to-memory mode needs the server's RDMA extension (RADR); drop --tcp")?;
     let via_s = via(&**x);
     f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
