@@ -26,5 +26,5 @@ pub use ftp::{Ftp, Reply};
 pub use get::{backoff, get, get_retrying, get_with, part_path, transient};
 pub use options::{Options, ProgressCb, Summary, DEFAULT_WINDOW};
 pub use put::{put, put_with};
-pub use session::{plan_for_path, session, XferSlot};
+pub use session::{plan_for_path, plan_sized, session, XferSlot};
 pub use url::Url;
