@@ -217,7 +217,7 @@ impl TcpSession {
             Ok(s)
         };
         // connect(2) blocks for a round trip: one thread per stream.
-        let mut streams = std::thread::scope(|scope| {
+        let mut opened: Vec<Result<TcpStream, Error>> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..cfg.streams)
                 .map(|i| scope.spawn(move || open(i)))
                 .collect();
@@ -227,12 +227,18 @@ impl TcpSession {
                     h.join()
                         .unwrap_or_else(|_| Err(Error::Setup("a connect thread panicked".into())))
                 })
-                .collect::<Result<Vec<TcpStream>, Error>>()
-        })?;
-        let ack = read_ack(&mut streams[0])?;
+                .collect()
+        });
+        // The grant comes on stream 0. A stream beyond it may find the
+        // session's listener already closed (the passive side stops
+        // listening once its granted streams are in): that refusal is the
+        // answer, not a failure; it and any such stream that got through
+        // are dropped here.
+        let rest = opened.split_off(1);
+        let mut first = opened.pop().expect("stream 0 was opened")?;
+        let ack = read_ack(&mut first)?;
         let neg = ack.apply(cfg).map_err(Error::Protocol)?;
-        // Streams beyond the grant were refused (or will be): closed here.
-        streams.truncate(neg.streams as usize);
+        let streams = granted(first, rest, neg.streams)?;
         Ok(TcpSession {
             streams,
             logger: Logger::new(neg.progress_interval),
@@ -616,8 +622,40 @@ impl Transport for TcpSession {
     }
 }
 
+/// Stream 0 and the other streams up to the passive side's `grant`: every
+/// granted stream must have connected; what lies beyond the grant (refused
+/// by a listener already closed, or connected and now dropped) does not
+/// matter.
+fn granted<S>(first: S, mut rest: Vec<Result<S, Error>>, grant: u32) -> Result<Vec<S>, Error> {
+    rest.truncate((grant as usize).saturating_sub(1));
+    let mut streams = vec![first];
+    for s in rest {
+        streams.push(s?);
+    }
+    Ok(streams)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refused_stream_beyond_the_grant_is_not_a_failure() {
+        // rftp's limits test saw this: 2 streams proposed, 1 granted, and
+        // stream 1's connect refused because the session's listener had
+        // closed; the whole connect failed.
+        let refused = || Err(super::Error::Setup("connecting stream 1: refused".into()));
+        assert_eq!(super::granted(0u32, vec![refused()], 1).unwrap(), vec![0]);
+        assert_eq!(
+            super::granted(0u32, vec![Ok(1), refused()], 2).unwrap(),
+            vec![0, 1]
+        );
+        // A granted stream that failed fails the session.
+        assert!(super::granted(0u32, vec![refused(), Ok(2)], 3).is_err());
+        assert_eq!(
+            super::granted(0u32, vec![Ok(1), Ok(2)], 3).unwrap(),
+            vec![0, 1, 2]
+        );
+    }
+
     use super::*;
 
     #[test]
