@@ -198,10 +198,10 @@ run_variant() {
         (cd "$d" && wan_a curl -sS --fail --max-time 120 "${urls[@]}")
         ;;
     wget) wan_a wget -q -r -l1 -nH -e robots=off -P "$d" --timeout=60 "$U/$page/" ;;
-    plain) wan_a "$RHTTP" -q --plain get -r -P "$d" "$U/$page/" 2>/dev/null ;;
-    rhttp-sw1) wan_a "$RHTTP" -q get -r --pipeline 1 --scheme server-writes -P "$d" "$U/$page/" 2>/dev/null ;;
-    rhttp-sw) wan_a "$RHTTP" -q get -r --scheme server-writes -P "$d" "$U/$page/" 2>/dev/null ;;
-    rhttp-cr) wan_a "$RHTTP" -q get -r --scheme client-reads -P "$d" "$U/$page/" 2>/dev/null ;;
+    plain) wan_a "$RHTTP" -q --plain get -r -l 1 -nH -e robots=off -P "$d" "$U/$page/" 2>/dev/null ;;
+    rhttp-sw1) wan_a "$RHTTP" -q get -r -l 1 -nH -e robots=off --pipeline 1 --scheme server-writes -P "$d" "$U/$page/" 2>/dev/null ;;
+    rhttp-sw) wan_a "$RHTTP" -q get -r -l 1 -nH -e robots=off --scheme server-writes -P "$d" "$U/$page/" 2>/dev/null ;;
+    rhttp-cr) wan_a "$RHTTP" -q get -r -l 1 -nH -e robots=off --scheme client-reads -P "$d" "$U/$page/" 2>/dev/null ;;
     *) echo "unknown variant $v" >&2; return 1 ;;
     esac
 }

@@ -432,7 +432,7 @@ t_recursive() { # $1 scheme [$2 base URL, default $U1]
     c0=$(connect_count)
     r0=$(reuse_count)
     l0=$(wc -l <"$T/logs/error.log")
-    R get -r --stats --scheme "$1" -P "$d" "${2:-$U1}/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    R get -r -l 1 -nH --stats --scheme "$1" -P "$d" "${2:-$U1}/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
     c1=$(connect_count)
     r1=$(reuse_count)
     cat "$d.err"
@@ -467,7 +467,7 @@ check "rhttp get -r, client-reads, dynamic registration (mapped files, pinned in
 t_recursive_close() { # [$1 scheme, default server-writes]
     local d="$T/out/rec-close" sch="${1:-server-writes}"
     rm -rf "$d"
-    R get -r --stats --scheme "$sch" -P "$d" "http://127.0.0.1:$P7/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
+    R get -r -l 1 -nH --stats --scheme "$sch" -P "$d" "http://127.0.0.1:$P7/page/" 2>"$d.err" || { cat "$d.err"; return 1; }
     cat "$d.err"
     page_same "$d" || return 1
     [ "$(grep -c "via RDMA ($sch)" "$d.err")" -eq 13 ] &&
