@@ -86,6 +86,6 @@ pub mod tune;
 pub mod wire;
 
 pub use conn::{IoMap, Stats, Watermark, WatermarkFn};
-pub use net::{never_reached_tcp, Listener, Stream};
 pub use iwarp::cm::TcpConnect;
+pub use net::{never_reached_tcp, Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};
