@@ -408,7 +408,7 @@ fn segment_file_name(seg: &str) -> std::ffi::OsString {
 
 /// Where `u` is saved under the output directory without the host
 /// directory (`wget -nH`): its [`normalize`]d path (so never outside),
-/// each segment through [`segment_file_name`], `index.html` for a path
+/// each segment through `segment_file_name`, `index.html` for a path
 /// that ends in '/', the query kept in the name as wget does (with '/'
 /// written as `%2F`). Empty segments are skipped.
 pub fn local_path(u: &Url) -> PathBuf {

@@ -22,7 +22,7 @@
 //!   [`MAX_RULES`] rules are kept (a hostile file of a hundred thousand
 //!   `*` patterns would otherwise cost a crawl of ten thousand URLs
 //!   minutes of matching); matching is linear in the path per pattern
-//!   segment ([`matches`]).
+//!   segment ([`matches()`]).
 //!
 //! Pure and panic-free on any input (fuzzed by `rhttp_links`).
 
