@@ -106,6 +106,7 @@ fn adopt_inherited() {
     let _inside = table::Inside::enter();
     let cfg = config::get();
     let mut any = false;
+    let mut recorded = Vec::new();
     for fd in open_fds() {
         // SAFETY: an all-zero stat is a valid value for fstat to fill.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -126,7 +127,17 @@ fn adopt_inherited() {
         // left it undecided was in the process before the exec).
         let deferred = match settle::first_bytes(fd) {
             attach::FirstBytes::Plain => continue,
-            attach::FirstBytes::Mpa => attach::defer(fd, &cfg.opts),
+            // Decided here, so recorded here: the accepting process before
+            // the exec saw no bytes yet and recorded nothing (an undecided
+            // one is recorded by the settle watcher when it decides).
+            // Once per connection: an inetd's service has it as stdin and
+            // stdout, two descriptors of one stream.
+            attach::FirstBytes::Mpa => attach::defer(fd, &cfg.opts).inspect(|()| {
+                if !recorded.contains(&(local, peer)) {
+                    recorded.push((local, peer));
+                    cfg.record("accept", "iwarp", Some(peer), "(inherited through exec)");
+                }
+            }),
             attach::FirstBytes::NeedMore => attach::defer_undecided(fd, &cfg.opts),
         };
         match deferred {
