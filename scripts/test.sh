@@ -23,7 +23,7 @@
 #   FAST=1            skip the slow parts (tshark check, siw interop, fuzz,
 #                     sanitizers)
 #   SKIP_INSTALL=1    never install anything; fail if a tool is missing
-#   FUZZ_SECONDS=N    seconds per fuzz target (default 10; 0 skips fuzzing)
+#   FUZZ_SECONDS=N    seconds per fuzz target (default 6; 0 skips fuzzing)
 #   TEST_TIMEOUT=N    seconds allowed for `cargo test` (default 1200)
 #   CI=true           set by CI; only changes the banner
 #
@@ -36,7 +36,7 @@ cd "$ROOT"
 
 FAST="${FAST:-0}"
 SKIP_INSTALL="${SKIP_INSTALL:-0}"
-FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-6}"
 TEST_TIMEOUT="${TEST_TIMEOUT:-1200}"
 export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
