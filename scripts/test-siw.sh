@@ -69,6 +69,7 @@ guest_built
 FAILS=0
 PASSES=0
 SERVER_PID=""
+SERVER_LOG=""
 cleanup() {
     if [[ -n "$SERVER_PID" ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
     "$SIW_VM/run.sh" down >/dev/null 2>&1 || true
@@ -198,16 +199,20 @@ finish_boot() {
     wait "$BOOT_PID" 2>/dev/null || true
 }
 
+# start_server LOG [ARGS...]: our iwarp-ping server for one boot, its
+# output in LOG (one file per boot, so a failure in boot 1 keeps its log).
 start_server() {
+    SERVER_LOG="$1"
+    shift
     ip netns exec "$NETNS" "$PING" -s -P -a "$HOST" -p "$OUR_PORT" --timeout 10 "$@" \
-        >"$LOGS/server.$OUR_PORT.log" 2>&1 &
+        >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
 }
 
 stop_server() {
     if [[ -n "$SERVER_PID" ]]; then
         if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            note "FAIL: iwarp-ping -s exited during the run (log: $LOGS/server.$OUR_PORT.log)"
+            note "FAIL: iwarp-ping -s exited during the run (log: $SERVER_LOG)"
             FAILS=$((FAILS + 1))
         fi
         kill "$SERVER_PID" 2>/dev/null || true
@@ -222,7 +227,7 @@ note "logs in $LOGS; $RUNS connections per scenario"
 # ---- boot 1: siw defaults
 G1="$LOGS/guest1.log"
 guest_job "$LOGS/job1.sh" A:server B:server C:client:"-C 3 -V" D:server:"-S 65535"
-start_server
+start_server "$LOGS/server.boot1.log"
 boot "$G1" "" "$LOGS/job1.sh"
 read -ra A_ARGS <<<"${SIW_A_ARGS:-}"
 our_client A "$G1" "${A_ARGS[@]}"
@@ -235,7 +240,7 @@ stop_server
 # ---- boot 2: siw requires CRC and uses peer-to-peer mode
 G2="$LOGS/guest2.log"
 guest_job "$LOGS/job2.sh" E:client:"-C 3 -V" F:server
-start_server --crc on
+start_server "$LOGS/server.boot2.log" --crc on
 boot "$G2" "mpa_crc_required=1,peer_to_peer=1" "$LOGS/job2.sh"
 their_client E "$G2" "rping -c -V (siw CRC required, peer-to-peer) -> iwarp-ping -s --crc on"
 our_client F "$G2" --crc on --rtr write
