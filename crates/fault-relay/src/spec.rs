@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Sizes (`at=1M`, `max=64K`) are written as every tool writes them.
+pub use iwarp_conf::parse_size;
+
 /// Which direction(s) of a connection a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dir {
@@ -260,25 +263,4 @@ pub fn parse_mapping(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
         .parse()
         .map_err(|e| format!("{t}: not an IP:PORT target: {e}"))?;
     Ok((l, t))
-}
-
-/// Parse sizes like `64M`, `1G`, `4096`, `1MiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size {s:?}: use e.g. 4096, 512K, 64M, 1G"))
 }
