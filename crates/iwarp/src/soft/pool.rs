@@ -633,7 +633,12 @@ impl Worker {
             self.set_interest(&qp, &conn, l);
         }
         let mut tx = bits & WORK_TX != 0;
-        if bits & WORK_RX != 0 {
+        // A mode that went on and off again before this thread looked
+        // leaves the interest as it was, so no MOD and no new edge: but a
+        // turn cut short by the mode (`pool_must_not_read`) may have left
+        // bytes in the socket. One pass finds them (or `EAGAIN`).
+        let rearmed = bits & WORK_REARM != 0 && l.interest & libc::EPOLLIN as u32 != 0;
+        if bits & WORK_RX != 0 || rearmed {
             tx |= rx_work(&qp, &conn).tx_due;
         }
         if tx {
@@ -800,6 +805,15 @@ pub(super) fn drain(
         if conn.stop.load(Ordering::Acquire) {
             return Err("stopped".into());
         }
+        // An application-driven CQ: the socket is the application's from
+        // the next pass on (`Conn::set_app_driven`). Without this check a
+        // pool thread in the middle of a turn read on for its whole budget
+        // (4 MiB) after the mode changed. What this turn already buffered
+        // stays in `rx` for the application's next pass; the socket keeps
+        // the rest, and the application waits on it level-triggered.
+        if pool_must_not_read(conn) {
+            return Ok(false);
+        }
         let p = rx_pass(qp, conn, rx);
         *tx_due |= std::mem::take(&mut rx.tx_due);
         match p {
@@ -809,6 +823,12 @@ pub(super) fn drain(
         }
     }
     Ok(true)
+}
+
+/// The pool thread leaves the socket alone: the application reads it (an
+/// application-driven CQ) or busy-polls it (stepping aside).
+fn pool_must_not_read(conn: &Conn) -> bool {
+    conn.app_driven.load(Ordering::SeqCst) || conn.aside.load(Ordering::SeqCst)
 }
 
 /// Transmit work for a pooled connection from its pool thread: write what
