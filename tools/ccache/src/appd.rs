@@ -27,32 +27,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
 use iwarp::{CompletionQueue, ProtectionDomain};
 
+// The document files live in a leaf module (push reads them too); their
+// functions stay reachable as `appd::doc_body` etc. for the binaries.
+pub use crate::docs::{doc_body, doc_path, init_docs};
 use crate::listen::{Endpoint, ListenCfg, ListenStats};
-
 use crate::msgio::{read_msg, write_msg};
 use crate::table::VersionTable;
-
-/// The document body at a version: the line `doc D version V` repeated
-/// and cut to `size` bytes. Every version of a document has the same
-/// length, so an update rewrites the file in place.
-pub fn doc_body(doc: u32, version: u64, size: usize) -> Vec<u8> {
-    let line = format!("doc {doc:06} version {version:020}\n");
-    line.bytes().cycle().take(size).collect()
-}
-
-/// The file of document `doc`.
-pub fn doc_path(root: &Path, doc: u32) -> PathBuf {
-    root.join(doc.to_string())
-}
-
-/// Write every document's file at `version`.
-pub fn init_docs(root: &Path, docs: u32, version: u64, size: usize) -> io::Result<()> {
-    std::fs::create_dir_all(root)?;
-    for d in 0..docs {
-        std::fs::write(doc_path(root, d), doc_body(d, version, size))?;
-    }
-    Ok(())
-}
 
 /// The version table listener's settings: `cfg` with the table's
 /// advertisement as the accepted Reply's private data and the version

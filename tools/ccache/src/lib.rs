@@ -15,6 +15,8 @@
 //! - [`appd`]: the application module's servers (`ccappd`): the RDMA
 //!   listener that hands out the table's address and rkey, the two-sided
 //!   version thread, the Table 1 IPC server, and the update thread.
+//! - [`docs`]: the document files ccappd serves and updates (a leaf:
+//!   `appd` writes them, `push` reads them).
 //! - [`check`]: the proxy's version checks: one RDMA Read of the slot, or
 //!   a request to the version thread.
 //! - [`proxy`]: `ccproxy`, an HTTP/1.1 caching reverse proxy (hyper on
@@ -41,6 +43,7 @@ pub mod acheck;
 pub mod appd;
 pub mod check;
 pub mod config;
+pub mod docs;
 pub mod ipc;
 pub mod listen;
 pub mod load;

@@ -44,8 +44,8 @@ use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
 use iwarp::{QpState, SendWr, SgList, WcStatus, WrOpcode};
 
 use crate::access::Token;
-use crate::appd::doc_path;
 use crate::check::{connect_reader, Reader};
+use crate::docs::doc_path;
 use crate::msgio::{read_msg, write_msg};
 use crate::state::CacheState;
 
