@@ -100,8 +100,22 @@ pub(super) static STATE: Mutex<State> = Mutex::new(State {
 pub(super) fn kick(st: &mut State, d: RawFd, ctl: Option<OwnedFd>) {
     let Some(ctl) = ctl else { return };
     let r = real();
+    // `send` with MSG_NOSIGNAL, not `write`: the placeholder's other end
+    // may have no copy left (it was only on `d`, which now has its final
+    // file), and a write to a socket whose peer is gone raises SIGPIPE
+    // (send(2): "EPIPE ... unless MSG_NOSIGNAL is set"), which killed a C
+    // server that does not ignore SIGPIPE at its first iWARP accept
+    // (Python ignores it, so the Python tests never saw it). Nobody to
+    // wake then, so EPIPE is fine.
     // SAFETY: plain descriptor calls on our descriptors.
-    unsafe { (r.write)(ctl.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    unsafe {
+        (r.send)(
+            ctl.as_raw_fd(),
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
     // SAFETY: plain descriptor call; the copy is ours.
     let w = unsafe { (r.fcntl)(d, libc::F_DUPFD_CLOEXEC, 0) };
     if w < 0 {
