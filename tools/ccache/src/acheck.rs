@@ -3,8 +3,9 @@
 //! its answer without holding a thread, so one event loop thread serves
 //! every client connection and every check in flight.
 //!
-//! - `rdma`: post the RDMA Read, then wait on the completion queue's
-//!   descriptor ([`iwarp::CompletionQueue::as_raw_fd`]). In
+//! - `rdma`: post the RDMA Read, then wait on the completion queue on
+//!   tokio's reactor ([`iwarp_tokio::AsyncCq`], the verbs' one async
+//!   wrapper). In
 //!   [`RdmaWait::EventLoop`] (the default) the CQ is application-driven:
 //!   the descriptor is an epoll set of the queue pair's socket, and the
 //!   event loop thread itself reads the Read Response when the socket is
@@ -29,14 +30,13 @@
 //! nothing else runs on their runtime.
 
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use ccache_proto::ipc::{Kind, Repr, MSG_LEN};
 use ccache_proto::slot::Advert;
-use iwarp::{CompletionQueue, ProgressMode, WcStatus, WorkCompletion};
+use iwarp::{ProgressMode, WcStatus, WorkCompletion};
 use iwarp_sockets::tokio_io::AsyncStream;
-use tokio::io::unix::AsyncFd;
+use iwarp_tokio::AsyncCq;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -77,21 +77,11 @@ pub(crate) enum CqWait {
     Blocking(Option<ProgressMode>),
 }
 
-/// The CQ's descriptor for tokio's reactor (never read through this
-/// type); the CQ handle keeps the descriptor open.
-struct CqFd(CompletionQueue);
-
-impl AsRawFd for CqFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 /// An RDMA connection to the version table with its descriptor in tokio's
 /// reactor (`None`: waits with [`CqWait::Blocking`]). `fd` is declared
 /// first so it is deregistered before the connection goes.
 struct RdmaLink {
-    fd: Option<AsyncFd<CqFd>>,
+    fd: Option<AsyncCq>,
     conn: RdmaConn,
     timeout: Duration,
 }
@@ -108,21 +98,10 @@ impl RdmaLink {
                 .map_err(|e| CheckError::Protocol(e.to_string()))?
                 .ok_or(CheckError::Timeout(self.timeout));
         };
-        loop {
-            if let Some(wc) = self.conn.cq().poll_one() {
-                return Ok(wc);
-            }
-            let mut ready = fd
-                .readable()
-                .await
-                .map_err(|e| CheckError::Protocol(format!("waiting on the CQ: {e}")))?;
-            match self.conn.cq().poll_one() {
-                Some(wc) => return Ok(wc),
-                // Nothing left to receive: wait for the next readiness
-                // event (one that came after `readable` returned is kept).
-                None => ready.clear_ready(),
-            }
-        }
+        fd.completion_timeout(self.timeout)
+            .await
+            .map_err(|e| CheckError::Protocol(format!("waiting on the CQ: {e}")))?
+            .ok_or(CheckError::Timeout(self.timeout))
     }
 
     async fn read(&mut self, doc: u32, bounds: bool) -> Result<u64, CheckError> {
@@ -280,18 +259,10 @@ impl AsyncCheck {
                 })
                 .await
                 .map_err(join)??;
-                #[allow(unsafe_code)]
-                // SAFETY: `CqFd` holds a handle to the CQ, which owns the
-                // descriptor and keeps it open for as long as the AsyncFd
-                // (its owner) exists; the CQ's progress mode was set before
-                // the connection, and never changes after, so `as_raw_fd`
-                // keeps naming the same descriptor (the epoll set in
-                // application-driven mode, the eventfd otherwise).
-                let fd = unsafe { AsyncFd::register(CqFd(conn.cq().clone())) }.map_err(|e| {
-                    CheckError::Unreachable(format!(
-                        "registering the CQ's descriptor: {}",
-                        e.into_parts().1
-                    ))
+                // The mode was set before the connection; the same mode
+                // again only puts the CQ on this runtime's reactor.
+                let fd = AsyncCq::new(conn.cq().clone(), wait.progress()).map_err(|e| {
+                    CheckError::Unreachable(format!("registering the CQ's descriptor: {e}"))
                 })?;
                 Ok(Link::Rdma(Box::new(RdmaLink {
                     fd: Some(fd),
