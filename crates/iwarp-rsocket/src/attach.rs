@@ -9,53 +9,11 @@ use std::os::fd::{FromRawFd, RawFd};
 
 use iwarp_sockets::{Listener, Options, Stream};
 
+pub use crate::classify::{classify_first_bytes, FirstBytes, MPA_REQ_KEY};
+pub use crate::fd::fd_flags;
 use crate::real::real;
+pub use crate::table::may_accept;
 use crate::table::{self, Inside};
-
-/// The 16 bytes an MPA Request starts with (RFC 5044 §7.1, "MPA ID Req
-/// Frame"): iwarp-proto's key, the one definition in the workspace.
-pub use iwarp_proto::wire::mpa::KEY_REQ as MPA_REQ_KEY;
-
-/// What the first bytes of an accepted connection say about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FirstBytes {
-    /// They start with [`MPA_REQ_KEY`]: an MPA Request, an iWARP peer.
-    Mpa,
-    /// They differ from [`MPA_REQ_KEY`] somewhere: a plain TCP client.
-    Plain,
-    /// A proper prefix of [`MPA_REQ_KEY`] (or nothing): wait for more.
-    NeedMore,
-}
-
-/// The decision [`peek_is_mpa`] takes on the bytes peeked so far, without
-/// any I/O. Only the first 16 bytes are looked at, so once the answer is
-/// [`FirstBytes::Mpa`] or [`FirstBytes::Plain`] more bytes never change it.
-pub fn classify_first_bytes(buf: &[u8]) -> FirstBytes {
-    let n = buf.len().min(MPA_REQ_KEY.len());
-    if buf[..n] != MPA_REQ_KEY[..n] {
-        FirstBytes::Plain
-    } else if n == MPA_REQ_KEY.len() {
-        FirstBytes::Mpa
-    } else {
-        FirstBytes::NeedMore
-    }
-}
-
-/// `(O_NONBLOCK set, FD_CLOEXEC set)` of `fd`.
-pub fn fd_flags(fd: RawFd) -> (bool, bool) {
-    let r = real();
-    // SAFETY: plain descriptor calls.
-    let (fl, fdf) = unsafe {
-        (
-            (r.fcntl)(fd, libc::F_GETFL, 0),
-            (r.fcntl)(fd, libc::F_GETFD, 0),
-        )
-    };
-    (
-        fl >= 0 && fl & libc::O_NONBLOCK != 0,
-        fdf >= 0 && fdf & libc::FD_CLOEXEC != 0,
-    )
-}
 
 /// Connects the socket `fd` to `addr` over iWARP and makes `fd` the
 /// stream. `fd` keeps its number, its non-blocking mode and its
@@ -75,26 +33,6 @@ pub fn connect(fd: RawFd, addr: SocketAddr, opts: &Options) -> io::Result<()> {
     let stream = Stream::connect_with(addr, opts)?;
     stream.set_nonblocking(nonblocking)?;
     table::install(fd, stream, cloexec)
-}
-
-/// Whether this process may accept MPA clients as streams (the errors
-/// name why not).
-pub fn may_accept() -> io::Result<()> {
-    if !table::new_streams_allowed() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "no new iWARP streams in a child forked after its parent made one (the socket \
-             library's progress thread does not exist here)",
-        ));
-    }
-    if table::children_serve_inherited() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "a child of this process tried to use a stream it inherited: the program serves \
-             its connections in forked children, which cannot drive this process's streams",
-        ));
-    }
-    Ok(())
 }
 
 /// Accepts the TCP connection `fd` (just accepted, its MPA Request
@@ -148,31 +86,6 @@ fn accept_stream(fd: RawFd, opts: &Options, nonblocking: bool) -> io::Result<Str
     Ok(stream)
 }
 
-/// Makes `fd` a connection whose peer is gone: one end of a socket pair
-/// whose other end is closed (what was at `fd` is closed).
-pub(crate) fn dead_end(fd: RawFd) {
-    let r = real();
-    let mut pair = [-1; 2];
-    // SAFETY: `pair` has room for the two descriptors; the other calls
-    // are plain descriptor calls on descriptors this function made, and
-    // `dup2` onto `fd`, which the caller owns.
-    unsafe {
-        if libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            0,
-            pair.as_mut_ptr(),
-        ) == 0
-        {
-            (r.close)(pair[1]);
-            (r.dup2)(pair[0], fd);
-            (r.close)(pair[0]);
-        } else {
-            (r.shutdown)(fd, libc::SHUT_RDWR);
-        }
-    }
-}
-
 /// Waits up to `wait` for the first bytes of the accepted connection `fd`
 /// and says whether they are an MPA Request. Nothing is consumed.
 pub fn peek_is_mpa(fd: RawFd, wait: std::time::Duration) -> bool {
@@ -224,48 +137,5 @@ pub fn peek_is_mpa(fd: RawFd, wait: std::time::Duration) -> bool {
                 (r.poll)(&mut p, 1, ms);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{classify_first_bytes, FirstBytes, MPA_REQ_KEY};
-
-    #[test]
-    fn mpa_key_and_a_whole_request_are_mpa() {
-        assert_eq!(classify_first_bytes(MPA_REQ_KEY), FirstBytes::Mpa);
-        // siw's default Request (siw-default.pcap).
-        let req = b"MPA ID Req Frame\x10\x02\x00\x04\x00\x01\x00\x01";
-        assert_eq!(classify_first_bytes(req), FirstBytes::Mpa);
-    }
-
-    #[test]
-    fn partial_key_needs_more() {
-        for n in 1..MPA_REQ_KEY.len() {
-            assert_eq!(
-                classify_first_bytes(&MPA_REQ_KEY[..n]),
-                FirstBytes::NeedMore,
-                "{n} bytes"
-            );
-        }
-    }
-
-    #[test]
-    fn empty_needs_more() {
-        assert_eq!(classify_first_bytes(b""), FirstBytes::NeedMore);
-    }
-
-    #[test]
-    fn plain_http_and_near_misses_are_plain() {
-        assert_eq!(
-            classify_first_bytes(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
-            FirstBytes::Plain
-        );
-        assert_eq!(classify_first_bytes(b"G"), FirstBytes::Plain);
-        // A Reply key, or a Request key differing in its last byte.
-        assert_eq!(classify_first_bytes(b"MPA ID Rep Frame"), FirstBytes::Plain);
-        assert_eq!(classify_first_bytes(b"MPA ID Req Fram!"), FirstBytes::Plain);
-        // Differs early, before the peer has sent 16 bytes.
-        assert_eq!(classify_first_bytes(b"MPB"), FirstBytes::Plain);
     }
 }

@@ -440,10 +440,10 @@ pub unsafe extern "C" fn rsetsockopt(
             Some(s) => unsafe { ops::setsockopt(&s, level, name, val, len) },
             None => {
                 // SAFETY: the caller's promise.
-                unsafe { crate::note_sockopt(fd, level, name, val, len) };
-                if level == crate::SOL_RDMA {
+                unsafe { ops::note_sockopt(fd, level, name, val, len) };
+                if level == ops::SOL_RDMA {
                     // rsocket's own level: no TCP counterpart.
-                    return if name == crate::RDMA_IOMAPSIZE {
+                    return if name == ops::RDMA_IOMAPSIZE {
                         0
                     } else {
                         fail_with(libc::ENOPROTOOPT)
@@ -487,5 +487,5 @@ pub unsafe extern "C" fn rgetsockopt(
 /// third argument is read as an integer.
 #[no_mangle]
 pub extern "C" fn rfcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
-    boundary("rfcntl", || crate::fcntl(fd, cmd, arg))
+    boundary("rfcntl", || ops::fcntl(fd, cmd, arg))
 }

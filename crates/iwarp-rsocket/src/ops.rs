@@ -12,7 +12,7 @@ use libc::{c_int, c_void, iovec, msghdr, size_t, sockaddr, socklen_t, ssize_t};
 
 use crate::errno::{fail, fail_with};
 use crate::real::real;
-use crate::table::Sock;
+use crate::table::{self, Sock};
 
 /// A read or write on a stream inherited through `fork`: the error, and
 /// the parent learns that its children serve its connections
@@ -633,7 +633,7 @@ pub unsafe fn setsockopt(
         }
         // rsocket.c: the table is part of the connection's private data,
         // so it cannot change once connected.
-        (crate::SOL_RDMA, crate::RDMA_IOMAPSIZE) => fail_with(libc::EINVAL),
+        (SOL_RDMA, RDMA_IOMAPSIZE) => fail_with(libc::EINVAL),
         _ => fail_with(libc::ENOPROTOOPT),
     }
 }
@@ -715,7 +715,7 @@ pub unsafe fn getsockopt(
             _ => libc::AF_INET,
         }),
         (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(0),
-        (crate::SOL_RDMA, crate::RDMA_IOMAPSIZE) => int(c_int::from(o.iomap_size)),
+        (SOL_RDMA, RDMA_IOMAPSIZE) => int(c_int::from(o.iomap_size)),
         (libc::SOL_SOCKET, libc::SO_RCVBUF) => int(o.rbuf_size as c_int),
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => int(o.sbuf_size as c_int),
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => int(c_int::from(
@@ -879,6 +879,78 @@ pub fn is_tcp_socket(fd: c_int) -> bool {
         }
     }
     ty == libc::SOCK_STREAM && is_inet(dom)
+}
+
+/// `SOL_RDMA`, the level of rsocket's own options (`<rdma/rsocket.h>`).
+pub const SOL_RDMA: c_int = 0x10000;
+/// `RDMA_IOMAPSIZE`: entries of the iomap table a socket advertises
+/// (the fourth of `RDMA_SQSIZE`, `RDMA_RQSIZE`, `RDMA_INLINE`,
+/// `RDMA_IOMAPSIZE`, `RDMA_ROUTE`).
+pub const RDMA_IOMAPSIZE: c_int = 3;
+
+/// Notes the socket options that shape a stream made later on `fd`
+/// (`SO_RCVBUF`, `SO_SNDBUF`, `SO_KEEPALIVE`, `RDMA_IOMAPSIZE`,
+/// `TCP_CONGESTION`). Call it for an option the TCP socket took (a
+/// congestion-control name the kernel refused is not noted).
+///
+/// # Safety
+/// `val` must be valid for `len` bytes of reads.
+pub unsafe fn note_sockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *const c_void,
+    len: socklen_t,
+) {
+    if level == SOL_RDMA && name == RDMA_IOMAPSIZE {
+        // SAFETY: the caller's promise.
+        if let Some(v) = unsafe { opt_int(val, len) } {
+            table::note_pending(fd, |p| {
+                p.iomap_size = Some(v.clamp(0, i32::from(u16::MAX)) as u16)
+            });
+        }
+        return;
+    }
+    if level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION {
+        // SAFETY: the caller's promise.
+        if let Some(n) = unsafe { opt_name(val, len) }.filter(|n| n.len() < 16) {
+            let mut b = [0u8; 16];
+            b[..n.len()].copy_from_slice(n.as_bytes());
+            table::note_pending(fd, |p| p.congestion = Some(b));
+        }
+        return;
+    }
+    if level != libc::SOL_SOCKET {
+        return;
+    }
+    // SAFETY: the caller's promise.
+    let Some(v) = (unsafe { opt_int(val, len) }) else {
+        return;
+    };
+    match name {
+        libc::SO_RCVBUF => table::note_pending(fd, |p| p.rcvbuf = Some(v.max(0) as u32)),
+        libc::SO_SNDBUF => table::note_pending(fd, |p| p.sndbuf = Some(v.max(0) as u32)),
+        libc::SO_KEEPALIVE => table::note_pending(fd, |p| p.keepalive = Some(v != 0)),
+        _ => {}
+    }
+}
+
+/// `fcntl` with the stream's view: `F_GETFL`/`F_SETFL` on a stream, and
+/// the `F_DUPFD` family recorded in the table; everything else goes to the
+/// C library.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: libc::c_ulong) -> c_int {
+    if let Some(s) = table::lookup(fd) {
+        if let Some(rc) = fcntl_flags(&s, cmd, arg) {
+            return rc;
+        }
+    }
+    // SAFETY: plain descriptor call; `arg` is passed through as the C
+    // caller gave it.
+    let rc = unsafe { (real().fcntl)(fd, cmd, arg) };
+    if rc >= 0 && (cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC) && !table::inside() {
+        table::duplicated(fd, rc);
+    }
+    rc
 }
 
 #[cfg(test)]

@@ -404,6 +404,26 @@ pub fn new_streams_allowed() -> bool {
     !NO_NEW_STREAMS.load(Ordering::Acquire)
 }
 
+/// Whether this process may accept MPA clients as streams (the errors
+/// name why not).
+pub fn may_accept() -> io::Result<()> {
+    if !new_streams_allowed() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no new iWARP streams in a child forked after its parent made one (the socket \
+             library's progress thread does not exist here)",
+        ));
+    }
+    if children_serve_inherited() {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a child of this process tried to use a stream it inherited: the program serves \
+             its connections in forked children, which cannot drive this process's streams",
+        ));
+    }
+    Ok(())
+}
+
 /// Records that a stream is about to be made (for [`new_streams_allowed`]
 /// in children) and registers the `fork` handler once.
 pub fn note_stream() {

@@ -11,7 +11,8 @@ use std::sync::MutexGuard;
 
 use super::config::MPA_MAX_REQUEST;
 use super::state::{claim, pid, set, state, test, unclaim, State, CLAIMED, EPOLLS, KICKED};
-use crate::attach::{classify_first_bytes, fd_flags, FirstBytes};
+use crate::classify::{classify_first_bytes, FirstBytes};
+use crate::fd::fd_flags;
 use crate::real::real;
 use crate::table::{self};
 

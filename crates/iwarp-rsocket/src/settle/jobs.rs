@@ -18,9 +18,10 @@ use super::state::{
     claim, kick, numbers_of, pid, set, state, unclaim, wake, Job, Phase, State, KICKED, NEXT_JOB,
     SETTLED, WAKE, WATCHER,
 };
-use crate::attach::{classify_first_bytes, dead_end, fd_flags, may_accept, FirstBytes};
+use crate::classify::{classify_first_bytes, FirstBytes};
+use crate::fd::{dead_end, fd_flags};
 use crate::real::real;
-use crate::table::{self, Inside};
+use crate::table::{self, may_accept, Inside};
 
 /// MPA accepts waiting for their first use or their exchange.
 pub fn pending() -> usize {
