@@ -18,7 +18,8 @@
 #      installed), preloaded and plain curl;
 #   g) a peer killed mid-stream: the other side's blocked read returns
 #      within 1 s (both directions); fork: a child closes an inherited
-#      stream and the parent carries on;
+#      stream and the parent carries on; vfork and posix_spawn children
+#      leave the parent's streams alone;
 #   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite);
 #   j) descriptors closed or replaced during stalled MPA exchanges;
 #   k) a thread-per-connection and an event-loop (selectors/epoll) server keep
@@ -722,6 +723,42 @@ t_slow_accept() {
     echo "info: accepted connection untouched for 2 s: made a stream by the settle timer, the client stayed on iWARP"
 }
 check "g) an accepted connection left alone for 2 s still becomes iWARP (settle timer)" t_slow_accept
+# vfork: a child made by vfork (or posix_spawn, CLONE_VM | CLONE_VFORK)
+# runs in its parent's memory until exec, so what it does through the
+# shim must not touch the parent's streams, deferred accepts or settle
+# claims (tests/preload/vfork_exec.c says what the children do). The
+# server holds a stream (A), a deferred accept (B) and 4 stalled MPA
+# exchanges while three children close, close_range, dup2 and exit();
+# afterwards its 0-2 are still its files, A and B echo SHA-256 equal over
+# iWARP, and the stalled exchanges end. About 3 s.
+t_vfork() {
+    next_port
+    local s a b st _i
+    rm -f "$T/g-vf-srv.stats" "$T/g-vf-cli.stats" "$T/g-vf-srv.out"
+    gcc -O1 -Wall -Wextra -Werror "$HELPER_DIR/vfork_exec.c" -o "$T/vfork_exec" || return 1
+    bgpre "$T/g-vf-srv.stats" env IWARP_PRELOAD_SETTLE_MS=2000 IWARP_PRELOAD_CONNECT_MS=1500 \
+        timeout 30 "$T/vfork_exec" "$PORT" 4 </dev/null >"$T/g-vf-srv.out" 2>&1
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    bgpre "$T/g-vf-cli.stats" env IWARP_PRELOAD_CONNECT_MS=5000 \
+        timeout 30 "$PY" "$HELPER" echo-client "$PORT" blocking 262144 >"$T/g-vf-a.out" 2>&1
+    a=$BGPID
+    for _i in $(seq 100); do grep -q '^stream A' "$T/g-vf-srv.out" && break; sleep 0.1; done
+    bgpre "$T/g-vf-cli.stats" env IWARP_PRELOAD_CONNECT_MS=5000 \
+        timeout 30 "$PY" "$HELPER" echo-client "$PORT" blocking 262144 >"$T/g-vf-b.out" 2>&1
+    b=$BGPID
+    for _i in $(seq 100); do grep -q '^accepted B' "$T/g-vf-srv.out" && break; sleep 0.1; done
+    bg timeout 30 "$PY" "$HELPER" stall "$PORT" 4 4 >/dev/null
+    wait "$s"
+    st=$?
+    cat "$T/g-vf-srv.out"
+    wait "$a" || { echo "client A:"; cat "$T/g-vf-a.out"; st=1; }
+    wait "$b" || { echo "client B:"; cat "$T/g-vf-b.out"; st=1; }
+    [ "$st" = 0 ] || return 1
+    [ "$(grep -c 'connect iwarp' "$T/g-vf-cli.stats")" = 2 ] || { echo "not 2 iWARP clients:"; cat "$T/g-vf-cli.stats"; return 1; }
+    echo "info: 2 vfork children and a posix_spawn left the parent's stream, deferred accept, stalled exchanges and 0-2 alone"
+}
+check "g) vfork and posix_spawn children leave the parent's streams and stalled exchanges alone" t_vfork
 
 # ---- h) the C API ----------------------------------------------------------------------------
 t_capi() {

@@ -33,6 +33,9 @@
 //!   anyway. Copies (`dup`, `dup2`, `F_DUPFD`) wait with it, and a program
 //!   started by `exec` with such a connection (an inetd's service) adopts
 //!   it when the shim loads (`adopt_inherited`).
+//! - **vfork**: a child that runs in this process's memory (`vfork`,
+//!   `posix_spawn`) gets the C library's calls, untouched
+//!   (`passthrough`): the table in memory is the parent's.
 //!
 //! A stream's descriptor number refers to its readiness descriptor (see
 //! `iwarp_rsocket::table`), so `poll`, `select` and `epoll_wait` need no
@@ -66,6 +69,9 @@ static LOAD_CONFIG: extern "C" fn() = load_config;
 #[cfg(not(test))]
 extern "C" fn load_config() {
     let _ = std::panic::catch_unwind(|| {
+        // Before anything else: a child that shares this memory (vfork)
+        // must be told from this process (see `passthrough`).
+        table::claim_process();
         config::get();
         adopt_inherited();
     });
@@ -197,6 +203,11 @@ fn settled(
     if table::inside() || !(table::is_deferred(fd) || attach::is_settling(fd)) {
         return Ok((None, fd));
     }
+    if table::in_vfork_child() {
+        // The parent's accept: the child's call acts on its own copy of
+        // the number, as without the shim (see `passthrough`).
+        return Ok((None, fd));
+    }
     if ANSWERED_BY_TCP.contains(&what) {
         let held = attach::hold_settles();
         let target = held.tcp_of(fd);
@@ -254,6 +265,20 @@ fn sock_addr(fd: RawFd, peer: bool) -> Option<std::net::SocketAddr> {
     unsafe { ops::read_addr(p, len) }
 }
 
+/// Whether the call must go straight to the C library: made by the
+/// library itself ([`table::inside`]), or in a child made by `vfork` (or
+/// `posix_spawn`'s CLONE_VM | CLONE_VFORK child, or a raw `clone`) before
+/// its `exec`, which runs in the parent's memory with copies of the
+/// parent's descriptors ([`table::in_vfork_child`]): the table, the
+/// deferred accepts and the settles there are the parent's, and a
+/// child's `close` or `dup2` of its own copy must not close, forget or
+/// replace the parent's stream. (A child's read or write of a stream it
+/// shares acts on the parent's stream, as another thread of the parent
+/// would: vfork(2) makes any such call undefined behaviour anyway.)
+fn passthrough() -> bool {
+    table::inside() || table::in_vfork_child()
+}
+
 // --- connect and accept --------------------------------------------------
 
 // Not in the unit-test build: there the exports would interpose the C
@@ -261,7 +286,7 @@ fn sock_addr(fd: RawFd, peer: bool) -> Option<std::net::SocketAddr> {
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int {
     let r = real();
-    if table::inside() || addr.is_null() {
+    if addr.is_null() || passthrough() {
         // SAFETY: the caller's arguments, passed through.
         return unsafe { (r.connect)(fd, addr, len) };
     }
@@ -341,7 +366,7 @@ pub unsafe extern "C" fn accept4(
     flags: c_int,
 ) -> c_int {
     let r = real();
-    if table::inside() {
+    if passthrough() {
         // SAFETY: passed through.
         return unsafe { (r.accept4)(lfd, addr, len, flags) };
     }
@@ -665,12 +690,16 @@ pub unsafe extern "C" fn sendfile64(
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn close(fd: c_int) -> c_int {
-    if !table::inside() && !table::is_taken(fd) {
+    if passthrough() {
+        // SAFETY: passed through.
+        return unsafe { (real().close)(fd) };
+    }
+    if !table::is_taken(fd) {
         // Also drops a settle's claim on `fd`: the settle must not touch
         // the number once it is closed (it may be reused at once).
         attach::forget(fd, fd);
     }
-    if !table::is_taken(fd) || table::inside() {
+    if !table::is_taken(fd) {
         // SAFETY: passed through.
         return unsafe { (real().close)(fd) };
     }
@@ -680,7 +709,7 @@ pub extern "C" fn close(fd: c_int) -> c_int {
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
-    if !table::inside() {
+    if !passthrough() {
         let hi = (last as usize).min(table::MAX_FD - 1);
         if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first as usize <= hi {
             attach::forget(first as RawFd, hi as RawFd);
@@ -724,7 +753,7 @@ pub extern "C" fn dup(fd: c_int) -> c_int {
     }
     // SAFETY: plain descriptor call.
     let rc = unsafe { (real().dup)(fd) };
-    if rc >= 0 && table::is_taken(fd) && !table::inside() {
+    if rc >= 0 && table::is_taken(fd) && !passthrough() {
         table::duplicated(fd, rc);
     }
     rc
@@ -732,6 +761,10 @@ pub extern "C" fn dup(fd: c_int) -> c_int {
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if passthrough() {
+        // SAFETY: passed through.
+        return unsafe { (real().dup2)(old, new) };
+    }
     if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, 0, false)) {
         return rc;
     }
@@ -745,6 +778,10 @@ pub extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if passthrough() {
+        // SAFETY: passed through.
+        return unsafe { (real().dup3)(old, new, flags) };
+    }
     if let Some(rc) = dup_deferred(old, Some(new), |_| table::dup3(old, new, flags, true)) {
         return rc;
     }
@@ -766,7 +803,7 @@ pub extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
             return rc;
         }
     }
-    if table::inside() || !table::is_taken(fd) {
+    if table::inside() || !table::is_taken(fd) || table::in_vfork_child() {
         // SAFETY: passed through.
         return unsafe { (real().fcntl)(fd, cmd, arg) };
     }
@@ -783,7 +820,8 @@ pub unsafe extern "C" fn ioctl(fd: c_int, req: c_ulong, arg: *mut c_void) -> c_i
     if let Err(e) = settled(fd, "ioctl", true) {
         return fail_with(e);
     }
-    if let Some(s) = table::lookup(fd) {
+    // (In a vfork child, FIONBIO must not change the parent's stream.)
+    if let Some(s) = table::lookup(fd).filter(|_| !table::in_vfork_child()) {
         let rc = boundary("ioctl", || {
             // SAFETY: the caller's promise: `arg` points to what `req`
             // says (an int for FIONREAD and FIONBIO).
@@ -811,7 +849,10 @@ fn dup_deferred(
     target: Option<c_int>,
     call: impl FnOnce(&iwarp_rsocket::real::Real) -> c_int,
 ) -> Option<c_int> {
-    if table::inside() || !(table::is_deferred(old) || attach::is_settling(old)) {
+    if table::inside()
+        || !(table::is_deferred(old) || attach::is_settling(old))
+        || table::in_vfork_child()
+    {
         return None;
     }
     if let Some(new) = target {
@@ -855,9 +896,13 @@ pub unsafe extern "C" fn epoll_ctl(
             // the program reads its end.
             let _ = settled(fd, "epoll_ctl", true);
         }
-        // SAFETY: the caller's arguments, passed through.
-        if let Some(rc) = unsafe { settle::epoll_ctl(epfd, op, fd, ev) } {
-            return rc;
+        // (A vfork child's registration is of its own copy: not recorded
+        // with the parent's settle.)
+        if !(attach::is_settling(fd) && table::in_vfork_child()) {
+            // SAFETY: the caller's arguments, passed through.
+            if let Some(rc) = unsafe { settle::epoll_ctl(epfd, op, fd, ev) } {
+                return rc;
+            }
         }
     }
     // SAFETY: the caller's arguments, passed through unchanged.
@@ -902,13 +947,17 @@ pub unsafe extern "C" fn setsockopt(
     val: *const c_void,
     len: socklen_t,
 ) -> c_int {
+    if table::is_taken(fd) && table::in_vfork_child() {
+        // SAFETY: passed through (see `passthrough`).
+        return unsafe { (real().setsockopt)(fd, level, name, val, len) };
+    }
     if let Some(s) = table::lookup(fd) {
         // SAFETY: the caller's promise.
         return boundary("setsockopt", || unsafe {
             ops::setsockopt(&s, level, name, val, len)
         });
     }
-    if !table::inside() && level == libc::SOL_SOCKET {
+    if !passthrough() && level == libc::SOL_SOCKET {
         // SAFETY: the caller's promise.
         unsafe { iwarp_rsocket::note_sockopt(fd, level, name, val, len) };
     }
@@ -916,7 +965,7 @@ pub unsafe extern "C" fn setsockopt(
     let (_held, target) = settled(fd, "setsockopt", false).unwrap_or((None, fd));
     // SAFETY: passed through.
     let rc = unsafe { (real().setsockopt)(target, level, name, val, len) };
-    if rc == 0 && !table::inside() && level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION {
+    if rc == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_CONGESTION && !passthrough() {
         // The kernel took the name (ENOENT/EPERM otherwise, as tcp(7)
         // says): a stream made later on `fd` by `connect` uses it too
         // (an accepted one is this TCP socket already).

@@ -64,7 +64,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once, RwLock};
 use std::time::{Duration, Instant};
 
@@ -143,6 +143,47 @@ impl Drop for Inside {
         let was = self.was;
         INSIDE.with(|c| c.set(was));
     }
+}
+
+/// The process whose descriptors this table describes (0: none claimed,
+/// as in a program that uses the rsocket API directly: then
+/// [`in_vfork_child`] is always false).
+static OWNER: AtomicI32 = AtomicI32::new(0);
+
+/// Makes this process the owner of the table (the preload calls it when
+/// it is loaded), and keeps a child made by `fork` its own table's owner.
+pub fn claim_process() {
+    static ATFORK: Once = Once::new();
+    OWNER.store(std::process::id() as i32, Ordering::Release);
+    ATFORK.call_once(|| {
+        // SAFETY: registers a plain function without arguments that only
+        // stores an atomic (async-signal-safe, as a fork child handler
+        // must be).
+        unsafe { libc::pthread_atfork(None, None, Some(owner_after_fork)) };
+    });
+}
+
+extern "C" fn owner_after_fork() {
+    // SAFETY: getpid(2) cannot fail.
+    OWNER.store(unsafe { libc::getpid() }, Ordering::Release);
+}
+
+/// Whether this thread runs in a child that shares the owner's memory
+/// without being the owner: made by `vfork` (vfork(2): "the child
+/// shares all memory with its parent, including the stack, until a
+/// successful execve(2) or _exit(2)"; `posix_spawn` too, whose
+/// CLONE_VM | CLONE_VFORK child runs no `pthread_atfork` handlers), or by
+/// a raw `clone`. Its descriptors are copies of the parent's, but this
+/// table, the deferred accepts, the settles and the streams in memory are
+/// the parent's: the interposed calls (`close`, `dup2`, `close_range`, an
+/// `exit` after a failed `exec`) must go straight to the C library there,
+/// or they close or replace the parent's streams while the child only
+/// closes or replaces its own numbers. One `getpid(2)` (not cached by
+/// glibc since 2.25); asked only on the paths that change the table.
+pub fn in_vfork_child() -> bool {
+    let owner = OWNER.load(Ordering::Acquire);
+    // SAFETY: getpid(2) cannot fail.
+    owner != 0 && owner != unsafe { libc::getpid() }
 }
 
 /// One iWARP stream and what the socket calls keep beside it.
@@ -293,6 +334,11 @@ fn graceful_end_all(socks: &[&Sock]) {
 /// would otherwise lose its last bytes: the kernel closes the TCP
 /// connection with the stack's buffers unsent).
 extern "C" fn at_exit() {
+    if in_vfork_child() {
+        // `exit` (not `_exit`) after a failed exec in a vfork child: the
+        // streams are the parent's, which goes on with them.
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         let _inside = Inside::enter();
         let all: Vec<Arc<Sock>> = {
