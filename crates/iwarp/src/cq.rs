@@ -176,6 +176,9 @@ struct CqInner {
     /// The QPs whose completions come here, for
     /// [`CompletionQueue::progress`].
     sources: Mutex<Vec<Weak<dyn CqSource>>>,
+    /// `attach` prunes `sources` of destroyed QPs when it reaches this
+    /// length (twice what survived the last pruning, at least 16).
+    sources_prune_at: AtomicUsize,
     /// The device CQ behind this one, for a provider that has one (the
     /// rdma-core provider's `ibv_cq`); set once at creation.
     hw: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
@@ -263,6 +266,7 @@ impl CompletionQueue {
                 epoll: OnceLock::new(),
                 overrun_logged: Default::default(),
                 sources: Mutex::new(Vec::new()),
+                sources_prune_at: AtomicUsize::new(16),
                 hw: OnceLock::new(),
                 hook: RwLock::new(None),
                 hook_due: AtomicBool::new(false),
@@ -483,10 +487,21 @@ impl CompletionQueue {
     }
 
     /// A QP whose completions go to this CQ (called once per CQ at QP
-    /// creation).
+    /// creation). Entries of destroyed QPs are pruned when the list has
+    /// doubled since the last pruning, so creating N queue pairs on one CQ
+    /// costs O(N), not O(N^2) (a CQ shared by thousands of connections
+    /// spent 6.6 % of a set-up benchmark's samples pruning at every
+    /// attach: iwarp-connrate, 2,000 connections), and the list stays
+    /// shorter than twice what survived the last pruning (at least 16).
     pub(crate) fn attach(&self, qp: Weak<dyn CqSource>) {
-        let mut v = self.inner.sources.lock().unwrap_or_else(|e| e.into_inner());
-        v.retain(|w| w.strong_count() > 0);
+        let inner = &*self.inner;
+        let mut v = inner.sources.lock().unwrap_or_else(|e| e.into_inner());
+        if v.len() >= inner.sources_prune_at.load(Ordering::Relaxed) {
+            v.retain(|w| w.strong_count() > 0);
+            inner
+                .sources_prune_at
+                .store((2 * v.len()).max(16), Ordering::Relaxed);
+        }
         v.push(qp);
     }
 

@@ -7,6 +7,8 @@
 //!   block in the MPA Reply.
 //! - [`perftest_wire`]: the control messages perftest (`ib_write_bw -R`
 //!   ...) exchanges over its rdma_cm connection.
+//! - [`proc_stats`]: the process's CPU seconds and threads, for both
+//!   programs (iwarp-perf and iwarp-connrate).
 //!
 //! Every decoder takes untrusted bytes from the peer and returns an error
 //! naming what is wrong; none panics.
@@ -14,3 +16,4 @@
 pub mod params;
 #[path = "perftest/wire.rs"]
 pub mod perftest_wire;
+pub mod proc_stats;
