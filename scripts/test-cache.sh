@@ -38,13 +38,11 @@ APPD_PID=""
 APACHE_PID=""
 PX_PIDS=""
 
-stop_pid() { # $1 pid: TERM, wait at most 10 s, then KILL
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null
-    timeout 10 tail --pid="$1" -f /dev/null 2>/dev/null || kill -KILL "$1" 2>/dev/null
-}
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
 cleanup() {
-    for p in $PX_PIDS $APPD_PID $APACHE_PID; do stop_pid "$p"; done
+    # shellcheck disable=SC2086 # PX_PIDS is a list of pids
+    apache_stop $PX_PIDS "$APPD_PID" "$APACHE_PID"
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
@@ -66,19 +64,7 @@ finish() {
 
 # ---- prerequisites -----------------------------------------------------------
 
-need_pkgs=()
-command -v apache2 >/dev/null || need_pkgs+=(apache2)
-command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
-command -v curl >/dev/null || need_pkgs+=(curl)
-[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-    echo "installing ${need_pkgs[*]}"
-    timeout 300 apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
-fi
-for c in apache2 apxs curl /usr/bin/python3; do
-    command -v "$c" >/dev/null || { bad "prerequisite $c missing (apt-get install failed?)"; finish; }
-done
+apache_install apache2 apxs=apache2-dev curl /usr/bin/python3=python3 || { bad "prerequisites (the line above names the missing one)"; finish; }
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p ccache"; finish; fi
@@ -131,27 +117,13 @@ start_appd() {
     wait_port "$P_VER" "$APPD_PID"
 }
 
-cat >"$T/apache.conf" <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
+{
+    apache_conf_head "$T/run" "$T/logs" alias cgi env
+    apache_prefork 4 2 8 16
+    cat <<EOF
 Listen 127.0.0.1:$P_HTTP
-DefaultRuntimeDir $T/run
-PidFile $T/run/httpd.pid
-ErrorLog $T/logs/error.log
 LogLevel warn
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
-LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
-LoadModule env_module /usr/lib/apache2/modules/mod_env.so
 LoadModule ccache_module $MOD
-StartServers 4
-MinSpareServers 2
-MaxSpareServers 8
-ServerLimit 16
-MaxRequestWorkers 16
 KeepAlive On
 EnableSendfile On
 DocumentRoot $T/docs
@@ -169,15 +141,16 @@ Alias /raw/ $T/docs/
     CCache On
 </Location>
 EOF
+} >"$T/apache.conf"
 
 if start_appd; then ok "ccappd starts ($DOCS documents, $RATE updates/s)"; else
     bad "ccappd did not start"; cat "$T/ccappd.log"; finish; fi
 
-# Own session: on shutdown prefork signals its whole process group.
-setsid apache2 -d /etc/apache2 -f "$T/apache.conf" -DFOREGROUND >>"$T/logs/apache-stdout.log" 2>&1 &
-APACHE_PID=$!
-if wait_port "$P_HTTP" "$APACHE_PID"; then ok "apache2 starts (prefork, mod_ccache, CGI doc.cgi, port $P_HTTP)"; else
-    bad "apache2 did not start"; cat "$T/logs/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
+if APACHE_PID=$(apache_start "$T/apache.conf" "$P_HTTP" "$T/logs/apache-stdout.log"); then
+    ok "apache2 starts (prefork, mod_ccache, CGI doc.cgi, port $P_HTTP)"
+else
+    bad "apache2 did not start"; apache_logs "$T/logs/apache-stdout.log" "$T/logs/error.log"; finish
+fi
 
 start_proxy() { # $1 mode, $2 port [, $3 prefix] -> sets PX_PID
     "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" --prefix "${3:-/docs/}" \
@@ -366,7 +339,7 @@ check "ccupdate (separate update server, 200 updates) beside the update thread: 
 # ---- fault: proxy restart (empty cache, new version connections) ---------------
 
 RD_OLD=$(for p in $PX_PIDS; do echo "$p"; done | sed -n 3p)
-stop_pid "$RD_OLD"
+apache_stop "$RD_OLD"
 if start_proxy rdma "$P_RD"; then ok "ccproxy --mode rdma restarts"; else
     bad "ccproxy --mode rdma did not restart"; tail "$T/ccproxy-rdma.log"; finish; fi
 check "restarted rdma proxy: zero stale" t_recover rdma "$P_RD"

@@ -24,6 +24,8 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
 PASS=0
 FAIL=0
 T="$(mktemp -d /tmp/modrdma.XXXXXX)"
@@ -34,12 +36,7 @@ FPID=""
 RPID=""
 
 cleanup() {
-    for p in $APID $PPID_PLAIN $FPID $RPID; do
-        kill -TERM "$p" 2>/dev/null
-    done
-    for p in $APID $PPID_PLAIN $FPID $RPID; do
-        timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
-    done
+    apache_stop "$APID" "$PPID_PLAIN" "$FPID" "$RPID"
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
@@ -60,27 +57,7 @@ finish() {
 }
 
 # ---- prerequisites ---------------------------------------------------------
-need_pkgs=()
-command -v apache2 >/dev/null || need_pkgs+=(apache2)
-command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
-command -v curl >/dev/null || need_pkgs+=(curl)
-command -v python3 >/dev/null || need_pkgs+=(python3)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-    echo "installing ${need_pkgs[*]}"
-    timeout 300 apt-get update -qq >/dev/null
-    # policy-rc.d exit 101: the package must not start a system Apache on
-    # port 80 (the tests start their own on loopback ports).
-    POLICY=/usr/sbin/policy-rc.d
-    ADDED_POLICY=0
-    if [ ! -e "$POLICY" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod +x "$POLICY" && ADDED_POLICY=1
-    fi
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
-    [ "$ADDED_POLICY" = 1 ] && rm -f "$POLICY"
-fi
-for c in apache2 apxs curl python3; do
-    command -v "$c" >/dev/null || { bad "prerequisite $c is missing and could not be installed"; finish; }
-done
+apache_install apache2 apxs=apache2-dev curl python3 || { bad "prerequisites (the line above names the missing one)"; finish; }
 
 echo "building libiwarp, rhttp and mod_rdma"
 if ! timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp; then bad "cargo build"; finish; fi
@@ -189,29 +166,11 @@ chown -R www-data:www-data "$T/dav" "$T/run/dav" "$T/plainrun/dav"
 chmod -R a+rX "$DOCS" "$T/cgi-bin"
 
 common_conf() { # $1 = runtime dir, $2 = log dir
+    apache_conf_head "$1" "$2" mime dir alias cgi dav dav_fs
+    apache_prefork 2 1 2 2
     cat <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
-DefaultRuntimeDir $1
-PidFile $1/httpd.pid
-ErrorLog $2/error.log
 LogFormat "%h %l %u %t \"%r\" %>s %b" common
 CustomLog $2/access.log common
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
-LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
-LoadModule cgi_module /usr/lib/apache2/modules/mod_cgi.so
-LoadModule dav_module /usr/lib/apache2/modules/mod_dav.so
-LoadModule dav_fs_module /usr/lib/apache2/modules/mod_dav_fs.so
-StartServers 2
-MinSpareServers 1
-MaxSpareServers 2
-ServerLimit 2
-MaxRequestWorkers 2
 KeepAlive On
 KeepAliveTimeout 2
 TypesConfig /etc/mime.types
@@ -278,28 +237,13 @@ EOF
 } >"$T/plain.conf"
 
 start_apache() { # $1 conf, $2 port [, $3 address-space limit in KiB] -> pid on stdout
-    # Own session: on shutdown prefork signals its whole process group,
-    # which would otherwise include this script.
-    (
-        # Soft limit only: the test lifts it later as the workers' user
-        # (raising a hard limit needs CAP_SYS_RESOURCE).
-        if [ -n "${3:-}" ]; then ulimit -S -v "$3" || exit 1; fi
-        exec setsid apache2 -d /etc/apache2 -f "$1" -DFOREGROUND >>"$T/apache-stdout.log" 2>&1
-    ) &
-    local pid=$!
-    for _ in $(seq 1 100); do
-        if curl -s -o /dev/null --max-time 1 "http://127.0.0.1:$2/"; then echo "$pid"; return 0; fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$pid"
-    return 1
+    apache_start "$1" "$2" "$T/apache-stdout.log" "" "${3:-}"
 }
 
 if APID=$(start_apache "$T/rdma.conf" "$P1"); then ok "apache2 with mod_rdma starts (prefork, port $P1)"; else
-    bad "apache2 with mod_rdma did not start"; cat "$T/apache-stdout.log" "$T/logs/error.log" 2>/dev/null; finish; fi
+    bad "apache2 with mod_rdma did not start"; apache_logs "$T/apache-stdout.log" "$T/logs/error.log"; finish; fi
 if PPID_PLAIN=$(start_apache "$T/plain.conf" "$P3"); then ok "plain apache2 starts (port $P3)"; else
-    bad "plain apache2 did not start"; cat "$T/apache-stdout.log"; finish; fi
+    bad "plain apache2 did not start"; apache_logs "$T/apache-stdout.log" "$T/plainlogs/error.log"; finish; fi
 
 U1="http://127.0.0.1:$P1"
 U2="http://127.0.0.1:$P2"

@@ -20,6 +20,8 @@
 # MPM: so does mod_rdma, so both load into the same Apache.
 
 ZS_DIR="$ROOT/apps/zipsite"
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
 ZS_PGBIN=""
 ZS_PHPMOD=""
 
@@ -43,16 +45,7 @@ zs_install() {
     [ -n "$ZS_PGBIN" ] || need+=(postgresql)
     command -v curl >/dev/null || need+=(curl)
     if [ "${#need[@]}" -gt 0 ]; then
-        zs_log "installing ${need[*]}"
-        timeout 300 apt-get update -qq >/dev/null
-        # policy-rc.d exit 101: the packages must not start a system Apache
-        # or PostgreSQL (the scripts start their own, on their own sockets).
-        local policy=/usr/sbin/policy-rc.d added=0
-        if [ ! -e "$policy" ]; then
-            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && added=1
-        fi
-        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need[@]}" >/dev/null
-        [ "$added" = 1 ] && rm -f "$policy"
+        apt_install "${need[@]}"
         zs_find
     fi
     [ -n "$ZS_PHPMOD" ] || { zs_log "libapache2-mod-php is missing: apt-get install libapache2-mod-php"; return 1; }
@@ -104,28 +97,13 @@ zs_apache_conf() { # NAME PORT DSN [MOD_RDMA_SO]
     local name="$1" port="$2" dsn="$3" mod="${4:-}"
     mkdir -p "$T/$name"
     {
+        apache_conf_head "$T/$name" "$T/$name" mime dir env
+        apache_prefork "${ZS_WORKERS:-4}"
         cat <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
 Listen 127.0.0.1:$port
-DefaultRuntimeDir $T/$name
-PidFile $T/$name/httpd.pid
-ErrorLog $T/$name/error.log
 LogFormat "%h \"%r\" %>s %b %D" zs
 CustomLog $T/$name/access.log zs
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
-LoadModule env_module /usr/lib/apache2/modules/mod_env.so
 LoadModule php_module $ZS_PHPMOD
-StartServers ${ZS_WORKERS:-4}
-MinSpareServers ${ZS_WORKERS:-4}
-MaxSpareServers ${ZS_WORKERS:-4}
-ServerLimit ${ZS_WORKERS:-4}
-MaxRequestWorkers ${ZS_WORKERS:-4}
 MaxConnectionsPerChild 0
 KeepAlive On
 KeepAliveTimeout 5
@@ -171,17 +149,9 @@ EOF
 }
 
 zs_apache_start() { # NAME PORT -> pid on stdout
-    local name="$1" port="$2" pid
-    # Own session: on shutdown prefork signals its whole process group.
-    setsid apache2 -d /etc/apache2 -f "$T/$name.conf" -DFOREGROUND >>"$T/$name/stdout.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 150); do
-        if curl -s -o /dev/null --max-time 2 "http://127.0.0.1:$port/pics/"; then echo "$pid"; return 0; fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$pid"
-    cat "$T/$name/stdout.log" "$T/$name/error.log" >&2 2>/dev/null
+    local name="$1" port="$2"
+    APACHE_WAIT_S=15 apache_start "$T/$name.conf" "$port" "$T/$name/stdout.log" pics/ && return 0
+    apache_logs "$T/$name/stdout.log" "$T/$name/error.log" >&2
     return 1
 }
 
@@ -212,10 +182,4 @@ zs_wait_port() { # PORT PID: until something accepts on PORT (at most 15 s) whil
     return 1
 }
 
-zs_stop() { # PID...
-    local p
-    for p in "$@"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "$@"; do
-        timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
-    done
-}
+zs_stop() { apache_stop "$@"; } # PID...: TERM, wait (bounded), KILL
