@@ -1,9 +1,12 @@
-//! The connection manager (`rdma_cm`-style): this crate's MPA connection
-//! manager over TCP ([`crate::soft::cm`], re-exported here), with
-//! [`connect`], [`Listener`] and [`ConnRequest`] also serving queue pairs
-//! of a kernel device (the rdma-core provider, through librdmacm), so that
+//! The connection manager (`rdma_cm`-style): [`connect`], [`Listener`]
+//! and [`ConnRequest`] for queue pairs of any device. The software
+//! provider does TCP plus the MPA exchange itself ([`crate::soft::cm`]);
+//! a kernel device goes through librdmacm (the rdma-core provider), so
 //! clients and servers written against `iwarp::cm` run unchanged on
-//! `IWARP_DEVICE=siw0`.
+//! `IWARP_DEVICE=siw0`. Every call here goes through the provider seam
+//! (`QpCm` of the queue pair, `DeviceCm` of the context's device, and the
+//! listener's and request's objects of `device_ops.rs`); nothing here
+//! knows which provider runs.
 //!
 //! The TCP congestion control of a connection ([`ConnParam::congestion`],
 //! [`Listener::set_congestion`], [`tcp_congestion`]) is the software
@@ -21,16 +24,17 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
-#[cfg(feature = "rdma-core")]
-use std::time::Instant;
 
-pub use crate::soft::cm::{
+pub use crate::cm_types::{
     available_congestion_control, BadCongestionName, CmError, CongestionControl, ConnParam,
     HandshakeError, MpaConfig, Policy, Rtr, TcpConnect, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
     DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, MPA_WAIT_RTTS, REQUEST_TIMEOUT,
     TCP_CA_NAME_MAX_LEN,
 };
-use crate::{Context, DeviceSpec, QueuePair};
+use crate::context::Context;
+use crate::device::DeviceSpec;
+use crate::device_ops::{ListenerOps, RequestOps};
+use crate::qp::QueuePair;
 
 /// Connect `qp` to `addr` (`rdma_connect`); returns the peer's private
 /// data. A queue pair of the software provider does the MPA exchange over
@@ -40,78 +44,28 @@ use crate::{Context, DeviceSpec, QueuePair};
 /// (`param.mpa` is not used), and `param.congestion` must be `None`
 /// ([`CmError::Unsupported`]).
 pub fn connect(qp: &QueuePair, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
-    #[cfg(feature = "rdma-core")]
-    if crate::rdma::owns(qp) {
-        no_congestion_on_device(param)?;
-        return crate::rdma::cm::connect(qp, addr, &param.private_data, param.timeout)
-            .map_err(|e| provider_err("rdma_cm connect", e));
-    }
-    crate::soft::cm::connect(qp, addr, param)
-}
-
-/// What a kernel device answers to a congestion-control request.
-#[cfg(feature = "rdma-core")]
-const CC_UNSUPPORTED: CmError = CmError::Unsupported {
-    what: "choosing the TCP congestion control per connection",
-    provider: "rdma-core",
-    fix: "the device's TCP connections belong to the kernel, which uses the system default (sysctl net.ipv4.tcp_congestion_control); set that, or use the software provider (IWARP_DEVICE=soft)",
-};
-
-#[cfg(feature = "rdma-core")]
-fn no_congestion_on_device(param: &ConnParam) -> Result<(), CmError> {
-    match &param.congestion {
-        Some(cc) => {
-            tracing::warn!(congestion = %cc, "congestion control requested on a kernel device");
-            Err(CC_UNSUPPORTED)
-        }
-        None => Ok(()),
-    }
+    qp.ops.clone().connect(addr, param)
 }
 
 /// The TCP congestion-control algorithm `qp`'s connection uses (for
 /// logs): see [`crate::soft::cm::tcp_congestion`].
 /// [`CmError::Unsupported`] for a queue pair of a kernel device.
 pub fn tcp_congestion(qp: &QueuePair) -> Result<String, CmError> {
-    #[cfg(feature = "rdma-core")]
-    if crate::rdma::owns(qp) {
-        return Err(CC_UNSUPPORTED);
-    }
-    crate::soft::cm::tcp_congestion(qp)
+    qp.ops.tcp_congestion()
 }
 
 /// Change the congestion control of `qp`'s live connection: see
 /// [`crate::soft::cm::set_tcp_congestion`]. [`CmError::Unsupported`] for
 /// a queue pair of a kernel device.
 pub fn set_tcp_congestion(qp: &QueuePair, cc: &CongestionControl) -> Result<(), CmError> {
-    #[cfg(feature = "rdma-core")]
-    if crate::rdma::owns(qp) {
-        let _ = cc;
-        return Err(CC_UNSUPPORTED);
-    }
-    crate::soft::cm::set_tcp_congestion(qp, cc)
+    qp.ops.set_tcp_congestion(cc)
 }
 
 /// The round-trip time of `qp`'s TCP path: see
 /// [`crate::soft::cm::path_rtt`]. [`CmError::Unsupported`] for a queue
 /// pair of a kernel device (its TCP is the kernel's).
 pub fn path_rtt(qp: &QueuePair) -> Result<Option<Duration>, CmError> {
-    #[cfg(feature = "rdma-core")]
-    if crate::rdma::owns(qp) {
-        return Err(CmError::Unsupported {
-            what: "reading the TCP path's round-trip time",
-            provider: "rdma-core",
-            fix: "the device's TCP connections belong to the kernel; size buffers by hand there",
-        });
-    }
-    crate::soft::cm::path_rtt(qp)
-}
-
-#[cfg(feature = "rdma-core")]
-fn provider_err(during: &'static str, e: impl ToString) -> CmError {
-    CmError::Io {
-        during,
-        source: std::io::Error::other(e.to_string()),
-    }
+    qp.ops.path_rtt()
 }
 
 /// Reads and validates the MPA Request on a TCP connection accepted
@@ -123,39 +77,20 @@ pub fn request_from_stream(
     mpa: &MpaConfig,
     timeout: Duration,
 ) -> Result<ConnRequest, CmError> {
-    crate::soft::cm::request_from_stream(stream, mpa, timeout).map(|r| ConnRequest {
-        inner: ReqInner::Soft(r),
-    })
-}
-
-enum ListenerInner {
-    Soft(crate::soft::cm::Listener),
-    #[cfg(feature = "rdma-core")]
-    Kernel {
-        l: crate::rdma::cm::Listener,
-        local: SocketAddr,
-        mpa: MpaConfig,
-    },
+    crate::soft::cm::request_from_stream(stream, mpa, timeout)
+        .map(|r| ConnRequest { inner: Box::new(r) })
 }
 
 /// A listening endpoint (`rdma_listen`) on the software provider (a TCP
 /// socket, MPA negotiated by this crate) or on a kernel device (an
 /// rdma_cm id; the kernel negotiates MPA on iWARP devices).
 pub struct Listener {
-    inner: ListenerInner,
+    inner: Box<dyn ListenerOps>,
 }
 
 impl fmt::Debug for Listener {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.fmt(f),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { l, local, .. } => f
-                .debug_struct("Listener")
-                .field("device", &l.device_name())
-                .field("local", local)
-                .finish(),
-        }
+        self.inner.fmt(f)
     }
 }
 
@@ -170,11 +105,6 @@ impl Listener {
             addr,
             error: crate::Error::Device(e),
         })?;
-        if spec == DeviceSpec::Soft {
-            return crate::soft::cm::Listener::bind(addr, mpa).map(|l| Listener {
-                inner: ListenerInner::Soft(l),
-            });
-        }
         let ctx = Context::open_spec(&spec).map_err(|error| CmError::Device { addr, error })?;
         Listener::bind_on(&ctx, addr, mpa)
     }
@@ -184,41 +114,20 @@ impl Listener {
     /// must then be an address of that device's network interface, or the
     /// wildcard). Accept requests onto queue pairs of the same device.
     pub fn bind_on(ctx: &Context, addr: SocketAddr, mpa: MpaConfig) -> Result<Listener, CmError> {
-        #[cfg(feature = "rdma-core")]
-        if ctx.rdma_device().is_some() {
-            let l = crate::rdma::cm::Listener::bind(ctx, addr).map_err(|e| CmError::Bind {
-                addr,
-                source: std::io::Error::other(e.to_string()),
-            })?;
-            let local = l.local_addr().unwrap_or(addr);
-            tracing::debug!(%local, device = l.device_name(), "listening through rdma_cm");
-            return Ok(Listener {
-                inner: ListenerInner::Kernel { l, local, mpa },
-            });
-        }
-        let _ = ctx;
-        crate::soft::cm::Listener::bind(addr, mpa).map(|l| Listener {
-            inner: ListenerInner::Soft(l),
-        })
+        ctx.device_ops()
+            .listen(addr, mpa)
+            .map(|inner| Listener { inner })
     }
 
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.local_addr(),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { local, .. } => *local,
-        }
+        self.inner.local_addr()
     }
 
     /// The MPA policy of the listener (on a kernel device: the one given
     /// at bind, which the kernel's MPA does not consult).
     pub fn mpa(&self) -> &MpaConfig {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.mpa(),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { mpa, .. } => mpa,
-        }
+        self.inner.mpa()
     }
 
     /// Set the TCP congestion control of the listening socket; connections
@@ -226,33 +135,18 @@ impl Listener {
     /// [`crate::soft::cm::Listener::set_congestion`]).
     /// [`CmError::Unsupported`] on a kernel device.
     pub fn set_congestion(&self, cc: &CongestionControl) -> Result<(), CmError> {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.set_congestion(cc),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { .. } => {
-                let _ = cc;
-                Err(CC_UNSUPPORTED)
-            }
-        }
+        self.inner.set_congestion(cc)
     }
 
     /// The congestion control of the listening socket.
     /// [`CmError::Unsupported`] on a kernel device.
     pub fn tcp_congestion(&self) -> Result<String, CmError> {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.tcp_congestion(),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { .. } => Err(CC_UNSUPPORTED),
-        }
+        self.inner.tcp_congestion()
     }
 
     /// The device the listener runs on: `soft` or a kernel device name.
     pub fn device_name(&self) -> &str {
-        match &self.inner {
-            ListenerInner::Soft(_) => "soft",
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { l, .. } => l.device_name(),
-        }
+        self.inner.device_name()
     }
 
     /// Wait for the next connection request (`rdma_get_request`), at most
@@ -261,37 +155,9 @@ impl Listener {
     /// is the next `RDMA_CM_EVENT_CONNECT_REQUEST`. Running out of time is
     /// [`CmError::Timeout`] on both.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.get_request(timeout).map(|r| ConnRequest {
-                inner: ReqInner::Soft(r),
-            }),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { l, local, .. } => {
-                let start = Instant::now();
-                loop {
-                    let slice = match timeout {
-                        Some(t) => t.saturating_sub(start.elapsed()),
-                        None => Duration::from_secs(1),
-                    };
-                    match l.get_request(slice) {
-                        Ok(Some(r)) => {
-                            return Ok(ConnRequest {
-                                inner: ReqInner::Kernel(r),
-                            })
-                        }
-                        Ok(None) if timeout.is_some_and(|t| start.elapsed() >= t) => {
-                            return Err(CmError::Timeout {
-                                addr: *local,
-                                during: "waiting for a connection",
-                                after: start.elapsed(),
-                            })
-                        }
-                        Ok(None) => {}
-                        Err(e) => return Err(provider_err("waiting for a connection", e)),
-                    }
-                }
-            }
-        }
+        self.inner
+            .get_request(timeout)
+            .map(|inner| ConnRequest { inner })
     }
 }
 
@@ -299,34 +165,20 @@ impl AsRawFd for Listener {
     /// Readable when a connection request may be waiting: the listening
     /// TCP socket (software provider) or the rdma_cm event channel.
     fn as_raw_fd(&self) -> RawFd {
-        match &self.inner {
-            ListenerInner::Soft(l) => l.as_raw_fd(),
-            #[cfg(feature = "rdma-core")]
-            ListenerInner::Kernel { l, .. } => l.as_raw_fd(),
-        }
+        self.inner.raw_fd()
     }
-}
-
-enum ReqInner {
-    Soft(crate::soft::cm::ConnRequest),
-    #[cfg(feature = "rdma-core")]
-    Kernel(crate::rdma::cm::ConnRequest),
 }
 
 /// An incoming connection request (`RDMA_CM_EVENT_CONNECT_REQUEST`) of
 /// either provider. Dropping one of a kernel device rejects it; one of
 /// the software provider is closed.
 pub struct ConnRequest {
-    inner: ReqInner,
+    inner: Box<dyn RequestOps>,
 }
 
 impl fmt::Debug for ConnRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.inner {
-            ReqInner::Soft(r) => r.fmt(f),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => r.fmt(f),
-        }
+        self.inner.fmt(f)
     }
 }
 
@@ -334,89 +186,51 @@ impl ConnRequest {
     /// The initiator's address (on a kernel device, the unspecified
     /// address if librdmacm did not report one).
     pub fn peer_addr(&self) -> SocketAddr {
-        match &self.inner {
-            ReqInner::Soft(r) => r.peer_addr(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => r
-                .peer_addr()
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0))),
-        }
+        self.inner.peer_addr()
     }
 
     /// The private data of the request.
     pub fn private_data(&self) -> &[u8] {
-        match &self.inner {
-            ReqInner::Soft(r) => r.private_data(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => r.private_data(),
-        }
+        self.inner.private_data()
     }
 
     /// MPA revision the connection will use; 0 on a kernel device, whose
     /// MPA negotiation the kernel does without reporting it.
     pub fn revision(&self) -> u8 {
-        match &self.inner {
-            ReqInner::Soft(r) => r.revision(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(_) => 0,
-        }
+        self.inner.revision()
     }
 
     /// CRC will be used (false on a kernel device: not reported).
     pub fn crc(&self) -> bool {
-        match &self.inner {
-            ReqInner::Soft(r) => r.crc(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(_) => false,
-        }
+        self.inner.crc()
     }
 
     /// Markers will be used in at least one direction (false on a kernel
     /// device: not reported).
     pub fn markers(&self) -> bool {
-        match &self.inner {
-            ReqInner::Soft(r) => r.markers(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(_) => false,
-        }
+        self.inner.markers()
     }
 
     /// Our IRD after negotiation.
     pub fn ird(&self) -> u16 {
-        match &self.inner {
-            ReqInner::Soft(r) => r.ird(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => u16::from(r.ird_ord().0),
-        }
+        self.inner.ird()
     }
 
     /// Our ORD after negotiation.
     pub fn ord(&self) -> u16 {
-        match &self.inner {
-            ReqInner::Soft(r) => r.ord(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => u16::from(r.ird_ord().1),
-        }
+        self.inner.ord()
     }
 
     /// The congestion control of the accepted TCP connection before
     /// [`accept`](ConnRequest::accept) applies `param.congestion`.
     /// [`CmError::Unsupported`] on a kernel device.
     pub fn tcp_congestion(&self) -> Result<String, CmError> {
-        match &self.inner {
-            ReqInner::Soft(r) => r.tcp_congestion(),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(_) => Err(CC_UNSUPPORTED),
-        }
+        self.inner.tcp_congestion()
     }
 
     /// The provider the request came in on: `soft` or `rdma-core`.
     pub fn provider(&self) -> &'static str {
-        match &self.inner {
-            ReqInner::Soft(_) => "soft",
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(_) => "rdma-core",
-        }
+        self.inner.provider()
     }
 
     /// Accept the request onto `qp` (`rdma_accept`), which must belong to
@@ -428,31 +242,13 @@ impl ConnRequest {
     /// `param.congestion` must be `None` ([`CmError::Unsupported`], the
     /// request is refused). Post receives before accepting.
     pub fn accept(self, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
-        match self.inner {
-            ReqInner::Soft(r) => r.accept(qp, param),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => {
-                if !crate::rdma::owns(qp) {
-                    // Dropping `r` rejects the request.
-                    return Err(CmError::OtherProvider);
-                }
-                no_congestion_on_device(param)?;
-                r.accept(qp, &param.private_data, param.timeout)
-                    .map_err(|e| provider_err("rdma_cm accept", e))
-            }
-        }
+        self.inner.accept(qp, param)
     }
 
     /// Reject the request (`rdma_reject`) with `private_data` (at most 512
     /// bytes in MPA; 255 on a kernel device).
     pub fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
-        match self.inner {
-            ReqInner::Soft(r) => r.reject(private_data),
-            #[cfg(feature = "rdma-core")]
-            ReqInner::Kernel(r) => r
-                .reject(private_data)
-                .map_err(|e| provider_err("rdma_cm reject", e)),
-        }
+        self.inner.reject(private_data)
     }
 }
 

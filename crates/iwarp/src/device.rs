@@ -17,16 +17,27 @@
 //! The choice itself ([`resolve`]) is a pure function of the name and of
 //! the kernel devices rdma-core reports, so it is tested without RDMA.
 //!
-//! Dependencies point down: this module asks the rdma-core provider for
-//! its devices (`rdma::list`), and the types both use ([`Transport`],
-//! [`DeviceInfo`], [`DeviceError`]) come from the leaf module
-//! `device_info`, which imports neither, so the provider never reaches
-//! back up into the selection.
+//! This module is also the one place that knows which providers exist:
+//! [`open`] turns a name into the provider's device object (`DeviceOps` of
+//! `device_ops.rs`), `soft` from [`crate::soft`] and a kernel device from
+//! the rdma-core provider through the table `KERNEL`, the crate's only
+//! `cfg(feature = "rdma-core")` outside the module declaration. The rest
+//! of the verbs layer holds the device object and never asks which
+//! provider made it.
+//!
+//! Dependencies point down: this module asks the providers for their
+//! devices, and the types they share ([`Transport`], [`DeviceInfo`],
+//! [`DeviceError`], [`DeviceAttr`]) come from the leaf module
+//! `device_info`, which imports neither, so a provider never reaches back
+//! up into the selection.
 
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::device_info::no_device_reason;
-pub use crate::device_info::{DeviceError, DeviceInfo, Transport};
+pub use crate::device_info::{DeviceAttr, DeviceError, DeviceInfo, Transport};
+use crate::device_ops::DeviceOps;
+use crate::soft::SoftDevice;
 
 /// The environment variable [`Context::open`](crate::Context::open) reads.
 pub const DEVICE_ENV: &str = "IWARP_DEVICE";
@@ -114,18 +125,49 @@ pub fn resolve(
     }
 }
 
+/// A provider of kernel devices: how to list them and how to open one.
+struct KernelProvider {
+    /// The devices (name and transport), or why there are none to ask
+    /// about.
+    list: fn() -> Result<Vec<DeviceInfo>, String>,
+    /// Open the device of that name.
+    open: fn(&str) -> Result<Arc<dyn DeviceOps>, DeviceError>,
+}
+
+/// The kernel-device provider of this build: rdma-core (libibverbs and
+/// librdmacm) with the cargo feature `rdma-core`, none without it.
+#[cfg(feature = "rdma-core")]
+const KERNEL: Option<KernelProvider> = Some(KernelProvider {
+    list: crate::rdma::list,
+    open: crate::rdma::open,
+});
+#[cfg(not(feature = "rdma-core"))]
+const KERNEL: Option<KernelProvider> = None;
+
 /// The kernel devices rdma-core reports (name and transport), or why there
 /// are none to ask about.
 pub(crate) fn kernel_devices() -> Result<Vec<DeviceInfo>, String> {
-    #[cfg(feature = "rdma-core")]
-    {
-        crate::rdma::list()
-    }
-    #[cfg(not(feature = "rdma-core"))]
-    {
-        Err(String::from(
+    match &KERNEL {
+        Some(k) => (k.list)(),
+        None => Err(String::from(
             "this build has no rdma-core provider (cargo feature rdma-core off)",
-        ))
+        )),
+    }
+}
+
+/// Open the device `spec` names: the software device, or a kernel device
+/// through the kernel provider ([`resolve`] picks which).
+pub(crate) fn open(spec: &DeviceSpec) -> Result<Arc<dyn DeviceOps>, DeviceError> {
+    let kernel = match spec {
+        DeviceSpec::Soft => Ok(Vec::new()),
+        _ => kernel_devices().map(|v| v.into_iter().map(|d| d.name).collect()),
+    };
+    match resolve(spec, kernel)? {
+        Choice::Soft => Ok(SoftDevice::open()),
+        Choice::Kernel(name) => match &KERNEL {
+            Some(k) => (k.open)(&name),
+            None => Err(DeviceError::FeatureOff { name }),
+        },
     }
 }
 

@@ -1,5 +1,6 @@
 //! What a provider says about a device: the transport it speaks, its entry
-//! in the device list, and why it could not be chosen or opened.
+//! in the device list, its attributes, and why it could not be chosen or
+//! opened.
 //!
 //! A leaf: device selection ([`crate::device`]) and the providers (the
 //! rdma-core provider's device list and `open`) both use these types, and
@@ -47,6 +48,41 @@ impl fmt::Display for Transport {
             Transport::Other(v) => write!(f, "transport {v}"),
         }
     }
+}
+
+/// What the device says it can do (`ibv_query_device` and port 1 of
+/// `ibv_query_port`): the numbers that differ between transports and
+/// devices and that the rdma-core provider uses instead of assuming them
+/// ([`Context::device_attr`](crate::Context::device_attr); the software
+/// device reports none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// The kernel device name.
+    pub name: String,
+    /// iWARP, InfiniBand or RoCE (from the transport type and the link
+    /// layer of port 1).
+    pub transport: Transport,
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Largest queue depth.
+    pub max_qp_wr: u32,
+    /// Largest scatter/gather list of a send or receive.
+    pub max_sge: u32,
+    /// Largest completion queue.
+    pub max_cqe: u32,
+    /// Largest memory region.
+    pub max_mr_size: u64,
+    /// RDMA Reads a QP can serve at once (IRD).
+    pub max_qp_rd_atom: u32,
+    /// RDMA Reads a QP can have outstanding (ORD).
+    pub max_qp_init_rd_atom: u32,
+    /// Port 1's active MTU in bytes (IB/RoCE; iWARP reports the netdev's).
+    pub active_mtu: u32,
+    /// Port 1 is ACTIVE.
+    pub port_active: bool,
+    /// The transport has Write with Immediate and RNR retry (IB, RoCE);
+    /// iWARP has neither.
+    pub has_write_imm_and_rnr: bool,
 }
 
 /// A device [`list_devices`](crate::list_devices) found.

@@ -1,17 +1,18 @@
-//! The provider seam: what the verbs types ([`QueuePair`](crate::QueuePair),
-//! [`CompletionQueue`](crate::CompletionQueue)) ask of the code that moves a
+//! The provider seam, queue-pair half: what the verbs types
+//! ([`QueuePair`](crate::QueuePair), [`CompletionQueue`](crate::CompletionQueue))
+//! and the connection manager ([`crate::cm`]) ask of the code that moves a
 //! queue pair's bytes.
 //!
-//! A queue pair is a handle on a provider object ([`QpOps`]); a completion
-//! queue knows the queue pairs that complete into it only as
-//! [`CqSource`]s. The software provider ([`crate::soft`]: the sans-IO engine
-//! plus TCP sockets and driver threads) is one implementation; the rdma-core
-//! provider ([`crate::rdma`] with the `rdma-core` feature: libibverbs /
-//! librdmacm) is the second. Nothing in this module, in `qp.rs` or in
-//! `cq.rs` knows which provider runs: `qp` → `cq` → `provider`. Context,
-//! PD and CQ creation and the CM still choose the provider with `cfg`
-//! branches in `lib.rs` and `cm.rs` (docs/ARCHITECTURE.md says what is
-//! left of the seam).
+//! A queue pair is a handle on a provider object ([`QpOps`], with its
+//! connection-manager part [`QpCm`]); a completion queue knows the queue
+//! pairs that complete into it only as [`CqSource`]s. The software
+//! provider ([`crate::soft`]: the sans-IO engine plus TCP sockets and
+//! driver threads) is one implementation; the rdma-core provider
+//! (`crate::rdma` with the `rdma-core` feature: libibverbs / librdmacm)
+//! is the second. Nothing in this module, in `qp.rs` or in `cq.rs` knows
+//! which provider runs: `qp` → `cq` → `provider`. The device half (a
+//! context's PD, MR registration, CQ creation, listening) is
+//! `device_ops.rs`, one level up, because it names the verbs types.
 //!
 //! Also here: the data types every provider reports ([`QpEvent`],
 //! [`ConnInfo`], [`QpStats`]).
@@ -20,13 +21,17 @@ use std::any::Any;
 use std::fmt;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use iwarp_proto::engine::{PostError, QpState, RecvWr, SendWr, TermInfo};
 use iwarp_proto::handshake::Negotiated;
 
-/// The verbs of one queue pair, as a provider implements them.
-pub(crate) trait QpOps: Send + Sync + fmt::Debug {
+use crate::cm_types::{CmError, CongestionControl, ConnParam};
+
+/// The verbs of one queue pair, as a provider implements them (its
+/// connection-manager part, [`QpCm`], lives in the provider's `cm.rs`).
+pub(crate) trait QpOps: QpCm + Send + Sync + fmt::Debug {
     /// The QP number.
     fn qp_num(&self) -> u32;
     /// Post send-queue work requests (`bad_wr` semantics: those before the
@@ -46,7 +51,20 @@ pub(crate) trait QpOps: Send + Sync + fmt::Debug {
     fn next_event(&self, timeout: Duration) -> Option<QpEvent>;
     /// For the provider's own connection manager, which needs its concrete
     /// type back.
-    fn into_any(self: std::sync::Arc<Self>) -> std::sync::Arc<dyn Any + Send + Sync>;
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+}
+
+/// The connection-manager verbs of one queue pair ([`crate::cm`]'s
+/// functions that take a `QueuePair`), as a provider implements them.
+pub(crate) trait QpCm {
+    /// `rdma_connect`: connect to `addr`, return the peer's private data.
+    fn connect(self: Arc<Self>, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError>;
+    /// The TCP congestion control of the connection (for logs).
+    fn tcp_congestion(&self) -> Result<String, CmError>;
+    /// Change the congestion control of the live connection.
+    fn set_tcp_congestion(&self, cc: &CongestionControl) -> Result<(), CmError>;
+    /// The round-trip time of the connection's TCP path.
+    fn path_rtt(&self) -> Result<Option<Duration>, CmError>;
 }
 
 /// What a completion queue needs from a queue pair that completes into it

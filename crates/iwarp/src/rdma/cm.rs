@@ -21,6 +21,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,9 +29,36 @@ use super::conn::{err, event_name, expect, next_event, sockaddr_of, socketaddr_f
 use super::device::Device;
 use super::ffi::{self, Lib};
 use super::qp::Qp;
+use crate::cm_types::{CmError, CongestionControl, ConnParam, MpaConfig};
+use crate::context::Context;
+use crate::device_ops::{DeviceCm, ListenerOps, RequestOps};
 use crate::error::Error;
+use crate::provider::QpCm;
 use crate::qp::QueuePair;
-use crate::Context;
+
+/// What a kernel device answers to a congestion-control request.
+const CC_UNSUPPORTED: CmError = CmError::Unsupported {
+    what: "choosing the TCP congestion control per connection",
+    provider: "rdma-core",
+    fix: "the device's TCP connections belong to the kernel, which uses the system default (sysctl net.ipv4.tcp_congestion_control); set that, or use the software provider (IWARP_DEVICE=soft)",
+};
+
+fn no_congestion_on_device(param: &ConnParam) -> Result<(), CmError> {
+    match &param.congestion {
+        Some(cc) => {
+            tracing::warn!(congestion = %cc, "congestion control requested on a kernel device");
+            Err(CC_UNSUPPORTED)
+        }
+        None => Ok(()),
+    }
+}
+
+fn provider_err(during: &'static str, e: impl ToString) -> CmError {
+    CmError::Io {
+        during,
+        source: std::io::Error::other(e.to_string()),
+    }
+}
 
 fn rdma_qp(qp: &QueuePair) -> Result<Arc<Qp>, Error> {
     qp.ops.clone().into_any().downcast::<Qp>().map_err(|_| {
@@ -80,7 +108,15 @@ pub fn connect(
     private_data: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>, Error> {
-    let rq = rdma_qp(qp)?;
+    connect_qp(&rdma_qp(qp)?, addr, private_data, timeout)
+}
+
+fn connect_qp(
+    rq: &Arc<Qp>,
+    addr: SocketAddr,
+    private_data: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>, Error> {
     let dev = rq.pd.dev.clone();
     let lib = dev.lib;
     let p = Pending::new(lib)?;
@@ -181,12 +217,21 @@ impl std::fmt::Debug for Listener {
 impl Listener {
     /// Listen on `addr` (an address of `ctx`'s device, or the wildcard).
     pub fn bind(ctx: &Context, addr: SocketAddr) -> Result<Listener, Error> {
-        let dev = ctx.rdma_device().ok_or_else(|| {
-            err(
-                "rdma_listen",
-                "this context is the software device: use iwarp::cm::Listener",
-            )
-        })?;
+        let dev = ctx
+            .device_ops()
+            .clone()
+            .into_any()
+            .downcast::<Device>()
+            .map_err(|_| {
+                err(
+                    "rdma_listen",
+                    "this context is the software device: use iwarp::cm::Listener",
+                )
+            })?;
+        Listener::bind_dev(&dev, addr)
+    }
+
+    fn bind_dev(dev: &Arc<Device>, addr: SocketAddr) -> Result<Listener, Error> {
         let p = Pending::new(dev.lib)?;
         let mut sa = sockaddr_of(addr);
         // SAFETY: live id, valid sockaddr.
@@ -261,10 +306,10 @@ impl Listener {
     }
 }
 
-impl std::os::fd::AsRawFd for Listener {
+impl AsRawFd for Listener {
     /// The listener's event channel: readable when a connect request (or
     /// another rdma_cm event of the listening id) is waiting.
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+    fn as_raw_fd(&self) -> RawFd {
         // SAFETY: the channel lives as long as the listener.
         unsafe { (*self.p.chan).fd }
     }
@@ -405,6 +450,144 @@ impl Drop for ConnRequest {
                 (self.lib.cm.rdma_destroy_id)(self.id);
             }
         }
+    }
+}
+
+/// The connection-manager verbs of a kernel device's queue pair (the
+/// seam's `QpCm`). The TCP connection of an iWARP device is the kernel's:
+/// its congestion control and round-trip time are not ours to set or read.
+impl QpCm for Qp {
+    fn connect(self: Arc<Self>, addr: SocketAddr, param: &ConnParam) -> Result<Vec<u8>, CmError> {
+        no_congestion_on_device(param)?;
+        connect_qp(&self, addr, &param.private_data, param.timeout)
+            .map_err(|e| provider_err("rdma_cm connect", e))
+    }
+
+    fn tcp_congestion(&self) -> Result<String, CmError> {
+        Err(CC_UNSUPPORTED)
+    }
+
+    fn set_tcp_congestion(&self, _cc: &CongestionControl) -> Result<(), CmError> {
+        Err(CC_UNSUPPORTED)
+    }
+
+    fn path_rtt(&self) -> Result<Option<Duration>, CmError> {
+        Err(CmError::Unsupported {
+            what: "reading the TCP path's round-trip time",
+            provider: "rdma-core",
+            fix: "the device's TCP connections belong to the kernel; size buffers by hand there",
+        })
+    }
+}
+
+/// Listening on a kernel device: an rdma_cm listener (`addr` must be an
+/// address of the device's network interface, or the wildcard); the
+/// kernel negotiates MPA on iWARP devices, so `mpa` is only kept.
+impl DeviceCm for Device {
+    fn listen(&self, addr: SocketAddr, mpa: MpaConfig) -> Result<Box<dyn ListenerOps>, CmError> {
+        let l = Listener::bind_dev(&self.arc(), addr).map_err(|e| CmError::Bind {
+            addr,
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        let local = l.local_addr().unwrap_or(addr);
+        tracing::debug!(%local, device = l.device_name(), "listening through rdma_cm");
+        Ok(Box::new(KernelListener { l, local, mpa }))
+    }
+}
+
+/// A [`Listener`] as the verbs layer's `cm::Listener` holds it.
+#[derive(Debug)]
+struct KernelListener {
+    l: Listener,
+    local: SocketAddr,
+    mpa: MpaConfig,
+}
+
+impl ListenerOps for KernelListener {
+    fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+    fn mpa(&self) -> &MpaConfig {
+        &self.mpa
+    }
+    fn set_congestion(&self, _cc: &CongestionControl) -> Result<(), CmError> {
+        Err(CC_UNSUPPORTED)
+    }
+    fn tcp_congestion(&self) -> Result<String, CmError> {
+        Err(CC_UNSUPPORTED)
+    }
+    fn device_name(&self) -> &str {
+        self.l.device_name()
+    }
+    fn get_request(&self, timeout: Option<Duration>) -> Result<Box<dyn RequestOps>, CmError> {
+        let start = Instant::now();
+        loop {
+            let slice = match timeout {
+                Some(t) => t.saturating_sub(start.elapsed()),
+                None => Duration::from_secs(1),
+            };
+            match self.l.get_request(slice) {
+                Ok(Some(r)) => return Ok(Box::new(r)),
+                Ok(None) if timeout.is_some_and(|t| start.elapsed() >= t) => {
+                    return Err(CmError::Timeout {
+                        addr: self.local,
+                        during: "waiting for a connection",
+                        after: start.elapsed(),
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => return Err(provider_err("waiting for a connection", e)),
+            }
+        }
+    }
+    fn raw_fd(&self) -> RawFd {
+        self.l.as_raw_fd()
+    }
+}
+
+impl RequestOps for ConnRequest {
+    /// The unspecified address if librdmacm did not report one.
+    fn peer_addr(&self) -> SocketAddr {
+        ConnRequest::peer_addr(self).unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+    fn private_data(&self) -> &[u8] {
+        ConnRequest::private_data(self)
+    }
+    /// The kernel negotiates MPA without reporting it: 0.
+    fn revision(&self) -> u8 {
+        0
+    }
+    /// Not reported by the kernel: false.
+    fn crc(&self) -> bool {
+        false
+    }
+    /// Not reported by the kernel: false.
+    fn markers(&self) -> bool {
+        false
+    }
+    fn ird(&self) -> u16 {
+        u16::from(self.ird_ord().0)
+    }
+    fn ord(&self) -> u16 {
+        u16::from(self.ird_ord().1)
+    }
+    fn tcp_congestion(&self) -> Result<String, CmError> {
+        Err(CC_UNSUPPORTED)
+    }
+    fn provider(&self) -> &'static str {
+        "rdma-core"
+    }
+    fn accept(self: Box<Self>, qp: &QueuePair, param: &ConnParam) -> Result<(), CmError> {
+        if rdma_qp(qp).is_err() {
+            // Dropping the request rejects it.
+            return Err(CmError::OtherProvider);
+        }
+        no_congestion_on_device(param)?;
+        ConnRequest::accept(*self, qp, &param.private_data, param.timeout)
+            .map_err(|e| provider_err("rdma_cm accept", e))
+    }
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<(), CmError> {
+        ConnRequest::reject(*self, private_data).map_err(|e| provider_err("rdma_cm reject", e))
     }
 }
 

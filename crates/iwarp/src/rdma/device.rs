@@ -8,10 +8,10 @@
 
 use std::ffi::c_int;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::ffi::{self, Lib};
-use crate::device_info::{no_device_reason, DeviceError, DeviceInfo, Transport};
+use crate::device_info::{no_device_reason, DeviceAttr, DeviceError, DeviceInfo, Transport};
 use crate::error::Error;
 
 /// The kernel devices librdmacm knows (name and transport).
@@ -53,44 +53,14 @@ fn transport_of(transport_type: c_int, link_layer: Option<u8>) -> Transport {
     }
 }
 
-/// What the device says it can do (`ibv_query_device` and port 1 of
-/// `ibv_query_port`): the numbers that differ between transports and
-/// devices and that this provider uses instead of assuming them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceAttr {
-    /// The kernel device name.
-    pub name: String,
-    /// iWARP, InfiniBand or RoCE (from the transport type and the link
-    /// layer of port 1).
-    pub transport: Transport,
-    /// Firmware version string.
-    pub fw_ver: String,
-    /// Largest queue depth.
-    pub max_qp_wr: u32,
-    /// Largest scatter/gather list of a send or receive.
-    pub max_sge: u32,
-    /// Largest completion queue.
-    pub max_cqe: u32,
-    /// Largest memory region.
-    pub max_mr_size: u64,
-    /// RDMA Reads a QP can serve at once (IRD).
-    pub max_qp_rd_atom: u32,
-    /// RDMA Reads a QP can have outstanding (ORD).
-    pub max_qp_init_rd_atom: u32,
-    /// Port 1's active MTU in bytes (IB/RoCE; iWARP reports the netdev's).
-    pub active_mtu: u32,
-    /// Port 1 is ACTIVE.
-    pub port_active: bool,
-    /// The transport has Write with Immediate and RNR retry (IB, RoCE);
-    /// iWARP has neither.
-    pub has_write_imm_and_rnr: bool,
-}
-
 /// An open kernel device.
 pub(crate) struct Device {
     pub(crate) lib: &'static Lib,
     pub(crate) ctx: *mut ffi::ibv_context,
     pub(crate) attr: DeviceAttr,
+    /// The `Arc` this device lives in, for the seam's `&self` calls that
+    /// hand the device on (a PD, a CQ).
+    me: Weak<Device>,
 }
 
 // SAFETY: `ctx` is owned by librdmacm for the life of the process (never
@@ -165,7 +135,21 @@ impl Device {
             why,
         })?;
         tracing::info!(?attr, "opened rdma-core device");
-        Ok(Arc::new(Device { lib, ctx, attr }))
+        Ok(Arc::new_cyclic(|me| Device {
+            lib,
+            ctx,
+            attr,
+            me: me.clone(),
+        }))
+    }
+
+    /// Another handle on this device.
+    pub(crate) fn arc(&self) -> Arc<Device> {
+        // Every Device is made by `open`, inside an Arc that outlives any
+        // `&self` borrowed from it.
+        self.me
+            .upgrade()
+            .expect("a Device lives in the Arc `open` made")
     }
 }
 

@@ -26,11 +26,20 @@
 //! `device` (and `cq` on `wr`); `qp` on all of those; `cm` on `qp`,
 //! `conn` and `device`. The pump thread (`cq.rs`) reaches its queue pairs
 //! only through the `Watched` trait it defines, so `cq` knows nothing of
-//! `qp`. This module only wires them; the crate's verbs layer and device
-//! selection call down into it, and it takes from the rest of the crate
-//! only the verbs types it implements (`CompletionQueue`, `QueuePair`,
-//! the provider traits), [`crate::Error`], and the device description of
-//! the leaf `device_info.rs`.
+//! `qp`.
+//!
+//! The provider seam (`device_ops.rs`, `provider.rs`) is implemented the
+//! way the software provider does it: this module implements the device
+//! and protection-domain traits (`DeviceOps` for [`Device`], `PdOps` for
+//! `mr::RdmaPd`: it wires `mr`, `cq` and `qp` together), `qp.rs` the
+//! queue pair's (`QpOps`, `CqSource`), and `cm.rs` the connection
+//! manager's (`DeviceCm`, `QpCm`, `ListenerOps`, `RequestOps`). The
+//! crate's verbs layer holds these as trait objects; only the provider
+//! table in `device.rs` names this module. It takes from the rest of the
+//! crate only the verbs types it implements (`CompletionQueue`,
+//! `QueuePair`, the seam's traits), [`crate::Error`], the CM types of
+//! `cm_types.rs`, and the device description of the leaf
+//! `device_info.rs`.
 //!
 //! `unsafe` is confined to this provider's files; each use says why it
 //! holds. libibverbs objects are thread-safe (verbs may be called from any
@@ -45,10 +54,84 @@ mod mr;
 mod qp;
 mod wr;
 
-pub(crate) use cq::HwCq;
-pub use device::DeviceAttr;
-pub(crate) use device::{list, Device};
-pub(crate) use mr::{HwMr, Pd};
-pub(crate) use qp::{owns, Qp};
+use std::any::Any;
+use std::sync::Arc;
+
+use iwarp_proto::mem::{Access, PdId};
+
+use cq::HwCq;
+pub(crate) use device::list;
+use device::Device;
+use mr::{HwMr, RdmaPd};
+use qp::Qp;
 pub use qp::{qp_caps, QpCaps};
 pub use wr::{map_post_errno, map_status, send_wr_fields, status_name};
+
+use crate::cq::CompletionQueue;
+/// What a kernel device reports about itself (also
+/// `iwarp::device::DeviceAttr`).
+pub use crate::device_info::DeviceAttr;
+use crate::device_info::{DeviceError, Transport};
+use crate::device_ops::{DeviceOps, PdOps};
+use crate::error::Error;
+use crate::mr::{MemoryRegion, MrTable};
+use crate::provider::QpOps;
+use crate::qp::QpInitAttr;
+
+/// Open the kernel device `name` (the provider table's entry point).
+pub(crate) fn open(name: &str) -> Result<Arc<dyn DeviceOps>, DeviceError> {
+    Ok(Device::open(name)?)
+}
+
+impl DeviceOps for Device {
+    fn name(&self) -> &str {
+        &self.attr.name
+    }
+    fn transport(&self) -> Transport {
+        self.attr.transport
+    }
+    fn attr(&self) -> Option<&DeviceAttr> {
+        Some(&self.attr)
+    }
+    fn alloc_pd(&self, _id: PdId, _mrs: &Arc<MrTable>) -> Arc<dyn PdOps> {
+        // `self` is always inside the Arc that `open` made.
+        Arc::new(RdmaPd::new(&self.arc()))
+    }
+    fn create_cq(&self, cq: &CompletionQueue, depth: usize) -> Result<(), Error> {
+        let hw = HwCq::create(&self.arc(), cq, depth)?;
+        cq.set_hw(hw);
+        Ok(())
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+impl PdOps for RdmaPd {
+    fn register_mr(&self, mr: &mut MemoryRegion, access: Access) -> Result<(), Error> {
+        let pd = self.hw_pd()?;
+        let (ptr, len) = mr.raw_parts();
+        let hw = HwMr::register(pd, ptr, len, access)?;
+        mr.set_hw(hw.lkey, hw.rkey, Box::new(hw));
+        Ok(())
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>, Error> {
+        let pd = self.hw_pd()?;
+        let hw = |cq: &CompletionQueue| {
+            cq.hw()
+                .and_then(|h| h.clone().downcast::<HwCq>().ok())
+                .ok_or(Error::WrongDevice("a completion queue of another device"))
+        };
+        let s = hw(&attr.send_cq)?;
+        let r = hw(&attr.recv_cq)?;
+        let qp: Arc<dyn QpOps> = Qp::create(
+            pd,
+            (&attr.send_cq, s),
+            (&attr.recv_cq, r),
+            attr.max_send_wr,
+            attr.max_recv_wr,
+        )?;
+        Ok(qp)
+    }
+}

@@ -74,6 +74,32 @@ impl Pd {
     }
 }
 
+/// A protection domain of a kernel device: its `ibv_pd`, allocated on
+/// first use (`alloc_pd` cannot fail in the verbs API).
+pub(crate) struct RdmaPd {
+    pub(crate) dev: Arc<Device>,
+    hw: std::sync::OnceLock<Arc<Pd>>,
+}
+
+impl RdmaPd {
+    pub(crate) fn new(dev: &Arc<Device>) -> RdmaPd {
+        RdmaPd {
+            dev: dev.clone(),
+            hw: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The `ibv_pd`, allocated now if this is its first use.
+    pub(crate) fn hw_pd(&self) -> Result<&Arc<Pd>, Error> {
+        if let Some(pd) = self.hw.get() {
+            return Ok(pd);
+        }
+        let pd = Pd::alloc(&self.dev)?;
+        // A racing thread may have set it first; either Pd is fine.
+        Ok(self.hw.get_or_init(|| pd))
+    }
+}
+
 impl Drop for Pd {
     fn drop(&mut self) {
         // SAFETY: allocated by ibv_alloc_pd; every MR and QP holds an Arc

@@ -61,11 +61,6 @@ pub fn qp_caps(qp: &QueuePair) -> Option<QpCaps> {
     })
 }
 
-/// Whether `qp` was made by this provider.
-pub(crate) fn owns(qp: &QueuePair) -> bool {
-    qp.ops.clone().into_any().downcast::<Qp>().is_ok()
-}
-
 const ST_INIT: u8 = 0;
 const ST_RTS: u8 = 1;
 const ST_ERROR: u8 = 2;

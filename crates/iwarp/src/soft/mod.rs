@@ -4,12 +4,18 @@
 //!
 //! # Modules
 //!
-//! - this file: `SoftQp`, the provider's queue pair (the engine behind
-//!   its mutex, the event queue, the connection once there is one), and
-//!   its implementation of the provider seam (`QpOps`, `CqSource` in `provider.rs`).
+//! - this file: the device and its protection domains (`SoftDevice`,
+//!   `SoftPd`: `DeviceOps`, `PdOps` of `device_ops.rs`; memory regions
+//!   need nothing beyond the context's region table), and `SoftQp`, the
+//!   provider's queue pair (the engine behind its mutex, the event queue,
+//!   the connection once there is one), with its implementation of the
+//!   provider seam (`QpOps`, `CqSource` in `provider.rs`). Completion
+//!   queues need no device object: a QP completes into the verbs
+//!   `CompletionQueue` directly.
 //! - [`cm`]: the connection manager (TCP connect/accept and the MPA
 //!   handshake, RFC 5044 §7 and RFC 6581), which hands a handshaken socket
-//!   to `conn`.
+//!   to `conn`; the connection-manager parts of the seam (`DeviceCm`,
+//!   `QpCm`, `ListenerOps`, `RequestOps`).
 //! - `conn`: a connected QP's state (socket, receive and transmit state,
 //!   liveness rules, losing the connection); it uses no sibling module.
 //! - `rx`: one receive pass (buffered or straight into a region), on
@@ -116,7 +122,7 @@
 
 pub mod cm;
 mod conn;
-mod link;
+pub(crate) mod link;
 pub mod pool;
 mod progress;
 mod rx;
@@ -126,7 +132,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -134,12 +140,15 @@ use iwarp_proto::engine::{
     Engine, EngineConfig, EngineEvent, PostError, QpState, RecvWr, SendWr, WcQueue, WcStatus,
     WorkCompletion,
 };
-use iwarp_proto::mem::PdId;
+use iwarp_proto::mem::{Access, PdId};
 
 use crate::cq::CompletionQueue;
-use crate::mr::MrTable;
+use crate::device_info::{DeviceAttr, Transport};
+use crate::device_ops::{DeviceOps, PdOps};
+use crate::error::Error;
+use crate::mr::{MemoryRegion, MrTable};
 use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
-use crate::qp::QueuePair;
+use crate::qp::{QpInitAttr, QueuePair};
 
 pub use conn::RX_BUF;
 pub(crate) use conn::{Conn, Liveness};
@@ -220,9 +229,81 @@ impl fmt::Debug for SoftQp {
     }
 }
 
+/// The software device (`soft`), one per [`Context`](crate::Context): it
+/// numbers the context's queue pairs.
+#[derive(Debug, Default)]
+pub(crate) struct SoftDevice {
+    next_qpn: Arc<AtomicU32>,
+}
+
+impl SoftDevice {
+    pub(crate) fn open() -> Arc<SoftDevice> {
+        Arc::new(SoftDevice {
+            next_qpn: Arc::new(AtomicU32::new(1)),
+        })
+    }
+}
+
+impl DeviceOps for SoftDevice {
+    fn name(&self) -> &str {
+        "soft"
+    }
+    fn transport(&self) -> Transport {
+        Transport::SoftIwarp
+    }
+    fn attr(&self) -> Option<&DeviceAttr> {
+        None
+    }
+    fn alloc_pd(&self, id: PdId, mrs: &Arc<MrTable>) -> Arc<dyn PdOps> {
+        Arc::new(SoftPd {
+            id,
+            mrs: mrs.clone(),
+            next_qpn: self.next_qpn.clone(),
+        })
+    }
+    fn create_cq(&self, _cq: &CompletionQueue, _depth: usize) -> Result<(), Error> {
+        Ok(())
+    }
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+}
+
+/// A protection domain of the software device: its identifier scopes the
+/// regions and queue pairs of the context's table (RFC 5040 §2.1 PD check,
+/// done by the engine through `MrTable`).
+struct SoftPd {
+    id: PdId,
+    mrs: Arc<MrTable>,
+    next_qpn: Arc<AtomicU32>,
+}
+
+impl PdOps for SoftPd {
+    fn register_mr(&self, _mr: &mut MemoryRegion, _access: Access) -> Result<(), Error> {
+        // The context's table is the whole registration here.
+        Ok(())
+    }
+
+    fn create_qp(&self, attr: &QpInitAttr) -> Result<Arc<dyn QpOps>, Error> {
+        if attr.send_cq.hw().is_some() || attr.recv_cq.hw().is_some() {
+            return Err(Error::WrongDevice("a completion queue of a kernel device"));
+        }
+        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+        Ok(create_qp(
+            qpn,
+            self.id,
+            attr.max_send_wr,
+            attr.max_recv_wr,
+            self.mrs.clone(),
+            attr.send_cq.clone(),
+            attr.recv_cq.clone(),
+        ))
+    }
+}
+
 /// Create a software queue pair in `Init` whose completions go to the two
 /// CQs, and attach it to them.
-pub(crate) fn create_qp(
+fn create_qp(
     qpn: u32,
     pd: PdId,
     sq_depth: u32,
