@@ -74,7 +74,12 @@ fi
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
 check "shared RDMA: header and control-message vectors (C codecs)" timeout 120 bash scripts/test-modrdma-vectors.sh
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+# Ports below the ephemeral range, each given once (scripts/lib/free-port.sh
+# says why: a port taken from bind(:0) can become a client's source port
+# before the server binds it).
+free_port() { free_port_once "$T/ports"; }
 
 # ---- configuration errors ---------------------------------------------------
 t_conf_errors() {
