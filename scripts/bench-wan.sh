@@ -11,6 +11,9 @@
 # included). Tools:
 #   iperf3        one TCP stream (-n SIZE), the TCP reference
 #   rftp-auto     rftp get with no options (sized to the path; SHA-256 on both ends)
+#   rftp-base     the same with the rftp binary in $RFTP_BASE_BIN (an A/B
+#                 against an earlier build, e.g. a copy of target/release
+#                 taken before a change; same rftpd)
 #   rftp-crc      the same with --checksum crc32c (GridFTP -fast and curl verify nothing)
 #   rftp-noverify the same with --no-verify
 #   rftp-fixed    today's fixed sizing before issue 27 (--streams 1 --iodepth 4)
@@ -29,7 +32,8 @@
 #          [--no-matrix] [--seed-rtt "10 50"] [--seed-sizes "200K 100M"]
 #          [--seed-tools "rftp-auto rftp-noverify vsftpd"] [--out DIR] [--skip-install]
 # RFTPD_CONGESTION=bbr|cubic|reno sets rftpd's congestion control (the
-# sender's, for the downloads measured here).
+# sender's, for the downloads measured here). BENCH_BIN=DIR takes rftp and
+# rftpd from DIR instead of building them into target/release.
 # Writes DIR/wan_results.jsonl, DIR/wan_summary.md and DIR/wan.png
 # (scripts/plot_wan.py); DIR defaults to docs/bench. Needs root. The full
 # matrix (4 RTTs x 4 losses x 8 tools x 3 runs of 1 GiB) takes hours on
@@ -105,9 +109,15 @@ if ((${#missing[@]})); then
 fi
 VSFTPD="$(command -v vsftpd || echo /usr/sbin/vsftpd)"
 
-echo "== cargo build --release -p rftp -p wanem"
-cargo build --release -q -p rftp -p wanem
-BIN="$ROOT/target/release"
+if [[ -n "${BENCH_BIN:-}" ]]; then
+    # rftp and rftpd from a copy (a build that others' rebuilds of the
+    # shared target dir cannot change mid-run); wanem from target/release.
+    BIN="$BENCH_BIN"
+else
+    echo "== cargo build --release -p rftp -p wanem"
+    cargo build --release -q -p rftp -p wanem
+    BIN="$ROOT/target/release"
+fi
 # shellcheck source=scripts/lib/wan.sh disable=SC1091
 . "$ROOT/scripts/lib/wan.sh"
 
@@ -213,6 +223,7 @@ run_tool() { # tool file bytes rtt_ms -> seconds
     case "$tool" in
         iperf3) timed iperf3 -c "$B" -n "$bytes" -f m ;;
         rftp-auto) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume ;;
+        rftp-base) timed "${RFTP_BASE_BIN:?rftp-base needs RFTP_BASE_BIN}/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume ;;
         rftp-crc) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --checksum crc32c ;;
         rftp-noverify) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --no-verify ;;
         rftp-fixed) timed "$BIN/rftp" get "$url" -o "$TMP/dl.bin" -q --no-resume --streams 1 --iodepth 4 ;;

@@ -2,6 +2,7 @@
 //! draft's OPTS HASH, RFC 3659 SIZE) with the RDMA extension's RADR, the
 //! RTT from TCP_INFO and TCP_CONGESTION on the socket.
 
+use std::collections::VecDeque;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -27,6 +28,20 @@ pub struct Ftp {
     /// connection's peer when a PASV or RADR reply names one
     /// (`--allow-foreign-data-addr`).
     pub(super) allow_foreign_data_addr: bool,
+    /// The server said in its greeting that it is rftpd with the RDMA
+    /// extension, so commands may be pipelined ([`Ftp::send_ahead`]).
+    pub(super) pipelining: bool,
+    /// Commands sent ahead whose replies have not been read yet, in the
+    /// order sent (RFC 959 §4.2: replies come in command order).
+    pub(super) pending: VecDeque<String>,
+    /// Replies to commands sent ahead that were read while waiting for a
+    /// later one (e.g. FEAT's, read on the way to USER's).
+    pub(super) stash: Vec<(String, Reply)>,
+    /// The time from sending the first pipelined batch to its first reply:
+    /// an RTT sample that spares the timed NOOP.
+    pub(super) rtt_sample: Option<Duration>,
+    /// When the first pipelined batch was sent (for `rtt_sample`).
+    pub(super) sent_at: Option<Instant>,
 }
 
 /// The read side of the control connection. Each read waits at most until
@@ -125,11 +140,22 @@ impl Ftp {
             hash_algo: None,
             offered: None,
             allow_foreign_data_addr: false,
+            pipelining: false,
+            pending: VecDeque::new(),
+            stash: Vec::new(),
+            rtt_sample: None,
+            sent_at: None,
         };
         let (code, text) = f.read_reply().map_err(err)?;
         if code != 220 {
             return Err(format!("server refused the connection: {code} {text}"));
         }
+        // Only rftpd (whose greeting names the extension) gets pipelined
+        // commands: RFC 959 servers answer in command order, but some
+        // discard what arrives before they asked for it (lftp's
+        // ftp:sync-mode exists for them), so other servers get one command
+        // at a time.
+        f.pipelining = text.starts_with("rftpd ") && text.contains("RADR");
         Ok(f)
     }
 
@@ -138,6 +164,13 @@ impl Ftp {
     /// counts the server's turnaround, so it only wins when the kernel has
     /// few samples yet).
     pub fn rtt(&mut self) -> Result<Duration, String> {
+        // A pipelined batch already timed a round trip: no NOOP.
+        if let Some(sample) = self.rtt_sample {
+            return Ok(match tcp_info_rtt(&self.out) {
+                Some(k) => k.min(sample),
+                None => sample,
+            });
+        }
         let t = Instant::now();
         // Any reply is a round trip (a server without NOOP answers 502).
         self.cmd("NOOP")?;
@@ -192,18 +225,87 @@ impl Ftp {
         }
     }
 
-    /// Send a command and read its reply.
-    pub fn cmd(&mut self, line: &str) -> Result<Reply, String> {
-        if line.starts_with("PASS ") {
-            tracing::debug!("command PASS ****");
-        } else {
-            tracing::debug!(command = line, "command");
+    /// Whether this connection pipelines commands (the server is rftpd).
+    pub fn pipelining(&self) -> bool {
+        self.pipelining
+    }
+
+    /// Send `lines` now, in one write, without waiting for their replies
+    /// (pipelining, RFC 959 §4.2: "the server replies in command order"):
+    /// a later [`Ftp::cmd`] of the same line reads its reply instead of
+    /// sending it again. Does nothing unless [`Ftp::pipelining`]. Only
+    /// commands whose failure is harmless to the ones after them belong
+    /// in one batch.
+    pub fn send_ahead(&mut self, lines: &[String]) -> Result<(), String> {
+        if !self.pipelining || lines.is_empty() {
+            return Ok(());
+        }
+        let mut buf = String::new();
+        for l in lines {
+            if l.starts_with("PASS ") {
+                tracing::debug!("command PASS **** (sent ahead)");
+            } else {
+                tracing::debug!(command = %l, "command (sent ahead)");
+            }
+            buf.push_str(l);
+            buf.push_str("\r\n");
         }
         self.out
-            .write_all(format!("{line}\r\n").as_bytes())
-            .map_err(|e| format!("sending {line:.4}: {e}"))?;
-        self.read_reply()
-            .map_err(|e| format!("reading the reply to {line:.4}: {e}"))
+            .write_all(buf.as_bytes())
+            .map_err(|e| format!("sending {:.4}: {e}", lines[0]))?;
+        if self.rtt_sample.is_none() && self.sent_at.is_none() {
+            self.sent_at = Some(Instant::now());
+        }
+        self.pending.extend(lines.iter().cloned());
+        Ok(())
+    }
+
+    /// Read the next reply on the wire and note the pipelined batch's
+    /// round trip if this is its first reply.
+    fn next_reply(&mut self) -> io::Result<Reply> {
+        let got = self.read_reply();
+        if let Some(t) = self.sent_at.take() {
+            self.rtt_sample = Some(t.elapsed());
+        }
+        got
+    }
+
+    /// Send a command and read its reply. A command sent ahead
+    /// ([`Ftp::send_ahead`]) is not sent again: its reply is read (the
+    /// replies to commands sent before it are kept for their own `cmd`).
+    /// A new command drops the kept replies: the server's state has moved
+    /// past them.
+    pub fn cmd(&mut self, line: &str) -> Result<Reply, String> {
+        if let Some(i) = self.stash.iter().position(|(l, _)| l == line) {
+            return Ok(self.stash.remove(i).1);
+        }
+        let fresh = !self.pending.iter().any(|l| l == line);
+        if fresh {
+            self.stash.clear();
+            if line.starts_with("PASS ") {
+                tracing::debug!("command PASS ****");
+            } else {
+                tracing::debug!(command = line, "command");
+            }
+            self.out
+                .write_all(format!("{line}\r\n").as_bytes())
+                .map_err(|e| format!("sending {line:.4}: {e}"))?;
+            self.pending.push_back(line.to_string());
+        }
+        loop {
+            let l = self.pending.pop_front().expect("the line is pending");
+            let r = self
+                .next_reply()
+                .map_err(|e| format!("reading the reply to {l:.4}: {e}"))?;
+            if l == line {
+                return Ok(r);
+            }
+            if !fresh {
+                self.stash.push((l, r));
+            } else {
+                tracing::debug!(command = %l, code = r.0, "reply to a command sent ahead, not used");
+            }
+        }
     }
 
     /// Send a command; an error unless `ok(code)`.
@@ -219,6 +321,27 @@ impl Ftp {
             };
             Err(format!("{shown}: server replied {c} {t}"))
         }
+    }
+
+    /// USER / PASS. When pipelining, FEAT (allowed before login, RFC 2389
+    /// §3), USER, PASS and `then` go in one batch: a refused login makes
+    /// the rest fail harmlessly (530), and is reported as before.
+    pub fn login_with(
+        &mut self,
+        user: &str,
+        password: &str,
+        then: &[String],
+    ) -> Result<(), String> {
+        if self.pipelining {
+            let mut batch = vec![
+                "FEAT".to_string(),
+                format!("USER {user}"),
+                format!("PASS {password}"),
+            ];
+            batch.extend(then.iter().cloned());
+            self.send_ahead(&batch)?;
+        }
+        self.login(user, password)
     }
 
     /// USER / PASS.
@@ -316,14 +439,12 @@ impl Ftp {
         Ok(self.offered.clone().flatten())
     }
 
-    /// Choose the checksum for `choice` with the server (rsync style: the
-    /// first of [`checksum::PREFERENCE`] the server offers, or the one
-    /// asked for) and select it (`OPTS HASH`). `Ok(None)`: the server has no
-    /// HASH, the transfer cannot be verified. A server whose FEAT lists no
-    /// HASH line is tried with SHA-256 (old servers know only that).
-    pub fn negotiate_hash(&mut self, choice: Choice) -> Result<Option<Algo>, String> {
+    /// The algorithm [`Ftp::negotiate_hash`] would select for `choice`,
+    /// from FEAT alone (no `OPTS HASH` sent): `Ok(None)` when the server
+    /// offers none rftp knows.
+    pub fn pick_hash(&mut self, choice: Choice) -> Result<Option<Algo>, String> {
         let offered = self.offered_hashes()?;
-        let algo = match (&offered, choice) {
+        Ok(Some(match (&offered, choice) {
             (Some(list), Choice::Auto) => match Algo::pick(list) {
                 Some(a) => a,
                 None => return Ok(None),
@@ -342,7 +463,19 @@ impl Ftp {
             (Some(_), Choice::Only(a)) => a,
             (None, Choice::Auto) => Algo::Sha256,
             (None, Choice::Only(a)) => a,
+        }))
+    }
+
+    /// Choose the checksum for `choice` with the server (rsync style: the
+    /// first of [`checksum::PREFERENCE`] the server offers, or the one
+    /// asked for) and select it (`OPTS HASH`). `Ok(None)`: the server has no
+    /// HASH, the transfer cannot be verified. A server whose FEAT lists no
+    /// HASH line is tried with SHA-256 (old servers know only that).
+    pub fn negotiate_hash(&mut self, choice: Choice) -> Result<Option<Algo>, String> {
+        let Some(algo) = self.pick_hash(choice)? else {
+            return Ok(None);
         };
+        let offered = self.offered_hashes()?;
         if self.select_hash(algo)? || (offered.is_none() && algo == Algo::Sha256) {
             tracing::info!(%algo, offered = ?offered, "checksum negotiated");
             return Ok(Some(algo));
@@ -381,13 +514,7 @@ impl Ftp {
         o: &Options,
         autotune: bool,
     ) -> Result<Option<Box<dyn Transport>>, String> {
-        let line = format!(
-            "RADR STREAMS={} BS={} DEPTH={} MODE={}",
-            o.streams,
-            o.block_size,
-            o.effective_iodepth(),
-            o.xfer_mode
-        );
+        let line = radr_line(o);
         let (c, t) = self.cmd(&line)?;
         if crate::reply::FALLBACK_CODES.contains(&c) {
             return Ok(None);
@@ -437,10 +564,27 @@ impl Ftp {
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
-    /// QUIT (best effort).
+    /// QUIT (best effort). rftpd's 221 is not waited for (a round trip
+    /// that tells nothing: the client is done either way).
     pub fn quit(mut self) {
+        if self.pipelining {
+            let _ = self.out.write_all(b"QUIT\r\n");
+            let _ = self.out.shutdown(Shutdown::Write);
+            return;
+        }
         let _ = self.cmd("QUIT");
     }
+}
+
+/// The RADR command line for the session `o` asks for.
+pub(super) fn radr_line(o: &Options) -> String {
+    format!(
+        "RADR STREAMS={} BS={} DEPTH={} MODE={}",
+        o.streams,
+        o.block_size,
+        o.effective_iodepth(),
+        o.xfer_mode
+    )
 }
 
 /// The final reply of a transfer or listing: Ok for 2xx, else an error

@@ -10,7 +10,7 @@ use rdma_xfer::FileWriter;
 
 use super::ftp::{err, final_reply, Ftp};
 use super::options::{Options, Summary};
-use super::session::{session, via, XferSlot};
+use super::session::{session_then, via, XferSlot};
 use super::transfer::{chosen_checksum, copy_plain, mem_transfer, verify, Throttle};
 use super::url::Url;
 use crate::checksum::{self, HashSink, HashWrite, Journal, Running};
@@ -25,7 +25,12 @@ pub fn part_path(out: &Path) -> PathBuf {
 /// Download `url` to `out` (or, in memory mode, to a null sink) on a new
 /// control connection.
 pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
-    let mut f = session(url, o)?;
+    // SIZE rides with the login when the server pipelines.
+    let then = match o.mem {
+        None => vec![format!("SIZE {}", url.path)],
+        Some(_) => Vec::new(),
+    };
+    let mut f = session_then(url, o, &then)?;
     let mut slot = XferSlot::default();
     let s = get_with(&mut f, &mut slot, &url.path, out, o)?;
     f.quit();
@@ -45,7 +50,6 @@ pub fn get_with(
         return mem_transfer(f, slot, remote, len, true, o);
     }
     let start = Instant::now();
-    let algo = chosen_checksum(f, o)?;
     let total = f.size(remote);
     let part = part_path(out);
     let mut offset = if o.resume {
@@ -56,6 +60,41 @@ pub fn get_with(
     if total.is_some_and(|t| offset > t) {
         offset = 0;
     }
+    // Against rftpd the commands up to the first data byte go in one
+    // batch: OPTS HASH, RADR (when a new session is needed), REST, RRTR,
+    // and the HASH that follows the transfer (rftpd reads the next command
+    // only when the transfer is over, and answers HASH from the digest it
+    // computed while sending). The .part is created first, so a local
+    // error costs no transfer.
+    let mut early = None;
+    if f.pipelining() && !o.tcp && slot.may_use_rdma() {
+        let algo = if o.verify {
+            f.pick_hash(o.checksum)?
+        } else {
+            None
+        };
+        let radr = slot.radr_ahead(f, o, total.map(|t| t.saturating_sub(offset)))?;
+        early = Some(FileWriter::create(&part, offset, true).map_err(|e| {
+            format!(
+                "creating {}: {e}; check that its directory exists and is writable",
+                part.display()
+            )
+        })?);
+        let mut batch = Vec::new();
+        if let Some(a) = algo.filter(|a| f.hash_algo != Some(*a)) {
+            batch.push(format!("OPTS HASH {a}"));
+        }
+        batch.extend(radr);
+        if offset > 0 {
+            batch.push(format!("REST {offset}"));
+        }
+        batch.push(format!("RRTR {remote}"));
+        if algo.is_some() {
+            batch.push(format!("HASH {remote}"));
+        }
+        f.send_ahead(&batch)?;
+    }
+    let algo = chosen_checksum(f, o)?;
     // The checksum runs over the part a resume keeps (from the state saved
     // beside it, FILE.part.sums, plus what the part holds past that state),
     // then over the blocks as they arrive, saving its state after each.
@@ -90,12 +129,15 @@ pub fn get_with(
         via_s = via(&**x);
         // Create the .part before asking, so a local error costs no
         // transfer; an empty .part made here goes if the server refuses.
-        let w = FileWriter::create(&part, offset, true).map_err(|e| {
-            format!(
-                "creating {}: {e}; check that its directory exists and is writable",
-                part.display()
-            )
-        })?;
+        let w = match early.take() {
+            Some(w) => w,
+            None => FileWriter::create(&part, offset, true).map_err(|e| {
+                format!(
+                    "creating {}: {e}; check that its directory exists and is writable",
+                    part.display()
+                )
+            })?,
+        };
         if let Err(e) = rest(f).and_then(|_| f.expect(&format!("RRTR {remote}"), |c| c / 100 == 1))
         {
             drop(w);
@@ -141,6 +183,7 @@ pub fn get_with(
         final_reply(f, "RRTR")?;
         st.bytes
     } else {
+        drop(early);
         via_s = "ftp".to_string();
         let mut file = fs::OpenOptions::new()
             .write(true)

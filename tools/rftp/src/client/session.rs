@@ -6,20 +6,38 @@ use std::time::Duration;
 
 use rdma_xfer::Transport;
 
-use super::ftp::{set_congestion, Ftp};
+use super::ftp::{radr_line, set_congestion, Ftp};
 use super::options::Options;
 use super::url::Url;
 
 /// Connect, log in and switch to binary (TYPE I).
 pub fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
+    session_then(url, o, &[])
+}
+
+/// [`session`], with `then` (commands whose replies the caller reads
+/// next, e.g. `SIZE`) sent ahead with the login when the server pipelines:
+/// against rftpd, FEAT, USER, PASS, TYPE I and `then` cost one round trip.
+pub(super) fn session_then(url: &Url, o: &Options, then: &[String]) -> Result<Ftp, String> {
     let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
     if let Some(cc) = &o.congestion {
         set_congestion(&f.out, cc)?;
     }
     f.set_allow_foreign_data_addr(o.allow_foreign_data_addr);
-    f.login(&url.user, &url.password)?;
+    let mut batch = vec!["TYPE I".to_string()];
+    batch.extend(then.iter().cloned());
+    f.login_with(&url.user, &url.password, &batch)?;
     f.expect("TYPE I", |c| c == 200)?;
     Ok(f)
+}
+
+/// What [`XferSlot`] decided for a transfer: the session key, whether a
+/// new RADR is needed, and the resolved options and plan for it.
+#[derive(Debug)]
+struct Decision {
+    key: String,
+    stale: bool,
+    resolved: Option<(Options, Option<rdma_xfer::tune::Plan>)>,
 }
 
 /// The extension's transfer session of one control connection, kept
@@ -40,6 +58,8 @@ pub struct XferSlot {
     /// The control connection's RTT, measured (one NOOP) for the first
     /// automatic plan and reused by the next ones.
     rtt: Option<Duration>,
+    /// A decision made ahead ([`XferSlot::radr_ahead`]) for the next `get`.
+    prepared: Option<Decision>,
 }
 
 impl XferSlot {
@@ -57,8 +77,54 @@ impl XferSlot {
         size: Option<u64>,
     ) -> Result<Option<&mut Box<dyn Transport>>, String> {
         if o.tcp || self.unsupported {
+            self.prepared = None;
             return Ok(None);
         }
+        let Decision {
+            key,
+            stale,
+            resolved,
+        } = match self.prepared.take() {
+            Some(d) => d,
+            None => self.decide(f, o, size)?,
+        };
+        if stale {
+            self.x = None;
+            self.key = None;
+            let (ro, plan) = match resolved {
+                Some((r, p)) => (r, p),
+                None => {
+                    let mut r = o.clone();
+                    r.streams = r.streams.max(1);
+                    (r, None)
+                }
+            };
+            match f.radr(&ro, o.iodepth == 0)? {
+                Some(x) => {
+                    self.x = Some(x);
+                    self.key = Some(key);
+                    self.plan = plan;
+                }
+                None => {
+                    self.unsupported = true;
+                    tracing::warn!("the server does not support RADR; falling back to plain FTP");
+                    if o.mem.is_none() {
+                        eprintln!(
+                            "rftp: server has no RDMA extension; using a plain FTP data connection"
+                        );
+                    }
+                    return Ok(None);
+                }
+            }
+        }
+        let x = self.x.as_mut().expect("session set above");
+        x.set_progress(o.progress.clone());
+        Ok(Some(x))
+    }
+
+    /// Whether the transfer needs a new session (and its plan): the
+    /// cached one is kept when the parameters and the plan allow it.
+    fn decide(&mut self, f: &mut Ftp, o: &Options, size: Option<u64>) -> Result<Decision, String> {
         let key = format!(
             "{} {} {} {} {}",
             o.streams,
@@ -96,38 +162,43 @@ impl XferSlot {
                 resolved = Some((r, p));
             }
         }
-        if stale {
-            self.x = None;
-            self.key = None;
-            let (ro, plan) = match resolved {
-                Some((r, p)) => (r, p),
-                None => {
-                    let mut r = o.clone();
-                    r.streams = r.streams.max(1);
-                    (r, None)
-                }
-            };
-            match f.radr(&ro, o.iodepth == 0)? {
-                Some(x) => {
-                    self.x = Some(x);
-                    self.key = Some(key);
-                    self.plan = plan;
-                }
-                None => {
-                    self.unsupported = true;
-                    tracing::warn!("the server does not support RADR; falling back to plain FTP");
-                    if o.mem.is_none() {
-                        eprintln!(
-                            "rftp: server has no RDMA extension; using a plain FTP data connection"
-                        );
-                    }
-                    return Ok(None);
-                }
-            }
+        Ok(Decision {
+            key,
+            stale,
+            resolved,
+        })
+    }
+
+    /// Whether a transfer may go through the extension (the server has
+    /// not refused RADR on this connection).
+    pub(super) fn may_use_rdma(&self) -> bool {
+        !self.unsupported
+    }
+
+    /// Decide now what the next [`XferSlot::get`] for `o` and `size` will
+    /// do, and return the RADR line it will send, if any, so the caller
+    /// can pipeline it with the transfer command ([`Ftp::send_ahead`]).
+    pub(super) fn radr_ahead(
+        &mut self,
+        f: &mut Ftp,
+        o: &Options,
+        size: Option<u64>,
+    ) -> Result<Option<String>, String> {
+        self.prepared = None;
+        if o.tcp || self.unsupported {
+            return Ok(None);
         }
-        let x = self.x.as_mut().expect("session set above");
-        x.set_progress(o.progress.clone());
-        Ok(Some(x))
+        let d = self.decide(f, o, size)?;
+        let line = d.stale.then(|| match &d.resolved {
+            Some((r, _)) => radr_line(r),
+            None => {
+                let mut r = o.clone();
+                r.streams = r.streams.max(1);
+                radr_line(&r)
+            }
+        });
+        self.prepared = Some(d);
+        Ok(line)
     }
 
     /// A transfer of this session moved `st`: remember its rate for the
