@@ -455,6 +455,54 @@ fn get_retry_reconnects_and_resumes_after_a_cut() {
     }
 }
 
+/// `rftp put --retry` (issue 27): the upload's data stream (RDMA session,
+/// TCP mode, plain FTP) is reset 2 MiB in. rftpd keeps what arrived in
+/// order as `NAME.part` (`OPTS UPLOAD KEEP ON`); rftp reconnects by itself,
+/// compares the server's checksum of that part with the same bytes of the
+/// local file, resumes after them (never from 0, never past the cut), and
+/// renames the verified whole into place; no part is left. Without
+/// `--retry` the same fault fails the upload (the `drop` cases above).
+#[test]
+fn put_retry_reconnects_and_resumes_after_a_cut() {
+    for mode in [Mode::Rdma, Mode::Tcp, Mode::Plain] {
+        let f = mid("drop", Op::Put, mode, ",how=rst");
+        // Plain FTP data connections are the control relay's mapping 1.
+        let rig = match mode {
+            Mode::Plain => Rig::new(SIZE, &f, &[]),
+            _ => Rig::new(SIZE, &[], &f),
+        };
+        let (ok, text, took, same) = rig.transfer(
+            Op::Put,
+            mode,
+            "uploaded.bin",
+            &["--retry", "3", "--streams", "1"],
+        );
+        assert!(
+            ok && same,
+            "{mode:?}: the retried put did not complete: {text}"
+        );
+        assert!(
+            text.contains("retry 1 of 3") && text.contains("after 1 retry"),
+            "{mode:?}: the output does not say what happened: {text}"
+        );
+        let resumed: u64 = text
+            .split("resumed at byte ")
+            .nth(1)
+            .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: the put started over (no resume offset): {text}"));
+        assert!(
+            resumed > 0 && resumed <= 2 << 20,
+            "{mode:?}: resumed at {resumed}, not after the bytes the server kept: {text}"
+        );
+        let part = rig.server.root.join("uploaded.bin.part");
+        assert!(!part.exists(), "{mode:?}: {} left behind", part.display());
+        if std::env::var_os("RFTP_FAULT_LOG").is_some() {
+            eprintln!("put retry {mode:?}: {took:?}: {text}");
+        }
+    }
+}
+
 #[test]
 fn stall_longer_than_the_timeout_fails_clearly() {
     // The stream would resume after 30 s, but both ends give up after 5 s

@@ -48,9 +48,12 @@ struct Args {
     /// side), e.g. 64M [default: 64M]. Config key: max_window.
     #[arg(long, global = true, value_name = "SIZE")]
     max_window: Option<String>,
-    /// Retry an interrupted get up to N times (1 s, 2 s, 4 s, ... up to
-    /// 30 s apart), each on a new connection, resuming at the first byte
-    /// not yet in FILE.part. Config key: retry.
+    /// Retry an interrupted get or put up to N times (1 s, 2 s, 4 s, ...
+    /// up to 30 s apart), each on a new connection: a get resumes at the
+    /// first byte not yet in FILE.part; a put uploads to REMOTE.part,
+    /// which rftpd keeps when cut off, resumes after the bytes the server
+    /// holds once their checksum matches, and renames it when complete.
+    /// Config key: retry.
     #[arg(long, global = true, value_name = "N")]
     retry: Option<u32>,
     /// TCP congestion control of the data connections and the control
@@ -286,7 +289,15 @@ fn run(a: &Args) -> Result<u8, String> {
                 _ => return Err("put needs FILE URL (or --mem SIZE URL)".into()),
             };
             let u = url(u, &fc)?;
-            let s = client::put(file, &u, &o)?;
+            let retries = a.retry.or(fc.retry).unwrap_or(0);
+            let say = |m: &str| match &pb {
+                Some(pb) => pb.println(m),
+                None => eprintln!("{m}"),
+            };
+            let s = match file {
+                Some(file) => client::put_retrying(file, &u, &o, retries, &say)?,
+                None => client::put(file, &u, &o)?,
+            };
             let what = format!(
                 "{} -> {}",
                 file.map(|f| f.display().to_string())

@@ -25,6 +25,6 @@ mod url;
 pub use ftp::{Ftp, Reply};
 pub use get::{backoff, get, get_retrying, get_with, part_path, transient};
 pub use options::{Options, ProgressCb, Summary, DEFAULT_WINDOW};
-pub use put::{put, put_with};
+pub use put::{put, put_retrying, put_with, remote_part};
 pub use session::{plan_for_path, plan_sized, session, XferSlot};
 pub use url::Url;

@@ -248,20 +248,9 @@ impl Session {
             Ok(x) => x,
             Err(e) => return Ok(Some(io_reply(&e, arg))),
         };
-        if offset > 0 {
-            // Resume: continue the existing file (copied into the temp file
-            // through its own handle, never by name).
-            let copied = self
-                .find(&p)
-                .and_then(|src| fs::File::open(src.path()))
-                .and_then(|mut src| io::copy(&mut (&mut src).take(offset), &mut f))
-                .and_then(|_| f.set_len(offset));
-            if let Err(e) = copied {
-                let _ = fs::remove_file(tmp.path());
-                return Ok(Some(io_reply(&e, arg)));
-            }
-            use std::io::Seek;
-            let _ = f.seek(io::SeekFrom::Start(offset));
+        if let Err(e) = self.continue_upload(&p, &mut f, offset) {
+            let _ = fs::remove_file(tmp.path());
+            return Ok(Some(io_reply(&e, arg)));
         }
         let mut data = match self.open_data() {
             Ok(d) => d,
@@ -295,7 +284,7 @@ impl Session {
                 }
             },
             Err(CopyErr::Read(e)) => {
-                let _ = fs::remove_file(tmp.path());
+                let what = self.end_cut_upload(&tmp, &target, arg);
                 // The data connection's read timeout shows as EAGAIN.
                 let why = match e.kind() {
                     io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
@@ -304,13 +293,63 @@ impl Session {
                     ),
                     _ => e.to_string(),
                 };
-                r(426, format!("Connection lost; upload discarded: {why}"))
+                r(426, format!("Connection lost; {what}: {why}"))
             }
             Err(CopyErr::Write(e)) => {
                 let _ = fs::remove_file(tmp.path());
                 io_reply(&e, arg)
             }
         }))
+    }
+
+    /// Resume an upload at `offset` (REST, RFC 3659 §5): the first
+    /// `offset` bytes of the existing file `p` are copied into the new
+    /// temporary file `f` (through its own handle, never by name), and `f`
+    /// is positioned at `offset`. Nothing to do at 0.
+    pub(super) fn continue_upload(
+        &self,
+        p: &Path,
+        f: &mut fs::File,
+        offset: u64,
+    ) -> io::Result<()> {
+        if offset == 0 {
+            return Ok(());
+        }
+        let mut src = fs::File::open(self.find(p)?.path())?;
+        let copied = io::copy(&mut (&mut src).take(offset), f)?;
+        if copied < offset {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("REST {offset} is past the end of the file ({copied} bytes)"),
+            ));
+        }
+        f.set_len(offset)?;
+        use std::io::Seek;
+        f.seek(io::SeekFrom::Start(offset))?;
+        Ok(())
+    }
+
+    /// An upload was cut off: with `OPTS UPLOAD KEEP ON` what arrived in
+    /// order becomes the target (so `SIZE` and `HASH` tell the client what
+    /// to resume from), otherwise the temporary file goes. Returns what
+    /// happened, for the 426 reply.
+    pub(super) fn end_cut_upload(&self, tmp: &Entry, target: &Entry, arg: &str) -> String {
+        if self.keep_partial {
+            let kept = fs::metadata(tmp.path()).map(|m| m.len()).unwrap_or(0);
+            match fs::rename(tmp.path(), target.path()) {
+                Ok(()) => {
+                    tracing::info!(peer = %self.peer, file = %arg, kept, "upload cut off; kept for a resume");
+                    return format!(
+                        "the {kept} bytes received are kept as {arg} for a resume (REST {kept})"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %self.peer, file = %arg, %e, "keeping a cut-off upload failed")
+                }
+            }
+        }
+        let _ = fs::remove_file(tmp.path());
+        "upload discarded".to_string()
     }
 
     /// The upload's temporary file beside `target`, created exclusively

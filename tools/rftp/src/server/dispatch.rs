@@ -256,6 +256,22 @@ impl Session {
                     ),
                 )
             }
+            // rftp put --retry (docs/RFTP.md): keep a cut-off upload's
+            // in-order prefix as the target, to resume with REST.
+            (Some("UPLOAD"), Some("KEEP"), Some(v @ ("ON" | "OFF"))) => {
+                if self.user.is_none() {
+                    return r(530, "Please log in first.");
+                }
+                self.keep_partial = v == "ON";
+                r(
+                    200,
+                    if self.keep_partial {
+                        "An upload cut off keeps what arrived (resume it with REST)."
+                    } else {
+                        "An upload cut off is discarded."
+                    },
+                )
+            }
             _ => r(501, "Option not understood."),
         }
     }

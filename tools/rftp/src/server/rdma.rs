@@ -156,6 +156,7 @@ impl Session {
         if self.xfer.is_none() {
             return Ok(Some(r(425, "No transfer session: send RADR first.")));
         }
+        let offset = if self.mem { 0 } else { self.rest };
         // A file is hashed as its blocks are written, for a HASH that
         // follows; memory mode writes nowhere.
         // (path, target's entry, temp's entry, the temp file held open).
@@ -170,14 +171,19 @@ impl Session {
             if self.find(&p).is_ok_and(|f| f.path().is_dir()) {
                 return Ok(Some(r(550, format!("{arg}: is a directory."))));
             }
-            let (target, tmp, file) = match self.create_temp(&p) {
+            let (target, tmp, mut file) = match self.create_temp(&p) {
                 Ok(x) => x,
                 Err(e) => return Ok(Some(io_reply(&e, arg))),
             };
+            // REST: continue the existing file (rftp put --retry).
+            if let Err(e) = self.continue_upload(&p, &mut file, offset) {
+                let _ = fs::remove_file(tmp.path());
+                return Ok(Some(io_reply(&e, arg)));
+            }
             // The writer reopens the file just created (by its descriptor,
             // not its name) to choose O_DIRECT.
             let fd_path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-            match FileWriter::create(&fd_path, 0, true) {
+            match FileWriter::create(&fd_path, offset, true) {
                 Ok(w) => (
                     Some((p, target, tmp, file)),
                     Some(HashSink {
@@ -210,7 +216,8 @@ impl Session {
                 match ok {
                     Ok(()) => {
                         tracing::info!(peer = %self.peer, file = %arg, bytes = st.bytes, gbps = st.bits_per_sec() / 1e9, "RSTR done");
-                        if let (Some((p, ..)), Some(run)) = (&upload, run) {
+                        // A resumed upload's digest covers only its tail.
+                        if let (Some((p, ..)), Some(run), 0) = (&upload, run, offset) {
                             self.record_digest(p, run, None);
                         }
                         r(
@@ -226,14 +233,22 @@ impl Session {
                 }
             }
             Some(Err(e)) => {
-                if let Some((_, _, tmp, _)) = &upload {
-                    let _ = fs::remove_file(tmp.path());
-                }
                 self.xfer = None;
                 self.xfer_mem = None;
                 match e {
-                    rdma_xfer::Error::Local(io) => io_reply(&io, arg),
-                    e => r(426, format!("Transfer failed; upload discarded: {e}")),
+                    rdma_xfer::Error::Local(io) => {
+                        if let Some((_, _, tmp, _)) = &upload {
+                            let _ = fs::remove_file(tmp.path());
+                        }
+                        io_reply(&io, arg)
+                    }
+                    e => {
+                        let what = match &upload {
+                            Some((_, target, tmp, _)) => self.end_cut_upload(tmp, target, arg),
+                            None => "upload discarded".to_string(),
+                        };
+                        r(426, format!("Transfer failed; {what}: {e}"))
+                    }
                 }
             }
             None => r(425, "No transfer session."),

@@ -56,6 +56,10 @@ pub(super) struct Session {
     pub(super) xfer: Option<Box<dyn rdma_xfer::Transport>>,
     pub(super) xfer_mem: Option<MemReservation>,
     pub(super) mem: bool,
+    /// `OPTS UPLOAD KEEP ON`: an upload cut off keeps what arrived in
+    /// order under its target name (for a resume with REST), instead of
+    /// discarding it.
+    pub(super) keep_partial: bool,
     /// The checksum `HASH` uses (`OPTS HASH`).
     pub(super) hash_algo: Algo,
     /// The client asked for `OPTS HASH`: it will verify, so transfers
@@ -117,6 +121,7 @@ impl Session {
             xfer: None,
             xfer_mem: None,
             mem: false,
+            keep_partial: false,
             // SHA-256 for a client that sends HASH without OPTS HASH, as
             // before the negotiation, when it is offered.
             hash_algo: if srv_hashes.contains(&Algo::Sha256) {
