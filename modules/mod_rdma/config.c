@@ -2,7 +2,7 @@
  *
  * The directives (RDMA, RDMARegistration, RDMABufferSize, RDMAMaxLength,
  * RDMATimeout, RDMAConnectTimeout, RDMAAllowConnect, RDMAConnectPorts,
- * RDMATrustProxy, RDMADevice, RDMACongestion, RDMAInlineBelow), their per-server and per-directory merging and the
+ * RDMATrustProxy, RDMATLS, RDMADevice, RDMACongestion, RDMAInlineBelow), their per-server and per-directory merging and the
  * defaults (docs/MOD_RDMA.md, "Directives"). */
 #include "mod_rdma_private.h"
 
@@ -32,6 +32,7 @@ void *create_srv_conf(apr_pool_t *p, server_rec *s)
     c->allow = apr_array_make(p, 2, sizeof(char *));
     c->ports = apr_array_make(p, 2, sizeof(port_range));
     c->trust_proxy = -1;
+    c->tls = -1;
     c->inline_below = -1;
     return c;
 }
@@ -50,6 +51,7 @@ void *merge_srv_conf(apr_pool_t *p, void *basev, void *addv)
     c->ports_set = a->ports_set || b->ports_set;
     c->ports = a->ports_set ? a->ports : b->ports;
     c->trust_proxy = a->trust_proxy != -1 ? a->trust_proxy : b->trust_proxy;
+    c->tls = a->tls != -1 ? a->tls : b->tls;
     c->congestion = a->congestion ? a->congestion : b->congestion;
     c->inline_below = a->inline_below != -1 ? a->inline_below : b->inline_below;
     return c;
@@ -360,6 +362,27 @@ static const char *set_trust_proxy(cmd_parms *cmd, void *d, int on)
     return NULL;
 }
 
+/* RDMATLS encrypt|off: what RDMA does for a request that came over TLS
+ * (mod_ssl). encrypt (default): the body is sealed under the TLS session's
+ * exporter (seal.c); off: the RDMA header is ignored on TLS connections,
+ * so the body goes in the HTTPS response. */
+static const char *set_tls(cmd_parms *cmd, void *d, const char *arg)
+{
+    (void)d;
+    if (!strcasecmp(arg, "encrypt"))
+        srv_conf(cmd->server)->tls = TLS_ENCRYPT;
+    else if (!strcasecmp(arg, "off"))
+        srv_conf(cmd->server)->tls = TLS_OFF;
+    else
+        return apr_psprintf(cmd->pool, "RDMATLS must be encrypt or off, not \"%s\"", arg);
+    return NULL;
+}
+
+int cf_tls(const rdma_srv_conf *c)
+{
+    return c->tls == -1 ? TLS_ENCRYPT : c->tls;
+}
+
 int port_allowed(const rdma_srv_conf *c, unsigned port)
 {
     int i;
@@ -412,6 +435,10 @@ const command_rec rdma_cmds[] = {
     AP_INIT_FLAG("RDMATrustProxy", set_trust_proxy, NULL, RSRC_CONF,
                  "Off (default): refuse RDMA for requests that came through a proxy; On: "
                  "connect back to the client address the proxy reports (mod_remoteip)"),
+    AP_INIT_TAKE1("RDMATLS", set_tls, NULL, RSRC_CONF,
+                  "encrypt (default): over HTTPS, RDMA bodies are sealed with AES-256-GCM under "
+                  "a key from the TLS session's exporter (the client must send RDMA-Seal); off: "
+                  "no RDMA on TLS connections, bodies go in the HTTPS response"),
     AP_INIT_TAKE1("RDMATimeout", set_timeout, NULL, RSRC_CONF,
                   "bound on each RDMA transfer and DONE wait, in ms (default 30000)"),
     AP_INIT_TAKE1("RDMAConnectTimeout", set_ctimeout, NULL, RSRC_CONF,

@@ -31,6 +31,7 @@
  *    messages);
  *  - response.c: RDMA_OUT, response bodies (GET);
  *  - request.c: RDMA_IN, request bodies (PUT/POST);
+ *  - seal.c: over TLS, response bodies sealed under the TLS session;
  *  - mod_rdma_private.h: the types and functions they share.
  *
  * MPM: one process serves one connection at a time only under prefork;
@@ -138,6 +139,7 @@ static void child_init(apr_pool_t *p, server_rec *s)
     }
     /* Frees whatever is open when the process ends (NULLs are no-ops). */
     apr_pool_cleanup_register(p, NULL, process_cleanup, apr_pool_cleanup_null);
+    seal_child_init(s);
     if (device_setup(s, 1) == NULL)
         ap_log_error(APLOG_MARK, APLOG_DEBUG, 0, s,
                      "mod_rdma: pid %ld: iWARP device open, static buffer %" APR_SIZE_T_FMT " bytes",
@@ -369,6 +371,30 @@ static int rdma_fixups(request_rec *r)
         r->connection->keepalive = AP_CONN_CLOSE;
         return refuse(r, HTTP_BAD_REQUEST, why);
     }
+    /* Over TLS the RDMA connection (plain TCP) must not carry the body in
+     * clear: RDMATLS encrypt seals it under the TLS session (seal.c),
+     * RDMATLS off answers in the HTTPS response instead. Request bodies
+     * are not sealed (the client would have to seal, and the handler be
+     * fed from a checked buffer): refused, so the client sends the body in
+     * the request. */
+    if (seal_is_tls(r->connection)) {
+        if (!is_get)
+            return refuse(r, HTTP_FORBIDDEN,
+                          "request bodies are not moved by RDMA over TLS (they would travel in "
+                          "clear); send the body in the request over HTTPS");
+        if (cf_tls(sc) == TLS_OFF) {
+            apr_table_setn(r->headers_out, "RDMA-TLS", "off");
+            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r,
+                          "mod_rdma: RDMATLS off: the body goes in the HTTPS response");
+            return DECLINED;
+        }
+        if ((why = seal_setup(r, q, &st)) != NULL)
+            return refuse(r, st, why);
+    } else if (apr_table_get(r->headers_in, "RDMA-Seal")) {
+        return refuse(r, HTTP_BAD_REQUEST,
+                      "RDMA-Seal is for requests over TLS (HTTPS); this connection is plain "
+                      "HTTP, drop the header");
+    }
     /* The client is the TCP peer of this connection. A request that came
      * through a proxy (mod_remoteip rewrote the address, or it carries a
      * forwarding header) would make the server connect to whatever the
@@ -470,6 +496,7 @@ static void register_hooks(apr_pool_t *p)
     ap_hook_pre_connection(pre_connection, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_fixups(rdma_fixups, NULL, NULL, APR_HOOK_LAST);
     ap_hook_insert_filter(rdma_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
+    seal_register_hooks();
     /* Just above the protocol filters (HTTP_HEADER, CONTENT_LENGTH): after
      * content filters such as deflate, before the headers are written. */
     ap_register_output_filter("RDMA_OUT", rdma_out_filter, NULL,

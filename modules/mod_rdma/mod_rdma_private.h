@@ -54,7 +54,10 @@ typedef struct {
     int trust_proxy;         /* RDMATrustProxy: -1 unset, 0 off, 1 on */
     const char *congestion;  /* RDMACongestion: TCP congestion control, NULL unset */
     apr_int64_t inline_below; /* RDMAInlineBelow: bytes, 0 off, -1 unset */
+    int tls;                 /* RDMATLS: TLS_ENCRYPT / TLS_OFF, -1 unset */
 } rdma_srv_conf;
+
+enum { TLS_ENCRYPT = 0, TLS_OFF = 1 };
 
 /* One range of RDMAConnectPorts, inclusive. */
 typedef struct {
@@ -134,9 +137,18 @@ typedef struct {
 
 enum { OUT_INIT, OUT_BODY, OUT_DISCARD, OUT_PASS };
 
+/* A body sealed under the TLS session (seal.c): the transfer id the
+ * client sent in RDMA-Seal, and the AES-256-GCM key exported for it. */
+typedef struct {
+    unsigned char id[16];
+    unsigned char key[32];
+    apr_uint64_t plain_len; /* the body's length before sealing */
+} rdma_seal;
+
 typedef struct {
     rdma_conn *rc;
     rdma_hdr h;
+    rdma_seal *seal;     /* non-NULL: the request came over TLS, seal the body */
     apr_uint64_t limit;  /* largest body for this request */
     int mode;
     /* RDMA_OUT */
@@ -184,6 +196,7 @@ int cf_ctimeout(const rdma_srv_conf *c);
 rdma_srv_conf *srv_conf(server_rec *s);
 int port_allowed(const rdma_srv_conf *c, unsigned port);
 const char *ports_text(apr_pool_t *p, const rdma_srv_conf *c);
+int cf_tls(const rdma_srv_conf *c);
 
 /* conn.c */
 void conn_drop_qp(rdma_conn *rc);
@@ -220,6 +233,16 @@ const char *expo_make_room(rdma_conn *rc, request_rec *r, apr_uint64_t len, int 
 void expo_add(rdma_conn *rc, request_rec *r, rdma_req *q);
 void expo_release_all(rdma_conn *rc, const char *why);
 int expo_holds_static(const rdma_conn *rc);
+
+/* seal.c: RDMA bodies bound to the TLS session */
+void seal_register_hooks(void);
+void seal_child_init(server_rec *s);
+int seal_is_tls(conn_rec *c);
+const char *seal_setup(request_rec *r, rdma_req *q, int *status);
+const char *seal_body(request_rec *r, rdma_seal *s, const char *pt, apr_uint64_t len,
+                      char **ct, apr_uint64_t *ct_len);
+apr_uint64_t seal_len(apr_uint64_t plain_len);
+const char *seal_hex(apr_pool_t *p, const unsigned char *b, size_t n);
 
 /* request.c */
 apr_status_t rdma_in_filter(ap_filter_t *f, apr_bucket_brigade *bb, ap_input_mode_t mode,

@@ -4,7 +4,8 @@
  * client's buffer, then DONE) and client-reads (register the body, answer
  * with its STag and hand the grant to the connection, expose.c), static
  * bounce buffer or dynamic
- * registration, and the mapping cache of dynamic registration. */
+ * registration, and the mapping cache of dynamic registration. Over TLS
+ * (seal.c) the body is collected, sealed, then written or granted. */
 #include "mod_rdma_private.h"
 
 APLOG_USE_MODULE(rdma);
@@ -100,6 +101,14 @@ static const char *write_in_place(ap_filter_t *f, const void *p, apr_size_t len)
 }
 
 static void drain_body(apr_bucket_brigade *bb);
+
+/* Whether the body is collected in memory before it moves: client-reads
+ * (registered once, then granted), and any body sealed under TLS
+ * (seal.c: sealed as a whole, then written or granted). */
+static int collecting(const rdma_req *q)
+{
+    return q->h.scheme == S_CLIENT_READS || q->seal;
+}
 
 /* A file bucket's file could not be read at bucket offset `at` (err: the
  * errno, or 0 for an end of file before the bucket's end). Returns the
@@ -349,8 +358,10 @@ static char *collect_space(ap_filter_t *f, apr_size_t len, const char **why)
 {
     rdma_req *q = f->ctx;
     apr_size_t need = (apr_size_t)q->total + len;
-    /* The static buffer holds one granted body at a time (expose.c). */
-    if (q->mode == MODE_STATIC && g_static_mr && need <= iwarp_mr_length(g_static_mr) &&
+    /* The static buffer holds one granted body at a time (expose.c); a
+     * body to be sealed is collected on the heap (seal_body writes the
+     * sealed copy to a buffer of its own). */
+    if (!q->seal && q->mode == MODE_STATIC && g_static_mr && need <= iwarp_mr_length(g_static_mr) &&
         (q->body_in_static || (q->total == 0 && !expo_holds_static(q->rc)))) {
         q->body_in_static = 1;
         return (char *)iwarp_mr_addr(g_static_mr) + q->total;
@@ -410,8 +421,34 @@ static apr_status_t out_finish(ap_filter_t *f)
     apr_bucket_brigade *bb = apr_brigade_create(r->pool, r->connection->bucket_alloc);
     const char *e;
     apr_status_t rv;
+    if (q->seal) {
+        /* Seal the collected body (seal.c); the sealed copy replaces it. */
+        char *ct;
+        apr_uint64_t ct_len;
+        static const char nothing[1];
+        e = seal_body(r, q->seal, q->body ? q->body : nothing, q->total, &ct, &ct_len);
+        if (e)
+            return out_error(f, HTTP_SERVICE_UNAVAILABLE,
+                             apr_pstrcat(r->pool, e, "; fetch it over plain HTTPS", NULL));
+        free(q->body);
+        q->body = ct;
+        q->body_cap = (apr_size_t)ct_len;
+        q->seal->plain_len = q->total;
+        if (q->h.scheme == S_SERVER_WRITES && ct_len > q->limit)
+            return out_error(f, HTTP_REQUEST_ENTITY_TOO_LARGE,
+                             apr_psprintf(r->pool, "the sealed body of %" APR_UINT64_T_FMT
+                                          " bytes exceeds maxlen %" APR_UINT64_T_FMT "; fetch it "
+                                          "over plain HTTPS", ct_len, q->limit));
+        apr_table_setn(r->headers_out, "RDMA-Seal",
+                       apr_psprintf(r->pool, "aes-256-gcm, id=%s, length=%" APR_UINT64_T_FMT,
+                                    seal_hex(r->pool, q->seal->id, sizeof q->seal->id), q->total));
+        q->total = 0;
+        if (q->h.scheme == S_SERVER_WRITES && (e = write_in_place(f, ct, (apr_size_t)ct_len)) != NULL)
+            return out_fail(f, e);
+        q->total = ct_len;
+    }
     if (q->h.scheme == S_SERVER_WRITES) {
-        if (q->mode == MODE_STATIC && (e = flush_bounce(f, 0)) != NULL)
+        if (!q->seal && q->mode == MODE_STATIC && (e = flush_bounce(f, 0)) != NULL)
             return out_fail(f, e);
         /* A Write completes locally once handed to TCP: the DONE Send,
          * ordered after the Writes on the same stream, tells the client
@@ -527,7 +564,8 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         }
         /* One file bucket + EOS in dynamic client-reads: map the file. */
         b = APR_BRIGADE_FIRST(bb);
-        if (q->mode == MODE_DYNAMIC && q->h.scheme == S_CLIENT_READS && APR_BUCKET_IS_FILE(b) &&
+        if (q->mode == MODE_DYNAMIC && q->h.scheme == S_CLIENT_READS && !q->seal &&
+            APR_BUCKET_IS_FILE(b) &&
             APR_BUCKET_NEXT(b) != APR_BRIGADE_SENTINEL(bb) && APR_BUCKET_IS_EOS(APR_BUCKET_NEXT(b)) &&
             b->length > 0) {
             size_t delta;
@@ -554,8 +592,7 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
             return out_finish(f);
         }
         if (APR_BUCKET_IS_FLUSH(b)) {
-            if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC &&
-                (e = flush_bounce(f, 1)) != NULL) {
+            if (!collecting(q) && q->mode == MODE_STATIC && (e = flush_bounce(f, 1)) != NULL) {
                 drain_body(bb);
                 return out_fail(f, e);
             }
@@ -569,7 +606,7 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
                              apr_psprintf(r->pool, "the body exceeds maxlen %" APR_UINT64_T_FMT
                                           "; fetch it over plain HTTP", q->limit));
         }
-        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_DYNAMIC && APR_BUCKET_IS_FILE(b) &&
+        if (!collecting(q) && q->mode == MODE_DYNAMIC && APR_BUCKET_IS_FILE(b) &&
             b->length > 0) {
             size_t map_len, delta;
             void *m = map_file(r, b, &map_len, &delta, &e, &detail);
@@ -597,7 +634,7 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
             while (done < b->length) {
                 char *dst;
                 apr_size_t n = b->length - done;
-                if (q->h.scheme == S_CLIENT_READS) {
+                if (collecting(q)) {
                     if ((dst = collect_space(f, n, &e)) == NULL)
                         return out_oom(f, bb, e);
                 } else if (q->mode == MODE_STATIC) {
@@ -622,14 +659,14 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
                     drain_body(bb);
                     return out_error_log(f, HTTP_INTERNAL_SERVER_ERROR, e, detail);
                 }
-                if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_DYNAMIC &&
+                if (!collecting(q) && q->mode == MODE_DYNAMIC &&
                     (e = write_in_place(f, dst, n)) != NULL) { /* at q->total */
                     drain_body(bb);
                     return out_fail(f, e);
                 }
                 q->total += n;
                 done += n;
-                if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC) {
+                if (!collecting(q) && q->mode == MODE_STATIC) {
                     q->fill += n; /* flush_bounce writes it at q->total - q->fill */
                     if (q->fill == iwarp_mr_length(g_static_mr) &&
                         (e = flush_bounce(f, 1)) != NULL) {
@@ -653,7 +690,7 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
                              apr_psprintf(r->pool, "the body exceeds maxlen %" APR_UINT64_T_FMT
                                           "; fetch it over plain HTTP", q->limit));
         }
-        if (q->h.scheme == S_SERVER_WRITES && q->mode == MODE_STATIC) {
+        if (!collecting(q) && q->mode == MODE_STATIC) {
             apr_size_t cap = iwarp_mr_length(g_static_mr), done = 0;
             while (done < len) {
                 apr_size_t n = len - done < cap - q->fill ? len - done : cap - q->fill;
@@ -666,7 +703,7 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
                     return out_fail(f, e);
                 }
             }
-        } else if (q->h.scheme == S_SERVER_WRITES) {
+        } else if (!collecting(q)) {
             if (len && (e = write_in_place(f, data, len)) != NULL) {
                 drain_body(bb);
                 return out_fail(f, e);

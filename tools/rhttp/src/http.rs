@@ -12,12 +12,19 @@
 //! field's colon), since a client that frames a response differently from
 //! the server it talks through reads the wrong bytes as the next response.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// `http://host[:port]/path` (only plain http).
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+/// `http://host[:port]/path` (`https://` URLs through [`Url::parse_any`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Url {
     pub host: String,
@@ -31,6 +38,23 @@ impl Url {
         let rest = s
             .strip_prefix("http://")
             .ok_or_else(|| format!("{s:?}: only http:// URLs are supported"))?;
+        Self::parse_rest(s, rest, 80)
+    }
+
+    /// Parse an `http://` or `https://` URL; true for https (default port
+    /// 443).
+    pub fn parse_any(s: &str) -> Result<(Url, bool), String> {
+        match s.strip_prefix("https://") {
+            Some(rest) => Ok((Self::parse_rest(s, rest, 443)?, true)),
+            None => Ok((
+                Self::parse(s)
+                    .map_err(|_| format!("{s:?}: only http:// and https:// URLs are supported"))?,
+                false,
+            )),
+        }
+    }
+
+    fn parse_rest(s: &str, rest: &str, default_port: u16) -> Result<Url, String> {
         let (hostport, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -50,7 +74,7 @@ impl Url {
             }
         };
         let port = if port.is_empty() {
-            80
+            default_port
         } else {
             port.parse::<u16>()
                 .map_err(|_| format!("{s:?}: bad port {port:?}"))?
@@ -182,10 +206,143 @@ impl fmt::Display for Response {
     }
 }
 
+/// The byte stream of an HTTP connection: plain TCP, or TLS over it.
+#[derive(Debug)]
+pub enum Stream {
+    Plain(TcpStream),
+    Tls {
+        /// In a cell so that [`Conn::answer_ready`] can take in TLS
+        /// records while the connection is only shared (polled).
+        tls: Box<RefCell<StreamOwned<ClientConnection, TcpStream>>>,
+        /// The same socket (a dup), for polling and socket options.
+        sock: TcpStream,
+    },
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls { tls, .. } => tls.get_mut().read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls { tls, .. } => tls.get_mut().write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls { tls, .. } => tls.get_mut().flush(),
+        }
+    }
+}
+
+/// The Debian/Ubuntu system trust store (ca-certificates).
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The TLS client configuration of `https://` URLs: rustls with the ring
+/// provider, TLS 1.2 and 1.3, ALPN `http/1.1`. Trust: the PEM
+/// certificates of `cacert`, else [`SYSTEM_CA_FILE`]; `insecure` checks no
+/// certificate at all (curl's `-k`; the session is still encrypted, but
+/// anyone on the path could be the server).
+pub fn tls_config(cacert: Option<&Path>, insecure: bool) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?;
+    let mut config = if insecure {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth()
+    } else {
+        let path = cacert.unwrap_or(Path::new(SYSTEM_CA_FILE));
+        let fix = if cacert.is_some() {
+            "Fix: give --cacert a PEM file of the server's certificate or its CA"
+        } else {
+            "Fix: install ca-certificates, or give --cacert FILE (PEM), or --insecure"
+        };
+        let mut roots = RootCertStore::empty();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| {
+                format!(
+                    "reading CA certificates from {}: {e}. {fix}",
+                    path.display()
+                )
+            })?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("parsing CA certificates in {}: {e}. {fix}", path.display()))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(format!(
+                "{} holds no usable CA certificate. {fix}",
+                path.display()
+            ));
+        }
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// `--insecure`: accepts any certificate, but still checks that the
+/// handshake's signatures are made by the certificate's key (so the TLS
+/// session is a session with whoever holds it).
+#[derive(Debug)]
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// One HTTP connection.
 #[derive(Debug)]
 pub struct Conn {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Stream>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
 }
@@ -195,6 +352,98 @@ fn invalid(msg: String) -> io::Error {
 }
 
 impl Conn {
+    /// Connect to the URL's host and port; with `tls`, then make the TLS
+    /// handshake (SNI: the URL's host name; an IP literal is checked
+    /// against the certificate's IP addresses and sends no SNI, RFC 6066
+    /// §3), so a certificate problem is reported here.
+    pub fn connect_tls(url: &Url, timeout: Duration, tls: Arc<ClientConfig>) -> io::Result<Conn> {
+        let Conn {
+            reader,
+            peer,
+            local,
+        } = Self::connect(url, timeout)?;
+        let name = ServerName::try_from(url.host.clone()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{:?} is not a TLS server name: {e}", url.host),
+            )
+        })?;
+        let conn = ClientConnection::new(tls, name).map_err(io::Error::other)?;
+        // Nothing was read yet, so the buffer is empty.
+        let Stream::Plain(sock) = reader.into_inner() else {
+            unreachable!("connect makes plain streams")
+        };
+        let dup = sock.try_clone()?;
+        let mut t = StreamOwned::new(conn, sock);
+        while t.conn.is_handshaking() {
+            t.conn.complete_io(&mut t.sock).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("TLS handshake with {}: {e}", url.host_header()),
+                )
+            })?;
+        }
+        let stream = Stream::Tls {
+            tls: Box::new(RefCell::new(t)),
+            sock: dup,
+        };
+        Ok(Conn {
+            reader: BufReader::with_capacity(64 * 1024, stream),
+            peer,
+            local,
+        })
+    }
+
+    /// Whether this connection is TLS.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.reader.get_ref(), Stream::Tls { .. })
+    }
+
+    /// The socket became readable: is that the answer? Plain HTTP: yes.
+    /// TLS: only if the records that came hold response bytes (or the
+    /// stream ended or failed, which a read then reports); TLS 1.3 servers
+    /// send NewSessionTicket messages after the handshake, which make the
+    /// socket readable with no answer in them, and a client that took
+    /// them for its answer would stop serving the RDMA connection the
+    /// server is opening and block in its read. Call only after poll(2)
+    /// said readable (one read(2), which then does not block).
+    pub fn answer_ready(&self) -> bool {
+        let Stream::Tls { tls, .. } = self.reader.get_ref() else {
+            return true;
+        };
+        let mut t = tls.borrow_mut();
+        let t = &mut *t;
+        match t.conn.read_tls(&mut t.sock) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+        }
+        match t.conn.process_new_packets() {
+            Ok(st) => st.plaintext_bytes_to_read() > 0 || st.peer_has_closed(),
+            Err(_) => true,
+        }
+    }
+
+    /// The TLS session's exporter (RFC 8446 §7.5, RFC 5705) with a
+    /// context, into `out`.
+    pub fn export_keying_material(
+        &self,
+        out: &mut [u8],
+        label: &[u8],
+        context: &[u8],
+    ) -> io::Result<()> {
+        match self.reader.get_ref() {
+            Stream::Tls { tls, .. } => tls
+                .borrow()
+                .conn
+                .export_keying_material(out, label, Some(context))
+                .map(|_| ())
+                .map_err(io::Error::other),
+            Stream::Plain(_) => Err(io::Error::other("not a TLS connection: no exporter")),
+        }
+    }
+
     /// Connect to the URL's host and port.
     pub fn connect(url: &Url, timeout: Duration) -> io::Result<Conn> {
         let addrs: Vec<SocketAddr> = (url.host.as_str(), url.port).to_socket_addrs()?.collect();
@@ -208,7 +457,7 @@ impl Conn {
                     let peer = s.peer_addr()?;
                     let local = s.local_addr()?;
                     return Ok(Conn {
-                        reader: BufReader::with_capacity(64 * 1024, s),
+                        reader: BufReader::with_capacity(64 * 1024, Stream::Plain(s)),
                         peer,
                         local,
                     });
@@ -223,12 +472,19 @@ impl Conn {
 
     /// The socket (for polling).
     pub fn stream(&self) -> &TcpStream {
-        self.reader.get_ref()
+        match self.reader.get_ref() {
+            Stream::Plain(s) => s,
+            Stream::Tls { sock, .. } => sock,
+        }
     }
 
-    /// True if response bytes are already buffered.
+    /// True if response bytes are already buffered: in our buffer, or
+    /// (TLS) decrypted in the TLS connection, where polling the socket
+    /// would not see them (rustls' `wants_read` is false then; also after
+    /// the server's close_notify, whose end of stream a read reports).
     pub fn has_buffered(&self) -> bool {
         !self.reader.buffer().is_empty()
+            || matches!(self.reader.get_ref(), Stream::Tls { tls, .. } if !tls.borrow().conn.wants_read())
     }
 
     /// Send a request head (and `body`, if any).
@@ -531,6 +787,20 @@ mod tests {
         assert_eq!(u.host_header(), "[::1]");
         assert_eq!(u.file_name(), "index.html");
         assert!(Url::parse("https://x/").is_err());
+        let (u, tls) = Url::parse_any("https://example.org/a").unwrap();
+        assert!(tls);
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("example.org", 443, "/a")
+        );
+        let (u, tls) = Url::parse_any("https://[::1]:8443").unwrap();
+        assert!(tls);
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("::1", 8443, "/")
+        );
+        assert!(!Url::parse_any("http://x/").unwrap().1);
+        assert!(Url::parse_any("ftp://x/").is_err());
         assert!(Url::parse("http://x:99999/").is_err());
         assert!(Url::parse("http:///x").is_err());
     }

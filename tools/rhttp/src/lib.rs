@@ -13,7 +13,8 @@
 //! objects a page links for `rhttp get -r` and normalizes URLs,
 //! [`robots`] reads robots.txt (RFC 9309), and [`crawl`] decides what a
 //! recursive fetch follows (depth, page requisites, no-parent, robots,
-//! the visited set and `--max-files`), all without I/O.
+//! the visited set and `--max-files`), all without I/O. [`seal`] is the
+//! format of RDMA bodies sealed under a TLS session (HTTPS).
 #![deny(unsafe_code)]
 
 pub mod crawl;
@@ -22,6 +23,7 @@ pub mod header;
 pub mod http;
 pub mod links;
 pub mod robots;
+pub mod seal;
 
 /// The test vectors shared with mod_rdma's C codecs
 /// (`testdata/rdma-vectors/`; format in its README.md).

@@ -78,6 +78,28 @@ struct Args {
     /// [default: the kernel's default]
     #[arg(long, global = true, value_name = "ALGO")]
     congestion: Option<CongestionControl>,
+    /// https:// URLs: trust the CA certificate(s) (or the server's own
+    /// certificate) in this PEM file instead of the system's
+    /// (/etc/ssl/certs/ca-certificates.crt).
+    #[arg(long, global = true, value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// https:// URLs: do not check the server's certificate (curl -k). The
+    /// connection is encrypted, but anyone on the path could pose as the
+    /// server; RDMA bodies are still sealed under that TLS session.
+    #[arg(short = 'k', long, global = true)]
+    insecure: bool,
+}
+
+/// The TLS configuration when the URLs are https:// (set once in `get`).
+static TLS: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+
+/// "https" when the URLs are https://, else "http" (for messages).
+fn url_scheme() -> &'static str {
+    if TLS.get().is_some() {
+        "https"
+    } else {
+        "http"
+    }
 }
 
 /// `--congestion`, set once in `main`.
@@ -133,7 +155,10 @@ impl From<CrcArg> for Policy {
 enum Cmd {
     /// Fetch URLs over one keep-alive connection per host.
     Get {
-        /// http:// URLs.
+        /// http:// or https:// URLs (all of one scheme). Over https the
+        /// RDMA body is sealed under the TLS session (AES-256-GCM, the key
+        /// from the TLS exporter; docs/MOD_RDMA.md, "HTTPS"); -r and -p
+        /// take http:// only, and https fetches one request at a time.
         #[arg(required = true)]
         urls: Vec<String>,
         /// Recursive, like `wget -r`: fetch each URL, then what its pages
@@ -215,6 +240,10 @@ enum Cmd {
         /// test connects an impostor to the listener meanwhile).
         #[arg(long, hide = true)]
         x_pause_before_request: bool,
+        /// Test hook: over https, flip one byte of each sealed RDMA body
+        /// as received, before it is checked (the check must refuse it).
+        #[arg(long, hide = true)]
+        x_tamper_sealed: bool,
     },
     /// Upload FILE to URL with PUT (or POST).
     Put {
@@ -397,7 +426,11 @@ struct Session {
 
 impl Session {
     fn open(url: &Url, timeout: Duration, crc: Policy) -> Res<Session> {
-        let http = Conn::connect(url, timeout).map_err(|e| {
+        let http = match TLS.get() {
+            Some(tls) => Conn::connect_tls(url, timeout, tls.clone()),
+            None => Conn::connect(url, timeout),
+        }
+        .map_err(|e| {
             format!(
                 "connecting to {}:{}: {e}; is the server running?",
                 url.host, url.port
@@ -658,8 +691,22 @@ fn rdma_get(
             .read_line(&mut line)
             .map_err(|e| format!("reading stdin: {e}"))?;
     }
+    // Over TLS: name this transfer; the body will be sealed under a key
+    // the TLS exporter derives for it (docs/MOD_RDMA.md, "HTTPS").
+    let seal_id = if s.http.is_tls() {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&rdma::new_token()?.to_be_bytes());
+        id[8..].copy_from_slice(&rdma::new_token()?.to_be_bytes());
+        Some(id)
+    } else {
+        None
+    };
+    let mut extra = vec![("RDMA", h.to_string())];
+    if let Some(id) = &seal_id {
+        extra.push(("RDMA-Seal", rhttp::seal::request_header(id)));
+    }
     s.http
-        .send_request("GET", url, &[("RDMA", h.to_string())], None)
+        .send_request("GET", url, &extra, None)
         .map_err(|e| format!("sending the request: {e}"))?;
     let r = s.rdma.as_mut().expect("created above");
     if delay_accept_ms > 0 && !r.live() {
@@ -700,7 +747,13 @@ fn rdma_get(
             .map_err(|e| format!("reading the response body: {e}"))?;
         pb.finish_and_clear();
         s.reopen_if(resp.close)?;
-        if resp.status < 300 {
+        if resp.status < 300 && resp.header("RDMA-TLS") == Some("off") {
+            eprintln!(
+                "rhttp: {}: the server moves no bodies by RDMA over TLS (RDMATLS off); got the \
+                 body in the HTTPS response",
+                url.path
+            );
+        } else if resp.status < 300 {
             eprintln!(
                 "rhttp: {}: the server did not answer with RDMA; got the body over plain HTTP",
                 url.path
@@ -716,6 +769,28 @@ fn rdma_get(
     let rh = RdmaHeader::parse(&v).map_err(|e| format!("bad RDMA header from the server: {e}"))?;
     discard_body(s, &resp)?;
     let len = rh.length.ok_or("the server's RDMA header has no length")?;
+    // Over TLS the body must come sealed for this transfer: its key from
+    // the session's exporter with our id as the context.
+    let sealed = match &seal_id {
+        None => None,
+        Some(id) => {
+            let v = resp.header("RDMA-Seal").ok_or(
+                "the server moved the body by RDMA over TLS without sealing it (no RDMA-Seal \
+                 in its answer): it travelled in clear, so it is refused. Fix: update mod_rdma \
+                 on the server, or set RDMATLS off there",
+            )?;
+            let ans = rhttp::seal::parse_answer(v)
+                .map_err(|e| format!("bad RDMA-Seal header from the server: {e}"))?;
+            if ans.id != *id {
+                return Err("the server's RDMA-Seal names another transfer".into());
+            }
+            let mut key = [0u8; 32];
+            s.http
+                .export_keying_material(&mut key, rhttp::seal::LABEL, id)
+                .map_err(|e| format!("the TLS exporter failed: {e}"))?;
+            Some((key, ans.length))
+        }
+    };
     if len > max_len {
         return Err(format!(
             "the server announced {len} bytes, more than maxlen {max_len}"
@@ -770,13 +845,36 @@ fn rdma_get(
         }
         other => return Err(format!("the server answered a GET with scheme {other}")),
     }
-    copy_out(r.buf.as_ref().ok_or("no buffer")?, 0, len, sink)?;
+    let buf = r.buf.as_ref().ok_or("no buffer")?;
+    let (bytes, via) = match sealed {
+        None => {
+            copy_out(buf, 0, len, sink)?;
+            (len, format!("RDMA ({})", rh.scheme))
+        }
+        Some((key, plain)) => {
+            // Check every record in a private copy (the server could still
+            // write into the registered buffer), then release the body.
+            let mut body = vec![0u8; usize::try_from(len).map_err(|_| "body too large")?];
+            buf.read_at(0, &mut body);
+            if hooks.tamper_sealed {
+                let at = body.len() / 2;
+                body[at] ^= 1;
+                eprintln!("rhttp-test: flipped byte {at} of the sealed body");
+            }
+            let id = seal_id.as_ref().expect("sealed only with an id");
+            let n = rhttp::seal::open_in_place(&key, id, plain, &mut body)
+                .map_err(|e| format!("refusing the RDMA body: {e}"))?;
+            sink.write_all(&body[..n])
+                .map_err(|e| format!("writing the body: {e}"))?;
+            (n as u64, format!("RDMA ({}, sealed)", rh.scheme))
+        }
+    };
     pb.finish_and_clear();
     s.reopen_if(resp.close)?;
     Ok(Outcome {
         status: resp.status,
-        bytes: len,
-        via: format!("RDMA ({})", rh.scheme),
+        bytes,
+        via,
         html: is_html(&resp, url),
     })
 }
@@ -787,6 +885,7 @@ struct GetHooks {
     delay_accept: u64,
     drop_rdma_after: Option<usize>,
     pause_before_request: bool,
+    tamper_sealed: bool,
 }
 
 impl GetHooks {
@@ -868,16 +967,28 @@ fn cmd_get(
         }
         return recursive::cmd_crawl(a, urls, scheme, &hooks, opts);
     }
-    let depth = if hooks.any() { 1 } else { opts.depth };
+    let mut depth = if hooks.any() { 1 } else { opts.depth };
     let started = Instant::now();
     let mut pages = Vec::new();
+    let mut https = None;
     for (i, u) in urls.iter().enumerate() {
-        let url = Url::parse(u)?;
+        let (url, tls) = Url::parse_any(u)?;
+        if *https.get_or_insert(tls) != tls {
+            return Err(format!(
+                "{u:?}: give either http:// or https:// URLs in one command, not both"
+            ));
+        }
         let out = outputs
             .get(i)
             .cloned()
             .unwrap_or_else(|| PathBuf::from(url.file_name()));
         pages.push(Job { url, out });
+    }
+    if https == Some(true) {
+        let tls = rhttp::http::tls_config(a.cacert.as_deref(), a.insecure)?;
+        let _ = TLS.set(tls);
+        // One request at a time: rdma_get seals and checks each body.
+        depth = 1;
     }
     let mut session: Option<Session> = None;
     let all_ok = fetch(a, &mut session, &pages, scheme, &hooks, depth, opts)?;
@@ -947,7 +1058,8 @@ fn report_get(url: &Url, o: &Outcome, secs: f64) -> bool {
         RDMA_BODIES.fetch_add(1, Ordering::Relaxed);
     }
     report(format_args!(
-        "GET http://{}{}: {} {} bytes via {} in {:.3} ms ({:.1} MB/s)",
+        "GET {}://{}{}: {} {} bytes via {} in {:.3} ms ({:.1} MB/s)",
+        url_scheme(),
         url.host_header(),
         url.path,
         o.status,
@@ -994,7 +1106,12 @@ fn fetch(
             sink.flush()
                 .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
             let o = o.map_err(|e| {
-                format!("GET http://{}{}: {e}", job.url.host_header(), job.url.path)
+                format!(
+                    "GET {}://{}{}: {e}",
+                    url_scheme(),
+                    job.url.host_header(),
+                    job.url.path
+                )
             })?;
             all_ok &= report_get(&job.url, &o, t.elapsed().as_secs_f64());
             if hooks.drop_rdma_after == Some(i + k + 1) {
@@ -1048,6 +1165,7 @@ fn main() -> ExitCode {
             x_delay_accept_ms,
             x_drop_rdma_after,
             x_pause_before_request,
+            x_tamper_sealed,
         } => cmd_get(
             &a,
             urls,
@@ -1058,6 +1176,7 @@ fn main() -> ExitCode {
                 delay_accept: *x_delay_accept_ms,
                 drop_rdma_after: *x_drop_rdma_after,
                 pause_before_request: *x_pause_before_request,
+                tamper_sealed: *x_tamper_sealed,
             },
             &GetOpts {
                 recursive: *recursive,

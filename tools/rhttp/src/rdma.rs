@@ -337,7 +337,7 @@ impl Rdma {
                     Err(e) => tracing::warn!(error = %e, "bad RDMA connection attempt"),
                 }
             }
-            if http_ready || http.has_buffered() {
+            if (http_ready && http.answer_ready()) || http.has_buffered() {
                 return Ok(());
             }
         }
@@ -564,7 +564,8 @@ pub(super) fn new_token() -> Res<u64> {
 }
 
 /// Sleep in `poll(2)` for up to `ms` on the HTTP socket and `cq_fd` (a
-/// CQ's descriptor); true if the HTTP socket became readable.
+/// CQ's descriptor); true if the HTTP socket became readable with
+/// response bytes ([`Conn::answer_ready`]).
 pub(super) fn poll_http(http: &Conn, cq_fd: Option<std::os::fd::RawFd>, ms: i32) -> bool {
     let mut fds = [
         libc::pollfd {
@@ -581,5 +582,5 @@ pub(super) fn poll_http(http: &Conn, cq_fd: Option<std::os::fd::RawFd>, ms: i32)
     ];
     // SAFETY: two valid pollfds in a live local array.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    n > 0 && fds[0].revents != 0
+    n > 0 && fds[0].revents != 0 && http.answer_ready()
 }
