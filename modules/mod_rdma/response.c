@@ -426,7 +426,15 @@ static apr_status_t out_finish(ap_filter_t *f)
         char *ct;
         apr_uint64_t ct_len;
         static const char nothing[1];
-        e = seal_body(r, q->seal, q->body ? q->body : nothing, q->total, &ct, &ct_len);
+        const char *src = q->map ? (const char *)q->map + q->fill /* page delta */
+                        : q->body ? q->body
+                                  : nothing;
+        e = seal_body(r, q->seal, src, q->total, &ct, &ct_len);
+        if (q->map) {
+            release_map(q->map, q->map_len);
+            q->map = NULL;
+            q->fill = 0;
+        }
         if (e)
             return out_error(f, HTTP_SERVICE_UNAVAILABLE,
                              apr_pstrcat(r->pool, e, "; fetch it over plain HTTPS", NULL));
@@ -564,8 +572,9 @@ apr_status_t rdma_out_filter(ap_filter_t *f, apr_bucket_brigade *bb)
         }
         /* One file bucket + EOS in dynamic client-reads: map the file. */
         b = APR_BRIGADE_FIRST(bb);
-        if (q->mode == MODE_DYNAMIC && q->h.scheme == S_CLIENT_READS && !q->seal &&
-            APR_BUCKET_IS_FILE(b) &&
+        /* Also a body to seal (seal.c), which is sealed from the mapping
+         * without collecting it first. */
+        if (q->mode == MODE_DYNAMIC && collecting(q) && APR_BUCKET_IS_FILE(b) &&
             APR_BUCKET_NEXT(b) != APR_BRIGADE_SENTINEL(bb) && APR_BUCKET_IS_EOS(APR_BUCKET_NEXT(b)) &&
             b->length > 0) {
             size_t delta;
