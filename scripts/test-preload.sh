@@ -759,6 +759,21 @@ t_vfork() {
     echo "info: 2 vfork children and a posix_spawn left the parent's stream, deferred accept, stalled exchanges and 0-2 alone"
 }
 check "g) vfork and posix_spawn children leave the parent's streams and stalled exchanges alone" t_vfork
+# Python's subprocess (3.10+) starts children with vfork, and their
+# close_fds closes with close_range(3, ~0) before the exec: a preloaded
+# Python server that runs a command while it holds a stream must keep it.
+t_vfork_python() {
+    next_port
+    local s
+    rm -f "$T/g-vp.stats"
+    bgpre "$T/g-vp.stats" timeout 30 "$PY" "$HELPER_DIR/subprocess_echo.py" "$PORT"
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    pre "$T/g-vp.stats" timeout 30 "$PY" "$HELPER" echo-client "$PORT" blocking 262144 || return 1
+    wait_pid "$s" 10 || return 1
+    has "$T/g-vp.stats" "accept iwarp" && has "$T/g-vp.stats" "connect iwarp"
+}
+check "g) vfork: a Python server's subprocess.run (vfork, close_range) leaves its stream alone" t_vfork_python
 
 # ---- h) the C API ----------------------------------------------------------------------------
 t_capi() {
