@@ -18,7 +18,7 @@
 //! the kernel devices rdma-core reports, so it is tested without RDMA.
 //!
 //! This module is also the one place that knows which providers exist:
-//! [`open`] turns a name into the provider's device object (`DeviceOps` of
+//! `open` turns a name into the provider's device object (`DeviceOps` of
 //! `device_ops.rs`), `soft` from [`crate::soft`] and a kernel device from
 //! the rdma-core provider through the table `KERNEL`, the crate's only
 //! `cfg(feature = "rdma-core")` outside the module declaration. The rest

@@ -8,8 +8,8 @@
 //! |---|---|---|
 //! | [`Context`](crate::Context) | one `ibv_context` of librdmacm's device list (`rdma_get_devices`), so that queue pairs created on it can be connected by rdma_cm (which refuses a QP of another context) | `device.rs` |
 //! | [`ProtectionDomain`](crate::ProtectionDomain) | an `ibv_pd`, allocated on first use (`alloc_pd` cannot fail in this API) | `mr.rs` |
-//! | [`MemoryRegion`](crate::MemoryRegion) | the crate's buffer, also registered with `ibv_reg_mr`; `lkey`/`rkey` are the device's | `mr.rs` |
-//! | [`CompletionQueue`](crate::CompletionQueue) | an `ibv_cq` with a completion channel, drained into the CQ's queue by a pump thread (so `poll`, `wait`, and the eventfd behave as with the software provider) and by `CompletionQueue::progress` | `cq.rs` |
+//! | [`MemoryRegion`] | the crate's buffer, also registered with `ibv_reg_mr`; `lkey`/`rkey` are the device's | `mr.rs` |
+//! | [`CompletionQueue`] | an `ibv_cq` with a completion channel, drained into the CQ's queue by a pump thread (so `poll`, `wait`, and the eventfd behave as with the software provider) and by `CompletionQueue::progress` | `cq.rs` |
 //! | [`QueuePair`](crate::QueuePair) | an RC `ibv_qp`, moved to INIT at creation (so receives can be posted before connecting, as with the software provider) | `qp.rs` |
 //! | work requests, completions | `ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`, `ibv_wc` | `wr.rs` |
 //! | [`cm`] (`connect`, `Listener`, `ConnRequest`) | rdma_cm, which moves the QP on to RTS | `cm.rs` |
@@ -30,7 +30,7 @@
 //!
 //! The provider seam (`device_ops.rs`, `provider.rs`) is implemented the
 //! way the software provider does it: this module implements the device
-//! and protection-domain traits (`DeviceOps` for [`Device`], `PdOps` for
+//! and protection-domain traits (`DeviceOps` for `Device`, `PdOps` for
 //! `mr::RdmaPd`: it wires `mr`, `cq` and `qp` together), `qp.rs` the
 //! queue pair's (`QpOps`, `CqSource`), and `cm.rs` the connection
 //! manager's (`DeviceCm`, `QpCm`, `ListenerOps`, `RequestOps`). The
