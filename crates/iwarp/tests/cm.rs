@@ -382,3 +382,22 @@ fn a_lost_syn_within_a_short_timeout_is_no_tcp_not_no_mpa() {
     );
     drop((l, filler));
 }
+
+/// Many clients reaching a listener before it accepts any: each TCP
+/// connect completes in the kernel, so they queue in the listener's accept
+/// queue, which must hold them (`LISTEN_BACKLOG`). With the old backlog of
+/// 128 the kernel dropped the 130th SYN and that client waited for the 1 s
+/// SYN retransmission: a connect bounded well under it fails.
+#[test]
+fn a_burst_of_clients_fits_in_the_accept_queue() {
+    let l = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let addr = l.local_addr();
+    let mut held = Vec::new();
+    for i in 0..300 {
+        match TcpStream::connect_timeout(&addr, Duration::from_millis(700)) {
+            Ok(s) => held.push(s),
+            Err(e) => panic!("client {i} of 300 could not connect before anyone accepted: {e}"),
+        }
+    }
+    assert_eq!(held.len(), 300);
+}
