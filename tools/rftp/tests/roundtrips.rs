@@ -15,7 +15,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -32,8 +32,9 @@ struct Seen {
 }
 
 /// A relay on a fresh port to `127.0.0.1:port` for one control
-/// connection; returns its port and what it saw.
-fn counting_relay(port: u16) -> (u16, Arc<Mutex<Seen>>) {
+/// connection; returns its port, what it saw, and a channel that says
+/// when the client closed its side (everything it sent has been seen).
+fn counting_relay(port: u16) -> (u16, Arc<Mutex<Seen>>, mpsc::Receiver<()>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let me = l.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Seen {
@@ -41,6 +42,7 @@ fn counting_relay(port: u16) -> (u16, Arc<Mutex<Seen>>) {
         ..Seen::default()
     }));
     let s2 = seen.clone();
+    let (closed_tx, closed) = mpsc::channel();
     thread::spawn(move || {
         let (c, _) = l.accept().unwrap();
         let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -74,6 +76,7 @@ fn counting_relay(port: u16) -> (u16, Arc<Mutex<Seen>>) {
                 }
             }
             let _ = s_out.shutdown(Shutdown::Write);
+            let _ = closed_tx.send(());
         });
         let (mut s_in, mut c_out) = (s, c);
         let mut buf = [0u8; 16384];
@@ -91,12 +94,12 @@ fn counting_relay(port: u16) -> (u16, Arc<Mutex<Seen>>) {
         let _ = c_out.shutdown(Shutdown::Write);
         let _ = up.join();
     });
-    (me, seen)
+    (me, seen, closed)
 }
 
 /// Run `rftp get` of `name` through a counting relay in front of `port`.
 fn counted_get(port: u16, name: &str, extra: &[&str]) -> Vec<Vec<String>> {
-    let (relay, seen) = counting_relay(port);
+    let (relay, seen, closed) = counting_relay(port);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("got.bin");
     let url = format!("ftp://alice:secret@127.0.0.1:{relay}/{name}");
@@ -120,20 +123,10 @@ fn counted_get(port: u16, name: &str, extra: &[&str]) -> Vec<Vec<String>> {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    // The relay has seen everything once rftp exited and its QUIT came.
-    for _ in 0..100 {
-        if seen
-            .lock()
-            .unwrap()
-            .flights
-            .iter()
-            .flatten()
-            .any(|l| l == "QUIT")
-        {
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
+    // The relay has seen everything once rftp closed the connection.
+    closed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("rftp's control connection still open 10 s after it exited");
     let flights = seen.lock().unwrap().flights.clone();
     flights
 }
@@ -177,7 +170,7 @@ fn get_from_rftpd_waits_two_round_trips_before_the_data() {
     let part = dir.path().join("got.bin.part");
     let whole = std::fs::read(s.root.join("small.bin")).unwrap();
     std::fs::write(&part, &whole[..65536]).unwrap();
-    let (relay, seen) = counting_relay(s.port);
+    let (relay, seen, closed) = counting_relay(s.port);
     let url = format!("ftp://alice:secret@127.0.0.1:{relay}/small.bin");
     let o = Command::new(env!("CARGO_BIN_EXE_rftp"))
         .args([
@@ -194,6 +187,9 @@ fn get_from_rftpd_waits_two_round_trips_before_the_data() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(std::fs::read(&out).unwrap(), whole);
+    closed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("rftp's control connection still open 10 s after it exited");
     let f = seen.lock().unwrap().flights.clone();
     let rrtr = flights_until(&f, "RRTR");
     assert!(
