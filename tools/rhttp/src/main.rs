@@ -14,14 +14,13 @@
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 use iwarp::cm::{CongestionControl, ConnParam, Listener, MpaConfig, Policy};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr,
@@ -354,9 +353,11 @@ mod pipeline;
 mod put;
 mod rdma;
 mod recursive;
+mod sink;
 use pipeline::*;
 use put::*;
 use rdma::*;
+use sink::{bar, copy_out, open_sink, Sink};
 
 /// Print one transfer's result line on stderr with a single `write`
 /// (stderr is unbuffered: `eprintln!` wrote each formatted piece with its
@@ -466,81 +467,6 @@ impl Session {
     }
 }
 
-fn bar(quiet: bool, len: u64, what: &str) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(len);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg:30!} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
-}
-
-/// Where a response body goes: a file or standard output. The plain-HTTP
-/// path writes through a 64 KiB buffer (it batches the socket reads); an
-/// RDMA body is written straight from the registered buffer to the
-/// descriptor ([`copy_out`]).
-struct Sink {
-    out: io::BufWriter<Out>,
-}
-
-enum Out {
-    File(File),
-    Stdout(io::Stdout),
-}
-
-impl Write for Out {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        match self {
-            Out::File(f) => f.write(b),
-            Out::Stdout(o) => o.write(b),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Out::File(f) => f.flush(),
-            Out::Stdout(o) => o.flush(),
-        }
-    }
-}
-
-impl Write for Sink {
-    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-        self.out.write(b)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
-    }
-}
-
-impl Sink {
-    /// The descriptor, with everything buffered before it written out.
-    fn fd(&mut self) -> io::Result<BorrowedFd<'_>> {
-        self.out.flush()?;
-        Ok(match self.out.get_ref() {
-            Out::File(f) => f.as_fd(),
-            Out::Stdout(o) => o.as_fd(),
-        })
-    }
-}
-
-fn open_sink(path: &PathBuf) -> Res<Sink> {
-    let out = if path.as_os_str() == "-" {
-        Out::Stdout(io::stdout())
-    } else {
-        Out::File(File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?)
-    };
-    Ok(Sink {
-        out: io::BufWriter::with_capacity(64 << 10, out),
-    })
-}
-
 /// Bytes copied into the registered buffer per step (uploads): small
 /// enough to stay in the L2 cache between the read and the copy.
 const COPY_CHUNK: usize = 256 << 10;
@@ -550,26 +476,6 @@ thread_local! {
     /// megabyte per request costs page faults, zeroing and, when it is
     /// unmapped again, TLB shoot-downs.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; COPY_CHUNK]);
-}
-
-/// Write `len` bytes of the registered buffer, from offset `at`, to `sink`.
-///
-/// Straight from the registered memory to the file or pipe with `write(2)`
-/// ([`MemoryRegion::write_to_fd`]): no copy in user space, and no Rust
-/// slice of memory that stays registered for the next request (a
-/// misbehaving server could still be writing into it).
-fn copy_out(buf: &MemoryRegion, at: usize, len: u64, sink: &mut Sink) -> Res<()> {
-    let fd = sink.fd().map_err(|e| e.to_string())?;
-    let mut off = 0usize;
-    let len = usize::try_from(len).map_err(|_| "body larger than the address space")?;
-    while off < len {
-        match buf.write_to_fd(at + off, len - off, fd) {
-            Ok(0) => return Err("writing the body: the output accepted no bytes".into()),
-            Ok(n) => off += n,
-            Err(e) => return Err(format!("writing the body: {e}")),
-        }
-    }
-    Ok(())
 }
 
 /// Read the first `len` bytes of `f` into the registered buffer, through
