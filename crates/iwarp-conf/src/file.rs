@@ -1,0 +1,414 @@
+//! Configuration files: TOML into a serde type, with environment
+//! overrides (feature `toml`).
+//!
+//! Precedence, highest first: **flags > environment > file > defaults**.
+//! [`load`] does the middle two: it reads the file, then lets each
+//! `PREFIX_KEY=value` variable replace the file's top-level `key` (the
+//! part after `PREFIX_`, in lower case: `CCAPPD_PUSH_POLICY` sets
+//! `push_policy`). Defaults are the type's (`#[serde(default)]`), and each
+//! tool applies its own flags over what `load` returns (ccache turns the
+//! settings into flags placed before the command line's, where a later
+//! flag wins; rftp takes a flag when it is given and the file's value
+//! otherwise).
+//!
+//! An environment value is read as a TOML value when it is one (`8`,
+//! `true`, `"text"`, `["a", "b"]`) and as text otherwise (`hybrid`,
+//! `0.0.0.0:7471`); to pass text that looks like a number, quote it
+//! (`PREFIX_NAME='"1024"'`). Only top-level keys can be set this way.
+//!
+//! Unknown keys are refused when the type says so
+//! (`#[serde(deny_unknown_fields)]`, which every tool's type carries): a
+//! misspelt key, in the file or in a `PREFIX_` variable, is an error and
+//! not a silently ignored setting. Every error names where (`FILE:LINE`,
+//! or the variable), the key, what is wrong and the fix.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::ops::Range;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use toml::de::{DeTable, Deserializer, Error};
+use toml::Spanned;
+
+/// Reads the TOML file at `path` (none: only the environment) into `T`,
+/// each `{env_prefix}_KEY` variable of the process overriding the file's
+/// `key` (an empty `env_prefix`: no overrides). See the module
+/// documentation for the precedence and the error format.
+pub fn load<T: DeserializeOwned>(path: Option<&Path>, env_prefix: &str) -> Result<T, String> {
+    load_from(path, env_prefix, std::env::vars_os())
+}
+
+/// [`load`] with the environment given (tests, or a tool that filters it).
+pub fn load_from<T: DeserializeOwned>(
+    path: Option<&Path>,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Result<T, String> {
+    let (text, file) = match path {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| {
+                format!(
+                    "{}: cannot read the configuration file: {e} (fix: give the path of a \
+                     readable file)",
+                    p.display()
+                )
+            })?,
+            p.display().to_string(),
+        ),
+        None => (String::new(), "(no configuration file)".to_owned()),
+    };
+    let vars = overrides(env_prefix, env)?;
+
+    // The variables as TOML lines after the file's text blanked out (same
+    // bytes, new lines kept): one span measure then tells a file error
+    // (its line) from a variable's (its range).
+    let mut env_src: String = text
+        .bytes()
+        .map(|b| if b == b'\n' { '\n' } else { ' ' })
+        .collect();
+    env_src.push('\n');
+    let mut ranges = Vec::with_capacity(vars.len());
+    for v in &vars {
+        let start = env_src.len();
+        let _ = writeln!(env_src, "{} = {}", v.key, v.toml);
+        ranges.push(start..env_src.len());
+    }
+
+    let doc = DeTable::parse(&text).map_err(|e| {
+        format!(
+            "{}: not TOML: {} (fix: quote text values (name = \"text\"), keep numbers and \
+             true/false bare, write lists as [\"a\", \"b\"])",
+            at_line(&file, &text, e.span()),
+            e.message().trim()
+        )
+    })?;
+    let span = doc.span();
+    let mut table = doc.into_inner();
+    if !vars.is_empty() {
+        let env_doc = DeTable::parse(&env_src).map_err(|e| {
+            let who = e
+                .span()
+                .and_then(|s| ranges.iter().position(|r| r.contains(&s.start)))
+                .map_or(env_prefix, |i| vars[i].name.as_str());
+            format!(
+                "environment {who}: {} (fix: correct or unset it)",
+                e.message().trim()
+            )
+        })?;
+        for (k, v) in env_doc.into_inner() {
+            table.remove(k.get_ref().as_ref());
+            table.insert(k, v);
+        }
+    }
+    T::deserialize(Deserializer::from(Spanned::new(span, table)))
+        .map_err(|e| explain(&e, &file, &text, &vars, &ranges))
+}
+
+/// A `PREFIX_KEY=value` variable, as a TOML line.
+struct Var {
+    name: String,
+    key: String,
+    value: String,
+    toml: String,
+}
+
+/// The environment's `{prefix}_KEY` variables, sorted by name.
+fn overrides(
+    prefix: &str,
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Result<Vec<Var>, String> {
+    if prefix.is_empty() {
+        return Ok(Vec::new());
+    }
+    let head = format!("{prefix}_");
+    let mut vars = Vec::new();
+    for (name, value) in env {
+        let Some(name) = name.to_str() else { continue };
+        let Some(key) = name.strip_prefix(&head).filter(|k| !k.is_empty()) else {
+            continue;
+        };
+        // A bare TOML key (toml.io, Keys: A-Za-z0-9_-).
+        if !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!(
+                "environment {name}: not a setting name (fix: {head} followed by letters, digits \
+                 and _, as in {head}SOME_KEY; or unset it)"
+            ));
+        }
+        let value = value.into_string().map_err(|_| {
+            format!("environment {name}: the value is not UTF-8 (fix: give it in UTF-8)")
+        })?;
+        let toml = if !value.contains(['\n', '\r'])
+            && format!("v = {value}").parse::<toml::Table>().is_ok()
+        {
+            value.clone()
+        } else {
+            toml::Value::String(value.clone()).to_string()
+        };
+        vars.push(Var {
+            name: name.to_owned(),
+            key: key.to_ascii_lowercase(),
+            value,
+            toml,
+        });
+    }
+    vars.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(vars)
+}
+
+/// A deserialization error with where it comes from and the fix.
+fn explain(e: &Error, file: &str, text: &str, vars: &[Var], ranges: &[Range<usize>]) -> String {
+    let msg = e.message().trim();
+    let fix = if msg.starts_with("unknown field") {
+        "remove the key or correct its spelling"
+    } else if msg.starts_with("missing field") {
+        "add the key"
+    } else {
+        "give a value of the expected type"
+    };
+    let span = e.span();
+    if let Some(i) = span
+        .as_ref()
+        .and_then(|s| ranges.iter().position(|r| r.contains(&s.start)))
+    {
+        let v = &vars[i];
+        return format!(
+            "environment {}={:?}: key `{}`: {msg} (fix: {fix}, or unset {})",
+            v.name, v.value, v.key, v.name
+        );
+    }
+    if msg.starts_with("missing field") {
+        // Its span is the whole table: no line to name.
+        let prefix_hint = vars
+            .first()
+            .map(|_| " or its environment variable")
+            .unwrap_or("");
+        return format!("{file}: {msg} (fix: {fix} to the file{prefix_hint})");
+    }
+    let key = span
+        .as_ref()
+        .and_then(|s| key_on_line(text, s.start))
+        .map(|k| format!(" key `{k}`:"))
+        .unwrap_or_default();
+    format!("{}:{key} {msg} (fix: {fix})", at_line(file, text, span))
+}
+
+/// `FILE:LINE` of a byte offset (just `FILE` without one).
+fn at_line(file: &str, text: &str, span: Option<Range<usize>>) -> String {
+    match span {
+        Some(s) if s.start <= text.len() => {
+            let line = text.as_bytes()[..s.start]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+                + 1;
+            format!("{file}:{line}")
+        }
+        _ => file.to_owned(),
+    }
+}
+
+/// The key of the `key = value` line holding byte `at`, if it is one.
+fn key_on_line(text: &str, at: usize) -> Option<String> {
+    let start = text.get(..at)?.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let (k, _) = line.split_once('=')?;
+    let k = k.trim().trim_matches(['"', '\'']);
+    (!k.is_empty() && !k.starts_with('[')).then(|| k.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use std::path::PathBuf;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct User {
+        name: String,
+        #[serde(default)]
+        write: bool,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    struct Conf {
+        listen: String,
+        docs: u32,
+        ratio: f64,
+        crc: bool,
+        policy: Option<String>,
+        allow: Vec<String>,
+        users: Vec<User>,
+    }
+
+    impl Default for Conf {
+        fn default() -> Conf {
+            Conf {
+                listen: "127.0.0.1:2121".into(),
+                docs: 64,
+                ratio: 0.0,
+                crc: false,
+                policy: None,
+                allow: Vec::new(),
+                users: Vec::new(),
+            }
+        }
+    }
+
+    struct File(PathBuf);
+    impl Drop for File {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    fn file(name: &str, text: &str) -> File {
+        let f = std::env::temp_dir().join(format!("iwarp-conf-{}-{name}", std::process::id()));
+        std::fs::write(&f, text).unwrap();
+        File(f)
+    }
+    fn env(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        v.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+    fn conf(f: &File, e: &[(&str, &str)]) -> Result<Conf, String> {
+        load_from(Some(&f.0), "TOOL", env(e))
+    }
+
+    const GOOD: &str = "# a tool\nlisten = \"0.0.0.0:7471\"\ndocs = 1024\nratio = 0.5\n\
+                        allow = [\"a\", \"b\"]\n\n[[users]]\nname = \"ann\"\nwrite = true\n";
+
+    #[test]
+    fn a_good_file_over_the_defaults() {
+        let f = file("good.toml", GOOD);
+        let c = conf(&f, &[("PATH", "/bin"), ("TOOLDOCS", "1"), ("TOOL_", "1")]).unwrap();
+        assert_eq!(
+            c,
+            Conf {
+                listen: "0.0.0.0:7471".into(),
+                docs: 1024,
+                ratio: 0.5,
+                allow: vec!["a".into(), "b".into()],
+                users: vec![User {
+                    name: "ann".into(),
+                    write: true
+                }],
+                ..Conf::default()
+            }
+        );
+        // No file, no variables: the defaults.
+        assert_eq!(
+            load_from::<Conf>(None, "TOOL", env(&[])),
+            Ok(Conf::default())
+        );
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file() {
+        let f = file("env.toml", GOOD);
+        let c = conf(
+            &f,
+            &[
+                ("TOOL_DOCS", "7"),
+                ("TOOL_POLICY", "hybrid"),      // bare text
+                ("TOOL_LISTEN", "\"[::1]:9\""), // quoted text
+                ("TOOL_ALLOW", "[\"c\"]"),      // a list
+                ("TOOL_CRC", "true"),           // a switch
+                ("OTHER_DOCS", "9"),            // another prefix
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (c.docs, c.policy.as_deref(), c.listen.as_str(), c.crc),
+            (7, Some("hybrid"), "[::1]:9", true)
+        );
+        assert_eq!(c.allow, ["c"]);
+        assert_eq!(c.ratio, 0.5, "what the variables leave is the file's");
+        // Without a file, over the defaults; the empty prefix reads none.
+        let c: Conf = load_from(None, "TOOL", env(&[("TOOL_DOCS", "3")])).unwrap();
+        assert_eq!((c.docs, c.ratio), (3, 0.0));
+        let c: Conf = load_from(None, "", env(&[("_DOCS", "3")])).unwrap();
+        assert_eq!(c.docs, 64);
+    }
+
+    #[test]
+    fn file_errors_name_the_line_the_key_and_the_fix() {
+        let f = file("unknown.toml", "docs = 3\n\ndox = 4\n");
+        let e = conf(&f, &[]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}:3: key `dox`:", f.0.display())),
+            "{e}"
+        );
+        assert!(
+            e.contains("unknown field `dox`") && e.contains("correct its spelling"),
+            "{e}"
+        );
+
+        let f = file("type.toml", "# x\ndocs = \"many\"\n");
+        let e = conf(&f, &[]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}:2: key `docs`:", f.0.display())),
+            "{e}"
+        );
+        assert!(e.contains("expected type"), "{e}");
+
+        let f = file("nested.toml", "[[users]]\nname = \"a\"\nwritable = true\n");
+        let e = conf(&f, &[]).unwrap_err();
+        assert!(e.contains(":3: key `writable`: unknown field"), "{e}");
+
+        let f = file("syntax.toml", "docs = 3\npolicy = hybrid\n");
+        let e = conf(&f, &[]).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}:2: not TOML", f.0.display())),
+            "{e}"
+        );
+        assert!(e.contains("quote text values"), "{e}");
+
+        let f = file("dup.toml", "docs = 3\ndocs = 4\n");
+        assert!(conf(&f, &[]).unwrap_err().contains(":2: not TOML"));
+
+        let e =
+            load_from::<Conf>(Some(Path::new("/nonexistent/t.toml")), "T", env(&[])).unwrap_err();
+        assert!(e.contains("/nonexistent/t.toml: cannot read"), "{e}");
+
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Needs {
+            root: String,
+        }
+        let f = file("missing.toml", "\n");
+        let e = load_from::<Needs>(Some(&f.0), "T", env(&[])).unwrap_err();
+        assert!(
+            e.contains("missing field `root`") && e.contains("add the key"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn variable_errors_name_the_variable_and_the_fix() {
+        let f = file("var.toml", GOOD);
+        let e = conf(&f, &[("TOOL_DOCS", "many")]).unwrap_err();
+        assert!(
+            e.starts_with("environment TOOL_DOCS=\"many\": key `docs`:"),
+            "{e}"
+        );
+        assert!(e.contains("or unset TOOL_DOCS"), "{e}");
+
+        // A misspelt variable is refused, not ignored.
+        let e = conf(&f, &[("TOOL_DOX", "4")]).unwrap_err();
+        assert!(
+            e.starts_with("environment TOOL_DOX=\"4\": key `dox`: unknown field"),
+            "{e}"
+        );
+
+        let e = conf(&f, &[("TOOL_A.B", "1")]).unwrap_err();
+        assert!(
+            e.contains("environment TOOL_A.B: not a setting name"),
+            "{e}"
+        );
+
+        // A list variable with a bad item: the variable, not the file.
+        let e = conf(&f, &[("TOOL_ALLOW", "[1]")]).unwrap_err();
+        assert!(e.starts_with("environment TOOL_ALLOW="), "{e}");
+    }
+}
