@@ -1,5 +1,8 @@
-//! Configuration files of `ccappd`, `ccproxy` and `ccupdate`: TOML, as
-//! rftp's (`rftpd --config`), with flags overriding the file.
+//! Configuration of `ccappd`, `ccproxy` and `ccupdate`: a TOML file
+//! (`--config FILE`) and `PROGRAM_KEY=value` environment variables, read
+//! by the shared loader `iwarp_conf::load` (as rftp's could be), with
+//! flags overriding both. Precedence, highest first: **flags >
+//! environment > file > defaults**.
 //!
 //! The file's keys are the program's long flags, in TOML's snake_case or
 //! as written on the command line (`push_policy` or `push-policy`):
@@ -12,11 +15,15 @@
 //! ipc_allow_user = ["www-data", "nobody"] # a repeatable flag
 //! ```
 //!
+//! and so are the variables' after the program's name in capitals
+//! (`CCAPPD_PUSH_POLICY=hybrid`, `CCPROXY_CACHE_BYTES=64M`), which replace
+//! the file's setting of that key (see iwarp-conf for how a value is read).
+//!
 //! The flags themselves are the schema: a key that is not a long flag of
-//! the program is refused with its name, a switch takes `true` or
-//! `false`, and each value is checked by the same parser as on the
-//! command line (the file's settings become flags placed before the
-//! command line's own, and a later flag wins: `args_override_self`).
+//! the program is refused with its name (and its line, or its variable),
+//! a switch takes `true` or `false`, and each value is checked by the same
+//! parser as on the command line (the settings become flags placed before
+//! the command line's own, and a later flag wins: `args_override_self`).
 //!
 //! The old syntax (`key = value` lines with bare text values, such as
 //! `push-policy = hybrid`) is still read in this release, with a warning
@@ -28,12 +35,17 @@ use std::path::{Path, PathBuf};
 use clap::{ArgAction, Command};
 
 /// The command line with the settings of its `--config FILE` (if any)
-/// turned into flags in front of it, so that a flag on the command line
-/// wins. `cmd` is the program's `clap` command (`Args::command()`): its
-/// long flags are the keys the file may use. A file in the old syntax is
-/// read with a deprecation warning (logged).
-pub fn args_with_config(cmd: &Command, args: Vec<OsString>) -> Result<Vec<OsString>, String> {
-    let loaded = load(cmd, args)?;
+/// and of the `{env_prefix}_KEY` variables turned into flags in front of
+/// it, so that a flag on the command line wins. `cmd` is the program's
+/// `clap` command (`Args::command()`): its long flags are the keys the
+/// file and the variables may use. A file in the old syntax is read with a
+/// deprecation warning (logged).
+pub fn args_with_config(
+    cmd: &Command,
+    env_prefix: &str,
+    args: Vec<OsString>,
+) -> Result<Vec<OsString>, String> {
+    let loaded = load(cmd, env_prefix, args, std::env::vars_os())?;
     if let Some(w) = &loaded.deprecated {
         tracing::warn!("{w}");
     }
@@ -43,37 +55,63 @@ pub fn args_with_config(cmd: &Command, args: Vec<OsString>) -> Result<Vec<OsStri
 /// What [`load`] made of a command line.
 #[derive(Debug)]
 pub struct Loaded {
-    /// The file's settings as flags, then the command line's arguments.
+    /// The file's and the environment's settings as flags, then the
+    /// command line's arguments.
     pub args: Vec<OsString>,
     /// Set when the file is in the old `key = value` syntax: the warning.
     pub deprecated: Option<String>,
 }
 
-/// [`args_with_config`] without the logging.
-pub fn load(cmd: &Command, args: Vec<OsString>) -> Result<Loaded, String> {
-    let Some(path) = config_path(&args) else {
-        return Ok(Loaded {
-            args,
-            deprecated: None,
-        });
+/// [`args_with_config`] with the environment given and without the
+/// logging.
+pub fn load(
+    cmd: &Command,
+    env_prefix: &str,
+    args: Vec<OsString>,
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> Result<Loaded, String> {
+    let env: Vec<(OsString, OsString)> = env.into_iter().collect();
+    let path = config_path(&args);
+    let text = match &path {
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| format!("--config {}: {e}", p.display()))?
+        }
+        None => String::new(),
     };
-    let text =
-        std::fs::read_to_string(&path).map_err(|e| format!("--config {}: {e}", path.display()))?;
-    let (flags, deprecated) = match text.parse::<toml::Table>() {
-        Ok(t) => (toml_flags(cmd, &path, &t)?, None),
-        Err(toml_err) => match legacy_flags(&path, &text) {
-            Ok(flags) => (
-                flags,
-                Some(format!(
-                    "--config {}: the `key = value` syntax with bare values is deprecated and will be \
-                     refused in the next release; the file was read as before. Make it TOML: quote \
-                     text values (push_policy = \"hybrid\"), keep numbers and true/false bare, \
-                     list a repeated flag as [\"a\", \"b\"] (docs/CACHE.md, Configuration files)",
-                    path.display()
-                )),
-            ),
-            Err(_) => return Err(format!("--config {}: not TOML: {toml_err}", path.display())),
-        },
+    let src = Source {
+        path: path.as_deref(),
+        text: &text,
+        env: &env,
+        prefix: env_prefix,
+    };
+    let mut deprecated = None;
+    let flags = match (&path, text.parse::<toml::Table>()) {
+        (Some(p), Err(_)) => {
+            // The old syntax, then the variables (they override the file).
+            let Ok(mut flags) = legacy_flags(p, &text) else {
+                // Neither: the loader's error, with the line and the fix.
+                let e = iwarp_conf::load_from::<toml::Table>(Some(p), "", []).err();
+                return Err(format!("--config {}", e.unwrap_or_default()));
+            };
+            deprecated = Some(format!(
+                "--config {}: the `key = value` syntax with bare values is deprecated and will be \
+                 refused in the next release; the file was read as before. Make it TOML: quote \
+                 text values (push_policy = \"hybrid\"), keep numbers and true/false bare, \
+                 list a repeated flag as [\"a\", \"b\"] (docs/CACHE.md, Configuration files)",
+                p.display()
+            ));
+            let vars: toml::Table = iwarp_conf::load_from(None, env_prefix, env.clone())?;
+            flags.extend(toml_flags(cmd, &src, &vars)?);
+            flags
+        }
+        _ => {
+            let t: toml::Table = iwarp_conf::load_from(path.as_deref(), env_prefix, env.clone())
+                .map_err(|e| match e.starts_with("environment ") {
+                    true => e,
+                    false => format!("--config {e}"),
+                })?;
+            toml_flags(cmd, &src, &t)?
+        }
     };
     let mut out = vec![args[0].clone()];
     out.extend(flags);
@@ -82,6 +120,42 @@ pub fn load(cmd: &Command, args: Vec<OsString>) -> Result<Loaded, String> {
         args: out,
         deprecated,
     })
+}
+
+/// Where the settings came from, to name it in an error.
+struct Source<'a> {
+    path: Option<&'a Path>,
+    text: &'a str,
+    env: &'a [(OsString, OsString)],
+    prefix: &'a str,
+}
+
+impl Source<'_> {
+    /// `--config FILE:LINE` or `environment VAR` for a key.
+    fn of(&self, key: &str) -> String {
+        let var = format!("{}_{}", self.prefix, key.to_ascii_uppercase());
+        if !self.prefix.is_empty() && self.env.iter().any(|(k, _)| *k == *var) {
+            return format!("environment {var}");
+        }
+        let path = self
+            .path
+            .map_or_else(String::new, |p| p.display().to_string());
+        // The line whose key is this one (`key =`, `"key" =`).
+        let line = self.text.lines().position(|l| {
+            l.trim_start()
+                .trim_start_matches(['"', '\''])
+                .strip_prefix(key)
+                .is_some_and(|r| {
+                    r.trim_start_matches(['"', '\''])
+                        .trim_start()
+                        .starts_with('=')
+                })
+        });
+        match line {
+            Some(n) => format!("--config {path}:{}", n + 1),
+            None => format!("--config {path}"),
+        }
+    }
 }
 
 /// The `--config FILE` / `--config=FILE` of a command line (the last one).
@@ -100,19 +174,23 @@ fn config_path(args: &[OsString]) -> Option<PathBuf> {
 }
 
 /// A TOML table's settings as flags of `cmd`.
-fn toml_flags(cmd: &Command, path: &Path, t: &toml::Table) -> Result<Vec<OsString>, String> {
+fn toml_flags(cmd: &Command, src: &Source, t: &toml::Table) -> Result<Vec<OsString>, String> {
     let mut out = Vec::new();
     for (key, value) in t {
         let flag = key.replace('_', "-");
-        let at = |why: String| format!("--config {}: key `{key}`: {why}", path.display());
+        let at = |why: String| format!("{}: key `{key}`: {why}", src.of(key));
         let Some(arg) = cmd
             .get_arguments()
             .find(|a| a.get_long() == Some(flag.as_str()) && flag != "config")
         else {
+            // The program's name: its variables' prefix (the command's
+            // own name is the package's, `ccache`).
+            let name = match src.prefix {
+                "" => cmd.get_name().to_owned(),
+                p => p.to_ascii_lowercase(),
+            };
             return Err(at(format!(
-                "not a flag of {} (the keys are its long flags: `{} --help`)",
-                cmd.get_name(),
-                cmd.get_name()
+                "not a flag of {name} (the keys are its long flags: `{name} --help`)"
             )));
         };
         let switch = matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse);
@@ -229,8 +307,21 @@ mod tests {
         (Dir(dir), f.to_str().unwrap().to_owned())
     }
 
+    fn env(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        v.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    /// [`load`] with the prefix CCFAKE and no variables.
+    fn load(cmd: &Command, args: Vec<OsString>) -> Result<Loaded, String> {
+        super::load(cmd, "CCFAKE", args, env(&[]))
+    }
+
     fn parse(args: &[&str]) -> Result<(Fake, Option<String>), String> {
-        let l = load(&Fake::command(), os(args))?;
+        parse_env(args, &[])
+    }
+
+    fn parse_env(args: &[&str], vars: &[(&str, &str)]) -> Result<(Fake, Option<String>), String> {
+        let l = super::load(&Fake::command(), "CCFAKE", os(args), env(vars))?;
         let f = Fake::try_parse_from(l.args).map_err(|e| e.to_string())?;
         Ok((f, l.deprecated))
     }
@@ -267,10 +358,10 @@ mod tests {
     #[test]
     fn toml_errors_name_the_key_and_the_fix() {
         let cmd = Fake::command();
-        let (_d, f) = file("b.toml", "dox = 3\n");
+        let (_d, f) = file("b.toml", "docs = 3\n\ndox = 3\n");
         let e = load(&cmd, os(&["x", "--config", &f])).unwrap_err();
         assert!(
-            e.contains("key `dox`") && e.contains("ccfake --help"),
+            e.starts_with(&format!("--config {f}:3: key `dox`")) && e.contains("ccfake --help"),
             "{e}"
         );
         let (_d, f) = file("c.toml", "init_docs = \"yes\"\n");
@@ -294,7 +385,7 @@ mod tests {
         // Neither TOML nor the old syntax: the TOML error, with its line.
         let (_d, f) = file("g.toml", "docs = 3\nnonsense\n");
         let e = load(&cmd, os(&["x", "--config", &f])).unwrap_err();
-        assert!(e.contains("not TOML") && e.contains("line 2"), "{e}");
+        assert!(e.starts_with(&format!("--config {f}:2: not TOML")), "{e}");
         assert!(load(&cmd, os(&["x", "--config", "/nonexistent/c"]))
             .unwrap_err()
             .contains("/nonexistent/c"));
@@ -331,5 +422,60 @@ mod tests {
                 &f
             ])
         );
+    }
+
+    #[test]
+    fn environment_between_the_file_and_the_flags() {
+        let (_d, f) = file(
+            "env.toml",
+            "docs = 1024\npush_policy = \"hybrid\"\nratio = 0.5\n",
+        );
+        let vars = [
+            ("CCFAKE_DOCS", "7"),
+            ("CCFAKE_PUSH_POLICY", "pull"), // bare text
+            ("CCFAKE_INIT_DOCS", "true"),
+            ("CCFAKE_IPC_ALLOW_USER", "[\"a\", \"b\"]"),
+            ("OTHER_DOCS", "9"),
+        ];
+        let (a, _) = parse_env(&["ccfake", "--config", &f], &vars).unwrap();
+        assert_eq!((a.docs, a.push_policy.as_deref()), (7, Some("pull")));
+        assert_eq!(a.ratio, Some(0.5), "the file's, where no variable is set");
+        assert!(a.init_docs);
+        assert_eq!(a.ipc_allow_user, ["a", "b"]);
+        // Flags win over the variables.
+        let (a, _) = parse_env(&["ccfake", "--config", &f, "--docs", "3"], &vars).unwrap();
+        assert_eq!(a.docs, 3);
+        // Without a file; and over a file in the old syntax.
+        let (a, _) = parse_env(&["ccfake"], &[("CCFAKE_DOCS", "5")]).unwrap();
+        assert_eq!(a.docs, 5);
+        let (_d, old) = file("old.conf", "push-policy = hybrid\ndocs = 30\n");
+        let (a, dep) = parse_env(&["ccfake", "--config", &old], &[("CCFAKE_DOCS", "5")]).unwrap();
+        assert_eq!((a.docs, a.push_policy.as_deref()), (5, Some("hybrid")));
+        assert!(dep.is_some());
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable() {
+        let cmd = Fake::command();
+        let bad =
+            |vars: &[(&str, &str)]| super::load(&cmd, "CCFAKE", os(&["x"]), env(vars)).unwrap_err();
+        let e = bad(&[("CCFAKE_DOX", "3")]);
+        assert!(
+            e.starts_with("environment CCFAKE_DOX: key `dox`: not a flag") && e.contains("--help"),
+            "{e}"
+        );
+        let e = bad(&[("CCFAKE_INIT_DOCS", "yes")]);
+        assert!(
+            e.starts_with("environment CCFAKE_INIT_DOCS: key `init_docs`: a switch"),
+            "{e}"
+        );
+        let e = bad(&[("CCFAKE_A.B", "1")]);
+        assert!(
+            e.starts_with("environment CCFAKE_A.B: not a setting name"),
+            "{e}"
+        );
+        // A bad value fails as the same flag on the command line does.
+        let e = parse_env(&["ccfake"], &[("CCFAKE_DOCS", "many")]).unwrap_err();
+        assert!(e.contains("--docs"), "{e}");
     }
 }

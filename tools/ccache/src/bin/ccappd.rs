@@ -28,8 +28,10 @@ use iwarp::Context;
 #[command(version, args_override_self = true)]
 struct Args {
     /// Read settings from FILE first: TOML whose keys are the long flags
-    /// (e.g. `push_policy = "hybrid"`; docs/CACHE.md); the command line wins. The old
-    /// `key = value` syntax with bare values is still read, with a warning.
+    /// (e.g. `push_policy = "hybrid"`; docs/CACHE.md). CCAPPD_KEY=value variables
+    /// override the file (e.g. CCAPPD_DOCS=1024), and the command line wins
+    /// over both. The old `key = value` syntax with bare values is still
+    /// read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Number of documents (version slots); documents are 0..DOCS.
@@ -195,13 +197,14 @@ enum SelectArg {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
-        Ok(args) => Args::parse_from(args),
-        Err(e) => {
-            eprintln!("ccappd: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let a =
+        match ccache::args_with_config(&Args::command(), "CCAPPD", std::env::args_os().collect()) {
+            Ok(args) => Args::parse_from(args),
+            Err(e) => {
+                eprintln!("ccappd: {e}");
+                return ExitCode::from(2);
+            }
+        };
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

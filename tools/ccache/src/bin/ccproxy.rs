@@ -46,8 +46,10 @@ enum WaitArg {
 #[command(version, args_override_self = true)]
 struct Args {
     /// Read settings from FILE first: TOML whose keys are the long flags
-    /// (e.g. `mode = "tcp"`; docs/CACHE.md); the command line wins. The old
-    /// `key = value` syntax with bare values is still read, with a warning.
+    /// (e.g. `mode = "tcp"`; docs/CACHE.md). CCPROXY_KEY=value variables
+    /// override the file (e.g. CCPROXY_DOCS=1024), and the command line wins
+    /// over both. The old `key = value` syntax with bare values is still
+    /// read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<std::path::PathBuf>,
     /// Listen address for clients.
@@ -188,7 +190,11 @@ fn checkers(
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
+    let a = match ccache::args_with_config(
+        &Args::command(),
+        "CCPROXY",
+        std::env::args_os().collect(),
+    ) {
         Ok(args) => Args::parse_from(args),
         Err(e) => {
             eprintln!("ccproxy: {e}");

@@ -26,8 +26,10 @@ enum SelectArg {
 #[command(version, args_override_self = true)]
 struct Args {
     /// Read settings from FILE first: TOML whose keys are the long flags
-    /// (e.g. `rate = 2`; docs/CACHE.md); the command line wins. The old
-    /// `key = value` syntax with bare values is still read, with a warning.
+    /// (e.g. `rate = 2`; docs/CACHE.md). CCUPDATE_KEY=value variables
+    /// override the file (e.g. CCUPDATE_DOCS=1024), and the command line wins
+    /// over both. The old `key = value` syntax with bare values is still
+    /// read, with a warning.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Which document each update picks: `accessed` asks ccappd
@@ -67,13 +69,15 @@ struct Args {
 
 fn main() -> ExitCode {
     ccache::init_logging();
-    let a = match ccache::args_with_config(&Args::command(), std::env::args_os().collect()) {
-        Ok(args) => Args::parse_from(args),
-        Err(e) => {
-            eprintln!("ccupdate: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let a =
+        match ccache::args_with_config(&Args::command(), "CCUPDATE", std::env::args_os().collect())
+        {
+            Ok(args) => Args::parse_from(args),
+            Err(e) => {
+                eprintln!("ccupdate: {e}");
+                return ExitCode::from(2);
+            }
+        };
     if a.docs == 0 || a.rate <= 0.0 {
         tracing::error!("--docs and --rate must be positive");
         return ExitCode::FAILURE;
