@@ -1,7 +1,7 @@
 //! Adaptive push-pull end to end in one process: ccappd's servers with the
 //! pusher, a backend serving files inside the Table 1 read protocol, and a
-//! proxy that registers its cache state region (read by RDMA Read or over
-//! the push channel). Then the push channel's faults against a fake
+//! proxy that registers its cache state region (read by RDMA Read, with
+//! the deployment's access token, or over the push channel). Then the push channel's faults against a fake
 //! ccappd: a malformed frame, a push for a document the proxy does not
 //! have, an older push after a newer copy, a push cut short by a dead
 //! ccappd.
@@ -17,9 +17,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ccache::access::Token;
 use ccache::acheck::AsyncCheck;
 use ccache::appd::{self, IpcState, Select, UpdaterCfg};
-use ccache::listen::{self, Endpoint, ListenCfg};
+use ccache::listen::{self, Endpoint, ListenCfg, ListenStats};
 use ccache::msgio::{read_msg, write_msg};
 use ccache::proxy::{self, Mode, Proxy, ProxyCfg};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
@@ -88,6 +89,12 @@ fn backend_conn(s: TcpStream, ipc: &Path, root: &Path) {
 }
 
 fn start(tag: &str, policy: Policy, state_read: StateRead) -> World {
+    start_with(tag, policy, state_read, None)
+}
+
+/// ccappd's side; with `token`, registrations must prove it and the
+/// pusher proves it to the proxies' state regions (`--token-file`).
+fn start_with(tag: &str, policy: Policy, state_read: StateRead, token: Option<Token>) -> World {
     let dir = std::env::temp_dir().join(format!("ccache-push-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let root = dir.join("docs");
@@ -106,7 +113,7 @@ fn start(tag: &str, policy: Policy, state_read: StateRead) -> World {
         docroot: root.clone(),
         state_read,
         timeout: T,
-        token: None,
+        token,
     }));
     let pl = TcpListener::bind("127.0.0.1:0").unwrap();
     let push_addr = pl.local_addr().unwrap();
@@ -141,7 +148,27 @@ fn start(tag: &str, policy: Policy, state_read: StateRead) -> World {
 /// A proxy (tcp checks) whose cache registers with the pusher; with
 /// `rdma`, its state region is a registered MR behind an iWARP listener.
 fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
+    let p = start_proxy_with(w, rdma, None);
+    (p.addr, p.cache)
+}
+
+/// A proxy started by [`start_proxy_with`].
+struct ProxyUnderTest {
+    addr: SocketAddr,
+    cache: Arc<CacheState>,
+    /// The registration it sent (its state region's listener, address and
+    /// STag, unmasked).
+    reg: Registration,
+    /// Its state region listener's counters.
+    state_stats: Arc<ListenStats>,
+}
+
+/// [`start_proxy`], with `token` (the proxy's `--token-file`): its
+/// registration proves it, and its state region's listener admits only
+/// Requests that prove it (issue 26 item 4).
+fn start_proxy_with(w: &World, rdma: bool, token: Option<Token>) -> ProxyUnderTest {
     let cache = Arc::new(CacheState::new(0, 64));
+    let state_stats = Arc::new(ListenStats::default());
     cache.spawn_publisher(Duration::from_millis(2));
     let len = cache.region_len();
     let reg = if rdma {
@@ -164,10 +191,14 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
         };
         let l = Endpoint::bind(&ctx, "127.0.0.1:0".parse().unwrap(), mpa).unwrap();
         let at = l.local_addr().unwrap();
-        let cfg = ListenCfg::new("cache state", LABEL_STATE_REGION, Vec::new());
+        let cfg = ListenCfg {
+            token: token.clone(),
+            ..ListenCfg::new("cache state", LABEL_STATE_REGION, Vec::new())
+        };
+        let stats = state_stats.clone();
         std::thread::spawn(move || {
             let _ctx = ctx;
-            listen::serve(l, pd, cq, cfg, Default::default())
+            listen::serve(l, pd, cq, cfg, stats)
         });
         Registration {
             rdma: Some(at),
@@ -182,7 +213,11 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
         }
     };
     let (c, pa) = (cache.clone(), w.push_addr);
-    std::thread::spawn(move || push::run_agent(pa, reg, c, agent_cfg(Duration::from_millis(50))));
+    let acfg = push::AgentCfg {
+        token,
+        ..agent_cfg(Duration::from_millis(50))
+    };
+    std::thread::spawn(move || push::run_agent(pa, reg, c, acfg));
     let checkers: Vec<AsyncCheck> = (0..2).map(|_| AsyncCheck::tcp(w.tcp, T)).collect();
     let cfg = ProxyCfg {
         backend: w.backend,
@@ -198,7 +233,12 @@ fn start_proxy(w: &World, rdma: bool) -> (SocketAddr, Arc<CacheState>) {
     std::thread::spawn(move || proxy::serve(l, p, 16, 1));
     let pu = w.pusher.clone();
     wait_until("the proxy's registration", || pu.proxies() >= 1);
-    (addr, cache)
+    ProxyUnderTest {
+        addr,
+        cache,
+        reg,
+        state_stats,
+    }
 }
 
 fn updater(w: &World) -> (UnixStream, UpdaterCfg) {
@@ -255,12 +295,20 @@ fn push_stats(p: &Pusher) -> String {
     )
 }
 
-fn push_end_to_end(rdma: bool, tag: &str) {
-    let w = start(tag, Policy::Push, StateRead::Rdma);
-    let (px, cache) = start_proxy(&w, rdma);
+/// Push end to end; with `token`, both sides hold the deployment's access
+/// token (the registration and the state region's Requests prove it).
+fn push_end_to_end(rdma: bool, tag: &str, token: Option<Token>) -> (World, ProxyUnderTest) {
+    let w = start_with(tag, Policy::Push, StateRead::Rdma, token.clone());
+    let proxy = start_proxy_with(&w, rdma, token);
+    let (px, cache) = (proxy.addr, proxy.cache.clone());
     for d in 0..DOCS {
         get(&w, px, d);
     }
+    // The state the pusher reads is the last one published: without this,
+    // an update that comes before the publisher thread's next round (2 ms,
+    // later on a loaded host) finds the document "not cached" and is
+    // rightly not pushed, and the wait below times out ("skipped 1").
+    cache.publish();
     let (mut s, cfg) = updater(&w);
     // Each update is pushed: the proxy's copy moves to the new version
     // without a request, and the next request is a hit on it.
@@ -308,16 +356,52 @@ fn push_end_to_end(rdma: bool, tag: &str) {
     assert!(n > 100, "only {n} requests ran during the updates");
     let stored = cache.stats.pushes_stored.load(Ordering::Relaxed);
     assert!(stored > 10, "only {stored} pushes stored under load");
+    (w, proxy)
 }
 
+/// The cache state region read by RDMA Read with the deployment's access
+/// token (issue 26 item 4): every state read of the pushes above went by
+/// RDMA (a refused Request would have fallen back to the channel:
+/// `state_tcp`), and the same listener refuses a reader that knows the
+/// region's address and STag but not the token, before any QP exists.
 #[test]
 fn push_with_state_read_by_rdma() {
-    push_end_to_end(true, "rdma");
+    let token = Token::generate().unwrap();
+    let (w, proxy) = push_end_to_end(true, "rdma", Some(token.clone()));
+    let rdma_reads = w.pusher.stats.state_rdma.load(Ordering::Relaxed);
+    let accepted = proxy.state_stats.accepted.load(Ordering::Relaxed);
+    assert!(
+        accepted >= 1,
+        "the pusher's state reads were not RDMA connections: {}",
+        push_stats(&w.pusher)
+    );
+    assert_eq!(proxy.state_stats.denied.load(Ordering::Relaxed), 0);
+    let at = proxy.reg.rdma.unwrap();
+    for (who, t) in [
+        ("no token", None),
+        ("another token", Some(Token::generate().unwrap())),
+    ] {
+        match RdmaStateReader::new(at, proxy.reg, T).with_token(t).read() {
+            Err(e) => assert!(e.contains("access denied"), "{who}: {e}"),
+            Ok(s) => panic!(
+                "a reader with {who} read the state region ({} entries): the token is not checked",
+                s.entries.len()
+            ),
+        }
+    }
+    assert_eq!(proxy.state_stats.denied.load(Ordering::Relaxed), 2);
+    // The pusher's token still reads it.
+    let snap = RdmaStateReader::new(at, proxy.reg, T)
+        .with_token(Some(token))
+        .read()
+        .unwrap();
+    assert!(snap.entries.iter().any(|e| e.doc == 3), "{snap:?}");
+    assert!(rdma_reads >= 3);
 }
 
 #[test]
 fn push_with_state_read_over_the_channel() {
-    push_end_to_end(false, "tcp");
+    push_end_to_end(false, "tcp", None);
 }
 
 #[test]
