@@ -16,7 +16,7 @@
 //! ```
 //!
 //! and so are the variables' after the program's name in capitals
-//! (`CCAPPD_PUSH_POLICY=hybrid`, `CCPROXY_CACHE_BYTES=64M`), which replace
+//! (`CCAPPD_PUSH_POLICY=hybrid`, `CCPROXY_CACHE_BYTES=67108864`), which replace
 //! the file's setting of that key (see iwarp-conf for how a value is read).
 //!
 //! The flags themselves are the schema: a key that is not a long flag of

@@ -47,7 +47,7 @@ enum WaitArg {
 struct Args {
     /// Read settings from FILE first: TOML whose keys are the long flags
     /// (e.g. `mode = "tcp"`; docs/CACHE.md). CCPROXY_KEY=value variables
-    /// override the file (e.g. CCPROXY_DOCS=1024), and the command line wins
+    /// override the file (e.g. CCPROXY_MODE=tcp), and the command line wins
     /// over both. The old `key = value` syntax with bare values is still
     /// read, with a warning.
     #[arg(long, value_name = "FILE")]
