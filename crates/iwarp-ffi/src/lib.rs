@@ -57,7 +57,7 @@ pub const IWARP_MAX_PRIVATE_DATA: usize = 512;
 pub const IWARP_MAX_SGE: usize = 6;
 const _: () = assert!(IWARP_MAX_SGE == iwarp_rs::MAX_SGE);
 
-/// The library version as a static NUL-terminated string ("0.1.0").
+/// The library version as a static NUL-terminated string (the crate's, "0.4.0").
 #[no_mangle]
 pub extern "C" fn iwarp_version() -> *const std::ffi::c_char {
     boundary::guard_value("iwarp_version", c"".as_ptr(), || {
