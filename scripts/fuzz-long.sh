@@ -17,6 +17,10 @@
 # Environment: FUZZ_RUNS (executions per target), FUZZ_NICE (niceness of
 # the fuzzers, default 15: the machine is shared), FUZZ_TARGET_TIMEOUT
 # (seconds one target may take, default 7200; a target that hits it fails),
+# FUZZ_MAX_SECONDS (libFuzzer's -max_total_time: the run stops by itself
+# after that many seconds, fewer than FUZZ_RUNS executions, and its new
+# inputs are still merged; use it to fit a run into a time window, since a
+# run stopped by FUZZ_TARGET_TIMEOUT or interrupted merges nothing),
 # FUZZ_MERGE=0 (fuzz without touching the corpus).
 #
 # Installs cargo-fuzz if missing (the nightly toolchain must exist; see
@@ -31,6 +35,19 @@ FUZZ_RUNS="${FUZZ_RUNS:-10000000}"
 FUZZ_NICE="${FUZZ_NICE:-15}"
 FUZZ_TARGET_TIMEOUT="${FUZZ_TARGET_TIMEOUT:-7200}"
 FUZZ_MERGE="${FUZZ_MERGE:-1}"
+FUZZ_MAX_SECONDS="${FUZZ_MAX_SECONDS:-}"
+declare -a MAX_TIME=()
+if [[ -n "$FUZZ_MAX_SECONDS" ]]; then
+    [[ "$FUZZ_MAX_SECONDS" =~ ^[0-9]+$ ]] || {
+        echo "fuzz-long: FUZZ_MAX_SECONDS must be a number of seconds, not '$FUZZ_MAX_SECONDS'" >&2
+        exit 2
+    }
+    MAX_TIME=(-max_total_time="$FUZZ_MAX_SECONDS")
+    # The hard bound must leave the run its time and the merge after it.
+    if ((FUZZ_TARGET_TIMEOUT < FUZZ_MAX_SECONDS + 600)); then
+        FUZZ_TARGET_TIMEOUT=$((FUZZ_MAX_SECONDS + 600))
+    fi
+fi
 OUT="$ROOT/fuzz/target/fuzz-long"
 TRIPLE="x86_64-unknown-linux-gnu"
 note() { printf '[fuzz-long] %s\n' "$*"; }
@@ -111,7 +128,7 @@ fuzz_one() {
     # New inputs go to the scratch directory (the first corpus argument);
     # the committed corpus is only read during the run.
     timeout --kill-after=30 "$FUZZ_TARGET_TIMEOUT" nice -n "$FUZZ_NICE" \
-        "$bin" "$work" "$corpus" -runs="$FUZZ_RUNS" -print_final_stats=1 \
+        "$bin" "$work" "$corpus" -runs="$FUZZ_RUNS" "${MAX_TIME[@]}" -print_final_stats=1 \
         -artifact_prefix="$artifacts/" "$@" >"$log" 2>&1 || rc=$?
     dt=$((SECONDS - t0))
     execs=$(stat_of "$log" number_of_executed_units)
