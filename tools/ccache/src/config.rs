@@ -299,8 +299,14 @@ mod tests {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }
+    /// A file in a directory of its own: one per call, not per name (two
+    /// tests running at once both wrote `old.conf` into one directory, and
+    /// the first to finish removed it under the other).
     fn file(name: &str, text: &str) -> (Dir, String) {
-        let dir = std::env::temp_dir().join(format!("ccache-cfg-{}-{name}", std::process::id()));
+        static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("ccache-cfg-{}-{n}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join(name);
         std::fs::write(&f, text).unwrap();
