@@ -102,7 +102,11 @@ else
 fi
 MOD="$ROOT/modules/mod_rdma/.libs/mod_rdma.so"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Ports below the ephemeral range, each given once (scripts/lib/free-port.sh:
+# a port taken from bind(:0) and released once went to two servers in CI).
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
+free_port() { free_port_once "$T/ports"; }
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 # ---- certificate and content -------------------------------------------------
