@@ -159,7 +159,15 @@ fn overrides(
 /// A deserialization error with where it comes from and the fix.
 fn explain(e: &Error, file: &str, text: &str, vars: &[Var], ranges: &[Range<usize>]) -> String {
     let msg = e.message().trim();
-    let fix = if msg.starts_with("unknown field") {
+    // A field's own check (`de`, a tool's `deserialize_with`) may end its
+    // message with its fix, in the same form: keep that one.
+    let (msg, own_fix) = match msg.strip_suffix(')').and_then(|m| m.rsplit_once(" (fix: ")) {
+        Some((m, f)) => (m, Some(f)),
+        None => (msg, None),
+    };
+    let fix = if let Some(f) = own_fix {
+        f
+    } else if msg.starts_with("unknown field") {
         "remove the key or correct its spelling"
     } else if msg.starts_with("missing field") {
         "add the key"
@@ -410,5 +418,47 @@ mod tests {
         // A list variable with a bad item: the variable, not the file.
         let e = conf(&f, &[("TOOL_ALLOW", "[1]")]).unwrap_err();
         assert!(e.starts_with("environment TOOL_ALLOW="), "{e}");
+    }
+
+    #[test]
+    fn sizes_and_a_fields_own_fix() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Sized {
+            #[serde(deserialize_with = "crate::de::size")]
+            cache: u64,
+            #[serde(default, deserialize_with = "crate::de::opt_size")]
+            window: Option<u64>,
+        }
+        let f = file("size.toml", "cache = \"64M\"\n");
+        let c: Sized = load_from(Some(&f.0), "T", env(&[])).unwrap();
+        assert_eq!((c.cache, c.window), (64 << 20, None));
+        // A variable's number and a variable's text are both sizes.
+        let c: Sized = load_from(
+            Some(&f.0),
+            "T",
+            env(&[("T_CACHE", "4096"), ("T_WINDOW", "1GiB")]),
+        )
+        .unwrap();
+        assert_eq!((c.cache, c.window), (4096, Some(1 << 30)));
+
+        // The field's own fix is the one shown, once, with where and the key.
+        let f = file("badsize.toml", "# x\ncache = \"1.5M\"\n");
+        let e = load_from::<Sized>(Some(&f.0), "T", env(&[])).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}:2: key `cache`: invalid size", f.0.display())),
+            "{e}"
+        );
+        assert!(
+            e.ends_with("(fix: give bytes, or a size such as 64M)"),
+            "{e}"
+        );
+        assert_eq!(e.matches("fix:").count(), 1, "{e}");
+        let e = load_from::<Sized>(Some(&f.0), "T", env(&[("T_CACHE", "true")])).unwrap_err();
+        assert!(
+            e.starts_with("environment T_CACHE=\"true\": key `cache`: expected a size"),
+            "{e}"
+        );
+        assert!(e.contains("\"64M\""), "{e}");
     }
 }

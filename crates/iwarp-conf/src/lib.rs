@@ -7,10 +7,12 @@
 //! behind `delay-bridge`). Without features the crate has no
 //! dependencies, so anything may depend on it without pulling in more,
 //! and nothing in it can import upwards. The `toml` feature adds
-//! [`load`] (serde and toml).
+//! [`load`] (serde and toml) and the field deserializers of [`de`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "toml")]
+pub mod de;
 #[cfg(feature = "toml")]
 mod file;
 mod size;
