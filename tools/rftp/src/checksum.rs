@@ -53,7 +53,6 @@ use rdma_xfer::{BlockSink, BlockSource};
 use sha2::digest::generic_array::GenericArray;
 
 use crate::hash_xxh3::Xxh3;
-use crate::util::hex;
 
 /// A checksum algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -584,6 +583,11 @@ impl Journal {
     pub fn remove(part: &Path) {
         let _ = std::fs::remove_file(Journal::path_for(part));
     }
+}
+
+/// Lowercase hex (digests, saved states, password hashes).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {

@@ -165,31 +165,12 @@ pub fn sha256_file(path: &Path) -> io::Result<String> {
     crate::checksum::file_digest(path, crate::checksum::Algo::Sha256)
 }
 
-/// Lowercase hex.
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+/// Lowercase hex (it lives with the digests, in [`crate::checksum`]).
+pub use crate::checksum::hex;
 
-/// Parse sizes like `64M`, `1G`, `4096`, `1MiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        Some('t' | 'T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("invalid size {s:?}: use e.g. 4096, 512K, 64M, 1G"))
-}
+/// Sizes are written as every tool writes them (crates/iwarp-conf):
+/// `4096`, `512K`, `64M`, `1GiB`, `2T`.
+pub use iwarp_conf::parse_size;
 
 #[cfg(test)]
 mod tests {
