@@ -6,6 +6,8 @@
 //!   through [`rdma_xfer`].
 //! - [`client`]: the FTP client side used by the `rftp` binary.
 //! - [`shell`]: the interactive mode of `rftp` (ftp(1)-style prompt).
+//! - [`config`]: rftp's configuration file and `RFTP_SET_*` variables
+//!   (rftpd's: [`server::ServerConfig`]).
 //! - [`cli`]: progress bar and summary line shared by the binaries.
 //! - [`reply`]: FTP replies as the client reads them (bounded), the PASV,
 //!   EPSV and RADR reply addresses, and the check that they name the
@@ -29,6 +31,7 @@ pub mod checksum;
 pub mod cli;
 pub mod client;
 pub mod cmdline;
+pub mod config;
 pub mod confine;
 pub mod hash_xxh3;
 pub mod reply;

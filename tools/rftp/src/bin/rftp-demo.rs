@@ -141,7 +141,7 @@ fn serve_main(cfg: &Path) -> ExitCode {
     unsafe {
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
     }
-    let cfg = match ServerConfig::load(cfg) {
+    let cfg = match ServerConfig::load(Some(cfg)) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("rftpd: {e}");

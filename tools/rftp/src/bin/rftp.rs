@@ -7,9 +7,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use rftp::cli;
 use rftp::client::{self, Options, Url};
+use rftp::config::{ClientConfig, Knob};
 use rftp::shell::Shell;
 use rftp::util::parse_size;
-use serde::Deserialize;
 
 /// FTP client that moves data over RDMA (software iWARP) when the server
 /// offers RADR/RSTR/RRTR, and over a plain FTP data connection otherwise.
@@ -26,7 +26,9 @@ struct Args {
     url: Option<String>,
     /// TOML config file with defaults (streams, block_size, iodepth,
     /// max_window, retry, congestion, user, password, timeout_secs, crc,
-    /// checksum, device, allow_foreign_data_addr).
+    /// checksum, device, allow_foreign_data_addr). RFTP_SET_KEY=value in
+    /// the environment overrides the file's key (RFTP_SET_STREAMS=8);
+    /// flags override both.
     #[arg(short, long, global = true)]
     config: Option<PathBuf>,
     /// Data streams (QPs or TCP connections): a number, or auto (the
@@ -138,49 +140,7 @@ enum Cmd {
     },
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    streams: Option<Knob>,
-    block_size: Option<String>,
-    iodepth: Option<Knob>,
-    max_window: Option<String>,
-    retry: Option<u32>,
-    congestion: Option<String>,
-    user: Option<String>,
-    password: Option<String>,
-    timeout_secs: Option<u64>,
-    crc: Option<bool>,
-    checksum: Option<String>,
-    device: Option<String>,
-    allow_foreign_data_addr: Option<bool>,
-}
-
-/// A setting that is a number or `auto` (in the config file: `8` or
-/// `"auto"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum Knob {
-    N(u32),
-    Word(String),
-}
-
-impl Knob {
-    /// 0 for auto.
-    fn value(&self, what: &str) -> Result<u32, String> {
-        match self {
-            Knob::N(0) => Err(format!("{what} must be at least 1, or auto")),
-            Knob::N(n) => Ok(*n),
-            Knob::Word(w) if w.eq_ignore_ascii_case("auto") => Ok(0),
-            Knob::Word(w) => match w.parse::<u32>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{what} {w:?}: give a number (1 or more) or auto")),
-            },
-        }
-    }
-}
-
-fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
+fn options(a: &Args, fc: &ClientConfig) -> Result<Options, String> {
     let mut o = Options::default();
     let knob =
         |flag: &Option<String>, file: &Option<Knob>, what: &str| -> Result<Option<u32>, String> {
@@ -193,16 +153,20 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     if let Some(s) = knob(&a.streams, &fc.streams, "--streams")? {
         o.streams = s;
     }
-    if let Some(w) = a.max_window.as_ref().or(fc.max_window.as_ref()) {
-        o.max_window = Some(parse_size(w)?);
+    if let Some(w) = a.max_window.as_deref().map(parse_size).transpose()? {
+        o.max_window = Some(w);
+    } else if let Some(w) = fc.max_window {
+        o.max_window = Some(w);
     }
     o.congestion = a.congestion.clone().or_else(|| fc.congestion.clone());
     if let Some(c) = &o.congestion {
         iwarp::cm::CongestionControl::new(c).map_err(|e| format!("--congestion {c}: {e}"))?;
     }
     o.explain = !a.quiet;
-    if let Some(b) = a.block_size.as_ref().or(fc.block_size.as_ref()) {
+    if let Some(b) = &a.block_size {
         o.block_size = u32::try_from(parse_size(b)?).map_err(|_| "block size too large")?;
+    } else if let Some(b) = fc.block_size {
+        o.block_size = b;
     }
     if let Some(d) = knob(&a.iodepth, &fc.iodepth, "--iodepth")? {
         o.iodepth = d;
@@ -216,8 +180,8 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     o.verify = !a.no_verify;
     if let Some(c) = a.checksum {
         o.checksum = c;
-    } else if let Some(c) = &fc.checksum {
-        o.checksum = c.parse().map_err(|e| format!("config key checksum: {e}"))?;
+    } else if let Some(c) = fc.checksum {
+        o.checksum = c;
     }
     o.resume = !a.no_resume;
     o.crc = a.crc || fc.crc.unwrap_or(false);
@@ -233,7 +197,7 @@ fn options(a: &Args, fc: &FileConfig) -> Result<Options, String> {
     Ok(o)
 }
 
-fn url(s: &str, fc: &FileConfig) -> Result<Url, String> {
+fn url(s: &str, fc: &ClientConfig) -> Result<Url, String> {
     let mut u = Url::parse(s)?;
     if !s.contains('@') {
         if let Some(user) = &fc.user {
@@ -245,13 +209,7 @@ fn url(s: &str, fc: &FileConfig) -> Result<Url, String> {
 }
 
 fn run(a: &Args) -> Result<u8, String> {
-    let fc: FileConfig = match &a.config {
-        Some(p) => toml::from_str(
-            &std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        )
-        .map_err(|e| format!("{}: {e}", p.display()))?,
-        None => FileConfig::default(),
-    };
+    let fc = ClientConfig::load(a.config.as_deref())?;
     let mut o = options(a, &fc)?;
     let cmd = match &a.cmd {
         Some(c @ (Cmd::Get { .. } | Cmd::Put { .. })) => c,
@@ -316,7 +274,7 @@ fn run(a: &Args) -> Result<u8, String> {
 }
 
 /// The interactive mode; returns the exit status.
-fn interactive(a: &Args, cmd: Option<&Cmd>, fc: &FileConfig, o: client::Options) -> u8 {
+fn interactive(a: &Args, cmd: Option<&Cmd>, fc: &ClientConfig, o: client::Options) -> u8 {
     let mut sh = Shell::new(o, a.quiet);
     let opened = match (cmd, &a.url) {
         (

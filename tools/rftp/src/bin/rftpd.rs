@@ -14,7 +14,9 @@ use rftp::server::{serve, ServerConfig};
 #[command(version, about)]
 struct Args {
     /// TOML config file (listen, root, anonymous, users, limits, RDMA
-    /// settings; see docs/RFTP.md). Flags override it.
+    /// settings; see docs/RFTP.md). RFTPD_SET_KEY=value in the environment
+    /// overrides the file's key (RFTPD_SET_MAX_STREAMS=8); flags override
+    /// both.
     #[arg(short, long)]
     config: Option<PathBuf>,
     /// Control address, e.g. 127.0.0.1:2121 (port 0 picks one).
@@ -48,15 +50,12 @@ struct Args {
 fn main() -> ExitCode {
     rftp::init_logging("info");
     let a = Args::parse();
-    let mut cfg = match &a.config {
-        Some(p) => match ServerConfig::load(p) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("rftpd: {e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => ServerConfig::default(),
+    let mut cfg = match ServerConfig::load(a.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rftpd: {e}");
+            return ExitCode::from(2);
+        }
     };
     if let Some(l) = a.listen {
         cfg.listen = l;

@@ -1,13 +1,18 @@
-//! rftpd's configuration: the TOML file (`rftpd --config`), its users and
-//! the limits' defaults (documented in docs/RFTP.md).
+//! rftpd's configuration: the TOML file (`rftpd --config`) with its
+//! `RFTPD_SET_KEY=value` environment overrides, read through the shared
+//! loader ([`iwarp_conf::load`]; precedence and prefixes in
+//! [`crate::config`]), its users and the limits' defaults (documented in
+//! docs/RFTP.md).
 
-use std::fs;
+use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use serde::de::{Deserializer, Error as _};
 use serde::Deserialize;
 
 use crate::checksum::{self, Algo};
+use crate::config::RFTPD_ENV_PREFIX;
 
 /// A user of the config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -92,16 +97,19 @@ pub struct ServerConfig {
     /// (`siw0`); unset: `IWARP_DEVICE`, else `soft`.
     pub device: Option<String>,
     /// Largest memory-to-memory transfer a client may ask for.
+    #[serde(deserialize_with = "iwarp_conf::de::size")]
     pub max_mem_bytes: u64,
     /// Buffer memory all transfer sessions together may hold (RADR): each
     /// session reserves the most its pools can register, 2 x streams x
     /// depth x block size, when it is set up, and gives it back when it
     /// ends. A RADR that does not fit gets 452.
+    #[serde(deserialize_with = "iwarp_conf::de::size")]
     pub session_mem_budget_bytes: u64,
     /// The share of `session_mem_budget_bytes` the sessions of one login
     /// (user name; all anonymous logins count as one) may hold together, so
     /// that one account with many control connections cannot take the
     /// whole budget. A RADR over it gets 452.
+    #[serde(deserialize_with = "iwarp_conf::de::size")]
     pub session_mem_per_user_bytes: u64,
     /// Accept a RADR session's connections only from the control
     /// connection's IP address (turn off only behind a NAT that maps the
@@ -114,11 +122,13 @@ pub struct ServerConfig {
     /// Address announced in the RADR reply instead of the listener's own
     /// (`IP:PORT`, or `IP` to keep the port), like vsftpd's
     /// `pasv_address`: for relays and NAT.
+    #[serde(deserialize_with = "advertise")]
     pub rdma_advertise: Option<String>,
     /// The checksums `HASH` offers, in the server's order (FEAT `HASH`
     /// line; `OPTS HASH` may select only these): XXH3-128, BLAKE3, SHA-256,
     /// CRC32C. `["SHA-256"]` behaves as a server from before the
     /// negotiation.
+    #[serde(deserialize_with = "hash_algorithms")]
     pub hash_algorithms: Vec<String>,
     pub users: Vec<User>,
 }
@@ -161,46 +171,176 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
-    /// Read a TOML config file.
-    pub fn load(path: &Path) -> Result<ServerConfig, String> {
-        let text = fs::read_to_string(path)
-            .map_err(|e| format!("reading config {}: {e}", path.display()))?;
-        let cfg: ServerConfig =
-            toml::from_str(&text).map_err(|e| format!("config {}: {e}", path.display()))?;
-        if let Some(a) = &cfg.rdma_advertise {
-            if a.parse::<SocketAddr>().is_err() && a.parse::<IpAddr>().is_err() {
-                return Err(format!(
-                    "config {}: rdma_advertise = {a:?} is neither IP nor IP:PORT",
-                    path.display()
-                ));
-            }
-        }
-        cfg.offered_hashes()
-            .map_err(|e| format!("config {}: {e}", path.display()))?;
-        Ok(cfg)
+    /// Reads the TOML file at `path` (none: the defaults) with the
+    /// process's `RFTPD_SET_*` variables over it. Every value is checked
+    /// here, so an error names its line or variable, the key and the fix.
+    pub fn load(path: Option<&Path>) -> Result<ServerConfig, String> {
+        Self::load_from(path, std::env::vars_os())
+    }
+
+    /// [`ServerConfig::load`] with the environment given (tests).
+    pub fn load_from(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (OsString, OsString)>,
+    ) -> Result<ServerConfig, String> {
+        iwarp_conf::load_from(path, RFTPD_ENV_PREFIX, env)
     }
 
     /// `hash_algorithms` as algorithms; an unknown name or an empty list
     /// is an error naming the known ones.
     pub fn offered_hashes(&self) -> Result<Vec<Algo>, String> {
-        let v = self
-            .hash_algorithms
-            .iter()
-            .map(|n| {
-                n.parse::<Algo>().map_err(|_| {
-                    format!(
-                        "hash_algorithms: unknown {n:?}; known: {}",
-                        Algo::list(&checksum::OFFERED_DEFAULT)
-                    )
-                })
+        offered(&self.hash_algorithms)
+    }
+}
+
+/// Checksum names as algorithms; an unknown name or an empty list is an
+/// error naming the known ones.
+fn offered(names: &[String]) -> Result<Vec<Algo>, String> {
+    let v = names
+        .iter()
+        .map(|n| {
+            n.parse::<Algo>().map_err(|_| {
+                format!(
+                    "hash_algorithms: unknown {n:?}; known: {}",
+                    Algo::list(&checksum::OFFERED_DEFAULT)
+                )
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        if v.is_empty() {
-            return Err(format!(
-                "hash_algorithms is empty; offer at least one of {}",
-                Algo::list(&checksum::OFFERED_DEFAULT)
-            ));
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if v.is_empty() {
+        return Err(format!(
+            "hash_algorithms is empty; offer at least one of {}",
+            Algo::list(&checksum::OFFERED_DEFAULT)
+        ));
+    }
+    Ok(v)
+}
+
+/// `rdma_advertise`: `IP` or `IP:PORT`.
+fn advertise<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let a = String::deserialize(d)?;
+    if a.parse::<SocketAddr>().is_err() && a.parse::<IpAddr>().is_err() {
+        return Err(D::Error::custom(format!(
+            "{a:?} is neither IP nor IP:PORT (fix: the address clients should connect to, \
+             such as \"192.0.2.7\" or \"192.0.2.7:7000\")"
+        )));
+    }
+    Ok(Some(a))
+}
+
+/// `hash_algorithms`: known names, at least one.
+fn hash_algorithms<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    offered(&names).map_err(|e| D::Error::custom(format!("{e} (fix: list some of those)")))?;
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(v: &[(&str, &str)]) -> Vec<(OsString, OsString)> {
+        v.iter().map(|(k, v)| (k.into(), v.into())).collect()
+    }
+
+    fn load(text: &str, vars: &[(&str, &str)]) -> Result<ServerConfig, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("rftpd.toml");
+        std::fs::write(&f, text).unwrap();
+        ServerConfig::load_from(Some(&f), env(vars))
+            .map_err(|e| e.replace(&f.display().to_string(), "FILE"))
+    }
+
+    const FILE: &str = "listen = \"127.0.0.1:0\"\nroot = \"/srv\"\nmax_streams = 4\n\
+                        session_mem_budget_bytes = 1073741824\n\n[[users]]\nname = \"ann\"\n\
+                        password = \"x\"\n";
+
+    #[test]
+    fn the_environment_overrides_the_file() {
+        let c = load(FILE, &[]).unwrap();
+        assert_eq!((c.max_streams, c.users.len()), (4, 1));
+        let c = load(
+            FILE,
+            &[
+                ("RFTPD_SET_MAX_STREAMS", "8"),
+                ("RFTPD_SET_LISTEN", "0.0.0.0:2121"), // text, not TOML
+                ("RFTPD_SET_SESSION_MEM_BUDGET_BYTES", "2G"),
+                ("RFTPD_SET_RDMA", "false"),
+                ("RFTPD_SET_HASH_ALGORITHMS", "[\"SHA-256\"]"),
+                ("RFTPD_CONFINE_FALLBACK", "1"), // rftpd's other variable
+                ("RFTP_SET_STREAMS", "2"),       // rftp's
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.max_streams, 8);
+        assert_eq!(c.listen, "0.0.0.0:2121");
+        assert_eq!(c.session_mem_budget_bytes, 2 << 30);
+        assert!(!c.rdma);
+        assert_eq!(c.offered_hashes(), Ok(vec![Algo::Sha256]));
+        assert_eq!(
+            c.root,
+            Path::new("/srv"),
+            "what the variables leave is the file's"
+        );
+        // No file: the variables over the defaults.
+        let c = ServerConfig::load_from(None, env(&[("RFTPD_SET_MAX_PER_IP", "2")])).unwrap();
+        assert_eq!((c.max_per_ip, c.max_connections), (2, 64));
+    }
+
+    #[test]
+    fn a_bad_key_or_value_names_its_line_or_variable_and_the_fix() {
+        let e = load("root = \"/srv\"\nmax_stream = 4\n", &[]).unwrap_err();
+        assert!(
+            e.starts_with("FILE:2: key `max_stream`: unknown field"),
+            "{e}"
+        );
+        assert!(e.contains("correct its spelling"), "{e}");
+        let e = load(FILE, &[("RFTPD_SET_MAX_STREAM", "4")]).unwrap_err();
+        assert!(
+            e.starts_with("environment RFTPD_SET_MAX_STREAM=\"4\": key `max_stream`: unknown"),
+            "{e}"
+        );
+        let e = load("[[users]]\nname = \"a\"\nwritable = true\n", &[]).unwrap_err();
+        assert!(
+            e.starts_with("FILE:3: key `writable`: unknown field"),
+            "{e}"
+        );
+        for (text, line, key, fix) in [
+            (
+                "rdma_advertise = \"here\"\n",
+                1,
+                "rdma_advertise",
+                "192.0.2.7:7000",
+            ),
+            (
+                "\nhash_algorithms = [\"MD5\"]\n",
+                2,
+                "hash_algorithms",
+                "known: XXH3-128",
+            ),
+            (
+                "hash_algorithms = []\n",
+                1,
+                "hash_algorithms",
+                "list some of those",
+            ),
+            (
+                "max_mem_bytes = \"lots\"\n",
+                1,
+                "max_mem_bytes",
+                "such as 64M",
+            ),
+            ("max_streams = \"8\"\n", 1, "max_streams", "expected type"),
+        ] {
+            let e = load(text, &[]).unwrap_err();
+            assert!(e.starts_with(&format!("FILE:{line}: key `{key}`:")), "{e}");
+            assert!(e.contains(fix), "{e}");
         }
-        Ok(v)
+        let e = load(FILE, &[("RFTPD_SET_RDMA_ADVERTISE", "here")]).unwrap_err();
+        assert!(
+            e.starts_with("environment RFTPD_SET_RDMA_ADVERTISE=\"here\": key `rdma_advertise`:"),
+            "{e}"
+        );
+        assert!(e.contains("or unset RFTPD_SET_RDMA_ADVERTISE"), "{e}");
     }
 }
