@@ -37,13 +37,12 @@ chmod 755 "$T"
 APID=""
 TPID=""
 
+# The Apache set-up the end-to-end scripts share (apache_*).
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
+
 cleanup() {
-    for p in $APID $TPID; do
-        kill -TERM "$p" 2>/dev/null
-    done
-    for p in $APID $TPID; do
-        timeout 10 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null
-    done
+    apache_stop "$APID" "$TPID"
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T"; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
@@ -64,27 +63,9 @@ finish() {
 }
 
 # ---- prerequisites ---------------------------------------------------------
-need_pkgs=()
-command -v apache2 >/dev/null || need_pkgs+=(apache2)
-command -v apxs >/dev/null || need_pkgs+=(apache2-dev)
-command -v curl >/dev/null || need_pkgs+=(curl)
-command -v openssl >/dev/null || need_pkgs+=(openssl)
-[ -f /usr/include/openssl/ssl.h ] || need_pkgs+=(libssl-dev)
-command -v python3 >/dev/null || need_pkgs+=(python3)
-if [ "${#need_pkgs[@]}" -gt 0 ]; then
-    echo "installing ${need_pkgs[*]}"
-    timeout 300 apt-get update -qq >/dev/null
-    POLICY=/usr/sbin/policy-rc.d
-    ADDED_POLICY=0
-    if [ ! -e "$POLICY" ]; then
-        printf '#!/bin/sh\nexit 101\n' >"$POLICY" && chmod +x "$POLICY" && ADDED_POLICY=1
-    fi
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
-    [ "$ADDED_POLICY" = 1 ] && rm -f "$POLICY"
-fi
-for c in apache2 apxs curl openssl python3; do
-    command -v "$c" >/dev/null || { bad "prerequisite $c is missing and could not be installed"; finish; }
-done
+# seal.c includes OpenSSL's headers.
+[ -f /usr/include/openssl/ssl.h ] || apt_install libssl-dev
+apache_install apache2 apxs=apache2-dev curl openssl python3 || { bad "prerequisites"; finish; }
 
 if [ "${NO_BUILD:-0}" = 1 ]; then
     echo "NO_BUILD=1: using the libiwarp and rhttp already built"
@@ -136,26 +117,11 @@ EOF
 head -c 600000 /dev/urandom >"$DOCS/r600k.bin"
 P1=$(free_port) P2=$(free_port) P3=$(free_port) P4=$(free_port) P5=$(free_port)
 
-conf() { # $1 = name, then extra lines on stdin
+conf() { # $1 = name, then extra lines on stdin; its error log: $T/logs-$1/error.log
+    apache_conf_head "$T/run-$1" "$T/logs-$1" mime socache_shmcb ssl
+    echo "LoadModule rdma_module $MOD"
+    apache_prefork 2 1 2 2
     cat <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
-DefaultRuntimeDir $T/run-$1
-PidFile $T/run-$1/httpd.pid
-ErrorLog $T/error-$1.log
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-LoadModule socache_shmcb_module /usr/lib/apache2/modules/mod_socache_shmcb.so
-LoadModule ssl_module /usr/lib/apache2/modules/mod_ssl.so
-LoadModule rdma_module $MOD
-StartServers 2
-MinSpareServers 1
-MaxSpareServers 2
-ServerLimit 2
-MaxRequestWorkers 2
 KeepAlive On
 KeepAliveTimeout 2
 TypesConfig /etc/mime.types
@@ -175,7 +141,7 @@ RDMATimeout 5000
 EOF
     cat
 }
-mkdir -p "$T/run-main" "$T/run-tamper"
+mkdir -p "$T/run-main" "$T/run-tamper" "$T/logs-main" "$T/logs-tamper"
 # P1: HTTPS, dynamic registration (RDMATLS encrypt is the default);
 # P2: HTTPS, static registration; P3: HTTPS with RDMATLS off; P4: plain
 # HTTP with RDMA (the capture's positive control, RDMA-Seal refused).
@@ -208,26 +174,18 @@ SSLEngine on
 RDMARegistration dynamic
 EOF
 
-start_apache() { # $1 conf, $2 port, $3 scheme -> pid on stdout
-    (exec setsid apache2 -d /etc/apache2 -f "$1" -DFOREGROUND >>"$T/apache-stdout.log" 2>&1) &
-    local pid=$!
-    for _ in $(seq 1 100); do
-        if curl -sk -o /dev/null --max-time 1 "$3://127.0.0.1:$2/"; then echo "$pid"; return 0; fi
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "$pid"
-    return 1
+start_apache() { # $1 conf, $2 port (HTTPS only) -> pid on stdout
+    APACHE_PROBE_URL="https://127.0.0.1:$2/" apache_start "$1" "$2" "$T/apache-stdout.log"
 }
 
 if ! timeout 20 apache2 -d /etc/apache2 -f "$T/main.conf" -t >"$T/conftest.log" 2>&1; then
     bad "apache2 -t with mod_ssl and mod_rdma"; cat "$T/conftest.log"; finish
 fi
-if APID=$(start_apache "$T/main.conf" "$P1" https); then ok "apache2 with mod_ssl and mod_rdma starts"; else
-    bad "apache2 did not start"; cat "$T/apache-stdout.log" "$T/error-main.log" 2>/dev/null; finish; fi
-if TPID=$(MOD_RDMA_TEST_TAMPER_SEALED=1 start_apache "$T/tamper.conf" "$P5" https); then
+if APID=$(start_apache "$T/main.conf" "$P1"); then ok "apache2 with mod_ssl and mod_rdma starts"; else
+    bad "apache2 did not start"; apache_logs "$T/apache-stdout.log" "$T/logs-main/error.log"; finish; fi
+if TPID=$(MOD_RDMA_TEST_TAMPER_SEALED=1 start_apache "$T/tamper.conf" "$P5"); then
     ok "apache2 with MOD_RDMA_TEST_TAMPER_SEALED=1 starts"; else
-    bad "the tamper apache2 did not start"; cat "$T/error-tamper.log" 2>/dev/null; finish; fi
+    bad "the tamper apache2 did not start"; apache_logs "$T/apache-stdout.log" "$T/logs-tamper/error.log"; finish; fi
 
 R=(timeout 60 "$RHTTP" -q --timeout 10 --cacert "$T/ca.pem")
 BIG_SHA=$(sha "$DOCS/big.bin")
@@ -270,7 +228,7 @@ for s in server-writes client-reads; do
     check "$s: a byte flipped in the client (--x-tamper-sealed) is refused, nothing released" \
         t_tamper "$P1" "$s" --x-tamper-sealed
 done
-t_tamper_logged() { grep -q "TEST HOOK: flipped byte" "$T/error-tamper.log"; }
+t_tamper_logged() { grep -q "TEST HOOK: flipped byte" "$T/logs-tamper/error.log"; }
 check "the tamper hook says so in the server's log" t_tamper_logged
 
 # ---- RDMATLS off ------------------------------------------------------------
