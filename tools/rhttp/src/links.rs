@@ -182,8 +182,11 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// The few character references that appear in URLs in attributes.
 fn decode_refs(s: &str) -> String {
-    s.trim()
-        .replace("&quot;", "\"")
+    let s = s.trim();
+    if !s.contains('&') {
+        return s.to_string();
+    }
+    s.replace("&quot;", "\"")
         .replace("&#39;", "'")
         .replace("&lt;", "<")
         .replace("&gt;", ">")
@@ -279,6 +282,16 @@ fn hex_val(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
 }
 
+/// `%XX` for `b`, upper-case hex (RFC 3986 §2.1: "should use uppercase
+/// hexadecimal digits"), written in place: a hostile page's link of
+/// thousands of bytes to encode costs no allocation per byte.
+fn push_pct(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push('%');
+    out.push(char::from(HEX[usize::from(b >> 4)]));
+    out.push(char::from(HEX[usize::from(b & 0xf)]));
+}
+
 /// Percent-encoding normalization of a path or query (RFC 3986 §6.2.2.1
 /// and §6.2.2.2): `%xx` with upper-case hex digits, the encoded
 /// unreserved characters decoded, every byte that may not appear
@@ -299,7 +312,7 @@ pub fn normalize_percent(s: &str, query: bool) -> String {
                 if unreserved(v) {
                     out.push(v as char);
                 } else {
-                    out.push_str(&format!("%{v:02X}"));
+                    push_pct(&mut out, v);
                 }
                 i += 3;
                 continue;
@@ -308,7 +321,7 @@ pub fn normalize_percent(s: &str, query: bool) -> String {
         if c != b'%' && literal_ok(c, query) {
             out.push(c as char);
         } else {
-            out.push_str(&format!("%{c:02X}"));
+            push_pct(&mut out, c);
         }
         i += 1;
     }
