@@ -26,17 +26,21 @@ N="${N:-10}"
 T="$(mktemp -d /tmp/bench-https.XXXXXX)"
 chmod 755 "$T"
 APID=""
+# The Apache set-up the end-to-end scripts share (apache_*), and ports.
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
+# shellcheck source=scripts/lib/free-port.sh
+. "$ROOT/scripts/lib/free-port.sh"
 cleanup() {
-    [ -n "$APID" ] && kill -TERM "$APID" 2>/dev/null
-    [ -n "$APID" ] && { timeout 10 tail --pid="$APID" -f /dev/null 2>/dev/null || kill -KILL "$APID" 2>/dev/null; }
+    apache_stop "$APID"
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $T" >&2; else rm -rf "$T"; fi
 }
 trap cleanup EXIT
 die() { echo "bench-modrdma-https: $*" >&2; exit 1; }
 
-for c in apache2 apxs curl openssl python3; do
-    command -v "$c" >/dev/null || die "$c is missing (apt-get install apache2 apache2-dev curl openssl python3 libssl-dev)"
-done
+# seal.c includes OpenSSL's headers.
+[ -f /usr/include/openssl/ssl.h ] || apt_install libssl-dev
+apache_install apache2 apxs=apache2-dev curl openssl python3 || die "prerequisites missing"
 if [ "${NO_BUILD:-0}" != 1 ]; then
     timeout 1200 cargo build --release -q -p iwarp-ffi -p rhttp || die "cargo build failed"
 fi
@@ -56,24 +60,13 @@ printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digital
 chmod 644 "$T/key.pem"
 mkdir -p "$T/docs" "$T/run"
 head -c 1048576 /dev/urandom >"$T/docs/1m.bin"
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat >"$T/httpd.conf" <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
-DefaultRuntimeDir $T/run
-PidFile $T/run/httpd.pid
-ErrorLog $T/error.log
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-LoadModule socache_shmcb_module /usr/lib/apache2/modules/mod_socache_shmcb.so
-LoadModule ssl_module /usr/lib/apache2/modules/mod_ssl.so
-LoadModule rdma_module $MOD
-StartServers 4
-MinSpareServers 2
-MaxSpareServers 4
+PORT=$(free_port_once "$T/ports")
+{
+    apache_conf_head "$T/run" "$T" mime socache_shmcb ssl
+    echo "LoadModule rdma_module $MOD"
+    # 256: prefork's own ServerLimit and MaxRequestWorkers.
+    apache_prefork 4 2 4 256
+    cat <<EOF
 KeepAlive On
 MaxKeepAliveRequests 1000
 TypesConfig /etc/mime.types
@@ -92,12 +85,9 @@ RDMARegistration dynamic
     RDMA On
 </Location>
 EOF
-(exec setsid apache2 -d /etc/apache2 -f "$T/httpd.conf" -DFOREGROUND >"$T/apache.out" 2>&1) &
-APID=$!
-for _ in $(seq 1 100); do
-    curl -sk -o /dev/null --max-time 1 "https://127.0.0.1:$PORT/" && break
-    sleep 0.1
-done
+} >"$T/httpd.conf"
+APID=$(APACHE_PROBE_URL="https://127.0.0.1:$PORT/" apache_start "$T/httpd.conf" "$PORT" "$T/apache.out") ||
+    { apache_logs "$T/apache.out" "$T/error.log" >&2; die "apache2 did not start"; }
 URL="https://127.0.0.1:$PORT/1m.bin"
 urls=() outs=()
 for _ in $(seq 1 "$N"); do urls+=("$URL"); outs+=(-o /dev/null); done

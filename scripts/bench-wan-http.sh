@@ -56,15 +56,10 @@ TAG="${WAN_TAG_HTTP:-httpb$$}"
 T="$(mktemp -d /tmp/benchwanhttp.XXXXXX)"
 chmod 755 "$T"
 
-need=()
-command -v apache2 >/dev/null || need+=(apache2)
-command -v apxs >/dev/null || need+=(apache2-dev)
-command -v curl >/dev/null || need+=(curl)
-command -v wget >/dev/null || need+=(wget)
-if [ "${#need[@]}" -gt 0 ]; then
-    timeout 300 apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+# The Apache set-up the end-to-end scripts share (apache_*).
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
+apache_install apache2 apxs=apache2-dev curl wget || exit 1
 echo "building wanem, libiwarp, rhttp and mod_rdma"
 timeout 1800 cargo build --release -q -p wanem -p iwarp-ffi -p rhttp
 TARGET="${CARGO_TARGET_DIR:-target}"
@@ -129,26 +124,13 @@ open(f"{d}/tiny/a.bin", "wb").write(blob(2048))
 EOF
 chmod -R a+rX "$DOCS"
 
-cat >"$T/httpd.conf" <<EOF
-ServerRoot /etc/apache2
+{
+    apache_conf_head "$T/run" "$T/logs" mime dir dav dav_fs
+    echo "LoadModule rdma_module $MOD"
+    apache_prefork 4 2 4 4
+    cat <<EOF
+# The server's own name on the path (the head names 127.0.0.1).
 ServerName $B
-DefaultRuntimeDir $T/run
-PidFile $T/run/httpd.pid
-ErrorLog $T/logs/error.log
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule mime_module /usr/lib/apache2/modules/mod_mime.so
-LoadModule dir_module /usr/lib/apache2/modules/mod_dir.so
-LoadModule dav_module /usr/lib/apache2/modules/mod_dav.so
-LoadModule dav_fs_module /usr/lib/apache2/modules/mod_dav_fs.so
-LoadModule rdma_module $MOD
-StartServers 4
-MinSpareServers 2
-MaxSpareServers 4
-ServerLimit 4
-MaxRequestWorkers 4
 KeepAlive On
 MaxKeepAliveRequests 0
 KeepAliveTimeout 10
@@ -170,14 +152,15 @@ ${CC:+RDMACongestion $CC}
     Dav On
 </Location>
 EOF
+} >"$T/httpd.conf"
 mkdir -p "$DOCS/dav" "$T/davlock"
 chown www-data:www-data "$DOCS/dav" "$T/davlock"
-wan_b setsid apache2 -d /etc/apache2 -f "$T/httpd.conf" -DFOREGROUND >"$T/logs/stdout" 2>&1 &
-for _ in $(seq 1 100); do
-    wan_a curl -s -o /dev/null --max-time 2 "$U/tiny/a.bin" && break
-    sleep 0.1
-done
-wan_a curl -sf -o /dev/null --max-time 5 "$U/tiny/a.bin" || { cat "$T/logs/"*; exit 1; }
+# In namespace b, probed from a (wan.sh names them wan-TAG-a and -b);
+# wan_down stops it with everything else in the namespaces.
+APACHE_NETNS="wan-$WAN_TAG-b" APACHE_PROBE_NETNS="wan-$WAN_TAG-a" APACHE_PROBE_URL="$U/tiny/a.bin" \
+    apache_start "$T/httpd.conf" "$PORT" "$T/logs/stdout" >/dev/null ||
+    { apache_logs "$T/logs/stdout" "$T/logs/error.log"; exit 1; }
+wan_a curl -sf -o /dev/null --max-time 5 "$U/tiny/a.bin" || { apache_logs "$T/logs/stdout" "$T/logs/error.log"; exit 1; }
 
 now_ns() { date +%s%N; }
 # wire bytes both ways so far (IP packets through the emulator)

@@ -16,22 +16,13 @@ APPD_PID=""
 APACHE_PID=""
 PX_PIDS=""
 
+# The Apache set-up the end-to-end scripts share (apache_*).
+# shellcheck source=scripts/lib/apache.sh
+. "$ROOT/scripts/lib/apache.sh"
+
 # Install what is missing (apt-get) and build ccache and mod_ccache.
 cp_prereqs() {
-    local need=()
-    command -v apache2 >/dev/null || need+=(apache2)
-    command -v apxs >/dev/null || need+=(apache2-dev)
-    command -v curl >/dev/null || need+=(curl)
-    [ -x /usr/bin/python3 ] || need+=(python3)
-    if [ "${#need[@]}" -gt 0 ]; then
-        echo "installing ${need[*]}"
-        timeout 300 apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "${need[@]}" >/dev/null
-    fi
-    local c
-    for c in apache2 apxs curl /usr/bin/python3; do
-        command -v "$c" >/dev/null || { echo "prerequisite $c missing (apt-get install failed?)"; return 1; }
-    done
+    apache_install apache2 apxs=apache2-dev curl /usr/bin/python3=python3 || return 1
     timeout 1200 cargo build --release -q -p ccache || { echo "cargo build -p ccache failed"; return 1; }
     timeout 300 make -s -C "$ROOT/tools/ccache/apache" >"$T/mod-build.log" 2>&1 ||
         { echo "mod_ccache build (apxs) failed:"; cat "$T/mod-build.log"; return 1; }
@@ -56,9 +47,7 @@ cp_wait_port() {
 }
 
 cp_stop_pid() { # $1 pid: TERM, wait at most 10 s, then KILL
-    [ -n "$1" ] || return 0
-    kill -TERM "$1" 2>/dev/null
-    timeout 10 tail --pid="$1" -f /dev/null 2>/dev/null || kill -KILL "$1" 2>/dev/null
+    apache_stop "$1"
 }
 
 cp_cleanup() {
@@ -93,25 +82,13 @@ cp_start_appd() {
 
 # Apache prefork with mod_ccache serving $T/docs at /docs/.
 cp_start_apache() {
-    cat >"$T/apache.conf" <<EOF
-ServerRoot /etc/apache2
-ServerName 127.0.0.1
+    {
+        apache_conf_head "$T/run" "$T/logs" alias
+        echo "LoadModule ccache_module $MOD"
+        apache_prefork 4 2 8 16
+        cat <<EOF
 Listen 127.0.0.1:$P_HTTP
-DefaultRuntimeDir $T/run
-PidFile $T/run/httpd.pid
-ErrorLog $T/logs/error.log
 LogLevel warn
-User www-data
-Group www-data
-LoadModule mpm_prefork_module /usr/lib/apache2/modules/mod_mpm_prefork.so
-LoadModule authz_core_module /usr/lib/apache2/modules/mod_authz_core.so
-LoadModule alias_module /usr/lib/apache2/modules/mod_alias.so
-LoadModule ccache_module $MOD
-StartServers 4
-MinSpareServers 2
-MaxSpareServers 8
-ServerLimit 16
-MaxRequestWorkers 16
 KeepAlive On
 EnableSendfile On
 DocumentRoot $T/docs
@@ -125,10 +102,12 @@ Alias /docs/ $T/docs/
     CCache On
 </Location>
 EOF
-    # Own session: on shutdown prefork signals its whole process group.
-    setsid apache2 -d /etc/apache2 -f "$T/apache.conf" -DFOREGROUND >>"$T/logs/apache-stdout.log" 2>&1 &
-    APACHE_PID=$!
-    cp_wait_port "$P_HTTP" "$APACHE_PID"
+    } >"$T/apache.conf"
+    # apache_start echoes the pid also when Apache did not answer, so
+    # that cleanup stops it.
+    local rc=0
+    APACHE_PID=$(apache_start "$T/apache.conf" "$P_HTTP" "$T/logs/apache-stdout.log") || rc=1
+    return "$rc"
 }
 
 # cp_start_proxy NAME PORT ARGS...: ccproxy registered for pushes, with

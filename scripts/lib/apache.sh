@@ -1,6 +1,8 @@
 # shellcheck shell=bash
 # The Apache prelude the end-to-end scripts share (test-modrdma.sh,
-# test-cache.sh, test-rhttp-recursive.sh, apps/zipsite/common.sh for
+# test-modrdma-https.sh, test-cache.sh, test-rhttp-recursive.sh,
+# cache-push-common.sh for test-cache-push.sh and bench-cache-push.sh,
+# bench-modrdma-https.sh, bench-wan-http.sh, apps/zipsite/common.sh for
 # test-zipsite.sh and bench-zipsite.sh): an unmodified Debian apache2,
 # prefork, in the foreground on loopback ports with a config of the
 # script's own, never the system's. Each script keeps its own directives
@@ -28,7 +30,11 @@
 #                                 way; 1 if it did not answer. VSZ_KIB: a
 #                                 soft address-space limit (ulimit -S -v).
 #                                 APACHE_PROBE_URL replaces the URL probed
-#                                 (an https:// one is not verified: -k)
+#                                 (an https:// one is not verified: -k).
+#                                 APACHE_NETNS: apache2 runs in that network
+#                                 namespace (ip netns exec), and the probe
+#                                 too unless APACHE_PROBE_NETNS names
+#                                 another (the client's side of a path)
 #   apache_stop PID...            TERM, wait at most 10 s each, then KILL
 #   apache_logs FILE...           print the last 40 lines of each FILE that
 #                                 exists, under its name (on a failed start)
@@ -102,15 +108,19 @@ EOF
 # apache_start CONF PORT OUT [PATH [VSZ_KIB]] -> pid on stdout
 apache_start() {
     local conf="$1" port="$2" out="$3" path="${4:-}" vsz="${5:-}" pid i
+    local in_ns=() probe_ns=() pns="${APACHE_PROBE_NETNS:-${APACHE_NETNS:-}}"
+    # ip netns exec execs the command, so the pid stays apache2's.
+    [ -z "${APACHE_NETNS:-}" ] || in_ns=(ip netns exec "$APACHE_NETNS")
+    [ -z "$pns" ] || probe_ns=(ip netns exec "$pns")
     (
         # Soft limit only: a test may lift it later as the workers' user
         # (raising a hard limit needs CAP_SYS_RESOURCE).
         if [ -n "$vsz" ]; then ulimit -S -v "$vsz" || exit 1; fi
-        exec setsid apache2 -d /etc/apache2 -f "$conf" -DFOREGROUND >>"$out" 2>&1
+        exec "${in_ns[@]}" setsid apache2 -d /etc/apache2 -f "$conf" -DFOREGROUND >>"$out" 2>&1
     ) &
     pid=$!
     for ((i = 0; i < ${APACHE_WAIT_S:-15} * 10; i++)); do
-        if curl -s -k -o /dev/null --max-time 2 "${APACHE_PROBE_URL:-http://127.0.0.1:$port/$path}"; then
+        if "${probe_ns[@]}" curl -s -k -o /dev/null --max-time 2 "${APACHE_PROBE_URL:-http://127.0.0.1:$port/$path}"; then
             echo "$pid"
             return 0
         fi
