@@ -206,9 +206,15 @@ pub fn get() -> &'static Config {
             settle_after: c.settle_after,
             max_pending: c.max_pending,
         });
-        iwarp_rsocket::settle::set_reporter(crate::record_accept);
+        iwarp_rsocket::settle::set_reporter(record_accept);
         c
     })
+}
+
+/// The decisions the settle watcher takes (an undecided accept found plain
+/// or MPA, an exchange that failed) go to the same record as `accept`'s.
+fn record_accept(how: &str, peer: Option<SocketAddr>, why: &str) {
+    get().record("accept", how, peer, why);
 }
 
 impl Config {

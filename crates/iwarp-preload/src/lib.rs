@@ -77,12 +77,6 @@ extern "C" fn load_config() {
     });
 }
 
-/// The decisions the settle watcher takes (an undecided accept found plain
-/// or MPA, an exchange that failed) go to the same record as `accept`'s.
-fn record_accept(how: &str, peer: Option<std::net::SocketAddr>, why: &str) {
-    config::get().record("accept", how, peer, why);
-}
-
 /// The descriptors open in this process (`/proc/self/fd`; without `/proc`,
 /// every number below 1024 that is open).
 #[cfg(not(test))]
