@@ -30,6 +30,7 @@ Environment:
   TIMEOUT=600                 seconds the VM may live in all
   MEM=1024 SMP=2              guest memory (MiB) and vCPUs
   ACCEL=kvm|tcg               default kvm where /dev/kvm runs stock kernels
+  GUEST_PVH=0                 boot the bzImage, not the extracted vmlinux
   NETNS=siwvm BRIDGE=siwbr0 HOST_IP=10.77.0.1
   VM=0                        guest index: tap siwtapN, 10.77.0.(2+N),
                               MAC 52:54:00:77:00:(02+N) (TAP, GUEST_IP, MAC
@@ -110,6 +111,30 @@ else
     ACCEL_ARGS=(-accel "tcg,thread=multi" -cpu max)
 fi
 
+# The kernel: the ELF vmlinux inside the bzImage when it has a PVH entry,
+# so QEMU enters it directly instead of running the bzImage's real-mode
+# decompressor in emulated code (under TCG: 42 s of a 75 s boot; 21 s in
+# all with PVH; see extract-vmlinux.py). Extracted once per build of the
+# guest into $WORK/out/vmlinux (out/vmlinux.none: the kernel cannot).
+# GUEST_PVH=0 boots the bzImage.
+KERNEL="$WORK/out/vmlinuz"
+if [[ "${GUEST_PVH:-1}" == 1 ]]; then
+    if [[ ! -s "$WORK/out/vmlinux" && ! -e "$WORK/out/vmlinux.none" ]]; then
+        (
+            flock 9
+            [[ -s "$WORK/out/vmlinux" || -e "$WORK/out/vmlinux.none" ]] && exit 0
+            xrc=0
+            python3 "$(dirname "${BASH_SOURCE[0]}")/extract-vmlinux.py" "$WORK/out/vmlinuz" "$WORK/out/vmlinux" || xrc=$?
+            if ((xrc == 3)); then : >"$WORK/out/vmlinux.none"; fi
+        ) 9>"$WORK/.vmlinux.lock" || true
+    fi
+    if [[ -s "$WORK/out/vmlinux" ]]; then
+        KERNEL="$WORK/out/vmlinux"
+    else
+        echo "[guest-run] booting the bzImage (no PVH kernel: see the line above, or $WORK/out/vmlinux.none)" >&2
+    fi
+fi
+
 INITRD="$WORK/out/initramfs.cpio.gz"
 TMP="$(mktemp -d /tmp/guest-run.XXXXXX)"
 trap 'rm -rf "$TMP"' EXIT
@@ -134,11 +159,11 @@ if [[ -n "${SHARE:-}" ]]; then
 fi
 
 netns_up
-echo "[guest-run] accel=$ACCEL kernel=$(cat "$WORK/out/.kver" 2>/dev/null || echo '?') netns=$NETNS guest=$GUEST_IP job=${JOB:-${SHARE:+$SHARE/guest.sh}}" >&2
+echo "[guest-run] accel=$ACCEL kernel=$(cat "$WORK/out/.kver" 2>/dev/null || echo '?') ($(basename "$KERNEL")) netns=$NETNS guest=$GUEST_IP job=${JOB:-${SHARE:+$SHARE/guest.sh}}" >&2
 rc=0
 ip netns exec "$NETNS" timeout "$TIMEOUT" qemu-system-x86_64 \
     -machine q35 "${ACCEL_ARGS[@]}" -smp "$SMP" -m "$MEM" \
-    -kernel "$WORK/out/vmlinuz" -initrd "$INITRD" -append "$APPEND" \
+    -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND" \
     -display none -serial mon:stdio -no-reboot \
     -netdev "tap,id=net0,ifname=$TAP,script=no,downscript=no" \
     -device "virtio-net-pci,netdev=net0,mac=$MAC" \
