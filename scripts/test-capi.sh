@@ -9,6 +9,9 @@
 #   scripts/test-capi.sh --update-header  # regenerate include/iwarp.h, then test
 #   PROFILE=release scripts/test-capi.sh  # against the release build
 #   VALGRIND=0 scripts/test-capi.sh       # skip the valgrind run
+#   scripts/test-capi.sh --install-cbindgen  # only install the pinned
+#                                         # cbindgen (scripts/test.sh does it
+#                                         # in the background, early)
 #
 # The last line is "capi: N passed, N failed" (checks of all C test runs);
 # the exit status is non-zero
@@ -20,12 +23,35 @@ ROOT=$PWD
 CBINDGEN_VERSION=0.29.4
 PROFILE=${PROFILE:-debug}
 UPDATE=0
+INSTALL_ONLY=0
 for arg in "$@"; do
     case $arg in
         --update-header) UPDATE=1 ;;
-        *) echo "usage: $0 [--update-header]" >&2; exit 2 ;;
+        --install-cbindgen) INSTALL_ONLY=1 ;;
+        *) echo "usage: $0 [--update-header | --install-cbindgen]" >&2; exit 2 ;;
     esac
 done
+
+# The pinned cbindgen: on PATH, or built into $1/tools (an unoptimized
+# build: it compiles in about half the time, and it reads one crate).
+cbindgen_path() {
+    local c
+    c=$(command -v cbindgen || true)
+    if [[ -z $c || $("$c" --version) != "cbindgen $CBINDGEN_VERSION" ]]; then
+        c=$1/tools/bin/cbindgen
+        if [[ ! -x $c || $("$c" --version) != "cbindgen $CBINDGEN_VERSION" ]]; then
+            echo "installing cbindgen $CBINDGEN_VERSION into $1/tools" >&2
+            cargo install cbindgen --debug --locked --version "$CBINDGEN_VERSION" --root "$1/tools" >&2
+        fi
+    fi
+    echo "$c"
+}
+
+if [[ $INSTALL_ONLY == 1 ]]; then
+    TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    cbindgen_path "$TARGET_DIR/capi" >/dev/null
+    exit 0
+fi
 
 if [[ $PROFILE == release ]]; then
     cargo build -p iwarp-ffi --release
@@ -38,14 +64,7 @@ OUT=$TARGET_DIR/capi
 mkdir -p "$OUT/shared" "$OUT/static" "$OUT/pkgconfig"
 
 # --- header: regenerate with a pinned cbindgen and compare -----------------
-CBINDGEN=$(command -v cbindgen || true)
-if [[ -z $CBINDGEN || $("$CBINDGEN" --version) != "cbindgen $CBINDGEN_VERSION" ]]; then
-    CBINDGEN=$OUT/tools/bin/cbindgen
-    if [[ ! -x $CBINDGEN || $("$CBINDGEN" --version) != "cbindgen $CBINDGEN_VERSION" ]]; then
-        echo "installing cbindgen $CBINDGEN_VERSION into $OUT/tools" >&2
-        cargo install cbindgen --locked --version "$CBINDGEN_VERSION" --root "$OUT/tools"
-    fi
-fi
+CBINDGEN=$(cbindgen_path "$OUT")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 "$CBINDGEN" --quiet --config crates/iwarp-ffi/cbindgen.toml --crate iwarp-ffi \
