@@ -24,6 +24,15 @@
 //!  control QP; big-endian like the iWARP headers.
 //! ```
 //!
+//! **Features.** In RDMA mode a Hello may go on with a 4-byte feature
+//! word (bytes 28..32, [`feature`]), and the `HelloAck` of such a Hello
+//! with the features the passive side shares (bytes 24..28). A peer of
+//! 0.4.0 or earlier sends the short forms, which parse as no features,
+//! and ignores bytes after the short forms (it parses private data that
+//! way already, since rdma_cm may pad it): so both ends use a feature
+//! only when both named it, and an old peer gets the old protocol. TCP
+//! mode keeps the short forms (its Hello is read as exactly 28 bytes).
+//!
 //! The passive side ([`Admission`]) takes the connections in any order: the
 //! first one with the right token fixes the proposal and the grant
 //! (`negotiate`); every later one must present the same token and
@@ -60,6 +69,21 @@ pub const ACK_LEN: usize = 24;
 pub const REQUEST_WAIT: Duration = Duration::from_secs(5);
 /// Longest refusal reason (what an MPA Reject carries through rdma_cm).
 pub const MAX_REFUSAL: usize = 255;
+/// Bytes of a [`Hello`] with its feature word.
+pub const HELLO_EXT_LEN: usize = HELLO_LEN + 4;
+/// Bytes of a [`HelloAck`] with its feature word.
+pub const ACK_EXT_LEN: usize = ACK_LEN + 4;
+
+/// Protocol features named in the feature word (RDMA mode).
+pub mod feature {
+    /// The sink may grant blocks for the source's next transfer before
+    /// that transfer's `Begin` (as if the `Begin` had pre-requested the
+    /// whole pool), and the source keeps such grants for its next
+    /// transfer. Saves the grant's round trip after `Begin` (issue 27).
+    pub const PREGRANT: u32 = 1;
+    /// Every feature this version implements.
+    pub const ALL: u32 = PREGRANT;
+}
 
 /// What the active side asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +112,8 @@ pub struct Hello {
     /// Stream index, or [`CONTROL`].
     pub index: u32,
     pub proposal: Proposal,
+    /// The [`feature`]s offered (0: the short form, an older peer).
+    pub features: u32,
 }
 
 /// The passive side's answer on the control connection (stream 0 in TCP
@@ -96,6 +122,8 @@ pub struct Hello {
 pub struct HelloAck {
     pub session: u64,
     pub granted: Proposal,
+    /// The [`feature`]s both sides share (0: the short form).
+    pub features: u32,
 }
 
 /// Why setup bytes were not understood.
@@ -159,8 +187,19 @@ fn check(b: &[u8], need: usize) -> Result<(), HelloError> {
 }
 
 impl Hello {
-    /// The wire bytes.
-    pub fn emit(&self) -> [u8; HELLO_LEN] {
+    /// The wire bytes, with the feature word ([`HELLO_EXT_LEN`] bytes) or
+    /// without it when no feature is offered ([`HELLO_LEN`]).
+    pub fn emit(&self) -> Vec<u8> {
+        let mut b = self.emit_short().to_vec();
+        if self.features != 0 {
+            b.extend_from_slice(&self.features.to_be_bytes());
+        }
+        b
+    }
+
+    /// The short form ([`HELLO_LEN`] bytes, no feature word): what TCP
+    /// mode and peers of 0.4.0 and earlier send.
+    pub fn emit_short(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[..4].copy_from_slice(MAGIC);
         b[4..12].copy_from_slice(&self.token.to_be_bytes());
@@ -183,13 +222,28 @@ impl Hello {
                 block_size: u32_at(b, 20),
                 iodepth: u32_at(b, 24),
             },
+            features: if b.len() >= HELLO_EXT_LEN {
+                u32_at(b, HELLO_LEN)
+            } else {
+                0
+            },
         })
     }
 }
 
 impl HelloAck {
-    /// The wire bytes.
-    pub fn emit(&self) -> [u8; ACK_LEN] {
+    /// The wire bytes, with the feature word ([`ACK_EXT_LEN`] bytes) or
+    /// without it when no feature is shared ([`ACK_LEN`]).
+    pub fn emit(&self) -> Vec<u8> {
+        let mut b = self.emit_short().to_vec();
+        if self.features != 0 {
+            b.extend_from_slice(&self.features.to_be_bytes());
+        }
+        b
+    }
+
+    /// The short form ([`ACK_LEN`] bytes, no feature word).
+    pub fn emit_short(&self) -> [u8; ACK_LEN] {
         let mut b = [0u8; ACK_LEN];
         b[..4].copy_from_slice(MAGIC);
         b[4..12].copy_from_slice(&self.session.to_be_bytes());
@@ -209,6 +263,11 @@ impl HelloAck {
                 block_size: u32_at(b, 16),
                 iodepth: u32_at(b, 20),
             },
+            features: if b.len() >= ACK_EXT_LEN {
+                u32_at(b, ACK_LEN)
+            } else {
+                0
+            },
         })
     }
 
@@ -226,6 +285,7 @@ impl HelloAck {
         c.streams = g.streams;
         c.block_size = g.block_size;
         c.iodepth = g.iodepth;
+        c.features = self.features & ours.features & feature::ALL;
         c.validated()
             .map_err(|e| format!("the peer granted {g:?}: {e}"))
     }
@@ -281,6 +341,8 @@ pub struct Admission {
     granted: Option<Config>,
     session: u64,
     streams: Vec<bool>,
+    /// The features the control connection's Hello offered.
+    offered: u32,
 }
 
 impl Admission {
@@ -296,6 +358,7 @@ impl Admission {
             granted: None,
             session,
             streams: Vec::new(),
+            offered: 0,
         }
     }
 
@@ -304,11 +367,14 @@ impl Admission {
         self.granted.as_ref()
     }
 
-    /// The answer for the control connection (RDMA) or stream 0 (TCP).
+    /// The answer for the control connection (RDMA) or stream 0 (TCP):
+    /// the grant, and the features both sides have (those the control
+    /// connection's Hello offered that [`Config::features`] allows).
     pub fn ack(&self) -> Option<HelloAck> {
         self.granted.as_ref().map(|g| HelloAck {
             session: self.session,
             granted: Proposal::of(g),
+            features: self.offered & self.ours.features & feature::ALL,
         })
     }
 
@@ -364,6 +430,7 @@ impl Admission {
             CONTROL => match self.control {
                 Some(false) => {
                     self.control = Some(true);
+                    self.offered = h.features;
                     Verdict::Control
                 }
                 Some(true) => Verdict::Refuse(
@@ -416,8 +483,9 @@ mod tests {
                 block_size: 1 << 20,
                 iodepth: 4,
             },
+            features: 0,
         }
-        .emit()
+        .emit_short()
     }
 
     #[test]
@@ -436,7 +504,8 @@ mod tests {
                     streams: 5,
                     block_size: 1 << 20,
                     iodepth: 4
-                }
+                },
+                features: 0,
             }
         );
         assert_eq!(p.emit(), h);
@@ -463,6 +532,84 @@ mod tests {
             Refusal("no".into()).emit(),
             [b'R', b'F', b'X', b'N', 0, 0, 0, 2, b'n', b'o']
         );
+    }
+
+    #[test]
+    fn the_feature_word_is_optional_both_ways() {
+        // A Hello with features: 32 bytes, the word last.
+        let h = Hello {
+            token: 7,
+            index: CONTROL,
+            proposal: Proposal {
+                streams: 1,
+                block_size: 4096,
+                iodepth: 2,
+            },
+            features: feature::PREGRANT,
+        };
+        let b = h.emit();
+        assert_eq!(b.len(), HELLO_EXT_LEN);
+        assert_eq!(b[28..], [0, 0, 0, 1]);
+        assert_eq!(Hello::parse(&b).unwrap(), h);
+        // What a peer of 0.4.0 reads of it: the first 28 bytes, the same
+        // session (it parses longer private data that way).
+        assert_eq!(&b[..HELLO_LEN], &h.emit_short()[..]);
+        // The short form (an older peer, TCP mode) has no features, and
+        // zero padding (rdma_cm) none either.
+        let short = Hello::parse(&b[..HELLO_LEN]).unwrap();
+        assert_eq!(short.features, 0);
+        let mut padded = h.emit_short().to_vec();
+        padded.extend_from_slice(&[0; 60]);
+        assert_eq!(Hello::parse(&padded).unwrap().features, 0);
+        // The answer carries the features only when it shares one.
+        let ack = HelloAck {
+            session: 9,
+            granted: h.proposal,
+            features: feature::PREGRANT,
+        };
+        assert_eq!(ack.emit().len(), ACK_EXT_LEN);
+        assert_eq!(HelloAck::parse(&ack.emit()).unwrap(), ack);
+        let old = HelloAck::parse(&ack.emit()[..ACK_LEN]).unwrap();
+        assert_eq!(old.features, 0);
+        assert_eq!(HelloAck { features: 0, ..ack }.emit().len(), ACK_LEN);
+    }
+
+    #[test]
+    fn features_are_those_both_sides_have() {
+        let ext = |token: u64, index: u32, features: u32| {
+            let mut h = Hello::parse(&hello(token, index, 1)).unwrap();
+            h.features = features;
+            h.emit()
+        };
+        // A new active side and a new passive side: PREGRANT; unknown bits
+        // are not echoed.
+        let mut a = Admission::new(1, &ours(1), true, 5);
+        assert_eq!(a.admit(&ext(1, 0, feature::PREGRANT)), Verdict::Stream(0));
+        assert_eq!(a.admit(&ext(1, CONTROL, 0xff)), Verdict::Control);
+        let ack = a.ack().unwrap();
+        assert_eq!(ack.features, feature::PREGRANT);
+        let neg = ack.apply(&ours(1)).unwrap();
+        assert_eq!(neg.features, feature::PREGRANT);
+        // An older active side (short Hello): none, and a short answer.
+        let mut a = Admission::new(1, &ours(1), true, 5);
+        a.admit(&hello(1, CONTROL, 1));
+        assert_eq!(a.ack().unwrap().features, 0);
+        assert_eq!(a.ack().unwrap().emit().len(), ACK_LEN);
+        // A passive side configured without the feature (as an older one
+        // answers): none, whatever the active side offers; and an active
+        // side without it ignores a grant of it.
+        let old = Config {
+            features: 0,
+            ..ours(1)
+        };
+        let mut a = Admission::new(1, &old, true, 5);
+        a.admit(&ext(1, CONTROL, feature::PREGRANT));
+        assert_eq!(a.ack().unwrap().features, 0);
+        let ack = HelloAck {
+            features: feature::PREGRANT,
+            ..a.ack().unwrap()
+        };
+        assert_eq!(ack.apply(&old).unwrap().features, 0);
     }
 
     #[test]
@@ -496,6 +643,7 @@ mod tests {
                 block_size: 4096,
                 iodepth: 2,
             },
+            features: 0,
         };
         let g = ok.apply(&c).unwrap();
         assert_eq!((g.streams, g.block_size, g.iodepth), (1, 4096, 2));

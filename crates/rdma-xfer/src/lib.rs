@@ -128,6 +128,13 @@ pub struct Config {
     /// sets it through the CM ([`iwarp::cm::ConnParam::congestion`]), TCP
     /// mode on its sockets. Local: not negotiated.
     pub congestion: Option<String>,
+    /// Protocol features this side offers or grants ([`hello::feature`];
+    /// [`hello::feature::ALL`] by default). In the configuration of an
+    /// established session ([`Transport::config`]): the features both
+    /// sides share. `0` speaks the setup of rdma-xfer 0.4.0 and earlier,
+    /// as an older peer does (for interoperability tests, or to rule a
+    /// feature out).
+    pub features: u32,
 }
 
 /// Most data streams a session may have.
@@ -152,6 +159,7 @@ impl Default for Config {
             device: None,
             autotune: true,
             congestion: None,
+            features: hello::feature::ALL,
         }
     }
 }
@@ -290,10 +298,42 @@ impl std::error::Error for Error {
 /// transfer at a time, as often as wanted.
 pub trait Transport: Send + fmt::Debug {
     /// Send everything `src` yields to the peer, which must be in
-    /// [`Transport::recv`]. Returns once the peer's sink has finished.
-    fn send(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error>;
+    /// [`Transport::recv`]. Returns once the peer's sink has finished
+    /// (its `Fin`): [`Transport::send_unconfirmed`], then
+    /// [`Transport::confirm`].
+    fn send(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        let start = std::time::Instant::now();
+        let mut st = self.send_unconfirmed(src)?;
+        self.confirm()?;
+        st.elapsed = start.elapsed();
+        Ok(st)
+    }
+    /// Send everything `src` yields, and return once every block and the
+    /// `End` are handed to the transport, without waiting the round trip
+    /// for the sink's `Fin` (issue 27: a server can send its final reply
+    /// meanwhile). The `Fin` is checked by [`Transport::confirm`], which
+    /// the next `send`, `send_unconfirmed` or `recv` calls first. Success
+    /// here says only that the source's part is done: whoever reports the
+    /// transfer as delivered must confirm it, or check the data end to end
+    /// (rftp compares the file's checksum with the server's `HASH`).
+    fn send_unconfirmed(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error>;
+    /// Wait for the sink's `Fin` of the last [`Transport::send_unconfirmed`]
+    /// (at once if there is none outstanding): an error if the sink failed
+    /// or acknowledged other than the bytes sent.
+    fn confirm(&mut self) -> Result<(), Error>;
     /// Receive one transfer into `sink`, in order.
     fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error>;
+    /// The next transfer on this session comes from the peer, into a
+    /// transfer of about `len_hint` bytes: offer the sink's blocks now
+    /// (RDMA mode, when both sides have [`hello::feature::PREGRANT`]), so
+    /// the source's first block need not wait a round trip for a grant
+    /// after its `Begin`. The next [`Transport::recv`] continues with what
+    /// was granted. Does nothing where the feature is missing (TCP mode,
+    /// an older peer) or was already done for the next transfer.
+    fn prepare_recv(&mut self, len_hint: Option<u64>) -> Result<(), Error> {
+        let _ = len_hint;
+        Ok(())
+    }
     /// Install (or remove) the progress callback.
     fn set_progress(&mut self, cb: Option<ProgressFn>);
     /// The negotiated parameters.

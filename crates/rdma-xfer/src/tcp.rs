@@ -68,6 +68,9 @@ pub struct TcpSession {
     session: u64,
     logger: Logger,
     broken: Option<String>,
+    /// Bytes of the last transfer sent whose `Fin` was not read yet
+    /// ([`Transport::send_unconfirmed`]).
+    unconfirmed: Option<u64>,
 }
 
 impl fmt::Debug for TcpSession {
@@ -207,12 +210,15 @@ impl TcpSession {
             let mut s = TcpStream::connect_timeout(&addr, cfg.connect_timeout)
                 .map_err(|e| setup_err(&format!("connecting stream {index} to {addr}"), e))?;
             prep(&s, cfg).map_err(|e| setup_err("socket options", e))?;
+            // TCP mode has no features: the short form, which peers of any
+            // version read as exactly HELLO_LEN bytes.
             let hello = Hello {
                 token,
                 index,
                 proposal,
+                features: 0,
             };
-            s.write_all(&hello.emit())
+            s.write_all(&hello.emit_short())
                 .map_err(|e| setup_err(&format!("sending stream {index}'s Hello"), e))?;
             Ok(s)
         };
@@ -245,6 +251,7 @@ impl TcpSession {
             cfg: neg,
             session: ack.session,
             broken: None,
+            unconfirmed: None,
         })
     }
 
@@ -321,13 +328,14 @@ impl TcpSession {
                 slots = (0..neg.streams).map(|_| None).collect();
             }
             if i == 0 {
-                let ack = adm.ack().expect("granted").emit();
+                let ack = adm.ack().expect("granted").emit_short();
                 s.write_all(&ack)
                     .map_err(|e| setup_err("sending the Hello reply", e))?;
             }
             slots[i] = Some(s);
         }
-        let neg = adm.granted().expect("complete").clone();
+        let mut neg = adm.granted().expect("complete").clone();
+        neg.features = 0;
         let streams: Vec<TcpStream> = slots.into_iter().flatten().collect();
         for s in &streams {
             prep(s, &neg).map_err(|e| setup_err("socket options", e))?;
@@ -338,6 +346,7 @@ impl TcpSession {
             cfg: neg,
             session,
             broken: None,
+            unconfirmed: None,
         })
     }
 
@@ -408,16 +417,31 @@ impl TcpSession {
                 .and_then(|_| s.write_all(&bytes.to_be_bytes()))
                 .map_err(|e| io_err(e, "the sink to take data", t))?;
         }
+        // The sink's Fin is read by `confirm` (Transport::send_unconfirmed).
+        self.unconfirmed = Some(bytes);
+        Ok(Stats {
+            bytes,
+            blocks: seq,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Read the sink's answer to the last transfer sent, if not read yet.
+    fn confirm_inner(&mut self) -> Result<(), Error> {
+        let Some(bytes) = self.unconfirmed.take() else {
+            return Ok(());
+        };
+        let t = self.cfg.timeout;
         let mut s = &self.streams[0];
         let mut h = [0u8; HDR];
         s.read_exact(&mut h)
             .map_err(|e| io_err(e, "the sink to finish", t))?;
         match u32_at(&h, 0) {
-            F_FIN if u64_at(&h, 8) == bytes => Ok(Stats {
-                bytes,
-                blocks: seq,
-                elapsed: start.elapsed(),
-            }),
+            F_FIN if u64_at(&h, 8) == bytes => Ok(()),
+            F_FIN => Err(Error::Protocol(format!(
+                "sink acknowledged {} bytes, {bytes} were sent",
+                u64_at(&h, 8)
+            ))),
             F_ABORT => {
                 let mut r = vec![0u8; (u32_at(&h, 4) as usize).min(4096)];
                 let _ = s.read_exact(&mut r);
@@ -583,8 +607,8 @@ impl TcpSession {
 }
 
 impl Transport for TcpSession {
-    fn send(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
-        self.check()?;
+    fn send_unconfirmed(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        self.confirm()?;
         self.logger.begin(src.len_hint());
         let r = self.send_inner(src);
         self.logger.end(r.is_ok());
@@ -594,8 +618,17 @@ impl Transport for TcpSession {
         r
     }
 
-    fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+    fn confirm(&mut self) -> Result<(), Error> {
         self.check()?;
+        let r = self.confirm_inner();
+        if let Err(e) = &r {
+            self.kill(e);
+        }
+        r
+    }
+
+    fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+        self.confirm()?;
         self.logger.begin(None);
         let r = self.recv_inner(sink);
         self.logger.end(r.is_ok());

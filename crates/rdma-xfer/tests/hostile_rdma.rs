@@ -169,6 +169,7 @@ fn private_data(token: u64, index: u32) -> Vec<u8> {
             block_size: BS,
             iodepth: 2,
         },
+        features: 0,
     }
     .emit()
     .to_vec()

@@ -66,6 +66,7 @@ fn a_source_that_skips_block_0_is_held_to_the_window_and_fails_clearly() {
             block_size: BS,
             iodepth: 4,
         },
+        features: 0,
     };
     s.write_all(&hello.emit()).unwrap();
     let mut ack = [0u8; ACK_LEN];

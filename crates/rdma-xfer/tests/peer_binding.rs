@@ -36,6 +36,7 @@ fn hello(token: u64) -> Vec<u8> {
         token,
         index: 0,
         proposal: Proposal::of(&cfg()),
+        features: 0,
     }
     .emit()
     .to_vec()

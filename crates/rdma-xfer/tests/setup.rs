@@ -83,6 +83,7 @@ fn hello(token: u64, index: u32, streams: u32) -> Vec<u8> {
         token,
         index,
         proposal: proposal(streams),
+        features: 0,
     }
     .emit()
     .to_vec()
@@ -228,6 +229,7 @@ fn patient_rdma_server(l: Listener, streams: u32) -> std::thread::JoinHandle<Vec
                 HelloAck {
                     session: 7,
                     granted: h.proposal,
+                    features: 0,
                 }
                 .emit()
                 .to_vec()
@@ -279,6 +281,7 @@ fn tcp_client_opens_every_stream_before_any_answer() {
         let ack = HelloAck {
             session: 7,
             granted: h.proposal,
+            features: 0,
         };
         s0.write_all(&ack.emit()).unwrap();
         got

@@ -147,6 +147,10 @@ pub(super) struct SourcePairing<B> {
     grants: VecDeque<Grant>,
     /// Grants asked for (pre-request) and not yet received.
     asked: u32,
+    /// Grants for the next transfer that came before it began: a sink
+    /// with [`crate::hello::feature::PREGRANT`] grants ahead, as if the
+    /// next `Begin` had asked for the whole pool.
+    early: Vec<Grant>,
 }
 
 impl<B> SourcePairing<B> {
@@ -159,15 +163,26 @@ impl<B> SourcePairing<B> {
             blocks: VecDeque::new(),
             grants: VecDeque::new(),
             asked: 0,
+            early: Vec::new(),
         }
     }
 
-    /// Start `transfer`, whose `Begin` pre-requests `depth` grants.
+    /// Start `transfer`, whose `Begin` pre-requests `depth` grants, of
+    /// which those granted ahead (for this transfer) are already here.
     /// Anything left of an earlier transfer is dropped.
     pub(super) fn begin(&mut self, transfer: u64) {
+        let early = if transfer == self.transfer + 1 {
+            std::mem::take(&mut self.early)
+        } else {
+            Vec::new()
+        };
+        // A sink never grants more than its pool; a hostile one that did
+        // is cut to it.
+        let n = early.len().min(self.depth as usize);
         *self = SourcePairing {
             transfer,
-            asked: self.depth,
+            asked: self.depth - n as u32,
+            grants: early.into_iter().take(n).collect(),
             ..SourcePairing::new(self.depth)
         };
     }
@@ -186,6 +201,12 @@ impl<B> SourcePairing<B> {
             self.blocks.push_back(b);
         }
         if let Some((t, gs)) = grants {
+            if t == self.transfer + 1 {
+                // Granted ahead for the next transfer: kept for its begin.
+                let room = (self.depth as usize).saturating_sub(self.early.len());
+                self.early.extend(gs.into_iter().take(room));
+                return 0;
+            }
             if t != self.transfer {
                 return 0;
             }
@@ -514,6 +535,39 @@ mod tests {
         p.begin(3);
         assert!(p.blocks.is_empty() && p.grants.is_empty());
         assert_eq!(p.asked, 2);
+    }
+
+    #[test]
+    fn pairing_keeps_grants_for_the_next_transfer_until_it_begins() {
+        let mut p = SourcePairing::new(4);
+        let mut pairs = Vec::new();
+        // Before the first transfer: grants for transfer 1 come ahead
+        // (PREGRANT); a block of transfer 1 then pairs at once, and only
+        // the grants not yet received are still asked for.
+        p.offer(
+            None,
+            Some((1, vec![grant(0), grant(1), grant(2)])),
+            &mut pairs,
+        );
+        assert!(pairs.is_empty());
+        p.begin(1);
+        assert_eq!(p.asked, 1, "4 pre-requested, 3 already granted");
+        assert_eq!(p.offer(Some('a'), None, &mut pairs), 0);
+        assert_eq!(pairs, [('a', grant(0))]);
+        // During transfer 1, grants for transfer 2 wait for it; those
+        // for transfer 3 (not next) are stale.
+        pairs.clear();
+        p.offer(None, Some((2, vec![grant(3)])), &mut pairs);
+        p.offer(None, Some((3, vec![grant(1)])), &mut pairs);
+        assert_eq!(p.early, [grant(3)]);
+        p.begin(2);
+        assert_eq!(p.offer(Some('b'), None, &mut pairs), 0);
+        assert_eq!(pairs, [('b', grant(3))]);
+        // More than the pool ahead is cut to the pool.
+        let mut p = SourcePairing::new(2);
+        p.offer(None, Some((1, (0..5).map(grant).collect())), &mut pairs);
+        p.begin(1);
+        assert_eq!((p.grants.len(), p.asked), (2, 0));
     }
 
     /// Grant everything wanted.

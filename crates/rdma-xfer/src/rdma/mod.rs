@@ -216,7 +216,18 @@ pub struct RdmaSession {
     sink_rx: Receiver<SinkEv>,
     threads: Vec<JoinHandle<()>>,
     logger: Logger,
+    /// The last transfer this side sent (the source numbers them 1, 2, …
+    /// in a session).
     transfer: u64,
+    /// The last transfer this side received: the next one the peer sends
+    /// is `received + 1`, which is what a pregrant is for.
+    received: u64,
+    /// The sink's grants for the next transfer, made before its `Begin`
+    /// ([`Transport::prepare_recv`]).
+    pre: Option<transfer::SinkState>,
+    /// Bytes of the last transfer sent whose `Fin` was not awaited yet
+    /// ([`Transport::send_unconfirmed`]).
+    unconfirmed: Option<u64>,
 }
 
 impl fmt::Debug for RdmaSession {
@@ -237,17 +248,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Transport for RdmaSession {
-    fn send(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+    fn send_unconfirmed(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        self.confirm()?;
         self.logger.begin(src.len_hint());
         let r = self.send_inner(src);
         self.logger.end(r.is_ok());
         r
     }
 
+    fn confirm(&mut self) -> Result<(), Error> {
+        self.confirm_inner()
+    }
+
     fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+        self.confirm()?;
         let r = self.recv_inner(sink);
         self.logger.end(r.is_ok());
         r
+    }
+
+    fn prepare_recv(&mut self, len_hint: Option<u64>) -> Result<(), Error> {
+        self.prepare_recv_inner(len_hint)
     }
 
     fn set_progress(&mut self, cb: Option<ProgressFn>) {
@@ -269,6 +290,22 @@ impl Transport for RdmaSession {
 
 impl Drop for RdmaSession {
     fn drop(&mut self) {
+        if let Some(bytes) = self.unconfirmed {
+            // Nobody asked (the application checks the data end to end or
+            // did not care): say what is known, in the log only.
+            match self.fin_rx.try_recv() {
+                Ok(got) if got == bytes => {}
+                Ok(got) => tracing::warn!(
+                    got,
+                    bytes,
+                    "rdma-xfer: the sink acknowledged other than the bytes of the last transfer sent"
+                ),
+                Err(_) => tracing::debug!(
+                    bytes,
+                    "rdma-xfer: session closed before the sink's Fin of the last transfer arrived"
+                ),
+            }
+        }
         self.shared.stop.store(true, Ordering::Release);
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -128,9 +128,9 @@ impl RdmaSession {
                 token,
                 index,
                 proposal,
+                features: cfg.features & crate::hello::feature::ALL,
             }
-            .emit()
-            .to_vec(),
+            .emit(),
             mpa: mpa_config(cfg.crc),
             timeout: cfg.connect_timeout,
             // A peer silent this long while it owes Read Responses is gone.
@@ -182,7 +182,7 @@ impl RdmaSession {
         }
         let qps: Vec<QueuePair> = qps.into_iter().flatten().collect();
         let data_msgs = Self::post_data_recvs(&s, &qps, neg.pool_depth())?;
-        tracing::debug!(%addr, session = format_args!("{session:016x}"), streams = neg.streams, block_size = neg.block_size, iodepth = neg.iodepth, "rdma-xfer session connected");
+        tracing::debug!(%addr, session = format_args!("{session:016x}"), streams = neg.streams, block_size = neg.block_size, iodepth = neg.iodepth, features = neg.features, "rdma-xfer session connected");
         Ok(Self::start(s, qps, data_msgs, neg, session))
     }
 
@@ -258,7 +258,7 @@ impl RdmaSession {
             let qps = &data.as_ref().expect("made above").0;
             match verdict {
                 Verdict::Control => {
-                    let ack = adm.ack().expect("granted").emit().to_vec();
+                    let ack = adm.ack().expect("granted").emit();
                     req.accept(&s.ctrl_qp, &param(ack))
                         .map_err(|e| Error::Setup(format!("the control connection: {e}")))?;
                 }
@@ -268,13 +268,16 @@ impl RdmaSession {
                 Verdict::Refuse(_) => unreachable!("handled above"),
             }
         }
-        let neg = adm.granted().expect("complete").clone();
+        let mut neg = adm.granted().expect("complete").clone();
+        // What both sides have: the control connection's Hello decided.
+        neg.features = adm.ack().expect("complete").features;
         let (qps, data_msgs) = data.expect("complete");
         tracing::debug!(
             session = format_args!("{session:016x}"),
             streams = neg.streams,
             block_size = neg.block_size,
             iodepth = neg.iodepth,
+            features = neg.features,
             "rdma-xfer session accepted"
         );
         Ok(Self::start(s, qps, data_msgs, neg, session))
@@ -372,6 +375,9 @@ impl RdmaSession {
             sink_rx,
             threads,
             transfer: 0,
+            received: 0,
+            pre: None,
+            unconfirmed: None,
         }
     }
 

@@ -116,6 +116,29 @@ impl RdmaSession {
             bytes += n as u64;
         }
         self.shared.ctrl_send(Msg::End { blocks: seq, bytes });
+        // Collect the remaining Send completions so every block is free for
+        // the next transfer (local: each means its bytes went to TCP). The
+        // sink's Fin is awaited by `confirm` (Transport::send_unconfirmed).
+        while free.len() < depth as usize {
+            let i = self.wait(&self.freed_rx, "the last sends to complete")?;
+            self.logger.add(u64::from(lens[i as usize]));
+            free.push(i);
+        }
+        self.unconfirmed = Some(bytes);
+        Ok(Stats {
+            bytes,
+            blocks: seq,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Wait for the sink's `Fin` of the last transfer sent, if not yet.
+    pub(super) fn confirm_inner(&mut self) -> Result<(), Error> {
+        let Some(bytes) = self.unconfirmed.take() else {
+            return Ok(());
+        };
+        let sh = self.shared.clone();
+        let _attend = sh.cq.attend();
         let got = self.wait(&self.fin_rx, "the sink to finish")?;
         if got != bytes {
             self.shared.set_fail(Fail::Protocol(format!(
@@ -123,18 +146,64 @@ impl RdmaSession {
             )));
             return Err(self.shared.check().unwrap_err());
         }
-        // Collect the remaining Send completions so every block is free for
-        // the next transfer.
-        while free.len() < depth as usize {
-            let i = self.wait(&self.freed_rx, "the last sends to complete")?;
-            self.logger.add(u64::from(lens[i as usize]));
-            free.push(i);
+        Ok(())
+    }
+
+    /// Grant the sink's blocks for the peer's next transfer before its
+    /// `Begin`, when both sides have [`crate::hello::feature::PREGRANT`]
+    /// (else nothing: the grants follow the `Begin`).
+    pub(super) fn prepare_recv_inner(&mut self, len: Option<u64>) -> Result<(), Error> {
+        if self.cfg.features & crate::hello::feature::PREGRANT == 0 || self.pre.is_some() {
+            return Ok(());
         }
-        Ok(Stats {
-            bytes,
-            blocks: seq,
-            elapsed: start.elapsed(),
-        })
+        self.shared.check()?;
+        if self.sink_pool.is_empty() {
+            self.sink_pool = self.sink_pool()?;
+        }
+        // The feature: a pregrant answers the whole pool's pre-request
+        // that the Begin will carry.
+        let depth = self.cfg.pool_depth();
+        let mut st = SinkState::new(&self.cfg, self.received + 1, len, depth);
+        let mut batch = Vec::new();
+        self.grant_wanted(&mut st, &mut batch)?;
+        self.send_grants(st.transfer, &mut batch);
+        tracing::debug!(
+            transfer = st.transfer,
+            window = st.tune.window(),
+            "rdma-xfer: sink blocks granted ahead of the source's Begin"
+        );
+        self.pre = Some(st);
+        Ok(())
+    }
+
+    /// Grant every block `st` lets go now, sending full batches.
+    fn grant_wanted(&mut self, st: &mut SinkState, batch: &mut Vec<Grant>) -> Result<(), Error> {
+        while let Some(b) = st.w.next_grant() {
+            // Registered again (a new STag) if it was read since its last
+            // grant.
+            let (rkey, addr) = self.sink_pool[b as usize]
+                .grant(&self.pd)
+                .map_err(|e| self.fail_local(e))?;
+            st.granted_at[b as usize] = Some(Instant::now());
+            batch.push(Grant {
+                block: b,
+                rkey,
+                addr,
+            });
+            if batch.len() == MAX_GRANTS {
+                self.send_grants(st.transfer, batch);
+            }
+        }
+        Ok(())
+    }
+
+    fn send_grants(&self, transfer: u64, batch: &mut Vec<Grant>) {
+        if !batch.is_empty() {
+            self.shared.ctrl_send(Msg::Grant {
+                transfer,
+                grants: std::mem::take(batch),
+            });
+        }
     }
 
     /// Handle the completions waiting in the CQ from this thread, unless
@@ -162,6 +231,12 @@ impl RdmaSession {
         // dispatcher thread while it writes.
         let sh = self.shared.clone();
         let mut attend = Some(sh.cq.attend());
+        let pre = self.pre.take();
+        // With blocks granted ahead, the source may use them before its
+        // Begin arrives: a BlockDone rides on a data stream, the Begin on
+        // the control connection, and nothing orders the two (RFC 5040
+        // §5.5 orders messages within one stream only). They wait here.
+        let mut early = std::collections::VecDeque::new();
         let (transfer, len, prerequest) = loop {
             match self.wait(&self.sink_rx, "the source to begin")? {
                 SinkEv::Begin {
@@ -170,60 +245,43 @@ impl RdmaSession {
                     prerequest,
                 } => break (transfer, len, prerequest),
                 SinkEv::Abort(r) => return Err(Error::PeerAborted(r)),
+                ev @ SinkEv::Block { .. } if pre.is_some() => early.push_back(ev),
                 ev => tracing::debug!(?ev, "stale event before Begin ignored"),
             }
         };
-        let start = Instant::now();
-        self.logger.begin(len);
-        let mut w = SinkWindow::new(depth, self.cfg.block_size, prerequest);
-        // The window inside the pool (crate::tune): never under today's
-        // fixed default (16 MiB, 2-4 blocks per stream), grown while it
-        // limits, shrunk when the rate falls.
-        let streams = self.cfg.streams.max(1);
-        let floor = (crate::tune::LAN_WINDOW / u64::from(self.cfg.block_size.max(1)))
-            .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
-        let mut tune = crate::tune::Autotune::new(depth, floor, self.cfg.block_size);
-        // A transfer that fits the pool is granted whole at once: the
-        // first round of grants covers it, no growing (issue 27 §3).
-        tune.start_at(crate::tune::first_window(
-            tune.window(),
-            depth,
-            self.cfg.block_size,
-            len,
-        ));
-        if self.cfg.autotune {
-            w.set_limit(tune.window());
-        }
-        let mut granted_at: Vec<Option<Instant>> = vec![None; depth as usize];
-        let mut batch: Vec<Grant> = Vec::new();
         let proto = |s: &Shared, m: String| {
             s.ctrl_send(Msg::Abort { reason: m.clone() });
             s.set_fail(Fail::Protocol(m));
             s.check().unwrap_err()
         };
+        self.received = transfer;
+        let start = Instant::now();
+        self.logger.begin(len);
+        let mut st = match pre {
+            Some(mut st) if st.transfer == transfer => {
+                // Granted ahead as if the Begin asked for the whole pool;
+                // its length may let the whole transfer be granted now.
+                st.start_at(depth, self.cfg.block_size, len, self.cfg.autotune);
+                st
+            }
+            Some(st) => {
+                return Err(proto(
+                    &self.shared,
+                    format!(
+                        "Begin of transfer {transfer}, but the sink granted blocks for transfer {} \
+                         (a source numbers its transfers 1, 2, ... in a session)",
+                        st.transfer
+                    ),
+                ))
+            }
+            None => SinkState::new(&self.cfg, transfer, len, prerequest),
+        };
+        let mut batch: Vec<Grant> = Vec::new();
         loop {
             // Grant what is free and wanted; send the batch when it is full
             // or when there is nothing else to do.
-            while let Some(b) = w.next_grant() {
-                // Registered again (a new STag) if it was read since its
-                // last grant.
-                let (rkey, addr) = self.sink_pool[b as usize]
-                    .grant(&self.pd)
-                    .map_err(|e| self.fail_local(e))?;
-                granted_at[b as usize] = Some(Instant::now());
-                batch.push(Grant {
-                    block: b,
-                    rkey,
-                    addr,
-                });
-                if batch.len() == MAX_GRANTS {
-                    self.shared.ctrl_send(Msg::Grant {
-                        transfer,
-                        grants: std::mem::take(&mut batch),
-                    });
-                }
-            }
-            if let Some(done) = w.finished() {
+            self.grant_wanted(&mut st, &mut batch)?;
+            if let Some(done) = st.w.finished() {
                 let (blocks, bytes) = done.map_err(|m| proto(&self.shared, m))?;
                 drop(attend.take());
                 sink.finish().map_err(|e| self.fail_local(e))?;
@@ -235,29 +293,27 @@ impl RdmaSession {
                 });
             }
             self.poll_completions();
-            let ev = match self.sink_rx.try_recv() {
-                Ok(ev) => ev,
-                Err(_) => {
-                    if !batch.is_empty() {
-                        self.shared.ctrl_send(Msg::Grant {
-                            transfer,
-                            grants: std::mem::take(&mut batch),
-                        });
+            let ev = match early.pop_front() {
+                Some(ev) => ev,
+                None => match self.sink_rx.try_recv() {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        self.send_grants(transfer, &mut batch);
+                        self.wait(&self.sink_rx, "the next block")?
                     }
-                    self.wait(&self.sink_rx, "the next block")?
-                }
+                },
             };
             match ev {
-                SinkEv::Request(n) => w.on_request(n),
+                SinkEv::Request(n) => st.w.on_request(n),
                 SinkEv::Block { seq, len, block } => {
-                    w.on_block_done(seq, len, block)
+                    st.w.on_block_done(seq, len, block)
                         .map_err(|m| proto(&self.shared, m))?;
                     // A grant to its BlockDone: a round trip plus one
                     // block's transmission (Autotune keeps the minimum).
-                    if let Some(t) = granted_at.get_mut(block as usize).and_then(Option::take) {
-                        tune.on_rtt(t.elapsed());
+                    if let Some(t) = st.granted_at.get_mut(block as usize).and_then(Option::take) {
+                        st.tune.on_rtt(t.elapsed());
                     }
-                    while let Some((b, l)) = w.next_ready() {
+                    while let Some((b, l)) = st.w.next_ready() {
                         // The source says (BlockDone, behind its Write on
                         // the same stream) that it is done with block `b`.
                         // A hostile one may go on writing: end its access
@@ -270,11 +326,11 @@ impl RdmaSession {
                         sink.write_block(data).map_err(|e| self.fail_local(e))?;
                         attend = Some(sh.cq.attend());
                         self.logger.add(u64::from(l));
-                        w.written(b, l);
-                        tune.on_delivered(u64::from(l));
+                        st.w.written(b, l);
+                        st.tune.on_delivered(u64::from(l));
                     }
                     if self.cfg.autotune {
-                        if let Some(c) = tune.tick(start.elapsed()) {
+                        if let Some(c) = st.tune.tick(start.elapsed()) {
                             tracing::info!(
                                 from = c.from,
                                 to = c.to,
@@ -282,16 +338,62 @@ impl RdmaSession {
                                 why = %c.why,
                                 "rdma-xfer: window (blocks in flight) changed"
                             );
-                            w.set_limit(c.to);
+                            st.w.set_limit(c.to);
                         }
                     }
                 }
-                SinkEv::End { blocks, bytes } => w.on_end(blocks, bytes),
+                SinkEv::End { blocks, bytes } => st.w.on_end(blocks, bytes),
                 SinkEv::Abort(r) => return Err(Error::PeerAborted(r)),
                 SinkEv::Begin { .. } => {
                     return Err(proto(&self.shared, "Begin during a transfer".into()))
                 }
             }
+        }
+    }
+}
+
+/// The sink's side of one transfer from its first grant on: the grant and
+/// reorder window, the autotuned limit, and when each block was granted.
+#[derive(Debug)]
+pub(super) struct SinkState {
+    pub(super) transfer: u64,
+    w: SinkWindow,
+    tune: crate::tune::Autotune,
+    granted_at: Vec<Option<Instant>>,
+}
+
+impl SinkState {
+    /// Transfer `transfer` of about `len` bytes, whose source asked for
+    /// `prerequest` grants.
+    fn new(cfg: &Config, transfer: u64, len: Option<u64>, prerequest: u32) -> SinkState {
+        let depth = cfg.pool_depth();
+        // The window inside the pool (crate::tune): never under today's
+        // fixed default (16 MiB, 2-4 blocks per stream), grown while it
+        // limits, shrunk when the rate falls.
+        let streams = cfg.streams.max(1);
+        let floor = (crate::tune::LAN_WINDOW / u64::from(cfg.block_size.max(1)))
+            .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
+        let mut st = SinkState {
+            transfer,
+            w: SinkWindow::new(depth, cfg.block_size, prerequest),
+            tune: crate::tune::Autotune::new(depth, floor, cfg.block_size),
+            granted_at: vec![None; depth as usize],
+        };
+        st.start_at(depth, cfg.block_size, len, cfg.autotune);
+        st
+    }
+
+    /// A transfer that fits the pool is granted whole at once: the first
+    /// round of grants covers it, no growing (issue 27 §3). Only grows.
+    fn start_at(&mut self, depth: u32, block: u32, len: Option<u64>, autotune: bool) {
+        self.tune.start_at(crate::tune::first_window(
+            self.tune.window(),
+            depth,
+            block,
+            len,
+        ));
+        if autotune {
+            self.w.set_limit(self.tune.window());
         }
     }
 }

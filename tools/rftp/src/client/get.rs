@@ -138,6 +138,13 @@ pub fn get_with(
                 )
             })?,
         };
+        // The sink's blocks go out as soon as the session is up, before
+        // the server's 150 and Begin: its first block then needs no grant
+        // round trip (issue 27; rdma-xfer's PREGRANT, where the server has
+        // it). Kept for the next receive if the server refuses this one.
+        if let Err(e) = x.prepare_recv(total.map(|t| t.saturating_sub(offset))) {
+            tracing::debug!(%e, "granting ahead failed; the receive will say why");
+        }
         if let Err(e) = rest(f).and_then(|_| f.expect(&format!("RRTR {remote}"), |c| c / 100 == 1))
         {
             drop(w);

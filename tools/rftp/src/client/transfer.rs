@@ -161,6 +161,11 @@ pub(super) fn mem_transfer(
     let via_s = via(&**x);
     f.expect("OPTS RDMA MEM ON", |c| c == 200)?;
     let res = if download {
+        // The sink's blocks go out now, so the server's first block needs
+        // no grant round trip after its Begin (issue 27).
+        if let Err(e) = x.prepare_recv(Some(len)) {
+            tracing::debug!(%e, "granting ahead failed; the receive will say why");
+        }
         f.expect(&format!("RRTR {len}"), |c| c / 100 == 1)
             .and_then(|_| x.recv(&mut NullSink::default()).map_err(err))
     } else {

@@ -198,6 +198,12 @@ impl Session {
                 }
             }
         };
+        // Grant the session's blocks with the 150: the client's first
+        // block then needs no round trip after its Begin (issue 27; a
+        // client without rdma-xfer's PREGRANT is granted after its Begin).
+        if let Some(Err(e)) = self.xfer.as_mut().map(|x| x.prepare_recv(None)) {
+            tracing::debug!(peer = %self.peer, %e, "granting ahead failed; the receive will say why");
+        }
         self.reply(&r(150, "Ready to receive over RDMA."))?;
         let res = self.xfer.as_mut().map(|x| match sink.as_mut() {
             Some(s) => x.recv(s),
@@ -307,9 +313,14 @@ impl Session {
         }
         .unwrap_or(0);
         self.reply(&r(150, format!("Sending {len} bytes over RDMA.")))?;
+        // The 226 goes as soon as this side's part is done, without the
+        // round trip for the client's Fin (issue 27): the client judges
+        // the transfer (it compares its checksum with HASH); the Fin is
+        // checked before the session's next transfer, which fails if it
+        // did not come or said otherwise.
         let res = self.xfer.as_mut().map(|x| match whole.as_mut() {
-            Some((_, _, h)) => x.send(h),
-            None => x.send(&mut src),
+            Some((_, _, h)) => x.send_unconfirmed(h),
+            None => x.send_unconfirmed(&mut src),
         });
         // The reader is done with its file: the pinned lookup may go.
         drop(src);
