@@ -15,9 +15,16 @@
 //!
 //! # Readiness: edge-triggered
 //!
-//! A socket is registered with `EPOLLET | EPOLLOUT | EPOLLRDHUP`, plus
-//! `EPOLLIN` unless its CQ is application-driven or the pool steps aside
-//! for a busy poller (see below). Edge-triggered, so a pool thread is not
+//! A socket is registered with `EPOLLET | EPOLLRDHUP`, plus `EPOLLIN`
+//! unless its CQ is application-driven or the pool steps aside for a busy
+//! poller (see below). `EPOLLOUT` joins the interest only when a write of
+//! the connection first finds the socket full (and stays): a new socket
+//! is writable, so registering it with `EPOLLOUT` raised an edge at once
+//! and woke a pool thread for nothing on every connection set-up (two
+//! context switches per connection, one per end; issue 29's set-up rate).
+//! Adding `EPOLLOUT` with `EPOLL_CTL_MOD` re-polls the socket (epoll(7)),
+//! so room made between the failed write and the `MOD` still raises the
+//! edge that resumes it. Edge-triggered, so a pool thread is not
 //! woken again and again for a socket another thread is reading; in
 //! exchange every edge must lead to a read until the socket is empty
 //! (`EAGAIN`, or a short read: with Linux TCP a `recv` that returns less
@@ -70,7 +77,7 @@
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -179,6 +186,10 @@ pub struct PoolStats {
     pub threads: usize,
     /// Connections registered with them.
     pub connections: usize,
+    /// Readiness events the pool threads have taken for connections so
+    /// far (each `epoll_wait` entry; the eventfd's excluded): with nothing
+    /// to read or write, an idle connection costs none.
+    pub events: u64,
 }
 
 /// The pool's current size; threads 0 if it has not started.
@@ -191,10 +202,16 @@ pub fn pool_stats() -> PoolStats {
                 .iter()
                 .map(|w| w.registered.load(Ordering::Relaxed))
                 .sum(),
+            events: p
+                .workers
+                .iter()
+                .map(|w| w.events.load(Ordering::Relaxed))
+                .sum(),
         },
         _ => PoolStats {
             threads: 0,
             connections: 0,
+            events: 0,
         },
     }
 }
@@ -244,7 +261,7 @@ pub(super) fn register(qp: &Arc<SoftQp>, conn: &Arc<Conn>) -> io::Result<()> {
         .min_by_key(|w| w.registered.load(Ordering::Relaxed))
         .ok_or_else(|| io::Error::other("progress pool has no threads"))?;
     let fd = conn.sock.as_raw_fd();
-    let ev = interest(conn);
+    let ev = interest(conn, false);
     if ev & libc::EPOLLIN as u32 == 0 {
         // Application-driven from the start: the pool leaves the socket
         // to the application (see `Worker::set_interest`).
@@ -270,9 +287,13 @@ pub(super) fn register(qp: &Arc<SoftQp>, conn: &Arc<Conn>) -> io::Result<()> {
     Ok(())
 }
 
-/// The epoll interest of a pooled socket now (see the module docs).
-fn interest(conn: &Conn) -> u32 {
-    let mut ev = (libc::EPOLLET | libc::EPOLLOUT | libc::EPOLLRDHUP) as u32;
+/// The epoll interest of a pooled socket now (see the module docs);
+/// `out`: a write of the connection has found the socket full before.
+fn interest(conn: &Conn, out: bool) -> u32 {
+    let mut ev = (libc::EPOLLET | libc::EPOLLRDHUP) as u32;
+    if out {
+        ev |= libc::EPOLLOUT as u32;
+    }
     if !conn.app_driven.load(Ordering::SeqCst) && !conn.aside.load(Ordering::SeqCst) {
         ev |= libc::EPOLLIN as u32;
     }
@@ -373,6 +394,8 @@ struct Worker {
     queue: Mutex<Vec<u64>>,
     slab: Mutex<Slab>,
     registered: AtomicUsize,
+    /// Connection readiness events taken (`PoolStats::events`).
+    events: AtomicU64,
 }
 
 impl Waker for Worker {
@@ -418,6 +441,7 @@ impl Worker {
             queue: Mutex::new(Vec::new()),
             slab: Mutex::new(Slab::default()),
             registered: AtomicUsize::new(0),
+            events: AtomicU64::new(0),
         })
     }
 
@@ -491,6 +515,7 @@ impl Worker {
                 }
                 continue;
             }
+            let mut conn_events = 0;
             for ev in &events[..n as usize] {
                 let (token, flags) = (ev.u64, ev.events);
                 if token == EFD_TOKEN {
@@ -499,7 +524,11 @@ impl Worker {
                     self.efd.clear();
                     continue;
                 }
+                conn_events += 1;
                 self.guarded(token, |w| w.on_event(token, flags, &mut local, &mut aside));
+            }
+            if conn_events > 0 {
+                self.events.fetch_add(conn_events, Ordering::Relaxed);
             }
             std::mem::swap(&mut work, &mut *lock(&self.queue));
             for token in work.drain(..) {
@@ -564,7 +593,8 @@ impl Worker {
     /// the QP's statistics (`rx_steps_aside`), as a receive thread parking
     /// for the application does.
     fn set_interest(&self, qp: &SoftQp, conn: &Conn, l: &mut Local) {
-        let ev = interest(conn);
+        let out = l.tx_blocked || l.interest & libc::EPOLLOUT as u32 != 0;
+        let ev = interest(conn, out);
         if ev != l.interest {
             let inn = libc::EPOLLIN as u32;
             if l.interest & inn != 0 && ev & inn == 0 {
@@ -577,6 +607,16 @@ impl Worker {
                     tracing::warn!(error = %e, peer = %conn.peer, "progress pool: epoll_ctl(MOD) failed")
                 }
             }
+        }
+    }
+
+    /// Transmit work for a connection from this thread; if the socket is
+    /// full, `EPOLLOUT` joins its interest (once: it stays), so the edge
+    /// of the room the peer makes resumes the write.
+    fn transmit(&self, qp: &SoftQp, conn: &Conn, l: &mut Local) {
+        l.tx_blocked |= tx_work(qp, conn);
+        if l.tx_blocked && l.interest & libc::EPOLLOUT as u32 == 0 {
+            self.set_interest(qp, conn, l);
         }
     }
 
@@ -604,7 +644,7 @@ impl Worker {
             }
         }
         if tx {
-            l.tx_blocked |= tx_work(&qp, &conn);
+            self.transmit(&qp, &conn, l);
         }
     }
 
@@ -642,7 +682,7 @@ impl Worker {
             tx |= rx_work(&qp, &conn).tx_due;
         }
         if tx {
-            l.tx_blocked |= tx_work(&qp, &conn);
+            self.transmit(&qp, &conn, l);
         }
         if conn.stop.load(Ordering::Acquire) {
             self.remove(token, conn.sock.as_raw_fd());
@@ -749,7 +789,7 @@ impl Worker {
             let due = conn.maybe_probe(&qp) | conn.maybe_nudge(&qp);
             if due {
                 let l = Self::local_mut(local, token, i0);
-                l.tx_blocked |= tx_work(&qp, &conn);
+                self.transmit(&qp, &conn, l);
             }
             if conn.nudges_left.load(Ordering::Relaxed) > 0 {
                 let t = now + conn.tx_sleep();

@@ -1,0 +1,56 @@
+//! What setting a connection up costs the progress pool (issue 29, the
+//! set-up rate): a new pooled connection must not wake a pool thread.
+//!
+//! A new socket is writable at once, so registering it with `EPOLLOUT`
+//! in its edge-triggered interest raised an event on every connection,
+//! at both ends: a pool thread woke up for nothing, two context switches
+//! per connection set-up. `EPOLLOUT` now joins the interest only when a
+//! write first finds the socket full.
+//!
+//! One test (the pool's counters are process-wide).
+
+mod common;
+
+use common::*;
+use iwarp::soft::{pool_stats, set_progress_engine, ProgressEngine};
+use iwarp::{WcStatus, WrOpcode};
+
+/// 16 pooled connections are set up, then each carries one 64-byte Send:
+/// the pool threads take one readiness event per Send (the receiver's
+/// `EPOLLIN`) and none for the set-up. Before the fix: one `EPOLLOUT`
+/// per end on top, 48 events for 16 connections.
+#[test]
+fn setting_up_a_pooled_connection_wakes_no_pool_thread() {
+    set_progress_engine(ProgressEngine::Pool);
+    const N: usize = 16;
+    let before = pool_stats().events;
+    let pairs: Vec<(Host, Host)> = (0..N).map(|_| pair()).collect();
+    // One message per pair: when its receive completes, its pool thread
+    // has run past every event queued at set-up (an EPOLLOUT edge would
+    // have been raised when the sockets joined the pool, before it).
+    for (i, (client, server)) in pairs.iter().enumerate() {
+        let src = client.mr(64);
+        let dst = server.mr(64);
+        src.write_at(0, &pattern(64, i as u8));
+        server.post_recv(1, &dst, 0, 64);
+        client
+            .qp
+            .post_send(&wr(2, WrOpcode::Send, &[src.sge(0, 64)]))
+            .unwrap();
+        let wc = server.recv_wc();
+        assert_eq!(wc.status, WcStatus::Success, "pair {i}: {wc:?}");
+        assert_eq!(client.send_wc().status, WcStatus::Success, "pair {i}");
+        let mut got = vec![0u8; 64];
+        dst.read_at(0, &mut got);
+        assert_eq!(got, pattern(64, i as u8), "pair {i}");
+    }
+    let stats = pool_stats();
+    assert_eq!(stats.connections, 2 * N, "every end is pooled");
+    let events = stats.events - before;
+    assert!(
+        events < 2 * N as u64,
+        "the pool threads took {events} readiness events for {N} connections that each \
+         carried one Send: set-up itself must raise none (a socket registered with EPOLLOUT \
+         raises one at once, per end)"
+    );
+}
