@@ -254,11 +254,14 @@ fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
     (rc == 0).then_some(info)
 }
 
-/// The MSS this end advertised (`tcpi_advmss` of `TCP_INFO`): the path
-/// MTU's MSS, where `TCP_MAXSEG` early in a connection may still be bounded
-/// by half the peer's initial window (32 KiB on loopback).
-pub(crate) fn tcp_advmss(fd: RawFd) -> Option<u32> {
-    tcp_info(fd).map(|i| i.tcpi_advmss).filter(|&mss| mss > 0)
+/// The send MSS and the MSS this end advertised (`tcpi_snd_mss`, the
+/// value `TCP_MAXSEG` reads on a connected socket, and `tcpi_advmss` of
+/// `TCP_INFO`: the path MTU's MSS, where the send MSS early in a
+/// connection may still be bounded by half the peer's initial window, 32
+/// KiB on loopback), from one `getsockopt`; `None` if the kernel does not
+/// say.
+pub(crate) fn tcp_mss_pair(fd: RawFd) -> Option<(u32, u32)> {
+    tcp_info(fd).map(|i| (i.tcpi_snd_mss, i.tcpi_advmss))
 }
 
 /// The smoothed round-trip time of the connection and the receiver's own

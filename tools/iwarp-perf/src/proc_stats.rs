@@ -7,19 +7,33 @@ use std::time::Duration;
 /// `getrusage(RUSAGE_SELF)`: all threads, live and finished, the
 /// provider's included.
 pub fn cpu_seconds() -> f64 {
+    let Some(ru) = rusage() else {
+        return 0.0;
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Context switches of this process so far, voluntary (a thread blocked:
+/// a wait for the network or another thread) plus involuntary (preempted),
+/// from `getrusage(RUSAGE_SELF)`: each is a thread put to sleep and woken,
+/// the unit a connection set-up pays for every hand-off between threads.
+pub fn context_switches() -> u64 {
+    rusage().map_or(0, |ru| (ru.ru_nvcsw + ru.ru_nivcsw) as u64)
+}
+
+fn rusage() -> Option<libc::rusage> {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a whole `struct rusage` to the pointer,
     // which points to one we own; RUSAGE_SELF is always valid, so the call
     // cannot fail (we still check its result).
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
     if rc != 0 {
-        return 0.0;
+        return None;
     }
     // SAFETY: getrusage returned 0, so it filled the struct (and zeroed
     // memory is a valid rusage anyway).
-    let ru = unsafe { ru.assume_init() };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    Some(unsafe { ru.assume_init() })
 }
 
 /// Threads of this process now (`Threads:` in `/proc/self/status`), 0 if

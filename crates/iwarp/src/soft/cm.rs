@@ -34,7 +34,7 @@
 //! (`net.ipv4.tcp_congestion_control`).
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -53,7 +53,7 @@ pub use crate::cm_types::{
 };
 use crate::cm_types::{hex, DURING_TCP};
 
-use super::{Conn, SoftDevice, SoftQp, RTR_WR_ID};
+use super::{Conn, SockState, SoftDevice, SoftQp, RTR_WR_ID};
 use crate::device_ops::{DeviceCm, ListenerOps, RequestOps};
 use crate::provider::{ConnInfo, QpCm, QpEvent};
 use crate::qp::QueuePair;
@@ -166,7 +166,12 @@ impl QpCm for SoftQp {
     }
 }
 
-/// A deadline-bounded MPA frame exchange on a blocking socket.
+/// A deadline-bounded MPA frame exchange. Every read and write is
+/// non-blocking (`MSG_DONTWAIT`) and waits, when it must, in `poll(2)`
+/// with what is left of the deadline, so the socket may be in either mode
+/// and no socket timeout is ever set: arming `SO_RCVTIMEO`/`SO_SNDTIMEO`
+/// before each call, and clearing both before the data path, cost six
+/// `setsockopt`s per end of every connection (issue 29, set-up rate).
 struct Exchange<'a> {
     sock: &'a Socket,
     addr: SocketAddr,
@@ -191,6 +196,13 @@ impl Exchange<'_> {
         }
     }
 
+    fn closed(&self, during: &'static str) -> CmError {
+        CmError::Closed {
+            addr: self.addr,
+            during,
+        }
+    }
+
     fn io_err(&self, e: io::Error, during: &'static str) -> CmError {
         if is_timeout(&e) {
             self.timeout(during)
@@ -200,56 +212,64 @@ impl Exchange<'_> {
                 | io::ErrorKind::ConnectionReset
                 | io::ErrorKind::BrokenPipe
         ) {
-            CmError::Closed {
-                addr: self.addr,
-                during,
-            }
+            self.closed(during)
         } else {
             CmError::Io { during, source: e }
         }
     }
 
+    /// Wait until the socket is ready for `events` or the deadline passes.
+    fn wait(&self, events: i16, during: &'static str) -> Result<(), CmError> {
+        let left = self.left(during)?;
+        // poll(2) counts whole milliseconds: round up, or the last
+        // fraction of a millisecond would spin.
+        let left = left + Duration::from_micros(999);
+        crate::sys::poll_one(self.sock.as_raw_fd(), events, left)
+            .map(drop)
+            .map_err(|e| CmError::Io { during, source: e })
+    }
+
     fn send(&self, frame: &[u8], during: &'static str) -> Result<(), CmError> {
-        let mut sock = self.sock;
+        let fd = self.sock.as_raw_fd();
         let mut rest = frame;
         while !rest.is_empty() {
-            let left = self.left(during)?;
-            self.sock
-                .set_write_timeout(Some(left))
-                .map_err(|e| CmError::Io { during, source: e })?;
-            match sock.write(rest) {
-                Ok(0) => {
-                    return Err(CmError::Closed {
-                        addr: self.addr,
-                        during,
-                    })
-                }
+            match crate::sys::send_nonblocking(fd, rest, 0) {
+                Ok(0) => return Err(self.closed(during)),
                 Ok(n) => rest = &rest[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.wait(libc::POLLOUT, during)?
+                }
                 Err(e) => return Err(self.io_err(e, during)),
             }
         }
         Ok(())
     }
 
-    fn read_exact(&self, buf: &mut [u8], during: &'static str) -> Result<(), CmError> {
-        let mut sock = self.sock;
+    /// Read exactly `buf.len()` bytes. `poll_first`: the peer has not
+    /// answered yet for certain (our request just left), so wait before
+    /// the first read instead of paying for one that finds nothing.
+    fn read_exact(
+        &self,
+        buf: &mut [u8],
+        mut poll_first: bool,
+        during: &'static str,
+    ) -> Result<(), CmError> {
+        let fd = self.sock.as_raw_fd();
         let mut got = 0;
         while got < buf.len() {
-            let left = self.left(during)?;
-            self.sock
-                .set_read_timeout(Some(left))
-                .map_err(|e| CmError::Io { during, source: e })?;
-            match sock.read(&mut buf[got..]) {
-                Ok(0) => {
-                    return Err(CmError::Closed {
-                        addr: self.addr,
-                        during,
-                    })
-                }
+            if std::mem::take(&mut poll_first) {
+                self.wait(libc::POLLIN, during)?;
+            }
+            match crate::sys::recv_nonblocking(fd, &mut buf[got..]) {
+                Ok(0) => return Err(self.closed(during)),
                 Ok(n) => got += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => poll_first = true,
                 Err(e) => return Err(self.io_err(e, during)),
+            }
+            // Checked after every read, so a peer that trickles bytes
+            // cannot stretch the exchange past its deadline.
+            if got < buf.len() {
+                self.left(during)?;
             }
         }
         Ok(())
@@ -257,16 +277,16 @@ impl Exchange<'_> {
 
     /// Read one MPA Request/Reply: the fixed header, then exactly the rest
     /// of the frame (never past it: FPDUs may follow).
-    fn read_frame(&self, during: &'static str) -> Result<Vec<u8>, CmError> {
+    fn read_frame(&self, poll_first: bool, during: &'static str) -> Result<Vec<u8>, CmError> {
         let mut frame = vec![0u8; MPA_HDR_LEN];
-        self.read_exact(&mut frame, during)?;
+        self.read_exact(&mut frame, poll_first, during)?;
         let total = handshake::frame_len(&frame).map_err(|error| CmError::Mpa {
             addr: self.addr,
             error,
         })?;
         if total > MPA_HDR_LEN {
             frame.resize(total, 0);
-            self.read_exact(&mut frame[MPA_HDR_LEN..], during)?;
+            self.read_exact(&mut frame[MPA_HDR_LEN..], false, during)?;
         }
         Ok(frame)
     }
@@ -300,22 +320,29 @@ fn unclaim(qp: &SoftQp) {
 
 /// Establish the engine with the negotiated parameters, post the RTR
 /// message if we are the initiator in peer-to-peer mode, and start the
-/// driver.
+/// driver. `known` is what the connection manager already knows about
+/// the socket (see [`SockState`]), so the driver does not ask again.
 fn go_live(
     qp: &Arc<SoftQp>,
     sock: Socket,
+    known: SockState,
     neg: &Negotiated,
     initiator: bool,
     param: &ConnParam,
 ) -> Result<(), CmError> {
     let shared: &Arc<SoftQp> = qp;
-    super::tune_socket(&sock);
+    if !known.tuned {
+        super::tune_socket(&sock);
+    }
     // FPDUs are sized from the MSS (RFC 5044 §5.1), in whole segments up to
     // 64 KiB as siw does (see `mulpdu_for_path`). Early in a connection
-    // TCP_MAXSEG can be bounded by half the peer's initial window; the
-    // advertised MSS reflects the path MTU.
-    let maxseg = sock.tcp_mss().unwrap_or(1460);
-    let mss = crate::sys::tcp_advmss(sock.as_raw_fd()).map_or(maxseg, |adv| adv.max(maxseg));
+    // the send MSS (TCP_MAXSEG, `tcpi_snd_mss`) can be bounded by half the
+    // peer's initial window; the advertised MSS reflects the path MTU.
+    // One TCP_INFO gives both.
+    let mss = match crate::sys::tcp_mss_pair(sock.as_raw_fd()) {
+        Some((snd, adv)) if snd > 0 => snd.max(adv),
+        _ => sock.tcp_mss().unwrap_or(1460),
+    };
     let mulpdu = super::mulpdu_for_path(mss, neg.markers_tx);
     let info = ConnInfo { mpa: *neg, mulpdu };
     {
@@ -374,7 +401,7 @@ fn go_live(
         fpdu_per_segment: neg.markers_tx,
         ..liveness(param)
     };
-    let conn = Conn::start(shared, sock, &live).map_err(CmError::Driver)?;
+    let conn = Conn::start(shared, sock, &live, known).map_err(CmError::Driver)?;
     let _ = shared.conn.set(conn.clone());
     shared.push_event(QpEvent::Established);
     tracing::info!(
@@ -411,28 +438,33 @@ fn connect_inner(
     let deadline = start + param.timeout;
     let request = handshake::request(&param.mpa, &param.private_data)
         .map_err(|error| CmError::Mpa { addr, error })?;
-    let sock =
-        Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP)).map_err(|e| {
-            CmError::Io {
-                during: "creating the socket",
-                source: e,
-            }
-        })?;
-    sock.set_cloexec(true).map_err(|e| CmError::Io {
-        during: "creating the socket",
-        source: e,
+    // Non-blocking from its creation when the connect is bounded by our
+    // timeout (one `socket` call instead of four `fcntl`s around the
+    // connect); socket2 sets close-on-exec atomically (SOCK_CLOEXEC).
+    let within = param.tcp_connect == TcpConnect::WithinTimeout;
+    let ty = if within {
+        Type::STREAM.nonblocking()
+    } else {
+        Type::STREAM
+    };
+    let sock = Socket::new(Domain::for_address(addr), ty, Some(Protocol::TCP)).map_err(|e| {
+        CmError::Io {
+            during: "creating the socket",
+            source: e,
+        }
     })?;
     if let Some(cc) = &param.congestion {
         // Before connect, so the connection starts (and its first window
         // grows) under the chosen algorithm.
         apply_congestion(&sock, cc)?;
     }
-    let tcp = match param.tcp_connect {
-        TcpConnect::WithinTimeout => sock.connect_timeout(&SockAddr::from(addr), param.timeout),
+    let tcp = if within {
+        connect_nonblocking(&sock, addr, deadline)
+    } else {
         // A blocking connect(2): the kernel retransmits the SYN on its own
         // schedule (RFC 6298 §5.7's 1 s initial RTO, doubling) up to
         // `tcp_syn_retries`, and gives its own errno.
-        TcpConnect::Kernel => sock.connect(&SockAddr::from(addr)),
+        sock.connect(&SockAddr::from(addr))
     };
     match tcp {
         Ok(()) => {}
@@ -448,15 +480,15 @@ fn connect_inner(
         }
         Err(e) => return Err(CmError::Connect { addr, source: e }),
     }
-    let _ = sock.set_tcp_nodelay(true);
+    set_nodelay(&sock);
     let x = Exchange {
         sock: &sock,
         addr,
         start,
-        deadline: mpa_deadline(param, deadline, &sock),
+        deadline: mpa_deadline(param, deadline, start, &sock),
     };
     x.send(&request, "sending the MPA Request")?;
-    let reply = x.read_frame("waiting for the MPA Reply")?;
+    let reply = x.read_frame(true, "waiting for the MPA Reply")?;
     let (neg, peer_pd) = match handshake::parse_reply(&param.mpa, &reply) {
         Ok(x) => x,
         Err(HandshakeError::Rejected { private_data }) => {
@@ -468,19 +500,69 @@ fn connect_inner(
             return Err(CmError::Mpa { addr, error });
         }
     };
-    go_live(qp, sock, &neg, true, param)?;
+    let known = SockState {
+        local: None,
+        peer: addr,
+        nonblocking: within,
+        tuned: false,
+    };
+    go_live(qp, sock, known, &neg, true, param)?;
     Ok(peer_pd)
+}
+
+/// `connect(2)` on a non-blocking socket, waiting for the handshake in
+/// `poll(2)` until `deadline` (what socket2's `connect_timeout` does,
+/// without switching the socket's mode twice).
+fn connect_nonblocking(sock: &Socket, addr: SocketAddr, deadline: Instant) -> io::Result<()> {
+    match sock.connect(&SockAddr::from(addr)) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        let ev = crate::sys::poll_one(
+            sock.as_raw_fd(),
+            libc::POLLOUT,
+            left + Duration::from_micros(999),
+        )?;
+        if ev == 0 {
+            continue;
+        }
+        // connect(2), EINPROGRESS: the outcome is SO_ERROR once writable.
+        return match sock.take_error()? {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
+    }
+}
+
+/// `TCP_NODELAY` for the MPA exchange and the data path.
+fn set_nodelay(sock: &Socket) {
+    if let Err(e) = sock.set_tcp_nodelay(true) {
+        tracing::warn!(error = %e, "TCP_NODELAY failed; small messages will see Nagle delays");
+    }
 }
 
 /// When the MPA exchange of a connect must be over: `deadline` (the
 /// whole connect's, or under [`TcpConnect::Kernel`] `timeout` from now),
 /// but never sooner than [`MPA_WAIT_RTTS`] handshake round trips from now.
-fn mpa_deadline(param: &ConnParam, deadline: Instant, sock: &Socket) -> Instant {
+/// `start` is when the connect began: the handshake's RTT sample (SYN to
+/// SYN-ACK, `tcpi_rtt` right after it, RFC 6298 §2.2) cannot exceed the
+/// time since, so when `deadline` is later than that many of those, it
+/// stands without asking the kernel (`TCP_INFO`).
+fn mpa_deadline(param: &ConnParam, deadline: Instant, start: Instant, sock: &Socket) -> Instant {
     let now = Instant::now();
     let base = match param.tcp_connect {
         TcpConnect::WithinTimeout => deadline,
         TcpConnect::Kernel => now + param.timeout,
     };
+    if base >= now + now.saturating_duration_since(start) * MPA_WAIT_RTTS {
+        return base;
+    }
     let rtt = crate::sys::tcp_rtts(sock.as_raw_fd()).map_or(0, |r| r.0);
     base.max(now + Duration::from_micros(u64::from(rtt)) * MPA_WAIT_RTTS)
 }
@@ -490,6 +572,9 @@ pub struct Listener {
     sock: Socket,
     local: SocketAddr,
     mpa: MpaConfig,
+    /// The listening socket carries the data path's options (TCP_NODELAY,
+    /// keepalive), which every accepted socket inherits.
+    tuned: bool,
 }
 
 impl fmt::Debug for Listener {
@@ -506,9 +591,9 @@ impl Listener {
     /// the policy every incoming request is negotiated against.
     pub fn bind(addr: SocketAddr, mpa: MpaConfig) -> Result<Listener, CmError> {
         let bind_err = |e| CmError::Bind { addr, source: e };
+        // socket2 sets close-on-exec atomically (SOCK_CLOEXEC).
         let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
             .map_err(bind_err)?;
-        sock.set_cloexec(true).map_err(bind_err)?;
         sock.set_reuse_address(true).map_err(bind_err)?;
         if addr.is_ipv6() {
             sock.set_only_v6(true).map_err(bind_err)?;
@@ -526,8 +611,19 @@ impl Listener {
             .ok()
             .and_then(|a| a.as_socket())
             .ok_or_else(|| bind_err(io::Error::other("listening socket has no IP address")))?;
+        // The data path's options once here rather than five `setsockopt`s
+        // on every accepted connection: Linux copies a listener's socket
+        // options (TCP_NODELAY, SO_KEEPALIVE and the keepalive times) into
+        // each connection it accepts (`sk_clone_lock`).
+        set_nodelay(&sock);
+        super::tune_socket(&sock);
         tracing::debug!(%local, "listening");
-        Ok(Listener { sock, local, mpa })
+        Ok(Listener {
+            sock,
+            local,
+            mpa,
+            tuned: true,
+        })
     }
 
     /// The address the listener is bound to.
@@ -598,7 +694,15 @@ impl Listener {
             source: io::Error::other("peer has no IP address"),
         })?;
         let deadline = deadline.unwrap_or_else(|| Instant::now() + REQUEST_TIMEOUT);
-        read_request(sock, peer, &self.mpa, deadline)
+        let known = SockState {
+            local: (!self.local.ip().is_unspecified()).then_some(self.local),
+            peer,
+            // accept(2) on Linux: the new socket does not inherit
+            // O_NONBLOCK; it has our listener's other options.
+            nonblocking: false,
+            tuned: self.tuned,
+        };
+        read_request(sock, known, &self.mpa, deadline)
     }
 }
 
@@ -631,24 +735,37 @@ pub fn request_from_stream(
         during: "making the socket blocking",
         source: e,
     })?;
-    read_request(sock, peer, mpa, Instant::now() + timeout)
+    // A stream accepted elsewhere may carry socket timeouts; the data
+    // path's threads wait without them.
+    let _ = sock.set_read_timeout(None);
+    let _ = sock.set_write_timeout(None);
+    let _ = sock.set_cloexec(true);
+    let known = SockState {
+        local: None,
+        peer,
+        nonblocking: false,
+        tuned: false,
+    };
+    read_request(sock, known, mpa, Instant::now() + timeout)
 }
 
 fn read_request(
     sock: Socket,
-    peer: SocketAddr,
+    known: SockState,
     mpa: &MpaConfig,
     deadline: Instant,
 ) -> Result<ConnRequest, CmError> {
-    let _ = sock.set_cloexec(true);
-    let _ = sock.set_tcp_nodelay(true);
+    let peer = known.peer;
+    if !known.tuned {
+        set_nodelay(&sock);
+    }
     let x = Exchange {
         sock: &sock,
         addr: peer,
         start: Instant::now(),
         deadline,
     };
-    let frame = x.read_frame("waiting for the MPA Request")?;
+    let frame = x.read_frame(false, "waiting for the MPA Request")?;
     let req = match handshake::parse_request(&frame) {
         Ok(r) => r,
         Err(error) => {
@@ -672,7 +789,7 @@ fn read_request(
     };
     Ok(ConnRequest {
         sock,
-        peer,
+        known,
         req,
         neg,
         mpa: mpa.clone(),
@@ -683,7 +800,7 @@ fn read_request(
 /// already validated against the listener's MPA policy.
 pub struct ConnRequest {
     sock: Socket,
-    peer: SocketAddr,
+    known: SockState,
     req: Request,
     neg: Negotiated,
     mpa: MpaConfig,
@@ -692,7 +809,7 @@ pub struct ConnRequest {
 impl fmt::Debug for ConnRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ConnRequest")
-            .field("peer", &self.peer)
+            .field("peer", &self.known.peer)
             .field("private_data", &hex(&self.req.private_data))
             .field("crc", &self.neg.crc)
             .field("markers", &self.markers())
@@ -705,7 +822,7 @@ impl fmt::Debug for ConnRequest {
 impl ConnRequest {
     /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
-        self.peer
+        self.known.peer
     }
     /// The private data of the MPA Request.
     pub fn private_data(&self) -> &[u8] {
@@ -767,7 +884,7 @@ impl ConnRequest {
         let start = Instant::now();
         let x = Exchange {
             sock: &self.sock,
-            addr: self.peer,
+            addr: self.known.peer,
             start,
             deadline: start + timeout,
         };
@@ -776,7 +893,7 @@ impl ConnRequest {
     }
 
     fn accept_inner(self, qp: &Arc<SoftQp>, param: &ConnParam) -> Result<(), CmError> {
-        let addr = self.peer;
+        let addr = self.known.peer;
         if let Some(cc) = &param.congestion {
             if let Err(e) = apply_congestion(&self.sock, cc) {
                 tracing::warn!(peer = %addr, error = %e, "rejecting the connection");
@@ -797,13 +914,13 @@ impl ConnRequest {
             deadline: start + param.timeout,
         };
         x.send(&reply, "sending the MPA Reply")?;
-        go_live(qp, self.sock, &neg, false, param)
+        go_live(qp, self.sock, self.known, &neg, false, param)
     }
 
     /// Reject the request (`rdma_reject`): send an MPA Reject carrying
     /// `private_data` (at most 512 bytes) and close the connection.
     pub fn reject(self, private_data: &[u8]) -> Result<(), CmError> {
-        let addr = self.peer;
+        let addr = self.known.peer;
         if private_data.len() > 512 {
             return Err(CmError::Mpa {
                 addr,

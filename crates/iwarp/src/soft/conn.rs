@@ -170,6 +170,22 @@ impl std::fmt::Debug for Conn {
     }
 }
 
+/// What the connection manager knows about a handshaken socket when it
+/// hands it to the driver (`Conn::start`), so that nobody asks the
+/// kernel twice.
+pub(crate) struct SockState {
+    /// Our address, if known without `getsockname` (the listener's, when
+    /// it is bound to a specific address).
+    pub(crate) local: Option<SocketAddr>,
+    /// The peer's address.
+    pub(crate) peer: SocketAddr,
+    /// The socket is in non-blocking mode (`O_NONBLOCK`).
+    pub(crate) nonblocking: bool,
+    /// `TCP_NODELAY` and keepalive are in force (set on our listener,
+    /// which the accepted socket inherits).
+    pub(crate) tuned: bool,
+}
+
 /// The connection's liveness settings, from
 /// [`ConnParam`](crate::cm::ConnParam).
 #[derive(Clone, Copy, Debug)]
@@ -637,7 +653,8 @@ pub(super) struct IovBuf(pub(super) Vec<libc::iovec>);
 // thread; only the capacity moves between threads.
 unsafe impl Send for IovBuf {}
 
-/// Size of the receive thread's buffer (room for any partial FPDU).
+/// Size of the receive buffer (room for any partial FPDU), allocated at a
+/// connection's first receive pass.
 pub const RX_BUF: usize = 256 * 1024;
 
 /// The receive side of a connection: the buffer of bytes read but not yet
@@ -668,9 +685,19 @@ pub(crate) struct RxState {
 }
 
 impl RxState {
+    /// The buffer, allocated ([`RX_BUF`] bytes) on first use.
+    pub(super) fn ready(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = vec![0u8; RX_BUF];
+        }
+    }
+
     pub(crate) fn new() -> RxState {
         RxState {
-            buf: vec![0u8; RX_BUF],
+            // Allocated by the first receive pass (`RxState::ready`): a
+            // connection that is set up and never receives costs no
+            // 256 KiB mapping (an mmap and a munmap per connection).
+            buf: Vec::new(),
             start: 0,
             end: 0,
             bulk: false,

@@ -60,23 +60,20 @@ pub fn mulpdu_for_path(mss: u32, markers: bool) -> u32 {
     mulpdu_for_mss(k * mss, false)
 }
 
-/// Apply the data-path socket options. Errors are logged, not fatal: they
-/// only cost performance.
+/// Apply the data-path socket options beyond `TCP_NODELAY` (which the
+/// connection manager sets before the MPA exchange): keepalive. Errors
+/// are logged, not fatal: they only cost performance. On a listening
+/// socket, every accepted connection inherits them.
 pub(crate) fn tune_socket(sock: &Socket) {
-    if let Err(e) = sock.set_tcp_nodelay(true) {
-        tracing::warn!(error = %e, "TCP_NODELAY failed; small messages will see Nagle delays");
-    }
     // Keepalive notices a peer that vanished without FIN/RST (power loss,
     // cable pulled) within about 45 s. SO_SNDBUF/SO_RCVBUF are left to
     // Linux autotuning, which sizes them better than a fixed value.
+    // `set_tcp_keepalive` turns SO_KEEPALIVE on itself.
     let ka = TcpKeepalive::new()
         .with_time(Duration::from_secs(30))
         .with_interval(Duration::from_secs(5))
         .with_retries(3);
-    if let Err(e) = sock
-        .set_tcp_keepalive(&ka)
-        .and_then(|_| sock.set_keepalive(true))
-    {
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::warn!(error = %e, "TCP keepalive setup failed");
     }
 }

@@ -151,7 +151,7 @@ use crate::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
 use crate::qp::{QpInitAttr, QueuePair};
 
 pub use conn::RX_BUF;
-pub(crate) use conn::{Conn, Liveness};
+pub(crate) use conn::{Conn, Liveness, SockState};
 pub(crate) use link::tune_socket;
 pub use link::{mulpdu_for_mss, mulpdu_for_path, MULPDU_CAP};
 pub use pool::{
@@ -210,6 +210,9 @@ pub(crate) struct SoftQp {
     pub(crate) recv_cq: CompletionQueue,
     events: Mutex<VecDeque<QpEvent>>,
     events_cond: Condvar,
+    /// Threads waiting on `events_cond` (changed and read with `events`
+    /// locked), so that an event nobody waits for costs no futex call.
+    event_waiters: AtomicU32,
     disconnected: AtomicBool,
     rtr_outstanding: AtomicBool,
     pub(crate) conn: OnceLock<Arc<Conn>>,
@@ -325,6 +328,7 @@ fn create_qp(
         recv_cq,
         events: Mutex::new(VecDeque::new()),
         events_cond: Condvar::new(),
+        event_waiters: AtomicU32::new(0),
         disconnected: AtomicBool::new(false),
         rtr_outstanding: AtomicBool::new(false),
         conn: OnceLock::new(),
@@ -395,11 +399,15 @@ impl SoftQp {
             return;
         }
         tracing::debug!(qpn = self.qpn, event = ?ev, "QP event");
-        self.events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(ev);
-        self.events_cond.notify_all();
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(ev);
+        // Read under the lock: a waiter counts itself in under it before
+        // it waits, so it is either counted here or finds the event.
+        let waiters = self.event_waiters.load(Ordering::Relaxed);
+        drop(q);
+        if waiters > 0 {
+            self.events_cond.notify_all();
+        }
     }
 
     pub(crate) fn push_engine_event(&self, ev: EngineEvent) {
@@ -563,11 +571,13 @@ impl QpOps for SoftQp {
             if left.is_zero() {
                 return None;
             }
+            self.event_waiters.fetch_add(1, Ordering::Relaxed);
             q = self
                 .events_cond
                 .wait_timeout(q, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            self.event_waiters.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

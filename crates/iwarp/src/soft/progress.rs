@@ -428,20 +428,28 @@ impl Drop for LiveGuard<'_> {
 
 impl Conn {
     /// Start the driver threads for `qp` on the connected, handshaken
-    /// socket. The engine must already be established.
+    /// socket (no socket timeouts set: the connection manager waits in
+    /// `poll`). The engine must already be established. `known` is what
+    /// the connection manager already knows about the socket, so it is
+    /// not asked again (issue 29: every system call here is paid by every
+    /// connection's set-up).
     ///
     /// With [`ProgressEngine::Pool`](super::pool::ProgressEngine) (see
     /// `pool.rs`) no thread is started: the socket becomes non-blocking
     /// and joins a pool thread's epoll set.
-    pub(crate) fn start(qp: &Arc<SoftQp>, sock: Socket, live: &Liveness) -> io::Result<Arc<Conn>> {
+    pub(crate) fn start(
+        qp: &Arc<SoftQp>,
+        sock: Socket,
+        live: &Liveness,
+        known: SockState,
+    ) -> io::Result<Arc<Conn>> {
         let pooled = super::pool::progress_engine() == super::pool::ProgressEngine::Pool;
         let peer_timeout = live.peer_timeout;
-        sock.set_read_timeout(None)?;
-        sock.set_write_timeout(None)?;
-        if pooled {
-            // Every read and write already passes MSG_DONTWAIT; this makes
-            // any other call on the socket non-blocking too.
-            sock.set_nonblocking(true)?;
+        if pooled != known.nonblocking {
+            // Pooled: every read and write already passes MSG_DONTWAIT;
+            // this makes any other call on the socket non-blocking too.
+            // Threads: the receive thread blocks in `recv`.
+            sock.set_nonblocking(pooled)?;
         }
         if !peer_timeout.is_zero() {
             // Data the peer does not acknowledge (or a window it keeps
@@ -451,14 +459,14 @@ impl Conn {
                 tracing::warn!(error = %e, "TCP_USER_TIMEOUT failed; a peer that stops acknowledging is noticed only by TCP's own retransmission limit");
             }
         }
-        let local = sock
-            .local_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::other("not an IP socket"))?;
-        let peer = sock
-            .peer_addr()?
-            .as_socket()
-            .ok_or_else(|| io::Error::other("not an IP socket"))?;
+        let local = match known.local {
+            Some(a) => a,
+            None => sock
+                .local_addr()?
+                .as_socket()
+                .ok_or_else(|| io::Error::other("not an IP socket"))?,
+        };
+        let peer = known.peer;
         let conn = Arc::new(Conn {
             sock,
             local,

@@ -74,6 +74,7 @@ pub(super) fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8], block: bool) -> i
 /// when the engine hints tagged payload, otherwise into the buffer).
 pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     let fd = conn.sock.as_raw_fd();
+    rx.ready();
     if rx.start < rx.end {
         let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
         rx.tx_due |= tx;

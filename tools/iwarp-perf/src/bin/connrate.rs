@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use iwarp::cm::{self, ConnParam, Listener};
 use iwarp::{Context, QpInitAttr, QueuePair};
-use iwarp_perf::proc_stats::{cpu_seconds, ThreadPeak};
+use iwarp_perf::proc_stats::{context_switches, cpu_seconds, ThreadPeak};
 use iwarp_proto::handshake::MpaConfig;
 
 const ABOUT: &str = "\
@@ -55,6 +55,18 @@ struct Cli {
     /// One JSON object per transport (the medians) instead of the table.
     #[arg(long)]
     json: bool,
+    /// Run only these transports (comma-separated: iwarp, tcp,
+    /// tcp+exchange), e.g. `--transport iwarp` under perf or strace; the
+    /// ratios need the baselines.
+    #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "iwarp,tcp,tcp+exchange", value_parser = parse_transport)]
+    transport: Vec<Transport>,
+}
+
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    [Transport::Iwarp, Transport::Tcp, Transport::TcpExchange]
+        .into_iter()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("unknown transport `{s}`: use iwarp, tcp or tcp+exchange"))
 }
 
 /// One run of one transport.
@@ -63,6 +75,8 @@ struct Run {
     wall: f64,
     cpu: f64,
     threads: u64,
+    /// Context switches of the process in the run (both ends).
+    switches: u64,
     /// Client-side connect time (median, 99th percentile), microseconds.
     p50_us: f64,
     p99_us: f64,
@@ -112,6 +126,7 @@ fn main() -> ExitCode {
     let mut runs: Vec<(Transport, Vec<Run>)> =
         [Transport::Iwarp, Transport::Tcp, Transport::TcpExchange]
             .into_iter()
+            .filter(|t| cli.transport.contains(t))
             .map(|t| (t, Vec::new()))
             .collect();
     for _ in 0..cli.pairs {
@@ -133,13 +148,13 @@ fn main() -> ExitCode {
     let rate = |t: Transport| {
         med.iter()
             .find(|(x, _)| *x == t)
-            .map_or(0.0, |(_, r)| r.rate(cli.count))
+            .map_or(f64::NAN, |(_, r)| r.rate(cli.count))
     };
     let engine = std::env::var("IWARP_PROGRESS").unwrap_or_else(|_| "threads".into());
     if cli.json {
         for (t, r) in &med {
             println!(
-                "{{\"transport\":\"{}\",\"engine\":\"{}\",\"count\":{},\"concurrency\":{},\"pairs\":{},\"wall_s\":{:.4},\"conn_per_s\":{:.1},\"connect_p50_us\":{:.1},\"connect_p99_us\":{:.1},\"cpu_s\":{:.4},\"threads_peak\":{},\"ratio_to_tcp\":{:.3},\"ratio_to_tcp_exchange\":{:.3}}}",
+                "{{\"transport\":\"{}\",\"engine\":\"{}\",\"count\":{},\"concurrency\":{},\"pairs\":{},\"wall_s\":{:.4},\"conn_per_s\":{:.1},\"connect_p50_us\":{:.1},\"connect_p99_us\":{:.1},\"cpu_s\":{:.4},\"switches_per_conn\":{:.2},\"threads_peak\":{},\"ratio_to_tcp\":{:.3},\"ratio_to_tcp_exchange\":{:.3}}}",
                 t.name(),
                 engine,
                 cli.count,
@@ -150,6 +165,7 @@ fn main() -> ExitCode {
                 r.p50_us,
                 r.p99_us,
                 r.cpu,
+                r.switches as f64 / f64::from(cli.count),
                 r.threads,
                 r.rate(cli.count) / rate(Transport::Tcp),
                 r.rate(cli.count) / rate(Transport::TcpExchange),
@@ -162,17 +178,25 @@ fn main() -> ExitCode {
         cli.count, cli.concurrency, cli.pairs
     );
     println!(
-        "{:<14} {:>10} {:>12} {:>12} {:>8} {:>9} {:>10}",
-        "transport", "conn/s", "connect p50", "connect p99", "CPU[s]", "threads", "vs TCP"
+        "{:<14} {:>10} {:>12} {:>12} {:>8} {:>9} {:>9} {:>10}",
+        "transport",
+        "conn/s",
+        "connect p50",
+        "connect p99",
+        "CPU[s]",
+        "csw/conn",
+        "threads",
+        "vs TCP"
     );
     for (t, r) in &med {
         println!(
-            "{:<14} {:>10.0} {:>10.0}us {:>10.0}us {:>8.3} {:>9} {:>9.2}x",
+            "{:<14} {:>10.0} {:>10.0}us {:>10.0}us {:>8.3} {:>9.1} {:>9} {:>9.2}x",
             t.name(),
             r.rate(cli.count),
             r.p50_us,
             r.p99_us,
             r.cpu,
+            r.switches as f64 / f64::from(cli.count),
             r.threads,
             r.rate(cli.count) / rate(Transport::Tcp),
         );
@@ -257,13 +281,14 @@ impl<T> Shared<T> {
 
 /// Run `clients` and `acceptors` threads (`conc` each) from one barrier;
 /// returns the wall time from the barrier to the last thread's end, the
-/// CPU seconds and the peak thread count over that window.
+/// CPU seconds, the context switches and the peak thread count over that
+/// window.
 fn timed<T: Send + 'static>(
     conc: u32,
     shared: &Arc<Shared<T>>,
     client: impl Fn(&Shared<T>) + Send + Sync + 'static,
     acceptor: impl Fn(&Shared<T>) + Send + Sync + 'static,
-) -> (f64, f64, u64) {
+) -> (f64, f64, u64, u64) {
     let client = Arc::new(client);
     let acceptor = Arc::new(acceptor);
     let start = Arc::new(Barrier::new(2 * conc as usize + 1));
@@ -282,6 +307,7 @@ fn timed<T: Send + 'static>(
     }
     let peak = ThreadPeak::start();
     let cpu0 = cpu_seconds();
+    let csw0 = context_switches();
     start.wait();
     let t0 = Instant::now();
     for h in handles {
@@ -290,10 +316,15 @@ fn timed<T: Send + 'static>(
         }
     }
     let wall = t0.elapsed().as_secs_f64();
-    (wall, cpu_seconds() - cpu0, peak.finish())
+    let csw = context_switches().saturating_sub(csw0);
+    (wall, cpu_seconds() - cpu0, csw, peak.finish())
 }
 
-fn finish<T>(shared: &Shared<T>, n: u32, wall: f64, cpu: f64, threads: u64) -> Result<Run, String> {
+fn finish<T>(
+    shared: &Shared<T>,
+    n: u32,
+    (wall, cpu, switches, threads): (f64, f64, u64, u64),
+) -> Result<Run, String> {
     if let Some(e) = shared
         .error
         .lock()
@@ -311,6 +342,7 @@ fn finish<T>(shared: &Shared<T>, n: u32, wall: f64, cpu: f64, threads: u64) -> R
         wall,
         cpu,
         threads,
+        switches,
         p50_us: percentile(&lat, 0.5),
         p99_us: percentile(&lat, 0.99),
     })
@@ -343,7 +375,7 @@ fn run_iwarp(n: u32, conc: u32, timeout: Duration) -> Result<Run, String> {
     let (cattr, sattr) = (attr(&ccq), attr(&scq));
     let shared: Arc<Shared<QueuePair>> = Arc::new(Shared::new());
     let cp = param.clone();
-    let (wall, cpu, threads) = timed(
+    let measured = timed(
         conc,
         &shared,
         move |s| {
@@ -378,7 +410,7 @@ fn run_iwarp(n: u32, conc: u32, timeout: Duration) -> Result<Run, String> {
             }
         },
     );
-    let r = finish(&shared, n, wall, cpu, threads);
+    let r = finish(&shared, n, measured);
     teardown(std::mem::take(
         &mut *shared.keep.lock().unwrap_or_else(|e| e.into_inner()),
     ));
@@ -424,7 +456,7 @@ fn run_tcp(n: u32, conc: u32, timeout: Duration, t: Transport) -> Result<Run, St
     let listener = Arc::new(listener);
     let exchange = t == Transport::TcpExchange;
     let shared: Arc<Shared<TcpStream>> = Arc::new(Shared::new());
-    let (wall, cpu, threads) = timed(
+    let measured = timed(
         conc,
         &shared,
         move |s| {
@@ -471,7 +503,7 @@ fn run_tcp(n: u32, conc: u32, timeout: Duration, t: Transport) -> Result<Run, St
             }
         },
     );
-    let r = finish(&shared, n, wall, cpu, threads);
+    let r = finish(&shared, n, measured);
     drop(std::mem::take(
         &mut *shared.keep.lock().unwrap_or_else(|e| e.into_inner()),
     ));
@@ -507,11 +539,11 @@ mod tests {
         let shared: Arc<Shared<u32>> = Arc::new(Shared::new());
         shared.fail("connect: refused".into());
         shared.fail("a second error is not kept".into());
-        let e = finish(&shared, 1, 1.0, 0.0, 1).unwrap_err();
+        let e = finish(&shared, 1, (1.0, 0.0, 0, 1)).unwrap_err();
         assert_eq!(e, "connect: refused");
         let shared: Arc<Shared<u32>> = Arc::new(Shared::new());
         shared.lat_us.lock().unwrap().push(5.0);
-        let e = finish(&shared, 2, 1.0, 0.0, 1).unwrap_err();
+        let e = finish(&shared, 2, (1.0, 0.0, 0, 1)).unwrap_err();
         assert!(e.contains("1 of 2"), "{e}");
     }
 }
