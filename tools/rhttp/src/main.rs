@@ -333,18 +333,12 @@ fn parse_execute(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `--max-len`: a size as every tool writes it (crates/iwarp-conf), not 0.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.as_bytes().last() {
-        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
-        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{s:?} is not a size like 4096, 64K or 256M"))
+    match iwarp_conf::parse_size(s)? {
+        0 => Err(format!("{s:?}: --max-len must be above 0, e.g. 64K or 256M")),
+        n => Ok(n),
+    }
 }
 
 type Res<T> = Result<T, String>;
@@ -1131,5 +1125,19 @@ fn main() -> ExitCode {
             eprintln!("rhttp: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn max_len_takes_the_shared_size_forms_and_refuses_zero() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("0").unwrap_err().contains("--max-len must be above 0"));
+        assert!(parse_size("1.5M").unwrap_err().contains("invalid size"));
     }
 }
