@@ -336,7 +336,9 @@ fn parse_execute(s: &str) -> Result<bool, String> {
 /// `--max-len`: a size as every tool writes it (crates/iwarp-conf), not 0.
 fn parse_size(s: &str) -> Result<u64, String> {
     match iwarp_conf::parse_size(s)? {
-        0 => Err(format!("{s:?}: --max-len must be above 0, e.g. 64K or 256M")),
+        0 => Err(format!(
+            "{s:?}: --max-len must be above 0, e.g. 64K or 256M"
+        )),
         n => Ok(n),
     }
 }
@@ -1137,7 +1139,9 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("256M"), Ok(256 << 20));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
-        assert!(parse_size("0").unwrap_err().contains("--max-len must be above 0"));
+        assert!(parse_size("0")
+            .unwrap_err()
+            .contains("--max-len must be above 0"));
         assert!(parse_size("1.5M").unwrap_err().contains("invalid size"));
     }
 }
