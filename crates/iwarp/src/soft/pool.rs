@@ -272,7 +272,14 @@ pub(super) fn register(qp: &Arc<SoftQp>, conn: &Arc<Conn>) -> io::Result<()> {
         conn: conn.clone(),
         interest: ev,
     });
-    w.registered.fetch_add(1, Ordering::Relaxed);
+    if w.registered.fetch_add(1, Ordering::Relaxed) == 0 {
+        // A thread that served nothing sleeps in epoll_wait without a
+        // timeout: ring its doorbell so that it starts its liveness walk
+        // (peer timeout, probes, wake-up nudges; every `TICK`). The
+        // registration itself raises no event (no `EPOLLOUT` in the
+        // interest), so nothing else would wake it.
+        w.efd.set();
+    }
     let _ = conn.pool.set(PoolLink {
         token,
         worker: w.clone(),
