@@ -7,7 +7,12 @@
 # reconnect by itself (backoff 1, 2, 4 s while the link is still down),
 # resume at the end of FILE.part (REST, never from byte 0), verify the
 # whole file with the negotiated checksum (XXH3-128 by default) and say so
-# on its output; the script compares both files' SHA-256 too. About 20-30 s.
+# on its output; the script compares both files' SHA-256 too. Then the same
+# for an upload (rftp put --retry): the link goes down once rftpd holds
+# 8 MiB of it; rftpd keeps the cut-off part (OPTS UPLOAD KEEP), rftp
+# reconnects, checks the part's checksum against HASH, resumes after it
+# (REST, never from byte 0), verifies the whole file and renames it into
+# place. About 40-50 s in all (the put adds about 20 s).
 #
 # Skips (exit 0, with the reason) only when /dev/net/tun or network
 # namespaces are unavailable. Builds rftp and wanem if missing.
@@ -97,4 +102,49 @@ grep -Eq "(XXH3-128|BLAKE3|SHA-256|CRC32C) verified" "$WORK/rftp.out" || fail "r
 resumed=$(sed -n 's/.*resumed at byte \([0-9]*\).*/\1/p' "$WORK/rftp.out" | tail -1)
 [[ -n "$resumed" ]] || fail "no resume offset in rftp's summary (started over?)"
 ((resumed >= kept_at_cut)) || fail "resumed at byte $resumed, before the $kept_at_cut bytes kept when the link went down"
-echo "test-wan-resume: OK in ${took} s: resumed at byte $resumed (>= $kept_at_cut kept at the cut), rftp's checksum verified, and the file's SHA-256 equals the server's"
+echo "test-wan-resume: get OK in ${took} s: resumed at byte $resumed (>= $kept_at_cut kept at the cut), rftp's checksum verified, and the file's SHA-256 equals the server's"
+
+# The upload: rftp puts to up.bin.part, which rftpd writes through a
+# temporary file (.up.bin.part.rftp-part-XXXXXXXX) in its root (a put
+# without --retry: .up.bin.rftp-part-XXXXXXXX).
+UP="$WORK/local/up.bin"
+head -c "$((SIZE_MIB << 20))" /dev/urandom >"$UP"
+start=$SECONDS
+wan_a timeout 90 "$BIN/rftp" put "$UP" "ftp://u:p@$ADDR_B:2121/up.bin" \
+    --timeout 3 --retry 6 -q >"$WORK/put.out" 2>&1 &
+rftp_pid=$!
+held() { # bytes rftpd holds of the upload so far
+    local f n=0
+    for f in "$WORK"/root/.up.bin*.rftp-part-*; do
+        [[ -f "$f" ]] && n=$(stat -c %s "$f")
+    done
+    echo "$n"
+}
+deadline=$((SECONDS + 30))
+until (($(held) >= 8 << 20)); do
+    if ((SECONDS >= deadline)) || ! kill -0 "$rftp_pid" 2>/dev/null; then
+        echo "test-wan-resume: FAIL: the upload never reached 8 MiB on the server"
+        cat "$WORK/put.out"
+        exit 1
+    fi
+    sleep 0.05
+done
+held_at_cut=$(held)
+wan_ctl down 8 >/dev/null
+echo "test-wan-resume: link down for 8 s at $((held_at_cut >> 20)) MiB of the $SIZE_MIB MiB upload"
+rc=0
+wait "$rftp_pid" || rc=$?
+took=$((SECONDS - start))
+cat "$WORK/put.out"
+((rc == 0)) || fail "rftp put exited $rc"
+[[ -f "$WORK/root/up.bin" ]] || fail "the upload is not on the server under its name"
+[[ "$(sha256sum <"$WORK/root/up.bin" | cut -d' ' -f1)" == "$(sha256sum <"$UP" | cut -d' ' -f1)" ]] ||
+    fail "the uploaded file differs from the local one"
+[[ ! -e "$WORK/root/up.bin.part" ]] || fail "the upload's .part was left on the server"
+grep -q "transfer interrupted" "$WORK/put.out" || fail "rftp put did not say the transfer was interrupted"
+grep -Eq "(XXH3-128|BLAKE3|SHA-256|CRC32C) verified" "$WORK/put.out" || fail "rftp put did not verify the checksum"
+resumed=$(sed -n 's/.*resumed at byte \([0-9]*\).*/\1/p' "$WORK/put.out" | tail -1)
+if [[ -z "$resumed" ]] || ((resumed == 0)); then
+    fail "the upload did not resume (sent again from byte 0?)"
+fi
+echo "test-wan-resume: put OK in ${took} s: resumed at byte $resumed (rftpd held $held_at_cut at the cut), rftp's checksum verified, and the server's file's SHA-256 equals the local one"
