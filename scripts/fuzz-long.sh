@@ -55,9 +55,10 @@ FUZZ_ASAN_OPTIONS="${FUZZ_ASAN_OPTIONS:-${ASAN_OPTIONS:-}}"
 # parsers and the harness hold no `unsafe`; rhttp is #![deny(unsafe_code)]),
 # where no pointer can outlive its stack frame, so ASan's
 # stack-use-after-return check (on by default since LLVM 15: each large
-# frame is allocated on a fake stack) finds nothing there and cost them
-# 1.6-1.9x in executions per second (measured on ftp_reply and rhttp_links,
-# 2026-11-27). Targets with `unsafe` below them keep it.
+# frame is allocated on a fake stack) finds nothing there; without it
+# they ran 1.3-1.9x more executions per second (2026-11-27, single runs on
+# a machine at load 6-10, so noisy; docs/TESTING.md, "the slow targets").
+# Targets with `unsafe` below them keep it.
 declare -A TARGET_ASAN=(
     [ftp_reply]="detect_stack_use_after_return=0"
     [rhttp_links]="detect_stack_use_after_return=0"
