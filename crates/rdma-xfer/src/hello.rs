@@ -81,8 +81,19 @@ pub mod feature {
     /// whole pool), and the source keeps such grants for its next
     /// transfer. Saves the grant's round trip after `Begin` (issue 27).
     pub const PREGRANT: u32 = 1;
+    /// The active side sends the first FPDU on every connection of the
+    /// session: a zero-length RDMA Write (RFC 6581's write-form RTR, a
+    /// no-op at RTS) as soon as the connection is established. The
+    /// passive side may then hold its own FPDUs until the initiator's
+    /// first has arrived, as RFC 5044 §7.1.2's connection startup rules
+    /// require of a Responder outside peer-to-peer mode, and as Linux
+    /// siw's initiator enforces: an FPDU right behind the MPA Reply fails
+    /// its `rdma_connect` (CONNECT_ERROR, status -22). Only the Hello
+    /// carries it (the passive side decides), so an older active side,
+    /// which never sends first, is not held for.
+    pub const FIRST_FPDU: u32 = 2;
     /// Every feature this version implements.
-    pub const ALL: u32 = PREGRANT;
+    pub const ALL: u32 = PREGRANT | FIRST_FPDU;
 }
 
 /// What the active side asks for.
@@ -581,15 +592,16 @@ mod tests {
             h.features = features;
             h.emit()
         };
-        // A new active side and a new passive side: PREGRANT; unknown bits
-        // are not echoed.
+        // A new active side and a new passive side: every feature of this
+        // version; unknown bits are not echoed.
         let mut a = Admission::new(1, &ours(1), true, 5);
         assert_eq!(a.admit(&ext(1, 0, feature::PREGRANT)), Verdict::Stream(0));
         assert_eq!(a.admit(&ext(1, CONTROL, 0xff)), Verdict::Control);
         let ack = a.ack().unwrap();
-        assert_eq!(ack.features, feature::PREGRANT);
+        assert_eq!(ack.features, feature::ALL);
+        assert_eq!(feature::ALL, feature::PREGRANT | feature::FIRST_FPDU);
         let neg = ack.apply(&ours(1)).unwrap();
-        assert_eq!(neg.features, feature::PREGRANT);
+        assert_eq!(neg.features, feature::ALL);
         // An older active side (short Hello): none, and a short answer.
         let mut a = Admission::new(1, &ours(1), true, 5);
         a.admit(&hello(1, CONTROL, 1));

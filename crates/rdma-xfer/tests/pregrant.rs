@@ -55,8 +55,8 @@ fn pair(mode: Mode, active: u32, passive: u32) -> (Box<dyn Transport>, Box<dyn T
 #[test]
 fn a_pregranted_source_finishes_before_the_sink_starts_to_receive() {
     let (mut sink, mut source) = pair(Mode::Rdma, feature::ALL, feature::ALL);
-    assert_eq!(sink.config().features, feature::PREGRANT);
-    assert_eq!(source.config().features, feature::PREGRANT);
+    assert_eq!(sink.config().features, feature::ALL);
+    assert_eq!(source.config().features, feature::ALL);
     // 3 blocks in a pool of 4: the sink grants them all ahead.
     let data = pattern(3 * BS as usize - 100, 1);
     sink.prepare_recv(Some(data.len() as u64)).unwrap();

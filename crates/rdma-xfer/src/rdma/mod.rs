@@ -149,6 +149,9 @@ const K_CTRL_SEND: u64 = 2;
 const K_DATA_RECV: u64 = 3;
 const K_DATA_SEND: u64 = 4;
 const K_DATA_WRITE: u64 = 5;
+/// The active side's first FPDU on a connection (`setup::first_fpdu`),
+/// unsignaled: it never completes unless flushed.
+const K_FIRST_FPDU: u64 = 6;
 
 fn wr_id(kind: u64, qp: usize, val: u64) -> u64 {
     kind << 56 | (qp as u64 & 0xff) << 48 | (val & 0xffff_ffff_ffff)

@@ -15,7 +15,7 @@ use iwarp::{
     RecvWr, SgList, WakePolicy,
 };
 
-use crate::hello::{Admission, Hello, HelloAck, Proposal, Verdict, CONTROL, REQUEST_WAIT};
+use crate::hello::{feature, Admission, Hello, HelloAck, Proposal, Verdict, CONTROL, REQUEST_WAIT};
 use crate::msg::MSG_BUF;
 use crate::progress::Logger;
 use crate::{Config, Error};
@@ -114,6 +114,26 @@ fn cm_err(what: &str, e: &cm::CmError) -> String {
     }
 }
 
+/// The active side's first FPDU on a connection it just established
+/// ([`feature::FIRST_FPDU`]): a zero-length RDMA Write, RFC 6581's
+/// write-form ready-to-receive message, which every receiver treats as a
+/// no-op at RTS (Linux siw's `siw_proc_write`: "zero length WRITE"; this
+/// stack's engine likewise). Unsignaled, so it completes silently; if it
+/// fails, the connection has failed and the session's first real request
+/// says so.
+fn first_fpdu(qp: &QueuePair) {
+    let _ = qp.post_send(&iwarp::SendWr {
+        wr_id: super::wr_id(super::K_FIRST_FPDU, 0, 0),
+        opcode: iwarp::WrOpcode::RdmaWrite {
+            remote_addr: 0,
+            rkey: 0,
+        },
+        sgl: iwarp::SgList::new(),
+        signaled: false,
+        solicited: false,
+    });
+}
+
 impl RdmaSession {
     /// The active side (see [`crate::connect`]): the control connection
     /// and every data stream connect at once, each with the whole proposal
@@ -123,12 +143,14 @@ impl RdmaSession {
         let deadline = Instant::now() + cfg.connect_timeout;
         let s = Setup::new(cfg)?;
         let proposal = Proposal::of(cfg);
+        // Offered FIRST_FPDU: every connection sends first (`first_fpdu`).
+        let first = cfg.features & feature::FIRST_FPDU != 0;
         let param = |index: u32| ConnParam {
             private_data: Hello {
                 token,
                 index,
                 proposal,
-                features: cfg.features & crate::hello::feature::ALL,
+                features: cfg.features & feature::ALL,
             }
             .emit(),
             mpa: mpa_config(cfg.crc),
@@ -155,6 +177,9 @@ impl RdmaSession {
                 .name(format!("xfer-connect-{i}"))
                 .spawn(move || {
                     let r = cm::connect(&qp, addr, &p);
+                    if r.is_ok() && first {
+                        first_fpdu(&qp);
+                    }
                     let _ = tx.send((i, qp, r));
                 })
                 .map_err(|e| Error::Setup(format!("starting a connect thread: {e}")))?;
@@ -162,6 +187,9 @@ impl RdmaSession {
         drop(tx);
         let ack = cm::connect(&s.ctrl_qp, addr, &param(CONTROL))
             .map_err(|e| Error::Setup(cm_err("the control connection", &e)))?;
+        if first {
+            first_fpdu(&s.ctrl_qp);
+        }
         let ack = HelloAck::parse(&ack)
             .map_err(|e| Error::Protocol(format!("the control connection's MPA Reply: {e}")))?;
         let neg = ack.apply(cfg).map_err(Error::Protocol)?;
@@ -199,8 +227,9 @@ impl RdmaSession {
     ) -> Result<RdmaSession, Error> {
         let deadline = Instant::now() + timeout;
         let s = Setup::new(ours)?;
-        let param = |private_data: Vec<u8>| ConnParam {
+        let param = |private_data: Vec<u8>, hold_until_first_fpdu: bool| ConnParam {
             private_data,
+            hold_until_first_fpdu,
             mpa: mpa_config(ours.crc),
             timeout: ours.connect_timeout,
             peer_timeout: ours.timeout,
@@ -239,6 +268,9 @@ impl RdmaSession {
                 continue;
             }
             let verdict = adm.admit(req.private_data());
+            // An active side that sends first is waited for (FIRST_FPDU).
+            let hold = Hello::parse(req.private_data())
+                .is_ok_and(|h| h.features & ours.features & feature::FIRST_FPDU != 0);
             if let Verdict::Refuse(reason) = &verdict {
                 tracing::warn!(peer = %req.peer_addr(), %reason, "rdma-xfer: refused a connection during session setup");
                 let _ = req.reject(crate::hello::clip(reason).as_bytes());
@@ -259,11 +291,11 @@ impl RdmaSession {
             match verdict {
                 Verdict::Control => {
                     let ack = adm.ack().expect("granted").emit();
-                    req.accept(&s.ctrl_qp, &param(ack))
+                    req.accept(&s.ctrl_qp, &param(ack, hold))
                         .map_err(|e| Error::Setup(format!("the control connection: {e}")))?;
                 }
                 Verdict::Stream(i) => req
-                    .accept(&qps[i as usize], &param(Vec::new()))
+                    .accept(&qps[i as usize], &param(Vec::new(), hold))
                     .map_err(|e| Error::Setup(format!("data stream {i}: {e}")))?,
                 Verdict::Refuse(_) => unreachable!("handled above"),
             }
