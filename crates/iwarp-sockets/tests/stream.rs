@@ -516,10 +516,14 @@ fn close_waits_for_a_slow_reader_as_long_as_it_keeps_reading() {
     // sleeps overrun on a loaded machine. With a 128 KiB ring that was
     // every fourth read, 200 ms, and under `stress-ng --cpu 2` the linger
     // ran out between two updates (the peer reset: lost data).
+    // The ring is pinned at 32 KiB (rbuf_max): it otherwise doubles on
+    // each wrap while the reader keeps up (crate::tune), and the bound
+    // below is the ring's size.
     let opts = Options {
         linger: Duration::from_millis(300),
         sbuf_size: 128 << 10,
         rbuf_size: 32 << 10,
+        rbuf_max: Some(32 << 10),
         ..Options::default()
     };
     let (a, b) = pair_with(&opts, &opts);
@@ -530,26 +534,41 @@ fn close_waits_for_a_slow_reader_as_long_as_it_keeps_reading() {
         for c in d.chunks(16 << 10) {
             (&a).write_all(c).unwrap();
         }
-        let t = Instant::now();
         drop(a);
-        t.elapsed()
+        Instant::now()
     });
     let mut got = Vec::new();
     let mut buf = vec![0u8; 16 << 10];
     b.set_read_timeout(Some(T)).unwrap();
+    // When the read began that made room for the last bytes: the peer's
+    // ring (rbuf_size) holds what the reader has not taken, so the last
+    // byte can enter it only once the reader has taken all but
+    // rbuf_size. A close that waits for its queued bytes to be delivered
+    // returns after that read began; one that returned at once (dropping
+    // or detaching what was queued) returns before it. Causal, not timed:
+    // on a loaded machine the writer may wake late for its last chunks, so
+    // less is queued at close and the close is short, but never earlier.
+    let room_for_last = data.len() - (32 << 10);
+    let mut last_room_read: Option<Instant> = None;
     loop {
         thread::sleep(Duration::from_millis(50));
+        let began = Instant::now();
         let n = (&b).read(&mut buf).unwrap();
         if n == 0 {
             break;
         }
         got.extend_from_slice(&buf[..n]);
+        if last_room_read.is_none() && got.len() >= room_for_last {
+            last_room_read = Some(began);
+        }
     }
-    let closing = w.join().unwrap();
+    let closed = w.join().unwrap();
     assert!(got == data, "got {} of {} bytes", got.len(), data.len());
+    let last_room_read = last_room_read.expect("all the data was read");
     assert!(
-        closing > Duration::from_millis(300),
-        "close did not wait: {closing:?}"
+        closed >= last_room_read,
+        "close returned {:?} before the reader made room for the last bytes",
+        last_room_read - closed
     );
 }
 
