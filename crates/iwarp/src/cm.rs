@@ -28,7 +28,7 @@ use std::time::Duration;
 pub use crate::cm_types::{
     available_congestion_control, BadCongestionName, CmError, CongestionControl, ConnParam,
     HandshakeError, MpaConfig, Policy, Rtr, TcpConnect, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
-    DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, MPA_WAIT_RTTS, REQUEST_TIMEOUT,
+    DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, MPA_WAIT_RTTS, REQUEST_GRACE, REQUEST_TIMEOUT,
     TCP_CA_NAME_MAX_LEN,
 };
 use crate::context::Context;

@@ -28,6 +28,13 @@ pub(crate) const DURING_TCP: &str = "opening the TCP connection";
 /// accepted connection when it was called without a timeout.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The least time [`Listener::get_request`](crate::cm::Listener::get_request)
+/// gives the MPA Request of a connection it accepted, even when its own
+/// timeout runs out sooner. The Request follows the TCP handshake at once,
+/// so a connection that lands at the end of a caller's polling slice is
+/// not cut off (and reset) after a few microseconds.
+pub const REQUEST_GRACE: Duration = Duration::from_secs(2);
+
 /// Parameters of a connect or accept (`struct rdma_conn_param`).
 #[derive(Debug, Clone)]
 pub struct ConnParam {

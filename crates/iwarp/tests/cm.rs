@@ -401,3 +401,31 @@ fn a_burst_of_clients_fits_in_the_accept_queue() {
     }
     assert_eq!(held.len(), 300);
 }
+
+#[test]
+fn a_connection_accepted_at_the_end_of_the_wait_still_gets_its_request_read() {
+    // The caller waits 200 ms; the client connects at once but sends its
+    // MPA Request 500 ms later, inside REQUEST_GRACE. Cutting the read at
+    // the caller's 200 ms dropped such a connection (the client saw a
+    // reset): what a server polling in slices did to a client whose
+    // connection landed at the end of a slice.
+    assert!(iwarp::cm::REQUEST_GRACE > Duration::from_millis(1500));
+    let listener = Listener::bind(loopback(), MpaConfig::default()).unwrap();
+    let addr = listener.local_addr();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        // RFC 5044 §7.1: key, flags 0 (no markers, no CRC), revision 1, no
+        // private data.
+        let mut frame = b"MPA ID Req Frame".to_vec();
+        frame.extend_from_slice(&[0, 1, 0, 0]);
+        s.write_all(&frame).unwrap();
+        let _ = done_rx.recv_timeout(T);
+    });
+    let r = listener.get_request(Some(Duration::from_millis(200)));
+    let _ = done_tx.send(());
+    client.join().unwrap();
+    let req = r.expect("the Request that came 500 ms after the accept");
+    assert!(req.private_data().is_empty());
+}
