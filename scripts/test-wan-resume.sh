@@ -70,20 +70,30 @@ wan_a timeout 90 "$BIN/rftp" get "ftp://u:p@$ADDR_B:2121/big.bin" -o "$OUT" \
     --timeout 3 --retry 6 -q >"$WORK/rftp.out" 2>&1 &
 rftp_pid=$!
 
-# The outage starts once 8 MiB are in the part file (a real signal, not a
-# guess at how long the login takes), bounded by 30 s.
-deadline=$((SECONDS + 30))
-until [[ -f "$OUT.part" ]] && (($(stat -c %s "$OUT.part") >= 8 << 20)); do
-    if ((SECONDS >= deadline)) || ! kill -0 "$rftp_pid" 2>/dev/null; then
-        echo "test-wan-resume: FAIL: the download never reached 8 MiB"
-        cat "$WORK/rftp.out"
-        exit 1
-    fi
-    sleep 0.05
-done
-kept_at_cut=$(stat -c %s "$OUT.part")
-wan_ctl down 8 >/dev/null
-echo "test-wan-resume: link down for 8 s at $((kept_at_cut >> 20)) MiB of $SIZE_MIB MiB"
+# cut_at_8mib WHAT LOG COUNTER: the outage starts once COUNTER (a function
+# printing the bytes the receiving side holds) reaches 8 MiB: a real
+# signal, not a guess at how long the login takes, bounded by 30 s and by
+# rftp ($rftp_pid) still running. Then the link goes down for 8 s; CUT_AT
+# is the count at the cut.
+cut_at_8mib() {
+    local what="$1" log="$2" counter="$3" deadline=$((SECONDS + 30))
+    until (($("$counter") >= 8 << 20)); do
+        if ((SECONDS >= deadline)) || ! kill -0 "$rftp_pid" 2>/dev/null; then
+            echo "test-wan-resume: FAIL: the $what never reached 8 MiB"
+            cat "$log"
+            exit 1
+        fi
+        sleep 0.05
+    done
+    CUT_AT=$("$counter")
+    wan_ctl down 8 >/dev/null
+    echo "test-wan-resume: link down for 8 s at $((CUT_AT >> 20)) MiB of the $SIZE_MIB MiB $what"
+}
+part_bytes() { # bytes of the download's part file so far
+    if [[ -f "$OUT.part" ]]; then stat -c %s "$OUT.part"; else echo 0; fi
+}
+cut_at_8mib download "$WORK/rftp.out" part_bytes
+kept_at_cut=$CUT_AT
 
 rc=0
 wait "$rftp_pid" || rc=$?
@@ -120,18 +130,8 @@ held() { # bytes rftpd holds of the upload so far
     done
     echo "$n"
 }
-deadline=$((SECONDS + 30))
-until (($(held) >= 8 << 20)); do
-    if ((SECONDS >= deadline)) || ! kill -0 "$rftp_pid" 2>/dev/null; then
-        echo "test-wan-resume: FAIL: the upload never reached 8 MiB on the server"
-        cat "$WORK/put.out"
-        exit 1
-    fi
-    sleep 0.05
-done
-held_at_cut=$(held)
-wan_ctl down 8 >/dev/null
-echo "test-wan-resume: link down for 8 s at $((held_at_cut >> 20)) MiB of the $SIZE_MIB MiB upload"
+cut_at_8mib upload "$WORK/put.out" held
+held_at_cut=$CUT_AT
 rc=0
 wait "$rftp_pid" || rc=$?
 took=$((SECONDS - start))
