@@ -20,6 +20,7 @@
 
 use std::io::{Cursor, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rdma_xfer::hello::{feature, Hello, Proposal, CONTROL};
@@ -88,15 +89,19 @@ fn arrives_within(s: &mut TcpStream, d: Duration) -> bool {
 }
 
 /// A server session that starts sending at once, and the raw client's
-/// control and data connections, with `features` in their Hellos.
-fn session(features: u32) -> (TcpStream, TcpStream, std::thread::JoinHandle<()>) {
+/// control and data connections, with `features` in their Hellos. The
+/// receiver gets whether the server's send failed, when it ends.
+fn session(features: u32) -> (TcpStream, TcpStream, mpsc::Receiver<bool>) {
     let l = XferListener::bind("127.0.0.1:0".parse().unwrap(), Mode::Rdma, cfg()).unwrap();
     let (addr, token): (SocketAddr, u64) = (l.local_addr(), l.token());
-    let server = std::thread::spawn(move || {
+    let (done_tx, server) = mpsc::channel();
+    std::thread::spawn(move || {
         let mut t = l.accept(WAIT).expect("the session");
-        // The raw client grants nothing: this ends when it goes away.
+        // The raw client grants nothing: this ends when it goes away, or
+        // at the session's timeout.
         let data = vec![7u8; 1000];
-        let _ = t.send(&mut ReadSource(Cursor::new(&data)));
+        let failed = t.send(&mut ReadSource(Cursor::new(&data))).is_err();
+        let _ = done_tx.send(failed);
     });
     let hello = |index| {
         Hello {
@@ -136,7 +141,9 @@ fn the_server_holds_its_first_fpdu_until_a_first_fpdu_client_has_sent_one() {
     );
     assert!(start.elapsed() < WAIT);
     drop((ctrl, data));
-    server.join().unwrap();
+    server
+        .recv_timeout(WAIT)
+        .expect("the server's send ended once the client went away");
 }
 
 #[test]
@@ -147,5 +154,25 @@ fn an_older_client_without_the_feature_is_not_held_for() {
         "the server waited for a first FPDU that a client of 0.4.0 never sends"
     );
     drop((ctrl, data));
-    server.join().unwrap();
+    server
+        .recv_timeout(WAIT)
+        .expect("the server's send ended once the client went away");
+}
+
+#[test]
+fn a_silent_client_that_offers_first_fpdu_holds_the_server_only_for_its_timeout() {
+    // The hostile case of the hold: a client that offers FIRST_FPDU and
+    // then never sends. The server's Begin stays held, and its send ends
+    // with an error at the session's timeout (cfg: 3 s), not never.
+    let (ctrl, data, server) = session(feature::ALL);
+    let start = Instant::now();
+    let failed = server
+        .recv_timeout(WAIT)
+        .expect("the held server's send did not end within 10 s");
+    assert!(
+        failed,
+        "the send cannot succeed: the client granted nothing"
+    );
+    assert!(start.elapsed() < WAIT);
+    drop((ctrl, data));
 }
