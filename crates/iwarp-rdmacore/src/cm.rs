@@ -7,7 +7,7 @@
 //! `rdma_connect` → `RDMA_CM_EVENT_ESTABLISHED`. Server: `rdma_bind_addr` →
 //! `rdma_listen` → `RDMA_CM_EVENT_CONNECT_REQUEST` → (`rdma_migrate_id` to
 //! a channel of its own) → `rdma_accept` → `ESTABLISHED`. The queue pair
-//! was created by [`ProtectionDomain::create_qp`](crate::ProtectionDomain::create_qp)
+//! was created by `iwarp::ProtectionDomain::create_qp`
 //! before the id existed; it is attached by setting `id->qp`, which is
 //! what `rdma_create_qp` does, so librdmacm moves it through RTR/RTS on
 //! InfiniBand and RoCE, and the kernel's iw_cm does on iWARP.

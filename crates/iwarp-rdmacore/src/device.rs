@@ -2,7 +2,7 @@
 //! opening one (`rdma_get_devices`), and what it reports about itself
 //! (`ibv_query_device`, `ibv_query_port`).
 //!
-//! A [`Context`](crate::Context) on a kernel device holds one [`Device`]:
+//! A `iwarp::Context` on a kernel device holds one [`Device`]:
 //! an `ibv_context` of librdmacm's list, so that queue pairs created on it
 //! can be connected by rdma_cm (which refuses a QP of another context).
 

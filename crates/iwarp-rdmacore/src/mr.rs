@@ -1,5 +1,5 @@
 //! Memory of the rdma-core provider: the protection domain (`ibv_pd`) and
-//! the registration of a [`MemoryRegion`](crate::MemoryRegion)'s buffer
+//! the registration of a [`MemoryRegion`](iwarp_verbs::MemoryRegion)'s buffer
 //! with the device (`ibv_reg_mr`), whose `lkey`/`rkey` the region then
 //! reports instead of the software provider's STags.
 
@@ -108,7 +108,7 @@ impl Drop for Pd {
     }
 }
 
-/// The `ibv_mr` of a [`MemoryRegion`](crate::MemoryRegion).
+/// The `ibv_mr` of a [`MemoryRegion`](iwarp_verbs::MemoryRegion).
 pub(crate) struct HwMr {
     pd: Arc<Pd>,
     mr: *mut ffi::ibv_mr,
@@ -146,7 +146,7 @@ pub(crate) fn access_flags(a: Access) -> c_int {
 
 impl HwMr {
     /// Register `ptr..ptr + len`, which the caller keeps valid until the
-    /// returned value is dropped (the [`MemoryRegion`](crate::MemoryRegion)
+    /// returned value is dropped (the [`MemoryRegion`](iwarp_verbs::MemoryRegion)
     /// owns both).
     pub(crate) fn register(
         pd: &Arc<Pd>,

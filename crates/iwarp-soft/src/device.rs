@@ -14,7 +14,7 @@ use iwarp_verbs::{CompletionQueue, Error, MrTable};
 
 use crate::mr::SoftPd;
 
-/// The software device (`soft`), one per [`Context`](iwarp_verbs::MemoryRegion): it
+/// The software device (`soft`), one per `iwarp::Context`: it
 /// numbers the context's queue pairs.
 #[derive(Debug, Default)]
 pub struct SoftDevice {

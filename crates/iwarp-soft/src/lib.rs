@@ -86,15 +86,15 @@
 //! thread, before any of these, and with `try_lock`.)
 //!
 //! **Receive work** (`rx_pass`), by whoever holds `rx`, never blocks:
-//! lock the engine to ask [`Engine::rx_hint`], unlock, then read with a
+//! lock the engine to ask [`Engine::rx_hint`](iwarp_proto::engine::Engine::rx_hint), unlock, then read with a
 //! non-blocking `recv`: large tagged payload (≥ [`DIRECT_MIN`]) goes
 //! straight into the target region (zero-copy placement; the region is held
 //! only for that copy), everything else into a reusable 256 KiB buffer.
 //! Buffered reads from an empty buffer are kept short ([`RX_READ`], or
 //! [`HDR_PEEK`] during bulk tagged traffic) so that segment payloads are
 //! left in the socket for the direct path rather than copied twice. Then it
-//! locks the engine, feeds the bytes ([`Engine::handle_input`] /
-//! [`Engine::handle_direct`]), drains completions into the CQs and events
+//! locks the engine, feeds the bytes ([`Engine::handle_input`](iwarp_proto::engine::Engine::handle_input) /
+//! [`Engine::handle_direct`](iwarp_proto::engine::Engine::handle_direct)), drains completions into the CQs and events
 //! into the QP's event queue, unlocks, and if the engine has something to
 //! send tries one *non-blocking* transmit pass (or wakes the transmit
 //! thread). Nobody doing receive work ever blocks on a write, so two peers
@@ -114,13 +114,13 @@
 //! message's latency.
 //!
 //! **Transmit path.** Whoever holds `tx` loops: lock the engine,
-//! [`Engine::poll_transmit`] into the shared [`TxFrame`](iwarp_proto::engine::TxFrame), unlock, write the
+//! [`Engine::poll_transmit`](iwarp_proto::engine::Engine::poll_transmit) into the shared [`TxFrame`](iwarp_proto::engine::TxFrame), unlock, write the
 //! frame's pieces with one gather `sendmsg` (inline headers from the frame,
 //! payload straight from registered memory; a frame of at most
 //! [`SMALL_SEND`] bytes is copied and written with one `send`), handle
 //! partial writes, and
 //! once the whole frame is out lock the engine and
-//! [`Engine::confirm_transmit`]. An application thread in `post_send` takes
+//! [`Engine::confirm_transmit`](iwarp_proto::engine::Engine::confirm_transmit). An application thread in `post_send` takes
 //! `tx` only with `try_lock` and only writes non-blocking: on `EAGAIN` or
 //! if `tx` is busy it wakes the transmit thread, which is the only one that
 //! waits for socket space (with `poll`, in 100 ms slices so it notices a
@@ -129,17 +129,17 @@
 //! written frame on itself whenever it finds `tx` free, so a large Write or
 //! Read Response keeps moving while the transmit thread waits to be
 //! scheduled. After releasing `tx`, every writer re-checks
-//! [`Engine::has_transmit`] and wakes the transmit thread if work appeared
+//! [`Engine::has_transmit`](iwarp_proto::engine::Engine::has_transmit) and wakes the transmit thread if work appeared
 //! meanwhile; the wake flag is sticky, so no wake-up is lost.
 //!
 //! **Teardown.** EOF, a read error or a write error first confirms a frame
 //! that is already entirely in the socket (the receive thread sets the stop
 //! flag and takes `tx` with a bounded `try_lock` wait, so a Send the peer
 //! read just before closing still completes successfully), then calls
-//! [`Engine::on_peer_closed`] (every other outstanding work request is
-//! flushed into the CQs at once), queues [`QpEvent::Disconnected`], sets the stop
+//! [`Engine::on_peer_closed`](iwarp_proto::engine::Engine::on_peer_closed) (every other outstanding work request is
+//! flushed into the CQs at once), queues [`QpEvent::Disconnected`](iwarp_verbs::QpEvent::Disconnected), sets the stop
 //! flag and shuts the socket down, which wakes a thread blocked in `read`
-//! or `poll`. When the engine [`wants_close`](Engine::wants_close) (after a
+//! or `poll`. When the engine [`wants_close`](iwarp_proto::engine::Engine::wants_close) (after a
 //! Terminate, or a local close) the transmit path writes what is left and
 //! shuts down the write side, so the peer sees EOF. `disconnect` and `Drop`
 //! give the last frames up to [`LINGER`] to leave, shut the socket down in

@@ -1,6 +1,6 @@
 //! The connection manager's parameters and errors ([`ConnParam`],
 //! [`CmError`], [`CongestionControl`], the MPA policy types), re-exported
-//! by [`crate::cm`]: a leaf that both providers and the verbs layer use,
+//! by `iwarp::cm`: a leaf that both providers and the verbs layer use,
 //! so that neither provider defines what the other's connection manager
 //! takes (librdmacm's `struct rdma_conn_param` is provider-neutral too).
 //!

@@ -2,11 +2,11 @@
 //! in the device list, its attributes, and why it could not be chosen or
 //! opened.
 //!
-//! A leaf: device selection ([`crate::device`]) and the providers (the
+//! A leaf: device selection (`iwarp::device`) and the providers (the
 //! rdma-core provider's device list and `open`) both use these types, and
 //! this module uses neither, so the selection can call down into a
 //! provider without the provider reaching back up into the selection.
-//! The public paths are [`crate::device`]'s (`iwarp::device::Transport`,
+//! The public paths are `iwarp::device`'s (`iwarp::device::Transport`,
 //! also re-exported at the crate root).
 
 use std::fmt;
@@ -85,7 +85,7 @@ pub struct DeviceAttr {
     pub has_write_imm_and_rnr: bool,
 }
 
-/// A device [`list_devices`](crate::list_devices) found.
+/// A device `iwarp::list_devices` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
     /// The name to pass to `iwarp::Context::open_device`.

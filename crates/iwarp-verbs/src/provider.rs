@@ -55,7 +55,7 @@ pub trait QpOps: QpCm + Send + Sync + fmt::Debug {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
-/// The connection-manager verbs of one queue pair ([`crate::cm`]'s
+/// The connection-manager verbs of one queue pair (`iwarp::cm`'s
 /// functions that take a `QueuePair`), as a provider implements them.
 pub trait QpCm {
     /// `rdma_connect`: connect to `addr`, return the peer's private data.
