@@ -80,6 +80,7 @@ mod qp;
 pub mod rdma;
 pub mod soft;
 mod sys;
+pub mod wait;
 
 pub use context::{Context, ProtectionDomain};
 pub use device::{
@@ -97,3 +98,4 @@ pub use iwarp_proto::mem::{Access, MemError};
 pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
 pub use mr::MemoryRegion;
 pub use qp::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
+pub use wait::WaitSet;
