@@ -251,6 +251,8 @@ pub struct WaitSet {
     /// Scratch for `poll(2)`: the outside descriptors first, then the CQs'.
     pollfds: Vec<libc::pollfd>,
     ready: Vec<Event>,
+    /// [`WaitSet::set_spin`].
+    spin: Option<Duration>,
 }
 
 impl std::fmt::Debug for WaitSet {
@@ -320,6 +322,15 @@ impl WaitSet {
         self.fds.clear();
     }
 
+    /// How long a wait polls before it sleeps: `None` (the default) uses
+    /// the longest `spin` of the member CQs' [`ProgressMode`]s;
+    /// `Some(Duration::ZERO)` sleeps at once, for a caller whose wait is
+    /// often ended by an outside descriptor (an answer that may not come
+    /// through the CQ at all). Busy-poll CQs spin regardless.
+    pub fn set_spin(&mut self, spin: Option<Duration>) {
+        self.spin = spin;
+    }
+
     /// True if the set has no member.
     pub fn is_empty(&self) -> bool {
         self.cqs.is_empty() && self.fds.is_empty()
@@ -336,7 +347,22 @@ impl WaitSet {
                 "waiting forever on an empty WaitSet would never return; add a CQ or a descriptor, or give a deadline",
             ));
         }
-        let ready = self.wait_inner(until)?;
+        let ready = match self.only_cq() {
+            Some(cq) => {
+                // One CQ and nothing else: its own wait is the mechanism
+                // its mode calls for (no descriptor to poll beside it).
+                let left = until.left(Instant::now()).unwrap_or(Duration::MAX);
+                let ready = cq
+                    .wait(left)
+                    .map_err(|e| io::Error::other(format!("waiting on a CQ: {e}")))?;
+                self.ready.clear();
+                if ready {
+                    self.collect_cqs();
+                }
+                !self.ready.is_empty()
+            }
+            None => self.wait_inner(until)?,
+        };
         Ok(if ready {
             Wake::Ready(&self.ready)
         } else {
@@ -355,16 +381,7 @@ impl WaitSet {
             .iter()
             .any(|m| m.cq.progress_mode() == ProgressMode::BusyPoll);
         // The longest `spin` among the CQs that have one: poll before sleeping.
-        let spin = self
-            .cqs
-            .iter()
-            .filter(|m| m.interest == CqInterest::Completions)
-            .map(|m| match m.cq.progress_mode() {
-                ProgressMode::Threaded { spin } | ProgressMode::AppDriven { spin } => spin,
-                ProgressMode::BusyPoll => Duration::ZERO,
-            })
-            .max()
-            .unwrap_or(Duration::ZERO);
+        let spin = self.spin.unwrap_or_else(|| self.spin_of_cqs());
         let start = Instant::now();
         let mut round = 0u32;
         loop {
@@ -428,6 +445,37 @@ impl WaitSet {
                 }
             }
         }
+    }
+
+    /// The set's only member, if it is a CQ waited on for its completions
+    /// with the CQ's own spin.
+    fn only_cq(&self) -> Option<&CompletionQueue> {
+        match (&self.cqs[..], &self.fds[..], self.spin) {
+            ([m], [], None) if m.interest == CqInterest::Completions => Some(&m.cq),
+            _ => None,
+        }
+    }
+
+    /// One round of a busy wait without its checks: the receive work of
+    /// the member CQs whose sockets the application reads (busy-poll and
+    /// application-driven ones; [`CompletionQueue::progress`]). For a loop
+    /// that spins on memory (an RDMA Write's last byte) rather than on a
+    /// CQ, between its own checks; it returns at once.
+    pub fn progress(&self) {
+        self.progress_cqs(true);
+    }
+
+    /// The longest `spin` among the CQs that wait for completions.
+    fn spin_of_cqs(&self) -> Duration {
+        self.cqs
+            .iter()
+            .filter(|m| m.interest == CqInterest::Completions)
+            .map(|m| match m.cq.progress_mode() {
+                ProgressMode::Threaded { spin } | ProgressMode::AppDriven { spin } => spin,
+                ProgressMode::BusyPoll => Duration::ZERO,
+            })
+            .max()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// Do the receive work of the application-driven and busy-poll CQs

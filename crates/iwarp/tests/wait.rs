@@ -292,3 +292,26 @@ fn waiting_forever_on_an_empty_set_is_refused() {
     let e = WaitSet::new().wait(Until::Forever).unwrap_err();
     assert!(e.to_string().contains("empty WaitSet"), "{e}");
 }
+
+/// A set of one CQ and nothing else waits through the CQ's own `wait`:
+/// it wakes for a completion in each mode, and times out.
+#[test]
+fn a_set_of_one_cq_wakes_and_times_out_in_every_mode() {
+    for mode in [THREADED, DRIVEN, ProgressMode::BusyPoll] {
+        let (client, server, cbuf, _sbuf) = pair_in(mode, 1);
+        let mut set = WaitSet::new();
+        set.add_cq(&server.rcq, CqInterest::Completions, CQ);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        assert!(set.wait(deadline).unwrap().is_timeout(), "{mode:?}");
+        assert!(Instant::now() >= deadline, "{mode:?}");
+        std::thread::scope(|s| {
+            send_later(s, &client, &cbuf);
+            let deadline = Instant::now() + T;
+            let w = set.wait(deadline).unwrap();
+            assert!(
+                w.is_ready(CQ) && Instant::now() < deadline,
+                "{mode:?}: {w:?}"
+            );
+        });
+    }
+}
