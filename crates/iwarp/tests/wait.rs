@@ -315,3 +315,37 @@ fn a_set_of_one_cq_wakes_and_times_out_in_every_mode() {
         });
     }
 }
+
+/// A queue pair that fails with nothing outstanding flushes nothing, so
+/// no completion says so; its event descriptor wakes the wait instead.
+#[test]
+fn a_qp_event_wakes_the_wait_through_the_event_fd() {
+    const EV: Token = Token(3);
+    let (client, server) = pair();
+    let efd = server
+        .qp
+        .event_fd()
+        .expect("the soft provider has an event fd");
+    let (r, _w) = std::io::pipe().unwrap();
+    let mut set = set_of(&server.rcq, &r);
+    set.add_fd(efd, Interest::READABLE, EV);
+    // `pair` took the Established event: nothing waits now.
+    assert!(set
+        .wait(Until::Deadline(Instant::now()))
+        .unwrap()
+        .is_timeout());
+    client.qp.disconnect();
+    let deadline = Instant::now() + T;
+    let w = set.wait(deadline).unwrap();
+    assert!(
+        w.is_ready(EV) && !w.is_ready(CQ) && Instant::now() < deadline,
+        "{w:?}"
+    );
+    assert!(server.qp.next_event(Duration::ZERO).is_some());
+    // Taken: the descriptor is clear again.
+    while server.qp.next_event(Duration::ZERO).is_some() {}
+    assert!(set
+        .wait(Until::Deadline(Instant::now()))
+        .unwrap()
+        .is_timeout());
+}

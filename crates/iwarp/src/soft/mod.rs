@@ -213,6 +213,9 @@ pub(crate) struct SoftQp {
     /// Threads waiting on `events_cond` (changed and read with `events`
     /// locked), so that an event nobody waits for costs no futex call.
     event_waiters: AtomicU32,
+    /// `QueuePair::event_fd`: made on first use, then readable while
+    /// `events` is non-empty (set and cleared with `events` locked).
+    event_fd: OnceLock<crate::sys::EventFd>,
     disconnected: AtomicBool,
     rtr_outstanding: AtomicBool,
     pub(crate) conn: OnceLock<Arc<Conn>>,
@@ -329,6 +332,7 @@ fn create_qp(
         events: Mutex::new(VecDeque::new()),
         events_cond: Condvar::new(),
         event_waiters: AtomicU32::new(0),
+        event_fd: OnceLock::new(),
         disconnected: AtomicBool::new(false),
         rtr_outstanding: AtomicBool::new(false),
         conn: OnceLock::new(),
@@ -401,6 +405,9 @@ impl SoftQp {
         tracing::debug!(qpn = self.qpn, event = ?ev, "QP event");
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(ev);
+        if let Some(efd) = self.event_fd.get() {
+            efd.set();
+        }
         // Read under the lock: a waiter counts itself in under it before
         // it waits, so it is either counted here or finds the event.
         let waiters = self.event_waiters.load(Ordering::Relaxed);
@@ -562,6 +569,11 @@ impl QpOps for SoftQp {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(ev) = q.pop_front() {
+                if q.is_empty() {
+                    if let Some(efd) = self.event_fd.get() {
+                        efd.clear();
+                    }
+                }
                 return Some(ev);
             }
             let left = match deadline {
@@ -579,6 +591,27 @@ impl QpOps for SoftQp {
                 .0;
             self.event_waiters.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if let Some(efd) = self.event_fd.get() {
+            return Some(efd.as_raw_fd());
+        }
+        let efd = match crate::sys::EventFd::new() {
+            Ok(efd) => efd,
+            Err(e) => {
+                tracing::warn!(qpn = self.qpn, error = %e, "no eventfd for the QP's events (raise the open-file limit, ulimit -n); waiters fall back to their deadlines");
+                return None;
+            }
+        };
+        // Made under the events lock, so it matches the queue from now on.
+        let q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let efd = self.event_fd.get_or_init(|| efd);
+        if !q.is_empty() {
+            efd.set();
+        }
+        Some(efd.as_raw_fd())
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
