@@ -290,9 +290,11 @@ impl WaitSet {
 
     /// Add a completion queue. Set its [`ProgressMode`] first
     /// ([`CompletionQueue::set_progress`]); the set reads it at every
-    /// wait. Adding arms the CQ's descriptor ([`CompletionQueue::as_raw_fd`]).
+    /// wait. The CQ's descriptor ([`CompletionQueue::as_raw_fd`]) is armed
+    /// the first time a wait sleeps on it (an armed eventfd costs a system
+    /// call per empty/non-empty change of the queue, which a set that
+    /// only spins or only does receive work does not need).
     pub fn add_cq(&mut self, cq: &CompletionQueue, interest: CqInterest, token: Token) {
-        cq.as_raw_fd();
         self.cqs.push(CqMember {
             cq: cq.clone(),
             interest,
@@ -543,7 +545,9 @@ impl WaitSet {
                 revents: 0,
             });
         }
-        if with_cqs {
+        // The CQs' descriptors are needed only to sleep: a zero-timeout
+        // check reads their lengths directly instead (`collect_cqs`).
+        if with_cqs && timeout != Some(Duration::ZERO) {
             // A progress-only CQ is slept on only while it is empty (its
             // descriptor is readable for completions, which do not end the
             // wait); a busy-poll CQ's progress is done by spinning, but its
