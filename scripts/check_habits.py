@@ -21,6 +21,18 @@ other directory: every file under it):
            from one of its ancestor modules, the crate root included
            ("put shared types in leaf modules, not in the parent"); naming
            a sibling module through `super::sibling` is fine.
+  wait     no application-level wait loop in tools/ and crates/ outside
+           the verbs crate (crates/iwarp): every application waits through
+           the one API, iwarp::wait::WaitSet (docs/WAITING.md). Flagged
+           (code only: comments, strings and `#[cfg(test)] mod tests`
+           ignored): its own poll(2) (`libc::poll(` / `ppoll(` /
+           `epoll_wait(`); a verbs wait cut into slices (`.wait(`,
+           `.wait_one(`, `.get_request(`, `.next_event(` whose argument is
+           a `.min(Duration::..)`, a `clamp(..)`, a `slice`, a `..SLICE` or
+           a `TICK`); a
+           `thread::sleep(` within a few lines after a CQ poll, a
+           `progress()`, a `get_request(` or a `next_event(` (sleeping as a
+           wait); and the retired `WakePolicy` / `attend()` API.
 
 Known offenders live in the allow-list (scripts/habits-allow.txt), each
 with the issue that tracks it. Anything not listed fails. Python 3 only,
@@ -59,6 +71,23 @@ FACTS = [
      "the MPA key (RFC 5044 §7.1): use iwarp_proto::wire::mpa::{KEY_REQ, KEY_REP}"),
 ]
 FACT_FILES = re.compile(r"\.(rs|c|h)$")
+# Application-level wait loops (issue 28, "one reactor"): where they are
+# looked for, and what they look like (matched against code with comments
+# and strings blanked).
+WAIT_SCOPE = re.compile(r"^(tools|crates)/.*\.rs$")
+WAIT_HOME = "crates/iwarp/"  # the verbs crate: the one waiting API lives here
+WAIT_RULES = [
+    (re.compile(r"\blibc\s*::\s*(poll|ppoll|epoll_wait)\s*\("),
+     "its own poll(2) loop: put the descriptors in an iwarp::wait::WaitSet (add_fd) beside the CQs"),
+    (re.compile(r"\.\s*(wait|wait_one|get_request|next_event)\s*\([^;]*(\.\s*min\s*\(\s*Duration\s*::|\bclamp\s*\(|\b(slice|\w*SLICE|TICK)\b)"),
+     "a wait cut into slices: wait once, with the deadline, in an iwarp::wait::WaitSet (a QP failure wakes it through QueuePair::event_fd, a listener through its descriptor)"),
+    (re.compile(r"\bWakePolicy\b|\.\s*attend\s*\(\s*\)"),
+     "the retired WakePolicy/attend wake-up rules: wait through an iwarp::wait::WaitSet"),
+]
+WAIT_SLEEP = re.compile(r"\bthread\s*::\s*sleep\s*\(")
+WAIT_POLLED = re.compile(r"\.\s*(poll_one|poll|progress|get_request|next_event)\s*\(")
+WAIT_SLEEP_NEAR = 6  # lines after a poll in which a sleep is a wait
+
 TEST_TAIL = re.compile(r"^#\[cfg\(test\)\]\s*\n\s*mod tests\b", re.M)
 COMMENT_LINE = re.compile(r"^\s*(//|/?\*)")
 
@@ -116,6 +145,7 @@ class Allow:
         self.circles = []  # (frozenset of paths, line no)
         self.parents = {}  # (from, to) -> line no
         self.facts = {}  # path -> line no
+        self.waits = {}  # path -> line no
         self.errors = []
         if path is None or not os.path.exists(path):
             return
@@ -141,10 +171,12 @@ class Allow:
                     self.parents[(args[0], args[1])] = no
                 elif kind == "fact" and len(args) == 1:
                     self.facts[args[0]] = no
+                elif kind == "wait" and len(args) == 1:
+                    self.waits[args[0]] = no
                 else:
                     self.errors.append(
                         f"{path}:{no}: not understood: expected 'file PATH LINES #N', "
-                        "'circle PATH PATH... #N', 'parent FROM TO #N' or 'fact PATH #N'"
+                        "'circle PATH PATH... #N', 'parent FROM TO #N', 'fact PATH #N' or 'wait PATH #N'"
                     )
 
 
@@ -525,6 +557,36 @@ def main():
                         fails.append(f"fact: {f}:{no}: spells out {why.split(':')[0]} again: {why.split(': ', 1)[1]}")
                     break
 
+    # no application-level wait loop
+    seen_waits = set()
+    for f in sorted(files):
+        if not WAIT_SCOPE.search(f) or f.startswith(WAIT_HOME) or exempt_reason(f):
+            continue
+        with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        m = TEST_TAIL.search(text)
+        code = strip_rust(text[: m.start()] if m else text).split("\n")
+        found = []
+        last_poll = -WAIT_SLEEP_NEAR - 1
+        for no, line in enumerate(code, 1):
+            for pat, why in WAIT_RULES:
+                if pat.search(line):
+                    found.append((no, why))
+            if re.search(r"\bfn\s", line):
+                last_poll = -WAIT_SLEEP_NEAR - 1  # a new function
+            if WAIT_POLLED.search(line):
+                last_poll = no
+            elif WAIT_SLEEP.search(line) and no - last_poll <= WAIT_SLEEP_NEAR:
+                found.append((no, "a sleep as a wait (after a poll): wait for the thing itself in an iwarp::wait::WaitSet"))
+        if not found:
+            continue
+        seen_waits.add(f)
+        listing.append(f"wait {f} #ISSUE application-level wait loop")
+        if f in allow.waits:
+            continue
+        for no, why in found:
+            fails.append(f"wait: {f}:{no}: {why} (issue 28: no application-level wait loop; docs/WAITING.md)")
+
     # module graph
     seen_circles, seen_parents = [], set()
     for name, rootfile in crate_roots(root, files):
@@ -570,6 +632,9 @@ def main():
     for path, no in allow.facts.items():
         if not any(l.startswith(f"fact {path} ") for l in listing):
             notes.append(f"{allow_path}:{no}: {path} no longer spells out a fact of another file: remove its line")
+    for path, no in allow.waits.items():
+        if path not in seen_waits:
+            notes.append(f"{allow_path}:{no}: {path} has no application-level wait loop any more: remove its line")
     for key, no in allow.parents.items():
         if key not in seen_parents:
             notes.append(f"{allow_path}:{no}: {key[0]} no longer takes items from {key[1]}: remove its line")
@@ -586,11 +651,12 @@ def main():
             f"check-habits: {len(fails)} problem(s). Fix them; only if a fix is "
             f"planned elsewhere, add a line to {os.path.relpath(allow_path, root)} "
             "with the issue number that tracks it ('file PATH LINES #N why', "
-            "'circle PATH PATH #N why', 'parent FROM TO #N why', 'fact PATH #N why').",
+            "'circle PATH PATH #N why', 'parent FROM TO #N why', 'fact PATH #N why', "
+            "'wait PATH #N why').",
             file=sys.stderr,
         )
         return 1
-    print(f"check-habits: OK ({len(files)} files, no new file over {args.max_lines} lines, no new import circle, no new import from a parent module)")
+    print(f"check-habits: OK ({len(files)} files, no new file over {args.max_lines} lines, no new import circle, no new import from a parent module, no new application-level wait loop)")
     return 0
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Self-test of scripts/check_habits.py (run by `check-habits.sh
 --self-test`, well under a second): fake crates in a temp dir, with a
-circle, a 1,300-line file, an import from a parent module and the MPA key
-spelled out outside iwarp-proto, must be
+circle, a 1,300-line file, an import from a parent module, the MPA key
+spelled out outside iwarp-proto and application-level wait loops (a
+poll(2), a sliced CQ wait, a sleep after a poll), must be
 rejected, each for its own reason; a clean crate (with the look-alikes a
 naive grep would trip on) must be accepted; the allow-list must accept
 exactly what it lists."""
@@ -50,6 +51,21 @@ BAD = {
     "src/big.rs": LONG,
     "src/p.rs": "mod kid;\npub struct Shared;\n",
     "src/p/kid.rs": "use super::Shared;\npub fn g(_: Shared) {}\n",
+    "tools/app/src/waits.rs": (
+        "pub fn a(fds: &mut [libc::pollfd]) {\n"
+        "    unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) };\n"
+        "}\n"
+        "pub fn b(cq: &Cq, left: Duration) {\n"
+        "    loop {\n"
+        "        let _ = cq.wait(left.min(Duration::from_millis(200)));\n"
+        "    }\n"
+        "}\n"
+        "pub fn c(cq: &Cq) {\n"
+        "    while cq.poll_one().is_none() {\n"
+        "        std::thread::sleep(Duration::from_millis(1));\n"
+        "    }\n"
+        "}\n"
+    ),
 }
 
 CLEAN = {
@@ -65,6 +81,22 @@ CLEAN = {
     ),
     "src/b.rs": "use super::types::T;\nuse crate::A;\npub fn f() -> A {\n    A(T)\n}\n",
     "tests/long.rs": LONG + 'const KEY: &[u8; 16] = b"MPA ID Req Frame";\n',
+    # Look-alikes of wait loops that are not: a comment, a string, a
+    # non-blocking take, a grace capped by what is left, a sleep far from
+    # any poll, a test module, and the verbs crate itself.
+    "tools/app/src/ok.rs": (
+        "// libc::poll( in a comment\n"
+        'pub const S: &str = "cq.wait(left.min(Duration::from_millis(1)))";\n'
+        "pub fn a(l: &L, left: Duration) {\n"
+        "    let _ = l.get_request(Some(Duration::ZERO));\n"
+        "    let _ = l.get_request(Some(REQUEST_WAIT.min(left)));\n"
+        "}\n"
+        "pub fn b() {\n"
+        "    std::thread::sleep(Duration::from_millis(1));\n"
+        "}\n"
+        "#[cfg(test)]\nmod tests {\n    fn t() { unsafe { libc::poll(std::ptr::null_mut(), 0, 1) }; }\n}\n"
+    ),
+    "crates/iwarp/src/wait.rs": "pub fn w() { unsafe { libc::poll(std::ptr::null_mut(), 0, 1) }; }\n",
 }
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -76,6 +108,9 @@ with tempfile.TemporaryDirectory() as tmp:
     expect("the 1,300-line file named", "size: src/big.rs has 1300 lines" in out, out)
     expect("the import from the parent named", "parent: src/p/kid.rs:1" in out and "`Shared`" in out, out)
     expect("the MPA key spelled out again named", "fact: src/key.rs:1" in out, out)
+    expect("an application's own poll(2) named", "wait: tools/app/src/waits.rs:2: its own poll(2)" in out, out)
+    expect("a sliced CQ wait named", "wait: tools/app/src/waits.rs:6: a wait cut into slices" in out, out)
+    expect("a sleep after a poll named", "wait: tools/app/src/waits.rs:11: a sleep as a wait" in out, out)
     expect("it says what to do", "habits-allow.txt" in out or "none.txt" in out, out)
 
     clean = os.path.join(tmp, "clean")
@@ -92,6 +127,7 @@ with tempfile.TemporaryDirectory() as tmp:
             "file src/big.rs 1300 #28 test\n"
             "parent src/p/kid.rs src/p.rs #28 test\n"
             "fact src/key.rs #28 test\n"
+            "wait tools/app/src/waits.rs #28 test\n"
         )
     rc, out = run(bad, allow)
     expect("listed offenders accepted", rc == 0, out)

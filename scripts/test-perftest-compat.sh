@@ -90,7 +90,15 @@ result() {
   rc=\$((crc + src))
   nonzero "\$cbw" || rc=\$((rc + 100))
   [ "\$sbw" = - ] || nonzero "\$sbw" || rc=\$((rc + 200))
-  echo "PTCOMPAT RESULT \$tag rc=\$rc client=\$crc server=\$src client_value=\$cbw server_value=\$sbw"
+  said=
+  if [ \$rc != 0 ]; then
+    # What each end said last, on the RESULT line itself (the host's FAIL
+    # line repeats it, so a CI summary that keeps only that line still
+    # names the cause), and what the guest kernel logged of siw.
+    said=" client_said=\"\$(grep -v '^ *\$' /tmp/c.log 2>/dev/null | tail -n 1 | tr -d '\"')\" server_said=\"\$(grep -v '^ *\$' /tmp/s.log 2>/dev/null | tail -n 1 | tr -d '\"')\""
+    dmesg 2>/dev/null | grep -iE 'siw|iwcm|rdma' | tail -n 8 | sed "s/^/PTCOMPAT \$tag: dmesg: /"
+  fi
+  echo "PTCOMPAT RESULT \$tag rc=\$rc client=\$crc server=\$src client_value=\$cbw server_value=\$sbw\$said"
 }
 # perftest calibrates its clock when it reports; under TCG the regression
 # fails now and then ("Correlation coefficient r^2 ... < 0.9", then "Can't
@@ -272,7 +280,7 @@ fail() {
 }
 check() {
     local tag="$1" desc="$2" line
-    grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    /" | grep -aE 'bw_mib|bw_mb_s|lat_med|t_median|error|Error|failed|^ *[0-9]+ ' || true
+    grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    /" | grep -aE 'bw_mib|bw_mb_s|lat_med|t_median|error|Error|failed|Failed|Unable|Unexpected|Couldn|^ *[0-9]+ ' || true
     line="$(grep -a "^PTCOMPAT RESULT $tag " "$CLEAN" || true)"
     if [[ "$line" == *" rc=0 "* ]]; then
         pass "$tag" "$desc (${line#*client_value=})"

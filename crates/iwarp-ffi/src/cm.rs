@@ -19,9 +19,9 @@ use iwarp_rs::cm::{
 };
 
 use crate::boundary::{free, give, guard, guard_or, handle, out_ptr};
+use crate::consts::{IWARP_MAX_PRIVATE_DATA, IWARP_TIMEOUT_INFINITE};
 use crate::error::{copy_cstr, iwarp_result, FfiError};
 use crate::verbs::iwarp_qp;
-use crate::{IWARP_MAX_PRIVATE_DATA, IWARP_TIMEOUT_INFINITE};
 
 /// A listening endpoint (`rdma_listen`).
 pub struct iwarp_listener {

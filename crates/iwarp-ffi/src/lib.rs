@@ -12,7 +12,7 @@
 //! ## The boundary (modeled on rustls-ffi)
 //!
 //! - **Panics** never cross into C: every exported function runs its body in
-//!   [`boundary::guard`] (or `guard_value` / `guard_or`), which turns a
+//!   `boundary::guard` (or `guard_value` / `guard_or`), which turns a
 //!   panic into `IWARP_ERR_PANIC` (or a documented fallback value) plus an
 //!   `iwarp_last_error` message.
 //! - **NULL** pointer arguments give `IWARP_ERR_NULL_ARG` (or the documented
@@ -33,7 +33,11 @@
 
 // Declaration order is the order of the generated header: results and
 // errors, then verbs, then connection management.
+pub mod consts;
+
 pub mod error;
+
+pub mod strerror;
 
 pub mod verbs;
 
@@ -42,20 +46,10 @@ pub mod cm;
 pub mod boundary;
 
 pub use cm::*;
+pub use consts::*;
 pub use error::*;
+pub use strerror::*;
 pub use verbs::*;
-
-/// Wait without a limit (for the `timeout_ms` arguments).
-pub const IWARP_TIMEOUT_INFINITE: u32 = u32::MAX;
-
-/// Most private data an MPA Request, Reply or Reject carries (RFC 5044
-/// §7.1). With MPA revision 2 (the default) the RFC 6581 parameters take 4
-/// of these bytes, which leaves 508 for the application.
-pub const IWARP_MAX_PRIVATE_DATA: usize = 512;
-
-/// Most scatter/gather elements in one work request.
-pub const IWARP_MAX_SGE: usize = 6;
-const _: () = assert!(IWARP_MAX_SGE == iwarp_rs::MAX_SGE);
 
 /// The library version as a static NUL-terminated string (the crate's, "0.4.0").
 #[no_mangle]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use iwarp_proto::engine::{Engine, EngineConfig, PostError, QpState, RecvWr, SendWr};
 use iwarp_proto::mem::PdId;
 use iwarp_verbs::provider::{ConnInfo, CqSource, QpEvent, QpOps, QpStats};
+use iwarp_verbs::sys::EventFd;
 use iwarp_verbs::{CompletionQueue, MrTable, QueuePair};
 
 use crate::state::{pump, Counters, SoftQp};
@@ -43,6 +44,7 @@ pub(crate) fn create_qp(
         events: Mutex::new(VecDeque::new()),
         events_cond: Condvar::new(),
         event_waiters: AtomicU32::new(0),
+        event_fd: OnceLock::new(),
         disconnected: AtomicBool::new(false),
         rtr_outstanding: AtomicBool::new(false),
         conn: OnceLock::new(),
@@ -184,6 +186,11 @@ impl QpOps for SoftQp {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(ev) = q.pop_front() {
+                if q.is_empty() {
+                    if let Some(efd) = self.event_fd.get() {
+                        efd.clear();
+                    }
+                }
                 return Some(ev);
             }
             let left = match deadline {
@@ -201,6 +208,27 @@ impl QpOps for SoftQp {
                 .0;
             self.event_waiters.fetch_sub(1, Ordering::Relaxed);
         }
+    }
+
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if let Some(efd) = self.event_fd.get() {
+            return Some(efd.as_raw_fd());
+        }
+        let efd = match EventFd::new() {
+            Ok(efd) => efd,
+            Err(e) => {
+                tracing::warn!(qpn = self.qpn, error = %e, "no eventfd for the QP's events (raise the open-file limit, ulimit -n); waiters fall back to their deadlines");
+                return None;
+            }
+        };
+        // Made under the events lock, so it matches the queue from now on.
+        let q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        let efd = self.event_fd.get_or_init(|| efd);
+        if !q.is_empty() {
+            efd.set();
+        }
+        Some(efd.as_raw_fd())
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::{Engine, EngineEvent, TxFrame, WcQueue, WcStatus, WorkCompletion};
 use iwarp_verbs::provider::{ConnInfo, QpEvent};
+use iwarp_verbs::sys::EventFd;
 use iwarp_verbs::{CompletionQueue, MrInner, MrTable};
 use socket2::Socket;
 
@@ -85,6 +86,9 @@ pub(crate) struct SoftQp {
     /// Threads waiting on `events_cond` (changed and read with `events`
     /// locked), so that an event nobody waits for costs no futex call.
     pub(crate) event_waiters: AtomicU32,
+    /// `QueuePair::event_fd`: made on first use, then readable while
+    /// `events` is non-empty (set and cleared with `events` locked).
+    pub(crate) event_fd: OnceLock<EventFd>,
     pub(crate) disconnected: AtomicBool,
     pub(crate) rtr_outstanding: AtomicBool,
     pub(crate) conn: OnceLock<Arc<Conn>>,
@@ -155,6 +159,9 @@ impl SoftQp {
         tracing::debug!(qpn = self.qpn, event = ?ev, "QP event");
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(ev);
+        if let Some(efd) = self.event_fd.get() {
+            efd.set();
+        }
         // Read under the lock: a waiter counts itself in under it before
         // it waits, so it is either counted here or finds the event.
         let waiters = self.event_waiters.load(Ordering::Relaxed);

@@ -388,6 +388,7 @@ impl CompletionQueue {
     /// True in [`ProgressMode::AppDriven`] (for the provider: a queue pair
     /// connecting to this CQ starts application-driven).
     #[doc(hidden)]
+    #[inline]
     pub fn app_driven(&self) -> bool {
         self.inner.mode.load(Ordering::Acquire) == MODE_DRIVEN
     }
@@ -430,21 +431,25 @@ impl CompletionQueue {
     }
 
     /// True if both handles are the same CQ.
+    #[inline]
     pub fn same_as(&self, other: &CompletionQueue) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// The depth the CQ was created with (`cqe`).
+    #[inline]
     pub fn depth(&self) -> usize {
         self.inner.depth
     }
 
     /// Number of completions waiting.
+    #[inline]
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Acquire)
     }
 
     /// True if no completion is waiting.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -462,6 +467,7 @@ impl CompletionQueue {
 
     /// The provider's device CQ, if any.
     #[doc(hidden)]
+    #[inline]
     pub fn hw(&self) -> Option<&Arc<dyn std::any::Any + Send + Sync>> {
         self.inner.hw.get()
     }
@@ -820,10 +826,19 @@ impl CompletionQueue {
     /// completions arrived for it; if it declines, make the descriptor
     /// readable. One relaxed load when nothing is due.
     #[doc(hidden)]
+    #[inline]
     pub fn run_hook(&self) {
+        // The common case, no hook due, is one relaxed load, inlined into
+        // the provider's engine guard (another crate).
+        if self.inner.hook_due.load(Ordering::Relaxed) {
+            self.run_due_hook();
+        }
+    }
+
+    #[cold]
+    fn run_due_hook(&self) {
         let inner = &*self.inner;
-        if !inner.hook_due.load(Ordering::Relaxed) || !inner.hook_due.swap(false, Ordering::AcqRel)
-        {
+        if !inner.hook_due.swap(false, Ordering::AcqRel) {
             return;
         }
         if inner.fd_paused.load(Ordering::Acquire) {

@@ -120,6 +120,7 @@ impl MrInner {
     /// Byte offset of `[to, to + len)` inside the region, if it lies inside.
     /// RFC 5040 §6.4 / siw `siw_check_mem`: base-and-bounds, overflow-safe.
     #[doc(hidden)]
+    #[inline]
     pub fn offset_of(&self, to: u64, len: u64) -> Result<usize, MemError> {
         let off = to.checked_sub(self.iova()).ok_or(MemError::Bounds)?;
         let end = off.checked_add(len).ok_or(MemError::Bounds)?;
@@ -131,6 +132,7 @@ impl MrInner {
 
     /// Raw pointer to `[to, to + len)`, bounds-checked.
     #[doc(hidden)]
+    #[inline]
     pub fn ptr_at(&self, to: u64, len: u64) -> Result<*mut u8, MemError> {
         let off = self.offset_of(to, len)?;
         // `off + len <= self.len`: the result stays inside the allocation
@@ -329,6 +331,7 @@ impl MrTable {
     /// The region named by `stag` (index and key), whether or not it has
     /// been invalidated. Used by the driver for its own transmit pieces.
     #[doc(hidden)]
+    #[inline]
     pub fn resolve(&self, stag: u32) -> Result<Arc<MrInner>, MemError> {
         let slab = self.slab.read().unwrap_or_else(|e| e.into_inner());
         slab.lookup(stag).cloned()

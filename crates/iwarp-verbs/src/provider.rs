@@ -50,6 +50,11 @@ pub trait QpOps: QpCm + Send + Sync + fmt::Debug {
     fn stats(&self) -> QpStats;
     /// Wait up to `timeout` for the next event.
     fn next_event(&self, timeout: Duration) -> Option<QpEvent>;
+    /// A descriptor readable (level-triggered) while events wait for
+    /// `next_event`; `None` if the provider has none.
+    fn event_fd(&self) -> Option<RawFd> {
+        None
+    }
     /// For the provider's own connection manager, which needs its concrete
     /// type back.
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;

@@ -167,6 +167,17 @@ impl QueuePair {
         self.ops.next_event(timeout)
     }
 
+    /// A descriptor that is readable (`POLLIN`, level-triggered) while
+    /// [`QpEvent`]s wait for [`next_event`](Self::next_event), for an
+    /// event loop or an `iwarp::wait::WaitSet`
+    /// that must notice a queue pair failing (a Terminate, the peer
+    /// closing) while nothing is outstanding to be flushed. Owned by the
+    /// queue pair: do not read or close it. `None` for a provider without
+    /// one (the rdma-core provider).
+    pub fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.ops.event_fd()
+    }
+
     /// Disconnect (`rdma_disconnect`): the QP stops accepting work, every
     /// outstanding work request is flushed with
     /// [`WcStatus::WrFlushErr`](crate::WcStatus::WrFlushErr), queued frames

@@ -54,7 +54,8 @@
 //! on the other provider or on this crate, so Cargo itself forbids import
 //! circles and upward imports between the layers.
 //!
-//! This crate's files: `context.rs` ([`Context`], [`ProtectionDomain`]:
+//! This crate's files: `wait.rs` ([`wait`]: one wait over CQs and outside
+//! descriptors with a deadline), `context.rs` ([`Context`], [`ProtectionDomain`]:
 //! every verb through the provider's `DeviceOps` / `PdOps`), `device.rs`
 //! (device names, [`list_devices`], and the table of providers, the only
 //! place that names them), `cm.rs` (the connection-manager functions,
@@ -63,8 +64,9 @@
 //!
 //! # `unsafe`
 //!
-//! This crate has one use, forwarding [`ProtectionDomain::reg_mr_raw`]'s
-//! contract to `iwarp-verbs` (`context.rs`). The others are each crate's
+//! This crate has two uses: forwarding [`ProtectionDomain::reg_mr_raw`]'s
+//! contract to `iwarp-verbs` (`context.rs`), and `poll(2)` on the wait
+//! set's descriptors (`wait.rs`). The others are each crate's
 //! own and listed in its docs: `iwarp-verbs` (registered memory in
 //! `mr.rs`; `eventfd`, `epoll`, `poll` in `sys.rs`), `iwarp-soft` (its
 //! `sys.rs` data-path calls into and out of registered memory, their two
@@ -86,6 +88,7 @@ pub mod device;
 pub use iwarp_rdmacore as rdma;
 /// The software provider (crate `iwarp-soft`).
 pub use iwarp_soft as soft;
+pub mod wait;
 
 pub use context::{Context, ProtectionDomain};
 pub use device::{
@@ -102,3 +105,4 @@ pub use iwarp_verbs::{
 pub use iwarp_verbs::MemoryRegion;
 pub use iwarp_verbs::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
 pub use iwarp_verbs::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
+pub use wait::WaitSet;

@@ -24,7 +24,7 @@
 //! This is the one implementation of the checks: the blocking ones
 //! ([`crate::check::RdmaCheck`], [`crate::check::TcpCheck`],
 //! [`crate::sockets::SocketsCheck`]) run an `AsyncCheck` on a runtime of
-//! their own (`check::Blocking`). Their RDMA wait is
+//! their own (`blocking::Blocking`). Their RDMA wait is
 //! [`iwarp::CompletionQueue::wait_one`] in the progress mode they were
 //! given (a spin, busy polling), called from the check itself, because
 //! nothing else runs on their runtime.
@@ -40,7 +40,7 @@ use iwarp_tokio::AsyncCq;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::check::{version_of_reply, CheckError, RdmaConn, TORN_RETRIES};
+use crate::check_parts::{sockets_options, version_of_reply, CheckError, RdmaConn, TORN_RETRIES};
 
 /// How an RDMA check's event loop learns that its Read completed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,7 +291,7 @@ impl AsyncCheck {
             Way::Sockets => {
                 let opts = iwarp_sockets::Options {
                     connect_timeout: t,
-                    ..crate::sockets::options()
+                    ..sockets_options()
                 };
                 let s = AsyncStream::connect(addr, opts)
                     .await

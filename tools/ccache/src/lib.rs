@@ -41,7 +41,9 @@
 pub mod access;
 pub mod acheck;
 pub mod appd;
+mod blocking;
 pub mod check;
+pub mod check_parts;
 pub mod config;
 pub mod docs;
 pub mod ipc;

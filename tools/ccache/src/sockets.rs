@@ -21,24 +21,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccache_proto::ipc::{ErrorCode, Kind, Repr};
-use iwarp_sockets::{Listener, Options};
+use iwarp_sockets::Listener;
 
 use crate::acheck::AsyncCheck;
-use crate::check::{Blocking, CheckError, VersionCheck};
+use crate::blocking::Blocking;
+/// The stream options for version requests (see
+/// [`crate::check_parts::sockets_options`]).
+pub use crate::check_parts::sockets_options as options;
+use crate::check_parts::{CheckError, VersionCheck};
 use crate::msgio::{read_msg, write_msg, MsgError};
 use crate::table::VersionTable;
-
-/// The stream options for version requests: small rings (messages are 16
-/// bytes), the rest from `IWARP_SOCKETS_*` in the environment.
-pub fn options() -> Options {
-    Options {
-        sbuf_size: 64 * 1024,
-        rbuf_size: 64 * 1024,
-        sq_size: 64,
-        rq_size: 64,
-        ..Options::from_env()
-    }
-}
 
 /// Answer version requests on one stream until it closes, errs, idles, or
 /// sends a malformed message (answered with `ERROR(malformed)`, then

@@ -5,6 +5,7 @@
 //! arrive (docs/MOD_RDMA.md, "Round trips").
 
 use super::*;
+use iwarp::wait::CqInterest;
 
 /// A pipelined GET that has been sent and not answered yet.
 pub(super) struct InFlight {
@@ -113,6 +114,8 @@ pub(super) fn pump_reads(
         .as_mut()
         .ok_or("client-reads without an RDMA connection")?;
     let deadline = Instant::now() + r.timeout;
+    let mut set = http_set(&s.http);
+    set.add_cq(&r.send_cq, CqInterest::Completions, RDMA);
     let mut finished = 0;
     loop {
         while let Some(wc) = r.send_cq.poll_one() {
@@ -164,14 +167,10 @@ pub(super) fn pump_reads(
                 r.timeout
             ));
         }
-        // Sleep on the send CQ's fd (its completions and the RDMA
-        // connection's socket) and the HTTP socket.
-        let http_ready = poll_http(
-            &s.http,
-            Some(r.send_cq.as_raw_fd()),
-            left.as_millis().clamp(1, 100) as i32,
-        );
-        if until_http && http_ready {
+        // Sleep on the send CQ (its completions and the RDMA connection's
+        // socket) and the HTTP socket.
+        let http_ready = set.wait(deadline).map_err(wait_error)?.is_ready(HTTP);
+        if until_http && http_ready && s.http.answer_ready() {
             return Ok(all_ok);
         }
     }

@@ -4,6 +4,7 @@
 //! (docs/MOD_RDMA.md, "The wire protocol").
 
 use super::*;
+use iwarp::wait::{CqInterest, Interest, Token, WaitSet, Wake};
 
 pub(super) const RECV_SLOTS: usize = 8;
 pub(super) const CHUNK: usize = 16 << 20;
@@ -308,26 +309,27 @@ impl Rdma {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
+        // Sleep until a connection or the HTTP answer arrives.
+        let mut set = WaitSet::new();
+        set.add_fd(self.listener.as_raw_fd(), Interest::READABLE, LISTENER);
+        set.add_fd(http.stream().as_raw_fd(), Interest::READABLE, HTTP);
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "the server neither connected to {}:{} nor answered within {:?}",
-                    self.ip(),
-                    self.port(),
-                    self.timeout
-                ));
-            }
-            // Sleep until a connection or the HTTP answer arrives.
-            let (conn_ready, http_ready) = poll_two(
-                self.listener.as_raw_fd(),
-                http.stream().as_raw_fd(),
-                left.as_millis().clamp(1, 100) as i32,
-            );
+            let (conn_ready, http_ready) = match set.wait(deadline).map_err(wait_error)? {
+                Wake::Timeout => {
+                    return Err(format!(
+                        "the server neither connected to {}:{} nor answered within {:?}",
+                        self.ip(),
+                        self.port(),
+                        self.timeout
+                    ))
+                }
+                w => (w.is_ready(LISTENER), w.is_ready(HTTP)),
+            };
             if conn_ready {
                 // A connection waits: its MPA Request is due at once, so a
                 // peer that connects and sends nothing holds us up for
                 // MPA_REQUEST_WAIT at most, not until the deadline.
+                let left = deadline.saturating_duration_since(Instant::now());
                 match self.listener.get_request(Some(MPA_REQUEST_WAIT.min(left))) {
                     Ok(req) => {
                         if self.accept(req)? {
@@ -451,37 +453,25 @@ impl Rdma {
 
     /// Wait until the HTTP answer starts arriving, doing the RDMA
     /// connection's receive work meanwhile (the server may be reading our
-    /// buffer, or writing into it). Completions stay in their CQs.
+    /// buffer, or writing into it). Completions stay in their CQs: both
+    /// CQs are in the wait set for their receive work only
+    /// ([`CqInterest::Progress`]).
     pub(super) fn wait_http(&self, http: &Conn) -> Res<()> {
         if self.qp.is_none() {
             return Ok(());
         }
         let deadline = Instant::now() + self.timeout;
+        let mut set = http_set(http);
+        set.add_cq(&self.send_cq, CqInterest::Progress, RDMA);
+        set.add_cq(&self.recv_cq, CqInterest::Progress, RDMA);
         loop {
-            self.recv_cq.progress();
             if http.has_buffered() {
                 return Ok(());
             }
-            // Sleep on the connection's socket through a CQ's fd (an epoll
-            // set of the socket and the CQ's completions): one whose
-            // completions would not wake us at once. The send CQ's are
-            // always taken by `run`; a control message may wait in the
-            // receive CQ.
-            let cq_fd = [&self.send_cq, &self.recv_cq]
-                .into_iter()
-                .find(|cq| cq.is_empty())
-                .map(|cq| cq.as_raw_fd());
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!("no HTTP answer within {:?}", self.timeout));
-            }
-            let ms = match cq_fd {
-                Some(_) => left.as_millis().clamp(1, 100) as i32,
-                // Both CQs hold completions: wake up to do the receive work.
-                None => 1,
-            };
-            if poll_http(http, cq_fd, ms) {
-                return Ok(());
+            match set.wait(deadline).map_err(wait_error)? {
+                Wake::Timeout => return Err(format!("no HTTP answer within {:?}", self.timeout)),
+                w if w.is_ready(HTTP) && http.answer_ready() => return Ok(()),
+                _ => {}
             }
         }
     }
@@ -490,9 +480,9 @@ impl Rdma {
     /// response starts arriving (`None`).
     ///
     /// This thread does the RDMA connection's receive work itself while it
-    /// waits ([`ProgressMode::AppDriven`]): `poll_one` reads whatever the
+    /// waits ([`ProgressMode::AppDriven`]): the wait set reads whatever the
     /// socket holds, and otherwise the thread sleeps at once (an answer
-    /// may not come by RDMA at all) in `poll(2)` on the CQ's fd (the
+    /// may not come by RDMA at all: no spin) on the CQ's fd (the
     /// connection's socket and the CQ's completions) and the HTTP socket.
     /// The stack's receive thread stays parked, so the data is read by the
     /// one thread that is waiting for it: on a loaded machine each extra
@@ -502,6 +492,9 @@ impl Rdma {
         self.qp()?;
         let cq = &self.recv_cq;
         let deadline = Instant::now() + self.timeout;
+        let mut set = http_set(http);
+        set.add_cq(cq, CqInterest::Completions, RDMA);
+        set.set_spin(Some(Duration::ZERO));
         loop {
             if let Some(wc) = cq.poll_one() {
                 return Ok(Some(wc));
@@ -509,48 +502,43 @@ impl Rdma {
             if http.has_buffered() {
                 return Ok(None);
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "no control message or HTTP answer within {:?}",
-                    self.timeout
-                ));
-            }
-            if poll_http(
-                http,
-                Some(cq.as_raw_fd()),
-                left.as_millis().clamp(1, 100) as i32,
-            ) {
+            match set.wait(deadline).map_err(wait_error)? {
+                Wake::Timeout => {
+                    return Err(format!(
+                        "no control message or HTTP answer within {:?}",
+                        self.timeout
+                    ))
+                }
                 // The answer is coming; take a completion that came with it.
-                return Ok(cq.poll_one());
+                w if w.is_ready(HTTP) && http.answer_ready() => return Ok(cq.poll_one()),
+                _ => {}
             }
         }
     }
 }
 
+/// Tokens of the wait sets: the HTTP socket, the RDMA connection's CQs,
+/// the RDMA listener.
+pub(super) const HTTP: Token = Token(0);
+pub(super) const RDMA: Token = Token(1);
+const LISTENER: Token = Token(2);
+
+/// A wait set of the HTTP connection's socket, readable when response
+/// bytes arrive (check [`Conn::answer_ready`] when it is).
+pub(super) fn http_set(http: &Conn) -> WaitSet {
+    let mut set = WaitSet::new();
+    set.add_fd(http.stream().as_raw_fd(), Interest::READABLE, HTTP);
+    set
+}
+
+/// A failed `poll(2)` of a wait set (not a timeout).
+pub(super) fn wait_error(e: io::Error) -> String {
+    format!("waiting for the RDMA connection or the HTTP answer: {e}")
+}
+
 /// How long a connection to our RDMA listener may take to send its MPA
 /// Request once accepted (the server sends it right after connecting).
 pub(super) const MPA_REQUEST_WAIT: Duration = Duration::from_secs(2);
-
-/// Sleep in `poll(2)` for up to `ms` on two descriptors; which of them
-/// became readable.
-pub(super) fn poll_two(a: std::os::fd::RawFd, b: std::os::fd::RawFd, ms: i32) -> (bool, bool) {
-    let mut fds = [
-        libc::pollfd {
-            fd: a,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: b,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two valid pollfds in a live local array.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    (n > 0 && fds[0].revents != 0, n > 0 && fds[1].revents != 0)
-}
 
 /// A fresh request token: 64 bits from the kernel's random source
 /// (`/dev/urandom`), so that no one who cannot see the request can guess
@@ -561,26 +549,4 @@ pub(super) fn new_token() -> Res<u64> {
         .and_then(|mut f| f.read_exact(&mut b))
         .map_err(|e| format!("reading /dev/urandom for the request token: {e}"))?;
     Ok(u64::from_be_bytes(b))
-}
-
-/// Sleep in `poll(2)` for up to `ms` on the HTTP socket and `cq_fd` (a
-/// CQ's descriptor); true if the HTTP socket became readable with
-/// response bytes ([`Conn::answer_ready`]).
-pub(super) fn poll_http(http: &Conn, cq_fd: Option<std::os::fd::RawFd>, ms: i32) -> bool {
-    let mut fds = [
-        libc::pollfd {
-            fd: http.stream().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            // poll(2) ignores a negative fd.
-            fd: cq_fd.unwrap_or(-1),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two valid pollfds in a live local array.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    n > 0 && fds[0].revents != 0 && http.answer_ready()
 }

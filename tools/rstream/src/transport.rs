@@ -14,6 +14,9 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
+// The key that opens every MPA Request (RFC 5044 §7.1), from the one place
+// that defines it.
+use iwarp_proto::wire::mpa::KEY_REQ as MPA_REQ_KEY;
 use iwarp_sockets::{Listener, Options, Stream};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -297,9 +300,6 @@ pub fn connect(
         }
     }
 }
-
-/// The key that opens every MPA Request (RFC 5044 §7.1).
-const MPA_REQ_KEY: &[u8; 16] = b"MPA ID Req Frame";
 
 /// The server's listening socket.
 #[derive(Debug)]

@@ -12,8 +12,8 @@ use super::types::{
     wc_to_c,
 };
 use crate::boundary::{free, give, guard, guard_or, handle, out_ptr};
+use crate::consts::IWARP_TIMEOUT_INFINITE;
 use crate::error::{iwarp_result, FfiError};
-use crate::IWARP_TIMEOUT_INFINITE;
 
 /// Create a completion queue holding up to `depth` completions
 /// (`ibv_create_cq`); make it at least the sum of the queue depths of the

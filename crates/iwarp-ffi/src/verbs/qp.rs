@@ -11,8 +11,8 @@ use super::types::{
     iwarp_send_flags, iwarp_sge, sgl_from_c,
 };
 use crate::boundary::{free, give, guard, guard_or, handle, out_ptr};
+use crate::consts::IWARP_TIMEOUT_INFINITE;
 use crate::error::{iwarp_result, FfiError};
-use crate::IWARP_TIMEOUT_INFINITE;
 
 /// Create a queue pair in state INIT (`ibv_create_qp`): receives may be
 /// posted at once; connect it with `iwarp_connect` or `iwarp_accept`.

@@ -10,8 +10,8 @@ use iwarp_rs::{
     SgList, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::consts::IWARP_MAX_SGE;
 use crate::error::FfiError;
-use crate::IWARP_MAX_SGE;
 
 /// The software iWARP device (`struct ibv_context`).
 pub struct iwarp_context {

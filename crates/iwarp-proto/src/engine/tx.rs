@@ -16,160 +16,18 @@
 //! long send queue), else the next send-queue request. RDMA Reads wait
 //! while ORD Read Requests are outstanding (RFC 5040 §5.2, RFC 6581 §3).
 
-use super::*;
-use crate::mem::Access;
-use crate::wire::{crc, ddp, mpa, rdmap, terminate};
+use super::qp::{wc_opcode_of, Engine, IrqEntry, OrqEntry};
+use super::rx_state::CRC_COVERS_MARKERS;
+use super::tx_state::{CurKind, Cursor};
+use super::types::{QpState, TxFrame, TxPiece};
+use super::wr::{SendWr, SgList, Sge, WcOpcode, WcStatus, WrOpcode, MAX_SGE};
+use crate::fault::Fault;
+use crate::mem::{Access, MemError, MemoryAccess, PdId};
+use crate::wire::{crc, ddp, mpa, rdmap};
 use rdmap::Opcode;
 
 /// Upper bound on pieces per frame, so one `writev` stays under IOV_MAX.
 const MAX_PIECES: usize = 512;
-
-#[derive(Debug, Clone, Copy)]
-enum CurKind {
-    Send { op: Opcode, inval: u32, msn: u32 },
-    Write { rkey: u32, raddr: u64 },
-    ReadResp { sink_stag: u32, sink_to: u64 },
-}
-
-impl CurKind {
-    /// The RDMAP opcode, DDP placement and ULP word (the Invalidate STag
-    /// of a Send with Invalidate) of the message's segment at offset `off`
-    /// (RFC 5040 §4.3-§4.5, RFC 5041 §4.2-§4.3).
-    fn segment(&self, off: u32) -> (Opcode, ddp::Placement, u32) {
-        match *self {
-            CurKind::Send { op, inval, msn } => (
-                op,
-                ddp::Placement::Untagged {
-                    qn: rdmap::QN_SEND,
-                    msn,
-                    mo: off,
-                },
-                inval,
-            ),
-            CurKind::Write { rkey, raddr } => (
-                Opcode::RdmaWrite,
-                ddp::Placement::Tagged {
-                    stag: rkey,
-                    to: raddr.wrapping_add(off as u64),
-                },
-                0,
-            ),
-            CurKind::ReadResp { sink_stag, sink_to } => (
-                Opcode::ReadResponse,
-                ddp::Placement::Tagged {
-                    stag: sink_stag,
-                    to: sink_to.wrapping_add(off as u64),
-                },
-                0,
-            ),
-        }
-    }
-
-    fn tagged(&self) -> bool {
-        !matches!(self, CurKind::Send { .. })
-    }
-}
-
-/// A message being segmented.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Cursor {
-    kind: CurKind,
-    seq: Option<u64>,
-    sgl: SgList,
-    total: u32,
-    off: u32,
-    sge_idx: usize,
-    sge_off: u32,
-    /// The whole source was validated when the message started, in this
-    /// very `poll_transmit` call: its segments need no second lookup of
-    /// the same range. Cleared when the call returns, so a message that
-    /// continues in a later call is checked again per segment (the region
-    /// may have been deregistered in between).
-    checked: bool,
-}
-
-#[derive(Debug)]
-pub(super) struct Tx {
-    /// A Terminate's ULPDU waiting to be sent.
-    pub(super) pending_term: Option<Vec<u8>>,
-    pub(super) cursor: Option<Cursor>,
-    /// Bytes of the stream emitted so far, markers included.
-    stream_pos: u64,
-    /// Stream position where the FPDU being built starts.
-    fpdu_start: u64,
-    crc: u32,
-    /// Emitting the CRC field itself: a marker here is not covered.
-    in_crc_field: bool,
-    /// Next MSN of untagged queues 0 (Send) and 1 (Read Request).
-    msn_send: u32,
-    msn_rreq: u32,
-}
-
-impl Tx {
-    pub(super) fn new() -> Tx {
-        Tx {
-            pending_term: None,
-            cursor: None,
-            stream_pos: 0,
-            fpdu_start: 0,
-            crc: 0,
-            in_crc_field: false,
-            msn_send: 1,
-            msn_rreq: 1,
-        }
-    }
-}
-
-/// The ULPDU of an RDMAP Terminate (RFC 5040 §4.8) on untagged queue 2,
-/// MSN 1 (a stream carries at most one Terminate), carrying `code` and,
-/// when known, the offending segment's length and headers.
-///
-/// `offending` holds the received bytes from the ULPDU length field on:
-/// as much of the DDP header and Read Request header as had arrived.
-pub(super) fn build_terminate(code: TermCode, offending: Option<&[u8]>) -> Vec<u8> {
-    let mut seg_len = None;
-    let mut ddp_hdr = None;
-    let mut rdmap_hdr = None;
-    if let Some(h) = offending.filter(|h| h.len() >= mpa::ULPDU_LEN_FIELD + 2) {
-        let tagged = ddp::Packet::new_unchecked(&h[mpa::ULPDU_LEN_FIELD..]).tagged();
-        let dlen = if tagged {
-            ddp::TAGGED_HDR_LEN
-        } else {
-            ddp::UNTAGGED_HDR_LEN
-        };
-        let d_end = mpa::ULPDU_LEN_FIELD + dlen;
-        if h.len() >= d_end {
-            seg_len = Some(u16::from_be_bytes([h[0], h[1]]));
-            ddp_hdr = Some(&h[mpa::ULPDU_LEN_FIELD..d_end]);
-            let op = rdmap::ctrl_opcode(h[mpa::ULPDU_LEN_FIELD + 1]);
-            if op == Opcode::ReadRequest && h.len() >= d_end + rdmap::READ_REQUEST_LEN {
-                rdmap_hdr = Some(&h[d_end..d_end + rdmap::READ_REQUEST_LEN]);
-            }
-        }
-    }
-    let body = terminate::TerminateRepr {
-        code,
-        ddp_seg_len: seg_len,
-        ddp_hdr,
-        rdmap_hdr,
-    };
-    let mut out = vec![0u8; ddp::UNTAGGED_HDR_LEN + body.buffer_len()];
-    let (d, b) = out.split_at_mut(ddp::UNTAGGED_HDR_LEN);
-    ddp::Repr {
-        last: true,
-        version: ddp::DDP_VERSION,
-        ulp_ctrl: rdmap::ctrl_byte(Opcode::Terminate),
-        ulp_word: 0,
-        placement: ddp::Placement::Untagged {
-            qn: rdmap::QN_TERMINATE,
-            msn: 1,
-            mo: 0,
-        },
-    }
-    .emit(&mut ddp::Packet::new_unchecked(d));
-    body.emit(&mut terminate::Packet::new_unchecked(b));
-    out
-}
 
 /// Frame state to restore if an FPDU cannot be finished.
 #[derive(Clone, Copy)]
@@ -734,7 +592,7 @@ impl Engine {
             }
             .emit(&mut m);
             push_inline(frame, &m);
-            if self.link.crc && rx::CRC_COVERS_MARKERS && !self.tx.in_crc_field {
+            if self.link.crc && CRC_COVERS_MARKERS && !self.tx.in_crc_field {
                 self.tx.crc = crc::crc32c_append(self.tx.crc, &m);
             }
             self.tx.stream_pos += mpa::MARKER_LEN as u64;

@@ -21,7 +21,8 @@
 //! version a Terminate (tagged or untagged "invalid DDP version"), which the
 //! engine reports; the parser only refuses what it cannot read.
 
-use super::{be32, be64, put32, put64, Error, Result};
+use super::bytes::{be32, be64, put32, put64};
+use super::error::{Error, Result};
 
 /// Length of the tagged DDP header (control, RsvdULP byte, STag, TO).
 pub const TAGGED_HDR_LEN: usize = 14;
@@ -41,7 +42,7 @@ pub const MASK_RESERVED: u8 = 0x3c;
 pub const MASK_VERSION: u8 = 0x03;
 
 mod field {
-    use crate::wire::Field;
+    use crate::wire::bytes::Field;
     pub const CTRL: usize = 0;
     pub const ULP_CTRL: usize = 1;
     // tagged

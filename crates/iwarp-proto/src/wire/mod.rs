@@ -48,66 +48,13 @@
 //! `TermCode::Unknown`) rather than rejected, so the engine decides what an
 //! unknown value means and the fuzzers can round-trip anything.
 
-use core::fmt;
-
+mod bytes;
 pub mod crc;
 pub mod ddp;
+mod error;
 pub mod mpa;
+mod pktinfo;
 pub mod rdmap;
 pub mod terminate;
 
-/// A parse error of a wire header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Error {
-    /// The buffer is shorter than the header (or than the lengths it
-    /// announces).
-    Truncated,
-    /// The bytes are present but violate the format; the string names the
-    /// rule.
-    Malformed(&'static str),
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Truncated => write!(f, "buffer too short for the header it should contain"),
-            Error::Malformed(why) => write!(f, "malformed header: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
-
-/// Result of a wire parse.
-pub type Result<T> = core::result::Result<T, Error>;
-
-/// A byte range inside a header (smoltcp's `Field`).
-pub(crate) type Field = core::ops::Range<usize>;
-
-/// Big-endian helpers shared by the views. Callers guarantee the range is
-/// in bounds (the views' `check_len` does).
-pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_be_bytes(a)
-}
-
-pub(crate) fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
-}
-
-pub(crate) fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-}
-
-pub(crate) fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_be_bytes());
-}
+pub use error::{Error, Result};

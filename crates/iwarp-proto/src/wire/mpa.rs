@@ -59,8 +59,9 @@
 
 use core::fmt;
 
+use super::bytes::{be16, put16};
 use super::crc;
-use super::{be16, put16, Error, Result};
+use super::error::{Error, Result};
 
 /// Key of an MPA Request frame.
 pub const KEY_REQ: &[u8; 16] = b"MPA ID Req Frame";
@@ -125,7 +126,7 @@ pub fn fpdu_len(ulpdu_len: usize, crc: bool) -> usize {
 }
 
 mod field {
-    use crate::wire::Field;
+    use crate::wire::bytes::Field;
     pub const KEY: Field = 0..16;
     pub const FLAGS: usize = 16;
     pub const REV: usize = 17;

@@ -27,7 +27,8 @@
 //! | 6      | Send with SE and Invalidate | untagged | 0 |
 //! | 7      | Terminate          | untagged  | 2  |
 
-use super::{be32, be64, put32, put64, Error, Result};
+use super::bytes::{be32, be64, put32, put64};
+use super::error::{Error, Result};
 
 /// RDMAP version of RFC 5040 (RV field).
 pub const RDMAP_VERSION: u8 = 1;
@@ -128,25 +129,9 @@ impl Opcode {
         matches!(self, Opcode::SendSe | Opcode::SendSeInvalidate)
     }
 
-    /// Bytes of DDP plus fixed RDMAP header every message of this opcode
-    /// starts with (as siw's `iwarp_pktinfo`, without the MPA length):
-    /// Write/Read Response 14 (tagged DDP header, RFC 5041 §4.2), Sends 18
-    /// (untagged DDP header, RFC 5041 §4.3), Read Request 18 + 28 (RFC
-    /// 5040 §4.4), Terminate 18 + 4 (its control field, RFC 5040 §4.8;
-    /// the optional copied headers follow). `None` for unknown opcodes.
-    ///
-    /// This is the stack's one per-opcode header-length table: the
-    /// engine's receive path classifies FPDUs with it.
-    pub fn ulp_header_len(self) -> Option<usize> {
-        use super::{ddp, terminate};
-        match self {
-            Opcode::RdmaWrite | Opcode::ReadResponse => Some(ddp::TAGGED_HDR_LEN),
-            Opcode::ReadRequest => Some(ddp::UNTAGGED_HDR_LEN + READ_REQUEST_LEN),
-            Opcode::Terminate => Some(ddp::UNTAGGED_HDR_LEN + terminate::HDR_LEN),
-            Opcode::Unknown(_) => None,
-            _ => Some(ddp::UNTAGGED_HDR_LEN),
-        }
-    }
+    // `ulp_header_len`, the per-opcode header-length table, is in
+    // `wire/pktinfo.rs`: it reads `terminate::HDR_LEN`, and `terminate`
+    // imports this module.
 }
 
 /// The RDMAP control byte for `op` at [`RDMAP_VERSION`] (reserved bits 0).
@@ -165,7 +150,7 @@ pub fn ctrl_opcode(b: u8) -> Opcode {
 }
 
 mod field {
-    use crate::wire::Field;
+    use crate::wire::bytes::Field;
     pub const SINK_STAG: Field = 0..4;
     pub const SINK_TO: Field = 4..12;
     pub const SIZE: Field = 12..16;

@@ -37,7 +37,9 @@
 //! [`TerminateRepr::parse`] therefore reads up to 28 bytes after the DDP
 //! header when R is set, and accepts fewer (siw's R-for-Send case).
 
-use super::{be16, ddp, put16, Error, Result};
+use super::bytes::{be16, put16};
+use super::ddp;
+use super::error::{Error, Result};
 
 /// Length of the Terminate control field (layer/etype, code, flags, reserved).
 pub const HDR_LEN: usize = 4;
@@ -61,7 +63,7 @@ pub const LAYER_DDP: u8 = 1;
 pub const LAYER_LLP: u8 = 2;
 
 mod field {
-    use crate::wire::Field;
+    use crate::wire::bytes::Field;
     pub const LAYER_ETYPE: usize = 0;
     pub const ECODE: usize = 1;
     pub const FLAGS: usize = 2;

@@ -20,7 +20,14 @@ use crate::msg::MSG_BUF;
 use crate::progress::Logger;
 use crate::{Config, Error};
 
-use super::*;
+use super::base::{
+    data_recv_slots, mpa_config, refuse, wr_id, Fail, CTRL_RECVS, CTRL_SIGNAL_EVERY, CTRL_SLOTS,
+    DATA_MSG, K_CTRL_RECV, K_DATA_RECV, K_FIRST_FPDU,
+};
+use super::flow::{CtrlCredits, SourcePairing};
+use super::session::RdmaSession;
+use super::shared::{Dispatch, Routes, Shared};
+use super::threads::{dispatcher, sender};
 
 /// Verbs resources of a session before the data streams exist.
 pub(super) struct Setup {
@@ -123,7 +130,7 @@ fn cm_err(what: &str, e: &cm::CmError) -> String {
 /// says so.
 fn first_fpdu(qp: &QueuePair) {
     let _ = qp.post_send(&iwarp::SendWr {
-        wr_id: super::wr_id(super::K_FIRST_FPDU, 0, 0),
+        wr_id: wr_id(K_FIRST_FPDU, 0, 0),
         opcode: iwarp::WrOpcode::RdmaWrite {
             remote_addr: 0,
             rkey: 0,

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use iwarp::{
     CompletionQueue, MemoryRegion, QpEvent, QueuePair, RecvWr, SendWr, SgList, Sge, WrOpcode,
@@ -12,7 +13,11 @@ use iwarp::{
 use crate::msg::{Grant, Msg, MSG_BUF};
 use crate::Error;
 
-use super::*;
+use super::base::{
+    data_recv_slots, lock, wr_id, Fail, CTRL_RECVS, DATA_MSG, K_CTRL_RECV, K_CTRL_SEND,
+    K_DATA_RECV, K_DATA_SEND, K_DATA_WRITE,
+};
+use super::flow::{CtrlCredits, SourcePairing};
 
 /// Everything the threads share.
 pub(super) struct Shared {
@@ -236,4 +241,41 @@ impl Shared {
             )));
         }
     }
+}
+
+/// What the dispatcher hands the sink's writer.
+#[derive(Debug)]
+pub(super) enum SinkEv {
+    Begin {
+        transfer: u64,
+        len: Option<u64>,
+        prerequest: u32,
+    },
+    Request(u32),
+    Block {
+        seq: u64,
+        len: u32,
+        block: u32,
+    },
+    End {
+        blocks: u64,
+        bytes: u64,
+    },
+    Abort(String),
+}
+
+/// What handling completions needs (behind [`Shared::dispatch`]).
+pub(super) struct Dispatch {
+    pub(super) routes: Routes,
+    /// Each stream's consumed data receive slots, until a batch is
+    /// reposted.
+    pub(super) consumed: Vec<Vec<u32>>,
+}
+
+pub(super) struct Routes {
+    /// Block/grant pairs the dispatcher thread found, for the sender.
+    pub(super) pair_tx: Sender<(Filled, Grant)>,
+    pub(super) freed_tx: Sender<u32>,
+    pub(super) fin_tx: Sender<u64>,
+    pub(super) sink_tx: Sender<SinkEv>,
 }

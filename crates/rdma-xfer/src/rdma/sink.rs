@@ -40,10 +40,14 @@ use std::alloc::Layout;
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
+use std::time::Instant;
 
 use iwarp::{Access, MemoryRegion, ProtectionDomain};
 
+use crate::Config;
 use crate::Error;
+
+use super::flow::SinkWindow;
 
 /// Alignment and size granule of a block's memory.
 const PAGE: usize = 4096;
@@ -208,5 +212,51 @@ mod tests {
         }
         let per = t.elapsed() / n;
         println!("grant + retire of a 1 MiB sink block: {per:?} each");
+    }
+}
+
+/// The sink's side of one transfer from its first grant on: the grant and
+/// reorder window, the autotuned limit, and when each block was granted.
+#[derive(Debug)]
+pub(super) struct SinkState {
+    pub(super) transfer: u64,
+    pub(super) w: SinkWindow,
+    pub(super) tune: crate::tune::Autotune,
+    pub(super) granted_at: Vec<Option<Instant>>,
+}
+
+impl SinkState {
+    /// Transfer `transfer` of about `len` bytes, whose source asked for
+    /// `prerequest` grants.
+    pub(super) fn new(cfg: &Config, transfer: u64, len: Option<u64>, prerequest: u32) -> SinkState {
+        let depth = cfg.pool_depth();
+        // The window inside the pool (crate::tune): never under today's
+        // fixed default (16 MiB, 2-4 blocks per stream), grown while it
+        // limits, shrunk when the rate falls.
+        let streams = cfg.streams.max(1);
+        let floor = (crate::tune::LAN_WINDOW / u64::from(cfg.block_size.max(1)))
+            .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
+        let mut st = SinkState {
+            transfer,
+            w: SinkWindow::new(depth, cfg.block_size, prerequest),
+            tune: crate::tune::Autotune::new(depth, floor, cfg.block_size),
+            granted_at: vec![None; depth as usize],
+        };
+        st.start_at(depth, cfg.block_size, len, cfg.autotune);
+        st
+    }
+
+    /// A transfer that fits the pool is granted whole at once: the first
+    /// round of grants covers it, no growing (issue 27 §3). Only grows.
+    pub(super) fn start_at(&mut self, depth: u32, block: u32, len: Option<u64>, autotune: bool) {
+        self.tune.start_at(crate::tune::first_window(
+            self.tune.window(),
+            depth,
+            block,
+            len,
+        ));
+        if autotune {
+            self.w.set_limit(self.tune.window());
+        }
     }
 }

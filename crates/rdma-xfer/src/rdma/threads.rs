@@ -2,50 +2,17 @@
 //! caller shares with them.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 
 use iwarp::{WcStatus, WorkCompletion};
 
 use crate::msg::{Grant, Msg, MSG_BUF};
 
-use super::*;
-
-/// What the dispatcher hands the sink's writer.
-#[derive(Debug)]
-pub(super) enum SinkEv {
-    Begin {
-        transfer: u64,
-        len: Option<u64>,
-        prerequest: u32,
-    },
-    Request(u32),
-    Block {
-        seq: u64,
-        len: u32,
-        block: u32,
-    },
-    End {
-        blocks: u64,
-        bytes: u64,
-    },
-    Abort(String),
-}
-
-/// What handling completions needs (behind [`Shared::dispatch`]).
-pub(super) struct Dispatch {
-    pub(super) routes: Routes,
-    /// Each stream's consumed data receive slots, until a batch is
-    /// reposted.
-    pub(super) consumed: Vec<Vec<u32>>,
-}
-
-pub(super) struct Routes {
-    /// Block/grant pairs the dispatcher thread found, for the sender.
-    pub(super) pair_tx: Sender<(Filled, Grant)>,
-    pub(super) freed_tx: Sender<u32>,
-    pub(super) fin_tx: Sender<u64>,
-    pub(super) sink_tx: Sender<SinkEv>,
-}
+use super::base::{
+    lock, repost_batch, wr_parts, Fail, DATA_MSG, K_CTRL_RECV, K_CTRL_SEND, K_DATA_RECV,
+    K_DATA_SEND, TICK,
+};
+use super::shared::{Dispatch, Filled, Routes, Shared, SinkEv};
 
 /// The completion dispatcher: drains the CQ until the session stops,
 /// starting with what setup stashed.

@@ -8,7 +8,11 @@ use crate::io::{BlockSink, BlockSource};
 use crate::msg::{Grant, Msg, MAX_GRANTS};
 use crate::{Error, Stats};
 
-use super::*;
+use super::base::{lock, Fail, TICK};
+use super::session::RdmaSession;
+use super::shared::{Shared, SinkEv};
+use super::sink::SinkState;
+use super::threads::dispatch;
 
 impl RdmaSession {
     /// Wait on `rx` up to the session timeout, watching the failure flag.
@@ -348,52 +352,6 @@ impl RdmaSession {
                     return Err(proto(&self.shared, "Begin during a transfer".into()))
                 }
             }
-        }
-    }
-}
-
-/// The sink's side of one transfer from its first grant on: the grant and
-/// reorder window, the autotuned limit, and when each block was granted.
-#[derive(Debug)]
-pub(super) struct SinkState {
-    pub(super) transfer: u64,
-    w: SinkWindow,
-    tune: crate::tune::Autotune,
-    granted_at: Vec<Option<Instant>>,
-}
-
-impl SinkState {
-    /// Transfer `transfer` of about `len` bytes, whose source asked for
-    /// `prerequest` grants.
-    fn new(cfg: &Config, transfer: u64, len: Option<u64>, prerequest: u32) -> SinkState {
-        let depth = cfg.pool_depth();
-        // The window inside the pool (crate::tune): never under today's
-        // fixed default (16 MiB, 2-4 blocks per stream), grown while it
-        // limits, shrunk when the rate falls.
-        let streams = cfg.streams.max(1);
-        let floor = (crate::tune::LAN_WINDOW / u64::from(cfg.block_size.max(1)))
-            .clamp(u64::from(2 * streams), u64::from(4 * streams)) as u32;
-        let mut st = SinkState {
-            transfer,
-            w: SinkWindow::new(depth, cfg.block_size, prerequest),
-            tune: crate::tune::Autotune::new(depth, floor, cfg.block_size),
-            granted_at: vec![None; depth as usize],
-        };
-        st.start_at(depth, cfg.block_size, len, cfg.autotune);
-        st
-    }
-
-    /// A transfer that fits the pool is granted whole at once: the first
-    /// round of grants covers it, no growing (issue 27 §3). Only grows.
-    fn start_at(&mut self, depth: u32, block: u32, len: Option<u64>, autotune: bool) {
-        self.tune.start_at(crate::tune::first_window(
-            self.tune.window(),
-            depth,
-            block,
-            len,
-        ));
-        if autotune {
-            self.w.set_limit(self.tune.window());
         }
     }
 }

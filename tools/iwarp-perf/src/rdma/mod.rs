@@ -43,10 +43,11 @@
 //! `ProgressMode::BusyPoll` with `--busy-poll` (the waiting thread does the
 //! receive work and never sleeps), else `ProgressMode::Threaded` with
 //! `iwarp::DEFAULT_SPIN` (receive threads read; `wait` polls briefly, then
-//! sleeps). Every wait for a completion is then `cq.wait`, bounded by
+//! sleeps). Every wait goes through `iwarp::wait::WaitSet` (docs/WAITING.md):
+//! a wait for a completion is the set's wait on that CQ, bounded by
 //! `--timeout`. Waits on memory (write_lat's last byte, credit words,
-//! write_bw `--integrity` stamps) spin in `Waiter::idle`, calling
-//! `cq.progress()` in busy-poll mode.
+//! write_bw `--integrity` stamps) spin in `Waiter::idle`, calling the
+//! set's busy round (`WaitSet::progress`) in busy-poll mode.
 //!
 //! # Modules
 //!

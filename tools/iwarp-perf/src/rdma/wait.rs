@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use iwarp::wait::{CqInterest, Token, WaitSet, Wake};
 use iwarp::{CompletionQueue, ProgressMode, WcOpcode, WcQueue, WcStatus, WorkCompletion};
 
 use crate::params::Params;
@@ -17,19 +18,24 @@ pub(super) fn parse_ctrl(b: &[u8]) -> Option<(u64, u64, u64)> {
     Some((w(0), w(8), w(16)))
 }
 
-/// Bounded waiting. Waiting for a completion is `cq.wait`, which does
-/// what the CQs' progress mode says (set in [`Side::new`]: busy-poll or
-/// threaded, see [`progress_mode`]); waiting for memory (an RDMA Write's
-/// last byte, a credit word) spins here. Both give up after `timeout`
-/// without progress.
+/// Bounded waiting, through [`iwarp::wait::WaitSet`]. Waiting for a
+/// completion is the set's wait on that CQ, which does what the CQs'
+/// progress mode says (set in [`Side::new`]: busy-poll or threaded, see
+/// [`progress_mode`]); waiting for memory (an RDMA Write's last byte, a
+/// credit word) spins here, with the set's busy round
+/// ([`WaitSet::progress`]) between looks in busy-poll mode. Both give up
+/// after `timeout` without progress.
 pub(super) struct Waiter {
     /// Busy-poll mode: spinning on memory drives the receive work of this
-    /// CQ's QPs from this thread (`CompletionQueue::progress`), as
-    /// `cq.wait` does in `ProgressMode::BusyPoll` and as a spinning TCP
-    /// reader reads its own socket. Every QP of a side reports to both of
-    /// its CQs, so progressing one of them covers them all (each call is a
-    /// `recv` per QP). `None`: the receive threads do it.
-    pub(super) busy: Option<CompletionQueue>,
+    /// CQ's QPs from this thread ([`WaitSet::progress`]), as a wait does
+    /// in `ProgressMode::BusyPoll` and as a spinning TCP reader reads its
+    /// own socket. Every QP of a side reports to both of its CQs, so
+    /// progressing one of them covers them all (each call is a `recv` per
+    /// QP). `None`: the receive threads do it.
+    busy: Option<WaitSet>,
+    /// The set [`Waiter::wait_cq`] waits on, and the CQ in it.
+    set: WaitSet,
+    set_cq: Option<CompletionQueue>,
     pub(super) timeout: Duration,
     pub(super) last_progress: Instant,
     pub(super) spins: u32,
@@ -38,7 +44,13 @@ pub(super) struct Waiter {
 impl Waiter {
     pub(super) fn new(p: &Params, cq: &CompletionQueue) -> Waiter {
         Waiter {
-            busy: p.busy_poll.then(|| cq.clone()),
+            busy: p.busy_poll.then(|| {
+                let mut set = WaitSet::new();
+                set.add_cq(cq, CqInterest::Progress, Token(0));
+                set
+            }),
+            set: WaitSet::new(),
+            set_cq: None,
             timeout: p.timeout,
             last_progress: Instant::now(),
             spins: 0,
@@ -61,8 +73,8 @@ impl Waiter {
                 self.timeout
             ));
         }
-        if let Some(cq) = &self.busy {
-            cq.progress();
+        if let Some(set) = &self.busy {
+            set.progress();
         } else if self.spins < 64 {
             std::hint::spin_loop();
         } else {
@@ -77,10 +89,15 @@ impl Waiter {
         if !cq.is_empty() {
             return Ok(());
         }
-        let left = self.timeout.saturating_sub(self.last_progress.elapsed());
-        match cq.wait(left) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(format!(
+        if !self.set_cq.as_ref().is_some_and(|c| c.same_as(cq)) {
+            self.set.clear();
+            self.set.add_cq(cq, CqInterest::Completions, Token(0));
+            self.set_cq = Some(cq.clone());
+        }
+        let deadline = self.last_progress + self.timeout;
+        match self.set.wait(deadline) {
+            Ok(Wake::Ready(_)) => Ok(()),
+            Ok(Wake::Timeout) => Err(format!(
                 "timed out after {:?} {what}: no completion arrived (raise --timeout for slow links)",
                 self.timeout
             )),

@@ -1,0 +1,129 @@
+//! The RDMA session ([`RdmaSession`]): what it holds, its [`Transport`]
+//! face and its teardown. Its setup (`setup`) and its transfers
+//! (`transfer`) are `impl RdmaSession` blocks in their own files.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use iwarp::{MemoryRegion, ProtectionDomain};
+
+use super::shared::{Shared, SinkEv};
+use super::sink::{SinkBlock, SinkState};
+use crate::io::{BlockSink, BlockSource};
+use crate::progress::Logger;
+use crate::{Config, Error, Mode, ProgressFn, Stats, Transport};
+
+/// An RDMA transfer session.
+pub struct RdmaSession {
+    pub(super) shared: Arc<Shared>,
+    pub(super) cfg: Config,
+    pub(super) session: u64,
+    pub(super) pd: ProtectionDomain,
+    /// Source staging blocks: local access only, the peer cannot touch
+    /// them. Registered at the first `send`.
+    pub(super) src_pool: Vec<MemoryRegion>,
+    /// Sink landing blocks, allocated at the first `recv`; each is
+    /// registered for remote write only while it is granted (`sink`).
+    pub(super) sink_pool: Vec<SinkBlock>,
+    pub(super) freed_rx: Receiver<u32>,
+    pub(super) fin_rx: Receiver<u64>,
+    pub(super) sink_rx: Receiver<SinkEv>,
+    pub(super) threads: Vec<JoinHandle<()>>,
+    pub(super) logger: Logger,
+    /// The last transfer this side sent (the source numbers them 1, 2, …
+    /// in a session).
+    pub(super) transfer: u64,
+    /// The last transfer this side received: the next one the peer sends
+    /// is `received + 1`, which is what a pregrant is for.
+    pub(super) received: u64,
+    /// The sink's grants for the next transfer, made before its `Begin`
+    /// ([`Transport::prepare_recv`]).
+    pub(super) pre: Option<SinkState>,
+    /// Bytes of the last transfer sent whose `Fin` was not awaited yet
+    /// ([`Transport::send_unconfirmed`]).
+    pub(super) unconfirmed: Option<u64>,
+}
+
+impl fmt::Debug for RdmaSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RdmaSession")
+            .field("session", &format_args!("{:016x}", self.session))
+            .field("streams", &self.cfg.streams)
+            .field("block_size", &self.cfg.block_size)
+            .field("iodepth", &self.cfg.iodepth)
+            .finish()
+    }
+}
+
+impl Transport for RdmaSession {
+    fn send_unconfirmed(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
+        self.confirm()?;
+        self.logger.begin(src.len_hint());
+        let r = self.send_inner(src);
+        self.logger.end(r.is_ok());
+        r
+    }
+
+    fn confirm(&mut self) -> Result<(), Error> {
+        self.confirm_inner()
+    }
+
+    fn recv(&mut self, sink: &mut dyn BlockSink) -> Result<Stats, Error> {
+        self.confirm()?;
+        let r = self.recv_inner(sink);
+        self.logger.end(r.is_ok());
+        r
+    }
+
+    fn prepare_recv(&mut self, len_hint: Option<u64>) -> Result<(), Error> {
+        self.prepare_recv_inner(len_hint)
+    }
+
+    fn set_progress(&mut self, cb: Option<ProgressFn>) {
+        self.logger.set_callback(cb);
+    }
+
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn mode(&self) -> Mode {
+        Mode::Rdma
+    }
+
+    fn session_id(&self) -> u64 {
+        self.session
+    }
+}
+
+impl Drop for RdmaSession {
+    fn drop(&mut self) {
+        if let Some(bytes) = self.unconfirmed {
+            // Nobody asked (the application checks the data end to end or
+            // did not care): say what is known, in the log only.
+            match self.fin_rx.try_recv() {
+                Ok(got) if got == bytes => {}
+                Ok(got) => tracing::warn!(
+                    got,
+                    bytes,
+                    "rdma-xfer: the sink acknowledged other than the bytes of the last transfer sent"
+                ),
+                Err(_) => tracing::debug!(
+                    bytes,
+                    "rdma-xfer: session closed before the sink's Fin of the last transfer arrived"
+                ),
+            }
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for qp in &self.shared.data_qps {
+            qp.disconnect();
+        }
+        self.shared.ctrl_qp.disconnect();
+    }
+}
