@@ -9,7 +9,10 @@
 #     printed with the file:line of each edge);
 #   - no module importing an item from its parent (or any ancestor) module;
 #   - one fact, one place: the MPA key (RFC 5044 §7.1) spelled out only in
-#     iwarp-proto (tests and fuzz targets excepted).
+#     iwarp-proto (tests and fuzz targets excepted);
+#   - no application-level wait loop outside the verbs crate (its own
+#     poll(2), sliced verbs waits, sleeps after a poll, WakePolicy): every
+#     application waits through iwarp::wait::WaitSet (docs/WAITING.md).
 # Known offenders are listed, each with its issue number, in
 # scripts/habits-allow.txt; anything not listed fails.
 #

@@ -1138,7 +1138,11 @@ relay_check() { # NAME OP SCHEME EXPECT FAULT...
 # client-writes transfer can also see its own RDMA Write flushed first (the
 # connection dropped under it): that names the loss as well.
 LOST='RDMA connection failed: WrFlushErr|Rdma(Read|Write) .* failed: WrFlushErr|the queue pair is in the error state'
-SILENT='no completion within 5s|no HTTP answer within 5s|RDMA connection failed: WrFlushErr|the queue pair is in the error state'
+# A silent RDMA connection ends in the 5 s timeout of whichever wait the
+# client was in: a completion, the HTTP answer, or either of a control
+# message and the HTTP answer (a client-writes PUT waiting for the server's
+# DONE; seen once in two runs, the same failure in other words).
+SILENT='no completion within 5s|no HTTP answer within 5s|no control message or HTTP answer within 5s|RDMA connection failed: WrFlushErr|the queue pair is in the error state'
 if [ -n "${DELAY_BRIDGE:-}" ] || timeout 1200 cargo build --release -q -p fault-relay --bin delay-bridge; then
     for f in "drop:at=2M,dir=up,map=1,how=rst" "drop:at=2M,dir=up,map=1,how=fin" "truncate:at=2M,dir=up,map=1"; do
         relay_check "GET server-writes, RDMA connection [$f]: fails naming the lost connection" get server-writes "body|$LOST" "$f"

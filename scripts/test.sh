@@ -275,7 +275,8 @@ fuzz_targets() {
 # cargo-fuzz, then every Rust fuzz target built. Without ASan (-s none):
 # the Rust targets are safe code, so the smoke run looks for panics, hangs
 # and overflow checks, and the build is the step's biggest part.
-# scripts/fuzz-long.sh keeps ASan for the long runs; the C targets in
+# scripts/fuzz-long.sh keeps ASan for the long runs (but for the two slow
+# targets over safe Rust only, see its TARGET_SANITIZER); the C targets in
 # step_fuzz keep ASan/UBSan.
 step_fuzz_build() {
     if ! cargo fuzz --help >/dev/null 2>&1; then

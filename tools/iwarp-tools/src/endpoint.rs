@@ -11,12 +11,17 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use iwarp::wait::{CqInterest, Interest, Token, WaitSet};
 use iwarp::{
     Access, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpEvent, QpInitAttr,
     QueuePair, RecvWr, SendWr, SgList, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::error::ToolError;
+
+/// Tokens of [`Endpoint::wait_for`]'s wait set.
+const CQ: Token = Token(0);
+const EVENTS: Token = Token(1);
 
 /// Verbs objects of one connection.
 pub struct Endpoint {
@@ -132,7 +137,15 @@ impl Endpoint {
                 return Ok(pending.remove(i).expect("index from position"));
             }
         }
-        let start = Instant::now();
+        let deadline = Instant::now() + self.timeout;
+        // The CQ, and the QP's event descriptor: a QP that fails without
+        // flushing anything (nothing outstanding) is noticed through its
+        // event (a Terminate, the peer closing), not by a timeout.
+        let mut set = WaitSet::new();
+        set.add_cq(&self.cq, CqInterest::Completions, CQ);
+        if let Some(fd) = self.qp.event_fd() {
+            set.add_fd(fd, Interest::READABLE, EVENTS);
+        }
         loop {
             while let Some(wc) = self.cq.poll_one() {
                 tracing::trace!(?wc, "completion");
@@ -147,21 +160,22 @@ impl Endpoint {
                 }
                 self.pending.borrow_mut().push_back(wc);
             }
-            let left = self.timeout.saturating_sub(start.elapsed());
-            if left.is_zero() {
+            let wake = set.wait(deadline).map_err(|e| ToolError::Verbs {
+                what: "waiting on the completion queue",
+                cause: e.to_string(),
+            })?;
+            let (timeout, event) = (wake.is_timeout(), wake.is_ready(EVENTS));
+            if event || timeout {
+                // Events other than a failure (Established) are dropped.
+                if let Some(err) = self.fatal_event(what) {
+                    return Err(err);
+                }
+            }
+            if timeout {
                 return Err(ToolError::Timeout {
                     what,
                     after: self.timeout,
                 });
-            }
-            // A short slice, so that a QP that fails without flushing
-            // anything (nothing outstanding) is noticed too.
-            let slice = left.min(Duration::from_millis(200));
-            let ready = verbs("waiting on the completion queue", self.cq.wait(slice))?;
-            if !ready {
-                if let Some(err) = self.fatal_event(what) {
-                    return Err(err);
-                }
             }
         }
     }

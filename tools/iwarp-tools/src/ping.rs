@@ -12,9 +12,11 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use iwarp::cm::{self, ConnParam, ConnRequest, Listener};
+use iwarp::wait::{Interest, Token, Until, WaitSet};
 use iwarp::{Access, ConnInfo, MemoryRegion, SendWr, SgList, WcOpcode, WorkCompletion, WrOpcode};
 use iwarp_proto::handshake::MpaConfig;
 
@@ -185,25 +187,29 @@ impl PingServer {
         self.listener.local_addr()
     }
 
-    /// Wait for a connection request; `None` waits until one arrives (in
-    /// bounded one-second slices, so the process stays responsive).
+    /// Wait for a connection request; `None` waits until one arrives
+    /// ([`Until::Forever`] on the listener's descriptor).
     pub fn next_request(&self, wait: Option<Duration>) -> Result<ConnRequest, ToolError> {
         let start = Instant::now();
+        let until = wait.map_or(Until::Forever, Until::after);
+        // Sleep on the listener's descriptor (the listening socket, or the
+        // rdma_cm event channel) until a connection waits, then take it:
+        // `get_request` finds it at once (a timeout of zero would not even
+        // look), and the accepted connection gets the CM's grace
+        // (cm::REQUEST_GRACE) for its MPA Request.
+        let mut set = WaitSet::new();
+        set.add_fd(self.listener.as_raw_fd(), Interest::READABLE, Token(0));
         loop {
-            let slice = match wait {
-                Some(w) => {
-                    let left = w.saturating_sub(start.elapsed());
-                    if left.is_zero() {
-                        return Err(ToolError::Timeout {
-                            what: "a client to connect",
-                            after: w,
-                        });
-                    }
-                    left.min(Duration::from_secs(1))
-                }
-                None => Duration::from_secs(1),
-            };
-            match self.listener.get_request(Some(slice)) {
+            let wake = set.wait(until).map_err(|e| ToolError::Accept {
+                cause: format!("waiting for a client to connect: {e}"),
+            })?;
+            if wake.is_timeout() {
+                return Err(ToolError::Timeout {
+                    what: "a client to connect",
+                    after: wait.unwrap_or_default(),
+                });
+            }
+            match self.listener.get_request(Some(cm::REQUEST_GRACE)) {
                 Ok(req) => return Ok(req),
                 Err(cm::CmError::Timeout { .. }) => continue,
                 Err(e) => {

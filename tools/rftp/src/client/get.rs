@@ -4,12 +4,13 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdma_xfer::FileWriter;
 
 use super::ftp::{err, final_reply, Ftp};
 use super::options::{Options, Summary};
+use super::retry::retrying;
 use super::session::{session_then, via, XferSlot};
 use super::transfer::{chosen_checksum, copy_plain, mem_transfer, verify, Throttle};
 use super::url::Url;
@@ -275,50 +276,10 @@ pub fn get_with(
     })
 }
 
-/// Whether a failed transfer may succeed on a new connection: the path or
-/// the server went away or silent (reset, timeout, a lost session, 421 /
-/// 425 / 426, RFC 959 §4.2: "transient negative completion"). A checksum
-/// mismatch, a local file error or a permanent 5xx reply is not retried.
-pub fn transient(e: &str) -> bool {
-    let permanent = [
-        "mismatch",
-        "creating ",
-        "opening ",
-        "renaming ",
-        "local I/O error",
-        "invalid transfer configuration",
-    ];
-    if permanent.iter().any(|p| e.contains(p)) {
-        return false;
-    }
-    let transient = [
-        "connection",
-        "Connection",
-        "timed out",
-        "no reply",
-        "Broken pipe",
-        "went silent",
-        "stopped responding",
-        "vanished",
-        "unreachable",
-        ": 421 ",
-        ": 425 ",
-        ": 426 ",
-        "replied 421",
-        "replied 425",
-        "replied 426",
-        "session setup failed",
-    ];
-    transient.iter().any(|p| e.contains(p))
-}
-
-/// The wait before retry `n` (1-based): 1 s, doubling, at most 30 s.
-pub fn backoff(n: u32) -> Duration {
-    Duration::from_secs(1u64 << n.saturating_sub(1).min(5)).min(Duration::from_secs(30))
-}
-
-/// [`get`], tried again up to `retries` times (after [`backoff`]) when it
-/// fails for a [`transient`] reason: each retry opens a new control
+/// [`get`], tried again up to `retries` times (after
+/// [`backoff`](super::retry::backoff)) when it fails for a
+/// [`transient`](super::retry::transient) reason (the loop is
+/// `retry::retrying`): each retry opens a new control
 /// connection and transfer session and resumes at the end of `FILE.part`
 /// (`REST`), the first byte not yet written in order, so nothing already
 /// received is sent again; the checksum of the kept part is taken before
@@ -334,37 +295,26 @@ pub fn get_retrying(
     say: &dyn Fn(&str),
 ) -> Result<Summary, String> {
     let mut o = o.clone();
-    let mut n = 0;
-    loop {
-        let e = match get(url, out, &o) {
-            Ok(mut s) => {
-                s.retries = n;
-                return Ok(s);
-            }
-            Err(e) => e,
-        };
-        if n >= retries || !transient(&e) {
+    retrying(
+        retries,
+        |n| {
             if n > 0 {
-                return Err(format!(
-                    "{e} (after {n} retr{})",
-                    if n == 1 { "y" } else { "ies" }
-                ));
+                // Resume from what this run kept, even under --no-resume
+                // (which is about a part left by an earlier run).
+                o.resume = true;
             }
-            return Err(e);
-        }
-        n += 1;
-        let kept = fs::metadata(part_path(out)).map(|m| m.len()).unwrap_or(0);
-        let wait = backoff(n);
-        say(&format!(
-            "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at byte \
-             {kept} (kept in {})",
-            wait.as_secs(),
-            part_path(out).display(),
-        ));
-        tracing::info!(retry = n, retries, kept, error = %e, "download interrupted; retrying");
-        std::thread::sleep(wait);
-        // Resume from what this run kept, even under --no-resume (which
-        // is about a part left by an earlier run).
-        o.resume = true;
-    }
+            get(url, out, &o)
+        },
+        |n, e, wait| {
+            let kept = fs::metadata(part_path(out)).map(|m| m.len()).unwrap_or(0);
+            say(&format!(
+                "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at \
+                 byte {kept} (kept in {})",
+                wait.as_secs(),
+                part_path(out).display(),
+            ));
+            tracing::info!(retry = n, retries, kept, error = %e, "download interrupted; retrying");
+        },
+        std::thread::sleep,
+    )
 }

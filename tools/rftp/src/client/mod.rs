@@ -11,6 +11,8 @@
 //!   transfers.
 //! - `transfer`: what downloads and uploads share (plain copy, final
 //!   reply, checksum verification, memory-to-memory).
+//! - `retry`: the retry policy (which failures, what backoff) and the
+//!   one retry loop downloads and uploads share.
 //! - `get`: downloads, resume and retries.
 //! - `put`: uploads.
 
@@ -18,13 +20,15 @@ mod ftp;
 mod get;
 mod options;
 mod put;
+mod retry;
 mod session;
 mod transfer;
 mod url;
 
 pub use ftp::{Ftp, Reply};
-pub use get::{backoff, get, get_retrying, get_with, part_path, transient};
+pub use get::{get, get_retrying, get_with, part_path};
 pub use options::{Options, ProgressCb, Summary, DEFAULT_WINDOW};
 pub use put::{put, put_retrying, put_with, remote_part};
+pub use retry::{backoff, transient};
 pub use session::{plan_for_path, plan_sized, session, XferSlot};
 pub use url::Url;

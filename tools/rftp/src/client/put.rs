@@ -12,8 +12,8 @@ use std::time::Instant;
 use rdma_xfer::FileReader;
 
 use super::ftp::{err, final_reply, Ftp};
-use super::get::{backoff, transient};
 use super::options::{Options, Summary};
+use super::retry::retrying;
 use super::session::{session, via, XferSlot};
 use super::transfer::{chosen_checksum, copy_plain, mem_transfer, verify, VerifyError};
 use super::url::Url;
@@ -171,7 +171,9 @@ pub fn remote_part(remote: &str) -> String {
 }
 
 /// [`put`] of `file`, tried again up to `retries` times (after
-/// [`backoff`]) when it fails for a [`transient`] reason. Each attempt
+/// [`backoff`](super::retry::backoff)) when it fails for a
+/// [`transient`](super::retry::transient) reason (the loop is
+/// `retry::retrying`). Each attempt
 /// asks rftpd to keep what arrives if it is cut off (`OPTS UPLOAD KEEP
 /// ON`) and uploads to [`remote_part`]; a retry asks the server what it
 /// holds (`SIZE`), compares the server's `HASH` of it with the checksum of
@@ -190,35 +192,20 @@ pub fn put_retrying(
     if o.mem.is_some() || retries == 0 {
         return put(Some(file), url, o);
     }
-    let mut n = 0;
-    loop {
-        let e = match put_attempt(file, url, o, n > 0, say) {
-            Ok(mut s) => {
-                s.retries = n;
-                return Ok(s);
-            }
-            Err(e) => e,
-        };
-        if n >= retries || !transient(&e) {
-            if n > 0 {
-                return Err(format!(
-                    "{e} (after {n} retr{})",
-                    if n == 1 { "y" } else { "ies" }
-                ));
-            }
-            return Err(e);
-        }
-        n += 1;
-        let wait = backoff(n);
-        say(&format!(
-            "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at what \
-             the server holds of {} once its checksum matches",
-            wait.as_secs(),
-            remote_part(&url.path),
-        ));
-        tracing::info!(retry = n, retries, error = %e, "upload interrupted; retrying");
-        std::thread::sleep(wait);
-    }
+    retrying(
+        retries,
+        |n| put_attempt(file, url, o, n > 0, say),
+        |n, e, wait| {
+            say(&format!(
+                "rftp: transfer interrupted: {e}; retry {n} of {retries} in {} s, resuming at \
+                 what the server holds of {} once its checksum matches",
+                wait.as_secs(),
+                remote_part(&url.path),
+            ));
+            tracing::info!(retry = n, retries, error = %e, "upload interrupted; retrying");
+        },
+        std::thread::sleep,
+    )
 }
 
 /// One attempt of [`put_retrying`]; `resume`: look at what the server
