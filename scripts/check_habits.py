@@ -75,7 +75,9 @@ FACT_FILES = re.compile(r"\.(rs|c|h)$")
 # looked for, and what they look like (matched against code with comments
 # and strings blanked).
 WAIT_SCOPE = re.compile(r"^(tools|crates)/.*\.rs$")
-WAIT_HOME = "crates/iwarp/"  # the verbs crate: the one waiting API lives here
+# The verbs crates: the one waiting API (crates/iwarp) and the layers under
+# it (the verbs types and the providers, which implement the waiting).
+WAIT_HOME = ("crates/iwarp/", "crates/iwarp-verbs/", "crates/iwarp-soft/", "crates/iwarp-rdmacore/")
 WAIT_RULES = [
     (re.compile(r"\blibc\s*::\s*(poll|ppoll|epoll_wait)\s*\("),
      "its own poll(2) loop: put the descriptors in an iwarp::wait::WaitSet (add_fd) beside the CQs"),

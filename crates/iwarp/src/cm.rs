@@ -25,16 +25,16 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
-pub use crate::cm_types::{
+use crate::context::Context;
+use crate::device::DeviceSpec;
+pub use iwarp_verbs::cm_types::{
     available_congestion_control, BadCongestionName, CmError, CongestionControl, ConnParam,
     HandshakeError, MpaConfig, Policy, Rtr, TcpConnect, ALLOWED_CC_PATH, AVAILABLE_CC_PATH,
     DEFAULT_PEER_TIMEOUT, DEFAULT_PROBE_INTERVAL, MPA_WAIT_RTTS, REQUEST_GRACE, REQUEST_TIMEOUT,
     TCP_CA_NAME_MAX_LEN,
 };
-use crate::context::Context;
-use crate::device::DeviceSpec;
-use crate::device_ops::{ListenerOps, RequestOps};
-use crate::qp::QueuePair;
+use iwarp_verbs::device_ops::{DeviceHandle, ListenerOps, RequestOps};
+use iwarp_verbs::QueuePair;
 
 /// Connect `qp` to `addr` (`rdma_connect`); returns the peer's private
 /// data. A queue pair of the software provider does the MPA exchange over
@@ -77,7 +77,7 @@ pub fn request_from_stream(
     mpa: &MpaConfig,
     timeout: Duration,
 ) -> Result<ConnRequest, CmError> {
-    crate::soft::cm::request_from_stream(stream, mpa, timeout)
+    iwarp_soft::cm::request_from_stream(stream, mpa, timeout)
         .map(|r| ConnRequest { inner: Box::new(r) })
 }
 
@@ -103,7 +103,7 @@ impl Listener {
     pub fn bind(addr: SocketAddr, mpa: MpaConfig) -> Result<Listener, CmError> {
         let spec = DeviceSpec::from_env().map_err(|e| CmError::Device {
             addr,
-            error: crate::Error::Device(e),
+            error: iwarp_verbs::Error::Device(e),
         })?;
         let ctx = Context::open_spec(&spec).map_err(|error| CmError::Device { addr, error })?;
         Listener::bind_on(&ctx, addr, mpa)

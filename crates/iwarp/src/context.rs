@@ -14,13 +14,13 @@ use std::sync::Arc;
 
 use iwarp_proto::mem::{Access, PdId};
 
-use crate::cq::CompletionQueue;
 use crate::device::{self, DeviceSpec, Transport};
-use crate::device_info::DeviceAttr;
-use crate::device_ops::{DeviceOps, PdOps};
-use crate::error::Error;
-use crate::mr::{MemoryRegion, MrTable};
-use crate::qp::{QpInitAttr, QueuePair};
+use iwarp_verbs::device_info::DeviceAttr;
+use iwarp_verbs::device_ops::{DeviceHandle, DeviceOps, PdOps};
+use iwarp_verbs::CompletionQueue;
+use iwarp_verbs::Error;
+use iwarp_verbs::{MemoryRegion, MrTable};
+use iwarp_verbs::{QpInitAttr, QueuePair};
 
 struct ContextInner {
     mrs: Arc<MrTable>,
@@ -94,12 +94,6 @@ impl Context {
         self.inner.dev.attr()
     }
 
-    /// The provider's device, for the connection manager and for a
-    /// provider's own calls that take a context.
-    pub(crate) fn device_ops(&self) -> &Arc<dyn DeviceOps> {
-        &self.inner.dev
-    }
-
     /// Allocate a protection domain (`ibv_alloc_pd`).
     pub fn alloc_pd(&self) -> ProtectionDomain {
         let id = self.inner.next_pd.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +118,14 @@ impl Context {
         let cq = CompletionQueue::new(depth)?;
         self.inner.dev.create_cq(&cq, depth)?;
         Ok(cq)
+    }
+}
+
+/// The provider's device, for the connection manager and for a
+/// provider's own calls that take a context.
+impl DeviceHandle for Context {
+    fn device_ops(&self) -> &Arc<dyn DeviceOps> {
+        &self.inner.dev
     }
 }
 
@@ -210,8 +212,8 @@ mod tests {
 
     use super::*;
     use crate::cm::{self, CmError, MpaConfig};
-    use crate::device_ops::{DeviceCm, ListenerOps};
-    use crate::provider::QpOps;
+    use iwarp_verbs::device_ops::{DeviceCm, ListenerOps};
+    use iwarp_verbs::provider::QpOps;
 
     /// A provider that only counts what the verbs layer asks of it.
     #[derive(Debug, Default)]

@@ -37,65 +37,72 @@
 //! order (receive state → transmit state → engine → MR table / CQ / events), which is why
 //! the driver cannot deadlock; [`soft`] has the full argument.
 //!
+//! # Crates
+//!
+//! This crate is the facade of four; applications depend on it alone and
+//! see one API (`iwarp::...`), whichever crate an item lives in:
+//!
+//! ```text
+//! iwarp            Context, ProtectionDomain, device selection (the one table of providers), cm functions, re-exports
+//!  ├── iwarp-soft      the software provider (re-exported as iwarp::soft)
+//!  ├── iwarp-rdmacore  the rdma-core provider, cargo feature `rdma-core` (iwarp::rdma)
+//!  └── iwarp-verbs     the verbs types (CompletionQueue, MemoryRegion, QueuePair, cm parameters) and the provider traits
+//!        └── iwarp-proto   the sans-IO protocol (RFC 5040/5041/5044/6581)
+//! ```
+//!
+//! Each provider depends on `iwarp-verbs` (and `iwarp-proto`) only, never
+//! on the other provider or on this crate, so Cargo itself forbids import
+//! circles and upward imports between the layers.
+//!
+//! This crate's files: `wait.rs` ([`wait`]: one wait over CQs and outside
+//! descriptors with a deadline), `context.rs` ([`Context`], [`ProtectionDomain`]:
+//! every verb through the provider's `DeviceOps` / `PdOps`), `device.rs`
+//! (device names, [`list_devices`], and the table of providers, the only
+//! place that names them), `cm.rs` (the connection-manager functions,
+//! through the provider's `QpCm`, `DeviceCm`, `ListenerOps`,
+//! `RequestOps`).
+//!
 //! # `unsafe`
 //!
-//! Only at the memory-registration edge, in exactly these places, each
-//! use with a `// SAFETY:` comment:
-//!
-//! - `mr.rs`: copies into and out of registered memory, the page-aligned
-//!   allocation, and [`ProtectionDomain::reg_mr_raw`] (caller memory);
-//! - `sys.rs`: the system calls std lacks (`recv` into registered memory,
-//!   gather `sendmsg` from it, `eventfd`, `epoll`, `poll`, `TCP_INFO`,
-//!   `SIOCOUTQ`);
-//! - the two callers of `sys.rs`'s pointer-taking calls in the software
-//!   provider: `soft/rx.rs` (one scatter `recv` straight into a region)
-//!   and `soft/tx.rs` (one gather `sendmsg` from regions), plus `Send`
-//!   for the reusable iovec buffer that is empty between those calls
-//!   (`soft/conn.rs`, where the transmit state lives).
-//!
-//! - the rdma-core provider (`rdma/`, feature `rdma-core`): the FFI edge to
-//!   libibverbs and librdmacm (`dlopen`, the verbs calls, reading the
-//!   structures they return), and `Send`/`Sync` for its device objects.
-//!
-//! The verbs layer (`context.rs`, `cm.rs`, `cq.rs`, `qp.rs`, the seam's
-//! `provider.rs` and `device_ops.rs`, the provider table `device.rs`, and
-//! the leaves `cm_types.rs`, `device_info.rs` and `error.rs`) and the rest
-//! of the software provider have none. (The CRC32C kernels in `iwarp_proto::wire::crc` are
-//! the one other `unsafe` of the stack: CPU intrinsics.)
+//! This crate has two uses: forwarding [`ProtectionDomain::reg_mr_raw`]'s
+//! contract to `iwarp-verbs` (`context.rs`), and `poll(2)` on the wait
+//! set's descriptors (`wait.rs`). The others are each crate's
+//! own and listed in its docs: `iwarp-verbs` (registered memory in
+//! `mr.rs`; `eventfd`, `epoll`, `poll` in `sys.rs`), `iwarp-soft` (its
+//! `sys.rs` data-path calls into and out of registered memory, their two
+//! callers `rx.rs` and `tx.rs`, and `Send` for the reusable iovec buffer
+//! in `state.rs`), `iwarp-rdmacore` (the FFI edge to libibverbs and
+//! librdmacm, and `Send`/`Sync` for its device objects). (The CRC32C
+//! kernels in `iwarp_proto::wire::crc` are the one other `unsafe` of the
+//! stack: CPU intrinsics.)
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_debug_implementations)]
 
 pub mod cm;
-mod cm_types;
 mod context;
-mod cq;
 pub mod device;
-mod device_info;
-mod device_ops;
-mod error;
-mod mr;
-mod provider;
-mod qp;
+
+/// The rdma-core provider (crate `iwarp-rdmacore`, cargo feature
+/// `rdma-core`).
 #[cfg(feature = "rdma-core")]
-pub mod rdma;
-pub mod soft;
-mod sys;
+pub use iwarp_rdmacore as rdma;
+/// The software provider (crate `iwarp-soft`).
+pub use iwarp_soft as soft;
 pub mod wait;
 
 pub use context::{Context, ProtectionDomain};
 pub use device::{
     list_devices, DeviceAttr, DeviceError, DeviceInfo, DeviceSpec, Transport, DEVICE_ENV,
 };
-pub use error::Error;
+pub use iwarp_verbs::Error;
 
-pub use iwarp_proto::engine::{
+pub use iwarp_verbs::{Access, MemError, Negotiated, Rtr};
+pub use iwarp_verbs::{
     PostError, QpState, RecvWr, SendWr, SgList, Sge, TermInfo, WcOpcode, WcQueue, WcStatus,
     WorkCompletion, WrOpcode, MAX_SGE,
 };
-pub use iwarp_proto::handshake::{Negotiated, Rtr};
-pub use iwarp_proto::mem::{Access, MemError};
 
-pub use cq::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
-pub use mr::MemoryRegion;
-pub use qp::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
+pub use iwarp_verbs::MemoryRegion;
+pub use iwarp_verbs::{Attendance, CompletionQueue, ProgressMode, WakePolicy, DEFAULT_SPIN};
+pub use iwarp_verbs::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
 pub use wait::WaitSet;
