@@ -540,6 +540,12 @@ def main():
         else:
             fails.append(f"size: {f} has {n} lines (limit {args.max_lines}): split it by role, the way Linux siw splits rx, tx, cm and mem, before it grows further")
 
+    # A listed file that is gone (deleted, or split and renamed) needs its
+    # line no more.
+    for f, (_, no) in sorted(allow.files.items()):
+        if f not in files:
+            notes.append(f"{allow_path}:{no}: {f} no longer exists: remove its 'file' line")
+
     # one fact, one place
     for f in sorted(files):
         if not FACT_FILES.search(f) or exempt_reason(f):

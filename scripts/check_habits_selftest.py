@@ -136,6 +136,10 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run(bad, allow)
     expect("a listed file that grew rejected", rc == 1 and "may only shrink" in out, out)
     with open(allow, "a") as f:
+        f.write("file src/gone.rs 1500 #28 test\n")
+    rc, out = run(bad, allow)
+    expect("a listed file that no longer exists noted", "src/gone.rs no longer exists: remove its 'file' line" in out, out)
+    with open(allow, "a") as f:
         f.write("file src/x.rs 10 no issue number\n")
     rc, out = run(bad, allow)
     expect("an allow line without an issue number rejected", rc == 1 and "no issue number" in out, out)
