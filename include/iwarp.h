@@ -986,7 +986,7 @@ enum iwarp_result iwarp_qp_next_event(struct iwarp_qp *qp,
 enum iwarp_result iwarp_disconnect(struct iwarp_qp *qp);
 
 /**
- * Write the QP's peer address as "ip:port" ("[ip6]:port" for IPv6) into
+ * Write the QP's peer address as `ip:port` (`[ip6]:port` for IPv6) into
  * `buf` (NUL-terminated, truncated to `len - 1` characters) and return its
  * full length without the NUL (`snprintf` semantics). Returns 0 (and
  * writes "") if the QP is not connected or `qp` is NULL.
@@ -1156,7 +1156,7 @@ enum iwarp_result iwarp_get_request(struct iwarp_listener *l,
 size_t iwarp_conn_request_private_data(const struct iwarp_conn_request *r, const uint8_t **data);
 
 /**
- * Write the requester's address as "ip:port" ("[ip6]:port" for IPv6) into
+ * Write the requester's address as `ip:port` (`[ip6]:port` for IPv6) into
  * `buf` (NUL-terminated, truncated to `len - 1` characters) and return its
  * full length without the NUL (`snprintf` semantics). Returns 0 if `r` is
  * NULL.

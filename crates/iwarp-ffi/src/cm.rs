@@ -605,7 +605,7 @@ pub unsafe extern "C" fn iwarp_conn_request_private_data(
     })
 }
 
-/// Write the requester's address as "ip:port" ("[ip6]:port" for IPv6) into
+/// Write the requester's address as `ip:port` (`[ip6]:port` for IPv6) into
 /// `buf` (NUL-terminated, truncated to `len - 1` characters) and return its
 /// full length without the NUL (`snprintf` semantics). Returns 0 if `r` is
 /// NULL.

@@ -269,7 +269,7 @@ pub unsafe extern "C" fn iwarp_disconnect(qp: *mut iwarp_qp) -> iwarp_result {
     })
 }
 
-/// Write the QP's peer address as "ip:port" ("[ip6]:port" for IPv6) into
+/// Write the QP's peer address as `ip:port` (`[ip6]:port` for IPv6) into
 /// `buf` (NUL-terminated, truncated to `len - 1` characters) and return its
 /// full length without the NUL (`snprintf` semantics). Returns 0 (and
 /// writes "") if the QP is not connected or `qp` is NULL.
