@@ -8,9 +8,12 @@
 //! - [`rdma`]: the iWARP client and server roles of the six tests.
 //! - [`tcp`]: the same patterns over plain TCP.
 //! - [`pattern`]: `--integrity` patterns and checksums.
-//! - [`report`]: statistics, tables, JSON, RSS and CPU accounting.
+//! - [`report`]: what a client measured, statistics, tables, JSON, RSS
+//!   and CPU accounting.
+//! - [`device`]: the device of this run (`--device`), opened by every role.
 
 use iwarp_perf::params;
+mod device;
 mod pattern;
 mod perftest;
 mod rdma;
@@ -19,12 +22,12 @@ mod tcp;
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use iwarp::cm::Listener;
 
+use device::open_context;
 use params::{Params, Test};
 use report::Measurement;
 
@@ -229,7 +232,7 @@ fn main() -> ExitCode {
                 .filter(|s| !s.is_empty())
         })
         .unwrap_or_else(|| "soft".into());
-    let _ = DEVICE.set(device);
+    device::choose(device);
     raise_fd_limit(cli.qps);
     let r = match (cli.server, cli.perftest) {
         (true, true) => serve_perftest(&cli),
@@ -250,13 +253,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// The device `--device` / `IWARP_DEVICE` names (`soft` when neither).
-static DEVICE: OnceLock<String> = OnceLock::new();
-
-fn device_name() -> &'static str {
-    DEVICE.get().map_or("soft", String::as_str)
-}
-
 /// `--crc` / `--markers` choose what the soft device negotiates; a kernel
 /// device's MPA settings belong to its driver, so asking for them there is
 /// refused rather than silently ignored.
@@ -270,12 +266,6 @@ fn mpa_options_refused(ctx: &iwarp::Context, cli: &Cli) -> Result<(), String> {
          parameters). Drop them, or use --device soft",
         ctx.device_name()
     ))
-}
-
-/// Open the device of this run.
-pub(crate) fn open_context() -> Result<iwarp::Context, String> {
-    let name = device_name();
-    iwarp::Context::open_device(name).map_err(|e| format!("opening device {name}: {e}"))
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -534,7 +524,7 @@ fn measure_iwarp(
         Instant::now(),
         report::ThreadPeak::start(),
     );
-    let client = |addr: SocketAddr| -> Result<(rdma::ClientResult, (bool, bool)), String> {
+    let client = |addr: SocketAddr| -> Result<(report::ClientResult, (bool, bool)), String> {
         let mut side = rdma::connect(addr, p, &mpa, last)?;
         let cm = side.crc_markers();
         let r = rdma::run_client(&mut side)?;

@@ -7,6 +7,18 @@ use std::time::Duration;
 
 use crate::params::{Params, Test};
 
+/// What the client of a run measured (iWARP or the TCP baseline).
+pub struct ClientResult {
+    pub msgs: u64,
+    pub elapsed: Duration,
+    pub lat: Option<LatStats>,
+    pub verified: u64,
+    /// Bandwidth runs: the process's CPU seconds over exactly the span of
+    /// `elapsed` (from the common start to the last ACK), so the two can be
+    /// compared. `None`: the caller's whole window is used.
+    pub span_cpu_s: Option<f64>,
+}
+
 /// Latency statistics in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LatStats {

@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use crate::params::{self, Params, Remote, Request, Test};
 use crate::pattern::{self, Verifier};
-use crate::rdma::{warmup, ClientResult, LatClock};
-use crate::report::LatStats;
+use crate::rdma::{warmup, LatClock};
+use crate::report::{ClientResult, LatStats};
 
 /// Read size of the bandwidth reader.
 const READ_CHUNK: usize = 256 * 1024;

@@ -7,7 +7,12 @@ use iwarp::{SendWr, SgList, WrOpcode};
 use crate::params::Test;
 use crate::pattern::{self, Verifier};
 
-use super::*;
+use crate::report::ClientResult;
+
+use super::conn::{fill_slot, stamp, Side};
+use super::finish::{collect_ctrl, drain_sends, parse_ctrl, passive_limit};
+use super::layout::{data_slots, is_ctrl, rq_depth, split_wrid, wrid, Role, ACK, DONE, K_DATA};
+use super::wait::{check_wc, Waiter};
 
 #[derive(Default, Clone)]
 pub(super) struct BwState {

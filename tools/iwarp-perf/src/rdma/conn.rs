@@ -14,7 +14,11 @@ use iwarp_proto::handshake::MpaConfig;
 use crate::params::{self, Params, Remote, Request, Test};
 use crate::pattern::{self};
 
-use super::*;
+use super::layout::{
+    ctrl_len, data_slots, recv_layout, rq_depth, split_wrid, wrid, Role, CREDIT_OFF, CTRL_LEN,
+    CTRL_MSG, K_CREDIT, K_CTRL, K_DATA, K_HELLO, K_RECV, MSG_OFF, SQ_EXTRA, STAGE_OFF, STAGE_SLOTS,
+};
+use super::wait::{check_wc, empty_wc, progress_mode};
 
 /// One connection (QP) and its buffers.
 pub(super) struct Conn {
@@ -215,7 +219,7 @@ pub struct Side {
 
 impl Side {
     pub(super) fn new(p: &Params) -> Result<(Side, ProtectionDomain), String> {
-        let ctx = crate::open_context()?;
+        let ctx = crate::device::open_context()?;
         let pd = ctx.alloc_pd();
         let q = p.qps as usize;
         let scq = ctx

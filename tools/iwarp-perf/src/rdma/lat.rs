@@ -9,7 +9,12 @@ use crate::params::Params;
 use crate::pattern::{self, Verifier};
 use crate::report::LatStats;
 
-use super::*;
+use crate::report::ClientResult;
+
+use super::conn::{fill_slot, Conn, Side};
+use super::finish::{collect_ctrl, drain_sends, parse_ctrl, passive_limit, wait_done_and_ack};
+use super::layout::{is_ctrl, split_wrid, wrid, ACK, DONE, K_DATA, SQ_EXTRA};
+use super::wait::{check_wc, Waiter};
 
 /// Warm-up round trips of the latency tests (not recorded).
 pub fn warmup(p: &Params) -> u64 {
@@ -429,7 +434,7 @@ pub(super) fn server_send_lat(side: &mut Side) -> Result<u64, String> {
 /// write_lat's ping or pong: a signaled RDMA Write of the first `size`
 /// bytes of `c`'s data region into the peer's echo slot (offset `size` of
 /// its region), whose last byte is the stamp the other side spins on.
-fn post_echo_write(c: &super::conn::Conn, i: u64, size: usize) -> Result<(), String> {
+fn post_echo_write(c: &Conn, i: u64, size: usize) -> Result<(), String> {
     c.qp.post_send(&SendWr {
         wr_id: wrid(K_DATA, 0, i),
         opcode: WrOpcode::RdmaWrite {

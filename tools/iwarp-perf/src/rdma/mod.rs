@@ -51,93 +51,35 @@
 //!
 //! # Modules
 //!
+//! Each imports only the ones listed before it (no circle, nothing taken
+//! from this module):
+//!
+//! - `layout`: what both ends agree on: the control buffer's layout, the
+//!   control messages, work request ids, buffer and queue sizes.
+//! - `wait`: bounded waiting ([`wait::Waiter`]), the CQs' progress mode,
+//!   completion checks.
 //! - `conn`: setup — one connection's QP and buffers, a [`Side`], connect
 //!   and accept.
+//! - `finish`: the final DONE / ACK exchange of control messages.
 //! - `bw`: the bandwidth tests (client and server).
 //! - `lat`: the latency tests and the iteration clock shared with TCP.
-//! - `wait`: shared helpers — bounded waiting, completion checks, the
-//!   final DONE / ACK handshake.
 
 mod bw;
 mod conn;
+mod finish;
 mod lat;
+mod layout;
 mod wait;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iwarp_proto::handshake::{MpaConfig, Policy};
 
-use crate::params::{Params, Test};
-use crate::report::LatStats;
+use crate::params::Test;
+use crate::report::ClientResult;
 
-use bw::{client_bw, server_bw};
 pub use conn::{accept, connect, Side};
-use conn::{fill_slot, stamp};
-use lat::*;
 pub use lat::{warmup, LatClock};
-use wait::*;
-
-const CTRL_LEN: usize = 4096;
-const CREDIT_OFF: usize = 0;
-const STAGE_OFF: usize = 64;
-const STAGE_SLOTS: u64 = 16;
-const MSG_OFF: usize = 512;
-/// The smallest receive buffer, and the longest control message.
-const CTRL_MSG: usize = 32;
-/// The bytes of a control message that carry something (kind, count, sum).
-const CTRL_BODY: usize = 24;
-const DONE: u64 = 0x444f_4e45;
-const ACK: u64 = 0x0041_434b;
-
-const K_DATA: u64 = 1;
-const K_CTRL: u64 = 2;
-const K_CREDIT: u64 = 3;
-const K_RECV: u64 = 4;
-/// The client's zero-length Write right after connecting (unsignaled).
-const K_HELLO: u64 = 5;
-
-/// Extra send-queue entries beyond the data window (credit Writes and
-/// control messages).
-const SQ_EXTRA: u32 = STAGE_SLOTS as u32 + 8;
-
-/// How long a control message (DONE / ACK) is in a run of `size`-byte
-/// messages: [`CTRL_BODY`] bytes, or [`CTRL_MSG`] when the messages are
-/// themselves `CTRL_BODY` bytes, so that a receive's length alone tells a
-/// control message from data. Both ends know `size`. (The Solicited Event
-/// flag, which this used to rely on, is not in rdma-core's `ibv_wc`, so a
-/// kernel device could not tell.)
-fn ctrl_len(size: usize) -> usize {
-    if size == CTRL_BODY {
-        CTRL_MSG
-    } else {
-        CTRL_BODY
-    }
-}
-
-/// Whether a receive of `byte_len` bytes is a control message in a run
-/// of `size`-byte messages (see [`ctrl_len`]).
-fn is_ctrl(byte_len: u32, size: usize) -> bool {
-    byte_len as usize == ctrl_len(size)
-}
-
-fn wrid(kind: u64, qp: u32, seq: u64) -> u64 {
-    kind << 56 | (u64::from(qp) & 0xffff) << 40 | (seq & ((1 << 40) - 1))
-}
-
-fn split_wrid(id: u64) -> (u64, usize, u64) {
-    (
-        id >> 56,
-        ((id >> 40) & 0xffff) as usize,
-        id & ((1 << 40) - 1),
-    )
-}
-
-/// Which end a [`Side`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Client,
-    Server,
-}
 
 /// The MPA configuration for `--crc` / `--markers`: `Some(true)` requires,
 /// `Some(false)` refuses, `None` (a server without the option) follows the
@@ -159,63 +101,23 @@ pub fn mpa_config(crc: Option<bool>, markers: Option<bool>, ird_ord: u32) -> Mpa
     }
 }
 
-/// Slots of the data buffer.
-fn data_slots(p: &Params) -> usize {
-    match p.test {
-        Test::WriteBw | Test::ReadBw | Test::SendBw if p.integrity => p.depth as usize,
-        Test::WriteLat => 2,
-        _ => 1,
-    }
-}
-
-/// Receive-queue depth of `role`.
-fn rq_depth(p: &Params, role: Role) -> u32 {
-    match (p.test, role) {
-        (Test::SendBw, Role::Server) => (p.depth.saturating_mul(2)).clamp(8, 4096),
-        (Test::SendLat, _) => 8,
-        _ => 4,
-    }
-}
-
-/// (receive slot size, receive slots) of `role`.
-fn recv_layout(p: &Params, role: Role) -> (usize, usize) {
-    let rq = rq_depth(p, role) as usize;
-    match (p.test, role) {
-        (Test::SendBw, Role::Server) if p.integrity => (p.size.max(CTRL_MSG), rq),
-        (Test::SendBw, Role::Server) | (Test::SendLat, _) => (p.size.max(CTRL_MSG), 1),
-        _ => (CTRL_MSG, rq),
-    }
-}
-
-/// What the client measured.
-pub struct ClientResult {
-    pub msgs: u64,
-    pub elapsed: Duration,
-    pub lat: Option<LatStats>,
-    pub verified: u64,
-    /// Bandwidth runs: the process's CPU seconds over exactly the span of
-    /// `elapsed` (from the common start to the last ACK), so the two can be
-    /// compared. `None`: the caller's whole window is used.
-    pub span_cpu_s: Option<f64>,
-}
-
 /// Run the client role of the test.
 pub fn run_client(side: &mut Side) -> Result<ClientResult, String> {
     match side.p.test {
-        Test::WriteBw | Test::ReadBw | Test::SendBw => client_bw(side),
-        Test::WriteLat => client_write_lat(side),
-        Test::ReadLat => client_read_lat(side),
-        Test::SendLat => client_send_lat(side),
+        Test::WriteBw | Test::ReadBw | Test::SendBw => bw::client_bw(side),
+        Test::WriteLat => lat::client_write_lat(side),
+        Test::ReadLat => lat::client_read_lat(side),
+        Test::SendLat => lat::client_send_lat(side),
     }
 }
 
 /// Run the server role of the test; returns messages verified.
 pub fn run_server(side: &mut Side) -> Result<u64, String> {
     let v = match side.p.test {
-        Test::WriteBw | Test::ReadBw | Test::SendBw => server_bw(side),
-        Test::WriteLat => server_write_lat(side),
-        Test::ReadLat => server_passive(side),
-        Test::SendLat => server_send_lat(side),
+        Test::WriteBw | Test::ReadBw | Test::SendBw => bw::server_bw(side),
+        Test::WriteLat => lat::server_write_lat(side),
+        Test::ReadLat => lat::server_passive(side),
+        Test::SendLat => lat::server_send_lat(side),
     }?;
     // The client closes first, once it has our ACK; closing before that
     // could flush its last receive. Bounded by --timeout.
@@ -230,20 +132,4 @@ pub fn run_server(side: &mut Side) -> Result<u64, String> {
         }
     }
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_control_message_is_never_as_long_as_data() {
-        for size in [1, 8, 23, 24, 25, 31, 32, 33, 4096, 65536] {
-            let n = ctrl_len(size);
-            assert_ne!(n, size, "size {size}");
-            assert!((CTRL_BODY..=CTRL_MSG).contains(&n), "size {size}: {n}");
-            assert!(is_ctrl(n as u32, size));
-            assert!(!is_ctrl(size as u32, size));
-        }
-    }
 }
