@@ -18,6 +18,7 @@
 //! | work requests, completions | `ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`, `ibv_wc` | `wr.rs` |
 //! | [`cm`] (`connect`, `Listener`, `ConnRequest`) | rdma_cm, which moves the QP on to RTS | `cm.rs` |
 //! | a connected QP's connection | an rdma_cm id with its own event channel | `conn.rs` |
+//! | `QueuePair::next_event`, `QueuePair::event_fd` | the QP's event queue and an eventfd readable while it holds an event (not the completion channel: see the file) | `events.rs` |
 //!
 //! Work requests, completions and statuses map one to one where the
 //! verbs types have a variant ([`map_status`]); `ibv_wc_status` values with
@@ -35,7 +36,7 @@
 //! `device.rs` holds `DeviceOps` itself.)
 //!
 //! The files form a chain with no circle: `ffi` at the bottom; `device`,
-//! `wr` and `conn` on it alone; `mr` and `cq` on `device` (and `cq` on
+//! `wr` and `conn` on it alone (and `events` on nothing of this crate); `mr` and `cq` on `device` (and `cq` on
 //! `wr`); `qp` on all of those; `ops` and `cm` on `qp`, `conn` and
 //! `device`. The pump thread (`cq.rs`) reaches its queue pairs only
 //! through the `Watched` trait it defines, so `cq` knows nothing of `qp`.
@@ -65,6 +66,7 @@ pub mod cm;
 mod conn;
 mod cq;
 mod device;
+mod events;
 mod ffi;
 mod mr;
 mod ops;

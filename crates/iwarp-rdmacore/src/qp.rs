@@ -7,14 +7,15 @@
 //!
 //! The pump thread of its send CQ (`cq.rs`) asks it once per tick whether
 //! the peer disconnected ([`Watched`]), so a peer's disconnect flushes
-//! the QP as it does on the software provider.
+//! the QP as it does on the software provider. Its events (`next_event`)
+//! and their descriptor (`event_fd`, an eventfd readable while an event
+//! waits) are `events.rs`.
 
-use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use iwarp_proto::engine::{
@@ -24,6 +25,7 @@ use iwarp_proto::engine::{
 use crate::conn::CmConn;
 use crate::cq::{HwCq, Watched};
 use crate::device::os_err;
+use crate::events::QpEvents;
 use crate::ffi;
 use crate::mr::Pd;
 use crate::wr::{flushed_opcode, post_chain, send_wr_fields, sges};
@@ -80,8 +82,8 @@ pub(crate) struct Qp {
     state: AtomicU8,
     /// The rdma_cm connection, once connected.
     pub(crate) conn: Mutex<Option<CmConn>>,
-    events: Mutex<VecDeque<QpEvent>>,
-    events_cond: Condvar,
+    /// `next_event`'s queue and `event_fd`'s descriptor.
+    events: QpEvents,
     disconnected: AtomicBool,
 }
 
@@ -170,8 +172,7 @@ impl Qp {
             cap: init.cap,
             state: AtomicU8::new(ST_INIT),
             conn: Mutex::new(None),
-            events: Mutex::new(VecDeque::new()),
-            events_cond: Condvar::new(),
+            events: QpEvents::default(),
             disconnected: AtomicBool::new(false),
         });
         let weak: Weak<dyn CqSource> = Arc::downgrade(&q) as _;
@@ -189,9 +190,8 @@ impl Qp {
     }
 
     pub(crate) fn push_event(&self, ev: QpEvent) {
-        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        q.push_back(ev);
-        self.events_cond.notify_all();
+        tracing::debug!(qpn = self.qpn, event = ?ev, "QP event");
+        self.events.push(ev);
     }
 
     /// The connection ended (peer or local): flush and report once.
@@ -439,12 +439,7 @@ impl QpOps for Qp {
     fn next_event(&self, timeout: Duration) -> Option<QpEvent> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            if let Some(ev) = self
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
-            {
+            if let Some(ev) = self.events.pop() {
                 return Some(ev);
             }
             let now = std::time::Instant::now();
@@ -460,8 +455,7 @@ impl QpOps for Qp {
                     Some(c) => c.poll_disconnected(slice),
                     None => {
                         drop(conn);
-                        let q = self.events.lock().unwrap_or_else(|e| e.into_inner());
-                        let _ = self.events_cond.wait_timeout(q, slice);
+                        self.events.wait(slice);
                         false
                     }
                 }
@@ -471,6 +465,16 @@ impl QpOps for Qp {
                 self.drain_both();
             }
         }
+    }
+
+    /// An eventfd readable while an event waits for `next_event`
+    /// (`events.rs` says why not the completion channel's descriptor or
+    /// the rdma_cm channel's). A peer's disconnect is queued by the send
+    /// CQ's pump within one tick (50 ms) of the rdma_cm event, so a waiter
+    /// that only sleeps on this descriptor learns of it without calling
+    /// `next_event`.
+    fn event_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.events.fd(self.qpn)
     }
 
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
