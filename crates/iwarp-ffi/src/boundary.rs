@@ -1,9 +1,9 @@
 //! The panic boundary and the argument checks every exported function uses.
 //!
-//! - [`guard`] runs a call that returns an [`iwarp_result`]: `Err` becomes
+//! - `guard` runs a call that returns an [`iwarp_result`]: `Err` becomes
 //!   the error's code plus `iwarp_last_error` text prefixed with the
 //!   function's name; a panic becomes `IWARP_ERR_PANIC`.
-//! - [`guard_value`] does the same for calls that return a plain value (a
+//! - `guard_value` does the same for calls that return a plain value (a
 //!   length, a key, a file descriptor): on a panic it returns the given
 //!   fallback.
 //!
