@@ -4,8 +4,24 @@
 //! there by the server, client-reads bodies read there as their answers
 //! arrive (docs/MOD_RDMA.md, "Round trips").
 
-use super::*;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
 use iwarp::wait::CqInterest;
+use iwarp::{SendWr, SgList, WcStatus, WrOpcode};
+use rhttp::ctrl::Kind;
+use rhttp::header::{RdmaHeader, Scheme};
+use rhttp::http::Url;
+
+use crate::cli::{Args, GetScheme};
+use crate::get::{
+    discard_body, is_html, job_sink, plain_get, rdma_error_of, rdma_get, GetHooks, GetOpts, Job,
+};
+use crate::rdma::{http_set, wait_error, Rdma, CHUNK, HTTP, MAX_PIPELINE, RDMA};
+use crate::session::{session_for, Session};
+use crate::settings::{max_len, url_scheme, Res};
+use crate::sink::{bar, copy_out, Sink};
+use crate::stats::{report_get, Outcome};
 
 /// A pipelined GET that has been sent and not answered yet.
 pub(super) struct InFlight {
@@ -451,4 +467,59 @@ pub(super) fn pipelined_answer(
         }),
         resp.close,
     ))
+}
+
+/// Fetch `jobs` in order, one session per run of URLs on the same host:
+/// one request at a time (`depth` 1, `--plain`) or pipelined.
+pub(super) fn fetch(
+    a: &Args,
+    session: &mut Option<Session>,
+    jobs: &[Job],
+    scheme: GetScheme,
+    hooks: &GetHooks,
+    depth: usize,
+    opts: &GetOpts,
+) -> Res<bool> {
+    let mut all_ok = true;
+    let mut i = 0;
+    while i < jobs.len() {
+        let s = session_for(session, &jobs[i].url, a)?;
+        let run = jobs[i..]
+            .iter()
+            .take_while(|j| j.url.host == s.url0.host && j.url.port == s.url0.port)
+            .count();
+        if depth > 1 && !a.plain {
+            all_ok &= get_pipelined(a, s, &jobs[i..i + run], scheme, depth, opts)?;
+            i += run;
+            continue;
+        }
+        for (k, job) in jobs[i..i + run].iter().enumerate() {
+            let mut sink = job_sink(job, opts)?;
+            let t = Instant::now();
+            let o = if a.plain {
+                plain_get(s, &job.url, &mut sink, a)
+            } else {
+                rdma_get(s, &job.url, scheme, &mut sink, a, hooks)
+            };
+            sink.flush()
+                .map_err(|e| format!("writing {}: {e}", job.out.display()))?;
+            let o = o.map_err(|e| {
+                format!(
+                    "GET {}://{}{}: {e}",
+                    url_scheme(),
+                    job.url.host_header(),
+                    job.url.path
+                )
+            })?;
+            all_ok &= report_get(&job.url, &o, t.elapsed().as_secs_f64());
+            if hooks.drop_rdma_after == Some(i + k + 1) {
+                if let Some(r) = s.rdma.as_mut() {
+                    eprintln!("rhttp-test: closing the RDMA connection");
+                    r.close_connection();
+                }
+            }
+        }
+        i += run;
+    }
+    Ok(all_ok)
 }

@@ -19,20 +19,19 @@ use std::collections::HashMap;
 use rhttp::crawl::{Config, Crawl, Skipped};
 use rhttp::robots::{self, Robots};
 
-use super::*;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::PathBuf;
+use std::time::Instant;
 
-/// -r and -p settings.
-pub(super) struct CrawlOpts {
-    /// `-l`: `None` for `inf`.
-    pub(super) level: Option<u32>,
-    pub(super) page_requisites: bool,
-    pub(super) no_parent: bool,
-    /// Without `-nH`: the `HOST[:PORT]` directory under -P.
-    pub(super) host_dirs: bool,
-    /// robots.txt read and honoured (not `-e robots=off`).
-    pub(super) robots: bool,
-    pub(super) max_files: usize,
-}
+use rhttp::http::Url;
+
+use crate::cli::{Args, GetScheme};
+use crate::get::{plain_get, GetHooks, GetOpts, Job};
+use crate::pipeline::fetch;
+use crate::session::{session_for, Session};
+use crate::settings::Res;
+use crate::stats::{print_stats, report, take_fetched, Fetched};
 
 /// The largest page whose links are read (a larger one is saved but not
 /// scanned).
@@ -127,7 +126,7 @@ pub(super) fn cmd_crawl(
         human_secs(secs),
         wget_rate(bytes as f64 / secs.max(1e-9))
     ));
-    print_stats(opts, started);
+    print_stats(opts.stats, started);
     Ok(all_ok)
 }
 
