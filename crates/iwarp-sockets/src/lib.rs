@@ -77,6 +77,7 @@ mod conn;
 pub mod flow;
 mod net;
 mod options;
+pub mod poll;
 pub mod progress;
 mod ready;
 mod sys;

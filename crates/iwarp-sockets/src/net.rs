@@ -277,6 +277,18 @@ impl Stream {
             .set_watermarks(rcvlowat as u64, sndlowat.min(u32::MAX as usize) as u32, cb);
     }
 
+    /// (readable, writable, broken) now, from the stream's state
+    /// ([`crate::poll`]).
+    pub(crate) fn poll_state(&self) -> (bool, bool, bool) {
+        self.s.conn.poll_state()
+    }
+
+    /// The completion queue, if the stream is in busy-poll mode (a
+    /// waiting thread does its receive work, [`crate::poll`]).
+    pub(crate) fn busy_poll_cq(&self) -> Option<&iwarp::CompletionQueue> {
+        self.s.conn.busy_poll_cq()
+    }
+
     /// This connection's counters.
     pub fn stats(&self) -> Stats {
         self.s.conn.stats()
@@ -503,7 +515,7 @@ impl Listener {
     pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
         loop {
             let nb = self.nonblocking.load(Ordering::Relaxed);
-            if nb && crate::sys::poll_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
+            if nb && crate::poll::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let req = match self.cm.get_request(Some(if nb {

@@ -106,10 +106,10 @@ fn drain(mut s: &UnixStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::poll_now;
+    use crate::poll::fd_now;
 
     fn polled(fd: RawFd) -> (bool, bool) {
-        let rev = poll_now(fd, libc::POLLIN | libc::POLLOUT);
+        let rev = fd_now(fd, libc::POLLIN | libc::POLLOUT);
         (rev & libc::POLLIN != 0, rev & libc::POLLOUT != 0)
     }
 

@@ -1,37 +1,10 @@
-//! The crate's system-call edge: `poll(2)` on raw descriptors and the
-//! registration of application memory for zero-copy sends and `riomap`. Everything
-//! else in the crate is safe code (`#![deny(unsafe_code)]` in `lib.rs`).
+//! The crate's memory edge: the registration of application memory for
+//! zero-copy sends and `riomap`. Everything else in the crate is safe code
+//! (`#![deny(unsafe_code)]` in `lib.rs`); waiting on descriptors goes
+//! through `iwarp::wait::WaitSet` ([`crate::poll`]).
 #![allow(unsafe_code)]
 
-use std::os::fd::RawFd;
-use std::time::Duration;
-
 use iwarp::{Access, MemoryRegion, ProtectionDomain};
-
-/// `poll(2)` of one descriptor for `events` with a zero timeout; returns
-/// its `revents` (0 on error).
-pub(crate) fn poll_now(fd: RawFd, events: i16) -> i16 {
-    poll_one(fd, events, Duration::ZERO)
-}
-
-/// `poll(2)` of one descriptor, waiting up to `timeout`; returns its
-/// `revents` (0 on timeout or error).
-pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Duration) -> i16 {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: `p` is one valid pollfd that lives across the call; poll(2)
-    // writes only its `revents`.
-    let rc = unsafe { libc::poll(&mut p, 1, ms) };
-    if rc > 0 {
-        p.revents
-    } else {
-        0
-    }
-}
 
 /// Registers `buf` as the source of zero-copy RDMA Writes: no access
 /// rights beyond local read, so no receive, Read Response or peer Write

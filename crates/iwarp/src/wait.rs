@@ -253,6 +253,8 @@ pub struct WaitSet {
     ready: Vec<Event>,
     /// [`WaitSet::set_spin`].
     spin: Option<Duration>,
+    /// [`WaitSet::set_interruptible`].
+    interruptible: bool,
 }
 
 impl std::fmt::Debug for WaitSet {
@@ -331,6 +333,15 @@ impl WaitSet {
     /// through the CQ at all). Busy-poll CQs spin regardless.
     pub fn set_spin(&mut self, spin: Option<Duration>) {
         self.spin = spin;
+    }
+
+    /// Whether a signal that interrupts the sleep ends the wait with an
+    /// error of kind [`io::ErrorKind::Interrupted`] (poll(2)'s `EINTR`),
+    /// for a caller that implements `poll` itself (the sockets crate's
+    /// `rpoll`); by default (`false`) it is taken for a spurious wake-up
+    /// and the wait goes on until a member is ready or the deadline.
+    pub fn set_interruptible(&mut self, on: bool) {
+        self.interruptible = on;
     }
 
     /// True if the set has no member.
@@ -429,7 +440,13 @@ impl WaitSet {
                 continue;
             }
             if until.passed(now) {
-                return Ok(false);
+                // A descriptor already ready ends even a wait whose
+                // deadline has passed (a zero timeout is a check, as
+                // poll(2)'s is).
+                if !self.fds.is_empty() {
+                    self.poll_fds(Some(Duration::ZERO), false)?;
+                }
+                return Ok(!self.ready.is_empty());
             }
             let mut left = until.left(now);
             if let Some(cap) = self.sleep_cap() {
@@ -595,8 +612,9 @@ impl WaitSet {
         if rc < 0 {
             let e = io::Error::last_os_error();
             // poll(2): EINTR, a signal arrived; count it as a wake-up that
-            // found nothing, the caller's loop looks again.
-            if e.kind() == io::ErrorKind::Interrupted {
+            // found nothing, the caller's loop looks again (unless the
+            // caller asked to see it, `set_interruptible`).
+            if e.kind() == io::ErrorKind::Interrupted && !self.interruptible {
                 return Ok(false);
             }
             return Err(e);

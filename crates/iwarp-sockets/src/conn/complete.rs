@@ -141,6 +141,9 @@ impl Conn {
             self.push_buffered(st);
             self.pump(st);
             self.refresh(st);
+            // Threads still waiting may have slept through the completions
+            // this drain took (`wake_waiters`).
+            self.wake_waiters(st);
         }
         any
     }
@@ -224,24 +227,35 @@ impl Conn {
         self.unlock_and_notify(st);
     }
 
-    /// The progress thread's entry: drain, unless a thread waits on the
-    /// completion queue in a stream call (it is woken by the same
-    /// completion and drains it itself).
-    pub(crate) fn progress(&self) {
+    /// The progress thread's entry: drain, unless a thread is in a stream
+    /// call (it drains before it leaves) or waits on the completion queue
+    /// (it is woken by the same completion and drains it itself). Returns
+    /// false when it left the work to such a thread and *parked* the
+    /// stream: the progress thread stops watching its CQ descriptor (which
+    /// stays readable until that thread drains) until [`Conn::unpark`].
+    pub(crate) fn progress(&self) -> bool {
         let busy = || {
-            self.cq_waiters.load(Ordering::Acquire) > 0 || self.in_call.load(Ordering::Acquire) > 0
+            self.cq_waiters.load(Ordering::SeqCst) > 0 || self.in_call.load(Ordering::SeqCst) > 0
         };
         if busy() {
-            return;
+            // Parked first, then looked again: a call that ended between
+            // the two looks either sees the flag (`settle_parked`) or is
+            // seen to have ended here (the fences of SeqCst order them).
+            self.parked.store(true, Ordering::SeqCst);
+            if busy() {
+                return false;
+            }
+            self.parked.store(false, Ordering::SeqCst);
         }
         let mut st = self.lock();
         // Again under the lock: a thread that started waiting meanwhile
         // (it registers before it releases the lock) drains it itself.
         if busy() {
-            return;
+            return true;
         }
         self.drain(&mut st);
         self.unlock_and_notify(st);
+        true
     }
 
     /// The completion hook (`CompletionQueue::set_completion_hook`): the
@@ -250,31 +264,45 @@ impl Conn {
     /// flow and updates readiness itself, so a program blocked in `poll`
     /// on the readiness descriptor is woken by that thread directly rather
     /// than through the progress thread (one thread hand-off less per
-    /// message). Declines (returns false, and the CQ descriptor wakes the
-    /// progress thread as before) when the stream is locked by someone
-    /// else or has watermark callbacks, which must not run on the
-    /// provider's threads. Never blocks.
+    /// message). Declines (returns false, and the CQ descriptor becomes
+    /// readable) when a thread sleeps on that descriptor in a stream call
+    /// (it must wake), and when the stream is locked by someone else or
+    /// has watermark callbacks, which must not run on the provider's
+    /// threads: then the progress thread does the work, watching the
+    /// stream again if it had parked it. Never blocks.
     pub(crate) fn on_completions(&self) -> bool {
         if HOOK_CONN.with(|h| h.get()) == Some(self.id) {
             // Completions of what this very drain posted: the loop below
             // looks again.
             return true;
         }
-        let busy = || {
-            self.cq_waiters.load(Ordering::Acquire) > 0 || self.in_call.load(Ordering::Acquire) > 0
-        };
+        if self.cq_waiters.load(Ordering::SeqCst) > 0 {
+            // A thread sleeps on the descriptor (`Conn::wait`).
+            return false;
+        }
+        let busy = || self.in_call.load(Ordering::SeqCst) > 0;
         if busy() {
             // A thread in a stream call drains before it leaves (and
-            // `leave` hands what came after its drain to the descriptor).
+            // `end` hands what came after its drain to the descriptor).
             return true;
         }
         let mut st = match self.state.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                self.unpark();
+                return false;
+            }
         };
+        if self.cq_waiters.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
         if st.marks.cb.is_some() || busy() {
-            return busy();
+            let handled = busy();
+            if !handled {
+                self.unpark();
+            }
+            return handled;
         }
         HOOK_CONN.with(|h| h.set(Some(self.id)));
         let mut done = false;
@@ -285,6 +313,9 @@ impl Conn {
             }
         }
         HOOK_CONN.with(|h| h.set(None));
+        if !done {
+            self.unpark();
+        }
         done
     }
 

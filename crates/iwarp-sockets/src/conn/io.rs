@@ -4,7 +4,7 @@
 //! ([`crate::tune`]).
 
 use std::io;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use iwarp::cm::{self};
 
@@ -315,7 +315,9 @@ impl Conn {
             if st.zc_inflight == 0 {
                 break;
             }
-            let (g, _) = self.wait(st, Some(Instant::now() + Duration::from_millis(100)));
+            // Each completion (or the flush of a failed connection) wakes
+            // this wait; no deadline.
+            let (g, _) = self.wait(st, None);
             st = g;
         }
         st.stats.zcopy_bytes += done as u64;
@@ -344,6 +346,22 @@ impl Conn {
         st.broken.is_some() || !st.flow.is_writable() || self.can_write(&st)
     }
 
+    /// (readable, writable, broken) now: what `poll_read`, `poll_write`
+    /// say, and whether the stream is broken (reset or closed).
+    pub(crate) fn poll_state(&self) -> (bool, bool, bool) {
+        let mut st = self.lock();
+        self.drain(&mut st);
+        let broken = st.broken.is_some();
+        let readable = st.flow.poll_readable() || broken;
+        let writable = broken || !st.flow.is_writable() || self.can_write(&st);
+        (readable, writable, broken)
+    }
+
+    /// The completion queue, in busy-poll mode only.
+    pub(crate) fn busy_poll_cq(&self) -> Option<&iwarp::CompletionQueue> {
+        self.opts.busy_poll.then_some(&self.cq)
+    }
+
     pub(super) fn can_write(&self, st: &State) -> bool {
         if self.opts.coalescing() {
             st.flow.can_buffer()
@@ -368,6 +386,9 @@ impl Conn {
             self.pump(&mut st);
         }
         self.refresh(&mut st);
+        // A thread blocked in a read after `SHUT_RD` must return end of
+        // stream now: no completion need come to wake it.
+        self.wake_waiters(&mut st);
         Ok(())
     }
 
@@ -379,6 +400,7 @@ impl Conn {
                 return;
             }
             st.closed = true;
+            self.wake_waiters(&mut st);
             self.drain(&mut st);
             if st.flow.phase() == Phase::Connected && st.broken.is_none() {
                 let _ = st.flow.shutdown(Shutdown::Both);
@@ -410,7 +432,7 @@ impl Conn {
                 }
             }
         }
-        crate::progress::deregister(self.id, self.cq_fd);
+        crate::progress::deregister(self.id);
         self.cq.set_completion_hook(None);
         self.qp.disconnect();
         self.iomap_close();
@@ -421,5 +443,6 @@ impl Conn {
             "the stream is closed".into(),
         );
         self.refresh(&mut st);
+        self.wake_waiters(&mut st);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,9 @@ use crate::tune::RingTuner;
 use crate::wire::{ByteOrder, ConnDataRepr};
 
 use super::maps::LocalMaps;
-use super::types::{cm_err, recv_wr, verbs_err, Conn, Marks, State, Stats, CTL_SLOT, NEXT_ID};
+use super::types::{
+    cm_err, recv_wr, verbs_err, Conn, Marks, State, Stats, WakeFd, CTL_SLOT, NEXT_ID,
+};
 
 /// Resources made before the connection exists.
 pub(crate) struct Parts {
@@ -170,7 +172,6 @@ impl Parts {
             slots_at,
             epoch: Instant::now(),
             sq_size,
-            cq_fd,
             state: Mutex::new(State {
                 flow: self.flow,
                 marks: Marks::default(),
@@ -190,9 +191,13 @@ impl Parts {
                 iomaps: LocalMaps::default(),
                 tuner,
                 rtt: Duration::ZERO,
+                wake_gen: 0,
+                wake_pending: 0,
             }),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
+            wake: WakeFd::new()?,
+            parked: AtomicBool::new(false),
             in_call: AtomicUsize::new(0),
         });
         {
