@@ -661,7 +661,9 @@ impl Listener {
     /// TCP connection and read its MPA Request. `None` waits for a
     /// connection without limit; the MPA Request must then arrive within
     /// [`REQUEST_TIMEOUT`]. With a timeout, the Request must arrive by its
-    /// end, or within [`REQUEST_GRACE`] of the accept if that is later. A connection whose request is malformed or
+    /// end, or within [`REQUEST_GRACE`] of the accept if that is later.
+    /// `Some(Duration::ZERO)` takes a connection that is waiting and does
+    /// not wait for one. A connection whose request is malformed or
     /// incompatible with the listener's policy is closed and reported as an
     /// error (call `get_request` again to serve the next one).
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
@@ -670,13 +672,9 @@ impl Listener {
         if let Some(d) = deadline {
             loop {
                 let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(CmError::Timeout {
-                        addr: self.local,
-                        during: "waiting for a connection",
-                        after: start.elapsed(),
-                    });
-                }
+                // Look before giving up: a zero timeout is a check that
+                // does not wait (poll(2) with timeout 0), as on a kernel
+                // device, so a caller can take what waits and no more.
                 let ready = iwarp_verbs::sys::poll_one(self.sock.as_raw_fd(), libc::POLLIN, left)
                     .map_err(|e| CmError::Io {
                     during: "waiting for a connection",
@@ -684,6 +682,13 @@ impl Listener {
                 })?;
                 if ready != 0 {
                     break;
+                }
+                if left.is_zero() {
+                    return Err(CmError::Timeout {
+                        addr: self.local,
+                        during: "waiting for a connection",
+                        after: start.elapsed(),
+                    });
                 }
             }
         }

@@ -10,7 +10,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use iwarp::cm::{ConnParam, Listener, MpaConfig, Policy};
+use iwarp::cm::{CmError, ConnParam, Listener, MpaConfig, Policy};
 use iwarp::wait::{CqInterest, Interest, Token, WaitSet, Wake};
 use iwarp::{
     Access, CompletionQueue, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr, QpState,
@@ -314,6 +314,17 @@ impl Rdma {
     /// Before a request: refuse connections that wait in the listener (no
     /// request expects one now: the server connects while a request
     /// waits for it), and forget a dead connection.
+    ///
+    /// Each waiting connection is taken without waiting for more
+    /// (`get_request` with a zero timeout looks once) and judged by
+    /// [`Rdma::accept`]: between requests no token is expected, so it is
+    /// refused with a reason in the MPA Reply; in a pipeline, a connection
+    /// for an earlier unanswered request is still the server's. One whose
+    /// MPA Request has not come yet gets the CM's grace for it (2 s on the
+    /// software provider); one that sends a bad Request is closed by
+    /// `get_request` and the next one is looked at. At most
+    /// [`STALE_MAX`] are taken here, so a listener that keeps failing
+    /// cannot hold the request back; the rest meet [`Rdma::expect_conn`].
     pub(super) fn prepare(&mut self, pipelined: bool) -> Res<()> {
         if !self.live() {
             self.qp = None;
@@ -321,8 +332,14 @@ impl Rdma {
         if !pipelined {
             self.tokens.clear();
         }
-        while let Ok(req) = self.listener.get_request(Some(Duration::ZERO)) {
-            self.accept(req)?;
+        for _ in 0..STALE_MAX {
+            match self.listener.get_request(Some(Duration::ZERO)) {
+                Ok(req) => {
+                    self.accept(req)?;
+                }
+                Err(CmError::Timeout { .. }) => break,
+                Err(e) => tracing::warn!(error = %e, "bad RDMA connection attempt"),
+            }
         }
         Ok(())
     }
@@ -568,6 +585,10 @@ pub(super) fn http_set(http: &Conn) -> WaitSet {
 pub(super) fn wait_error(e: io::Error) -> String {
     format!("waiting for the RDMA connection or the HTTP answer: {e}")
 }
+
+/// Most connections [`Rdma::prepare`] takes from the listener before a
+/// request.
+const STALE_MAX: usize = 16;
 
 /// How long a connection to our RDMA listener may take to send its MPA
 /// Request once accepted (the server sends it right after connecting).

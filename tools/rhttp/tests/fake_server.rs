@@ -97,7 +97,16 @@ fn impostor_connect(h: &RdmaHeader, private_data: &[u8]) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
+/// The server's side of one RDMA connection to the client's listener.
+struct ServerRdma {
+    pd: iwarp::ProtectionDomain,
+    cq: iwarp::CompletionQueue,
+    qp: iwarp::QueuePair,
+}
+
+/// Connect to the client's listener as the server, with the request's
+/// token in the private data (as mod_rdma does).
+fn rdma_connect(h: &RdmaHeader) -> ServerRdma {
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
@@ -110,55 +119,69 @@ fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> iwarp::QueuePair {
         })
         .unwrap();
     let addr = SocketAddr::new(h.ip.unwrap(), h.port.unwrap());
-    // As mod_rdma does: the request's token comes back in the private data.
     let param = ConnParam {
         private_data: server_private_data(h.token),
         ..ConnParam::default()
     };
     cm::connect(&qp, addr, &param).unwrap();
-    let src = pd.reg_mr(data.len(), Access::LOCAL_WRITE).unwrap();
-    src.write_at(0, data);
-    let msg = pd.reg_mr(MSG_LEN, Access::LOCAL_WRITE).unwrap();
-    msg.write_at(
-        0,
-        &CtrlMsg {
-            kind: Kind::Done,
-            stag: h.stag.unwrap(),
-            length: data.len() as u32,
-            to: 0,
-            offset: 0,
+    ServerRdma { pd, cq, qp }
+}
+
+impl ServerRdma {
+    /// Server-writes: RDMA-Write `data` into the buffer `h` names, then
+    /// send DONE; both completed when this returns.
+    fn write_body(&self, h: &RdmaHeader, data: &[u8]) {
+        let (pd, cq, qp) = (&self.pd, &self.cq, &self.qp);
+        let src = pd.reg_mr(data.len(), Access::LOCAL_WRITE).unwrap();
+        src.write_at(0, data);
+        let msg = pd.reg_mr(MSG_LEN, Access::LOCAL_WRITE).unwrap();
+        msg.write_at(
+            0,
+            &CtrlMsg {
+                kind: Kind::Done,
+                stag: h.stag.unwrap(),
+                length: data.len() as u32,
+                to: 0,
+                offset: 0,
+            }
+            .encode(),
+        );
+        qp.post_send(&SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::RdmaWrite {
+                remote_addr: h.to.unwrap(),
+                rkey: h.stag.unwrap(),
+            },
+            sgl: SgList::single(src.sge(0, data.len())),
+            signaled: true,
+            solicited: false,
+        })
+        .unwrap();
+        qp.post_send(&SendWr {
+            wr_id: 2,
+            opcode: WrOpcode::Send,
+            sgl: SgList::single(msg.sge(0, MSG_LEN)),
+            signaled: true,
+            solicited: false,
+        })
+        .unwrap();
+        for _ in 0..2 {
+            let wc = cq
+                .wait_one(Duration::from_secs(5))
+                .unwrap()
+                .expect("completion");
+            assert_eq!(wc.status, WcStatus::Success);
         }
-        .encode(),
-    );
-    qp.post_send(&SendWr {
-        wr_id: 1,
-        opcode: WrOpcode::RdmaWrite {
-            remote_addr: h.to.unwrap(),
-            rkey: h.stag.unwrap(),
-        },
-        sgl: SgList::single(src.sge(0, data.len())),
-        signaled: true,
-        solicited: false,
-    })
-    .unwrap();
-    qp.post_send(&SendWr {
-        wr_id: 2,
-        opcode: WrOpcode::Send,
-        sgl: SgList::single(msg.sge(0, MSG_LEN)),
-        signaled: true,
-        solicited: false,
-    })
-    .unwrap();
-    for _ in 0..2 {
-        let wc = cq
-            .wait_one(Duration::from_secs(5))
-            .unwrap()
-            .expect("completion");
-        assert_eq!(wc.status, WcStatus::Success);
     }
-    // The caller keeps the QP until the client has closed the HTTP
-    // connection (it has taken the DONE by then).
-    qp
+}
+
+/// Connect and move one body (server-writes). The caller keeps the
+/// connection until the client has closed the HTTP connection (it has
+/// taken the DONE by then).
+fn rdma_write_body(h: &RdmaHeader, data: &[u8]) -> ServerRdma {
+    let s = rdma_connect(h);
+    s.write_body(h, data);
+    s
 }
 
 /// What the fake server saw: each request's RDMA header, and the client's
@@ -346,6 +369,102 @@ fn impostor_with_a_wrong_token_is_refused_and_the_transfer_succeeds() {
     assert_eq!(std::fs::read(&out).unwrap(), body());
     assert!(seen.impostors[0].is_err(), "{:?}", seen.impostors);
     let _ = std::fs::remove_file(out);
+}
+
+/// A connection that waits in rhttp's RDMA listener from before a request
+/// is refused when rhttp prepares the next request (`Rdma::prepare`), with
+/// rhttp's reason in the MPA Reply. Here it is a late duplicate of the
+/// server's connection for the first of two requests on one keep-alive
+/// connection, carrying that request's token; the second request reuses
+/// the live RDMA connection, so rhttp never waits at its listener for it
+/// and `prepare` is the only place that looks. (The software CM's
+/// `get_request(Some(Duration::ZERO))` used to give up before it looked:
+/// the connection then waited unanswered until rhttp exited.)
+#[test]
+fn a_connection_waiting_from_before_a_request_is_refused() {
+    use iwarp_proto::handshake::{self, HandshakeError, MpaConfig};
+    use iwarp_proto::wire::mpa;
+
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        let data = body();
+        let answer = |w: &mut std::net::TcpStream| {
+            write!(
+                w,
+                "HTTP/1.1 200 OK\r\nRDMA: server-writes, length={}\r\nContent-Length: 0\r\n\r\n",
+                data.len()
+            )
+            .unwrap()
+        };
+        let h1 = read_head(&mut r).flatten().expect("an RDMA header");
+        let h1 = RdmaHeader::parse(&h1).unwrap();
+        let rdma = rdma_write_body(&h1, &data);
+        // rhttp has accepted that connection and now waits for the HTTP
+        // answer, not at its listener. The stale connection: its TCP
+        // handshake completes in the kernel and its MPA Request is in its
+        // socket before the answer goes out, so it waits in the listener
+        // when rhttp prepares the second request.
+        let mut stale =
+            std::net::TcpStream::connect(SocketAddr::new(h1.ip.unwrap(), h1.port.unwrap()))
+                .unwrap();
+        stale
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let req = handshake::request(&MpaConfig::default(), &server_private_data(h1.token));
+        stale.write_all(&req.unwrap()).unwrap();
+        answer(&mut w);
+        let h2 = read_head(&mut r).flatten().expect("a second RDMA header");
+        let h2 = RdmaHeader::parse(&h2).unwrap();
+        assert_ne!(h2.token, h1.token);
+        rdma.write_body(&h2, &data);
+        answer(&mut w);
+        // Keep the RDMA connection until the client has closed.
+        let mut rest = Vec::new();
+        let _ = r.read_to_end(&mut rest);
+        drop(rdma);
+        stale
+    });
+    let (out1, out2) = (out_path("stale-1"), out_path("stale-2"));
+    let url = format!("http://127.0.0.1:{port}/file.bin");
+    let o = Command::new(env!("CARGO_BIN_EXE_rhttp"))
+        .args(["-q", "--timeout", "10", "get", &url, &url, "-o"])
+        .arg(&out1)
+        .arg("-o")
+        .arg(&out2)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let mut stale = server.join().expect("the server saw both requests through");
+    assert!(o.status.success(), "{err}");
+    assert_eq!(err.matches("via RDMA (server-writes)").count(), 2, "{err}");
+    assert_eq!(std::fs::read(&out1).unwrap(), body());
+    assert_eq!(std::fs::read(&out2).unwrap(), body());
+    // rhttp has exited; what it said to the stale connection is in the
+    // socket (a connection it never answered was reset at its exit).
+    let mut frame = vec![0u8; mpa::HEADER_LEN];
+    stale.read_exact(&mut frame).unwrap_or_else(|e| {
+        panic!("no MPA Reply to the connection that waited in rhttp's listener ({e}): it was never refused\n{err}")
+    });
+    frame.resize(handshake::frame_len(&frame).unwrap(), 0);
+    stale.read_exact(&mut frame[mpa::HEADER_LEN..]).unwrap();
+    match handshake::parse_reply(&MpaConfig::default(), &frame) {
+        Err(HandshakeError::Rejected { private_data }) => assert_eq!(
+            String::from_utf8_lossy(&private_data),
+            "rhttp: no request waits for a connection"
+        ),
+        other => panic!("expected a rejecting MPA Reply, got {other:?}"),
+    }
+    assert!(
+        err.contains("refused an RDMA connection while none was expected"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(out1);
+    let _ = std::fs::remove_file(out2);
 }
 
 // ------------------------------------------------------------------ HTTPS
