@@ -4,21 +4,26 @@
 //!
 //! Both are driven the way rstream drives its socket: non-blocking calls
 //! retried in a loop by default (`MSG_DONTWAIT`, a busy loop), blocking
-//! calls with `-T b`, and with `-T a` a `poll(2)` before every call on the
-//! socket's descriptor (for an rsocket, `iwarp-sockets`' readiness
-//! descriptor). Unlike rstream, every wait is bounded: a transfer that
-//! makes no progress for `stall` fails with `TimedOut`.
+//! calls with `-T b`, and with `-T a` an `rpoll` before every call, as
+//! rstream's `do_poll` does: `iwarp_sockets::poll::poll`, which waits for
+//! an rsocket and a plain TCP socket alike through the verbs crate's one
+//! waiting API (`iwarp::wait::WaitSet`; for an rsocket in busy-poll mode
+//! the waiting thread does its receive work, as rsocket.c's `rpoll`
+//! does). Unlike rstream, every wait is bounded: a transfer that makes no
+//! progress for `stall` fails with `TimedOut`.
 
 use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 // The key that opens every MPA Request (RFC 5044 §7.1), from the one place
 // that defines it.
 use iwarp_proto::wire::mpa::KEY_REQ as MPA_REQ_KEY;
+use iwarp_sockets::poll::{poll, PollFd};
 use iwarp_sockets::{Listener, Options, Stream};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 /// Which stack carries a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,25 +85,14 @@ fn timed_out(what: &str, stall: Duration) -> io::Error {
     )
 }
 
-fn poll_fd(fd: RawFd, events: i16, timeout_ms: i32) -> io::Result<i16> {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    let rc = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    match rc {
-        r if r < 0 => {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                Ok(0)
-            } else {
-                Err(e)
-            }
-        }
-        0 => Ok(0),
-        _ => Ok(p.revents),
+/// `rpoll` of one entry until `deadline` (`Duration::ZERO`: a check);
+/// its `revents`. A signal counts as "nothing yet" (the caller's loop
+/// looks at the deadline and polls again).
+fn poll_one(mut entry: PollFd<'_>, timeout: Duration) -> io::Result<i16> {
+    match poll(std::slice::from_mut(&mut entry), Some(timeout)) {
+        Ok(_) => Ok(entry.revents),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(0),
+        Err(e) => Err(e),
     }
 }
 
@@ -130,10 +124,11 @@ impl Endpoint {
         }
     }
 
-    fn fd(&self) -> RawFd {
+    /// This endpoint as an `rpoll` entry for `events`.
+    fn poll_entry(&self, events: i16) -> PollFd<'_> {
         match self {
-            Endpoint::Rsockets(s) => s.as_raw_fd(),
-            Endpoint::Tcp(s) => s.as_raw_fd(),
+            Endpoint::Rsockets(s) => PollFd::stream(s, events),
+            Endpoint::Tcp(s) => PollFd::fd(s.as_raw_fd(), events),
         }
     }
 
@@ -155,15 +150,14 @@ impl Endpoint {
     /// until `deadline`; an error or hang-up on the descriptor is an error.
     fn wait_ready(&self, events: i16, mode: &Mode, deadline: Instant) -> io::Result<()> {
         loop {
-            let ms = if mode.nonblocking {
-                0
+            // rstream polls with timeout 0 in its non-blocking mode (a
+            // busy loop), otherwise until ready: here until the deadline.
+            let timeout = if mode.nonblocking {
+                Duration::ZERO
             } else {
-                deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_millis()
-                    .clamp(1, 1000) as i32
+                deadline.saturating_duration_since(Instant::now())
             };
-            let rev = poll_fd(self.fd(), events, ms)?;
+            let rev = poll_one(self.poll_entry(events), timeout)?;
             if rev & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && rev & events == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::ConnectionReset,
@@ -340,10 +334,12 @@ impl Acceptor {
         }
     }
 
-    fn fd(&self) -> RawFd {
+    /// The listening socket as an `rpoll` entry (readable: a connection
+    /// waits).
+    fn poll_entry(&self) -> PollFd<'_> {
         match self {
-            Acceptor::Rsockets(l) => l.as_raw_fd(),
-            Acceptor::Tcp(l) | Acceptor::Both(l) => l.as_raw_fd(),
+            Acceptor::Rsockets(l) => PollFd::listener(l, libc::POLLIN),
+            Acceptor::Tcp(l) | Acceptor::Both(l) => PollFd::fd(l.as_raw_fd(), libc::POLLIN),
         }
     }
 
@@ -359,8 +355,7 @@ impl Acceptor {
                     format!("no client connected within {timeout:?} (--timeout)"),
                 ));
             }
-            let ms = left.as_millis().clamp(1, 1000) as i32;
-            if poll_fd(self.fd(), libc::POLLIN, ms)? & libc::POLLIN == 0 {
+            if poll_one(self.poll_entry(), left)? & libc::POLLIN == 0 {
                 continue;
             }
             let ep = match self {
@@ -407,9 +402,10 @@ impl Acceptor {
 
 /// Peeks at the first 16 bytes of a fresh connection: an MPA Request key,
 /// or something else (a TCP client's first transfer, which rstream makes
-/// 16 bytes long: the sync message).
+/// 16 bytes long: the sync message). The kernel waits for all 16 bytes
+/// (`MSG_PEEK | MSG_WAITALL`, recv(2)), at most until `deadline`.
 fn starts_with_mpa_request(s: &TcpStream, deadline: Instant) -> io::Result<bool> {
-    let mut head = [0u8; 16];
+    let mut head = [MaybeUninit::<u8>::uninit(); 16];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -418,17 +414,31 @@ fn starts_with_mpa_request(s: &TcpStream, deadline: Instant) -> io::Result<bool>
                 "a client connected but sent nothing (--timeout)",
             ));
         }
-        s.set_read_timeout(Some(left.min(Duration::from_millis(100))))?;
-        match s.peek(&mut head) {
+        s.set_read_timeout(Some(left))?;
+        let got = SockRef::from(s).recv_with_flags(&mut head, libc::MSG_PEEK | libc::MSG_WAITALL);
+        s.set_read_timeout(None)?;
+        match got {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "a client connected and closed without sending anything",
                 ))
             }
-            Ok(n) if n >= head.len() => return Ok(&head == MPA_REQ_KEY),
-            Ok(n) if head[..n] != MPA_REQ_KEY[..n] => return Ok(false),
-            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(n) => {
+                let seen: Vec<u8> = head[..n]
+                    .iter()
+                    // SAFETY: recv(2) initialized the first `n` bytes.
+                    .map(|b| unsafe { b.assume_init() })
+                    .collect();
+                if seen[..] != MPA_REQ_KEY[..n] {
+                    return Ok(false);
+                }
+                if n == head.len() {
+                    return Ok(true);
+                }
+                // A prefix of the key, then the peer closed or the wait
+                // was cut short: look again until the deadline.
+            }
             Err(e)
                 if e.kind() == io::ErrorKind::WouldBlock
                     || e.kind() == io::ErrorKind::TimedOut
