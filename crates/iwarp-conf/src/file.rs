@@ -59,7 +59,114 @@ pub fn load_from<T: DeserializeOwned>(
         None => (String::new(), "(no configuration file)".to_owned()),
     };
     let vars = overrides(env_prefix, env)?;
+    from_text(&text, &file, env_prefix, &vars)
+}
 
+/// [`load_lenient_from`] with the process's environment.
+pub fn load_lenient<T: DeserializeOwned + Default>(
+    path: Option<&Path>,
+    env_prefix: &str,
+) -> (T, Vec<String>) {
+    load_lenient_from(path, env_prefix, std::env::vars_os())
+}
+
+/// [`load_from`] for a program that must go on whatever its settings say
+/// (the LD_PRELOAD shim runs inside someone else's program): each bad
+/// setting is left out and its error returned, and the rest apply.
+///
+/// Left out, each with the error [`load_from`] would give for it (where,
+/// the key, what is wrong, the fix): a file that cannot be read (the
+/// variables still apply); a line of the file that is not TOML, or whose
+/// key is unknown or value wrong (the file's other lines still apply; a
+/// value that spans lines goes line by line until what is left parses); a
+/// variable with a bad name, a value that is not UTF-8, an unknown key or
+/// a wrong value. `T` must take any subset of its keys
+/// (`#[serde(default)]`); should even that fail, `T::default()` is
+/// returned with the errors. An empty list: everything applied.
+pub fn load_lenient_from<T: DeserializeOwned + Default>(
+    path: Option<&Path>,
+    env_prefix: &str,
+    env: impl IntoIterator<Item = (OsString, OsString)>,
+) -> (T, Vec<String>) {
+    let mut errors = Vec::new();
+    let (mut text, file) = match path {
+        Some(p) => match std::fs::read_to_string(p) {
+            Ok(t) => (t, p.display().to_string()),
+            Err(e) => {
+                errors.push(format!(
+                    "{}: cannot read the configuration file: {e} (fix: give the path of a \
+                     readable file)",
+                    p.display()
+                ));
+                (String::new(), p.display().to_string())
+            }
+        },
+        None => (String::new(), "(no configuration file)".to_owned()),
+    };
+    let mut vars = Vec::new();
+    for (k, v) in env {
+        match overrides(env_prefix, [(k, v)]) {
+            Ok(one) => vars.extend(one),
+            Err(e) => errors.push(e),
+        }
+    }
+    vars.sort_by(|a, b| a.name.cmp(&b.name));
+    // Each round leaves out the setting the error names, so at most one
+    // round per line and variable.
+    loop {
+        let e = match from_text::<T>(&text, &file, env_prefix, &vars) {
+            Ok(t) => return (t, errors),
+            Err(e) => e,
+        };
+        let var = e
+            .strip_prefix("environment ")
+            .and_then(|r| r.split([':', '=']).next())
+            .and_then(|name| vars.iter().position(|v| v.name == name));
+        let line = e
+            .strip_prefix(file.as_str())
+            .and_then(|r| r.strip_prefix(':'))
+            .and_then(|r| r.split(':').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        errors.push(e);
+        if let Some(i) = var {
+            vars.remove(i);
+            continue;
+        }
+        if line.is_some_and(|n| blank_line(&mut text, n)) {
+            continue;
+        }
+        return (T::default(), errors);
+    }
+}
+
+/// Blanks line `n` (1-based) of `text`, keeping its length and the line
+/// numbers after it; false if there is no such line or it is blank.
+fn blank_line(text: &mut String, n: usize) -> bool {
+    let start = match n {
+        0 => return false,
+        1 => 0,
+        _ => match text.match_indices('\n').nth(n - 2) {
+            Some((i, _)) => i + 1,
+            None => return false,
+        },
+    };
+    let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    if text[start..end].trim().is_empty() {
+        return false;
+    }
+    let blank = " ".repeat(text[start..end].len());
+    text.replace_range(start..end, &blank);
+    true
+}
+
+/// The file's `text` (named `file` in errors) with the variables `vars`
+/// over it, into `T`.
+fn from_text<T: DeserializeOwned>(
+    text: &str,
+    file: &str,
+    env_prefix: &str,
+    vars: &[Var],
+) -> Result<T, String> {
     // The variables as TOML lines after the file's text blanked out (same
     // bytes, new lines kept): one span measure then tells a file error
     // (its line) from a variable's (its range).
@@ -69,17 +176,17 @@ pub fn load_from<T: DeserializeOwned>(
         .collect();
     env_src.push('\n');
     let mut ranges = Vec::with_capacity(vars.len());
-    for v in &vars {
+    for v in vars {
         let start = env_src.len();
         let _ = writeln!(env_src, "{} = {}", v.key, v.toml);
         ranges.push(start..env_src.len());
     }
 
-    let doc = DeTable::parse(&text).map_err(|e| {
+    let doc = DeTable::parse(text).map_err(|e| {
         format!(
             "{}: not TOML: {} (fix: quote text values (name = \"text\"), keep numbers and \
              true/false bare, write lists as [\"a\", \"b\"])",
-            at_line(&file, &text, e.span()),
+            at_line(file, text, e.span()),
             e.message().trim()
         )
     })?;
@@ -102,7 +209,7 @@ pub fn load_from<T: DeserializeOwned>(
         }
     }
     T::deserialize(Deserializer::from(Spanned::new(span, table)))
-        .map_err(|e| explain(&e, &file, &text, &vars, &ranges))
+        .map_err(|e| explain(&e, file, text, vars, &ranges))
 }
 
 /// A `PREFIX_KEY=value` variable, as a TOML line.
@@ -460,5 +567,71 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("\"64M\""), "{e}");
+    }
+
+    #[test]
+    fn lenient_leaves_out_each_bad_setting_and_applies_the_rest() {
+        // A file with one line of each kind of trouble among good ones.
+        let f = file(
+            "lenient.toml",
+            "docs = 5\ndox = 4\nratio = \"half\"\npolicy = hybrid\ncrc = true\n",
+        );
+        let (c, errors): (Conf, _) = load_lenient_from(
+            Some(&f.0),
+            "TOOL",
+            env(&[
+                ("TOOL_LISTEN", "\"[::1]:9\""),
+                ("TOOL_DOCS", "many"),
+                ("TOOL_DOX", "1"),
+                ("TOOL_A.B", "1"),
+            ]),
+        );
+        assert_eq!(
+            (c.docs, c.crc, c.listen.as_str(), c.ratio, c.policy),
+            (5, true, "[::1]:9", 0.0, None),
+            "{errors:#?}"
+        );
+        let name = f.0.display().to_string();
+        let want = [
+            "environment TOOL_A.B: not a setting name",
+            &format!("{name}:4: not TOML"),
+            "environment TOOL_DOCS=\"many\": key `docs`:",
+            "environment TOOL_DOX=\"1\": key `dox`: unknown field",
+            &format!("{name}:2: key `dox`: unknown field"),
+            &format!("{name}:3: key `ratio`:"),
+        ];
+        assert_eq!(errors.len(), want.len(), "{errors:#?}");
+        for w in want {
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.starts_with(w) && e.contains("(fix: ")),
+                "no error starting {w:?} with a fix in {errors:#?}"
+            );
+        }
+        // Each error once: the same setting is not reported twice.
+        let mut seen = errors.clone();
+        seen.dedup();
+        assert_eq!(seen.len(), errors.len());
+    }
+
+    #[test]
+    fn lenient_without_a_readable_file_takes_the_environment() {
+        let (c, errors): (Conf, _) = load_lenient_from(
+            Some(Path::new("/nonexistent/t.toml")),
+            "TOOL",
+            env(&[("TOOL_DOCS", "3")]),
+        );
+        assert_eq!(c.docs, 3);
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(
+            errors[0].starts_with("/nonexistent/t.toml: cannot read"),
+            "{errors:#?}"
+        );
+        // Nothing wrong: nothing reported, as load_from.
+        let f = file("lenient-good.toml", GOOD);
+        let (c, errors): (Conf, _) = load_lenient_from(Some(&f.0), "TOOL", env(&[]));
+        assert!(errors.is_empty(), "{errors:#?}");
+        assert_eq!(Ok(c), conf(&f, &[]));
     }
 }
