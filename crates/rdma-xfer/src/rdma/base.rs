@@ -52,9 +52,6 @@ pub(super) fn data_recv_slots(depth: u32) -> u32 {
 pub(super) fn repost_batch(depth: u32) -> u32 {
     depth.clamp(1, DATA_REPOST_MAX)
 }
-/// How often blocked waits look at the failure flag.
-pub const TICK: Duration = Duration::from_millis(50);
-
 pub(super) const K_CTRL_RECV: u64 = 1;
 pub(super) const K_CTRL_SEND: u64 = 2;
 pub(super) const K_DATA_RECV: u64 = 3;

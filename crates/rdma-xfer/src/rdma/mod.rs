@@ -25,23 +25,24 @@
 //! # Threads
 //!
 //! The CQ is in [`ProgressMode::Threaded`](iwarp::ProgressMode) with no
-//! polling phase (the provider's receive threads read the sockets; `wait`
-//! sleeps at once) under [`WakePolicy::Newest`](iwarp::WakePolicy::Newest).
-//! The caller's and the dispatcher thread wait with the same
-//! `CompletionQueue::wait`; what tells them apart is the attendance.
+//! polling phase (the provider's receive threads read the sockets; a wait
+//! sleeps at once). Every wait is an [`iwarp::wait::WaitSet`] wait, with
+//! a deadline or a bell that ends it (docs/WAITING.md); which thread a
+//! completion wakes is decided by the caller's claim (`handoff`).
 //!
 //! - The **caller's thread** reads (source) or writes (sink) blocks, and
 //!   handles completions itself between those steps and while it waits:
-//!   it holds an [`Attendance`](iwarp::Attendance) on the CQ for the whole
-//!   of `send` / `recv` except while it reads or writes a block, so it
-//!   sleeps in `wait` in the foreground and a completion wakes it and
-//!   nobody else.
-//! - The **dispatcher thread** never attends, so it sleeps in `wait` in
-//!   the background: a completion wakes it only while no attending thread
-//!   sleeps or is about to poll, that is whenever the caller does not
-//!   handle completions (while it reads or writes a block, which may be
-//!   disk I/O, and between transfers). Whoever holds `Shared::dispatch`
-//!   drains the CQ, reposts receives and routes messages.
+//!   it claims the CQ's completions for the whole of `send` / `recv`
+//!   except while it reads or writes a block. Claimed, a completion makes
+//!   the CQ's descriptor readable, which its `WaitSet` (the CQ and its
+//!   own bell, to the session's deadline) sleeps on; nobody else wakes.
+//! - The **dispatcher thread** sleeps on its bell alone: the CQ's
+//!   completion hook rings it for a completion nobody claims, and the
+//!   caller rings it when it lets go of its claim with completions queued,
+//!   that is whenever the caller does not handle completions (while it
+//!   reads or writes a block, which may be disk I/O, and between
+//!   transfers). Whoever holds `Shared::dispatch` drains the CQ, reposts
+//!   receives and routes messages.
 //! - The **sender thread** posts the Write + `BlockDone` pairs the
 //!   dispatcher thread completes (a grant arriving for a block that waits),
 //!   so the dispatcher goes on draining the CQ. A pair completed on the
@@ -52,14 +53,17 @@
 //!
 //! Handing each block through dedicated threads cost 12-16 context
 //! switches per 1 MiB block, on a 2-CPU machine about a quarter of the
-//! CPU time per GB; this arrangement needs 4-6. All waits check a shared
-//! failure flag at least every [`TICK`] and give up after
-//! [`Config::timeout`](crate::Config::timeout).
+//! CPU time per GB; this arrangement needs 4-6. The caller's waits give up
+//! at [`Config::timeout`](crate::Config::timeout), or at once when another
+//! thread marks the session failed (it rings the caller's bell); the
+//! session's drop rings the dispatcher and sends the sender its stop.
 //!
 //! # Modules
 //!
 //! - `base`: the channel sizes, work-request IDs, MPA settings and the
 //!   failure every thread sees; a leaf the other files import.
+//! - `handoff`: the caller's claim on the completions, the CQ's hook that
+//!   rings the dispatcher for the others, the threads' bells; a leaf.
 //! - `session`: [`RdmaSession`] itself, its `Transport` face and teardown.
 //! - `flow`: the credit and grant bookkeeping as sans-IO state machines
 //!   (control-channel credits and send slots, the source's block/grant
@@ -80,6 +84,7 @@
 
 mod base;
 mod flow;
+mod handoff;
 mod session;
 mod setup;
 mod shared;
@@ -87,8 +92,8 @@ mod sink;
 mod threads;
 mod transfer;
 
+pub use base::CTRL_RECVS;
 pub(crate) use base::{mpa_config, refuse};
-pub use base::{CTRL_RECVS, TICK};
 pub use session::RdmaSession;
 
 #[cfg(test)]

@@ -5,11 +5,13 @@
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use iwarp::wait::WaitSet;
 use iwarp::{MemoryRegion, ProtectionDomain};
 
+use super::base::lock;
 use super::shared::{Shared, SinkEv};
 use super::sink::{SinkBlock, SinkState};
 use crate::io::{BlockSink, BlockSource};
@@ -31,6 +33,9 @@ pub struct RdmaSession {
     pub(super) freed_rx: Receiver<u32>,
     pub(super) fin_rx: Receiver<u64>,
     pub(super) sink_rx: Receiver<SinkEv>,
+    /// The caller's wait: the CQ and the caller's bell (see `setup`); a
+    /// mutex only because `wait` takes `&self`, never contended.
+    pub(super) waits: Mutex<WaitSet>,
     pub(super) threads: Vec<JoinHandle<()>>,
     pub(super) logger: Logger,
     /// The last transfer this side sent (the source numbers them 1, 2, …
@@ -117,10 +122,16 @@ impl Drop for RdmaSession {
                 ),
             }
         }
+        // Stop the threads: the dispatcher sleeps on its bell, the sender
+        // on its channel (neither looks at `stop` on a timer).
         self.shared.stop.store(true, Ordering::Release);
+        self.shared.handoff.dispatcher.ring();
+        let _ = lock(&self.shared.dispatch).routes.pair_tx.send(None);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // The hook holds the bells; the CQ may outlive the session.
+        self.shared.cq.set_completion_hook(None);
         for qp in &self.shared.data_qps {
             qp.disconnect();
         }

@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use iwarp::cm::{self, ConnParam, Listener};
+use iwarp::wait::{CqInterest, Interest, Token, WaitSet};
 use iwarp::{
     Access, CompletionQueue, MemoryRegion, ProgressMode, ProtectionDomain, QpInitAttr, QueuePair,
-    RecvWr, SgList, WakePolicy,
+    RecvWr, SgList,
 };
 
 use crate::hello::{feature, Admission, Hello, HelloAck, Proposal, Verdict, CONTROL, REQUEST_WAIT};
@@ -25,6 +26,7 @@ use super::base::{
     DATA_MSG, K_CTRL_RECV, K_DATA_RECV, K_FIRST_FPDU,
 };
 use super::flow::{CtrlCredits, SourcePairing};
+use super::handoff::Handoff;
 use super::session::RdmaSession;
 use super::shared::{Dispatch, Routes, Shared};
 use super::threads::{dispatcher, sender};
@@ -35,6 +37,7 @@ pub(super) struct Setup {
     pub(super) cq: CompletionQueue,
     pub(super) ctrl_qp: QueuePair,
     pub(super) ctrl_msgs: MemoryRegion,
+    pub(super) handoff: Arc<Handoff>,
 }
 
 pub(super) fn verbs(e: iwarp::Error) -> Error {
@@ -60,6 +63,15 @@ impl Setup {
             spin: Duration::ZERO,
         })
         .map_err(verbs)?;
+        // Who is woken for a completion (`handoff`): set before any QP
+        // exists, so that what arrives before the threads start rings the
+        // dispatcher, which drains it first thing.
+        let handoff = Arc::new(Handoff::new().map_err(|e| {
+            Error::Setup(format!(
+                "creating the session's eventfds: {e} (out of descriptors? raise `ulimit -n`)"
+            ))
+        })?);
+        cq.set_completion_hook(Some(handoff.hook()));
         let ctrl_qp = pd
             .create_qp(&QpInitAttr {
                 send_cq: cq.clone(),
@@ -87,6 +99,7 @@ impl Setup {
             cq,
             ctrl_qp,
             ctrl_msgs,
+            handoff,
         })
     }
 
@@ -358,9 +371,11 @@ impl RdmaSession {
         let (freed_tx, freed_rx) = mpsc::channel();
         let (fin_tx, fin_rx) = mpsc::channel();
         let (sink_tx, sink_rx) = mpsc::channel();
-        // The caller handles completions itself while it waits; the
-        // dispatcher thread is woken only while nobody else waits.
-        s.cq.set_wake_policy(WakePolicy::Newest);
+        // The caller's wait (`RdmaSession::wait`): the CQ, and its bell for
+        // a failure another thread sets.
+        let mut waits = WaitSet::new();
+        waits.add_cq(&s.cq, CqInterest::Completions, Token(0));
+        waits.add_fd(s.handoff.caller.fd(), Interest::READABLE, Token(1));
         let shared = Arc::new(Shared {
             cq: s.cq,
             ctrl_qp: s.ctrl_qp,
@@ -382,6 +397,7 @@ impl RdmaSession {
             fail: Mutex::new(None),
             failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            handoff: s.handoff,
         });
         let mut threads = Vec::new();
         let sh = shared.clone();
@@ -412,6 +428,7 @@ impl RdmaSession {
             freed_rx,
             fin_rx,
             sink_rx,
+            waits: Mutex::new(waits),
             threads,
             transfer: 0,
             received: 0,

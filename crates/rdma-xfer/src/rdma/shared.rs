@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iwarp::{
@@ -18,6 +18,7 @@ use super::base::{
     K_DATA_RECV, K_DATA_SEND, K_DATA_WRITE,
 };
 use super::flow::{CtrlCredits, SourcePairing};
+use super::handoff::Handoff;
 
 /// Everything the threads share.
 pub(super) struct Shared {
@@ -40,6 +41,8 @@ pub(super) struct Shared {
     pub(super) fail: Mutex<Option<Fail>>,
     pub(super) failed: AtomicBool,
     pub(super) stop: AtomicBool,
+    /// Who takes the completions, and the threads' bells (`handoff`).
+    pub(super) handoff: Arc<Handoff>,
 }
 
 impl Shared {
@@ -78,6 +81,9 @@ impl Shared {
             *g = Some(f);
         }
         self.failed.store(true, Ordering::Release);
+        // A caller waiting for completions learns it now, not at its
+        // deadline (a failure set by the sender thread comes with none).
+        self.handoff.caller.ring();
     }
 
     pub(super) fn check(&self) -> Result<(), Error> {
@@ -176,6 +182,10 @@ impl Shared {
 /// A filled source block: where it is, its sequence number, its index.
 pub(super) type Filled = (Sge, u64, u32);
 
+/// For the sender thread: a pair to post, or `None` to stop (the session
+/// ends).
+pub(super) type ToSender = Option<(Filled, Grant)>;
+
 impl Shared {
     /// Add a filled block and/or grants to the pairing stage and post
     /// every pair that completes: from this thread, or through the sender
@@ -185,7 +195,7 @@ impl Shared {
         &self,
         block: Option<Filled>,
         grants: Option<(u64, Vec<Grant>)>,
-        to_sender: Option<&Sender<(Filled, Grant)>>,
+        to_sender: Option<&Sender<ToSender>>,
     ) {
         let mut pairs = Vec::new();
         let request = lock(&self.pairing).offer(block, grants, &mut pairs);
@@ -195,7 +205,7 @@ impl Shared {
         for (b, g) in pairs {
             match to_sender {
                 Some(tx) => {
-                    let _ = tx.send((b, g));
+                    let _ = tx.send(Some((b, g)));
                 }
                 None => self.post_block(b, g),
             }
@@ -274,7 +284,7 @@ pub(super) struct Dispatch {
 
 pub(super) struct Routes {
     /// Block/grant pairs the dispatcher thread found, for the sender.
-    pub(super) pair_tx: Sender<(Filled, Grant)>,
+    pub(super) pair_tx: Sender<ToSender>,
     pub(super) freed_tx: Sender<u32>,
     pub(super) fin_tx: Sender<u64>,
     pub(super) sink_tx: Sender<SinkEv>,

@@ -2,33 +2,46 @@
 //! caller shares with them.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::Receiver;
 
+use iwarp::wait::{Interest, Token, Until, WaitSet};
 use iwarp::{WcStatus, WorkCompletion};
 
-use crate::msg::{Grant, Msg, MSG_BUF};
+use crate::msg::{Msg, MSG_BUF};
 
 use super::base::{
     lock, repost_batch, wr_parts, Fail, DATA_MSG, K_CTRL_RECV, K_CTRL_SEND, K_DATA_RECV,
-    K_DATA_SEND, TICK,
+    K_DATA_SEND,
 };
-use super::shared::{Dispatch, Filled, Routes, Shared, SinkEv};
+use super::shared::{Dispatch, Routes, Shared, SinkEv, ToSender};
 
-/// The completion dispatcher: drains the CQ until the session stops,
-/// starting with what setup stashed.
+/// The completion dispatcher: drains the CQ (first what arrived during
+/// setup), then sleeps until its bell rings, until the session stops.
+///
+/// It waits on its bell alone, never on the CQ: the CQ's hook rings it
+/// for completions that arrive while the caller's thread does not claim
+/// them, and the caller rings it when it lets go of a claim with
+/// completions queued (`handoff`). So a completion the caller takes never
+/// wakes this thread. The session's drop rings it to stop; no deadline.
 pub(super) fn dispatcher(sh: &Shared) {
+    let bell = &sh.handoff.dispatcher;
+    let mut set = WaitSet::new();
+    set.add_fd(bell.fd(), Interest::READABLE, Token(0));
     while !sh.stop.load(Ordering::Acquire) {
-        // This thread never attends, so under `WakePolicy::Newest` it
-        // sleeps in the background: a completion wakes it only while the
-        // caller's thread neither waits nor is about to poll. No polling
-        // phase (the CQ's `spin` is zero, see `Setup::new`).
-        if !sh.cq.wait(TICK).unwrap_or(false) {
-            continue;
+        {
+            let mut d = lock(&sh.dispatch);
+            while let Some(wc) = sh.cq.poll_one() {
+                dispatch(sh, &mut d, &wc, true);
+            }
         }
-        let mut d = lock(&sh.dispatch);
-        while let Some(wc) = sh.cq.poll_one() {
-            dispatch(sh, &mut d, &wc, true);
+        if let Err(e) = set.wait(Until::Forever) {
+            sh.set_fail(Fail::Local(format!(
+                "the completion thread could not wait on its eventfd: {e}"
+            )));
+            return;
         }
+        // Drained before the CQ is: a ring from now on is not lost.
+        bell.drain();
     }
 }
 
@@ -142,17 +155,13 @@ pub(super) fn route(sh: &Shared, out: &Routes, m: Msg, on_dispatcher: bool) {
     }
 }
 
-/// The sender thread: posts the pairs the dispatcher completed.
-pub(super) fn sender(sh: &Shared, pairs: &Receiver<(Filled, Grant)>) {
-    while !sh.stop.load(Ordering::Acquire) {
-        match pairs.recv_timeout(TICK) {
-            Ok((b, g)) => {
-                if !sh.failed.load(Ordering::Acquire) {
-                    sh.post_block(b, g);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => break,
+/// The sender thread: posts the pairs the dispatcher completed, until the
+/// session's drop sends `None` (the channel's sending end lives in
+/// `Shared`, which this thread holds, so it never disconnects first).
+pub(super) fn sender(sh: &Shared, pairs: &Receiver<ToSender>) {
+    while let Ok(Some((b, g))) = pairs.recv() {
+        if !sh.failed.load(Ordering::Acquire) {
+            sh.post_block(b, g);
         }
     }
 }

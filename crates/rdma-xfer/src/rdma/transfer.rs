@@ -4,31 +4,36 @@
 use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
+use iwarp::wait::{Until, Wake};
+
 use crate::io::{BlockSink, BlockSource};
 use crate::msg::{Grant, Msg, MAX_GRANTS};
 use crate::{Error, Stats};
 
-use super::base::{lock, Fail, TICK};
+use super::base::{lock, Fail};
 use super::session::RdmaSession;
 use super::shared::{Shared, SinkEv};
 use super::sink::SinkState;
 use super::threads::dispatch;
 
 impl RdmaSession {
-    /// Wait on `rx` up to the session timeout, watching the failure flag.
-    /// The calling thread must hold an [`Attendance`](iwarp::Attendance)
-    /// on the CQ (`send_inner` and `recv_inner` do), or it would sleep in
-    /// the background like the dispatcher thread.
+    /// Wait on `rx` up to the session timeout, or until another thread
+    /// marks the session failed. The calling thread must hold a
+    /// [`Claim`](super::handoff::Claim) (`send_inner`, `recv_inner` and
+    /// `confirm_inner` do), or the completions it sleeps for would ring
+    /// the dispatcher instead and this wait would end only at its deadline.
     ///
-    /// While it waits, the caller takes completions off the CQ itself (the
-    /// CQ wakes the newest attending waiter only, so the dispatcher thread
-    /// sleeps meanwhile): the completion that ends the wait costs one
-    /// wake-up of this thread instead of one of the dispatcher and another
-    /// of this thread. While the caller is busy elsewhere (reading or
-    /// writing a block), the dispatcher thread handles the completions.
+    /// While it waits, the caller takes completions off the CQ itself
+    /// (claimed, they wake this thread and not the dispatcher thread): the
+    /// completion that ends the wait costs one wake-up of this thread
+    /// instead of one of the dispatcher and another of this thread. While
+    /// the caller is busy elsewhere (reading or writing a block), the
+    /// dispatcher thread handles the completions.
     pub(super) fn wait<T>(&self, rx: &Receiver<T>, what: &'static str) -> Result<T, Error> {
         let sh = &*self.shared;
         let start = Instant::now();
+        let until = Until::after(self.cfg.timeout);
+        let mut waits = lock(&self.waits);
         loop {
             sh.check()?;
             if let Ok(v) = rx.try_recv() {
@@ -42,15 +47,21 @@ impl RdmaSession {
             if let Ok(v) = rx.try_recv() {
                 return Ok(v);
             }
-            let waited = start.elapsed();
-            if waited >= self.cfg.timeout {
-                sh.set_fail(Fail::Timeout(what, waited));
-                return Err(sh.check().unwrap_err());
-            }
             // Sleep holding the token: the dispatcher thread cannot be
-            // halfway through routing an event to us meanwhile. The caller
-            // holds an `Attendance`, so this sleeps in the foreground.
-            let _ = sh.cq.wait(TICK.min(self.cfg.timeout - waited));
+            // halfway through routing an event to us meanwhile. One wait to
+            // the deadline: a completion (claimed, it makes the CQ's
+            // descriptor readable) or the caller's bell ends it.
+            match waits.wait(until) {
+                Ok(Wake::Ready(_)) => {}
+                Ok(Wake::Timeout) => {
+                    sh.set_fail(Fail::Timeout(what, start.elapsed()));
+                    return Err(sh.check().unwrap_err());
+                }
+                Err(e) => {
+                    sh.set_fail(Fail::Local(format!("waiting for completions: {e}")));
+                    return Err(sh.check().unwrap_err());
+                }
+            }
         }
     }
 
@@ -86,7 +97,7 @@ impl RdmaSession {
         // This thread handles the completions between its short steps (see
         // `poll_completions`); the dispatcher thread only while it reads.
         let sh = self.shared.clone();
-        let mut attend = Some(sh.cq.attend());
+        let mut claim = Some(sh.handoff.claim(&sh.cq));
         loop {
             let idx = match free.pop() {
                 Some(i) => i,
@@ -105,9 +116,9 @@ impl RdmaSession {
             // A read may take long (a disk): the dispatcher thread takes
             // over the completions meanwhile.
             self.poll_completions();
-            drop(attend.take());
+            drop(claim.take());
             let n = src.read_block(buf).map_err(|e| self.fail_local(e))?;
-            attend = Some(sh.cq.attend());
+            claim = Some(sh.handoff.claim(&sh.cq));
             if n == 0 {
                 free.push(idx);
                 break;
@@ -142,7 +153,7 @@ impl RdmaSession {
             return Ok(());
         };
         let sh = self.shared.clone();
-        let _attend = sh.cq.attend();
+        let _claim = sh.handoff.claim(&sh.cq);
         let got = self.wait(&self.fin_rx, "the sink to finish")?;
         if got != bytes {
             self.shared.set_fail(Fail::Protocol(format!(
@@ -234,7 +245,7 @@ impl RdmaSession {
         // here on, so that it waits for Begin in the foreground too), the
         // dispatcher thread while it writes.
         let sh = self.shared.clone();
-        let mut attend = Some(sh.cq.attend());
+        let mut claim = Some(sh.handoff.claim(&sh.cq));
         let pre = self.pre.take();
         // With blocks granted ahead, the source may use them before its
         // Begin arrives: a BlockDone rides on a data stream, the Begin on
@@ -287,7 +298,7 @@ impl RdmaSession {
             self.grant_wanted(&mut st, &mut batch)?;
             if let Some(done) = st.w.finished() {
                 let (blocks, bytes) = done.map_err(|m| proto(&self.shared, m))?;
-                drop(attend.take());
+                drop(claim.take());
                 sink.finish().map_err(|e| self.fail_local(e))?;
                 self.shared.ctrl_send(Msg::Fin { bytes });
                 return Ok(Stats {
@@ -326,9 +337,9 @@ impl RdmaSession {
                         let block = self.sink_pool[b as usize].contents();
                         let data = &block.expect("a retired block is readable")[..l as usize];
                         self.poll_completions();
-                        drop(attend.take());
+                        drop(claim.take());
                         sink.write_block(data).map_err(|e| self.fail_local(e))?;
-                        attend = Some(sh.cq.attend());
+                        claim = Some(sh.handoff.claim(&sh.cq));
                         self.logger.add(u64::from(l));
                         st.w.written(b, l);
                         st.tune.on_delivered(u64::from(l));
