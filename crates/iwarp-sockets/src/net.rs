@@ -515,7 +515,7 @@ impl Listener {
     pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
         loop {
             let nb = self.nonblocking.load(Ordering::Relaxed);
-            if nb && crate::poll::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
+            if nb && crate::ready::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
             let req = match self.cm.get_request(Some(if nb {

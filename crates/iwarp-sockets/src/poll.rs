@@ -203,22 +203,3 @@ pub fn poll(fds: &mut [PollFd<'_>], timeout: Option<Duration>) -> io::Result<usi
         }
     }
 }
-
-/// The events of one descriptor now (a zero-timeout check): `POLLIN` /
-/// `POLLOUT` of those in `events`; 0 if none (or on an error).
-pub(crate) fn fd_now(fd: RawFd, events: i16) -> i16 {
-    let Some(want) = interest(events) else {
-        return 0;
-    };
-    let mut set = WaitSet::new();
-    set.add_fd(fd, want, Token(0));
-    match set.wait(Until::Deadline(Instant::now())) {
-        Ok(Wake::Ready(ev)) => {
-            ev.iter().fold(0, |r, e| {
-                r | if e.readable { libc::POLLIN } else { 0 }
-                    | if e.writable { libc::POLLOUT } else { 0 }
-            }) & events
-        }
-        _ => 0,
-    }
-}

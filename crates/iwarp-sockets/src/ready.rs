@@ -93,6 +93,30 @@ impl Readiness {
     }
 }
 
+/// The events of one descriptor now (a zero-timeout check through
+/// `iwarp::wait::WaitSet`): `POLLIN` / `POLLOUT` of those in `events`; 0
+/// if none (or on an error).
+pub(crate) fn fd_now(fd: RawFd, events: i16) -> i16 {
+    use iwarp::wait::{Interest, Token, Until, WaitSet, Wake};
+    let want = match (events & libc::POLLIN != 0, events & libc::POLLOUT != 0) {
+        (true, true) => Interest::BOTH,
+        (true, false) => Interest::READABLE,
+        (false, true) => Interest::WRITABLE,
+        (false, false) => return 0,
+    };
+    let mut set = WaitSet::new();
+    set.add_fd(fd, want, Token(0));
+    match set.wait(Until::Deadline(std::time::Instant::now())) {
+        Ok(Wake::Ready(ev)) => {
+            ev.iter().fold(0, |r, e| {
+                r | if e.readable { libc::POLLIN } else { 0 }
+                    | if e.writable { libc::POLLOUT } else { 0 }
+            }) & events
+        }
+        _ => 0,
+    }
+}
+
 fn drain(mut s: &UnixStream) {
     let mut buf = [0u8; 4096];
     for _ in 0..1024 {
@@ -106,7 +130,6 @@ fn drain(mut s: &UnixStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::poll::fd_now;
 
     fn polled(fd: RawFd) -> (bool, bool) {
         let rev = fd_now(fd, libc::POLLIN | libc::POLLOUT);
