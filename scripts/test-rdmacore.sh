@@ -79,6 +79,14 @@ if [[ -z "$DEVOPS" || ! -x "$ROOT/$DEVOPS" ]]; then
     note "FAILED: building the device_ops test binary"
     exit 1
 fi
+# Waiting on the device (crates/iwarp-tokio/tests/device_wait.rs): WaitSet
+# on a kernel device's CQ and QP event descriptor, and the tokio adapter.
+DEVWAIT="$(cargo test --release -p iwarp-tokio --test device_wait --no-run 2>&1 |
+    grep -oE 'target/release/deps/device_wait-[0-9a-f]+' | head -1 || true)"
+if [[ -z "$DEVWAIT" || ! -x "$ROOT/$DEVWAIT" ]]; then
+    note "FAILED: building the device_wait test binary"
+    exit 1
+fi
 
 guest_built
 
@@ -96,6 +104,7 @@ install -m755 "$BIN" "$SHARE_DIR/rdma_loopback"
 install -m755 "$PING" "$SHARE_DIR/iwarp-ping"
 install -m755 "$PERF" "$SHARE_DIR/iwarp-perf"
 install -m755 "$ROOT/$DEVOPS" "$SHARE_DIR/device_ops"
+install -m755 "$ROOT/$DEVWAIT" "$SHARE_DIR/device_wait"
 # rdma_rxe computes its ICRC with the kernel's "crc32" shash, which Debian
 # builds as crc32_generic.ko; without it rdma_rxe refuses to add a device
 # ("failed to add eth0", ENOENT). scripts/guest's image carries it; a
@@ -120,6 +129,12 @@ fi
 #                     Write exchange, 3 pings, data validated)
 #   devtests-siw0, devtests-rxe0  crates/iwarp/tests/device_ops.rs, the
 #                     crate's device-generic verbs tests, on the device
+#   wait-siw0, wait-rxe0  crates/iwarp-tokio/tests/device_wait.rs: WaitSet
+#                     on the device's CQ (a completion wakes it, none
+#                     times out, in the three progress modes), the QP's
+#                     event descriptor woken by the peer's disconnect, and
+#                     the tokio adapter (connect, accept, completions, QP
+#                     events) on the device
 #   perf-rxe0         iwarp-perf's own protocol, client and --server on rxe0
 #                     (send_bw -s 24, read_bw, --integrity)
 #   ping-mix          IWARP_DEVICE=siw0 iwarp-ping -c in the guest -> host
@@ -174,9 +189,16 @@ devtests() {
   show devtests-\$1 /tmp/dt.log
   echo "RDMACORE RESULT devtests-\$1 rc=\$rc"
 }
+# waittests DEV: crates/iwarp-tokio/tests/device_wait.rs on DEV.
+waittests() {
+  IWARP_TEST_DEVICE=\$1 IWARP_TEST_ADDR=$GUEST RUST_BACKTRACE=1 timeout 120 /mnt/host/device_wait --test-threads=1 > /tmp/dw.log 2>&1; rc=\$?
+  show wait-\$1 /tmp/dw.log
+  echo "RDMACORE RESULT wait-\$1 rc=\$rc"
+}
 run siw0 7400
 pair siw0 7402
 devtests siw0
+waittests siw0
 timeout 90 \$B server siw0 $GUEST 7403 > /tmp/ma.log 2>&1 &
 mpid=\$!
 ready /tmp/ma.log
@@ -219,6 +241,7 @@ rdma link add rxe0 type rxe netdev eth0 || echo "RDMACORE note: rdma link add rx
 rdma link show
 run rxe0 7401
 devtests rxe0
+waittests rxe0
 pair rxe0 7405
 ping rxe0 7408
 # iwarp-perf's own protocol on rxe0, client and --server (on siw0 it runs in
@@ -316,6 +339,8 @@ check rxe0-2p 0 "rxe0, server and client processes: $OPS"
 check ping-rxe0 0 "IWARP_DEVICE=rxe0 iwarp-ping -c -V -> rping -s on rxe0 (3 pings)"
 check devtests-siw0 0 "the crate's device-generic verbs tests (tests/device_ops.rs) on siw0"
 check devtests-rxe0 0 "the same on rxe0"
+check wait-siw0 0 "waiting on siw0 (crates/iwarp-tokio/tests/device_wait.rs): WaitSet on the CQ wakes for a completion and times out without one (three progress modes), the QP's event descriptor wakes it on the peer's disconnect, the tokio adapter on the device"
+check wait-rxe0 0 "the same on rxe0"
 check perf-rxe0 0 "iwarp-perf send_bw -s 24 and read_bw -s 4096, --integrity, own protocol, client and --server on rxe0"
 if ! grep -aq "RDMACORE ALLDONE" "$GLOG"; then
     note "the guest did not finish its job (log: $GLOG)"

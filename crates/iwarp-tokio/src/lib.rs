@@ -15,14 +15,22 @@
 //!   [`CompletionQueue::poll_one`] reads them; in
 //!   [`ProgressMode::Threaded`] the provider's threads do the work and
 //!   signal the CQ's eventfd.
+//! - [`AsyncQpEvents`]: a queue pair's events ([`QueuePair::next_event`]:
+//!   established, disconnected, a Terminate) as a future, on the QP's
+//!   event descriptor ([`QueuePair::event_fd`]); a peer that disconnects
+//!   while nothing is outstanding completes nothing, so this is how an
+//!   event loop learns of it.
 //! - [`connect`]: [`iwarp::cm::connect`] on the blocking pool.
 //! - [`AsyncListener`]: waits for a connection on the reactor, then runs the
 //!   accept and the MPA exchange (bounded by a handshake timeout) on the
 //!   blocking pool, so a client that connects and stays silent holds one
 //!   blocking-pool thread for at most that timeout, never the event loop.
 //!
-//! Everything works on any provider whose CQ has a descriptor (the software
-//! provider, and the rdma-core provider's completion channel).
+//! Everything works on both providers: the software one, and the
+//! rdma-core one (kernel devices), whose CQ descriptor is the eventfd its
+//! pump thread signals as it moves the device's completions into the
+//! queue, and whose QP event descriptor is an eventfd of the QP's event
+//! queue (`iwarp-rdmacore`'s `events.rs`). See docs/ASYNC.md.
 
 use std::io;
 use std::net::SocketAddr;
@@ -32,7 +40,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use iwarp::cm::{self, CmError, ConnParam, ConnRequest, Listener};
-use iwarp::{CompletionQueue, ProgressMode, QueuePair, WorkCompletion};
+use iwarp::{CompletionQueue, ProgressMode, QpEvent, QueuePair, WorkCompletion};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -129,6 +137,105 @@ impl AsyncCq {
         timeout: Duration,
     ) -> io::Result<Option<WorkCompletion>> {
         match tokio::time::timeout(timeout, self.completion()).await {
+            Ok(r) => r.map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// The queue pair for the reactor; the handle keeps the descriptor open.
+struct QpFd {
+    qp: Arc<QueuePair>,
+    fd: RawFd,
+}
+
+impl AsRawFd for QpFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd
+    }
+}
+
+/// A queue pair's events ([`QueuePair::next_event`]) as futures on tokio's
+/// reactor, through its event descriptor ([`QueuePair::event_fd`],
+/// readable while an event waits).
+pub struct AsyncQpEvents {
+    fd: AsyncFd<QpFd>,
+}
+
+impl std::fmt::Debug for AsyncQpEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncQpEvents")
+            .field("qp_num", &self.fd.get_ref().qp.qp_num())
+            .field("fd", &self.fd.get_ref().fd)
+            .finish()
+    }
+}
+
+impl AsyncQpEvents {
+    /// Put `qp`'s event descriptor on the reactor of the current tokio
+    /// runtime. Fails if the provider gives none (both providers do,
+    /// unless an eventfd could not be made: the open-file limit).
+    ///
+    /// With the CQ in [`ProgressMode::AppDriven`], the receive work that
+    /// notices a peer's close runs only when the CQ is polled: await the
+    /// events together with [`AsyncCq::completion`] (`tokio::select!`),
+    /// as `examples/verbs_copy.rs` does.
+    pub fn new(qp: Arc<QueuePair>) -> io::Result<AsyncQpEvents> {
+        let fd = qp.event_fd().ok_or_else(|| {
+            io::Error::other(format!(
+                "queue pair {} has no event descriptor (QueuePair::event_fd is None: its provider gives none, or no eventfd could be made: raise the open-file limit, ulimit -n)",
+                qp.qp_num()
+            ))
+        })?;
+        // SAFETY: `QpFd` holds a handle to the queue pair, which owns the
+        // event descriptor (made once, on the first `event_fd`, and kept
+        // for the QP's life) and keeps it open as long as the AsyncFd (its
+        // owner) lives; `as_raw_fd` always returns that same descriptor,
+        // and nobody else closes it.
+        let fd = unsafe { AsyncFd::register_with_interest(QpFd { qp, fd }, Interest::READABLE) }
+            .map_err(|e| {
+                let e = e.into_parts().1;
+                io::Error::new(
+                    e.kind(),
+                    format!("putting the QP's event descriptor on tokio's reactor (inside a runtime with I/O enabled?): {e}"),
+                )
+            })?;
+        Ok(AsyncQpEvents { fd })
+    }
+
+    /// The queue pair.
+    pub fn qp(&self) -> &Arc<QueuePair> {
+        &self.fd.get_ref().qp
+    }
+
+    /// The next event, or `Pending` until one is queued.
+    pub fn poll_event(&self, cx: &mut Context<'_>) -> Poll<io::Result<QpEvent>> {
+        loop {
+            if let Some(ev) = self.qp().next_event(Duration::ZERO) {
+                return Poll::Ready(Ok(ev));
+            }
+            let mut ready = match self.fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            match self.qp().next_event(Duration::ZERO) {
+                Some(ev) => return Poll::Ready(Ok(ev)),
+                // Another task took it: the descriptor is level-triggered,
+                // so the next event after this clear is not lost.
+                None => ready.clear_ready(),
+            }
+        }
+    }
+
+    /// The next event.
+    pub async fn next(&self) -> io::Result<QpEvent> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    /// The next event, or `None` after `timeout`.
+    pub async fn next_timeout(&self, timeout: Duration) -> io::Result<Option<QpEvent>> {
+        match tokio::time::timeout(timeout, self.next()).await {
             Ok(r) => r.map(Some),
             Err(_) => Ok(None),
         }
