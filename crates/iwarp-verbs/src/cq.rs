@@ -46,21 +46,23 @@
 //!
 //! # Several threads on one CQ
 //!
-//! By default a completion arriving in an empty CQ wakes every thread
-//! sleeping in `wait` ([`WakePolicy::All`]). With [`WakePolicy::Newest`] it
-//! wakes one: the thread that started waiting last among those that hold an
-//! [`Attendance`] (threads that handle completions between short pieces of
-//! work, and say so with [`CompletionQueue::attend`]), and a thread without
-//! one (a dedicated completion thread) only while no thread attends. A
-//! dedicated thread plus an application thread that handles completions
-//! itself then cost one wake-up per completion instead of two.
+//! A completion arriving in an empty CQ wakes every thread sleeping in
+//! `wait`, and makes the descriptor readable for every event loop that
+//! watches it. A program whose threads take turns at one CQ (one handles
+//! the completions while the other does I/O) decides itself whom a
+//! completion wakes, with the completion hook
+//! ([`set_completion_hook`](CompletionQueue::set_completion_hook)): the
+//! hook declines (the descriptor the active thread's
+//! `iwarp::wait::WaitSet` sleeps on becomes readable) or rings the other
+//! thread's own descriptor. rdma-xfer does so (its `rdma/handoff.rs`);
+//! that replaced the `WakePolicy::Newest` / `Attendance` rules of earlier
+//! versions.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
-use std::thread::{Thread, ThreadId};
 use std::time::{Duration, Instant};
 
 use iwarp_proto::engine::WorkCompletion;
@@ -118,22 +120,6 @@ const MODE_THREADED: u8 = 0;
 const MODE_BUSY: u8 = 1;
 const MODE_DRIVEN: u8 = 2;
 
-/// Which sleeping threads a completion arriving in an empty CQ wakes (see
-/// the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakePolicy {
-    /// Every thread sleeping in [`CompletionQueue::wait`] (the default).
-    All,
-    /// Only the thread that started waiting most recently among those that
-    /// hold an [`Attendance`]; a thread without one (a dedicated completion
-    /// thread) only when no attending thread sleeps in
-    /// [`wait`](CompletionQueue::wait) and none is about to poll. A thread
-    /// woken this way must poll the CQ until it is empty (or wait again):
-    /// the others are not woken for completions that arrive while the CQ is
-    /// non-empty.
-    Newest,
-}
-
 struct CqInner {
     depth: usize,
     len: AtomicUsize,
@@ -154,19 +140,6 @@ struct CqInner {
     /// Threads inside `wait`: `push` signals the condition variable only
     /// when someone sleeps on it.
     waiters: AtomicUsize,
-    /// [`WakePolicy::Newest`] is set.
-    wake_newest: AtomicBool,
-    /// Under `WakePolicy::Newest`: the sleeping threads, background ones
-    /// first, then the others oldest first; each with a number that tells
-    /// them apart. Changed only while `queue` is
-    /// locked (lock order `queue` → `sleepers`).
-    sleepers: Mutex<Vec<(u64, Thread)>>,
-    next_sleeper: AtomicU64,
-    /// Live [`Attendance`] guards: background sleepers are not woken.
-    attending: AtomicUsize,
-    /// The threads holding them (one entry per guard), so that `wait`
-    /// knows whether its caller sleeps in the foreground.
-    attendees: Mutex<Vec<ThreadId>>,
     /// [`ProgressMode`] as `MODE_*`, and its `spin` in nanoseconds.
     mode: AtomicU8,
     spin_ns: AtomicU64,
@@ -265,11 +238,6 @@ impl CompletionQueue {
                 fd_armed: AtomicBool::new(false),
                 fd_paused: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
-                wake_newest: AtomicBool::new(false),
-                sleepers: Mutex::new(Vec::new()),
-                next_sleeper: AtomicU64::new(0),
-                attending: AtomicUsize::new(0),
-                attendees: Mutex::new(Vec::new()),
                 mode: AtomicU8::new(MODE_THREADED),
                 spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 epoll: OnceLock::new(),
@@ -282,51 +250,6 @@ impl CompletionQueue {
                 hook_set: AtomicBool::new(false),
             }),
         })
-    }
-
-    /// Under [`WakePolicy::Newest`], wake the newest sleeper; a background
-    /// one only while nobody attends. Called with `queue` locked.
-    fn wake_newest(&self) {
-        let inner = &*self.inner;
-        let mut sleepers = inner.sleepers.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(&(id, _)) = sleepers.last() else {
-            return;
-        };
-        if id & BACKGROUND != 0 && inner.attending.load(Ordering::SeqCst) > 0 {
-            return;
-        }
-        if let Some((_, t)) = sleepers.pop() {
-            t.unpark();
-        }
-    }
-
-    /// Declare that the calling thread handles this CQ's completions
-    /// itself, between short pieces of work and while it waits: until the
-    /// guard is dropped, new completions do not wake threads that do not
-    /// attend (a dedicated completion thread), and this thread's `wait`
-    /// sleeps in the foreground. Dropping the guard wakes a thread that
-    /// does not attend if completions are waiting. Without
-    /// [`WakePolicy::Newest`] this has no effect.
-    pub fn attend(&self) -> Attendance<'_> {
-        let inner = &*self.inner;
-        inner
-            .attendees
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(std::thread::current().id());
-        inner.attending.fetch_add(1, Ordering::SeqCst);
-        // Not `Send`: the guard names the thread that made it.
-        Attendance(self, std::marker::PhantomData)
-    }
-
-    /// True if the calling thread holds an [`Attendance`] on this CQ.
-    fn attends(&self) -> bool {
-        let me = std::thread::current().id();
-        self.inner
-            .attendees
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&me)
     }
 
     /// Choose who does the receive work of this CQ's queue pairs while the
@@ -421,15 +344,6 @@ impl CompletionQueue {
         }
     }
 
-    /// Choose which sleeping threads a new completion wakes. Set it before
-    /// threads wait; threads already asleep keep the policy they went to
-    /// sleep under until they wake (at the latest when their timeout ends).
-    pub fn set_wake_policy(&self, policy: WakePolicy) {
-        self.inner
-            .wake_newest
-            .store(policy == WakePolicy::Newest, Ordering::Release);
-    }
-
     /// True if both handles are the same CQ.
     #[inline]
     pub fn same_as(&self, other: &CompletionQueue) -> bool {
@@ -497,9 +411,7 @@ impl CompletionQueue {
             }
             // Read under the queue lock: a waiter registers itself before it
             // takes the lock to check the queue, so none is missed.
-            if inner.wake_newest.load(Ordering::Acquire) {
-                self.wake_newest();
-            } else if inner.waiters.load(Ordering::SeqCst) > 0 {
+            if inner.waiters.load(Ordering::SeqCst) > 0 {
                 inner.cond.notify_all();
             }
         }
@@ -688,8 +600,7 @@ impl CompletionQueue {
     }
 
     /// [`ProgressMode::Threaded`]: poll (yielding the CPU) for up to
-    /// `spin`, then sleep on the condition variable (or, under
-    /// [`WakePolicy::Newest`], on the stack of sleepers).
+    /// `spin`, then sleep on the condition variable.
     fn wait_threaded(&self, deadline: Option<Instant>, spin: Duration) -> bool {
         // Spin briefly before sleeping: a completion usually follows within
         // a few microseconds of a request in a ping-pong, and a futex
@@ -707,9 +618,6 @@ impl CompletionQueue {
         // This thread may have been doing the receive work (`progress`);
         // hand it back before sleeping.
         self.stop_progress();
-        if self.inner.wake_newest.load(Ordering::Acquire) {
-            return self.sleep_newest(deadline, !self.attends());
-        }
         self.inner.waiters.fetch_add(1, Ordering::SeqCst);
         let _registered = WaiterGuard(&self.inner.waiters);
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -730,44 +638,6 @@ impl CompletionQueue {
                 .wait_timeout(q, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
-        }
-    }
-
-    /// Sleep until the CQ is non-empty or `deadline`, on the stack of
-    /// sleepers that `push` wakes from the top ([`WakePolicy::Newest`]).
-    fn sleep_newest(&self, deadline: Option<Instant>, background: bool) -> bool {
-        let inner = &*self.inner;
-        let me = inner.next_sleeper.fetch_add(1, Ordering::Relaxed)
-            | if background { BACKGROUND } else { 0 };
-        loop {
-            let left = {
-                let q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-                let mut sleepers = inner.sleepers.lock().unwrap_or_else(|e| e.into_inner());
-                // A wake-up pops its sleeper, so after one this thread is no
-                // longer listed; after a timeout or a spurious return it
-                // still is.
-                sleepers.retain(|(id, _)| *id != me);
-                if !q.is_empty() {
-                    return true;
-                }
-                let left = match deadline {
-                    Some(d) => d.saturating_duration_since(Instant::now()),
-                    None => Duration::from_secs(3600),
-                };
-                if left.is_zero() {
-                    return false;
-                }
-                // Registered under the queue lock, so a `push` after this
-                // point sees this thread; an `unpark` that comes before the
-                // `park` below makes it return at once.
-                if background {
-                    sleepers.insert(0, (me, std::thread::current()));
-                } else {
-                    sleepers.push((me, std::thread::current()));
-                }
-                left
-            };
-            std::thread::park_timeout(left);
         }
     }
 
@@ -916,37 +786,6 @@ impl CompletionQueue {
 }
 
 /// Unregisters a waiter when `wait` returns.
-/// Marks a background sleeper's number (see `CqInner::sleepers`).
-const BACKGROUND: u64 = 1 << 63;
-
-/// See [`CompletionQueue::attend`].
-#[must_use = "attendance ends when the guard is dropped"]
-#[derive(Debug)]
-pub struct Attendance<'a>(&'a CompletionQueue, std::marker::PhantomData<*const ()>);
-
-impl Drop for Attendance<'_> {
-    fn drop(&mut self) {
-        let cq = self.0;
-        {
-            let me = std::thread::current().id();
-            let mut v = cq.inner.attendees.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = v.iter().position(|t| *t == me) {
-                v.swap_remove(i);
-            }
-        }
-        if cq.inner.attending.fetch_sub(1, Ordering::SeqCst) == 1
-            && cq.inner.wake_newest.load(Ordering::Acquire)
-        {
-            // A completion that came while attended woke nobody: hand it to
-            // a background sleeper now.
-            let q = cq.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
-            if !q.is_empty() {
-                cq.wake_newest();
-            }
-        }
-    }
-}
-
 struct WaiterGuard<'a>(&'a AtomicUsize);
 
 impl Drop for WaiterGuard<'_> {

@@ -3,8 +3,12 @@
 //! Completions are produced through a QP that is never connected: posting
 //! receives and then disconnecting flushes them into the CQ.
 
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use iwarp::wait::{CqInterest, Interest, Token, Until, WaitSet};
 use iwarp::{Access, Context, ProgressMode, QpInitAttr, RecvWr, SgList, WcStatus, WorkCompletion};
 
 fn readable(fd: i32) -> bool {
@@ -182,11 +186,9 @@ fn one_completion(
     qp
 }
 
-/// A CQ with wake policy `policy`, and a PD and 64-byte region for the
-/// receives that `one_completion` posts.
-fn policy_cq(
-    policy: iwarp::WakePolicy,
-) -> (
+/// A threaded CQ with no polling phase, and a PD and 64-byte region for
+/// the receives that `one_completion` posts.
+fn threaded_cq() -> (
     Context,
     iwarp::ProtectionDomain,
     iwarp::CompletionQueue,
@@ -195,7 +197,6 @@ fn policy_cq(
     let ctx = Context::open().unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq(16).unwrap();
-    cq.set_wake_policy(policy);
     cq.set_progress(ProgressMode::Threaded {
         spin: Duration::ZERO,
     })
@@ -204,96 +205,74 @@ fn policy_cq(
     (ctx, pd, cq, mr)
 }
 
-/// A thread that waits (timeout 5 s) without attending the CQ, so in the
-/// background under `WakePolicy::Newest`: returns what `wait` returned.
-fn background_waiter(cq: &iwarp::CompletionQueue) -> std::thread::JoinHandle<bool> {
-    let cq = cq.clone();
-    std::thread::spawn(move || cq.wait(Duration::from_secs(5)).unwrap())
-}
-
-/// Wait up to 3 s for `h` to finish; true if it did.
-fn finishes<T>(h: &std::thread::JoinHandle<T>) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(3) {
-        if h.is_finished() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
-
+/// What rdma-xfer's caller relies on (its `rdma/handoff.rs`, which
+/// replaced `WakePolicy::Newest` and `Attendance`): a `WaitSet` of a CQ
+/// and an outside descriptor, the CQ with a completion hook that declines
+/// (returns false), is woken by a completion that arrives while it sleeps:
+/// the provider makes the CQ's descriptor readable after the hook.
 #[test]
-fn newest_policy_wakes_the_foreground_waiter_not_the_background_one() {
-    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::Newest);
-    let qp1 = one_completion(&pd, &cq, &mr, 1);
-    let qp2 = one_completion(&pd, &cq, &mr, 2);
-    // The foreground waiter goes to sleep first: the background one is the
-    // newest, and still must not be the one woken.
-    let fg = {
+fn a_wait_set_wakes_for_a_completion_its_hook_declines() {
+    let (_ctx, pd, cq, mr) = threaded_cq();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    cq.set_completion_hook(Some(Arc::new(move || {
+        r.fetch_add(1, Ordering::SeqCst);
+        false
+    })));
+    let qp = one_completion(&pd, &cq, &mr, 3);
+    let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
+    let waiter = {
         let cq = cq.clone();
         std::thread::spawn(move || {
-            // Attending: this thread's wait is in the foreground. It takes
-            // the completion before its attendance ends (an attendance that
-            // ends with completions waiting hands them to the background).
-            let _attend = cq.attend();
-            let woke = cq.wait(Duration::from_secs(5)).unwrap();
-            (woke, cq.poll_one().map(|wc| wc.wr_id))
+            let mut set = WaitSet::new();
+            set.add_cq(&cq, CqInterest::Completions, Token(1));
+            set.add_fd(pipe_r.as_raw_fd(), Interest::READABLE, Token(2));
+            let w = set.wait(Until::after(Duration::from_secs(5))).unwrap();
+            (w.is_ready(Token(1)), w.is_ready(Token(2)))
         })
     };
+    // Likely asleep by then (if not, the wait finds the completion by the
+    // CQ's length: the same answer).
     std::thread::sleep(Duration::from_millis(50));
-    let bg = background_waiter(&cq);
-    std::thread::sleep(Duration::from_millis(50));
-    qp1.disconnect();
-    assert!(finishes(&fg), "the foreground waiter is woken");
-    assert_eq!(fg.join().unwrap(), (true, Some(1)));
-    // The foreground waiter took the wake-up; the background one sleeps on.
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        !bg.is_finished(),
-        "background waiter woken with a foreground one asleep"
-    );
-    // With nobody else asleep, the next completion wakes it.
-    qp2.disconnect();
-    assert!(finishes(&bg), "the background waiter is woken once alone");
-    assert!(bg.join().unwrap());
-    assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(2));
-}
-
-#[test]
-fn attendance_holds_back_the_background_waiter_until_dropped() {
-    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::Newest);
-    let qp = one_completion(&pd, &cq, &mr, 3);
-    let bg = background_waiter(&cq);
-    std::thread::sleep(Duration::from_millis(50));
-    let attend = cq.attend();
     qp.disconnect();
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!bg.is_finished(), "woken although a thread attends the CQ");
-    assert_eq!(cq.len(), 1);
-    drop(attend);
-    assert!(
-        finishes(&bg),
-        "dropping the attendance hands the completion over"
+    assert_eq!(
+        waiter.join().unwrap(),
+        (true, false),
+        "woken by the CQ only"
     );
-    assert!(bg.join().unwrap());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the hook ran once");
     assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(3));
 }
 
+/// The other half: a hook that takes the completions (returns true, as
+/// rdma-xfer's does when it rings its dispatcher instead) leaves the CQ's
+/// descriptor alone, yet a `WaitSet` on the CQ that still holds them
+/// returns at once (it reads the CQ's length before it sleeps), so a
+/// thread that takes over the CQ later cannot sleep past them.
 #[test]
-fn background_waiter_under_the_default_policy_is_woken_like_any() {
-    let (_ctx, pd, cq, mr) = policy_cq(iwarp::WakePolicy::All);
+fn a_wait_set_finds_completions_a_hook_kept_off_the_descriptor() {
+    let (_ctx, pd, cq, mr) = threaded_cq();
+    let fd = cq.as_raw_fd();
+    let (tx, rx) = std::sync::mpsc::channel();
+    cq.set_completion_hook(Some(Arc::new(move || {
+        let _ = tx.send(());
+        true
+    })));
     let qp = one_completion(&pd, &cq, &mr, 4);
-    let bg = background_waiter(&cq);
-    let _attend = cq.attend();
-    std::thread::sleep(Duration::from_millis(50));
     qp.disconnect();
-    assert!(finishes(&bg), "WakePolicy::All ignores attendance");
-    assert!(bg.join().unwrap());
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("the hook ran for the flushed receive");
     assert!(
-        cq.wait(Duration::from_millis(60)).unwrap(),
-        "a non-empty CQ returns at once"
+        !readable(fd),
+        "the hook took it: the descriptor stays clear"
     );
+    let (pipe_r, _pipe_w) = std::io::pipe().unwrap();
+    let mut set = WaitSet::new();
+    set.add_cq(&cq, CqInterest::Completions, Token(1));
+    set.add_fd(pipe_r.as_raw_fd(), Interest::READABLE, Token(2));
+    // A deadline already passed: only the CQ's length can make it ready.
+    let w = set.wait(Until::Deadline(Instant::now())).unwrap();
+    assert!(w.is_ready(Token(1)), "{w:?}");
     assert_eq!(cq.poll_one().map(|wc| wc.wr_id), Some(4));
 }
 
