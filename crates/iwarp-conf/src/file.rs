@@ -112,7 +112,11 @@ pub fn load_lenient_from<T: DeserializeOwned + Default>(
     }
     vars.sort_by(|a, b| a.name.cmp(&b.name));
     // Each round leaves out the setting the error names, so at most one
-    // round per line and variable.
+    // round per line and variable. A file that is not TOML at
+    // NOT_TOML_LINES lines is not a TOML file with a slip: it is left out
+    // whole, with one more line saying so, rather than a line per line.
+    const NOT_TOML_LINES: usize = 3;
+    let mut not_toml = 0;
     loop {
         let e = match from_text::<T>(&text, &file, env_prefix, &vars) {
             Ok(t) => return (t, errors),
@@ -127,10 +131,22 @@ pub fn load_lenient_from<T: DeserializeOwned + Default>(
             .and_then(|r| r.strip_prefix(':'))
             .and_then(|r| r.split(':').next())
             .and_then(|n| n.parse::<usize>().ok());
+        let syntax = line.is_some() && e.contains(": not TOML: ");
         errors.push(e);
         if let Some(i) = var {
             vars.remove(i);
             continue;
+        }
+        if syntax {
+            not_toml += 1;
+            if not_toml == NOT_TOML_LINES {
+                errors.push(format!(
+                    "{file}: {NOT_TOML_LINES} lines are not TOML: the whole file is ignored \
+                     (fix: write it as TOML, one `key = value` a line, text values quoted)"
+                ));
+                text.clear();
+                continue;
+            }
         }
         if line.is_some_and(|n| blank_line(&mut text, n)) {
             continue;
@@ -626,6 +642,17 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:#?}");
         assert!(
             errors[0].starts_with("/nonexistent/t.toml: cannot read"),
+            "{errors:#?}"
+        );
+        // A file that is not TOML at all: three lines, then one line for
+        // the file, not one for each of its lines.
+        let f = file("lenient-prose.toml", "a b\nc d\ne f\ng h\ni j\n");
+        let (c, errors): (Conf, _) =
+            load_lenient_from(Some(&f.0), "TOOL", env(&[("TOOL_DOCS", "3")]));
+        assert_eq!(c.docs, 3);
+        assert_eq!(errors.len(), 4, "{errors:#?}");
+        assert!(
+            errors[3].contains("3 lines are not TOML: the whole file is ignored"),
             "{errors:#?}"
         );
         // Nothing wrong: nothing reported, as load_from.

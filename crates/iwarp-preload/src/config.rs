@@ -1,6 +1,8 @@
-//! The shim's configuration: environment variables, over a `key = value`
-//! file (`IWARP_PRELOAD_CONFIG`), over the defaults; and the record of
-//! peers that did not answer MPA (the negative cache).
+//! The shim's configuration: environment variables, over a TOML file
+//! (`IWARP_PRELOAD_CONFIG`), over the defaults, read by the one loader of
+//! every tool (`iwarp_conf`, lenient: a bad setting is reported once on
+//! stderr and left out, never fatal to the program the shim runs in); and
+//! the record of peers that did not answer MPA (the negative cache).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -37,56 +39,131 @@ pub struct Config {
     pub opts: Options,
 }
 
-const KEYS: &[&str] = &[
-    "PORTS",
-    "ADDRS",
-    "PEEK_MS",
-    "SETTLE_MS",
-    "FALLBACK_SECS",
-    "CONNECT_MS",
-    "STATS",
-    "LOG",
-    "EINTR",
-    "MAX_PENDING",
-];
+/// The settings as written: the TOML file of `IWARP_PRELOAD_CONFIG`, each
+/// `IWARP_PRELOAD_KEY` variable overriding its `key` (iwarp_conf, the one
+/// loader of every tool). Every key is optional; a bad one is reported
+/// and left out ([`iwarp_conf::load_lenient_from`]).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct Settings {
+    ports: Option<List>,
+    addrs: Option<List>,
+    peek_ms: Option<Num>,
+    settle_ms: Option<Num>,
+    fallback_secs: Option<Num>,
+    connect_ms: Option<Num>,
+    stats: Option<String>,
+    log: Option<String>,
+    eintr: Option<Flag>,
+    max_pending: Option<Num>,
+}
 
-fn parse_file(path: &str) -> HashMap<String, String> {
-    let mut m = HashMap::new();
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!(
-                "iwarp-preload: cannot read IWARP_PRELOAD_CONFIG={path} ({e}); using the \
-                 environment and defaults. Fix the path or unset the variable"
-            );
-            return m;
-        }
-    };
-    for (i, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            eprintln!(
-                "iwarp-preload: {path}:{}: expected `key = value`; line ignored",
-                i + 1
-            );
-            continue;
+/// A list as the shim has always taken it, `5201,5202` (a variable, or
+/// text in the file), or as TOML writes it: `[5201, 5202]`, or one bare
+/// item (`IWARP_PRELOAD_PORTS=5201` arrives as a number).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum List {
+    One(Item),
+    Many(Vec<Item>),
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Item {
+    N(i64),
+    Text(String),
+}
+
+impl List {
+    /// The items as text, a comma-separated one split.
+    fn items(&self) -> Vec<String> {
+        let one = |i: &Item| match i {
+            Item::N(n) => vec![n.to_string()],
+            Item::Text(t) => t
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
         };
-        let k = k.trim().to_ascii_uppercase();
-        let k = k.strip_prefix("IWARP_PRELOAD_").unwrap_or(&k).to_string();
-        if !KEYS.contains(&k.as_str()) {
-            eprintln!(
-                "iwarp-preload: {path}:{}: unknown key `{k}` (known: {}); line ignored",
-                i + 1,
-                KEYS.join(", ")
-            );
-            continue;
+        match self {
+            List::One(i) => one(i),
+            List::Many(v) => v.iter().flat_map(one).collect(),
         }
-        m.insert(k, v.trim().to_string());
     }
-    m
+}
+
+/// A count: a number, or text that is one (`peek_ms = "300"`).
+#[derive(Debug, Clone, Copy)]
+struct Num(u64);
+
+impl<'de> serde::Deserialize<'de> for Num {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            Text(String),
+        }
+        let bad = || {
+            serde::de::Error::custom(
+                "not a whole number (fix: give a number of milliseconds, seconds or connections \
+                 as the key says, such as 300)",
+            )
+        };
+        match Raw::deserialize(d).map_err(|_| bad())? {
+            Raw::N(n) => Ok(Num(n)),
+            Raw::Text(t) => t.trim().parse().map(Num).map_err(|_| bad()),
+        }
+    }
+}
+
+/// `eintr`: `0` (or `false`) turns interruptible blocking calls off.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Flag {
+    N(i64),
+    B(bool),
+    Text(String),
+}
+
+impl Flag {
+    fn off(&self) -> bool {
+        match self {
+            Flag::N(n) => *n == 0,
+            Flag::B(b) => !b,
+            Flag::Text(t) => t.trim() == "0",
+        }
+    }
+}
+
+/// The prefix of the shim's variables; `IWARP_PRELOAD_CONFIG` names the
+/// file and is not a setting.
+const PREFIX: &str = "IWARP_PRELOAD";
+const CONFIG_VAR: &str = "IWARP_PRELOAD_CONFIG";
+
+/// Read the settings: the file, then the variables over it. Each problem
+/// is added to `problems` (once), and the shim goes on without that
+/// setting: it runs inside someone else's program, which a typo in a
+/// variable must never stop. An empty variable counts as unset.
+fn read_settings(vars: &[(String, String)], problems: &mut Vec<String>) -> Settings {
+    let path = vars
+        .iter()
+        .find(|(k, _)| k == CONFIG_VAR)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from);
+    let env = vars
+        .iter()
+        .filter(|(k, v)| k != CONFIG_VAR && !v.trim().is_empty())
+        .map(|(k, v)| (k.into(), v.into()));
+    let (s, errors) = iwarp_conf::load_lenient_from::<Settings>(path.as_deref(), PREFIX, env);
+    problems.extend(
+        errors
+            .into_iter()
+            .map(|e| format!("{e}; that setting is ignored")),
+    );
+    s
 }
 
 /// Whether this process runs in secure-execution mode (`AT_SECURE` in
@@ -113,69 +190,66 @@ fn load() -> Config {
              variables; configure a privileged program by other means"
         );
     }
-    load_from(secure, &|k: &str| std::env::var(k).ok())
+    // Variables whose name or value is not UTF-8 are none of ours.
+    let vars: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with("IWARP_"))
+        .collect();
+    let (c, problems) = load_from(secure, &vars);
+    for p in problems {
+        eprintln!("iwarp-preload: {p}");
+    }
+    c
 }
 
-/// The configuration from the variables `env` returns (the process's
+/// The configuration from the variables `vars` (the process's `IWARP_*`
 /// environment in [`load`]). With `secure` (see [`secure_execution`])
 /// every variable is ignored, `IWARP_PRELOAD_CONFIG` and the
 /// `IWARP_SOCKETS_*` stream options included: only the defaults apply.
-fn load_from(secure: bool, env: &dyn Fn(&str) -> Option<String>) -> Config {
-    let env = |k: &str| if secure { None } else { env(k) };
-    let file = env("IWARP_PRELOAD_CONFIG")
-        .filter(|p| !p.is_empty())
-        .map(|p| parse_file(&p))
-        .unwrap_or_default();
-    let get = |k: &str| {
-        env(&format!("IWARP_PRELOAD_{k}"))
-            .or_else(|| file.get(k).cloned())
-            .filter(|v| !v.trim().is_empty())
-    };
-    if let Some(filter) = get("LOG") {
+/// Also returns what was wrong with the settings, one line each (left
+/// out; [`load`] prints them).
+fn load_from(secure: bool, vars: &[(String, String)]) -> (Config, Vec<String>) {
+    let vars = if secure { &[][..] } else { vars };
+    let mut problems = Vec::new();
+    let s = read_settings(vars, &mut problems);
+    if let Some(filter) = s.log.as_deref().filter(|f| !f.trim().is_empty()) {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
             .try_init();
     }
-    let num = |k: &str, default: u64| -> u64 {
-        match get(k) {
-            None => default,
-            Some(v) => v.trim().parse().unwrap_or_else(|_| {
-                eprintln!("iwarp-preload: IWARP_PRELOAD_{k}={v} is not a number; using {default}");
-                default
-            }),
-        }
-    };
+    let num = |v: Option<Num>, default: u64| v.map_or(default, |n| n.0);
     let mut ports = Vec::new();
-    for p in get("PORTS").unwrap_or_default().split(',').map(str::trim) {
-        if p.is_empty() {
-            continue;
-        }
+    for p in s.ports.as_ref().map(List::items).unwrap_or_default() {
         match p.parse::<u16>() {
             Ok(n) => ports.push(n),
-            Err(_) => eprintln!("iwarp-preload: IWARP_PRELOAD_PORTS: `{p}` is not a port; ignored"),
+            Err(_) => problems.push(format!(
+                "ports: `{p}` is not a port (fix: a number 0-65535); ignored"
+            )),
         }
     }
     let mut addrs = Vec::new();
-    for a in get("ADDRS").unwrap_or_default().split(',').map(str::trim) {
-        if a.is_empty() {
-            continue;
-        }
+    for a in s.addrs.as_ref().map(List::items).unwrap_or_default() {
         match a.parse::<IpAddr>() {
             Ok(ip) => addrs.push(ip),
-            Err(_) => {
-                eprintln!("iwarp-preload: IWARP_PRELOAD_ADDRS: `{a}` is not an IP address; ignored")
-            }
+            Err(_) => problems.push(format!(
+                "addrs: `{a}` is not an IP address (fix: such as 10.0.0.1 or ::1); ignored"
+            )),
         }
     }
-    if get("EINTR").is_some_and(|v| v.trim() == "0") {
+    if s.eintr.as_ref().is_some_and(Flag::off) {
         iwarp_rsocket::ops::INTERRUPTIBLE.store(false, std::sync::atomic::Ordering::Relaxed);
     }
-    let connect_ms = num("CONNECT_MS", 1000).max(1);
+    let connect_ms = num(s.connect_ms, 1000).max(1);
     let connect_timeout = Duration::from_millis(connect_ms);
+    let env = |k: &str| {
+        vars.iter()
+            .find(|(name, _)| name == k)
+            .map(|(_, v)| v.clone())
+    };
     let mut opts = Options::from_vars(env);
     opts.connect_timeout = connect_timeout;
-    Config {
+    let c = Config {
         ports,
         addrs,
         // An MPA client sends its Request right after the TCP handshake
@@ -185,13 +259,14 @@ fn load_from(secure: bool, env: &dyn Fn(&str) -> Option<String>) -> Config {
         // Request came late got its own Request echoed back as data).
         // Nobody waits on the program's thread for it (`settle`), except
         // a write-first server's first write to a silent plain client.
-        peek: Duration::from_millis(num("PEEK_MS", connect_ms)),
-        fallback: Duration::from_secs(num("FALLBACK_SECS", 60)),
-        settle_after: Duration::from_millis(num("SETTLE_MS", 300)),
-        max_pending: num("MAX_PENDING", 64).clamp(1, 65536) as usize,
-        stats: get("STATS"),
+        peek: Duration::from_millis(num(s.peek_ms, connect_ms)),
+        fallback: Duration::from_secs(num(s.fallback_secs, 60)),
+        settle_after: Duration::from_millis(num(s.settle_ms, 300)),
+        max_pending: num(s.max_pending, 64).clamp(1, 65536) as usize,
+        stats: s.stats.filter(|p| !p.trim().is_empty()),
         opts,
-    }
+    };
+    (c, problems)
 }
 
 /// The configuration, read once (inside the library: reading the file
@@ -278,21 +353,45 @@ mod tests {
     //! "not secure" (the kernel sets AT_SECURE only on a privilege change).
     use super::*;
 
-    fn hostile(k: &str) -> Option<String> {
-        match k {
-            "IWARP_PRELOAD_STATS" => Some("/etc/iwarp-owned".into()),
-            "IWARP_PRELOAD_CONFIG" => Some("/etc/shadow".into()),
-            "IWARP_PRELOAD_PORTS" => Some("22".into()),
-            "IWARP_PRELOAD_PEEK_MS" => Some("99999".into()),
-            "IWARP_SOCKETS_RBUF" => Some("4096".into()),
-            "IWARP_SOCKETS_DESIGN" => Some("basic".into()),
-            _ => None,
+    fn vars(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn hostile() -> Vec<(String, String)> {
+        vars(&[
+            ("IWARP_PRELOAD_STATS", "/etc/iwarp-owned"),
+            ("IWARP_PRELOAD_CONFIG", "/etc/shadow"),
+            ("IWARP_PRELOAD_PORTS", "22"),
+            ("IWARP_PRELOAD_PEEK_MS", "99999"),
+            ("IWARP_SOCKETS_RBUF", "4096"),
+            ("IWARP_SOCKETS_DESIGN", "basic"),
+        ])
+    }
+
+    /// A configuration file that is removed when dropped.
+    struct File(std::path::PathBuf);
+    impl Drop for File {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
         }
+    }
+    fn file(name: &str, text: &str) -> File {
+        let f = std::env::temp_dir().join(format!("iwarp-preload-{}-{name}", std::process::id()));
+        std::fs::write(&f, text).unwrap();
+        File(f)
+    }
+    fn with_file(f: &File, more: &[(&str, &str)]) -> (Config, Vec<String>) {
+        let mut v = vars(more);
+        v.push(("IWARP_PRELOAD_CONFIG".into(), f.0.display().to_string()));
+        load_from(false, &v)
     }
 
     #[test]
     fn secure_execution_ignores_the_environment() {
-        let c = load_from(true, &hostile);
+        let (c, problems) = load_from(true, &hostile());
+        assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(c.stats, None, "IWARP_PRELOAD_STATS must not name a file");
         assert!(c.ports.is_empty());
         assert_eq!(c.peek, Duration::from_millis(1000)); // CONNECT_MS
@@ -309,10 +408,134 @@ mod tests {
 
     #[test]
     fn without_secure_execution_the_environment_applies() {
-        let c = load_from(false, &hostile);
+        let (c, problems) = load_from(false, &hostile());
         assert_eq!(c.stats.as_deref(), Some("/etc/iwarp-owned"));
         assert_eq!(c.ports, vec![22]);
         assert_eq!(c.peek, Duration::from_millis(99999));
+        // /etc/shadow is not readable to this test, or (as root) not TOML:
+        // reported in a few lines that name the file and nothing of its
+        // content, and the variables still apply.
+        assert!((1..=4).contains(&problems.len()), "{problems:#?}");
+        assert!(
+            problems.iter().all(|p| p.starts_with("/etc/shadow")),
+            "{problems:#?}"
+        );
+    }
+
+    #[test]
+    fn the_documented_keys_from_a_file_and_the_environment_over_it() {
+        let f = file(
+            "keys.toml",
+            "# the shim's keys\nports = [5201, \"5202\"]\naddrs = \"127.0.0.1, ::1\"\n\
+             peek_ms = 250\nsettle_ms = \"150\"\nfallback_secs = 5\nconnect_ms = 2000\n\
+             stats = \"/tmp/preload.stats\"\nmax_pending = 8\n",
+        );
+        let (c, problems) = with_file(&f, &[]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(c.ports, vec![5201, 5202]);
+        assert_eq!(
+            c.addrs,
+            vec![
+                "127.0.0.1".parse::<IpAddr>().unwrap(),
+                "::1".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            (c.peek, c.settle_after, c.fallback, c.max_pending),
+            (
+                Duration::from_millis(250),
+                Duration::from_millis(150),
+                Duration::from_secs(5),
+                8
+            )
+        );
+        assert_eq!(c.opts.connect_timeout, Duration::from_millis(2000));
+        assert_eq!(c.stats.as_deref(), Some("/tmp/preload.stats"));
+        // The variables as they have always been written override it; an
+        // empty one counts as unset.
+        let (c, problems) = with_file(
+            &f,
+            &[
+                ("IWARP_PRELOAD_PORTS", "6000,6001"),
+                ("IWARP_PRELOAD_PEEK_MS", "40"),
+                ("IWARP_PRELOAD_STATS", ""),
+            ],
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(c.ports, vec![6000, 6001]);
+        assert_eq!(c.peek, Duration::from_millis(40));
+        assert_eq!(c.stats.as_deref(), Some("/tmp/preload.stats"));
+        // The old file form, `KEY = value` with the variable's name, where
+        // it is TOML (scripts/test-preload.sh writes `ports = N`): the
+        // key's case and prefix are the variable's, not the file's.
+        let f = file("old.toml", "ports = 7000\npeek_ms = 300\n");
+        let (c, problems) = with_file(&f, &[]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!((c.ports, c.peek), (vec![7000], Duration::from_millis(300)));
+    }
+
+    #[test]
+    fn each_bad_setting_is_reported_once_and_left_out() {
+        // Unknown key, bad value, a line that is not TOML, a bad list item,
+        // in the file; an unknown variable and a bad value in the
+        // environment. Everything else applies.
+        let f = file(
+            "bad.toml",
+            "ports = \"5201, http\"\nportz = 1\npeek_ms = \"soon\"\nlog = debug\n\
+             settle_ms = 120\n",
+        );
+        let (c, problems) = with_file(
+            &f,
+            &[
+                ("IWARP_PRELOAD_FALLBACK_SEC", "5"),
+                ("IWARP_PRELOAD_MAX_PENDING", "-3"),
+                ("IWARP_PRELOAD_CONNECT_MS", "500"),
+            ],
+        );
+        assert_eq!(c.ports, vec![5201], "{problems:?}");
+        assert_eq!(c.settle_after, Duration::from_millis(120));
+        assert_eq!(c.opts.connect_timeout, Duration::from_millis(500));
+        assert_eq!(
+            c.peek,
+            Duration::from_millis(500),
+            "peek_ms left out: CONNECT_MS"
+        );
+        assert_eq!((c.fallback, c.max_pending), (Duration::from_secs(60), 64));
+        let name = f.0.display().to_string();
+        for want in [
+            format!("{name}:2: key `portz`: unknown field"),
+            format!("{name}:3: key `peek_ms`: not a whole number"),
+            format!("{name}:4: not TOML"),
+            "environment IWARP_PRELOAD_FALLBACK_SEC=\"5\": key `fallback_sec`: unknown field"
+                .into(),
+            "environment IWARP_PRELOAD_MAX_PENDING=\"-3\": key `max_pending`:".into(),
+            "ports: `http` is not a port".into(),
+        ] {
+            assert_eq!(
+                problems.iter().filter(|p| p.starts_with(&want)).count(),
+                1,
+                "{want:?} once in {problems:#?}"
+            );
+        }
+        assert_eq!(problems.len(), 6, "{problems:#?}");
+        assert!(problems.iter().all(|p| p.contains("fix")), "{problems:#?}");
+    }
+
+    #[test]
+    fn an_unreadable_file_is_reported_and_the_environment_applies() {
+        let v = vars(&[
+            ("IWARP_PRELOAD_CONFIG", "/nonexistent/preload.toml"),
+            ("IWARP_PRELOAD_PORTS", "5201"),
+        ]);
+        let (c, problems) = load_from(false, &v);
+        assert_eq!(c.ports, vec![5201]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0]
+                .starts_with("/nonexistent/preload.toml: cannot read the configuration file")
+                && problems[0].ends_with("that setting is ignored"),
+            "{problems:?}"
+        );
     }
 
     #[test]
