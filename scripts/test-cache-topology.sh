@@ -198,14 +198,25 @@ PY
 check "the stale checker catches a server answering with older snapshots" t_checker_catches_stale
 
 # ---- an application server killed -----------------------------------------------
+# The load runs 1.5 s, then a1 is killed; the load goes on for 2 s after
+# a1 is gone (however long the kill took: under load it once took longer
+# than a fixed 4 s run had left, and no request came after it), then
+# SIGTERM ends it with its report (ccload's --duration is only a bound).
+# $l is the background subshell; the load is its grandchild (ip netns exec
+# execs timeout, which runs ccload): signal the two by their command line.
+stop_load() { pkill -TERM -f -- "--records $T/kill.rec"; }
 t_kill_midrun() {
-    in_ns cl timeout 300 "$LOAD" run --url "http://$P0:8083/docs/" --docs "$DOCS" --zipf 0 --clients 8 --duration 4 \
+    in_ns cl timeout 300 "$LOAD" run --url "http://$P0:8083/docs/" --docs "$DOCS" --zipf 0 --clients 8 --duration 120 \
         "${LOGS[@]}" --allow-status 502 --min-ok 0.2 --records "$T/kill.rec" >"$T/kill.out" 2>&1 &
     local l=$!
     sleep 1.5
-    kill_node a1 || { echo "a1 did not die"; return 1; }
-    local tk
+    local t0 tk
+    t0="$(date +%s%N)"
+    kill_node a1 || { echo "a1 did not die"; stop_load; wait "$l"; return 1; }
     tk="$(date +%s%N)"
+    echo "a1 killed in $(((tk - t0) / 1000000)) ms"
+    sleep 2
+    stop_load
     wait "$l"
     local rc=$?
     cat "$T/kill.out"

@@ -3,8 +3,9 @@
 #![deny(unsafe_code)]
 
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufRead, BufReader, BufWriter, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use ccache::appd;
 use ccache::load::{self, Rng, Trace, UpdateLog, Verdict, Wc98, Zipf};
 use clap::{Parser, Subcommand, ValueEnum};
 use hdrhistogram::Histogram;
+use signal_hook::consts::{SIGINT, SIGTERM};
 
 /// Load generator for the strongly coherent cache (issue 13): many
 /// keep-alive HTTP/1.1 clients request documents (PREFIX plus a number) by a
@@ -77,7 +79,8 @@ struct RunArgs {
     /// Concurrent clients (a thread and a keep-alive connection each).
     #[arg(long, default_value_t = 16)]
     clients: usize,
-    /// Run this many seconds (after the warm-up).
+    /// Run this many seconds (after the warm-up). SIGINT or SIGTERM ends
+    /// the run earlier: the clients stop and the report covers what ran.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
     /// Stop after this many requests instead of a duration.
@@ -611,6 +614,42 @@ fn parse_url(url: &str) -> Result<(SocketAddr, String, String), String> {
     Ok((addr, hostport.to_string(), path.to_string()))
 }
 
+/// SIGINT and SIGTERM, caught for the run: each writes a byte into the
+/// pair's other end (signal-hook's self-pipe), so that the timed wait of
+/// a run ([`until_signal_or`]) ends on one without polling.
+fn catch_stop_signals() -> Result<UnixStream, String> {
+    let (rx, tx) = UnixStream::pair().map_err(|e| format!("a socket pair for the signals: {e}"))?;
+    for sig in [SIGINT, SIGTERM] {
+        let tx = tx
+            .try_clone()
+            .map_err(|e| format!("a socket pair for the signals: {e}"))?;
+        signal_hook::low_level::pipe::register(sig, tx)
+            .map_err(|e| format!("catching signal {sig}: {e}"))?;
+    }
+    Ok(rx)
+}
+
+/// Wait `d`, or less if SIGINT or SIGTERM arrives ([`catch_stop_signals`]).
+fn until_signal_or(mut rx: &UnixStream, d: Duration) {
+    let end = Instant::now() + d;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() || rx.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match rx.read(&mut [0u8; 1]) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
+            // A byte (a signal), or the pair gone (cannot be: `tx` lives
+            // in the handler): the run ends now.
+            _ => return,
+        }
+    }
+}
+
 fn run(a: RunArgs) -> Result<ExitCode, String> {
     let (addr, host, path) = parse_url(&a.url)?;
     if a.clients == 0 {
@@ -627,6 +666,7 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
         _ => None,
     };
     let log = (!a.update_log.is_empty()).then(|| a.update_log.clone());
+    let signals = catch_stop_signals()?;
     let sh = Arc::new(Shared {
         addr,
         host,
@@ -658,7 +698,7 @@ fn run(a: RunArgs) -> Result<ExitCode, String> {
     }
     let start = Instant::now();
     if a.requests.is_none() {
-        std::thread::sleep(Duration::from_secs_f64(a.duration.max(0.0)));
+        until_signal_or(&signals, Duration::from_secs_f64(a.duration.max(0.0)));
         sh.stop.store(true, Ordering::Release);
     }
     let workers: Vec<Worker> = handles
