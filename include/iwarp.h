@@ -569,7 +569,7 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The library version as a static NUL-terminated string (the crate's, "0.5.0").
+ * The library version as a static NUL-terminated string (the crate's, "0.6.0").
  */
 const char *iwarp_version(void);
 

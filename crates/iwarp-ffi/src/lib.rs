@@ -51,7 +51,7 @@ pub use error::*;
 pub use strerror::*;
 pub use verbs::*;
 
-/// The library version as a static NUL-terminated string (the crate's, "0.5.0").
+/// The library version as a static NUL-terminated string (the crate's, "0.6.0").
 #[no_mangle]
 pub extern "C" fn iwarp_version() -> *const std::ffi::c_char {
     boundary::guard_value("iwarp_version", c"".as_ptr(), || {
