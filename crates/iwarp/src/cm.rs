@@ -153,7 +153,8 @@ impl Listener {
     /// `timeout` (`None`: without limit). On the software provider see
     /// [`crate::soft::cm::Listener::get_request`]; on a kernel device this
     /// is the next `RDMA_CM_EVENT_CONNECT_REQUEST`. Running out of time is
-    /// [`CmError::Timeout`] on both.
+    /// [`CmError::Timeout`] on both. `Some(Duration::ZERO)` looks once
+    /// without waiting, on both: a request already waiting is returned.
     pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnRequest, CmError> {
         self.inner
             .get_request(timeout)
