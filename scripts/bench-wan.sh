@@ -10,7 +10,8 @@
 # bottleneck rate (wall time of the client command, connection setup
 # included). Tools:
 #   iperf3        one TCP stream (-n SIZE), the TCP reference
-#   rftp-auto     rftp get with no options (sized to the path; SHA-256 on both ends)
+#   rftp-auto     rftp get with no options (sized to the path; its negotiated default
+#                 checksum, XXH3-128 against our rftpd, on both ends)
 #   rftp-base     the same with the rftp binary in $RFTP_BASE_BIN (an A/B
 #                 against an earlier build, e.g. a copy of target/release
 #                 taken before a change; same rftpd)
