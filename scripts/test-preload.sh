@@ -21,6 +21,8 @@
 #      stream and the parent carries on; vfork and posix_spawn children
 #      leave the parent's streams alone;
 #   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite);
+#   i) a setuid-root program run by nobody: the shim and the libraries in it
+#      ignore every IWARP_* variable (issue 26 item 10); without setuid they obey;
 #   j) descriptors closed or replaced during stalled MPA exchanges;
 #   k) a thread-per-connection and an event-loop (selectors/epoll) server keep
 #      >= 0.9x their rate of new clients while MPA stallers arrive (issue 26 item 1);
