@@ -21,6 +21,8 @@
 #      stream and the parent carries on; vfork and posix_spawn children
 #      leave the parent's streams alone;
 #   h) the C API: tests/c/rsocket/*.c against iwarp_rsocket.h (echo, riomap/riowrite);
+#   i) a setuid-root program run by nobody: the shim and the libraries in it
+#      ignore every IWARP_* variable (issue 26 item 10); without setuid they obey;
 #   j) descriptors closed or replaced during stalled MPA exchanges;
 #   k) a thread-per-connection and an event-loop (selectors/epoll) server keep
 #      >= 0.9x their rate of new clients while MPA stallers arrive (issue 26 item 1);
@@ -944,17 +946,31 @@ check "l) TCP_CONGESTION set before connect and on the live stream reaches the s
 # Under secure execution (AT_SECURE: setuid, setgid, file capabilities) the
 # shim must ignore its environment, as ld.so ignores LD_* variables:
 # otherwise IWARP_PRELOAD_STATS makes a setuid-root program create a file
-# anywhere. Layers: the unit tests (cargo test -p iwarp-preload, config.rs)
-# check the gate itself (load_from with secure set ignores every variable;
-# getauxval reads "not secure" in a plain process); this test checks the
-# kernel and loader side: a real setuid-root program run by `nobody`, with
-# the shim linked in (glibc drops LD_PRELOAD for setuid programs unless the
-# library is in a trusted directory and setuid itself; LD_PRELOAD is set
-# anyway, as a user would), is in secure execution, has the shim mapped,
-# and its stats file is not created; the same program without the setuid
-# bit (control) creates it, so the check can fail.
+# anywhere. So must the library crates inside it (IWARP_DEVICE,
+# IWARP_PROGRESS, IWARP_PROGRESS_THREADS, IWARP_CRC..., read through
+# iwarp_proto::env). Layers: the unit tests (cargo test -p iwarp-preload,
+# config.rs; -p iwarp-proto, env.rs) check the gates themselves (secure
+# set: every variable ignored; getauxval reads "not secure" in a plain
+# process); this test checks the kernel and loader side: a real
+# setuid-root program run by `nobody`, with the shim linked in (glibc
+# drops LD_PRELOAD for setuid programs unless the library is in a trusted
+# directory and setuid itself; LD_PRELOAD is set anyway, as a user would),
+# is in secure execution, has the shim mapped, and with
+#   IWARP_PRELOAD_STATS=<a root-only directory>  its stats file is not created,
+#   IWARP_DEVICE=nosuch                          connects over iWARP all the same
+#                                                (the preloaded server records it),
+#   IWARP_PROGRESS=pool IWARP_PROGRESS_THREADS=3 has no pool thread,
+#   IWARP_CRC=nosuch, IWARP_PRELOAD_LOG=warn     says nothing of `nosuch`.
+# The same program without the setuid bit (the controls) obeys each of
+# them, so the check can fail: it records; IWARP_DEVICE=nosuch makes it
+# connect plain, naming `nosuch`; the pool has 3 threads; IWARP_CRC=nosuch
+# is logged (with IWARP_SOCKETS_CRC=on: without it the shims negotiate no
+# CRC and never choose a back end). IWARP_CRC has no effect but that log
+# line, which needs IWARP_PRELOAD_LOG, itself ignored under secure
+# execution: the setuid run cannot show IWARP_CRC obeyed; the unit tests
+# (iwarp-proto env.rs) hold every read to the one gate.
 t_secure() {
-    local d="$T/secure" out
+    local d="$T/secure" out s n
     command -v setpriv >/dev/null || { echo "setpriv (util-linux) missing"; return 1; }
     [ "$(id -u)" = 0 ] || { echo "needs root (to install a setuid-root program)"; return 77; }
     rm -rf "$d"
@@ -967,22 +983,51 @@ t_secure() {
     cp "$d/secure_exec" "$d/plain_exec"
     chown root:root "$d/secure_exec" && chmod 4755 "$d/secure_exec" || return 1
     chmod 755 "$d/plain_exec"
-    out=$(env LD_PRELOAD="$d/lib/libiwarp_preload.so" IWARP_PRELOAD_STATS="$d/rootonly/owned" \
-        IWARP_PRELOAD_CONNECT_MS=200 \
-        timeout 20 setpriv --reuid=nobody --regid=nogroup --clear-groups "$d/secure_exec" 2>"$d/err") ||
-        { echo "setuid program failed: $out"; cat "$d/err"; return 1; }
+    # The program's one connection goes to a preloaded echo server, which
+    # records whether it came over iWARP.
+    next_port
+    bgpre "$T/i-srv.stats" timeout 60 "$PY" "$HELPER" echo-server "$PORT" blocking
+    s=$BGPID
+    wait_listen "$PORT" || return 1
+    # as_nobody PROGRAM STDERR VAR=VALUE...: PROGRAM run by nobody with the
+    # shim in LD_PRELOAD and the variables; its stdout on one line.
+    as_nobody() {
+        local prog="$1" err="$2"
+        shift 2
+        env LD_PRELOAD="$d/lib/libiwarp_preload.so" IWARP_PRELOAD_CONNECT_MS=2000 "$@" \
+            timeout 20 setpriv --reuid=nobody --regid=nogroup --clear-groups "$prog" "$PORT" \
+            2>"$err" | tr '\n' ' '
+    }
+    out=$(as_nobody "$d/secure_exec" "$d/err" IWARP_PRELOAD_STATS="$d/rootonly/owned" \
+        IWARP_PRELOAD_LOG=warn IWARP_DEVICE=nosuch IWARP_CRC=nosuch IWARP_PROGRESS=pool \
+        IWARP_PROGRESS_THREADS=3)
     echo "setuid run: $out; stderr: $(cat "$d/err")"
-    [ "$out" = "secure=1 preload=1" ] || { echo "expected secure=1 preload=1 (is $T on a nosuid mount?)"; return 1; }
+    case "$out" in
+    "secure=1 preload=1 "*) ;;
+    *) echo "expected secure=1 preload=1 (is $T on a nosuid mount?)"; return 1 ;;
+    esac
+    [ "$out" = "secure=1 preload=1 pool=0 " ] ||
+        { echo "expected pool=0: the setuid program obeyed IWARP_PROGRESS"; return 1; }
     if [ -e "$d/rootonly/owned" ]; then
         echo "the setuid program obeyed IWARP_PRELOAD_STATS:"; ls -l "$d/rootonly/owned"; return 1
     fi
     grep -q "IWARP_\* environment is ignored" "$d/err" || { echo "no line on stderr saying why"; return 1; }
-    out=$(env LD_PRELOAD="$d/lib/libiwarp_preload.so" IWARP_PRELOAD_STATS="$d/public/owned" \
-        IWARP_PRELOAD_CONNECT_MS=200 \
-        timeout 20 setpriv --reuid=nobody --regid=nogroup --clear-groups "$d/plain_exec") || return 1
-    [ "$out" = "secure=0 preload=1" ] || { echo "control: $out"; return 1; }
-    has "$d/public/owned" "connect plain" || { echo "control: the same program without setuid did not record"; return 1; }
-    echo "info: setuid root run by nobody: AT_SECURE=1, shim loaded, IWARP_PRELOAD_STATS ignored (no file); without setuid the same program records"
+    if grep -q nosuch "$d/err"; then echo "the setuid program read IWARP_DEVICE or IWARP_CRC"; return 1; fi
+    n=$(grep -c " accept iwarp " "$T/i-srv.stats")
+    [ "$n" = 1 ] || { echo "the setuid program did not connect over iWARP (IWARP_DEVICE=nosuch obeyed?):"; cat "$T/i-srv.stats"; return 1; }
+    # Controls: the same program without the setuid bit obeys the variables.
+    out=$(as_nobody "$d/plain_exec" "$d/err1" IWARP_PRELOAD_STATS="$d/public/owned" \
+        IWARP_DEVICE=nosuch)
+    [ "$out" = "secure=0 preload=1 pool=0 " ] || { echo "control 1: $out"; cat "$d/err1"; return 1; }
+    has "$d/public/owned" "connect plain.*nosuch" || { echo "control 1: IWARP_DEVICE=nosuch not obeyed"; return 1; }
+    out=$(as_nobody "$d/plain_exec" "$d/err2" IWARP_PRELOAD_STATS="$d/public/owned2" \
+        IWARP_PRELOAD_LOG=warn IWARP_CRC=nosuch IWARP_SOCKETS_CRC=on IWARP_PROGRESS=pool \
+        IWARP_PROGRESS_THREADS=3)
+    [ "$out" = "secure=0 preload=1 pool=3 " ] || { echo "control 2: $out"; cat "$d/err2"; return 1; }
+    has "$d/public/owned2" "connect iwarp" || return 1
+    grep -q nosuch "$d/err2" || { echo "control 2: IWARP_CRC=nosuch not logged:"; cat "$d/err2"; return 1; }
+    stop "$s"
+    echo "info: setuid root run by nobody: AT_SECURE=1, shim loaded, IWARP_PRELOAD_STATS (no file), IWARP_DEVICE (iWARP all the same), IWARP_PROGRESS(_THREADS) (no pool) ignored, IWARP_CRC not logged; without setuid the same program obeys each"
 }
 check "i) setuid program: the shim ignores IWARP_* under secure execution" t_secure
 

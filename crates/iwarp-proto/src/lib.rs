@@ -11,13 +11,17 @@
 //! The layers follow smoltcp's: `wire` holds zero-copy packet views with
 //! `parse`/`emit` representations; `engine` holds the state machine; the
 //! `iwarp` crate is the thin I/O driver and the verbs / connection-manager API.
+//! [`env`] is how every library crate of the stack reads an `IWARP_*`
+//! variable: not at all in a privileged (setuid) process.
 // `deny`, not `forbid`: the CRC32C kernel (`wire::crc`) has to call a
-// `#[target_feature]` function after checking the CPU, the crate's only
-// `unsafe`, allowed on that module alone.
+// `#[target_feature]` function after checking the CPU, and `env` asks
+// the C library whether the process is privileged (getauxval): the
+// crate's only `unsafe`, each allowed on that function alone.
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
 pub mod engine;
+pub mod env;
 pub mod fault;
 pub mod handshake;
 pub mod mem;

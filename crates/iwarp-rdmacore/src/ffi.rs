@@ -571,7 +571,8 @@ fn dlopen(name: &CStr) -> Result<*mut c_void, String> {
 pub fn lib() -> Result<&'static Lib, &'static str> {
     static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
     LIB.get_or_init(|| {
-        if std::env::var("IWARP_RDMA_CORE").is_ok_and(|v| v == "off" || v == "0") {
+        // Unset in a privileged process (iwarp_proto::env).
+        if iwarp_proto::env::var("IWARP_RDMA_CORE").is_ok_and(|v| v == "off" || v == "0") {
             return Err(String::from(
                 "rdma-core disabled by IWARP_RDMA_CORE=off: unset it to use kernel RDMA devices",
             ));

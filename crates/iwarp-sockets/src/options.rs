@@ -167,9 +167,11 @@ impl Options {
     /// `IWARP_SOCKETS_IOMAP_SIZE` (entries of the iomap table),
     /// `IWARP_SOCKETS_CONGESTION` (a TCP congestion-control name: `reno`,
     /// `cubic`, `bbr`, ...). Values that do not parse are reported and
-    /// ignored.
+    /// ignored. In a privileged process (setuid...) all of them are
+    /// ignored ([`iwarp_proto::env`]).
     pub fn from_env() -> Options {
-        Options::from_vars(|k| std::env::var(k).ok())
+        // Unset in a privileged process (iwarp_proto::env).
+        Options::from_vars(|k| iwarp_proto::env::var(k).ok())
     }
 
     /// [`Options::from_env`] over any lookup of those variables.

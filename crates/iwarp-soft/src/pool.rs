@@ -133,7 +133,8 @@ pub fn set_progress_engine(engine: ProgressEngine) {
 pub fn progress_engine() -> ProgressEngine {
     let mut v = ENGINE.load(Ordering::Acquire);
     if v == UNSET {
-        v = match std::env::var(ENV_ENGINE).as_deref() {
+        // Unset in a privileged process (iwarp_proto::env).
+        v = match iwarp_proto::env::var(ENV_ENGINE).as_deref() {
             Ok("pool") => POOL,
             Ok("threads") | Ok("") | Err(_) => THREADS,
             Ok(other) => {
@@ -163,7 +164,8 @@ fn thread_count() -> usize {
         .map(|n| n.get())
         .unwrap_or(1)
         .min(4);
-    match std::env::var(ENV_THREADS) {
+    // Unset in a privileged process (iwarp_proto::env).
+    match iwarp_proto::env::var(ENV_THREADS) {
         Ok(s) => match s.trim().parse::<usize>() {
             Ok(n) if (1..=MAX_THREADS).contains(&n) => n,
             _ => {

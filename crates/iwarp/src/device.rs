@@ -75,9 +75,11 @@ impl FromStr for DeviceSpec {
 }
 
 impl DeviceSpec {
-    /// The spec in [`DEVICE_ENV`], or `Soft` when it is unset or empty.
+    /// The spec in [`DEVICE_ENV`], or `Soft` when it is unset or empty
+    /// or the process is privileged (setuid: [`iwarp_proto::env`]).
     pub fn from_env() -> Result<DeviceSpec, DeviceError> {
-        match std::env::var(DEVICE_ENV) {
+        // Unset in a privileged process (iwarp_proto::env).
+        match iwarp_proto::env::var(DEVICE_ENV) {
             Ok(v) if !v.trim().is_empty() => v.parse(),
             _ => Ok(DeviceSpec::Soft),
         }

@@ -18,7 +18,9 @@
 //! starts from the first available in that order, which on the machines
 //! measured (see docs/BENCHMARKS.md) is also the order of speed, and once
 //! per process times the available hardware back ends on 64 KiB: one at
-//! least 15% faster than the first replaces it (see [`auto`]).
+//! least 15% faster than the first replaces it (see [`auto`]). In a
+//! privileged process (setuid, file capabilities) `IWARP_CRC` reads as
+//! unset ([`crate::env`]).
 //!
 //! `crc-fast` cannot be told which of its kernels to run, and without
 //! AVX-512 it uses a 128-bit SSE kernel, so the `avx2` path is this
@@ -267,7 +269,8 @@ pub fn select(value: &str) -> Result<CrcImpl, CrcSelectError> {
 /// The back end `IWARP_CRC` asks for (unset: `auto`), or the reason it
 /// cannot be had. For tools that want to refuse a bad setting at start-up.
 pub fn active_from_env() -> Result<CrcImpl, CrcSelectError> {
-    match std::env::var(ENV_VAR) {
+    // Unset in a privileged process (`crate::env`).
+    match crate::env::var(ENV_VAR) {
         Ok(v) => select(&v),
         Err(std::env::VarError::NotPresent) => Ok(auto()),
         Err(std::env::VarError::NotUnicode(v)) => {
