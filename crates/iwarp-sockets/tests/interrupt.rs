@@ -102,27 +102,25 @@ fn shutdown_from_another_thread_ends_a_blocked_read() {
 fn shutdown_both_from_another_thread_ends_a_blocked_write() {
     let (a, b) = pair();
     b.set_write_timeout(Some(LONG)).unwrap();
-    // Fill what the peer (which never reads) will take, so that the next
-    // write blocks for credits that never come.
-    b.set_nonblocking(true).unwrap();
-    let chunk = vec![7u8; 64 * 1024];
-    let give_up = Instant::now() + T;
-    loop {
-        match (&b).write(&chunk) {
-            Ok(_) => assert!(Instant::now() < give_up, "the peer never filled up"),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("write: {e}"),
-        }
-    }
-    b.set_nonblocking(false).unwrap();
+    // One blocking write of more than the peer's ring and our send
+    // buffer together, to a peer that never reads: part of it goes at
+    // once, then the call sleeps for room that never comes (it may sleep
+    // and wake for credits before that; the shutdown finds it asleep or
+    // awake and looking, either way it must return).
+    let big = vec![7u8; 64 << 20];
     let writer = b.clone();
     let r = interrupted(
         "shutdown(Both)",
-        move || (&writer).write(&chunk),
+        move || (&writer).write(&big),
         || b.shutdown(std::net::Shutdown::Both).unwrap(),
     );
-    // Whatever the write says (an error: the stream is shut), it said it
-    // now, not at its deadline.
-    let _ = r;
+    // The part that went before the shutdown, as send(2) returns it, and
+    // now, not at the deadline: before the fix of `write`, a blocking
+    // write that had moved part of its buffer waited on after the
+    // shutdown for room it could never use.
+    let n = r.expect("the part written before the shutdown");
+    assert!(n > 0 && n < 64 << 20, "wrote {n} bytes");
+    let e = (&b).write(b"x").expect_err("a write after shutdown(Both)");
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
     drop(a);
 }
