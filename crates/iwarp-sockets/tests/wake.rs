@@ -70,7 +70,7 @@ fn wake_ups_reach_sleeping_threads() {
 
     // 2. `shutdown(Read)` from another thread ends a read blocked without a
     // timeout: no message goes out for it (rsocket.c's rule), so no
-    // completion wakes the reader, only the stream's wake descriptor.
+    // completion wakes the reader, only the interrupt of its CQ wait.
     let reader = b.try_clone().unwrap();
     let (tx, rx) = mpsc::channel();
     let h = thread::spawn(move || {

@@ -57,6 +57,24 @@
 //! thread's own descriptor. rdma-xfer does so (its `rdma/handoff.rs`);
 //! that replaced the `WakePolicy::Newest` / `Attendance` rules of earlier
 //! versions.
+//!
+//! # Interrupting a wait
+//!
+//! A thread that waits on a CQ for something a completion will change
+//! (a stream's data, its send space) may also have to stop waiting when
+//! another thread changes that state itself (a `shutdown` or `close`).
+//! [`interrupt_waiters`](CompletionQueue::interrupt_waiters) ends every
+//! [`wait_interruptible`](CompletionQueue::wait_interruptible) on the CQ
+//! at once; each returns so that its caller looks at its state again
+//! (plain [`wait`](CompletionQueue::wait) is not interrupted). No wake-up is lost between the caller's look and its
+//! sleep: the caller takes an [`InterruptMark`] before it looks
+//! ([`interrupt_mark`](CompletionQueue::interrupt_mark)) and waits with
+//! that mark, and the wait returns [`CqWake::Interrupted`] at once if an interrupt came after the
+//! mark (store-then-check on both sides: the interrupting thread changes
+//! the state, then counts the interrupt; the waiter takes the mark, then
+//! looks at the state). It costs nothing while nobody interrupts: the
+//! wait is the CQ's own (a futex in threaded mode), with no descriptor
+//! beside it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -70,6 +88,24 @@ use iwarp_proto::engine::WorkCompletion;
 use crate::error::Error;
 use crate::provider::CqSource;
 use crate::sys::{Epoll, EventFd};
+
+/// Where a CQ's interrupts stood ([`CompletionQueue::interrupt_mark`]):
+/// a wait given a mark ends at once if
+/// [`interrupt_waiters`](CompletionQueue::interrupt_waiters) was called
+/// since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InterruptMark(u64);
+
+/// How [`CompletionQueue::wait_interruptible`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqWake {
+    /// The CQ holds a completion.
+    Completions,
+    /// [`CompletionQueue::interrupt_waiters`] was called after the mark.
+    Interrupted,
+    /// The timeout passed.
+    TimedOut,
+}
 
 /// How long `wait` polls before it sleeps, by default.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -140,6 +176,10 @@ struct CqInner {
     /// Threads inside `wait`: `push` signals the condition variable only
     /// when someone sleeps on it.
     waiters: AtomicUsize,
+    /// Calls of `interrupt_waiters` so far (changed only under `queue`,
+    /// so that a waiter that checks it under `queue` and then sleeps on
+    /// `cond` cannot miss one).
+    interrupts: AtomicU64,
     /// [`ProgressMode`] as `MODE_*`, and its `spin` in nanoseconds.
     mode: AtomicU8,
     spin_ns: AtomicU64,
@@ -238,6 +278,7 @@ impl CompletionQueue {
                 fd_armed: AtomicBool::new(false),
                 fd_paused: AtomicBool::new(false),
                 waiters: AtomicUsize::new(0),
+                interrupts: AtomicU64::new(0),
                 mode: AtomicU8::new(MODE_THREADED),
                 spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 epoll: OnceLock::new(),
@@ -527,22 +568,96 @@ impl CompletionQueue {
     /// Block until the CQ is non-empty (`Ok(true)`) or `timeout` passes
     /// (`Ok(false)`); removes nothing. How it waits, and who does the
     /// receive work meanwhile, is the CQ's [`ProgressMode`].
+    /// [`interrupt_waiters`](Self::interrupt_waiters) does not end this
+    /// wait (it goes on to its timeout); a caller that must stop waiting
+    /// when another thread changes its state uses
+    /// [`wait_interruptible`](Self::wait_interruptible).
     pub fn wait(&self, timeout: Duration) -> Result<bool, Error> {
+        let deadline = Instant::now().checked_add(timeout);
+        loop {
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+            match self.wait_interruptible(left, self.interrupt_mark())? {
+                CqWake::Completions => return Ok(true),
+                CqWake::TimedOut => return Ok(false),
+                // Someone else's interrupt: wait on.
+                CqWake::Interrupted => {}
+            }
+        }
+    }
+
+    /// Where this CQ's interrupts stand now, for
+    /// [`wait_interruptible`](Self::wait_interruptible): take it before
+    /// looking at the state that an interrupting thread changes (see the
+    /// module docs, "Interrupting a wait").
+    #[inline]
+    pub fn interrupt_mark(&self) -> InterruptMark {
+        InterruptMark(self.inner.interrupts.load(Ordering::SeqCst))
+    }
+
+    /// [`wait`](Self::wait), which also ends, with
+    /// [`CqWake::Interrupted`], when
+    /// [`interrupt_waiters`](Self::interrupt_waiters) has been called
+    /// since `since` was taken, at once if that happened before this call.
+    /// Completions take precedence over an interrupt, an interrupt over
+    /// the timeout. In [`ProgressMode::AppDriven`] a wait asleep in
+    /// `poll(2)` notices an interrupt within 100 ms (the re-arm slice of
+    /// that mode); in the other modes at once.
+    pub fn wait_interruptible(
+        &self,
+        timeout: Duration,
+        since: InterruptMark,
+    ) -> Result<CqWake, Error> {
         if self.inner.len.load(Ordering::Acquire) > 0 {
-            return Ok(true);
+            return Ok(CqWake::Completions);
+        }
+        if self.interrupted(since) {
+            return Ok(CqWake::Interrupted);
         }
         let deadline = Instant::now().checked_add(timeout);
         let spin = Duration::from_nanos(self.inner.spin_ns.load(Ordering::Relaxed));
         match self.inner.mode.load(Ordering::Acquire) {
-            MODE_BUSY => Ok(self.wait_busy(deadline)),
-            MODE_DRIVEN => self.wait_driven(deadline, spin),
-            _ => Ok(self.wait_threaded(deadline, spin)),
+            MODE_BUSY => Ok(self.wait_busy(deadline, since)),
+            MODE_DRIVEN => self.wait_driven(deadline, spin, since),
+            _ => Ok(self.wait_threaded(deadline, spin, since)),
         }
     }
 
+    /// End every [`wait_interruptible`](Self::wait_interruptible) on this
+    /// CQ, the ones asleep now and any given a mark taken before this
+    /// call: each returns [`CqWake::Interrupted`] so that its caller looks
+    /// at its own state again (plain [`wait`](Self::wait) goes on). Change
+    /// that state first, then call this (see the module docs). Nothing is
+    /// queued or removed; the descriptor is left alone. Costs the queue
+    /// lock, and a futex wake when a thread sleeps in threaded mode.
+    pub fn interrupt_waiters(&self) {
+        let inner = &*self.inner;
+        let _q = inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+        inner.interrupts.fetch_add(1, Ordering::SeqCst);
+        // Under the queue lock, as in `push`: a waiter registers before it
+        // takes the lock to check, so a sleeper is never missed.
+        if inner.waiters.load(Ordering::SeqCst) > 0 {
+            inner.cond.notify_all();
+        }
+    }
+
+    /// True if `interrupt_waiters` was called after `since` was taken.
+    #[inline]
+    fn interrupted(&self, since: InterruptMark) -> bool {
+        self.inner.interrupts.load(Ordering::SeqCst) != since.0
+    }
+
+    /// Threads inside [`wait`](Self::wait) or
+    /// [`wait_interruptible`](Self::wait_interruptible) in threaded mode
+    /// that have registered to be woken (for tests: a thread counted here
+    /// is asleep on the CQ or about to look at it under its lock).
+    #[doc(hidden)]
+    pub fn sleepers(&self) -> usize {
+        self.inner.waiters.load(Ordering::SeqCst)
+    }
+
     /// [`ProgressMode::BusyPoll`]: do the receive work until a completion
-    /// arrives.
-    fn wait_busy(&self, deadline: Option<Instant>) -> bool {
+    /// arrives or an interrupt.
+    fn wait_busy(&self, deadline: Option<Instant>, since: InterruptMark) -> CqWake {
         let mut spins = 0u32;
         let idle = self
             .inner
@@ -554,12 +669,15 @@ impl CompletionQueue {
         loop {
             self.progress();
             if self.inner.len.load(Ordering::Acquire) > 0 {
-                return true;
+                return CqWake::Completions;
+            }
+            if self.interrupted(since) {
+                return CqWake::Interrupted;
             }
             spins = spins.wrapping_add(1);
             // The clock is read every 64 rounds: a round is a `recv`.
             if spins.is_multiple_of(64) && deadline.is_some_and(|d| Instant::now() >= d) {
-                return false;
+                return CqWake::TimedOut;
             }
             if idle {
                 // No queue pair to progress: do not starve the threads
@@ -571,13 +689,21 @@ impl CompletionQueue {
 
     /// [`ProgressMode::AppDriven`]: do the receive work, poll for `spin`,
     /// then sleep on the epoll set until something arrives.
-    fn wait_driven(&self, deadline: Option<Instant>, spin: Duration) -> Result<bool, Error> {
+    fn wait_driven(
+        &self,
+        deadline: Option<Instant>,
+        spin: Duration,
+        since: InterruptMark,
+    ) -> Result<CqWake, Error> {
         let start = Instant::now();
         let ep = self.epoll()?.as_raw_fd();
         loop {
             self.progress();
             if self.inner.len.load(Ordering::Acquire) > 0 {
-                return Ok(true);
+                return Ok(CqWake::Completions);
+            }
+            if self.interrupted(since) {
+                return Ok(CqWake::Interrupted);
             }
             let now = Instant::now();
             let left = match deadline {
@@ -585,7 +711,7 @@ impl CompletionQueue {
                 None => Duration::from_secs(3600),
             };
             if left.is_zero() {
-                return Ok(false);
+                return Ok(CqWake::TimedOut);
             }
             if now.duration_since(start) < spin {
                 std::hint::spin_loop();
@@ -593,15 +719,22 @@ impl CompletionQueue {
             }
             // Level-triggered: readable while a socket holds unread bytes
             // or the eventfd is set. The slice bounds a wait on a socket
-            // that joined the set late.
+            // that joined the set late, and the time an interrupt goes
+            // unnoticed (nothing in the set is made readable for it).
             crate::sys::poll_one(ep, libc::POLLIN, left.min(Duration::from_millis(100)))
                 .map_err(Error::EventFd)?;
         }
     }
 
     /// [`ProgressMode::Threaded`]: poll (yielding the CPU) for up to
-    /// `spin`, then sleep on the condition variable.
-    fn wait_threaded(&self, deadline: Option<Instant>, spin: Duration) -> bool {
+    /// `spin`, then sleep on the condition variable until a completion, an
+    /// interrupt after `since`, or the deadline.
+    fn wait_threaded(
+        &self,
+        deadline: Option<Instant>,
+        spin: Duration,
+        since: InterruptMark,
+    ) -> CqWake {
         // Spin briefly before sleeping: a completion usually follows within
         // a few microseconds of a request in a ping-pong, and a futex
         // sleep/wake pair costs more than that. Yielding keeps the driver
@@ -610,7 +743,10 @@ impl CompletionQueue {
             let spin_until = Instant::now() + spin;
             while Instant::now() < spin_until && deadline.is_none_or(|d| Instant::now() < d) {
                 if self.inner.len.load(Ordering::Acquire) > 0 {
-                    return true;
+                    return CqWake::Completions;
+                }
+                if self.interrupted(since) {
+                    return CqWake::Interrupted;
                 }
                 std::thread::yield_now();
             }
@@ -623,14 +759,20 @@ impl CompletionQueue {
         let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if !q.is_empty() {
-                return true;
+                return CqWake::Completions;
+            }
+            // Under the queue lock, where `interrupt_waiters` counts: an
+            // interrupt either is seen here or finds this thread asleep
+            // on `cond` (registered in `waiters`) and wakes it.
+            if self.interrupted(since) {
+                return CqWake::Interrupted;
             }
             let left = match deadline {
                 Some(d) => d.saturating_duration_since(Instant::now()),
                 None => Duration::from_secs(3600),
             };
             if left.is_zero() {
-                return false;
+                return CqWake::TimedOut;
             }
             q = self
                 .inner

@@ -80,7 +80,7 @@ pub use iwarp_proto::mem::{Access, MemError};
 
 #[doc(hidden)]
 pub use cq::WeakCq;
-pub use cq::{CompletionQueue, ProgressMode, DEFAULT_SPIN};
+pub use cq::{CompletionQueue, CqWake, InterruptMark, ProgressMode, DEFAULT_SPIN};
 pub use mr::MemoryRegion;
 #[doc(hidden)]
 pub use mr::{MrInner, MrTable};

@@ -103,6 +103,6 @@ pub use iwarp_verbs::{
 };
 
 pub use iwarp_verbs::MemoryRegion;
-pub use iwarp_verbs::{CompletionQueue, ProgressMode, DEFAULT_SPIN};
+pub use iwarp_verbs::{CompletionQueue, CqWake, InterruptMark, ProgressMode, DEFAULT_SPIN};
 pub use iwarp_verbs::{ConnInfo, DrainError, QpEvent, QpInitAttr, QpStats, QueuePair, DRAIN_WR_ID};
 pub use wait::WaitSet;

@@ -1,22 +1,24 @@
 //! Stream calls and waiting: a call begins and ends ([`Call`]), and a
-//! thread that must wait sleeps (or, in busy-poll mode, spins) in one
-//! [`WaitSet`] over the completion queue and the stream's wake
-//! descriptor, which a `shutdown` or `close` from another thread signals.
-//! No slices: the wait ends at the caller's deadline or never.
+//! thread that must wait sleeps on the completion queue itself
+//! (`CompletionQueue::wait_interruptible`: a futex, or in busy-poll mode
+//! a spin that does the receive work), which a `shutdown` or `close` from
+//! another thread interrupts (`CompletionQueue::interrupt_waiters`). No
+//! slices: the wait ends at the caller's deadline or never.
+//!
+//! It waits on one thing, so it needs no `WaitSet`: a set of the CQ and a
+//! wake descriptor cost every blocked call a descriptor armed for the
+//! wait (an eventfd write by the receive thread, a read by the drain) and
+//! a `poll(2)` over two descriptors, where the CQ's own wait is one futex
+//! sleep and one wake (issue 28's last doubt, docs/WAITING.md).
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use iwarp::wait::{CqInterest, Interest, Token, Until, WaitSet};
-use iwarp::ProgressMode;
+use iwarp::CqWake;
 
 use super::types::{Conn, State, Waited};
-
-/// The members of a call's [`WaitSet`].
-const CQ: Token = Token(0);
-const WAKE: Token = Token(1);
 
 impl Conn {
     /// Waits for progress until `deadline` (None: forever); the lock is
@@ -26,67 +28,56 @@ impl Conn {
         mut st: MutexGuard<'a, State>,
         deadline: Option<Instant>,
     ) -> (MutexGuard<'a, State>, Waited) {
-        let until = match deadline {
+        let left = match deadline {
             Some(d) => {
-                if Instant::now() >= d {
+                let l = d.saturating_duration_since(Instant::now());
+                if l.is_zero() {
                     return (st, Waited::TimedOut);
                 }
-                Until::Deadline(d)
+                l
             }
-            None => Until::Forever,
+            // `wait_interruptible` sleeps in bounded steps of its own;
+            // this is "no deadline" to it (an hour, then it looks again).
+            None => Duration::from_secs(3600),
         };
         // Wait on the completion queue itself, so that the receive thread
         // that queues the next completion wakes this thread directly (one
         // hand-over, as for a TCP reader); the progress thread keeps out
         // while anyone waits here (see `progress`). In busy-poll mode the
-        // set spins on the CQ and does the receive work itself. The wake
-        // descriptor ends the wait when another thread shuts the stream
-        // down or closes it (`wake_waiters`).
+        // CQ's wait spins and does the receive work itself.
         //
-        // The CQ's descriptor must follow the queue while this thread
-        // sleeps on it: a call pauses its updates (`begin`), so the first
-        // waiter resumes them and the last one pauses them again, all
-        // under the state lock (the completion hook declines while anyone
-        // waits, `on_completions`, so the descriptor wakes us). A busy-poll
-        // wait spins on the queue's length and needs no descriptor.
-        let sleeps = self.cq.progress_mode() != ProgressMode::BusyPoll;
-        if self.cq_waiters.fetch_add(1, Ordering::SeqCst) == 0
-            && sleeps
-            && self.in_call.load(Ordering::SeqCst) > 0
-        {
-            self.cq.set_fd_updates(true);
-        }
-        let seen = st.wake_gen;
+        // The CQ's descriptor stays as it is: paused while a call is in
+        // progress (`begin`), so neither the completion hook nor the
+        // progress thread is woken for what this thread takes; `push`
+        // wakes the CQ's sleepers whatever the descriptor does.
+        //
+        // No wake-up is lost to a `shutdown`/`close` (`wake_waiters`) or
+        // to another waiter's drain: the mark is taken with the state
+        // locked, after this thread looked at the state, and whoever
+        // changes the state does so with it locked and interrupts after;
+        // an interrupt after the mark ends the wait at once or wakes it.
+        self.cq_waiters.fetch_add(1, Ordering::SeqCst);
+        let mark = self.cq.interrupt_mark();
         drop(st);
-        let mut set = WaitSet::new();
-        set.add_cq(&self.cq, CqInterest::Completions, CQ);
-        set.add_fd(self.wake.fd(), Interest::READABLE, WAKE);
-        // An error of poll(2) itself (EINVAL, ENOMEM) ends the wait like a
-        // spurious wake-up: the caller looks at the stream and waits again.
-        let timed_out = matches!(set.wait(until), Ok(w) if w.is_timeout());
-        drop(set);
+        // An error of the wait itself (the AppDriven mode's epoll set,
+        // which streams do not use) ends it like a spurious wake-up: the
+        // caller looks at the stream and waits again.
+        let woke = self.cq.wait_interruptible(left, mark);
         st = self.lock();
-        if seen != st.wake_gen {
-            // This thread slept through a signal: the last such thread
-            // back makes the descriptor unreadable (those that came after
-            // the signal see it readable until then, and only look again).
-            st.wake_pending = st.wake_pending.saturating_sub(1);
-            if st.wake_pending == 0 {
-                self.wake.clear();
-            }
-        }
-        if self.cq_waiters.fetch_sub(1, Ordering::SeqCst) == 1
-            && sleeps
-            && self.in_call.load(Ordering::SeqCst) > 0
-        {
-            self.cq.set_fd_updates(false);
-        }
+        self.cq_waiters.fetch_sub(1, Ordering::SeqCst);
+        // Counted off before the drain, so this drain interrupts only the
+        // other waiters (`drain` -> `wake_waiters`); the fence pairs with
+        // the completion hook's (`on_completions`), which leaves what it
+        // finds to a waiter it sees.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.drain(&mut st);
         if self.in_call.load(Ordering::SeqCst) == 0 {
             // `close` waits outside a call: completions the progress
             // thread left to this waiter go back to it.
             self.settle_parked();
         }
+        let timed_out =
+            matches!(woke, Ok(CqWake::TimedOut)) && deadline.is_some_and(|d| Instant::now() >= d);
         if timed_out {
             (st, Waited::TimedOut)
         } else {
@@ -96,16 +87,14 @@ impl Conn {
 
     /// Wake every thread waiting in a call (`st` locked: the state they
     /// will look at has changed). A completion wakes every thread that
-    /// sleeps on the CQ's descriptor, but the first one to drain can make
-    /// it unreadable again before another has looked (poll(2) checks the
-    /// descriptor again when it wakes), so whoever changes the state while
-    /// others wait calls this.
-    pub(super) fn wake_waiters(&self, st: &mut State) {
-        let waiters = self.cq_waiters.load(Ordering::SeqCst);
-        if waiters > 0 {
-            st.wake_gen += 1;
-            st.wake_pending = waiters;
-            self.wake.signal();
+    /// sleeps on the CQ, but the first one to drain takes it, and the
+    /// others would look at the queue, find it empty and sleep on, though
+    /// the drain may have changed what they wait for (a reader's drain
+    /// takes the credits a blocked writer waits for); so whoever changes
+    /// the state while others wait calls this.
+    pub(super) fn wake_waiters(&self, _st: &mut State) {
+        if self.cq_waiters.load(Ordering::SeqCst) > 0 {
+            self.cq.interrupt_waiters();
         }
     }
 
@@ -141,9 +130,7 @@ impl Conn {
     /// ends the call when dropped.
     pub(crate) fn begin(&self) -> Call<'_> {
         let st = self.lock();
-        if self.in_call.fetch_add(1, Ordering::SeqCst) == 0
-            && self.cq_waiters.load(Ordering::SeqCst) == 0
-        {
+        if self.in_call.fetch_add(1, Ordering::SeqCst) == 0 {
             self.cq.set_fd_updates(false);
         }
         Call {

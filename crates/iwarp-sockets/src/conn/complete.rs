@@ -264,21 +264,28 @@ impl Conn {
     /// flow and updates readiness itself, so a program blocked in `poll`
     /// on the readiness descriptor is woken by that thread directly rather
     /// than through the progress thread (one thread hand-off less per
-    /// message). Declines (returns false, and the CQ descriptor becomes
-    /// readable) when a thread sleeps on that descriptor in a stream call
-    /// (it must wake), and when the stream is locked by someone else or
-    /// has watermark callbacks, which must not run on the provider's
-    /// threads: then the progress thread does the work, watching the
-    /// stream again if it had parked it. Never blocks.
+    /// message). Leaves the completions to a thread that waits on the CQ
+    /// (`Conn::wait`: queuing them woke it). Declines (returns false, and
+    /// the CQ descriptor becomes readable) when the stream is locked by
+    /// someone else or has watermark callbacks, which must not run on the
+    /// provider's threads: then the progress thread does the work,
+    /// watching the stream again if it had parked it. Never blocks.
     pub(crate) fn on_completions(&self) -> bool {
         if HOOK_CONN.with(|h| h.get()) == Some(self.id) {
             // Completions of what this very drain posted: the loop below
             // looks again.
             return true;
         }
+        // The completions were queued before this runs; a waiter counts
+        // itself off before it drains (`Conn::wait`). With a fence on each
+        // side, either this sees the waiter, which then drains what was
+        // queued, or the waiter's drain sees the completions.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.cq_waiters.load(Ordering::SeqCst) > 0 {
-            // A thread sleeps on the descriptor (`Conn::wait`).
-            return false;
+            // A thread sleeps on the CQ (`Conn::wait`, outside a call:
+            // `close`; inside one the hook is not run). Queuing woke it,
+            // and it drains before it looks at the stream.
+            return true;
         }
         let busy = || self.in_call.load(Ordering::SeqCst) > 0;
         if busy() {
@@ -295,7 +302,7 @@ impl Conn {
             }
         };
         if self.cq_waiters.load(Ordering::SeqCst) > 0 {
-            return false;
+            return true;
         }
         if st.marks.cb.is_some() || busy() {
             let handled = busy();

@@ -180,6 +180,8 @@ impl Conn {
         let mut done = 0usize;
         // Whether this call did the receive work yet (busy-poll mode).
         let mut progressed = false;
+        // The stream stopped taking bytes after some of `buf` went.
+        let mut ended = false;
         call.st().stats.writes += 1;
         loop {
             let st = call.st();
@@ -215,6 +217,12 @@ impl Conn {
                     Err(FlowError::WouldBlock) => break,
                     Err(e) => {
                         if done > 0 {
+                            // Shut down (or failed) after part of the
+                            // buffer went: return that part, as send(2)
+                            // does; the next write reports the error. A
+                            // blocking write must not wait on for room
+                            // it can never use.
+                            ended = true;
                             break;
                         }
                         return Err(match e {
@@ -231,7 +239,7 @@ impl Conn {
             self.push_buffered(st);
             self.pump(st);
             st.idle = false;
-            if done == buf.len() || (nonblocking && done > 0) {
+            if done == buf.len() || (nonblocking && done > 0) || ended {
                 st.stats.bytes_sent += done as u64;
                 self.refresh(st);
                 return Ok(done);

@@ -22,9 +22,7 @@ use crate::tune::RingTuner;
 use crate::wire::{ByteOrder, ConnDataRepr};
 
 use super::maps::LocalMaps;
-use super::types::{
-    cm_err, recv_wr, verbs_err, Conn, Marks, State, Stats, WakeFd, CTL_SLOT, NEXT_ID,
-};
+use super::types::{cm_err, recv_wr, verbs_err, Conn, Marks, State, Stats, CTL_SLOT, NEXT_ID};
 
 /// Resources made before the connection exists.
 pub(crate) struct Parts {
@@ -191,12 +189,9 @@ impl Parts {
                 iomaps: LocalMaps::default(),
                 tuner,
                 rtt: Duration::ZERO,
-                wake_gen: 0,
-                wake_pending: 0,
             }),
             ready: Readiness::new()?,
             cq_waiters: AtomicUsize::new(0),
-            wake: WakeFd::new()?,
             parked: AtomicBool::new(false),
             in_call: AtomicUsize::new(0),
         });

@@ -2,10 +2,9 @@
 //! every part of it shares; a leaf: it imports no other part of `conn`
 //! but the iomap table ([`super::maps`]).
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -21,43 +20,6 @@ use crate::options::Options;
 use crate::ready::Readiness;
 use crate::tune::RingTuner;
 use crate::wire::SGE_LEN;
-
-/// The descriptor that wakes threads waiting in a stream call when
-/// another thread changes what they wait for (`shutdown`, `close`): the
-/// read end of an `AF_UNIX` pair, readable once [`WakeFd::signal`] wrote a
-/// byte, until every thread that slept through the signal has returned
-/// ([`WakeFd::clear`]). It sits in the
-/// waiting thread's [`iwarp::wait::WaitSet`] beside the completion queue,
-/// so a blocked call sleeps until a completion or this, with no slices.
-#[derive(Debug)]
-pub(super) struct WakeFd {
-    r: UnixStream,
-    w: UnixStream,
-}
-
-impl WakeFd {
-    pub(super) fn new() -> io::Result<WakeFd> {
-        let (r, w) = UnixStream::pair()?;
-        r.set_nonblocking(true)?;
-        w.set_nonblocking(true)?;
-        Ok(WakeFd { r, w })
-    }
-
-    pub(super) fn fd(&self) -> RawFd {
-        self.r.as_raw_fd()
-    }
-
-    /// Make the descriptor readable (a full pair is readable already).
-    pub(super) fn signal(&self) {
-        let _ = (&self.w).write(&[1]);
-    }
-
-    /// Make it unreadable again (under the state lock).
-    pub(super) fn clear(&self) {
-        let mut buf = [0u8; 64];
-        while matches!((&self.r).read(&mut buf), Ok(n) if n > 0) {}
-    }
-}
 
 /// Bytes of one `ctl` slot (an `rs_sge`; a message word uses 4 of them).
 pub(super) const CTL_SLOT: usize = SGE_LEN;
@@ -155,11 +117,6 @@ pub(super) struct State {
     pub(super) rtt: Duration,
     /// Our `riomap` mappings (conn/iomap.rs).
     pub(super) iomaps: LocalMaps,
-    /// Signals of the wake descriptor so far ([`Conn::wake_waiters`]).
-    pub(super) wake_gen: u64,
-    /// Waiters that slept through the last signal and have not returned
-    /// yet; the last of them makes the descriptor unreadable again.
-    pub(super) wake_pending: usize,
 }
 
 /// One connection (see the module docs).
@@ -183,11 +140,11 @@ pub(crate) struct Conn {
     pub(super) state: Mutex<State>,
     pub(super) ready: Readiness,
     /// Threads waiting on the completion queue in a stream call: they
-    /// drain it themselves, so the progress thread keeps out meanwhile.
-    /// Changed only with `state` locked.
+    /// drain it themselves, so the progress thread keeps out meanwhile;
+    /// `shutdown`, `close` and other waiters' drains interrupt them
+    /// (`CompletionQueue::interrupt_waiters`). Changed only with `state`
+    /// locked.
     pub(super) cq_waiters: AtomicUsize,
-    /// Wakes the threads counted in `cq_waiters` (`shutdown`, `close`).
-    pub(super) wake: WakeFd,
     /// The progress thread stopped watching the CQ descriptor because a
     /// call was waiting on it (see [`crate::progress`]); whoever finds
     /// completions nobody will take while this is set hands the stream
