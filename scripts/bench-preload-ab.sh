@@ -8,6 +8,13 @@
 #
 #   scripts/bench-preload-ab.sh OLD.so NEW.so
 #   PAIRS=5 DESIGN=basic SECS=3 PORT=25201 scripts/bench-preload-ab.sh OLD.so NEW.so
+#   PIN=1 scripts/bench-preload-ab.sh OLD.so NEW.so   server on CPU 0, client on CPU 1
+#
+# Unpinned, runs on 2 cores land near one of two rates (about 11 or 25
+# Gbit/s on the 2-vCPU EPYC of 2026-11-28), by where the scheduler puts the
+# two processes' threads; five pairs then mostly measure which mode each
+# run fell into. PIN=1 fixes the placement (each process and its provider
+# threads on one CPU of its own).
 #
 # The machine should be otherwise idle; the load average is printed per pair.
 set -euo pipefail
@@ -22,19 +29,24 @@ for lib in "$OLD" "$NEW"; do
 done
 command -v iperf3 >/dev/null || apt-get install -y -q --no-install-recommends iperf3
 DESIGN="${DESIGN:-enhanced}" PAIRS="${PAIRS:-5}" SECS="${SECS:-3}" PORT="${PORT:-25201}"
+PIN="${PIN:-0}"
+SRV_PIN=() CLI_PIN=()
+if [[ "$PIN" == 1 ]]; then
+    SRV_PIN=(taskset -c 0) CLI_PIN=(taskset -c 1)
+fi
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
 one() {
     local lib="$1" s _
-    env LD_PRELOAD="$lib" IWARP_SOCKETS_DESIGN="$DESIGN" IWARP_PRELOAD_PORTS="$PORT" \
+    "${SRV_PIN[@]}" env LD_PRELOAD="$lib" IWARP_SOCKETS_DESIGN="$DESIGN" IWARP_PRELOAD_PORTS="$PORT" \
         timeout 60 iperf3 -s -1 -B 127.0.0.1 -p "$PORT" -J >"$WORK/srv.json" 2>&1 &
     s=$!
     for _ in $(seq 1 50); do
         ss -ltn | grep -q ":$PORT " && break
         sleep 0.1
     done
-    env LD_PRELOAD="$lib" IWARP_SOCKETS_DESIGN="$DESIGN" IWARP_PRELOAD_PORTS="$PORT" \
+    "${CLI_PIN[@]}" env LD_PRELOAD="$lib" IWARP_SOCKETS_DESIGN="$DESIGN" IWARP_PRELOAD_PORTS="$PORT" \
         timeout 60 iperf3 -c 127.0.0.1 -p "$PORT" -t "$SECS" -J >"$WORK/cli.json" 2>/dev/null
     wait "$s"
     python3 -c 'import json,sys; e = json.load(open(sys.argv[1]))["end"]; c = e["cpu_utilization_percent"]
