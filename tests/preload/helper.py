@@ -84,7 +84,10 @@ def listener(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port))
-    s.listen(16)
+    # Room for a burst: with 16, a server thread descheduled for a few ms
+    # on a loaded machine let the queue fill at ~1000 connections/s, and a
+    # dropped handshake costs its client a 1 s SYN retransmission.
+    s.listen(128)
     return s
 
 
