@@ -4,7 +4,14 @@ Python's `socket`/`selectors` modules, so that they run unmodified under
 libiwarp_preload.so.
 
   helper.py serve-file PORT FILE         serve FILE to every client, forever
-  helper.py echo-server PORT MODE        echo, MODE blocking|select; forever
+  helper.py echo-server PORT MODE        echo, MODE blocking|select|nostreams;
+                                         forever. nostreams: the process
+                                         first makes an iWARP stream to
+                                         itself (connect and accept, one
+                                         byte each way, closed), then forks
+                                         and the child serves `blocking`
+                                         (a process that may make no
+                                         streams); TERM ends both
   helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
                                          echo back, exit 0 if identical; MODE
                                          blocking|select|mixed (epoll, then
@@ -38,10 +45,15 @@ libiwarp_preload.so.
                                          MPA key (RFC 5044 §7.1), then
                                          nothing; each held HOLD s. Prints
                                          "connected N" when all are
-  helper.py stall-rate PORT RATE SECS HOLD
+  helper.py stall-rate PORT RATE SECS HOLD [silent]
                                          such clients arriving RATE per
                                          second for SECS s, each held HOLD s;
-                                         prints "steady" after HOLD s
+                                         prints "steady" after HOLD s. With
+                                         `silent` they send nothing at all
+  helper.py hold-streams PORT N FIFO     N connections one after another,
+                                         each echoing 64 bytes, all held;
+                                         prints "held N" then holds them
+                                         until FIFO (a named pipe) ends
   helper.py conn-rate PORT SECS          one short echo per connection
                                          (connect, 64 bytes each way, close),
                                          sequentially for SECS s: prints
@@ -72,7 +84,10 @@ def listener(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port))
-    s.listen(16)
+    # Room for a burst: with 16, a server thread descheduled for a few ms
+    # on a loaded machine let the queue fill at ~1000 connections/s, and a
+    # dropped handshake costs its client a 1 s SYN retransmission.
+    s.listen(128)
     return s
 
 
@@ -97,8 +112,40 @@ def echo_blocking(c):
     c.close()
 
 
+def self_stream(s, port):
+    """Makes (and closes) one stream in this process: a connection to our
+    own listener `s`, one byte each way."""
+    def serve_one():
+        c, _ = s.accept()
+        c.sendall(c.recv(1))
+        c.close()
+    t = threading.Thread(target=serve_one)
+    t.start()
+    k = socket.create_connection(("127.0.0.1", port), timeout=10)
+    k.sendall(b"x")
+    if k.recv(1) != b"x":
+        sys.exit("self_stream: no echo")
+    k.close()
+    t.join(10)
+
+
 def echo_server(port, mode):
     s = listener(port)
+    if mode == "nostreams":
+        self_stream(s, port)
+        child = os.fork()
+        if child:
+            def end(*_):
+                try:
+                    os.kill(child, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass  # `timeout` signals the whole group
+                os._exit(0)
+            signal.signal(signal.SIGTERM, end)
+            _, status = os.waitpid(child, 0)
+            sys.exit(os.waitstatus_to_exitcode(status))
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        mode = "blocking"
     if mode == "blocking":
         while True:
             c, _ = s.accept()
@@ -379,7 +426,7 @@ def stall(port, n, hold):
     time.sleep(hold)
 
 
-def stall_rate(port, rate, secs, hold):
+def stall_rate(port, rate, secs, hold, silent=False):
     held = []
     start = time.monotonic()
     i = 0
@@ -395,7 +442,8 @@ def stall_rate(port, rate, secs, hold):
             time.sleep(due - now)
         try:
             c = socket.create_connection(("127.0.0.1", port), timeout=5)
-            c.sendall(MPA_KEY)
+            if not silent:
+                c.sendall(MPA_KEY)
             held.append((time.monotonic() + hold, c))
         except OSError as e:
             print(f"staller: {e}", file=sys.stderr)
@@ -403,6 +451,26 @@ def stall_rate(port, rate, secs, hold):
         while held and held[0][0] <= time.monotonic():
             held.pop(0)[1].close()
     print(f"stallers {i}", flush=True)
+
+
+def hold_streams(port, n, until):
+    msg = b"h" * 64
+    held = []
+    for _ in range(n):
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.sendall(msg)
+        got = b""
+        while len(got) < len(msg):
+            b = c.recv(len(msg) - len(got))
+            if not b:
+                sys.exit(f"connection {len(held) + 1}: echo ended early")
+            got += b
+        held.append(c)
+    print(f"held {n}", flush=True)
+    with open(until, "rb") as f:
+        f.read()
+    for c in held:
+        c.close()
 
 
 def conn_rate(port, secs):
@@ -478,7 +546,10 @@ def main():
     elif cmd == "stall":
         stall(int(args[0]), int(args[1]), float(args[2]))
     elif cmd == "stall-rate":
-        stall_rate(int(args[0]), float(args[1]), float(args[2]), float(args[3]))
+        stall_rate(int(args[0]), float(args[1]), float(args[2]), float(args[3]),
+                   args[4:] == ["silent"])
+    elif cmd == "hold-streams":
+        hold_streams(int(args[0]), int(args[1]), args[2])
     elif cmd == "conn-rate":
         conn_rate(int(args[0]), float(args[1]))
     elif cmd == "reuse-server":

@@ -33,6 +33,11 @@ pub struct Config {
     /// At most this many MPA accepts wait for their first use or their
     /// exchange at once (see `iwarp_rsocket::settle`).
     pub max_pending: usize,
+    /// At most this many iWARP streams live in the process (each costs
+    /// the soft provider's two threads and its buffers), those being made
+    /// and the MPA accepts waiting included; past it, MPA clients are
+    /// closed at accept (they fall back to TCP) and connects go plain.
+    pub max_streams: usize,
     /// Where to append one line per connection decision.
     pub stats: Option<String>,
     /// The stream options (`IWARP_SOCKETS_*`).
@@ -56,6 +61,7 @@ struct Settings {
     log: Option<String>,
     eintr: Option<Flag>,
     max_pending: Option<Num>,
+    max_streams: Option<Num>,
 }
 
 /// A list as the shim has always taken it, `5201,5202` (a variable, or
@@ -263,6 +269,11 @@ fn load_from(secure: bool, vars: &[(String, String)]) -> (Config, Vec<String>) {
         fallback: Duration::from_secs(num(s.fallback_secs, 60)),
         settle_after: Duration::from_millis(num(s.settle_ms, 300)),
         max_pending: num(s.max_pending, 64).clamp(1, 65536) as usize,
+        max_streams: num(
+            s.max_streams,
+            iwarp_rsocket::table::DEFAULT_MAX_STREAMS as u64,
+        )
+        .clamp(1, 65536) as usize,
         stats: s.stats.filter(|p| !p.trim().is_empty()),
         opts,
     };
@@ -280,6 +291,7 @@ pub fn get() -> &'static Config {
             peek: c.peek,
             settle_after: c.settle_after,
             max_pending: c.max_pending,
+            max_streams: c.max_streams,
         });
         iwarp_rsocket::settle::set_reporter(record_accept);
         c
@@ -428,7 +440,7 @@ mod tests {
             "keys.toml",
             "# the shim's keys\nports = [5201, \"5202\"]\naddrs = \"127.0.0.1, ::1\"\n\
              peek_ms = 250\nsettle_ms = \"150\"\nfallback_secs = 5\nconnect_ms = 2000\n\
-             stats = \"/tmp/preload.stats\"\nmax_pending = 8\n",
+             stats = \"/tmp/preload.stats\"\nmax_pending = 8\nmax_streams = 12\n",
         );
         let (c, problems) = with_file(&f, &[]);
         assert!(problems.is_empty(), "{problems:?}");
@@ -441,12 +453,19 @@ mod tests {
             ]
         );
         assert_eq!(
-            (c.peek, c.settle_after, c.fallback, c.max_pending),
+            (
+                c.peek,
+                c.settle_after,
+                c.fallback,
+                c.max_pending,
+                c.max_streams
+            ),
             (
                 Duration::from_millis(250),
                 Duration::from_millis(150),
                 Duration::from_secs(5),
-                8
+                8,
+                12
             )
         );
         assert_eq!(c.opts.connect_timeout, Duration::from_millis(2000));
@@ -459,10 +478,12 @@ mod tests {
                 ("IWARP_PRELOAD_PORTS", "6000,6001"),
                 ("IWARP_PRELOAD_PEEK_MS", "40"),
                 ("IWARP_PRELOAD_STATS", ""),
+                ("IWARP_PRELOAD_MAX_STREAMS", "3"),
             ],
         );
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(c.ports, vec![6000, 6001]);
+        assert_eq!(c.max_streams, 3);
         assert_eq!(c.peek, Duration::from_millis(40));
         assert_eq!(c.stats.as_deref(), Some("/tmp/preload.stats"));
         // The old file form, `KEY = value` with the variable's name, where
@@ -500,7 +521,11 @@ mod tests {
             Duration::from_millis(500),
             "peek_ms left out: CONNECT_MS"
         );
-        assert_eq!((c.fallback, c.max_pending), (Duration::from_secs(60), 64));
+        assert_eq!(
+            (c.fallback, c.max_pending, c.max_streams),
+            (Duration::from_secs(60), 64, 256),
+            "the documented defaults"
+        );
         let name = f.0.display().to_string();
         for want in [
             format!("{name}:2: key `portz`: unknown field"),

@@ -32,7 +32,13 @@
 //!   accept left alone for `IWARP_PRELOAD_SETTLE_MS` (300) is made a stream
 //!   anyway. Copies (`dup`, `dup2`, `F_DUPFD`) wait with it, and a program
 //!   started by `exec` with such a connection (an inetd's service) adopts
-//!   it when the shim loads (`adopt_inherited`).
+//!   it when the shim loads (`adopt_inherited`). In a process that makes
+//!   no streams, a blocking `accept` holds a connection whose client has
+//!   said nothing yet and returns other connections meanwhile (`held`).
+//! - **bounds**: at most `IWARP_PRELOAD_MAX_PENDING` (64) MPA clients wait
+//!   for their exchange and at most `IWARP_PRELOAD_MAX_STREAMS` (256)
+//!   streams live per process; past either, a new MPA client is closed at
+//!   `accept` (it falls back to TCP) and a `connect` goes plain.
 //! - **vfork**: a child that runs in this process's memory (`vfork`,
 //!   `posix_spawn`) gets the C library's calls, untouched
 //!   (`passthrough`): the table in memory is the parent's.
@@ -50,6 +56,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod config;
+mod held;
 
 use std::os::fd::RawFd;
 
@@ -298,6 +305,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
         if table::is_taken(fd) {
             return fail_with(libc::EISCONN);
         }
+        if table::live_streams() >= table::max_streams() {
+            // Nothing learnt about the peer: not remembered.
+            cfg.record(
+                "connect",
+                "plain",
+                Some(a),
+                "(IWARP_PRELOAD_MAX_STREAMS streams live)",
+            );
+            // SAFETY: passed through.
+            return unsafe { (r.connect)(fd, addr, len) };
+        }
         if config::is_plain_peer(&a) {
             cfg.record("connect", "plain", Some(a), "(remembered: no MPA)");
             // SAFETY: passed through.
@@ -316,6 +334,17 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
             Ok(()) => {
                 cfg.record("connect", "iwarp", Some(a), "");
                 0
+            }
+            Err(e) if table::is_stream_limit(&e) => {
+                // Another thread took the last place meanwhile.
+                cfg.record(
+                    "connect",
+                    "plain",
+                    Some(a),
+                    "(IWARP_PRELOAD_MAX_STREAMS streams live)",
+                );
+                // SAFETY: passed through.
+                unsafe { (r.connect)(fd, addr, len) }
             }
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 // Nobody listens (or an iWARP listener rejected us):
@@ -364,6 +393,12 @@ pub unsafe extern "C" fn accept4(
         // SAFETY: passed through.
         return unsafe { (r.accept4)(lfd, addr, len, flags) };
     }
+    if attach::may_accept().is_err() && !attach::fd_flags(lfd).0 {
+        // SAFETY: the caller's promise.
+        return boundary("accept", || unsafe {
+            accept_no_streams(lfd, addr, len, flags)
+        });
+    }
     boundary("accept", || loop {
         // SAFETY: the caller's arguments, passed through.
         let nfd = unsafe { (r.accept4)(lfd, addr, len, flags) };
@@ -385,32 +420,24 @@ pub unsafe extern "C" fn accept4(
                 cfg.record("accept", "plain", peer_addr, "");
                 return nfd;
             }
-            // This process makes no MPA streams (a child forked after its
-            // parent made one, or a parent whose children use inherited
-            // streams: `attach::may_accept`). Its MPA clients must be
-            // closed before the program sees them, so that each falls
-            // back with a new connection the program accepts next; a
-            // connection handed over undecided and found MPA later could
-            // only be reset under the program (a one-shot server's only
-            // client). So the bytes decide here, waiting at most
-            // IWARP_PRELOAD_PEEK_MS: the wait that issue 26 item 1 took
-            // off the accept of a process that makes streams.
-            attach::FirstBytes::NeedMore => match attach::may_accept() {
-                Ok(()) => attach::defer_undecided(nfd, &cfg.opts),
-                Err(e) if attach::peek_is_mpa(nfd, cfg.peek) => Err(e),
-                Err(_) => {
-                    cfg.record("accept", "plain", peer_addr, "");
-                    return nfd;
-                }
+            // Nothing from the client yet: decided when its bytes arrive,
+            // off the program's thread (issue 26 item 1: `accept` never
+            // waits on a client). In a process that makes no MPA streams
+            // this is a non-blocking listener only (a blocking one holds
+            // such connections in `held`): an MPA client found then is
+            // closed under the program (it reads end of stream or gets
+            // ECONNRESET) and falls back with a new connection that the
+            // program accepts next.
+            attach::FirstBytes::NeedMore => attach::defer_undecided(nfd, &cfg.opts),
+            attach::FirstBytes::Mpa => match settle::room_for_one_more() {
+                // Over IWARP_PRELOAD_MAX_PENDING or IWARP_PRELOAD_MAX_STREAMS.
+                Err(why) => Err(std::io::Error::other(why)),
+                // The stream is made at the first use, in the process that
+                // uses it (table.rs, "Accepts wait for their first use").
+                Ok(()) => attach::defer(nfd, &cfg.opts).inspect(|()| {
+                    cfg.record("accept", "iwarp", peer_addr, "");
+                }),
             },
-            attach::FirstBytes::Mpa if !settle::room_for_one_more() => Err(std::io::Error::other(
-                "IWARP_PRELOAD_MAX_PENDING MPA clients already wait for their exchange",
-            )),
-            // The stream is made at the first use, in the process that
-            // uses it (table.rs, "Accepts wait for their first use").
-            attach::FirstBytes::Mpa => attach::defer(nfd, &cfg.opts).inspect(|()| {
-                cfg.record("accept", "iwarp", peer_addr, "");
-            }),
         };
         match deferred {
             Ok(()) => {
@@ -427,6 +454,68 @@ pub unsafe extern "C" fn accept4(
             }
         }
     })
+}
+
+/// `accept4` on a blocking listener in a process that makes no MPA
+/// streams: the next connection that is not an MPA client, decided
+/// without waiting on any one client (`held`), with the program's flags
+/// and its peer's address.
+///
+/// # Safety
+/// As `accept4(2)`: `addr` null or valid for `*len` bytes.
+unsafe fn accept_no_streams(
+    lfd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    let r = real();
+    let cfg = config::get();
+    let wanted = |fd| sock_addr(fd, false).is_some_and(|l| cfg.wants(&l)) && ops::is_tcp_socket(fd);
+    let report = |fd, seen| {
+        let peer = sock_addr(fd, true);
+        match seen {
+            held::Seen::Plain => cfg.record("accept", "plain", peer, ""),
+            held::Seen::Silent => cfg.record(
+                "accept",
+                "plain",
+                peer,
+                "(no first bytes within IWARP_PRELOAD_PEEK_MS)",
+            ),
+            held::Seen::Mpa => {
+                let why = attach::may_accept()
+                    .err()
+                    .map_or(String::new(), |e| e.to_string());
+                cfg.record(
+                    "accept",
+                    "refused",
+                    peer,
+                    &format!("(MPA Request but no iWARP accept here: {why}; closed, the client falls back)")
+                        .replace('\n', " "),
+                );
+            }
+            held::Seen::NotWanted => {}
+        }
+    };
+    let fd = match held::next(lfd, cfg.peek, wanted, report) {
+        Ok(fd) => fd,
+        Err(e) => return fail_with(e.raw_os_error().unwrap_or(libc::EIO)),
+    };
+    // SAFETY: plain descriptor calls on the connection just accepted.
+    unsafe {
+        if flags & libc::SOCK_NONBLOCK != 0 {
+            let fl = (r.fcntl)(fd, libc::F_GETFL, 0);
+            (r.fcntl)(fd, libc::F_SETFL, (fl | libc::O_NONBLOCK) as c_ulong);
+        }
+        if flags & libc::SOCK_CLOEXEC == 0 {
+            (r.fcntl)(fd, libc::F_SETFD, 0);
+        }
+        if !addr.is_null() && !len.is_null() {
+            // As accept(2) fills them (truncated to the caller's length).
+            (r.getpeername)(fd, addr, len);
+        }
+    }
+    fd
 }
 
 #[cfg_attr(not(test), no_mangle)]

@@ -13,7 +13,7 @@ pub use crate::classify::{classify_first_bytes, FirstBytes, MPA_REQ_KEY};
 pub use crate::fd::fd_flags;
 use crate::real::real;
 pub use crate::table::may_accept;
-use crate::table::{self, Inside};
+use crate::table::{self, Inside, StreamSlot};
 
 /// Connects the socket `fd` to `addr` over iWARP and makes `fd` the
 /// stream. `fd` keeps its number, its non-blocking mode and its
@@ -29,19 +29,20 @@ pub fn connect(fd: RawFd, addr: SocketAddr, opts: &Options) -> io::Result<()> {
         ));
     }
     let (nonblocking, cloexec) = fd_flags(fd);
+    let slot = StreamSlot::reserve()?;
     table::note_stream();
     let stream = Stream::connect_with(addr, opts)?;
     stream.set_nonblocking(nonblocking)?;
-    table::install(fd, stream, cloexec)
+    table::install(fd, stream, slot, cloexec)
 }
 
 /// Accepts the TCP connection `fd` (just accepted, its MPA Request
 /// waiting unread) as an iWARP stream and makes `fd` the stream. On error
 /// the caller still owns `fd` and should close it.
 pub fn accept(fd: RawFd, opts: &Options, nonblocking: bool, cloexec: bool) -> io::Result<()> {
-    let stream = accept_stream(fd, opts, nonblocking)?;
+    let (stream, slot) = accept_stream(fd, opts, nonblocking)?;
     let _inside = Inside::enter();
-    table::install(fd, stream, cloexec)
+    table::install(fd, stream, slot, cloexec)
 }
 
 /// Marks the TCP connection `fd` (just accepted, its MPA Request waiting
@@ -62,16 +63,17 @@ pub use crate::settle::{copy_waiting, forget, hold_settles, is_settling, settle,
 pub fn defer_undecided(fd: RawFd, opts: &Options) -> io::Result<()> {
     // No `may_accept` here: a process that makes no streams still serves
     // its plain clients; an MPA client is refused when it is decided (the
-    // preload decides at `accept` in such a process, so that it refuses
-    // an MPA client before the program sees it).
+    // connection is closed under the program, and the client falls back).
     table::defer_undecided(fd, opts.clone())
 }
 
 /// The MPA exchange on a private copy of the accepted connection `fd`
-/// (its Request unread): the stream, not yet installed anywhere.
-fn accept_stream(fd: RawFd, opts: &Options, nonblocking: bool) -> io::Result<Stream> {
+/// (its Request unread): the stream, not yet installed anywhere, and its
+/// place under the process's bound on streams.
+fn accept_stream(fd: RawFd, opts: &Options, nonblocking: bool) -> io::Result<(Stream, StreamSlot)> {
     let _inside = Inside::enter();
     may_accept()?;
+    let slot = StreamSlot::reserve()?;
     // SAFETY: plain descriptor call.
     let copy = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if copy < 0 {
@@ -83,7 +85,7 @@ fn accept_stream(fd: RawFd, opts: &Options, nonblocking: bool) -> io::Result<Str
     table::note_stream();
     let stream = Listener::accept_tcp(tcp, opts)?;
     stream.set_nonblocking(nonblocking)?;
-    Ok(stream)
+    Ok((stream, slot))
 }
 
 /// Waits up to `wait` for the first bytes of the accepted connection `fd`

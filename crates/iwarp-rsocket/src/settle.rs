@@ -41,7 +41,10 @@
 //! - **Bounds**: at most [`Settings::max_pending`] MPA accepts wait for
 //!   their first use or their exchange at once (`IWARP_PRELOAD_MAX_PENDING`);
 //!   beyond, a new MPA client is closed at `accept` (its client falls back
-//!   to plain TCP) and a warning says so. Threads: one per process.
+//!   to plain TCP) and a warning says so; so is one past
+//!   [`Settings::max_streams`] live streams, those waiting included
+//!   (`IWARP_PRELOAD_MAX_STREAMS`, `crate::table::StreamSlot`). Threads:
+//!   one per process here, and the provider's per stream.
 //!
 //! Numbers are claimed by a job (the claims below) and changed only while
 //! claimed; `close`, `dup2` onto a number and `close_range` drop the claim

@@ -64,7 +64,9 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Arc, Mutex, Once, RwLock};
 use std::time::{Duration, Instant};
 
@@ -207,6 +209,9 @@ pub struct Sock {
     /// in `graceful_end`.
     pub read_shut: AtomicBool,
     generation: u32,
+    /// This stream's place under the process's bound (last: dropped after
+    /// the stream, so the count falls once its threads are gone).
+    _slot: StreamSlot,
 }
 
 impl Sock {
@@ -438,6 +443,9 @@ pub fn children_serve_inherited() -> bool {
 
 extern "C" fn after_fork_child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
+    // The parent's streams are not this process's (they are never
+    // dropped here, see `release`), nor are its exchanges in progress.
+    LIVE.store(0, Ordering::Release);
     if EVER_STREAM.load(Ordering::Acquire) {
         NO_NEW_STREAMS.store(true, Ordering::Release);
     }
@@ -487,13 +495,92 @@ pub fn note_stream() {
     EVER_STREAM.store(true, Ordering::Release);
 }
 
+/// The default of [`max_streams`]: each stream of the soft provider costs
+/// a receive and a transmit thread and its buffers, so 256 streams are
+/// about 512 threads.
+pub const DEFAULT_MAX_STREAMS: usize = 256;
+/// Streams this process made and has not closed, and those being made
+/// ([`StreamSlot`]).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static MAX_STREAMS: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_STREAMS);
+
+/// Sets the bound on live streams in this process (the preload's
+/// `IWARP_PRELOAD_MAX_STREAMS`; at least 1).
+pub fn set_max_streams(n: usize) {
+    MAX_STREAMS.store(n.max(1), Ordering::Release);
+}
+
+/// The bound on live streams in this process.
+pub fn max_streams() -> usize {
+    MAX_STREAMS.load(Ordering::Acquire)
+}
+
+/// Live streams of this process, those being made included.
+pub fn live_streams() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
+
+/// One stream's place under the process's bound on live streams
+/// ([`max_streams`]): taken before the stream is made (its exchange
+/// starts the provider's threads), given back when dropped.
+#[derive(Debug)]
+pub struct StreamSlot(());
+
+impl StreamSlot {
+    /// A place, if fewer than [`max_streams`] streams are live or being
+    /// made; otherwise an error that [`is_stream_limit`] recognises.
+    pub fn reserve() -> io::Result<StreamSlot> {
+        let max = max_streams();
+        LIVE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .map(|_| StreamSlot(()))
+        .map_err(|live| io::Error::other(StreamLimit { live, max }))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        // Saturating: a fork child starts again from 0 (`after_fork_child`).
+        let _ = LIVE.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
+/// The error of [`StreamSlot::reserve`] at the bound.
+#[derive(Debug)]
+pub struct StreamLimit {
+    live: usize,
+    max: usize,
+}
+
+impl std::fmt::Display for StreamLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} iWARP streams are live in this process, the bound (IWARP_PRELOAD_MAX_STREAMS = \
+             {}); raise it if this is legitimate load",
+            self.live, self.max
+        )
+    }
+}
+
+impl std::error::Error for StreamLimit {}
+
+/// Whether `e` says this process is at its bound on live streams.
+pub fn is_stream_limit(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|i| i.is::<StreamLimit>())
+}
+
 fn errno() -> io::Error {
     io::Error::last_os_error()
 }
 
 /// Makes descriptor `fd` the stream `stream`: its readiness descriptor is
 /// `dup2`ed onto `fd` (closing what `fd` was), close-on-exec as asked.
-pub fn install(fd: RawFd, stream: Stream, cloexec: bool) -> io::Result<()> {
+/// `slot` is the stream's place under the bound ([`StreamSlot::reserve`],
+/// taken before the stream was made); the stream keeps it until its last
+/// descriptor closes.
+pub fn install(fd: RawFd, stream: Stream, slot: StreamSlot, cloexec: bool) -> io::Result<()> {
     if usize::try_from(fd).map_or(true, |i| i >= MAX_FD) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -518,6 +605,7 @@ pub fn install(fd: RawFd, stream: Stream, cloexec: bool) -> io::Result<()> {
         last_was_send: AtomicBool::new(false),
         read_shut: AtomicBool::new(false),
         generation: GENERATION.load(Ordering::Acquire),
+        _slot: slot,
     });
     clear_pending(fd);
     release(insert(fd, sock));

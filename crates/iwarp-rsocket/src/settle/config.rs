@@ -23,6 +23,10 @@ pub struct Settings {
     /// At most this many MPA accepts wait for their first use or their
     /// exchange at once (`IWARP_PRELOAD_MAX_PENDING`).
     pub max_pending: usize,
+    /// At most this many iWARP streams live in the process, those being
+    /// made and the MPA accepts waiting included
+    /// (`IWARP_PRELOAD_MAX_STREAMS`; `crate::table::max_streams`).
+    pub max_streams: usize,
 }
 
 impl Default for Settings {
@@ -31,6 +35,7 @@ impl Default for Settings {
             peek: Duration::from_millis(1000),
             settle_after: Duration::from_millis(300),
             max_pending: 64,
+            max_streams: crate::table::DEFAULT_MAX_STREAMS,
         }
     }
 }
@@ -40,7 +45,9 @@ pub(super) static SETTINGS: OnceLock<Settings> = OnceLock::new();
 /// Sets the [`Settings`] (once, before the first accept; later calls are
 /// ignored).
 pub fn configure(s: Settings) {
-    let _ = SETTINGS.set(s);
+    if SETTINGS.set(s).is_ok() {
+        crate::table::set_max_streams(s.max_streams);
+    }
 }
 
 /// The settings in force.

@@ -21,7 +21,7 @@ use super::state::{
 use crate::classify::{classify_first_bytes, FirstBytes};
 use crate::fd::{dead_end, fd_flags};
 use crate::real::real;
-use crate::table::{self, may_accept, Inside};
+use crate::table::{self, may_accept, Inside, StreamSlot};
 
 /// MPA accepts waiting for their first use or their exchange.
 pub fn pending() -> usize {
@@ -33,26 +33,46 @@ pub fn pending() -> usize {
             .count()
 }
 
-/// Whether one more MPA accept may wait (see [`Settings::max_pending`](crate::settle::Settings::max_pending));
-/// logs (at most once a second) when not.
-pub fn room_for_one_more() -> bool {
+/// Whether one more MPA accept may wait for its exchange: fewer than
+/// [`Settings::max_pending`](crate::settle::Settings::max_pending) wait,
+/// and the live streams and those waiting are fewer than
+/// [`table::max_streams`] (each would become a stream). `Err` says which
+/// bound is reached, naming its setting; a warning says so (at most once
+/// a second).
+pub fn room_for_one_more() -> Result<(), &'static str> {
     let max = settings().max_pending;
-    if pending() < max {
-        return true;
-    }
+    let waiting = pending();
+    let (why, warning) = if waiting >= max {
+        (
+            "IWARP_PRELOAD_MAX_PENDING MPA clients already wait for their exchange",
+            format!(
+                "{max} MPA clients already wait for their exchange (IWARP_PRELOAD_MAX_PENDING): \
+                 new MPA clients are closed at accept and fall back to plain TCP; raise the \
+                 limit if this is legitimate load, otherwise clients that stall their MPA \
+                 exchange are arriving"
+            ),
+        )
+    } else if table::live_streams() + waiting >= table::max_streams() {
+        (
+            "IWARP_PRELOAD_MAX_STREAMS iWARP streams are live or waiting",
+            format!(
+                "{} iWARP streams are live and {waiting} wait (IWARP_PRELOAD_MAX_STREAMS = {}): \
+                 new MPA clients are closed at accept and fall back to plain TCP until streams \
+                 close; raise the bound if this is legitimate load",
+                table::live_streams(),
+                table::max_streams()
+            ),
+        )
+    } else {
+        return Ok(());
+    };
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
     if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
         *last = Some(Instant::now());
-        tracing::warn!(
-            max,
-            "{max} MPA clients already wait for their exchange (IWARP_PRELOAD_MAX_PENDING): new \
-             MPA clients are closed at accept and fall back to plain TCP; raise the limit if \
-             this is legitimate load, otherwise clients that stall their MPA exchange are \
-             arriving"
-        );
+        tracing::warn!("{warning}");
     }
-    false
+    Err(why)
 }
 
 /// Starts making the deferred accept `fd` (and its deferred copies) a
@@ -152,22 +172,28 @@ pub(super) fn begin_as(fd: RawFd, waiter: bool) -> io::Result<Option<u64>> {
             until: now + base.connect_timeout,
         },
         (true, FirstBytes::Mpa) => {
-            drop(st);
-            let room = room_for_one_more();
-            st = state();
-            if !room {
+            if let Err(e) = may_accept() {
                 report(
                     "refused",
                     peer,
-                    "(MPA Request, but IWARP_PRELOAD_MAX_PENDING MPA clients already wait; \
-                     closed, the client falls back)",
+                    &format!("(MPA Request, but no iWARP accept here: {e}; closed, the client falls back)"),
+                );
+                // The program sees the connection reset (not EOPNOTSUPP:
+                // this process never had the stream).
+                return fail_now(&mut st, io::Error::new(io::ErrorKind::ConnectionReset, e));
+            }
+            drop(st);
+            let room = room_for_one_more();
+            st = state();
+            if let Err(why) = room {
+                report(
+                    "refused",
+                    peer,
+                    &format!("(MPA Request, but {why}; closed, the client falls back)"),
                 );
                 return fail_now(
                     &mut st,
-                    io::Error::new(
-                        io::ErrorKind::ConnectionRefused,
-                        "too many pending MPA clients",
-                    ),
+                    io::Error::new(io::ErrorKind::ConnectionRefused, why),
                 );
             }
             report("iwarp", peer, "");
@@ -318,7 +344,7 @@ pub fn settle(fd: RawFd) -> io::Result<()> {
 }
 
 /// Ends job `id`: the stream on its numbers, or a closed connection.
-pub(super) fn finish(st: &mut State, id: u64, made: io::Result<Stream>) {
+pub(super) fn finish(st: &mut State, id: u64, made: io::Result<(Stream, StreamSlot)>) {
     let Some(job) = st.jobs.remove(&id) else {
         return;
     };
@@ -331,13 +357,13 @@ pub(super) fn finish(st: &mut State, id: u64, made: io::Result<Stream>) {
     }
     let failed: Option<String> = match made {
         Ok(_) if mine.is_empty() => None, // closed meanwhile: dropped
-        Ok(stream) => {
+        Ok((stream, slot)) => {
             let first = mine[0];
             let _ = stream.set_nonblocking(fd_flags(first).0);
             let mut err = None;
             replace(st, first, |d| {
                 let cloexec = fd_flags(d).1;
-                match table::install(d, stream, cloexec) {
+                match table::install(d, stream, slot, cloexec) {
                     Ok(()) => false, // `install` kept the flag
                     Err(e) => {
                         dead_end(d);
@@ -469,14 +495,8 @@ pub(super) fn step(id: u64) {
                     drop(st);
                     let room = room_for_one_more();
                     st = state();
-                    if !room {
-                        return finish(
-                            &mut st,
-                            id,
-                            Err(io::Error::other(
-                                "IWARP_PRELOAD_MAX_PENDING MPA clients already wait",
-                            )),
-                        );
+                    if let Err(why) = room {
+                        return finish(&mut st, id, Err(io::Error::other(why)));
                     }
                     report("iwarp", peer, "");
                     if let Some(job) = st.jobs.get_mut(&id) {
@@ -551,8 +571,11 @@ pub(super) fn exchange(mut st: MutexGuard<'static, State>, id: u64) {
     set_lowat(tcp.as_raw_fd(), 1);
     let opts = table::options_for(first, &base);
     // No `may_accept` again: the job began when this process could accept
-    // (a child that learned since must not take its parent's stream).
-    let made = Listener::accept_tcp(tcp, &opts);
+    // (a child that learned since must not take its parent's stream). The
+    // bound on streams holds here whatever was admitted before (a
+    // `connect` may have taken the last place meanwhile): past it the
+    // connection closes unanswered and the client falls back.
+    let made = StreamSlot::reserve().and_then(|slot| Ok((Listener::accept_tcp(tcp, &opts)?, slot)));
     let mut st = state();
     finish(&mut st, id, made);
 }
@@ -737,15 +760,17 @@ pub(super) fn tick_undecided(peek: Duration) {
                 let peer = peer_of(fd);
                 let copies = table::deferred_siblings(fd);
                 drop(st);
-                let room = room_for_one_more();
-                if room {
+                // This process may make no streams (`may_accept`): its job
+                // refuses the client (and says so).
+                if room_for_one_more().is_ok() && may_accept().is_ok() {
                     table::set_decided(fd);
                     for d in copies {
                         table::set_decided(d);
                     }
                     report("iwarp", peer, "");
                 } else {
-                    // Its job fails at once (over the bound): closed.
+                    // Its job fails at once (over a bound, or no streams
+                    // here): closed, the client falls back.
                     let _ = begin(fd);
                 }
             }
