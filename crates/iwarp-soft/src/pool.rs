@@ -637,6 +637,11 @@ impl Worker {
     /// all along and nothing to start it (see [`audit`]).
     fn audit(&self, events: &[libc::epoll_event], local: &[Local], waited: Duration) {
         audit::WAITS.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(
+            ?waited,
+            events = events.len(),
+            "progress pool audit: a long or timed-out wait"
+        );
         let all = self.entries();
         let queued: Vec<u64> = lock(&self.queue).clone();
         // The kernel's "last data / ACK received" ages are in jiffies.
