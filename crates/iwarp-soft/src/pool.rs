@@ -218,8 +218,8 @@ pub fn pool_stats() -> PoolStats {
 /// Checks of the pool's wake-ups, for tests and investigations (not for
 /// applications).
 ///
-/// When on ([`set_enabled`](audit::set_enabled), or `IWARP_POOL_AUDIT=1`
-/// when the pool starts), a pool thread whose `epoll_wait` ended by its
+/// When on ([`set_enabled`](audit::set_enabled); `iwarp-perf` turns it on
+/// with `IWARP_POOL_AUDIT=1`), a pool thread whose `epoll_wait` ended by its
 /// timeout or lasted at least [`LONG_WAIT`](audit::LONG_WAIT) looks at
 /// each of its connections that got no event and had no work queued, and
 /// counts those whose work was there through the whole wait: bytes unread
@@ -302,9 +302,6 @@ fn pool() -> io::Result<&'static Pool> {
 impl Pool {
     fn start() -> Result<Pool, String> {
         let n = thread_count();
-        if std::env::var("IWARP_POOL_AUDIT").as_deref() == Ok("1") {
-            audit::set_enabled(true);
-        }
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
             let w = Arc::new(Worker::new().map_err(|e| {
