@@ -323,10 +323,19 @@ impl Conn {
 }
 
 impl Conn {
-    /// A writer let go of `tx`: if `disconnect` waits for the last frames
-    /// to leave (`Conn::shutdown`), it looks again now. One relaxed load
-    /// when nobody waits.
+    /// A writer let go of `tx`: if a pool thread found it held meanwhile
+    /// (`tx_wanted`, see `pool.rs`'s `tx_work`), queue the transmit work it
+    /// left; if `disconnect` waits for the last frames to leave
+    /// (`Conn::shutdown`), it looks again now. Every holder of `tx` calls
+    /// this after letting go.
     pub(super) fn tx_released(&self) {
+        // Pairs with the fence in `tx_work`: either this load sees the
+        // pool thread's flag, or the pool thread's second `try_lock` sees
+        // `tx` free (both fences SeqCst, the store-buffer pattern).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.tx_wanted.load(Ordering::Relaxed) && self.tx_wanted.swap(false, Ordering::SeqCst) {
+            self.schedule(WORK_TX);
+        }
         if self.lingering.load(Ordering::Acquire) {
             let _g = lock(&self.linger_lock);
             self.linger_cond.notify_all();

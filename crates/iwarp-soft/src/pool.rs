@@ -78,7 +78,7 @@ use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use iwarp_verbs::sys::EventFd;
@@ -214,6 +214,77 @@ pub fn pool_stats() -> PoolStats {
             connections: 0,
             events: 0,
         },
+    }
+}
+
+/// Checks of the pool's wake-ups, for tests and investigations (not for
+/// applications).
+///
+/// When on ([`set_enabled`](audit::set_enabled); `iwarp-perf` turns it on
+/// with `IWARP_POOL_AUDIT=1`), a pool thread whose `epoll_wait` ended by its
+/// timeout or lasted at least [`LONG_WAIT`](audit::LONG_WAIT) looks at
+/// each of its connections that got no event and had no work queued, and
+/// counts those whose work was there through the whole wait: bytes unread
+/// in a socket the pool reads although no data arrived during the wait
+/// (`tcpi_last_data_recv`), or transmit work with a writable socket
+/// although no ACK arrived during it (`tcpi_last_ack_recv`). Each is a
+/// wake-up the pool missed; only a timer (the pool's, or TCP's
+/// retransmission, loss-probe and delayed-ACK timers, which make new
+/// edges) ends such a stall. The kernel keeps those ages in jiffies, so a
+/// stall counts only once it is [`JIFFY_MARGIN_MS`](audit::JIFFY_MARGIN_MS)
+/// longer than the wait. Costs a few system calls per connection per
+/// audited wait.
+///
+/// Also counted always: `tx_left`, how often a pool thread found a
+/// connection's transmit lock held by another thread and left the work to
+/// it (the holder queues it when it lets go) instead of waiting.
+#[doc(hidden)]
+pub mod audit {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    static ON: AtomicBool = AtomicBool::new(false);
+    pub(super) static WAITS: AtomicU64 = AtomicU64::new(0);
+    pub(super) static RX_UNREAD: AtomicU64 = AtomicU64::new(0);
+    pub(super) static TX_WRITABLE: AtomicU64 = AtomicU64::new(0);
+    pub(super) static TX_LEFT: AtomicU64 = AtomicU64::new(0);
+    /// A wait at least this long is audited even if an event ended it.
+    pub const LONG_WAIT: Duration = Duration::from_millis(5);
+    /// Two jiffies at HZ=100, the coarsest Linux clock tick.
+    pub const JIFFY_MARGIN_MS: u128 = 20;
+
+    /// What the audit found so far (process-wide, since it started).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct Counts {
+        /// Waits audited.
+        pub waits: u64,
+        /// Connections found with bytes unread and nothing to start a read.
+        pub rx_unread: u64,
+        /// Connections found with transmit work, a writable socket and
+        /// nothing to start a write.
+        pub tx_writable: u64,
+        /// Transmit work left to the thread holding the connection's
+        /// transmit lock (counted whether or not the audit is on).
+        pub tx_left: u64,
+    }
+
+    /// Turn the audit on or off (process-wide).
+    pub fn set_enabled(on: bool) {
+        ON.store(on, Ordering::Relaxed);
+    }
+
+    pub(super) fn enabled() -> bool {
+        ON.load(Ordering::Relaxed)
+    }
+
+    /// The counts so far.
+    pub fn counts() -> Counts {
+        Counts {
+            waits: WAITS.load(Ordering::Relaxed),
+            rx_unread: RX_UNREAD.load(Ordering::Relaxed),
+            tx_writable: TX_WRITABLE.load(Ordering::Relaxed),
+            tx_left: TX_LEFT.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -505,6 +576,7 @@ impl Worker {
                 // Round up: waking early would only spin.
                 d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32
             };
+            let waited = Instant::now();
             // SAFETY: `events` is a live buffer of `events.len()` entries,
             // which the kernel fills (at most that many).
             let n = unsafe {
@@ -522,6 +594,12 @@ impl Worker {
                     std::thread::sleep(Duration::from_millis(10));
                 }
                 continue;
+            }
+            if audit::enabled() {
+                let waited = waited.elapsed();
+                if (n == 0 && timeout_ms != 0) || waited >= audit::LONG_WAIT {
+                    self.audit(&events[..n as usize], &local, waited);
+                }
             }
             let mut conn_events = 0;
             for ev in &events[..n as usize] {
@@ -551,6 +629,87 @@ impl Worker {
                 next_walk = now + TICK;
             }
         }
+    }
+
+    /// After a wait that ended by its timeout or lasted at least
+    /// [`audit::LONG_WAIT`]: count this thread's connections that had work
+    /// all along and nothing to start it (see [`audit`]).
+    fn audit(&self, events: &[libc::epoll_event], local: &[Local], waited: Duration) {
+        audit::WAITS.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(
+            ?waited,
+            events = events.len(),
+            "progress pool audit: a long or timed-out wait"
+        );
+        let all = self.entries();
+        let queued: Vec<u64> = lock(&self.queue).clone();
+        // The kernel's "last data / ACK received" ages are in jiffies.
+        let before_wait = |ms: u32| u128::from(ms) > waited.as_millis() + audit::JIFFY_MARGIN_MS;
+        for (token, qp, conn, i0) in all {
+            let idle = |c: &Conn| c.pending.load(Ordering::SeqCst) == 0 && !queued.contains(&token);
+            if conn.stop.load(Ordering::Acquire)
+                || events.iter().any(|e| e.u64 == token)
+                || !idle(&conn)
+            {
+                continue;
+            }
+            let interest = self.local_of(local, token).map_or(i0, |l| l.interest);
+            let fd = conn.sock.as_raw_fd();
+            let Some(info) = crate::sys::tcp_info(fd) else {
+                continue;
+            };
+            if interest & libc::EPOLLIN as u32 != 0
+                && !pool_must_not_read(&conn)
+                && conn.rx_owner.load(Ordering::SeqCst) == RX_FREE
+                && before_wait(info.tcpi_last_data_recv)
+            {
+                let mut unread: libc::c_int = 0;
+                // SAFETY: FIONREAD writes one int to the live local.
+                let rc =
+                    unsafe { libc::ioctl(fd, libc::FIONREAD, &mut unread as *mut libc::c_int) };
+                if rc == 0 && unread > 0 {
+                    audit::RX_UNREAD.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        qpn = qp.qpn,
+                        unread,
+                        ?waited,
+                        "progress pool audit: bytes unread through a whole wait, no event"
+                    );
+                }
+            }
+            let queued_tx = match conn.tx.try_lock() {
+                Ok(tx) => tx.off < tx.frame_len || qp.lock_engine().has_transmit(),
+                Err(_) => false,
+            };
+            // Looked at again after the look at `tx`: a poster that found
+            // `tx` held by this audit has queued the work meanwhile.
+            if queued_tx && before_wait(info.tcpi_last_ack_recv) && idle(&conn) {
+                let w = iwarp_verbs::sys::poll_one(fd, libc::POLLOUT, Duration::ZERO).unwrap_or(0);
+                if w & libc::POLLOUT != 0 {
+                    audit::TX_WRITABLE.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(qpn = qp.qpn, ?waited, "progress pool audit: transmit work and a writable socket through a whole wait, nothing queued");
+                }
+            }
+        }
+    }
+
+    /// Every connection of this thread: token, QP, connection, interest.
+    fn entries(&self) -> Vec<(u64, Arc<SoftQp>, Arc<Conn>, u32)> {
+        let slab = lock(&self.slab);
+        slab.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (g, e))| {
+                e.as_ref().map(|e| {
+                    (
+                        (u64::from(*g) << 32) | i as u64,
+                        e.qp.clone(),
+                        e.conn.clone(),
+                        e.interest,
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Run one connection's turn; a panic in it (a bug) ends that
@@ -767,23 +926,7 @@ impl Worker {
     /// thread (peer timeout, probe, nudge); returns when the next nudge
     /// falls due, if one may.
     fn walk(&self, local: &mut Vec<Local>) -> Option<Instant> {
-        let all: Vec<(u64, Arc<SoftQp>, Arc<Conn>, u32)> = {
-            let slab = lock(&self.slab);
-            slab.slots
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (g, e))| {
-                    e.as_ref().map(|e| {
-                        (
-                            (u64::from(*g) << 32) | i as u64,
-                            e.qp.clone(),
-                            e.conn.clone(),
-                            e.interest,
-                        )
-                    })
-                })
-                .collect()
-        };
+        let all = self.entries();
         let now = Instant::now();
         let mut nudge_at: Option<Instant> = None;
         for (token, qp, conn, i0) in all {
@@ -879,6 +1022,27 @@ fn pool_must_not_read(conn: &Conn) -> bool {
     conn.app_driven.load(Ordering::SeqCst) || conn.aside.load(Ordering::SeqCst)
 }
 
+/// `tx` for a pool thread, without waiting: `None` if another thread holds
+/// it, which then queues `WORK_TX` when it lets go (`Conn::tx_released`).
+fn take_tx(conn: &Conn) -> Option<std::sync::MutexGuard<'_, TxState>> {
+    match conn.tx.try_lock() {
+        Ok(g) => return Some(g),
+        Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => {}
+    }
+    conn.tx_wanted.store(true, Ordering::SeqCst);
+    // Pairs with the fence in `Conn::tx_released` (see there).
+    std::sync::atomic::fence(Ordering::SeqCst);
+    match conn.tx.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => {
+            audit::TX_LEFT.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
 /// Transmit work for a pooled connection from its pool thread: write what
 /// the engine has, non-blocking, at most [`TX_BUDGET`] rounds (the rest is
 /// queued as `WORK_TX`). Returns true if the socket was full (the next
@@ -888,10 +1052,18 @@ fn tx_work(qp: &SoftQp, conn: &Conn) -> bool {
         if conn.stop.load(Ordering::Acquire) {
             return false;
         }
-        // A plain `lock`: other writers hold `tx` only across non-blocking
-        // writes and engine calls, and one that finishes with work left
-        // re-queues it, so waiting here is short and loses nothing.
-        let mut tx = lock(&conn.tx);
+        // Never wait for `tx`: its holder is an application thread
+        // (`post_send`'s inline write, `progress`) that may be preempted
+        // while it holds it, and this thread serves every other connection
+        // of its set meanwhile. Under CPU contention a plain `lock` here
+        // slept up to 17 ms (perf trace: futex in `Worker::transmit`), a
+        // stall of all of them. Instead leave the work to the holder:
+        // `tx_wanted`, then one more look, since the holder may have let
+        // go before it could see the flag (`Conn::tx_released`).
+        let mut tx = match take_tx(conn) {
+            Some(tx) => tx,
+            None => return false,
+        };
         let r = flush(qp, conn, &mut tx);
         drop(tx);
         conn.tx_released();

@@ -234,6 +234,9 @@ impl Conn {
             return;
         };
         if tx.off >= tx.frame_len {
+            drop(tx);
+            // A pool thread may have found `tx` held by this look.
+            self.tx_released();
             return;
         }
         // Only the holder of `tx` writes, so the difference is ours.
@@ -503,6 +506,7 @@ impl Conn {
             pool: std::sync::OnceLock::new(),
             pending: AtomicU8::new(0),
             rx_owner: AtomicU8::new(RX_FREE),
+            tx_wanted: AtomicBool::new(false),
         });
         let qpn = qp.qpn;
         if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {
@@ -611,7 +615,15 @@ impl Conn {
             // Checked under `linger_lock`: a writer that releases `tx`
             // after this look notifies only once this thread waits.
             let idle = match self.tx.try_lock() {
-                Ok(tx) => tx.off >= tx.frame_len && !qp.lock_engine().has_transmit(),
+                Ok(tx) => {
+                    let idle = tx.off >= tx.frame_len && !qp.lock_engine().has_transmit();
+                    drop(tx);
+                    // A pool thread may have found `tx` held by this look.
+                    if self.tx_wanted.load(Ordering::Relaxed) {
+                        self.tx_released();
+                    }
+                    idle
+                }
                 Err(_) => false,
             };
             let left = deadline.saturating_duration_since(Instant::now());

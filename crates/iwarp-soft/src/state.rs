@@ -306,6 +306,11 @@ pub(crate) struct Conn {
     /// Pooled connections only: who does the receive work now
     /// (`RX_FREE`, `RX_HELD`, `RX_AGAIN`); see [`Conn::claim_rx`].
     pub(super) rx_owner: AtomicU8,
+    /// Pooled connections only: a pool thread found `tx` held and left the
+    /// transmit work to the holder, which queues it (`WORK_TX`) when it
+    /// lets go ([`Conn::tx_released`]): a pool thread never sleeps on one
+    /// connection's lock while its other connections wait.
+    pub(super) tx_wanted: AtomicBool,
 }
 
 /// Pool work bits (see [`Conn::schedule`]): read what the socket holds...

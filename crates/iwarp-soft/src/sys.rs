@@ -130,7 +130,7 @@ pub(crate) unsafe fn send_iovecs(
 
 /// The connection's `TCP_INFO` (tcp(7)), or `None` if the kernel does not
 /// give it.
-fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
+pub(crate) fn tcp_info(fd: RawFd) -> Option<libc::tcp_info> {
     // SAFETY: an all-zero tcp_info is a valid value of this plain C struct.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;

@@ -218,6 +218,12 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .try_init();
     let cli = Cli::parse();
+    // For investigations of the progress pool's wake-ups: each stall it
+    // finds is logged at debug (RUST_LOG=iwarp_soft::pool=debug), see
+    // `iwarp::soft::pool::audit`.
+    if std::env::var("IWARP_POOL_AUDIT").as_deref() == Ok("1") {
+        iwarp::soft::pool::audit::set_enabled(true);
+    }
     // A bad IWARP_CRC is refused here rather than logged and replaced.
     if let Err(e) = iwarp_proto::wire::crc::active_from_env() {
         eprintln!("iwarp-perf: error: {e}");
