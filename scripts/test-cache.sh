@@ -248,6 +248,56 @@ EOF
 }
 check "IPC as user nobody: refused (socket mode 660 group www-data, SO_PEERCRED)" t_other_user_refused
 
+# ccappd's IPC defaults: no --ipc-mode, a socket in a runtime directory
+# that does not exist yet (as /run/ccappd on a first start; $T/rt stands in
+# for /run). The directory it creates must be 0750 with the group
+# --ipc-group names, the socket 0660 with that group, whatever the umask:
+# ccappd runs here under umask 077, a hardened service's (mkdir(2) applies
+# the umask, so ccappd sets the directory's mode itself). www-data, the
+# group, then reaches the socket through the directory.
+t_ipc_defaults() {
+    local sock="$T/rt/ccappd/ipc.sock" pid rc=0
+    mkdir -p "$T/rt"
+    (umask 077 && exec env -u CCAPPD_IPC_MODE -u CCAPPD_IPC_GROUP "$APPD" --docs 1 \
+        --rdma-listen "127.0.0.1:$(free_port)" --version-listen "127.0.0.1:$(free_port)" \
+        --ipc "$sock" --ipc-group www-data) >"$T/ccappd-defaults.log" 2>&1 &
+    pid=$!
+    # Ready when it answers a VERSION_REQUEST: it serves the IPC only after
+    # setting the socket's mode and group (bind_ipc).
+    /usr/bin/python3 - "$sock" <<'EOF' || rc=1
+import socket, struct, sys, time
+deadline = time.monotonic() + 10
+while True:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(sys.argv[1])
+        break
+    except (FileNotFoundError, ConnectionRefusedError):
+        s.close()
+        if time.monotonic() > deadline:
+            sys.exit("no IPC socket after 10 s")
+        time.sleep(0.05)
+s.sendall(struct.pack(">HBBIQ", 0x4343, 1, 8, 0, 0))
+magic, fmt, kind, doc, value = struct.unpack(">HBBIQ", s.recv(16))
+assert (magic, kind) == (0x4343, 9), ("no VERSION_REPLY", magic, kind)
+print("ccappd answers on its IPC socket")
+EOF
+    if ((rc == 0)); then
+        echo "directory: $(stat -c '%a %G' "$T/rt/ccappd"), socket: $(stat -c '%a %G %F' "$sock")"
+        [ "$(stat -c '%a %G' "$T/rt/ccappd")" = "750 www-data" ] || rc=1
+        [ "$(stat -c '%a %G %F' "$sock")" = "660 www-data socket" ] || rc=1
+        timeout 10 setpriv --reuid=www-data --regid=www-data --clear-groups /usr/bin/python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+print("www-data connects")' "$sock" || rc=1
+    fi
+    apache_stop "$pid"
+    ((rc == 0)) || cat "$T/ccappd-defaults.log"
+    return "$rc"
+}
+check "ccappd's IPC defaults (no --ipc-mode, umask 077): new runtime directory 0750 and socket 0660, group www-data" t_ipc_defaults
+
 # ---- load with updates: zero stale responses -------------------------------------
 
 t_load() { # $1 mode, $2 port, $3 requests [, $4 path prefix]
