@@ -696,13 +696,14 @@ HOSTILE="$ROOT/modules/mod_rdma/test/hostile.py"
 # travels on the socket (its body is a second request). The module takes
 # the body from RDMA, so Apache would parse the socket's body as the next
 # request: it must answer 400 and close, before any connect-back.
-t_smuggle() { # $1 mode: body (Content-Length), te (chunked), clte (both)
+t_smuggle() { # $1 mode: body (Content-Length), te (chunked), clte (both), put (PUT, Content-Length)
     timeout 60 python3 "$HOSTILE" smuggle "$P1" "$1" || return 1
     ! grep -q "smuggled-$1" "$T/logs/access.log"
 }
 check "smuggling: body on the socket plus RDMA: (Content-Length) gets 400 and close, no second response" t_smuggle body
 check "smuggling: Transfer-Encoding chunked plus RDMA: gets 400 and close, no second response" t_smuggle te
 check "smuggling: Content-Length plus Transfer-Encoding plus RDMA: gets 400 and close, no second response" t_smuggle clte
+check "smuggling: a PUT with a body on the socket plus RDMA: gets 400 and close, no second response" t_smuggle put
 t_no_smuggle_plain() { # rhttp's uploads (Content-Length: 0) are not affected
     R put --scheme client-writes "$DOCS/f4K.bin" "$U1/cgi-bin/echo.cgi" -o "$T/out/ns" 2>"$T/out/ns.err" || return 1
     grep -q "via RDMA (client-writes)" "$T/out/ns.err" && grep -qx "length=4096" "$T/out/ns"

@@ -751,6 +751,15 @@ fn bidirectional_bulk_does_not_deadlock() {
     cm.write_at(0, &pattern(LEN, 1));
     sm.write_at(0, &pattern(LEN, 2));
     let (csink, ssink) = (c.mr(LEN), s.mr(LEN));
+    // A Write's completion at its sender does not say that the target has
+    // placed it: each side ends with a Send, and reads its sink only after
+    // that Send's receive completion (RDMA ordering, RFC 5040 section 5.5:
+    // the Writes before it are placed). Reading at once raced with the
+    // receive thread still placing the last Write (ThreadSanitizer
+    // reported it, session 9).
+    let (cflag, sflag) = (c.mr(8), s.mr(8));
+    c.post_recv(100, &cflag, 0, 8);
+    s.post_recv(100, &sflag, 0, 8);
     std::thread::scope(|sc| {
         for (me, src, dst) in [(&c, &cm, &ssink), (&s, &sm, &csink)] {
             sc.spawn(move || {
@@ -761,7 +770,10 @@ fn bidirectional_bulk_does_not_deadlock() {
                     };
                     me.qp.post_send(&wr(i, op, &[src.sge(0, LEN)])).unwrap();
                 }
-                for i in 0..N {
+                me.qp
+                    .post_send(&wr(N, WrOpcode::Send, &[src.sge(0, 8)]))
+                    .unwrap();
+                for i in 0..=N {
                     let wc = me
                         .scq
                         .wait_one(Duration::from_secs(30))
@@ -772,6 +784,8 @@ fn bidirectional_bulk_does_not_deadlock() {
             });
         }
     });
+    assert_eq!(c.recv_wc().status, WcStatus::Success);
+    assert_eq!(s.recv_wc().status, WcStatus::Success);
     assert!(ssink.to_vec() == cm.to_vec());
     assert!(csink.to_vec() == sm.to_vec());
 }

@@ -6,8 +6,9 @@ did not, and prints what it saw):
 
   smuggle PORT MODE
       A PUT/POST with an RDMA: header that also carries a body on the
-      socket (MODE body: Content-Length and a body; te: Transfer-Encoding
-      chunked; clte: both). The body is a second request. mod_rdma must
+      socket (MODE body: a POST with Content-Length and a body; te: a POST
+      with Transfer-Encoding chunked; clte: a POST with both; put: a PUT
+      with Content-Length and a body). The body is a second request. mod_rdma must
       answer 400 and close the connection: one response, no second one,
       and no connection to the RDMA listener the header names.
 
@@ -147,14 +148,18 @@ def read_responses(s):
 
 
 def smuggle(port, mode):
+    if mode not in ("body", "te", "clte", "put"):
+        print("smuggle: unknown MODE %r (body, te, clte, put)" % mode, file=sys.stderr)
+        return 2
     r = Responder()
     try:
         smuggled = b"GET /smuggled-%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % mode.encode()
         head = (
-            "POST /cgi-bin/echo.cgi HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            "RDMA: client-writes, ip=127.0.0.1, port=%d, length=0\r\n" % r.port
+            "%s /cgi-bin/echo.cgi HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "RDMA: client-writes, ip=127.0.0.1, port=%d, length=0\r\n"
+            % ("PUT" if mode == "put" else "POST", r.port)
         )
-        if mode in ("body", "clte"):
+        if mode in ("body", "clte", "put"):
             head += "Content-Length: %d\r\n" % len(smuggled)
         if mode in ("te", "clte"):
             head += "Transfer-Encoding: chunked\r\n"

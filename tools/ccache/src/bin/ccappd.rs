@@ -399,6 +399,11 @@ fn bind_ipc(a: &Args, mode: u32) -> Result<UnixListener, String> {
                 .mode(0o750)
                 .create(dir)
                 .map_err(|e| format!("--ipc {}: creating its directory: {e}", a.ipc.display()))?;
+            // mkdir(2) applies the umask: under a service's UMask=0077 the
+            // directory would be 0700 and the group could not reach the
+            // socket. 0750 whatever the umask, as documented.
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+                .map_err(|e| format!("chmod 750 {}: {e}", dir.display()))?;
             if gid.is_some() {
                 std::os::unix::fs::chown(dir, None, gid)
                     .map_err(|e| format!("chgrp {} of {}: {e}", gid.unwrap_or(0), dir.display()))?;
