@@ -208,14 +208,21 @@ GUEST_JOB
 chmod +x "$SHARE_DIR/guest.sh"
 
 "$SIW_VM/run.sh" up >/dev/null
+# The guest's whole job (boot included) is bounded by GUEST_TIMEOUT. The
+# host's servers start before the guest boots, so each must wait for its
+# client at least that long: with 280 s, under load (stress-ng beside a
+# TCG guest, load average 30) the guest reached mixD after the host's
+# server had given up ("no client connected within 280s", the client
+# refused), inside its own bound (session 9).
+GUEST_TIMEOUT=300
 # mixB's servers: one after another, one for each attempt of the guest's
 # client (it runs again when perftest could not calibrate its clock, see
 # the guest job). Server k logs to mixB-host-k.log and leaves its exit
 # status in mixB-host-k.rc; the ones nobody needed are stopped at the end.
 (
     for k in 1 2 3; do
-        ip netns exec "$NETNS" timeout 300 "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
-            --idle-timeout 280 --timeout 15 --json >"$LOGS/mixB-host-$k.log" 2>&1 &
+        ip netns exec "$NETNS" timeout $((GUEST_TIMEOUT + 20)) "$BIN" --perftest --server write_bw -d soft --bind "$HOST" -p 18751 \
+            --idle-timeout "$GUEST_TIMEOUT" --timeout 15 --json >"$LOGS/mixB-host-$k.log" 2>&1 &
         echo $! >"$LOGS/mixB-host.pid"
         krc=0
         wait $! || krc=$?
@@ -223,14 +230,14 @@ chmod +x "$SHARE_DIR/guest.sh"
     done
 ) &
 HOST_SERVER=$!
-ip netns exec "$NETNS" timeout 300 "$BIN" --server -d soft --bind "$HOST" -p 18780 \
-    --idle-timeout 280 --timeout 15 >"$LOGS/mixD-host.log" 2>&1 &
+ip netns exec "$NETNS" timeout $((GUEST_TIMEOUT + 20)) "$BIN" --server -d soft --bind "$HOST" -p 18780 \
+    --idle-timeout "$GUEST_TIMEOUT" --timeout 15 >"$LOGS/mixD-host.log" 2>&1 &
 HOST_SERVER2=$!
 
 GLOG="$LOGS/guest.log"
 note "booting the guest (logs in $LOGS)"
 : >"$GLOG"
-SHARE="$SHARE_DIR" TIMEOUT=300 "$SIW_VM/run.sh" </dev/null >"$GLOG" 2>&1 &
+SHARE="$SHARE_DIR" TIMEOUT="$GUEST_TIMEOUT" "$SIW_VM/run.sh" </dev/null >"$GLOG" 2>&1 &
 BOOT=$!
 MIXA_RC=1
 if wait_line "$GLOG" "PTCOMPAT READY mixA" 240; then

@@ -140,6 +140,12 @@ struct Args {
     /// with enhanced; in effect only if the peer's end sets it too).
     #[arg(long, value_name = "on|off", value_parser = ["on", "off"])]
     ack_each: Option<String>,
+    /// How large the receive ring may grow with the path (bytes, or `off`:
+    /// it stays at -B x 2 as rstream's ring does, since rstream sets
+    /// SO_RCVBUF and rsocket.c never resizes a ring). Default: up to the
+    /// kernel's TCP receive-buffer limit (iwarp-sockets' autotuning).
+    #[arg(long, value_name = "BYTES|off")]
+    rbuf_max: Option<String>,
     /// Bound in seconds on connecting, accepting, and on any transfer that
     /// makes no progress.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
@@ -314,6 +320,14 @@ fn config(a: &Args) -> Result<Config, String> {
     if let Some(v) = &a.ack_each {
         opts.ack_each = v == "on";
     }
+    if let Some(m) = &a.rbuf_max {
+        opts.rbuf_max = Some(if m == "off" {
+            0
+        } else {
+            m.parse()
+                .map_err(|_| format!("--rbuf-max {m}: a byte count or off"))?
+        });
+    }
     if !(a.timeout > 0.0 && a.timeout.is_finite()) {
         return Err("--timeout: a positive number of seconds".into());
     }
@@ -453,6 +467,20 @@ mod tests {
         let d = parse(&["--ack-each", "on"]).unwrap();
         assert!(d.setup.opts.ack_each && d.design == "enhanced");
         assert!(parse(&["--ack-each", "maybe"]).is_err());
+        assert_eq!(parse(&[]).unwrap().setup.opts.rbuf_max, None);
+        assert_eq!(
+            parse(&["--rbuf-max", "off"]).unwrap().setup.opts.rbuf_max,
+            Some(0)
+        );
+        assert_eq!(
+            parse(&["--rbuf-max", "4194304"])
+                .unwrap()
+                .setup
+                .opts
+                .rbuf_max,
+            Some(4 << 20)
+        );
+        assert!(parse(&["--rbuf-max", "lots"]).is_err());
         assert!(matches!(
             c.plan,
             Plan::Custom {
