@@ -79,6 +79,7 @@ real_fns! {
     poll: fn(*mut libc::pollfd, libc::nfds_t, c_int) -> c_int;
     select: fn(c_int, *mut libc::fd_set, *mut libc::fd_set, *mut libc::fd_set, *mut libc::timeval) -> c_int;
     epoll_ctl: fn(c_int, c_int, c_int, *mut libc::epoll_event) -> c_int;
+    epoll_wait: fn(c_int, *mut libc::epoll_event, c_int, c_int) -> c_int;
 }
 
 fn lookup(name: &CStr) -> *mut c_void {
