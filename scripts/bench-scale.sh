@@ -66,6 +66,7 @@ boost() {
     if [[ -z "$PRIO" ]]; then
         "$@"
     else
+        # shellcheck disable=SC2016 # $0 and $@ expand in the inner bash
         setsid bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null && exec nice -n "$0" "$@"
             echo "bench-scale: cannot set the autogroup nice ($0); running unboosted" >&2
             exec "$@"' "$PRIO" "$@"

@@ -11,7 +11,7 @@
 //! The layers follow smoltcp's: `wire` holds zero-copy packet views with
 //! `parse`/`emit` representations; `engine` holds the state machine; the
 //! `iwarp` crate is the thin I/O driver and the verbs / connection-manager API.
-//! [`env`] is how every library crate of the stack reads an `IWARP_*`
+//! [`mod@env`] is how every library crate of the stack reads an `IWARP_*`
 //! variable: not at all in a privileged (setuid) process.
 // `deny`, not `forbid`: the CRC32C kernel (`wire::crc`) has to call a
 // `#[target_feature]` function after checking the CPU, and `env` asks
