@@ -453,18 +453,24 @@ def stall_rate(port, rate, secs, hold, silent=False):
     print(f"stallers {i}", flush=True)
 
 
+def echo_once(c, msg, what=""):
+    """Sends msg on c and reads its echo back whole; exits naming `what`
+    if the echo ends early."""
+    c.sendall(msg)
+    got = b""
+    while len(got) < len(msg):
+        b = c.recv(len(msg) - len(got))
+        if not b:
+            sys.exit(f"{what}echo ended early")
+        got += b
+
+
 def hold_streams(port, n, until):
     msg = b"h" * 64
     held = []
     for _ in range(n):
         c = socket.create_connection(("127.0.0.1", port), timeout=10)
-        c.sendall(msg)
-        got = b""
-        while len(got) < len(msg):
-            b = c.recv(len(msg) - len(got))
-            if not b:
-                sys.exit(f"connection {len(held) + 1}: echo ended early")
-            got += b
+        echo_once(c, msg, f"connection {len(held) + 1}: ")
         held.append(c)
     print(f"held {n}", flush=True)
     with open(until, "rb") as f:
@@ -479,13 +485,7 @@ def conn_rate(port, secs):
     start = time.monotonic()
     while time.monotonic() - start < secs:
         c = socket.create_connection(("127.0.0.1", port), timeout=10)
-        c.sendall(msg)
-        got = b""
-        while len(got) < len(msg):
-            b = c.recv(len(msg) - len(got))
-            if not b:
-                sys.exit("echo ended early")
-            got += b
+        echo_once(c, msg)
         c.close()
         n += 1
     print(f"rate {n / (time.monotonic() - start):.1f}", flush=True)

@@ -9,12 +9,13 @@
 //! calls, but keep the machine's threads few.
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use iwarp_sockets::{Listener, Options, Stream};
+mod common;
+
+use iwarp_sockets::Stream;
 
 /// How long an interrupted call may take to come back.
 const BOUND: Duration = Duration::from_secs(1);
@@ -24,18 +25,7 @@ const LONG: Duration = Duration::from_secs(30);
 const T: Duration = Duration::from_secs(5);
 
 fn pair() -> (Stream, Stream) {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let l = Listener::bind_with(any, &Options::default()).unwrap();
-    let addr = l.local_addr().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        tx.send(s).unwrap();
-    });
-    let c = Stream::connect_with(addr, &Options::default()).unwrap();
-    let s = rx.recv_timeout(T).expect("accepted in time");
-    h.join().unwrap();
-    (c, s)
+    common::pair(T)
 }
 
 /// The scheduler state of thread `tid` of this process ('S': asleep).

@@ -6,31 +6,21 @@
 //! a missing wake-up.
 
 use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use iwarp_sockets::{Listener, Options, Stream, Watermark};
+mod common;
+
+use iwarp_sockets::{Stream, Watermark};
 
 /// Bound of every wait: far below the progress thread's 10 s keepalive
 /// tick (its only timed wake-up), far above a loaded machine's delays.
 const T: Duration = Duration::from_secs(5);
 
 fn pair() -> (Stream, Stream) {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let l = Listener::bind_with(any, &Options::default()).unwrap();
-    let addr = l.local_addr().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let h = thread::spawn(move || {
-        let (s, _) = l.accept().unwrap();
-        tx.send(s).unwrap();
-    });
-    let c = Stream::connect_with(addr, &Options::default()).unwrap();
-    let s = rx.recv_timeout(T).expect("accepted in time");
-    h.join().unwrap();
-    (c, s)
+    common::pair(T)
 }
 
 #[test]
