@@ -655,6 +655,37 @@ fn control_connection_faults_mid_transfer() {
             Expect::Fail(CONTROL_SILENCE),
         );
     }
+    // The order that, under load, made the client blame the session
+    // (issue 26): the session ends while the client waits on it, after
+    // the control connection broke. Here the relay ends the session
+    // itself, 3 s after accepting its connections (so at least 2 s after
+    // the control connection's reset at 1 s; its stream is held at 2 MiB
+    // meanwhile, under both ends' 5 s liveness bound), so the client
+    // always learns of the session's end first. The error must still
+    // name the control connection (without the fix: "download failed:
+    // connection to the peer lost: ...", the control connection unread).
+    for (op, mode) in [(Op::Get, Mode::Rdma), (Op::Put, Mode::Tcp)] {
+        let mut data = mid("stall", op, mode, ",for=30000");
+        let idle = match op {
+            Op::Get => "up",
+            Op::Put => "down",
+        };
+        let conn = if mode == Mode::Rdma { "1-2" } else { "1" };
+        // The idle direction's writer fires a timed fault on its tick
+        // (the held one is inside its stall).
+        data.push(format!("drop:at=3s,dir={idle},conn={conn},how=rst"));
+        for ctrl in ["drop:at=1s,map=0,how=rst", "drop:at=1s,map=0,how=fin"] {
+            case(
+                &format!("{ctrl} + session ends"),
+                op,
+                mode,
+                &[ctrl.to_string()],
+                &data,
+                &[],
+                Expect::Fail(CONTROL),
+            );
+        }
+    }
 }
 
 /// The transfer session's connection broke (RST, FIN or half-close).
@@ -691,7 +722,12 @@ const CRC_CAUGHT: &[&str] = &["failed its CRC32C check"];
 const MISMATCH: &[&str] = &["XXH3-128 mismatch", "connection to the peer lost"];
 /// The control connection broke: normally while the client waits for the
 /// final reply ("RRTR: reading the final reply on the control connection:
-/// ..."); on a slow machine perhaps before, at an earlier reply.
+/// ..."); on a slow machine perhaps before, at an earlier reply; or,
+/// when the transfer session ended first (rftpd ends it with the control
+/// connection), "download failed: the control connection broke:
+/// Connection reset by peer ...; the transfer session ended with it
+/// (connection to the peer lost: ...)". A "connection to the peer lost"
+/// alone names the wrong connection and fails the case.
 const CONTROL: &[&str] = &[
     "Connection reset by peer",
     "the server closed the control connection",
