@@ -1,7 +1,7 @@
 //! Settings shared by every relayed connection, the address rewriting
 //! (ALG) settings, and the seeded generator of `reseg`'s piece sizes.
 
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,26 @@ pub struct Config {
     /// Rewriting that routes a protocol's secondary connections through
     /// the relay too.
     pub alg: Option<Alg>,
+    /// What faults with `wait=signal` wait for (a clone raises it).
+    pub signal: Signal,
+}
+
+/// A flag a test raises to let the faults that wait for it
+/// (`wait=signal`) fire; once raised it stays raised. Clones share it.
+/// (The `delay-bridge` binary never raises it.)
+#[derive(Clone, Debug, Default)]
+pub struct Signal(Arc<AtomicBool>);
+
+impl Signal {
+    /// Let the waiting faults fire (within the writers' 50 ms tick).
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Signal::raise`] was called.
+    pub fn is_raised(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 /// Application-level rewriting (like a NAT's FTP helper): the address a
@@ -51,6 +71,7 @@ impl Default for Config {
             faults: Vec::new(),
             seed: 1,
             alg: None,
+            signal: Signal::default(),
         }
     }
 }

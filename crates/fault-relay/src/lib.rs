@@ -30,7 +30,10 @@
 //! (default both: each direction counts its own bytes); `map=I` (0-based
 //! index of the mapping, default every mapping); `conn=N`, `N-M` or `N-`
 //! (1-based index of the connection on its mapping, default every one).
-//! Each fault fires once per connection and direction.
+//! Each fault fires once per connection and direction. `wait=signal`
+//! (library only): once due, the fault holds its direction (forwards
+//! nothing) until the test raises [`Config::signal`], then fires, so a
+//! fault can follow an event the test observed instead of a byte count.
 //!
 //! With an [`Alg`], the relay also rewrites the address a peer announces
 //! for a second connection (mod_rdma's `RDMA:` header, FTP's EPSV/PASV
@@ -52,6 +55,6 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Alg, Config, Rng};
+pub use config::{Alg, Config, Rng, Signal};
 pub use relay::{serve, start};
 pub use spec::{parse_mapping, parse_size, ConnRange, Dir, FaultSpec, Kind, Trigger};

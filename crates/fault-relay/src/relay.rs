@@ -57,6 +57,7 @@ pub(crate) fn relay(
             swallow: false,
             keep_open: false,
             reseg: None,
+            signal: cfg.signal.clone(),
             seed: cfg.seed ^ ((n as u64) << 32) ^ ((map as u64) << 48) ^ u64::from(d == Dir::Up),
             alg: cfg.alg.as_ref().filter(|a| a.map != map).and_then(|a| {
                 let what = match d {

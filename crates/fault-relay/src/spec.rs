@@ -78,6 +78,12 @@ pub struct FaultSpec {
     /// 0-based mapping index; `None`: every mapping.
     pub map: Option<usize>,
     pub conn: ConnRange,
+    /// `wait=signal`: once the trigger is reached, the direction holds
+    /// (forwards nothing more) until the relay's [`Signal`](crate::Signal)
+    /// is raised, and only then the fault fires. A test uses it to fault a
+    /// connection after something it observed (a file the client wrote),
+    /// not after a byte count that may come before it.
+    pub wait_signal: bool,
 }
 
 /// `500ms`, `2s` or a size (`4096`, `64K`, `1M`).
@@ -147,6 +153,7 @@ impl FromStr for FaultSpec {
         let mut dur = None;
         let mut seed = None;
         let mut max = None;
+        let mut wait_signal = false;
         for kv in rest.split(',').filter(|kv| !kv.is_empty()) {
             let (k, v) = kv
                 .split_once('=')
@@ -184,10 +191,18 @@ impl FromStr for FaultSpec {
                             .ok_or_else(|| format!("max={v}: expected 1 to 16M bytes"))?,
                     )
                 }
+                "wait" => {
+                    if v != "signal" {
+                        return Err(format!(
+                            "wait={v}: the one thing a fault can wait for is wait=signal"
+                        ));
+                    }
+                    wait_signal = true;
+                }
                 _ => {
                     return Err(format!(
-                        "{s}: unknown key {k:?} (keys: at, dir, map, conn, how, for, seed, max)"
-                    ))
+                    "{s}: unknown key {k:?} (keys: at, dir, map, conn, how, for, seed, max, wait)"
+                ))
                 }
             }
         }
@@ -247,6 +262,7 @@ impl FromStr for FaultSpec {
             dir,
             map,
             conn,
+            wait_signal,
         })
     }
 }

@@ -43,6 +43,8 @@ fn fault_specs_parse_and_bad_ones_are_named() {
     );
     assert_eq!(spec("blackhole:conn=2-").conn.last, usize::MAX);
     assert_eq!(spec("corrupt:at=4096").at, Trigger::Bytes(4096));
+    assert!(spec("drop:at=3M,wait=signal").wait_signal);
+    assert!(!spec("drop:at=3M").wait_signal);
     assert_eq!(
         spec("reseg:seed=7,max=13").kind,
         Kind::Reseg {
@@ -65,6 +67,7 @@ fn fault_specs_parse_and_bad_ones_are_named() {
         ("corrupt:at=5ms", "byte offset"),
         ("reseg:max=0", "1 to 16M"),
         ("blackhole:seed=1", "does not apply"),
+        ("drop:wait=later", "wait=signal"),
     ] {
         let e = bad.parse::<FaultSpec>().unwrap_err();
         assert!(e.contains(says), "{bad}: {e}");
@@ -195,6 +198,41 @@ fn truncate_forwards_exactly_n_bytes_then_half_closes() {
     assert_eq!(got, d[..70001]);
     assert_eq!(tend, "eof");
     assert_eq!(back, b"hello", "the other direction still flows");
+}
+
+/// `wait=signal`: the fault holds its direction at the offset (nothing
+/// past it arrives, the connection stays open) until the signal, then
+/// fires. The sink's own reader gives up after 800 ms of silence
+/// ("open"), so without the hold it would see all 200,000 bytes and the
+/// half-close at once.
+#[test]
+fn a_fault_waiting_for_the_signal_holds_then_fires() {
+    let d = data(200_000);
+    let s = sink(Vec::new());
+    let signal = Signal::default();
+    let cfg = Config {
+        faults: vec![spec("truncate:at=70001,dir=up,wait=signal")],
+        signal: signal.clone(),
+        ..Config::default()
+    };
+    let r = start(&[("127.0.0.1:0".parse().unwrap(), s.addr)], cfg).unwrap()[0];
+    let mut c = TcpStream::connect(r).unwrap();
+    c.write_all(&d).unwrap();
+    let (got, end) = s.got.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        (got.len(), end.as_str()),
+        (70001, "open"),
+        "held at the offset"
+    );
+    assert_eq!(got, d[..70001]);
+    // Raised: the truncation fires, the next connection's reader sees
+    // the half-close right after the 70,001 bytes.
+    signal.raise();
+    let mut c2 = TcpStream::connect(r).unwrap();
+    c2.write_all(&d).unwrap();
+    let (got, end) = s.got.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!((got.len(), end.as_str()), (70001, "eof"));
+    drop(c);
 }
 
 #[test]

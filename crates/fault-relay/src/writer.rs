@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::Rng;
+use crate::config::{Rng, Signal};
 use crate::conn::{Conn, HELD, JOIN, TICK};
 use crate::rewrite::Rewriter;
 use crate::spec::{Dir, FaultSpec, Kind, Trigger};
@@ -40,6 +40,8 @@ pub(crate) struct Writer {
     pub(crate) seed: u64,
     /// The rewriter of `Config::alg`, where it applies.
     pub(crate) alg: Option<Rewriter>,
+    /// `Config::signal`, for faults with `wait=signal`.
+    pub(crate) signal: Signal,
 }
 
 impl Writer {
@@ -103,6 +105,17 @@ impl Writer {
             };
             if !due {
                 continue;
+            }
+            if f.spec.wait_signal && !self.signal.is_raised() {
+                // Hold the direction here (nothing more is forwarded)
+                // until the test raises the signal.
+                tracing::info!(conn = %self.conn.id, d = ?self.d, offset = self.off, "fault due: holding until the signal");
+                while !self.signal.is_raised() {
+                    if self.conn.dead() {
+                        return Err(Stop::Dead);
+                    }
+                    std::thread::sleep(TICK);
+                }
             }
             self.faults[i].fired = true;
             let kind = self.faults[i].spec.kind;

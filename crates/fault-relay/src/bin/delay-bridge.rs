@@ -104,6 +104,13 @@ fn main() -> ExitCode {
     let mut faults = Vec::new();
     for f in &a.fault {
         match f.parse::<FaultSpec>() {
+            Ok(s) if s.wait_signal => {
+                eprintln!(
+                    "delay-bridge: --fault {f}: wait=signal is for tests that use the relay as a \
+                     library (fault_relay::Signal); this binary has nothing to raise it: drop the key"
+                );
+                return ExitCode::from(2);
+            }
             Ok(s) => {
                 let dynamic = a.rdma_connect_back || a.ftp_passive;
                 let maps = a.listen.len() + usize::from(dynamic);
@@ -159,6 +166,8 @@ fn main() -> ExitCode {
             map: a.listen.len(),
             ..relay::Alg::default()
         }),
+        // Never raised here (wait=signal is refused above).
+        signal: relay::Signal::default(),
     });
     let handles: Vec<_> = listeners
         .into_iter()

@@ -576,6 +576,53 @@ impl Ftp {
     }
 }
 
+/// What the control connection says once a transfer's data path (the
+/// RDMA or TCP-mode session, or a plain data connection) has failed: see
+/// [`Ftp::after_data_loss`].
+#[derive(Debug)]
+pub(super) enum AfterLoss {
+    /// The server's reply (its account of the transfer, e.g. 426).
+    Reply(Reply),
+    /// The control connection itself broke (reset, closed, unusable).
+    Broken(io::Error),
+    /// No reply within the timeout: the control connection is quiet.
+    Silent(io::Error),
+}
+
+impl AfterLoss {
+    /// `Broken`'s cause, worded to name the control connection.
+    pub(super) fn broken(e: &io::Error) -> String {
+        let s = e.to_string();
+        if s.contains("control connection") {
+            s
+        } else {
+            format!("the control connection broke: {s}")
+        }
+    }
+}
+
+impl Ftp {
+    /// The transfer's data path failed: read the server's reply on the
+    /// control connection, bounded by the timeout like every reply. A
+    /// transfer session's loss is often the control connection's, seen
+    /// first: rftpd ends a client's transfer session with its control
+    /// connection, and a client blocked on the session learns of that
+    /// before it reads the control connection (under load, the order
+    /// varies from run to run). A blocking read, not a peek, because the
+    /// reset or close of the control connection may reach this socket
+    /// after the session's end did (the relay or the server closes one,
+    /// then the other): waiting for the reply (or the end) tells which
+    /// one broke without guessing at timing, and a working control
+    /// connection answers at once (rftpd's 426).
+    pub(super) fn after_data_loss(&mut self) -> AfterLoss {
+        match self.read_reply() {
+            Ok(r) => AfterLoss::Reply(r),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => AfterLoss::Silent(e),
+            Err(e) => AfterLoss::Broken(e),
+        }
+    }
+}
+
 /// The RADR command line for the session `o` asks for.
 pub(super) fn radr_line(o: &Options) -> String {
     format!(

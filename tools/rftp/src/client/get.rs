@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use rdma_xfer::FileWriter;
 
-use super::ftp::{err, final_reply, Ftp};
+use super::ftp::{err, final_reply, AfterLoss, Ftp};
 use super::options::{Options, Summary};
 use super::retry::retrying;
 use super::session::{session_then, via, XferSlot};
@@ -176,15 +176,20 @@ pub fn get_with(
             Ok(st) => st,
             Err(e) => {
                 slot.reset();
-                // The server's reply says more than "peer aborted" if it failed.
-                let srv = f
-                    .read_reply()
-                    .map(|(c, t)| format!(" (server: {c} {t})"))
-                    .unwrap_or_default();
-                return Err(format!(
-                    "download failed: {e}{srv}; the partial file {} is kept for a resume",
-                    part.display()
-                ));
+                // The server's reply says more than "peer aborted" if it
+                // failed; a broken control connection is named first (it
+                // may be why the session ended).
+                let kept = format!("the partial file {} is kept for a resume", part.display());
+                return Err(match f.after_data_loss() {
+                    AfterLoss::Reply((c, t)) => {
+                        format!("download failed: {e} (server: {c} {t}); {kept}")
+                    }
+                    AfterLoss::Broken(ce) => format!(
+                        "download failed: {}; the transfer session ended with it ({e}); {kept}",
+                        AfterLoss::broken(&ce)
+                    ),
+                    AfterLoss::Silent(_) => format!("download failed: {e}; {kept}"),
+                });
             }
         };
         slot.note(&st);
@@ -238,15 +243,21 @@ pub fn get_with(
         run_out = dst.run;
         drop(data);
         if let Some(t) = total.filter(|t| offset + n < *t) {
-            let srv = f
-                .read_reply()
-                .map(|(c, t)| format!(" (server: {c} {t})"))
-                .unwrap_or_else(|e| format!(" ({e})"));
-            return Err(format!(
-                "download failed: the data connection ended after {} of {t} bytes{srv}; the partial file {} is kept for a resume",
-                offset + n,
-                part.display()
-            ));
+            let ended = format!(
+                "the data connection ended after {} of {t} bytes",
+                offset + n
+            );
+            let kept = format!("the partial file {} is kept for a resume", part.display());
+            return Err(match f.after_data_loss() {
+                AfterLoss::Reply((c, t)) => {
+                    format!("download failed: {ended} (server: {c} {t}); {kept}")
+                }
+                AfterLoss::Broken(ce) => format!(
+                    "download failed: {}; {ended}; {kept}",
+                    AfterLoss::broken(&ce)
+                ),
+                AfterLoss::Silent(se) => format!("download failed: {ended} ({se}); {kept}"),
+            });
         }
         final_reply(f, "RETR")?;
         n

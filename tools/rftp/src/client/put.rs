@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use rdma_xfer::FileReader;
 
-use super::ftp::{err, final_reply, Ftp};
+use super::ftp::{err, final_reply, AfterLoss, Ftp};
 use super::options::{Options, Summary};
 use super::retry::retrying;
 use super::session::{session, via, XferSlot};
@@ -92,11 +92,18 @@ fn put_from(
             Ok(st) => st,
             Err(e) => {
                 slot.reset();
-                let srv = f
-                    .read_reply()
-                    .map(|(c, t)| format!(": server replied {c} {t}"))
-                    .unwrap_or_default();
-                return Err(format!("upload failed: {e}{srv}"));
+                // As for a download: a broken control connection is named
+                // first (rftpd ends the session with it).
+                return Err(match f.after_data_loss() {
+                    AfterLoss::Reply((c, t)) => {
+                        format!("upload failed: {e}: server replied {c} {t}")
+                    }
+                    AfterLoss::Broken(ce) => format!(
+                        "upload failed: {}; the transfer session ended with it ({e})",
+                        AfterLoss::broken(&ce)
+                    ),
+                    AfterLoss::Silent(_) => format!("upload failed: {e}"),
+                });
             }
         };
         slot.note(&st);
@@ -124,11 +131,16 @@ fn put_from(
         let n = match n {
             Ok(n) => n,
             Err(e) => {
-                let srv = f
-                    .read_reply()
-                    .map(|(c, t)| format!(": server replied {c} {t}"))
-                    .unwrap_or_default();
-                return Err(format!("upload failed: {e}{srv}"));
+                return Err(match f.after_data_loss() {
+                    AfterLoss::Reply((c, t)) => {
+                        format!("upload failed: {e}: server replied {c} {t}")
+                    }
+                    AfterLoss::Broken(ce) => format!(
+                        "upload failed: {}; the data connection ended with it ({e})",
+                        AfterLoss::broken(&ce)
+                    ),
+                    AfterLoss::Silent(_) => format!("upload failed: {e}"),
+                });
             }
         };
         final_reply(f, "STOR")?;
