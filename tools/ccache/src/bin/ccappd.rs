@@ -156,12 +156,15 @@ struct Args {
     /// MPA Reject ("busy"). Each proxy opens --check-conns (default 4).
     #[arg(long, default_value_t = ccache::listen::MAX_CONNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_max_conns: u64,
-    /// Most RDMA (MPA) handshakes in progress at once; one more connection
-    /// is closed at once.
+    /// Most RDMA (MPA) handshakes in progress at once, on the version
+    /// table's listener and (separately) on --sockets-listen; one more
+    /// connection is closed at once.
     #[arg(long, default_value_t = ccache::listen::MAX_HANDSHAKES as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_max_handshakes: u64,
     /// How long a connected peer has to send its MPA Request,
-    /// milliseconds; a silent one is dropped then (it delays nobody else).
+    /// milliseconds, on --rdma-listen and --sockets-listen (there also the
+    /// bound on the stream's first message); a silent one is dropped then
+    /// (it delays nobody else).
     #[arg(long, default_value_t = ccache::listen::HANDSHAKE_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_handshake_ms: u64,
 }
@@ -330,7 +333,14 @@ fn run(a: Args) -> Result<(), String> {
     let vmax = a.version_max_conns as usize;
     std::thread::spawn(move || appd::serve_versions_with(vl, t2, idle, vmax));
     if let Some(addr) = a.sockets_listen {
-        let at = ccache::sockets::spawn_listener(addr, table.clone(), idle, vmax)?;
+        let scfg = ccache::sockets::SocketsCfg {
+            idle,
+            max_conns: vmax,
+            max_handshakes: a.rdma_max_handshakes as usize,
+            handshake_timeout: Duration::from_millis(a.rdma_handshake_ms),
+        };
+        let stats = Arc::new(ccache::sockets::SocketsStats::default());
+        let at = ccache::sockets::spawn_listener(&ctx, addr, table.clone(), scfg, stats)?;
         tracing::info!(sockets = %at, "version thread listening on iWARP sockets");
     }
     let mut allow = Allow::owner();
