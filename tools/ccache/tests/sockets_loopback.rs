@@ -69,7 +69,7 @@ fn a_silent_peer_does_not_delay_another_client() {
     // ours, so a peer that connected and said nothing held every later
     // one (a proxy's four checkers waited out their 2 s bound). Setups now
     // run on threads of their own, each within the handshake deadline.
-    let handshake = Duration::from_secs(2);
+    let handshake = Duration::from_secs(3);
     let cfg = SocketsCfg {
         handshake_timeout: handshake,
         ..SocketsCfg::new(T, 64)
@@ -90,12 +90,20 @@ fn a_silent_peer_does_not_delay_another_client() {
     let mut good = SocketsCheck::new(addr, Duration::from_secs(3));
     assert_eq!(good.version(1), Ok(42));
     let took = start.elapsed();
-    // Against the inline setup this could not finish before a silent peer
-    // gave up; the bound leaves a loaded 2-core machine room for a connect,
-    // a thread start, the stream's registration and one round trip, and
-    // stays well below the 2 s the silent peers hold.
+    eprintln!("the good client connected and checked in {took:?}");
+    // The good client was served while both silent peers still held their
+    // setups: against the inline setup it could not be (its check timed
+    // out "waiting for the MPA Reply"), whatever the machine's load.
     assert!(
-        took < Duration::from_millis(500),
+        stats.handshaking.load(Ordering::Acquire) >= 2,
+        "the silent peers' setups ended before the good client was served ({took:?})"
+    );
+    // And promptly: well below the 3 s the silent peers hold, with room
+    // on a loaded 2-core machine for a connect, a thread start, the
+    // stream's registration and one round trip (0.52 s was seen at load
+    // average 10, over a 0.5 s bound tried first).
+    assert!(
+        took < Duration::from_millis(1500),
         "a good client took {took:?} to connect and check behind silent peers"
     );
     // Both silent peers are closed after their deadline, not before.
