@@ -145,13 +145,18 @@ struct Args {
     /// Which document the update thread updates.
     #[arg(long, value_enum, default_value = "uniform")]
     update_select: SelectArg,
-    /// The deployment's access token (64 hex digits, mode 0600; created if
-    /// missing). Proxies must prove it to read the version table
-    /// (--rdma-listen) and to register for pushes; ccappd proves it to
-    /// read their state regions. Copy the file to every proxy (their
-    /// --token-file). Without it, anyone who reaches the listeners may.
+    /// The deployment's access token (64 hex digits, mode 0600; created,
+    /// with its directory (0700), if missing). Proxies must prove it to
+    /// read the version table (--rdma-listen) and to register for pushes;
+    /// ccappd proves it to read their state regions. Copy the file to
+    /// every proxy (their --token-file). [default: /var/lib/ccappd/token]
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// No access token: anyone who reaches --rdma-listen may read the
+    /// version table, and anyone who reaches --push-listen may register
+    /// for pushes. Only for a closed test network; logs a warning.
+    #[arg(long, conflicts_with = "token_file")]
+    insecure_no_token: bool,
     /// Most live RDMA connections to the version table; one more gets an
     /// MPA Reject ("busy"). Each proxy opens --check-conns (default 4).
     #[arg(long, default_value_t = ccache::listen::MAX_CONNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -261,9 +266,15 @@ fn run(a: Args) -> Result<(), String> {
             a.rdma_listen
         )
     })?;
-    let token = match &a.token_file {
-        Some(p) => Some(Token::load(p, true)?),
-        None => None,
+    let token = if a.insecure_no_token {
+        tracing::warn!("--insecure-no-token: the RDMA listeners and the push listener accept anyone who reaches them (a closed test network only; drop the flag to use the token file)");
+        None
+    } else {
+        let p = a
+            .token_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(ccache::access::APPD_TOKEN_FILE));
+        Some(Token::load_or_create(&p)?)
     };
     let lcfg = ListenCfg {
         token: token.clone(),
