@@ -40,7 +40,7 @@ for n in $THREADS; do
     PR=$(free_port)
     PV=$(free_port)
     "$TARGET/release/ccappd" --docs 16 --rdma-listen "127.0.0.1:$PR" --version-listen "127.0.0.1:$PV" \
-        --ipc "$T/ipc.sock" --compute-threads "$n" >>"$T/ccappd.log" 2>&1 &
+        --ipc "$T/ipc.sock" --token-file "$T/token" --compute-threads "$n" >>"$T/ccappd.log" 2>&1 &
     APPD_PID=$!
     up=0
     for _ in $(seq 1 100); do
@@ -50,7 +50,7 @@ for n in $THREADS; do
     if [ "$up" != 1 ]; then echo "ccappd did not start"; cat "$T/ccappd.log"; exit 1; fi
     for m in rdma:threaded rdma:sleep tcp:threaded; do
         timeout 600 "$TARGET/release/ccping" --mode "${m%%:*}" --progress "${m##*:}" \
-            --appd-rdma "127.0.0.1:$PR" --appd-tcp "127.0.0.1:$PV" \
+            --appd-rdma "127.0.0.1:$PR" --appd-tcp "127.0.0.1:$PV" --token-file "$T/token" \
             --count "$COUNT" --label "threads=$n" | tee -a "$OUT"
     done
     kill -TERM "$APPD_PID" 2>/dev/null

@@ -102,16 +102,25 @@ PIN_APP=()
 PIN_FRONT=()
 if [ -n "${APP_CPUS:-}" ]; then PIN_APP=(taskset -c "$APP_CPUS"); fi
 if [ -n "${FRONT_CPUS:-}" ]; then PIN_FRONT=(taskset -c "$FRONT_CPUS"); fi
+# The deployment's access token, one for every ccappd and proxy (a proxy
+# with --shards proves one token to every shard): made once, mode 0600.
+topo_token() {
+    [ -s "$T/token" ] && return 0
+    (umask 077 && { od -An -tx1 -N32 /dev/urandom | tr -d ' \n'; echo; } >"$T/token")
+}
+
 start_appd() { # J DOCS COMPUTE [args...]
     local j="$1" docs="$2" compute="$3" a d
     shift 3
+    topo_token || return 1
     a="$(addr_of "a$j")"
     d="$T/a$j"
     mkdir -p "$d/docs" "$d/run" "$d/logs"
     chmod 755 "$d" "$d/docs"
     in_ns "a$j" "${PIN_APP[@]}" "$TARGET/release/ccappd" --docs "$docs" --docroot "$d/docs" \
         --rdma-listen "$a:7471" --version-listen "$a:7472" --sockets-listen "$a:7473" \
-        --ipc "$d/ipc.sock" --ipc-mode 660 --ipc-group www-data --compute-threads "$compute" "$@" >>"$d/ccappd.log" 2>&1 &
+        --ipc "$d/ipc.sock" --ipc-mode 660 --ipc-group www-data --token-file "$T/token" \
+        --compute-threads "$compute" "$@" >>"$d/ccappd.log" 2>&1 &
     APPD_PID_LAST=$!
     TOPO_PIDS+=("$APPD_PID_LAST")
     wait_tcp "a$j" "$a" 7472 "$APPD_PID_LAST"
@@ -181,8 +190,9 @@ start_proxy() {
     local i="$1" mode="$2" port="$3" shards="$4" a
     shift 4
     a="$(addr_of "p$i")"
+    topo_token || return 1
     in_ns "p$i" "${PIN_FRONT[@]}" "$TARGET/release/ccproxy" --mode "$mode" --listen "$a:$port" \
-        --shards "$shards" --prefix /docs/ --max-conns 1024 "$@" >>"$T/ccproxy-p$i-$mode.log" 2>&1 &
+        --shards "$shards" --prefix /docs/ --max-conns 1024 --token-file "$T/token" "$@" >>"$T/ccproxy-p$i-$mode.log" 2>&1 &
     PROXY_PID_LAST=$!
     TOPO_PIDS+=("$PROXY_PID_LAST")
     wait_tcp "p$i" "$a" "$port" "$PROXY_PID_LAST"

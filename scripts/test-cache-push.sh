@@ -16,7 +16,9 @@
 #   the proxies' counters (/_ccproxy/stats): pushes stored and served
 #   ccupdate --select accessed
 #   the access token: ccappd creates it (mode 600), the proxies read it; a
-#     proxy without it is refused (502, "access denied" in both logs)
+#     proxy without one refuses to start (naming --token-file and
+#     --insecure-no-token); a proxy with another token is refused (502,
+#     "access denied" in both logs)
 #   faults: ccappd killed during pushes (proxies stay up, answer 502, then
 #     register again and are pushed to after the restart, zero stale); a
 #     fake ccappd (Python) that sends the real ccproxy a malformed frame, a
@@ -82,10 +84,24 @@ t_token_file() { # ccappd made the token file, readable by its owner only
     [ "$(stat -c %a "$T/token")" = 600 ] && [ "$(tr -d '\n' <"$T/token" | wc -c)" = 64 ]
 }
 check "ccappd created the access token file (mode 600, 64 hex digits)" t_token_file
-t_no_token() { # a proxy without the token: its RDMA checks and its registration are refused
+t_no_token() { # a proxy without a token refuses to start, naming the cause and the fixes
+    local rc=0 out
+    out=$(timeout 20 "$PROXY" --listen "127.0.0.1:$P_NT" --backend "127.0.0.1:$P_HTTP" --prefix /docs/ \
+        --mode rdma --appd-rdma "127.0.0.1:$P_RDMA" --push-appd "127.0.0.1:$P_PUSH" 2>&1) || rc=$?
+    echo "$out"
+    echo "exit status: $rc"
+    # 1: it refused; 124 would be timeout(1): it started.
+    [ "$rc" = 1 ] || return 1
+    for want in 'no access token' '--token-file PATH' '--insecure-no-token' '/var/lib/ccappd/token'; do
+        grep -qF -- "$want" <<<"$out" || { echo "missing: $want"; return 1; }
+    done
+}
+check "a proxy without a token refuses to start: the message names the token file, --token-file and --insecure-no-token" t_no_token
+t_wrong_token() { # a proxy with another token: its RDMA checks and its registration are refused
+    (umask 077 && /usr/bin/python3 -c 'import secrets; print(secrets.token_hex(32))' >"$T/other-token")
     "$PROXY" --listen "127.0.0.1:$P_NT" --backend "127.0.0.1:$P_HTTP" --prefix /docs/ --mode rdma \
         --appd-rdma "127.0.0.1:$P_RDMA" --push-appd "127.0.0.1:$P_PUSH" --check-timeout-ms 1000 \
-        >>"$T/ccproxy-nt.log" 2>&1 &
+        --token-file "$T/other-token" >>"$T/ccproxy-nt.log" 2>&1 &
     local px=$! code=none
     # Not in PX_PIDS: this proxy is stopped here, the others must live on.
     if cp_wait_port "$P_NT" "$px"; then
@@ -93,13 +109,13 @@ t_no_token() { # a proxy without the token: its RDMA checks and its registration
     fi
     kill "$px"
     wait "$px" 2>/dev/null
-    echo "status without the token: $code"
+    echo "status with another token: $code"
     [ "$code" = 502 ] || return 1
     grep 'access denied' "$T/ccproxy-nt.log" | head -3
     grep -q 'refused the connection: access denied' "$T/ccproxy-nt.log" || return 1
     grep -q 'RDMA connection refused: access denied' "$T/ccappd.log"
 }
-check "a proxy without the token: 502, its RDMA check refused (access denied)" t_no_token
+check "a proxy with another token: 502, its RDMA check refused (access denied)" t_wrong_token
 
 url() { echo "http://127.0.0.1:$1/docs/"; }
 t_load() { # $1 name, $2 port, $3 requests
@@ -217,8 +233,10 @@ t_fake() {
     timeout 60 /usr/bin/python3 "$T/fake.py" "$P_FAKE" &
     local fp=$!
     sleep 0.3
+    # --insecure-no-token: the fake speaks the channel without the token's
+    # proofs (a proxy with a token leaves a REGISTERED that proves none).
     "$PROXY" --listen "127.0.0.1:$P_FX" --backend "127.0.0.1:$P_HTTP" --prefix /docs/ --mode tcp \
-        --appd-tcp "127.0.0.1:$P_VER" --push-appd "127.0.0.1:$P_FAKE" >>"$T/ccproxy-fx.log" 2>&1 &
+        --appd-tcp "127.0.0.1:$P_VER" --push-appd "127.0.0.1:$P_FAKE" --insecure-no-token >>"$T/ccproxy-fx.log" 2>&1 &
     local px=$!
     PX_PIDS="$PX_PIDS $px"
     wait "$fp" || return 1

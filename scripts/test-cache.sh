@@ -107,8 +107,10 @@ mkdir -p "$T/docs" "$T/cgi-bin" "$T/run" "$T/logs"
 cp tools/ccache/cgi/doc.cgi "$T/cgi-bin/doc.cgi"
 chmod 755 "$T/cgi-bin/doc.cgi" "$T/docs"
 
+# ccappd creates the deployment's access token $T/token (mode 0600) on its
+# first start; the proxies are given the same file.
 start_appd() {
-    "$APPD" --docs "$DOCS" --docroot "$T/docs" --init-docs --doc-size 4096 \
+    "$APPD" --docs "$DOCS" --docroot "$T/docs" --init-docs --doc-size 4096 --token-file "$T/token" \
         --rdma-listen "127.0.0.1:$P_RDMA" --version-listen "127.0.0.1:$P_VER" \
         --ipc "$IPC" --ipc-mode 660 --ipc-group www-data --update-rate "$RATE" --update-log "$T/updates.log" \
         >>"$T/ccappd.log" 2>&1 &
@@ -154,7 +156,7 @@ fi
 
 start_proxy() { # $1 mode, $2 port [, $3 prefix] -> sets PX_PID
     "$PROXY" --mode "$1" --listen "127.0.0.1:$2" --backend "127.0.0.1:$P_HTTP" --prefix "${3:-/docs/}" \
-        --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" \
+        --appd-rdma "127.0.0.1:$P_RDMA" --appd-tcp "127.0.0.1:$P_VER" --token-file "$T/token" \
         --check-timeout-ms 1000 >>"$T/ccproxy-$1.log" 2>&1 &
     PX_PID=$!
     PX_PIDS="$PX_PIDS $PX_PID"
@@ -275,10 +277,16 @@ check "IPC as user nobody: refused (socket mode 660 group www-data, SO_PEERCRED)
 # ccappd runs here under umask 077, a hardened service's (mkdir(2) applies
 # the umask, so ccappd sets the directory's mode itself). www-data, the
 # group, then reaches the socket through the directory.
+# And its token default: no --token-file, so it creates
+# /var/lib/ccappd/token (0600, in a new directory 0700). It runs in a mount
+# namespace of its own with an empty tmpfs on /var/lib, so this host's
+# /var/lib is untouched; the file is seen through /proc/PID/root.
 t_ipc_defaults() {
     local sock="$T/rt/ccappd/ipc.sock" pid rc=0
     mkdir -p "$T/rt"
-    (umask 077 && exec env -u CCAPPD_IPC_MODE -u CCAPPD_IPC_GROUP "$APPD" --docs 1 \
+    # shellcheck disable=SC2016 # the inner sh expands "$@"
+    (umask 077 && exec unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /var/lib && exec "$@"' sh \
+        env -u CCAPPD_IPC_MODE -u CCAPPD_IPC_GROUP -u CCAPPD_TOKEN_FILE -u CCAPPD_INSECURE_NO_TOKEN "$APPD" --docs 1 \
         --rdma-listen "127.0.0.1:$(free_port)" --version-listen "127.0.0.1:$(free_port)" \
         --ipc "$sock" --ipc-group www-data) >"$T/ccappd-defaults.log" 2>&1 &
     pid=$!
@@ -307,6 +315,12 @@ EOF
         echo "directory: $(stat -c '%a %G' "$T/rt/ccappd"), socket: $(stat -c '%a %G %F' "$sock")"
         [ "$(stat -c '%a %G' "$T/rt/ccappd")" = "750 www-data" ] || rc=1
         [ "$(stat -c '%a %G %F' "$sock")" = "660 www-data socket" ] || rc=1
+        local tok="/proc/$pid/root/var/lib/ccappd/token"
+        echo "token: $(stat -c '%a' "$(dirname "$tok")") $(stat -c '%a %s' "$tok")"
+        [ "$(stat -c '%a' "$(dirname "$tok")")" = 700 ] || rc=1
+        [ "$(stat -c '%a' "$tok")" = 600 ] || rc=1
+        [ "$(tr -d '\n' <"$tok" | wc -c)" = 64 ] || rc=1
+        if grep -q 'insecure' "$T/ccappd-defaults.log"; then rc=1; fi
         timeout 10 setpriv --reuid=www-data --regid=www-data --clear-groups /usr/bin/python3 -c '
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
@@ -316,7 +330,7 @@ print("www-data connects")' "$sock" || rc=1
     ((rc == 0)) || cat "$T/ccappd-defaults.log"
     return "$rc"
 }
-check "ccappd's IPC defaults (no --ipc-mode, umask 077): new runtime directory 0750 and socket 0660, group www-data" t_ipc_defaults
+check "ccappd's defaults (no --ipc-mode, no --token-file, umask 077): new runtime directory 0750 and socket 0660, group www-data; token /var/lib/ccappd/token 0600 in a new directory 0700" t_ipc_defaults
 
 # ---- load with updates: zero stale responses -------------------------------------
 

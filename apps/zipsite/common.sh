@@ -165,11 +165,12 @@ zs_cache_start() {
     p_rd=$(free_port_once "$T/ports")
     p_ver=$(free_port_once "$T/ports")
     "$target/release/ccappd" --docs 42001 --rdma-listen "127.0.0.1:$p_rd" --version-listen "127.0.0.1:$p_ver" \
-        --ipc "$ZS_CCACHE_IPC" --ipc-mode 660 --ipc-group www-data >>"$T/ccappd.log" 2>&1 &
+        --ipc "$ZS_CCACHE_IPC" --ipc-mode 660 --ipc-group www-data --token-file "$T/ccache-token" >>"$T/ccappd.log" 2>&1 &
     ZS_APPD_PID=$!
     zs_wait_port "$p_ver" "$ZS_APPD_PID" || { cat "$T/ccappd.log" >&2; return 1; }
     "$target/release/ccproxy" --mode rdma --listen "127.0.0.1:$2" --backend "127.0.0.1:$1" --prefix /near/ \
-        --appd-rdma "127.0.0.1:$p_rd" --appd-tcp "127.0.0.1:$p_ver" --check-timeout-ms 2000 >>"$T/ccproxy.log" 2>&1 &
+        --appd-rdma "127.0.0.1:$p_rd" --appd-tcp "127.0.0.1:$p_ver" --check-timeout-ms 2000 \
+        --token-file "$T/ccache-token" >>"$T/ccproxy.log" 2>&1 &
     ZS_PROXY_PID=$!
     zs_wait_port "$2" "$ZS_PROXY_PID" || { cat "$T/ccproxy.log" >&2; return 1; }
 }

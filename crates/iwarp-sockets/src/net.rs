@@ -557,6 +557,18 @@ impl Listener {
     pub fn accept_tcp(stream: std::net::TcpStream, opts: &Options) -> io::Result<Stream> {
         let req = cm::request_from_stream(stream, &opts.mpa, opts.connect_timeout)
             .map_err(conn::cm_err)?;
+        Listener::accept_request(req, opts)
+    }
+
+    /// Accepts a connection request taken elsewhere (an
+    /// `iwarp::cm::Listener` of the caller's, or
+    /// `iwarp::cm::request_from_stream`) as a stream: the queue pair, the
+    /// rings' registration and the MPA Reply, bounded by
+    /// `opts.connect_timeout`. For servers that take requests on one
+    /// thread and set streams up on others, so that a slow or silent peer
+    /// delays nobody else. A request whose private data is not an
+    /// `rs_conn_data` is rejected (`InvalidData`).
+    pub fn accept_request(req: cm::ConnRequest, opts: &Options) -> io::Result<Stream> {
         conn::accept(req, opts).map(Stream::from_conn)
     }
 }

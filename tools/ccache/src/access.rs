@@ -12,7 +12,10 @@
 //!   from the OS random number generator (`/dev/urandom`, random(4)),
 //!   stored as 64 hex digits in a file that only its owner may read
 //!   (`--token-file`, mode 0600, checked; the same file, or the same
-//!   `token-file = PATH` line in the `--config` files, on every host).
+//!   `token_file = "PATH"` line in the `--config` files, on every host).
+//!   It is on by default: ccappd makes [`APPD_TOKEN_FILE`] if it is given
+//!   none, and its clients refuse to start without one where it is needed
+//!   ([`client_token`]); `--insecure-no-token` opts out, on both sides.
 //!   The token itself never goes on the wire: a peer proves it holds it
 //!   with HMAC-SHA-256 (RFC 2104) over a fresh nonce and a label
 //!   ([`Token::proof`], [`ccache_proto::auth`]): a proxy in the MPA
@@ -104,6 +107,38 @@ fn resolve(name: &str, file: &Path) -> Option<u32> {
 
 /// Bytes of a token.
 pub const TOKEN_LEN: usize = 32;
+
+/// ccappd's token file when `--token-file` is not given: in its state
+/// directory, which outlives a reboot (a token under `/run`, beside the
+/// IPC socket, would be made anew at every boot and lock the proxies out).
+pub const APPD_TOKEN_FILE: &str = "/var/lib/ccappd/token";
+
+/// The token a client of ccappd (ccproxy, ccping) runs with: `file`'s;
+/// none with `insecure` (`--insecure-no-token`, logged); none if `needs`
+/// is `None` (nothing it does takes a token). Otherwise an error that
+/// names the cause and the fix: since tokens became the default, ccappd
+/// refuses a peer without one, so a proxy that would be refused at every
+/// check does not start.
+pub fn client_token(
+    program: &str,
+    file: Option<&Path>,
+    insecure: bool,
+    needs: Option<&str>,
+) -> Result<Option<Token>, String> {
+    if let Some(f) = file {
+        return Token::load(f, false).map(Some);
+    }
+    match needs {
+        _ if insecure => {
+            tracing::warn!("{program} --insecure-no-token: no access proof is sent and none is asked for (ccappd must run with --insecure-no-token too; a closed test network only)");
+            Ok(None)
+        }
+        None => Ok(None),
+        Some(what) => Err(format!(
+            "{program}: no access token, and {what} needs one (ccappd refuses peers without it). Fix: copy ccappd's token file (by default {APPD_TOKEN_FILE} on its host) to this host, `chmod 600` it, and pass --token-file PATH (or token_file in --config); on a closed test network only, run both ccappd and {program} with --insecure-no-token"
+        )),
+    }
+}
 
 /// A deployment's shared access token.
 #[derive(Clone, PartialEq, Eq)]
@@ -205,10 +240,32 @@ impl Token {
                 Ok(t)
             }
             Err(e) => Err(format!(
-                "--token-file {}: {e} (ccappd writes one with --token-file on its first start; copy it to every proxy)",
+                "--token-file {}: {e} (ccappd writes one on its first start, by default {APPD_TOKEN_FILE}; copy it to every proxy)",
                 path.display()
             )),
         }
+    }
+
+    /// ccappd's token: `path`'s, or a fresh one written there (mode 0600)
+    /// if it does not exist, its directory made first (mode 0700) if that
+    /// is missing too (`/var/lib/ccappd` on a first start).
+    pub fn load_or_create(path: &Path) -> Result<Token, String> {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+                    .map_err(|e| {
+                        format!(
+                            "--token-file {}: creating its directory: {e} (run ccappd as a user who may create it, or pass --token-file PATH to a file ccappd may write)",
+                            path.display()
+                        )
+                    })?;
+            }
+        }
+        Token::load(path, true)
     }
 
     /// 64 hex digits.

@@ -168,7 +168,7 @@ pub fn serve(
     if cfg.token.is_none() {
         tracing::warn!(
             what = cfg.what,
-            "no --token-file: anyone who reaches this RDMA listener can read the {}",
+            "no access token (--insecure-no-token): anyone who reaches this RDMA listener can read the {}",
             cfg.what
         );
     }

@@ -129,3 +129,35 @@ fn each_program_refuses_an_unknown_key_naming_it() {
         );
     }
 }
+
+#[test]
+fn ccproxy_without_a_token_refuses_to_start_naming_the_fix() {
+    // Tokens are on by default (issue 26 item 4): ccappd refuses a proxy
+    // without one, so the proxy refuses to start rather than answer 502 to
+    // every request. It exits before binding or connecting anything.
+    let proxy = env!("CARGO_BIN_EXE_ccproxy");
+    for mode_args in [
+        &["--mode", "rdma"][..],
+        &["--mode", "tcp", "--push-appd", "127.0.0.1:9"][..],
+    ] {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--backend", "127.0.0.1:9"];
+        args.extend_from_slice(mode_args);
+        let o = run(proxy, &args, &[]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{mode_args:?}: {e}");
+        for want in [
+            "no access token",
+            "/var/lib/ccappd/token",
+            "--token-file PATH",
+            "--insecure-no-token",
+        ] {
+            assert!(e.contains(want), "{mode_args:?}: no `{want}` in: {e}");
+        }
+    }
+    // The opt-out is a key of the config file too (checked, not started).
+    let d = tmp("no-token");
+    let f = d.0.join("ccproxy.toml");
+    std::fs::write(&f, "mode = \"rdma\"\ninsecure_no_token = true\n").unwrap();
+    let o = run(proxy, &["--config", f.to_str().unwrap(), "--help"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

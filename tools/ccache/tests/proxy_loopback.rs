@@ -97,9 +97,14 @@ fn start(tag: &str) -> World {
     let tcp = vl.local_addr().unwrap();
     let t = table.clone();
     std::thread::spawn(move || appd::serve_versions(vl, t, T));
-    let sockets =
-        ccache::sockets::spawn_listener("127.0.0.1:0".parse().unwrap(), table.clone(), T, 64)
-            .unwrap();
+    let sockets = ccache::sockets::spawn_listener(
+        &ctx,
+        "127.0.0.1:0".parse().unwrap(),
+        table.clone(),
+        ccache::sockets::SocketsCfg::new(T, 64),
+        Default::default(),
+    )
+    .unwrap();
     let ipc = dir.join("ipc.sock");
     let il = UnixListener::bind(&ipc).unwrap();
     let st = Arc::new(IpcState::new(table.clone(), 1));

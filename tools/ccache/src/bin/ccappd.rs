@@ -145,23 +145,31 @@ struct Args {
     /// Which document the update thread updates.
     #[arg(long, value_enum, default_value = "uniform")]
     update_select: SelectArg,
-    /// The deployment's access token (64 hex digits, mode 0600; created if
-    /// missing). Proxies must prove it to read the version table
-    /// (--rdma-listen) and to register for pushes; ccappd proves it to
-    /// read their state regions. Copy the file to every proxy (their
-    /// --token-file). Without it, anyone who reaches the listeners may.
+    /// The deployment's access token (64 hex digits, mode 0600; created,
+    /// with its directory (0700), if missing). Proxies must prove it to
+    /// read the version table (--rdma-listen) and to register for pushes;
+    /// ccappd proves it to read their state regions. Copy the file to
+    /// every proxy (their --token-file). [default: /var/lib/ccappd/token]
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+    /// No access token: anyone who reaches --rdma-listen may read the
+    /// version table, and anyone who reaches --push-listen may register
+    /// for pushes. Only for a closed test network; logs a warning.
+    #[arg(long, conflicts_with = "token_file")]
+    insecure_no_token: bool,
     /// Most live RDMA connections to the version table; one more gets an
     /// MPA Reject ("busy"). Each proxy opens --check-conns (default 4).
     #[arg(long, default_value_t = ccache::listen::MAX_CONNS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_max_conns: u64,
-    /// Most RDMA (MPA) handshakes in progress at once; one more connection
-    /// is closed at once.
+    /// Most RDMA (MPA) handshakes in progress at once, on the version
+    /// table's listener and (separately) on --sockets-listen; one more
+    /// connection is closed at once.
     #[arg(long, default_value_t = ccache::listen::MAX_HANDSHAKES as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_max_handshakes: u64,
     /// How long a connected peer has to send its MPA Request,
-    /// milliseconds; a silent one is dropped then (it delays nobody else).
+    /// milliseconds, on --rdma-listen and --sockets-listen (there also the
+    /// bound on the stream's first message); a silent one is dropped then
+    /// (it delays nobody else).
     #[arg(long, default_value_t = ccache::listen::HANDSHAKE_TIMEOUT.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..))]
     rdma_handshake_ms: u64,
 }
@@ -258,9 +266,15 @@ fn run(a: Args) -> Result<(), String> {
             a.rdma_listen
         )
     })?;
-    let token = match &a.token_file {
-        Some(p) => Some(Token::load(p, true)?),
-        None => None,
+    let token = if a.insecure_no_token {
+        tracing::warn!("--insecure-no-token: the RDMA listeners and the push listener accept anyone who reaches them (a closed test network only; drop the flag to use the token file)");
+        None
+    } else {
+        let p = a
+            .token_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(ccache::access::APPD_TOKEN_FILE));
+        Some(Token::load_or_create(&p)?)
     };
     let lcfg = ListenCfg {
         token: token.clone(),
@@ -330,7 +344,14 @@ fn run(a: Args) -> Result<(), String> {
     let vmax = a.version_max_conns as usize;
     std::thread::spawn(move || appd::serve_versions_with(vl, t2, idle, vmax));
     if let Some(addr) = a.sockets_listen {
-        let at = ccache::sockets::spawn_listener(addr, table.clone(), idle, vmax)?;
+        let scfg = ccache::sockets::SocketsCfg {
+            idle,
+            max_conns: vmax,
+            max_handshakes: a.rdma_max_handshakes as usize,
+            handshake_timeout: Duration::from_millis(a.rdma_handshake_ms),
+        };
+        let stats = Arc::new(ccache::sockets::SocketsStats::default());
+        let at = ccache::sockets::spawn_listener(&ctx, addr, table.clone(), scfg, stats)?;
         tracing::info!(sockets = %at, "version thread listening on iWARP sockets");
     }
     let mut allow = Allow::owner();

@@ -59,25 +59,33 @@ struct Args {
     /// A label copied into the JSON line.
     #[arg(long, default_value = "")]
     label: String,
-    /// ccappd's access token (a copy of its --token-file, mode 0600), for
-    /// mode rdma against a ccappd that has one.
+    /// ccappd's access token (a copy of its --token-file, mode 0600);
+    /// required in mode rdma.
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// Mode rdma without a token, against a ccappd run with
+    /// --insecure-no-token (a closed test network only).
+    #[arg(long, conflicts_with = "token_file")]
+    insecure_no_token: bool,
 }
 
 fn main() -> ExitCode {
     ccache::init_logging();
     let a = Args::parse();
     let t = Duration::from_millis(a.timeout_ms.max(1));
-    let token = match &a.token_file {
-        Some(p) => match ccache::access::Token::load(p, false) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                tracing::error!("{e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => None,
+    let needs = matches!(a.mode, Mode::Rdma)
+        .then_some("--mode rdma (it RDMA-Reads ccappd's version table)");
+    let token = match ccache::access::client_token(
+        "ccping",
+        a.token_file.as_deref(),
+        a.insecure_no_token,
+        needs,
+    ) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::FAILURE;
+        }
     };
     let mut c: Box<dyn VersionCheck> = match a.mode {
         Mode::Rdma => Box::new(

@@ -130,11 +130,18 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     state_interval_ms: u64,
     /// The deployment's access token: a copy of ccappd's --token-file
-    /// (mode 0600). Proven to ccappd's version table and push listener;
-    /// ccappd must prove it to read the state region (--state-rdma-listen)
-    /// and to push.
+    /// (by default /var/lib/ccappd/token on ccappd's host; mode 0600 here
+    /// too). Proven to ccappd's version table and push listener; ccappd
+    /// must prove it to read the state region (--state-rdma-listen) and to
+    /// push. Required in mode rdma and with --push-appd.
     #[arg(long, value_name = "FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// Run without an access token in mode rdma or with --push-appd
+    /// (ccappd must run with --insecure-no-token too): anyone who reaches
+    /// --state-rdma-listen may read the state region, and a push channel
+    /// is not authenticated. Only for a closed test network.
+    #[arg(long, conflicts_with = "token_file")]
+    insecure_no_token: bool,
     /// Most live RDMA connections to the state region (ccappd opens one);
     /// one more gets an MPA Reject ("busy").
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
@@ -212,6 +219,21 @@ fn main() -> ExitCode {
 }
 
 fn run(a: Args) -> Result<(), String> {
+    // First: a proxy that ccappd would refuse at every check must not
+    // start and answer 502s.
+    let needs = if matches!(a.mode, ModeArg::Rdma) {
+        Some("--mode rdma (its checks RDMA-Read ccappd's version table)")
+    } else if a.push_appd.is_some() {
+        Some("--push-appd (registering with ccappd for pushes)")
+    } else {
+        None
+    };
+    let token = ccache::access::client_token(
+        "ccproxy",
+        a.token_file.as_deref(),
+        a.insecure_no_token,
+        needs,
+    )?;
     let cfg_for = |backend: SocketAddr, mode: Mode| ProxyCfg {
         backend,
         prefix: a.prefix.clone(),
@@ -229,10 +251,6 @@ fn run(a: Args) -> Result<(), String> {
         a.state_entries,
     ));
     cache.spawn_publisher(Duration::from_millis(a.state_interval_ms.max(1)));
-    let token = match &a.token_file {
-        Some(p) => Some(Token::load(p, false)?),
-        None => None,
-    };
     if let Some(appd) = a.push_appd {
         let reg = push_setup(&cache, a.state_rdma_listen, &token, a.state_rdma_max_conns)?;
         let c = cache.clone();
