@@ -272,9 +272,15 @@ fn mib(b: u64) -> String {
 ///   what limits, so it becomes twice the delivered amount (at most the
 ///   pool), as receive autotuning advertises twice what arrived;
 /// - for four round trips in a row, twice the delivered amount was under
-///   half the window: the rate fell (a slower path, a congested link, a
-///   slow disk), so the window comes down to twice the delivered amount
-///   (at least `min`), which keeps fewer blocks queued at a bottleneck.
+///   half the window and under the most delivered in a round trip so far:
+///   the rate fell (a slower path, a congested link, a slow disk), so the
+///   window comes down to twice the delivered amount (at least `min`),
+///   which keeps fewer blocks queued at a bottleneck. A round that
+///   delivers more than any before is the start (TCP's slow start, or
+///   each stream's climb after a loss) and never counts: at 100 ms RTT
+///   and 1 % loss 8 streams need seconds to open their windows, and the
+///   window shrank from 64 blocks to 16 three seconds into the transfer
+///   (issue 27), holding the streams back while they opened.
 #[derive(Debug, Clone)]
 pub struct Autotune {
     pool: u32,
@@ -285,6 +291,8 @@ pub struct Autotune {
     mark: Duration,
     delivered: u64,
     low_rounds: u32,
+    /// The most delivered in one round trip so far.
+    peak: u64,
 }
 
 /// A window change and its reason.
@@ -309,6 +317,7 @@ impl Autotune {
             mark: Duration::ZERO,
             delivered: 0,
             low_rounds: 0,
+            peak: 0,
         }
     }
 
@@ -355,6 +364,8 @@ impl Autotune {
         let win_bytes = u64::from(self.window) * self.block;
         let twice = (2 * per_rtt).div_ceil(self.block).min(u64::from(u32::MAX)) as u32;
         let from = self.window;
+        let new_peak = per_rtt > self.peak;
+        self.peak = self.peak.max(per_rtt);
         if 2 * per_rtt >= win_bytes {
             self.low_rounds = 0;
             let to = twice.clamp(self.window, self.pool);
@@ -372,7 +383,7 @@ impl Autotune {
             }
             return None;
         }
-        if 2 * per_rtt * 2 < win_bytes {
+        if 2 * per_rtt * 2 < win_bytes && !new_peak {
             self.low_rounds += 1;
             if self.low_rounds >= 4 {
                 self.low_rounds = 0;
@@ -527,6 +538,33 @@ mod tests {
         assert_eq!(a.window(), 8);
         drive(&mut a, rtt, 1.25e9, 4, &mut t);
         assert_eq!(a.window(), 64);
+    }
+
+    #[test]
+    fn autotune_does_not_shrink_while_the_streams_open() {
+        // issue 27, 100 ms RTT, 1 % loss: a 64-block pool, and 8 streams
+        // whose delivery grows slowly (slow start and losses) from 1 MiB
+        // per round trip: each round delivers more than the last, so the
+        // rate did not fall, and the window stays until it limits.
+        let rtt = Duration::from_millis(200);
+        let mut a = Autotune::new(64, 16, 1 << 20);
+        a.start_at(64);
+        a.on_rtt(rtt);
+        let mut t = Duration::ZERO;
+        for mib in [1u64, 2, 3, 4, 5, 6, 8, 10] {
+            a.on_delivered(mib * MIB);
+            t += rtt;
+            assert_eq!(a.tick(t), None, "{mib} MiB per round trip");
+        }
+        assert_eq!(a.window(), 64);
+        // Then the rate falls for good (under half the peak): it shrinks
+        // after four round trips, as before.
+        for _ in 0..4 {
+            a.on_delivered(2 * MIB);
+            t += rtt;
+            a.tick(t);
+        }
+        assert_eq!(a.window(), 16, "twice 2 MiB, at least min");
     }
 
     #[test]

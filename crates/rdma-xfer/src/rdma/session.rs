@@ -132,9 +132,20 @@ impl Drop for RdmaSession {
         }
         // The hook holds the bells; the CQ may outlive the session.
         self.shared.cq.set_completion_hook(None);
-        for qp in &self.shared.data_qps {
-            qp.disconnect();
-        }
-        self.shared.ctrl_qp.disconnect();
+        // All at once: each disconnect waits a round trip for the peer's
+        // FIN (iwarp-soft's graceful close), so one after the other cost
+        // a round trip per stream at the end of every session (issue 27:
+        // 0.27 s of a 2.4 s 100 MB get with 6 streams at 50 ms RTT).
+        std::thread::scope(|s| {
+            for qp in std::iter::once(&self.shared.ctrl_qp).chain(&self.shared.data_qps) {
+                // A thread that cannot start: that one waits in line.
+                if std::thread::Builder::new()
+                    .spawn_scoped(s, move || qp.disconnect())
+                    .is_err()
+                {
+                    qp.disconnect();
+                }
+            }
+        });
     }
 }

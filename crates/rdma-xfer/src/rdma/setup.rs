@@ -4,7 +4,7 @@
 //! the threads.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -383,6 +383,7 @@ impl RdmaSession {
             ctrl_msgs: s.ctrl_msgs,
             data_msgs,
             depth,
+            queued: (0..streams).map(|_| AtomicU32::new(0)).collect(),
             ctrl: Mutex::new(CtrlCredits::new(CTRL_RECVS, CTRL_SLOTS, CTRL_SIGNAL_EVERY)),
             pairing: Mutex::new(SourcePairing::new(depth)),
             dispatch: Mutex::new(Dispatch {

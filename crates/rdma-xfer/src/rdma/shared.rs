@@ -1,7 +1,7 @@
 //! What the session's threads share: the verbs objects, the control
 //! channel's send path and the source's block/grant pairing.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use super::base::{
     data_recv_slots, lock, wr_id, Fail, CTRL_RECVS, DATA_MSG, K_CTRL_RECV, K_CTRL_SEND,
     K_DATA_RECV, K_DATA_SEND, K_DATA_WRITE,
 };
-use super::flow::{CtrlCredits, SourcePairing};
+use super::flow::{pick_stream, CtrlCredits, SourcePairing};
 use super::handoff::Handoff;
 
 /// Everything the threads share.
@@ -32,6 +32,9 @@ pub(super) struct Shared {
     /// slots (one per source block), of [`DATA_MSG`] bytes.
     pub(super) data_msgs: MemoryRegion,
     pub(super) depth: u32,
+    /// Per data stream: blocks posted and not yet handed to TCP (their
+    /// `BlockDone` Send has not completed), for [`pick_stream`].
+    pub(super) queued: Vec<AtomicU32>,
     pub(super) ctrl: Mutex<CtrlCredits>,
     pub(super) pairing: Mutex<SourcePairing<Filled>>,
     /// The right to take completions off the CQ, and what handling them
@@ -213,10 +216,16 @@ impl Shared {
     }
 
     /// Post the Write of a filled block into granted sink block `g`, and
-    /// its `BlockDone` behind it on the same stream.
+    /// its `BlockDone` behind it on the same stream: the least queued one
+    /// ([`pick_stream`]).
     pub(super) fn post_block(&self, (sge, seq, block): Filled, g: Grant) {
-        let streams = self.data_qps.len() as u64;
-        let qi = (seq % streams) as usize;
+        let queued: Vec<u32> = self
+            .queued
+            .iter()
+            .map(|q| q.load(Ordering::Relaxed))
+            .collect();
+        let qi = pick_stream(seq, &queued);
+        self.queued[qi].fetch_add(1, Ordering::Relaxed);
         let notice = Msg::BlockDone {
             seq,
             len: sge.length,

@@ -114,6 +114,10 @@ pub(super) fn dispatch(sh: &Shared, d: &mut Dispatch, wc: &WorkCompletion, on_di
             }
         }
         K_DATA_SEND => {
+            if let Some(q) = sh.queued.get(qp) {
+                // Saturating: a count never goes below zero.
+                let _ = q.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+            }
             let _ = out.freed_tx.send(val as u32);
         }
         _ => {}
