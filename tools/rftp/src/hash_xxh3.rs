@@ -109,7 +109,7 @@ fn blocks_baseline(acc: &mut [u64; 8], data: &[u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)] // unaligned vector loads and the calls into the `target_feature` kernels
+#[allow(unsafe_code)] // unaligned vector loads and the call into the `target_feature` kernel
 mod x86 {
     use core::arch::x86_64::*;
 
@@ -128,10 +128,9 @@ mod x86 {
     /// over whole blocks: the eight lanes in two 256-bit registers.
     #[target_feature(enable = "avx2")]
     fn avx2(acc: &mut [u64; 8], data: &[u8]) {
-        let mut a = [
-            ld256(bytemuck_u64(&acc[..4])),
-            ld256(bytemuck_u64(&acc[4..])),
-        ];
+        let lanes =
+            |l: &[u64]| _mm256_set_epi64x(l[3] as i64, l[2] as i64, l[1] as i64, l[0] as i64);
+        let mut a = [lanes(&acc[..4]), lanes(&acc[4..])];
         let prime = _mm256_set1_epi32(PRIME32_1 as i32);
         for b in data.chunks_exact(BLOCK) {
             for s in 0..STRIPES_PER_BLOCK {
@@ -155,20 +154,12 @@ mod x86 {
                 *a = _mm256_add_epi64(lo, _mm256_slli_epi64::<32>(hi));
             }
         }
-        for (i, v) in a.iter().enumerate() {
-            let mut out = [0u64; 4];
-            // SAFETY: `out` is 32 writable bytes; `storeu` takes any
-            // alignment.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), *v) };
-            acc[4 * i..4 * i + 4].copy_from_slice(&out);
+        for (out, v) in acc.chunks_exact_mut(4).zip(a) {
+            out[0] = _mm256_extract_epi64::<0>(v) as u64;
+            out[1] = _mm256_extract_epi64::<1>(v) as u64;
+            out[2] = _mm256_extract_epi64::<2>(v) as u64;
+            out[3] = _mm256_extract_epi64::<3>(v) as u64;
         }
-    }
-
-    /// The lanes as bytes (little-endian, as x86 is).
-    fn bytemuck_u64(v: &[u64]) -> &[u8] {
-        // SAFETY: any u64 is 8 initialised bytes; u8 has alignment 1 and
-        // the length covers exactly the same memory.
-        unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), v.len() * 8) }
     }
 
     pub(super) fn blocks_avx2(acc: &mut [u64; 8], data: &[u8]) {
