@@ -507,6 +507,8 @@ pub struct Journal {
     file: Option<File>,
     /// Bytes covered by the last record written.
     saved: u64,
+    /// Length of the last record written (the file's length).
+    written: usize,
 }
 
 impl Journal {
@@ -524,6 +526,7 @@ impl Journal {
             path: Journal::path_for(part),
             file: None,
             saved: 0,
+            written: 0,
         }
     }
 
@@ -549,7 +552,13 @@ impl Journal {
             use std::os::unix::fs::FileExt;
             // Longer records overwrite shorter ones; the length is set after.
             if f.write_all_at(line.as_bytes(), 0).is_ok() {
-                let _ = f.set_len(line.len() as u64);
+                // A shorter record leaves the end of the last one behind:
+                // cut it (the state of a given algorithm is mostly the
+                // same length, so mostly no truncate per block).
+                if line.len() < self.written {
+                    let _ = f.set_len(line.len() as u64);
+                }
+                self.written = line.len();
                 self.saved = bytes;
             }
         }
@@ -585,9 +594,17 @@ impl Journal {
     }
 }
 
-/// Lowercase hex (digests, saved states, password hashes).
+/// Lowercase hex (digests, saved states, password hashes). The journal
+/// writes a state of about 1.1 KiB after every block, so this is a table
+/// lookup rather than a `format!` per byte.
 pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(2 * b.len());
+    for &x in b {
+        s.push(char::from(DIGITS[usize::from(x >> 4)]));
+        s.push(char::from(DIGITS[usize::from(x & 15)]));
+    }
+    s
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -910,6 +927,37 @@ mod tests {
                 "{algo}"
             );
         }
+    }
+
+    #[test]
+    fn hex_digits() {
+        assert_eq!(hex(&[]), "");
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff, 0x10]), "000fa5ff10");
+        let all: Vec<u8> = (0..=255).collect();
+        let want: String = all.iter().map(|x| format!("{x:02x}")).collect();
+        assert_eq!(hex(&all), want);
+        assert_eq!(unhex(&hex(&all)).unwrap(), all);
+    }
+
+    /// A record shorter than the last one replaces it whole (the file is
+    /// cut to the new record, not left with the old one's tail).
+    #[test]
+    fn journal_shorter_record_replaces_a_longer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("f.part");
+        let d = data(4096);
+        std::fs::write(&part, &d).unwrap();
+        let mut j = Journal::new(&part);
+        let mut r = Running::new(Algo::Sha256);
+        r.update(&d[..100]); // 36 bytes of partial block in the state
+        j.record(&r);
+        r.update(&d[100..128]); // none: a shorter record
+        j.record(&r);
+        let text = std::fs::read_to_string(Journal::path_for(&part)).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text:?}");
+        assert!(text.ends_with('\n'));
+        let back = Journal::load(&part, Algo::Sha256, 4096).expect("the record loads");
+        assert_eq!(back.bytes(), 128);
     }
 
     #[test]
