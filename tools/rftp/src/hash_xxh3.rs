@@ -11,9 +11,9 @@
 //! which `xxhash-rust` computes (it is the reference this file is tested
 //! against, lengths 0 to 5000 and several MiB split at random points).
 //! The `xxhash-rust` streaming hasher keeps its state private, which is
-//! why this one exists. Whole blocks go through `xxhash.h`'s AVX2 kernel
-//! where the CPU has AVX2 (chosen at run time), else through scalar lanes
-//! that the compiler vectorises for the baseline.
+//! why this one exists. Whole blocks go through a copy of the plain code
+//! compiled for AVX2 where the CPU has it (chosen at run time), else
+//! through the same lanes vectorised for the baseline (SSE2).
 
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -60,11 +60,22 @@ fn rd64(b: &[u8], at: usize) -> u64 {
 #[inline(always)]
 fn accumulate(acc: &mut [u64; 8], stripe: &[u8], key: usize) {
     let stripe: &[u8; STRIPE] = stripe[..STRIPE].try_into().expect("a stripe is 64 bytes");
+    let secret: &[u8; STRIPE] = SECRET[key..key + STRIPE].try_into().expect("64 bytes");
+    let (mut v, mut k) = ([0u64; 8], [0u64; 8]);
+    for (i, (d, s)) in stripe
+        .chunks_exact(8)
+        .zip(secret.chunks_exact(8))
+        .enumerate()
+    {
+        v[i] = u64::from_le_bytes(d.try_into().expect("8 bytes"));
+        k[i] = v[i] ^ u64::from_le_bytes(s.try_into().expect("8 bytes"));
+    }
+    // acc[i ^ 1] += v[i], written as acc[i] += v[i ^ 1] so that every lane
+    // is one independent operation (the form the compiler vectorises).
     for i in 0..8 {
-        let v = rd64(stripe, 8 * i);
-        let k = v ^ rd64(&SECRET, key + 8 * i);
-        acc[i ^ 1] = acc[i ^ 1].wrapping_add(v);
-        acc[i] = acc[i].wrapping_add((k & 0xFFFF_FFFF).wrapping_mul(k >> 32));
+        acc[i] = acc[i]
+            .wrapping_add(v[i ^ 1])
+            .wrapping_add((k[i] & 0xFFFF_FFFF).wrapping_mul(k[i] >> 32));
     }
 }
 
@@ -87,10 +98,11 @@ fn block(acc: &mut [u64; 8], b: &[u8]) {
 }
 
 /// Every whole block of `data` (its length a multiple of [`BLOCK`]):
-/// with AVX2 where the CPU has it (chosen at run time; 0.021 CPU-s per GiB
-/// against 0.032 for the plain code on the AMD EPYC of docs/BENCHMARKS.md,
-/// whose AVX-512 was no faster: the loads are the limit), else the plain
-/// code, which the compiler vectorises for the baseline (SSE2).
+/// with AVX2 where the CPU has it (chosen at run time; 0.027 CPU-s per GiB
+/// against 0.033 for the baseline on the AMD EPYC of docs/BENCHMARKS.md;
+/// a hand-written intrinsics kernel reached 0.021 but needs `unsafe`
+/// loads, which this project keeps to FFI and memory registration), else
+/// the plain code, which the compiler vectorises for the baseline (SSE2).
 fn blocks(acc: &mut [u64; 8], data: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -109,63 +121,21 @@ fn blocks_baseline(acc: &mut [u64; 8], data: &[u8]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[allow(unsafe_code)] // unaligned vector loads and the call into the `target_feature` kernel
+#[allow(unsafe_code)] // the one call into the `target_feature` copy of the plain code
 mod x86 {
-    use core::arch::x86_64::*;
-
-    use super::{BLOCK, PRIME32_1, SECRET, STRIPE, STRIPES_PER_BLOCK};
-
-    /// 32 bytes from the start of `b` (at least 32 long).
-    #[inline(always)]
-    fn ld256(b: &[u8]) -> __m256i {
-        assert!(b.len() >= 32);
-        // SAFETY: `b` has at least 32 readable bytes (checked above);
-        // `loadu` takes any alignment. AVX is enabled in every caller.
-        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-    }
-
-    /// `xxhash.h`'s `XXH3_accumulate_512_avx2` and `XXH3_scrambleAcc_avx2`
-    /// over whole blocks: the eight lanes in two 256-bit registers.
+    /// The plain code compiled with AVX2 enabled: LLVM keeps the eight
+    /// lanes in two 256-bit registers (`vpmuludq`, `vpshufd`, `vpaddq`), as
+    /// `xxhash.h`'s `XXH3_accumulate_512_avx2` does by hand; no intrinsic
+    /// and no pointer is needed.
     #[target_feature(enable = "avx2")]
     fn avx2(acc: &mut [u64; 8], data: &[u8]) {
-        let lanes =
-            |l: &[u64]| _mm256_set_epi64x(l[3] as i64, l[2] as i64, l[1] as i64, l[0] as i64);
-        let mut a = [lanes(&acc[..4]), lanes(&acc[4..])];
-        let prime = _mm256_set1_epi32(PRIME32_1 as i32);
-        for b in data.chunks_exact(BLOCK) {
-            for s in 0..STRIPES_PER_BLOCK {
-                let stripe = &b[s * STRIPE..(s + 1) * STRIPE];
-                let key = &SECRET[s * 8..s * 8 + STRIPE];
-                for (i, a) in a.iter_mut().enumerate() {
-                    let d = ld256(&stripe[32 * i..]);
-                    let dk = _mm256_xor_si256(d, ld256(&key[32 * i..]));
-                    let product = _mm256_mul_epu32(dk, _mm256_srli_epi64::<32>(dk));
-                    // acc[i ^ 1] += data[i]: the 64-bit halves swapped.
-                    let swapped = _mm256_shuffle_epi32::<0b01_00_11_10>(d);
-                    *a = _mm256_add_epi64(product, _mm256_add_epi64(*a, swapped));
-                }
-            }
-            let key = &SECRET[SECRET.len() - STRIPE..];
-            for (i, a) in a.iter_mut().enumerate() {
-                let x = _mm256_xor_si256(*a, _mm256_srli_epi64::<47>(*a));
-                let dk = _mm256_xor_si256(x, ld256(&key[32 * i..]));
-                let lo = _mm256_mul_epu32(dk, prime);
-                let hi = _mm256_mul_epu32(_mm256_srli_epi64::<32>(dk), prime);
-                *a = _mm256_add_epi64(lo, _mm256_slli_epi64::<32>(hi));
-            }
-        }
-        for (out, v) in acc.chunks_exact_mut(4).zip(a) {
-            out[0] = _mm256_extract_epi64::<0>(v) as u64;
-            out[1] = _mm256_extract_epi64::<1>(v) as u64;
-            out[2] = _mm256_extract_epi64::<2>(v) as u64;
-            out[3] = _mm256_extract_epi64::<3>(v) as u64;
-        }
+        super::blocks_baseline(acc, data)
     }
 
     pub(super) fn blocks_avx2(acc: &mut [u64; 8], data: &[u8]) {
-        debug_assert!(std::is_x86_feature_detected!("avx2"));
-        // SAFETY: `avx2` needs AVX2, which `super::blocks` checked
-        // (is_x86_feature_detected) before calling this.
+        assert!(std::is_x86_feature_detected!("avx2"));
+        // SAFETY: a `target_feature` function may run only where the CPU
+        // has the feature; AVX2 was detected just above.
         unsafe { avx2(acc, data) }
     }
 }
