@@ -239,7 +239,11 @@ impl AcceptSet {
                         }
                         Look::Need(n) if n != held[i].lowat => {
                             // The header is there: wait for the private data.
-                            set_lowat(&held[i].sock, n)?;
+                            if let Err(e) = set_lowat(&held[i].sock, n) {
+                                let h = held.remove(i);
+                                self.drop_held(h, &format!("setting SO_RCVLOWAT: {e}"));
+                                continue;
+                            }
                             held[i].lowat = n;
                         }
                         Look::Need(_) => {
@@ -280,7 +284,10 @@ impl AcceptSet {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             };
-            sock.set_nonblocking(true)?;
+            if let Err(e) = sock.set_nonblocking(true) {
+                tracing::warn!(%peer, error = %e, "making an accepted connection non-blocking; closed");
+                continue;
+            }
             let lowat = match look(&sock) {
                 Look::Complete => {
                     return Ok(Step::Ready(sock, peer));
@@ -291,7 +298,10 @@ impl AcceptSet {
                     continue;
                 }
             };
-            set_lowat(&sock, lowat)?;
+            if let Err(e) = set_lowat(&sock, lowat) {
+                tracing::warn!(%peer, error = %e, "setting SO_RCVLOWAT; connection closed");
+                continue;
+            }
             if held.len() >= MAX_HELD {
                 let oldest = held.remove(0);
                 self.drop_held(
@@ -301,7 +311,11 @@ impl AcceptSet {
                     ),
                 );
             }
-            epoll_ctl(self.fd(), libc::EPOLL_CTL_ADD, sock.as_raw_fd())?;
+            if let Err(e) = epoll_ctl(self.fd(), libc::EPOLL_CTL_ADD, sock.as_raw_fd()) {
+                // ENOSPC: fs.epoll.max_user_watches reached.
+                tracing::warn!(%peer, error = %e, "adding a held connection to the epoll set; closed");
+                continue;
+            }
             tracing::debug!(%peer, held = held.len() + 1, "MPA Request not complete yet: held");
             held.push(Held {
                 sock,

@@ -541,12 +541,19 @@ impl Listener {
         loop {
             let nb = self.nonblocking.load(Ordering::Relaxed);
             let req = match &self.set {
-                Some(set) => match Listener::next_complete(set, nb) {
-                    Ok((tcp, _peer)) => {
-                        cm::request_from_stream(tcp, &self.opts.mpa, self.opts.connect_timeout)
+                Some(set) => {
+                    let (tcp, peer) = Listener::next_complete(set, nb)?;
+                    // The Request is complete: this reads it at once. Any
+                    // failure here is this client's (a reset, a bad
+                    // Request): skip it.
+                    match cm::request_from_stream(tcp, &self.opts.mpa, self.opts.connect_timeout) {
+                        Ok(r) => Ok(r),
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "refused a connection that is not a valid MPA client");
+                            continue;
+                        }
                     }
-                    Err(e) => return Err(e),
-                },
+                }
                 None => {
                     if nb && crate::ready::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
                         return Err(io::ErrorKind::WouldBlock.into());
