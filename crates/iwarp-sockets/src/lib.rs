@@ -75,6 +75,7 @@
 
 mod conn;
 pub mod flow;
+mod held;
 mod net;
 mod options;
 pub mod poll;
@@ -87,6 +88,7 @@ pub mod tune;
 pub mod wire;
 
 pub use conn::{IoMap, Stats, Watermark, WatermarkFn};
+pub use held::MAX_HELD;
 pub use iwarp::cm::TcpConnect;
 pub use net::{never_reached_tcp, Listener, Stream};
 pub use options::{Design, Options, DEFAULT_ZCOPY_THRESHOLD};

@@ -37,6 +37,7 @@ use iwarp::cm;
 
 use crate::conn::{self, Conn, Stats};
 use crate::flow::Shutdown;
+use crate::held::{AcceptSet, Step};
 use crate::options::Options;
 
 struct Shared {
@@ -463,7 +464,17 @@ impl Write for Stream {
 }
 
 /// A listening rsockets endpoint.
+///
+/// On the software provider `accept` never waits on one client: a
+/// connection whose MPA Request has not fully arrived is held (at most
+/// [`MAX_HELD`](crate::MAX_HELD), each until [`Options::connect_timeout`])
+/// while `accept` serves whichever connection is complete first; see
+/// the `held` module.
 pub struct Listener {
+    /// The held connections and the epoll set over them and the
+    /// listening socket (software provider; `None` on a kernel device,
+    /// whose kernel does the MPA exchange off our accept path).
+    set: Option<AcceptSet>,
     cm: cm::Listener,
     opts: Options,
     nonblocking: AtomicBool,
@@ -473,6 +484,7 @@ impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Listener")
             .field("local", &self.cm.local_addr())
+            .field("held", &self.set)
             .finish()
     }
 }
@@ -486,12 +498,20 @@ impl Listener {
     /// Listens with these options (they apply to every accepted stream;
     /// [`Options::congestion`] is set on the listening socket too, so
     /// connections inherit it from their first byte).
+    /// [`Options::connect_timeout`] is also how long an accepted
+    /// connection may take to send its MPA Request.
     pub fn bind_with(addr: SocketAddr, opts: &Options) -> io::Result<Listener> {
         let cm = cm::Listener::bind(addr, opts.mpa.clone()).map_err(conn::cm_err)?;
         if let Some(cc) = &opts.congestion {
             cm.set_congestion(cc).map_err(conn::cm_err)?;
         }
+        let set = if cm.device_name() == "soft" {
+            Some(AcceptSet::new(cm.as_raw_fd(), opts.connect_timeout)?)
+        } else {
+            None
+        };
         Ok(Listener {
+            set,
             cm,
             opts: opts.clone(),
             nonblocking: AtomicBool::new(false),
@@ -511,22 +531,47 @@ impl Listener {
 
     /// Accepts the next rsockets connection. Connections that are not
     /// (bad MPA Request, private data that is not an `rs_conn_data`) are
-    /// refused, logged and skipped.
+    /// refused, logged and skipped. On the software provider it returns
+    /// the first connection whose MPA Request is complete: a client that
+    /// connects and stays silent (or sends part of its Request) is held,
+    /// and closed after [`Options::connect_timeout`], without delaying
+    /// the others; a non-blocking `accept` returns `WouldBlock` without
+    /// waiting on any client.
     pub fn accept(&self) -> io::Result<(Stream, SocketAddr)> {
         loop {
             let nb = self.nonblocking.load(Ordering::Relaxed);
-            if nb && crate::ready::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            let req = match self.cm.get_request(Some(if nb {
-                self.opts.connect_timeout
-            } else {
-                Duration::from_secs(365 * 24 * 3600)
-            })) {
-                Ok(r) => r,
-                Err(cm::CmError::Timeout { .. }) if nb => {
-                    return Err(io::ErrorKind::WouldBlock.into())
+            let req = match &self.set {
+                Some(set) => {
+                    let (tcp, peer) = Listener::next_complete(set, nb)?;
+                    // The Request is complete: this reads it at once. Any
+                    // failure here is this client's (a reset, a bad
+                    // Request): skip it.
+                    match cm::request_from_stream(tcp, &self.opts.mpa, self.opts.connect_timeout) {
+                        Ok(r) => Ok(r),
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, "refused a connection that is not a valid MPA client");
+                            continue;
+                        }
+                    }
                 }
+                None => {
+                    if nb && crate::ready::fd_now(self.cm.as_raw_fd(), libc::POLLIN) == 0 {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                    match self.cm.get_request(Some(if nb {
+                        self.opts.connect_timeout
+                    } else {
+                        Duration::from_secs(365 * 24 * 3600)
+                    })) {
+                        Err(cm::CmError::Timeout { .. }) if nb => {
+                            return Err(io::ErrorKind::WouldBlock.into())
+                        }
+                        r => r,
+                    }
+                }
+            };
+            let req = match req {
+                Ok(r) => r,
                 Err(
                     e @ (cm::CmError::Mpa { .. }
                     | cm::CmError::Closed { .. }
@@ -538,6 +583,11 @@ impl Listener {
                 Err(e) => return Err(conn::cm_err(e)),
             };
             let peer = req.peer_addr();
+            // The setup does not wait on the client: the MPA Reply (a few
+            // dozen bytes into an empty send buffer) leaves at once, and
+            // the Responder's hold until the first FPDU (RFC 5044 §7.1.2)
+            // holds the queue pair's transmit, not this call; the whole is
+            // bounded by `connect_timeout` anyway.
             match conn::accept(req, &self.opts) {
                 Ok(c) => return Ok((Stream::from_conn(c), peer)),
                 Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -548,6 +598,18 @@ impl Listener {
                     tracing::warn!(%peer, error = %e, "accept failed");
                     continue;
                 }
+            }
+        }
+    }
+
+    /// The next connection of `set` whose MPA Request is complete: waits
+    /// for it unless `nb` (then `WouldBlock`), never on one client.
+    fn next_complete(set: &AcceptSet, nb: bool) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+        loop {
+            match set.step()? {
+                Step::Ready(tcp, peer) => return Ok((tcp, peer)),
+                Step::Wait(_) if nb => return Err(io::ErrorKind::WouldBlock.into()),
+                Step::Wait(until) => set.wait(until)?,
             }
         }
     }
@@ -594,8 +656,15 @@ pub fn never_reached_tcp(e: &io::Error) -> Option<i32> {
 }
 
 impl AsRawFd for Listener {
-    /// The listening TCP socket: readable when a connection waits.
+    /// Readable when `accept` has a connection to take: on the software
+    /// provider an epoll descriptor over the listening TCP socket and the
+    /// held connections (a held connection counts once its MPA Request is
+    /// complete, or it closed); on a kernel device the rdma_cm event
+    /// channel. Poll it; never read, accept on or close it.
     fn as_raw_fd(&self) -> RawFd {
-        self.cm.as_raw_fd()
+        match &self.set {
+            Some(set) => set.fd(),
+            None => self.cm.as_raw_fd(),
+        }
     }
 }
