@@ -56,9 +56,9 @@ for arg in "$@"; do
     esac
 done
 if ((${#PARTS[@]} == 0)); then
-    # c-apache (the end-to-end Apache tests, about 5 minutes and more under
-    # load) is a long-mode part: it would more than double the test
-    # command's sanitizer step.
+    # c-apache (the two end-to-end Apache scripts again, about 3 minutes
+    # warm at load average 10-14) is a long-mode part: the test command's
+    # sanitizer step may grow by 60 s at most.
     PARTS=(c-modrdma c-ccache c-capi miri tsan)
     [[ $MODE != long ]] || PARTS=(c-modrdma c-ccache c-capi c-apache miri tsan)
 fi
