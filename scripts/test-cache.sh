@@ -21,6 +21,9 @@
 #   scripts/test-cache.sh                 # about 1-2 minutes
 #   KEEP=1 scripts/test-cache.sh          # keep the temp dir (logs, results)
 #   CACHE_REQUESTS=5000 CACHE_UPDATE_RATE=50 scripts/test-cache.sh
+#   CCACHE_SO=/path/mod_ccache.so APACHE_PRELOAD=... scripts/test-cache.sh
+#                                         # another build of the module
+#                                         # (scripts/sanitize-apache.sh)
 #
 # Last line: "N passed, M failed"; exit status non-zero on failure.
 set -uo pipefail
@@ -68,9 +71,16 @@ apache_install apache2 apxs=apache2-dev curl /usr/bin/python3=python3 || { bad "
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 if ! timeout 1200 cargo build --release -q -p ccache; then bad "cargo build -p ccache"; finish; fi
-if ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
-    bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish; fi
-MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
+# CCACHE_SO: test that build of the module instead (scripts/sanitize-apache.sh:
+# built with ASan and UBSan, apache2 run with APACHE_PRELOAD).
+if [ -n "${CCACHE_SO:-}" ]; then
+    MOD="$CCACHE_SO"
+    [ -f "$MOD" ] || { bad "CCACHE_SO=$MOD: no such file"; finish; }
+elif ! timeout 300 make -s -C tools/ccache/apache >"$T/mod-build.log" 2>&1; then
+    bad "mod_ccache build (apxs)"; cat "$T/mod-build.log"; finish
+else
+    MOD="$ROOT/tools/ccache/apache/.libs/mod_ccache.so"
+fi
 # mod_ccache's codec against the shared IPC vectors (the Rust side runs them
 # in cargo test -p ccache-proto), about 1 s.
 check "mod_ccache's IPC codec passes the shared vectors (crates/ccache-proto/vectors/ipc.txt)" \

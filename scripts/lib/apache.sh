@@ -38,10 +38,20 @@
 #   apache_stop PID...            TERM, wait at most 10 s each, then KILL
 #   apache_logs FILE...           print the last 40 lines of each FILE that
 #                                 exists, under its name (on a failed start)
+#   "${APACHE2[@]}" ARGS...       apache2 as apache_start runs it (for a
+#                                 script's own `apache2 -t`): with
+#                                 APACHE_PRELOAD set, under LD_PRELOAD of
+#                                 that library, the ASan runtime that
+#                                 modules built with AddressSanitizer need
+#                                 in an uninstrumented apache2
+#                                 (scripts/sanitize-apache.sh); only
+#                                 apache2 gets it, not the test's clients
 #
 # Why foreground and setsid: -DFOREGROUND keeps the parent as the pid we
 # hold, and on shutdown prefork signals its whole process group, which
 # without setsid would include the calling script.
+
+APACHE2=(env ${APACHE_PRELOAD:+"LD_PRELOAD=$APACHE_PRELOAD"} apache2)
 
 # apt_install PKG...
 apt_install() {
@@ -116,7 +126,7 @@ apache_start() {
         # Soft limit only: a test may lift it later as the workers' user
         # (raising a hard limit needs CAP_SYS_RESOURCE).
         if [ -n "$vsz" ]; then ulimit -S -v "$vsz" || exit 1; fi
-        exec "${in_ns[@]}" setsid apache2 -d /etc/apache2 -f "$conf" -DFOREGROUND >>"$out" 2>&1
+        exec "${in_ns[@]}" setsid "${APACHE2[@]}" -d /etc/apache2 -f "$conf" -DFOREGROUND >>"$out" 2>&1
     ) &
     pid=$!
     for ((i = 0; i < ${APACHE_WAIT_S:-15} * 10; i++)); do
