@@ -159,25 +159,21 @@ run() {
   echo "RDMACORE RESULT \$1 rc=\$rc"
 }
 ready() {
-  i=0; while [ \$i -lt 300 ] && ! grep -q READY "\$1"; do sleep 0.1; i=\$((i+1)); done
+  i=0; while [ \$i -lt 300 ] && ! grep -qs READY "\$1"; do sleep 0.1; i=\$((i+1)); done
 }
-# On rxe0 a client's request was once (1 run in about 20) rejected as if
-# no listener existed (IB CM status 8, invalid service ID) although the
-# server had printed READY after rdma_listen returned, and the server then
-# saw no request. The pair runs once more in that case only, and says so.
+# A server's log is removed before the server starts: the redirection
+# happens in the background child, so a log left by the previous pair
+# (the same name) still said READY when ready() first looked, and the
+# client connected before the new server listened. On rxe0 that was IB CM
+# status 8 (invalid service ID: no listener) in about 1 run in 20 quiet and
+# 1 in 3 under stress-ng; a retry hid it until session 10.
 pair() {
-  for attempt in 1 2; do
-    timeout 90 \$B server \$1 $GUEST \$2 > /tmp/s.log 2>&1 &
-    spid=\$!
-    ready /tmp/s.log
-    timeout 90 \$B client \$1 $GUEST \$2 > /tmp/c.log 2>&1; crc=\$?
-    wait \$spid; src=\$?
-    if [ \$attempt = 1 ] && grep -q "REJECTED (status 8" /tmp/c.log && grep -q "no connect request" /tmp/s.log; then
-      echo "RDMACORE \$1-2p: note: the request was rejected with no listener found although the server listened; running the pair once more"
-      continue
-    fi
-    break
-  done
+  rm -f /tmp/s.log /tmp/c.log
+  timeout 90 \$B server \$1 $GUEST \$2 > /tmp/s.log 2>&1 &
+  spid=\$!
+  ready /tmp/s.log
+  timeout 90 \$B client \$1 $GUEST \$2 > /tmp/c.log 2>&1; crc=\$?
+  wait \$spid; src=\$?
   show \$1-2p /tmp/s.log; show \$1-2p /tmp/c.log
   echo "RDMACORE RESULT \$1-2p rc=\$((crc + src))"
 }
@@ -227,6 +223,16 @@ ping() {
   listening \$2 || true
   IWARP_DEVICE=\$1 timeout 60 \$P -c -a $GUEST -p \$2 -C 3 -V --timeout 10 > /tmp/ip.log 2>&1; prc=\$?
   wait \$rpid; rrc=\$?
+  # rping's own teardown race, not the stack's: its main thread destroys
+  # the event channel while its cm thread, never joined, may still call
+  # rdma_get_cm_event, which then fails (EBADF) and exits the process with
+  # 255 after a complete run. Seen once in 3 runs under stress-ng (session
+  # 10): every ping validated by our client and rping's server loop ended
+  # by the disconnect as in a passing run. Only that exact ending passes.
+  if [ \$prc = 0 ] && [ \$rrc = 255 ] && [ "\$(tail -n 1 /tmp/rs.log)" = "rdma_get_cm_event: Bad file descriptor" ]; then
+    echo "RDMACORE ping-\$1: note: rping -s exited 255 from its cm thread's rdma_get_cm_event after the run (its teardown race); counted as passed"
+    rrc=0
+  fi
   show ping-\$1 /tmp/ip.log; show ping-\$1 /tmp/rs.log
   echo "RDMACORE RESULT ping-\$1 rc=\$((prc + rrc))"
 }
@@ -251,9 +257,11 @@ perf() {
   rc=0
   for spec in "send_bw 24" "read_bw 4096"; do
     set -- \$spec
+    # Not the first run's "serving" (see pair): the log goes first.
+    rm -f /tmp/ps.log
     timeout 60 /mnt/host/iwarp-perf --server -d rxe0 --bind $GUEST -p 7420 --idle-timeout 40 --timeout 15 > /tmp/ps.log 2>&1 &
     spid=\$!
-    i=0; while [ \$i -lt 300 ] && ! grep -q serving /tmp/ps.log; do sleep 0.1; i=\$((i+1)); done
+    i=0; while [ \$i -lt 300 ] && ! grep -qs serving /tmp/ps.log; do sleep 0.1; i=\$((i+1)); done
     timeout 60 /mnt/host/iwarp-perf \$1 $GUEST -s \$2 -n 200 -d rxe0 -p 7420 --integrity --timeout 15 --json > /tmp/pc.log 2>&1 || rc=\$((rc + 1))
     wait \$spid || rc=\$((rc + 10))
     grep -q '"verified":[1-9]' /tmp/pc.log || rc=\$((rc + 100))
