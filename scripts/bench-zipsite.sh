@@ -76,9 +76,9 @@ pgsql) zs_pg_start || die "PostgreSQL did not start"; DSN="$(zs_pg_dsn)" ;;
 *) die "DB must be sqlite or pgsql" ;;
 esac
 export ZS_WORKERS=12
-P_PLAIN=$(free_port_once "$T/ports")
-P_RDMA=$(free_port_once "$T/ports")
-P_RDMA0=$(free_port_once "$T/ports")
+P_PLAIN=${P_PLAIN:-$(free_port_once "$T/ports")}
+P_RDMA=${P_RDMA:-$(free_port_once "$T/ports")}
+P_RDMA0=${P_RDMA0:-$(free_port_once "$T/ports")}
 P_PROXY=$(free_port_once "$T/ports")
 zs_apache_conf plain "$P_PLAIN" "$DSN" ""
 # mod_rdma as configured by default (with RDMAInlineBelow, issue 30 part 1,
