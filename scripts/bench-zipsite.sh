@@ -85,7 +85,9 @@ zs_apache_conf plain "$P_PLAIN" "$DSN" ""
 # files below 512K, every picture, are answered inline), and, when the
 # module has that directive, with RDMAInlineBelow 0: every picture by RDMA.
 # The default one also carries mod_ccache (/near/N) for the cache runs.
-ZS_CCACHE_IPC="$T/ccappd/ipc.sock"
+# (mod_ccache only when the cache runs: NO_CACHE=1 needs no ccache build.)
+ZS_CCACHE_IPC=""
+[ "${NO_CACHE:-0}" != 1 ] && ZS_CCACHE_IPC="$T/ccappd/ipc.sock"
 zs_apache_conf rdma "$P_RDMA" "$DSN" "$MOD"
 SERVERS="plain rdma"
 if grep -q RDMAInlineBelow "$MOD"; then
