@@ -16,11 +16,15 @@
 #   - the registration cost of each mode (modules/mod_rdma/bench/regcost.c).
 # Single-client cells run ROUNDS (default 5) rounds of every variant in
 # turn and pool the per-request times (see `single`).
-# Environment: OUT (results directory), ROUNDS, VARIANTS and BENCH_SIZES
+# Environment: OUT (results directory), P1 P2 P3 (server ports; default: free
+# ones below the ephemeral range), ROUNDS, VARIANTS and BENCH_SIZES
 # (subsets of the single-client variants and sizes), SINGLE_ONLY=1 (stop
 # after the single-client cells, no plot: for quick A/B runs), RHTTP (the
 # client binary; default target/release/rhttp) and MOD (the module; default
-# the one built here), for A/B runs of other builds; INLINE_BELOW (writes
+# the one built here), for A/B runs of other builds; RHTTP_BASE (a second
+# client binary: a variant named with "@base" appended, e.g.
+# VARIANTS="plain sw-static sw-static@base", runs it in the same rounds,
+# interleaved with the others, for an A/B of rhttp itself); INLINE_BELOW (writes
 # `RDMAInlineBelow $INLINE_BELOW` into mod_rdma's configuration: 0 moves
 # every body by RDMA, as before that directive; unset: the module's
 # default); LOADS (default "0 2": busy background processes per pass).
@@ -78,7 +82,7 @@ MOD="${MOD:-$ROOT/modules/mod_rdma/.libs/mod_rdma.so}"
 # shellcheck source=scripts/lib/free-port.sh
 . "$ROOT/scripts/lib/free-port.sh"
 free_port() { free_port_once "$T/ports.given"; }
-P1=$(free_port); P2=$(free_port); P3=$(free_port)
+P1=${P1:-$(free_port)}; P2=${P2:-$(free_port)}; P3=${P3:-$(free_port)}
 DOCS="$T/docs"
 mkdir -p "$DOCS" "$T/run1" "$T/run3"
 SIZES="2K 4K 500K 1M 8M"
@@ -169,15 +173,19 @@ ROUNDS="${ROUNDS:-5}"
 # single_round SIZE VARIANT N: N requests over one connection; appends the
 # per-request milliseconds (first dropped) to $T/times.VARIANT.
 single_round() {
-    local size=$1 variant=$2 n=$3 urls=() outs=() i base scheme extra=()
-    case $variant in
+    local size=$1 variant=$2 n=$3 urls=() outs=() i base scheme extra=() bin=$RHTTP
+    local kind=${variant%@base}
+    if [ "$kind" != "$variant" ]; then
+        bin=${RHTTP_BASE:?"variant $variant needs RHTTP_BASE (the baseline rhttp binary)"}
+    fi
+    case $kind in
         curl)
             for ((i = 0; i < n; i++)); do urls+=(-o /dev/null "http://127.0.0.1:$P3/f$size.bin"); done
             timeout 300 curl -s -w '%{time_total}\n' "${urls[@]}" |
                 awk '{ printf "%.4f\n", $1 * 1000 }' >"$T/round" || return 1
             ;;
         *)
-            case $variant in
+            case $kind in
                 plain) base=$P3 scheme=server-writes extra=(--plain) ;;
                 sw-static) base=$P1 scheme=server-writes ;;
                 sw-dynamic) base=$P2 scheme=server-writes ;;
@@ -185,7 +193,7 @@ single_round() {
                 cr-dynamic) base=$P2 scheme=client-reads ;;
             esac
             for ((i = 0; i < n; i++)); do urls+=("http://127.0.0.1:$base/f$size.bin"); outs+=(-o /dev/null); done
-            timeout 300 "$RHTTP" -q "${extra[@]}" get --scheme "$scheme" "${urls[@]}" "${outs[@]}" 2>"$T/err" || {
+            timeout 300 "$bin" -q "${extra[@]}" get --scheme "$scheme" "${urls[@]}" "${outs[@]}" 2>"$T/err" || {
                 tail -3 "$T/err"; return 1; }
             sed -n 's/.* in \([0-9.]*\) ms .*/\1/p' "$T/err" >"$T/round"
             ;;

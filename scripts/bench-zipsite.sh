@@ -76,16 +76,18 @@ pgsql) zs_pg_start || die "PostgreSQL did not start"; DSN="$(zs_pg_dsn)" ;;
 *) die "DB must be sqlite or pgsql" ;;
 esac
 export ZS_WORKERS=12
-P_PLAIN=$(free_port_once "$T/ports")
-P_RDMA=$(free_port_once "$T/ports")
-P_RDMA0=$(free_port_once "$T/ports")
+P_PLAIN=${P_PLAIN:-$(free_port_once "$T/ports")}
+P_RDMA=${P_RDMA:-$(free_port_once "$T/ports")}
+P_RDMA0=${P_RDMA0:-$(free_port_once "$T/ports")}
 P_PROXY=$(free_port_once "$T/ports")
 zs_apache_conf plain "$P_PLAIN" "$DSN" ""
 # mod_rdma as configured by default (with RDMAInlineBelow, issue 30 part 1,
 # files below 512K, every picture, are answered inline), and, when the
 # module has that directive, with RDMAInlineBelow 0: every picture by RDMA.
 # The default one also carries mod_ccache (/near/N) for the cache runs.
-ZS_CCACHE_IPC="$T/ccappd/ipc.sock"
+# (mod_ccache only when the cache runs: NO_CACHE=1 needs no ccache build.)
+ZS_CCACHE_IPC=""
+[ "${NO_CACHE:-0}" != 1 ] && ZS_CCACHE_IPC="$T/ccappd/ipc.sock"
 zs_apache_conf rdma "$P_RDMA" "$DSN" "$MOD"
 SERVERS="plain rdma"
 if grep -q RDMAInlineBelow "$MOD"; then

@@ -453,6 +453,15 @@ impl WaitSet {
                 left = Some(left.map_or(cap, |l| l.min(cap)));
             }
             if self.poll_fds(left, true)? {
+                if self.cqs.is_empty() {
+                    // Only descriptors: the poll that woke us reported
+                    // every one that is ready (one system call per wake,
+                    // not two).
+                    if !self.ready.is_empty() {
+                        return Ok(true);
+                    }
+                    continue;
+                }
                 // Woken: go round once more, so that an application-driven
                 // CQ gets its receive work done and its length read.
                 self.ready.clear();

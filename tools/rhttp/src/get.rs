@@ -41,6 +41,37 @@ pub(crate) fn rdma_error_of(resp: &Response) -> Option<String> {
     resp.header("RDMA-Error").map(str::to_string)
 }
 
+/// How an answer that came inline (`RDMA-Inline`) is logged: the body
+/// came in the HTTP response, as over plain HTTP, because the server
+/// judged it small (docs/MOD_RDMA.md, "Small objects").
+pub(crate) const VIA_INLINE: &str = "plain HTTP (RDMA-Inline)";
+
+/// If `resp` answers an RDMA request inline (`RDMA-Inline: length=N`):
+/// read its body into `sink` and check it is the N bytes announced;
+/// `Ok(None)` for any other answer (nothing read).
+pub(crate) fn inline_body(
+    s: &mut Session,
+    resp: &Response,
+    sink: &mut dyn Write,
+    progress: &mut dyn FnMut(u64),
+) -> Res<Option<u64>> {
+    let Some(v) = resp.header("RDMA-Inline") else {
+        return Ok(None);
+    };
+    let want =
+        rhttp::header::parse_inline(v).map_err(|e| format!("bad answer from the server: {e}"))?;
+    let n = s
+        .http
+        .read_body(resp, false, sink, progress)
+        .map_err(|e| format!("reading the response body: {e}"))?;
+    if n != want {
+        return Err(format!(
+            "the server announced an inline body of {want} bytes (RDMA-Inline) but sent {n}"
+        ));
+    }
+    Ok(Some(n))
+}
+
 pub(crate) fn discard_body(s: &mut Session, resp: &Response) -> Res<()> {
     save_body(s, resp, &mut io::sink())
 }
@@ -167,8 +198,20 @@ pub(crate) fn rdma_get(
             );
             return plain_get(s, url, sink, a);
         }
-        // The server ignored the header: the body is in the response.
+        // Answered inline (a small file): the body is in the response, as
+        // the server announced; nothing to say about it.
         let pb = bar(a.quiet, 0, &url.file_name());
+        if let Some(n) = inline_body(s, &resp, sink, &mut |n| pb.set_position(n))? {
+            pb.finish_and_clear();
+            s.reopen_if(resp.close)?;
+            return Ok(Outcome {
+                status: resp.status,
+                bytes: n,
+                via: VIA_INLINE.into(),
+                html: is_html(&resp, url),
+            });
+        }
+        // The server ignored the header: the body is in the response.
         let n = s
             .http
             .read_body(&resp, false, sink, &mut |n| pb.set_position(n))

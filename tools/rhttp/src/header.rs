@@ -364,9 +364,46 @@ pub fn private_data_matches(pd: &[u8], token: u64) -> bool {
     (diff | pad) == 0
 }
 
+/// The length in an `RDMA-Inline:` answer header (docs/MOD_RDMA.md,
+/// "Small objects"): `length=N`, the size of the body that follows in the
+/// HTTP response itself, where the server answered an `RDMA:` request
+/// inline rather than by RDMA. Parameters other than `length` are
+/// skipped (a later server may add some); `length` must appear once, as
+/// a decimal or `0x` number.
+pub fn parse_inline(v: &str) -> Result<u64, String> {
+    let mut len = None;
+    for p in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((k, val)) = p.split_once('=') else {
+            return Err(format!("RDMA-Inline: {p:?} is not key=value"));
+        };
+        if k.trim().eq_ignore_ascii_case("length") {
+            if len.is_some() {
+                return Err("RDMA-Inline: length given twice".into());
+            }
+            let val = val.trim();
+            let n = match val.strip_prefix("0x").or_else(|| val.strip_prefix("0X")) {
+                Some(h) => u64::from_str_radix(h, 16),
+                None => val.parse(),
+            };
+            len = Some(n.map_err(|_| format!("RDMA-Inline: bad length {val:?}"))?);
+        }
+    }
+    len.ok_or_else(|| "RDMA-Inline: no length".to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_answer_length() {
+        assert_eq!(parse_inline("length=2048"), Ok(2048));
+        assert_eq!(parse_inline(" length = 0x800 , future=1"), Ok(2048));
+        assert!(parse_inline("").is_err());
+        assert!(parse_inline("length=2048, length=1").is_err());
+        assert!(parse_inline("length=-1").is_err());
+        assert!(parse_inline("bogus").is_err());
+    }
 
     #[test]
     fn figure1_example_parses() {

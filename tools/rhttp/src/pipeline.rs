@@ -15,7 +15,8 @@ use rhttp::http::Url;
 
 use crate::cli::{Args, GetScheme};
 use crate::get::{
-    discard_body, is_html, job_sink, plain_get, rdma_error_of, rdma_get, GetHooks, GetOpts, Job,
+    discard_body, inline_body, is_html, job_sink, plain_get, rdma_error_of, rdma_get, GetHooks,
+    GetOpts, Job, VIA_INLINE,
 };
 use crate::rdma::{http_set, wait_error, Rdma, CHUNK, HTTP, MAX_PIPELINE, RDMA};
 use crate::session::{session_for, Session};
@@ -391,6 +392,19 @@ pub(super) fn pipelined_answer(
                 resp.status, resp.reason
             );
             return Ok((Answer::Refused, resp.close));
+        }
+        // Answered inline (a small file): the body is in the response, and
+        // no DONE comes for it.
+        if let Some(n) = inline_body(s, &resp, sink, &mut |_| {})? {
+            return Ok((
+                Answer::Done(Outcome {
+                    status: resp.status,
+                    bytes: n,
+                    via: VIA_INLINE.into(),
+                    html: is_html(&resp, &p.url),
+                }),
+                resp.close,
+            ));
         }
         // The server ignored the header (a 404, RDMA Off): the body is in
         // the response, and no DONE comes for it.

@@ -3,8 +3,7 @@
 //! messages, and the bounded waits that do the connection's receive work
 //! (docs/MOD_RDMA.md, "The wire protocol").
 
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -331,6 +330,13 @@ impl Rdma {
         }
         if !pipelined {
             self.tokens.clear();
+            if self.qp.is_none() {
+                // No connection: [`Rdma::expect_conn`] watches the
+                // listener with the HTTP socket and refuses what waits
+                // there (no token matches one from before this request),
+                // so a look now would only cost a system call per request.
+                return Ok(());
+            }
         }
         for _ in 0..STALE_MAX {
             match self.listener.get_request(Some(Duration::ZERO)) {
@@ -595,12 +601,24 @@ const STALE_MAX: usize = 16;
 pub(super) const MPA_REQUEST_WAIT: Duration = Duration::from_secs(2);
 
 /// A fresh request token: 64 bits from the kernel's random source
-/// (`/dev/urandom`), so that no one who cannot see the request can guess
-/// it.
+/// (`getrandom(2)`, the pool behind `/dev/urandom`: one system call per
+/// request, where opening, reading and closing the device took three), so
+/// that no one who cannot see the request can guess it.
 pub(super) fn new_token() -> Res<u64> {
     let mut b = [0u8; 8];
-    File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| format!("reading /dev/urandom for the request token: {e}"))?;
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: the pointer and length name the unwritten tail of `b`,
+        // a live local array; getrandom(2) writes at most that many bytes.
+        let n = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(format!("getrandom(2) for the request token failed: {e}"));
+        }
+        got += n as usize;
+    }
     Ok(u64::from_be_bytes(b))
 }

@@ -33,6 +33,10 @@ enum Behaviour {
     Ignore,
     /// 413 for an RDMA request, plain body for a plain one.
     TooBig,
+    /// Answer an RDMA request inline, as mod_rdma does for a small file:
+    /// the body in the response with `RDMA-Inline: length=N`, N being the
+    /// body's length plus this.
+    Inline(u64),
 }
 
 fn body() -> Vec<u8> {
@@ -229,6 +233,16 @@ fn serve_seen(b: Behaviour) -> (u16, JoinHandle<Seen>) {
                     )
                     .unwrap();
                 }
+                (Behaviour::Inline(more), Some(_)) => {
+                    write!(
+                        w,
+                        "HTTP/1.1 200 OK\r\nRDMA-Inline: length={}\r\nContent-Length: {}\r\n\r\n",
+                        data.len() as u64 + more,
+                        data.len()
+                    )
+                    .unwrap();
+                    w.write_all(&data).unwrap();
+                }
                 (Behaviour::TooBig, Some(_)) => {
                     let msg = b"mod_rdma: the body exceeds maxlen\n";
                     write!(
@@ -304,6 +318,47 @@ fn falls_back_when_the_server_ignores_rdma() {
     assert!(err.contains("plain HTTP (fallback)"), "{err}");
     assert_eq!(std::fs::read(&out).unwrap(), body());
     assert_eq!(t.join().unwrap().len(), 1);
+    let _ = std::fs::remove_file(out);
+}
+
+#[test]
+fn an_inline_answer_is_taken_quietly_and_its_length_checked() {
+    // Alone and pipelined: the body is saved, logged as inline, and no
+    // "did not answer with RDMA" line (a write per request) is printed.
+    for extra in [&[][..], &["--pipeline", "4"][..]] {
+        let (port, t) = serve(Behaviour::Inline(0));
+        let out = out_path("inline");
+        let url = format!("http://127.0.0.1:{port}/file.bin");
+        let o = Command::new(env!("CARGO_BIN_EXE_rhttp"))
+            .args(["-q", "--timeout", "10", "get"])
+            .args(extra)
+            .args([&url, &url, "-o"])
+            .arg(&out)
+            .args(["-o", "/dev/null"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert_eq!(
+            err.matches("via plain HTTP (RDMA-Inline)").count(),
+            2,
+            "{err}"
+        );
+        assert!(!err.contains("did not answer with RDMA"), "{err}");
+        assert_eq!(std::fs::read(&out).unwrap(), body());
+        assert_eq!(t.join().unwrap().len(), 2);
+        let _ = std::fs::remove_file(out);
+    }
+    // A body shorter than the server announced is an error, not a file.
+    let (port, t) = serve(Behaviour::Inline(1));
+    let out = out_path("inline-short");
+    let (ok, err) = run(port, &out, &[]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("announced an inline body of 300001 bytes"),
+        "{err}"
+    );
+    t.join().unwrap();
     let _ = std::fs::remove_file(out);
 }
 
