@@ -982,9 +982,11 @@ bgnopre() {
 # in turn, over 11 runs at load 23-31: preloaded 0.97-1.00, plain Python
 # (K_BASELINE=1) 0.95-1.04. The whole rates (connections over all their
 # time, printed beside) dip under load for both, plain Python too
-# (0.70-0.98 preloaded, 0.80-1.02 plain): a few slow connections (whose
-# cause was not traced) weigh as much as hundreds of fast ones, so the
-# gate takes the rate at the median connection. A library that waits on
+# (0.70-1.03 preloaded, median 0.92; 0.80-1.41 plain, median 0.96): a few
+# slow connections weigh as much as hundreds of fast ones, so the gate
+# takes the rate at the median connection. Whether the preloaded
+# server's somewhat deeper dips are the shim's was not settled (they come
+# and go with the load; not traced). A library that waits on
 # each silent client on the program's thread (the behaviour before the
 # fix) gives 0.00 (0.8 connections/s against 2400-3500). About 15 s.
 t_stall_rate_nostreams() {
