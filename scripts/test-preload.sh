@@ -979,10 +979,11 @@ bgnopre() {
 # served, plain or preloaded alike (their own accepts and threads); the
 # accepting thread makes the same system calls per client with them as
 # without (strace -c, session 9). Against a twin, one connection to each
-# in turn, over 11 runs at load 23-31: preloaded 0.97-1.00, plain Python
-# (K_BASELINE=1) 0.95-1.04. The whole rates (connections over all their
+# in turn, over 18 runs at load 23-51: preloaded 0.97-1.00; plain Python
+# (K_BASELINE=1, 12 of them at load 23-31) 0.95-1.04. The whole rates (connections over all their
 # time, printed beside) dip under load for both, plain Python too
-# (0.70-1.03 preloaded, median 0.92; 0.80-1.41 plain, median 0.96): a few
+# (0.70-1.03 preloaded, median 0.92; 0.80-1.41 plain, median 0.96, in
+# those 12 runs): a few
 # slow connections weigh as much as hundreds of fast ones, so the gate
 # takes the rate at the median connection. Whether the preloaded
 # server's somewhat deeper dips are the shim's was not settled (they come
