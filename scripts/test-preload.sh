@@ -980,16 +980,16 @@ bgnopre() {
 # accepting thread makes the same system calls per client with them as
 # without (strace -c, session 9). Against a twin, one connection to each
 # in turn, over 18 runs at load 23-51: preloaded 0.97-1.00; plain Python
-# (K_BASELINE=1, 12 of them at load 23-31) 0.95-1.04. The whole rates (connections over all their
-# time, printed beside) dip under load for both, plain Python too
-# (0.70-1.03 preloaded, median 0.92; 0.80-1.41 plain, median 0.96, in
-# those 12 runs): a few
-# slow connections weigh as much as hundreds of fast ones, so the gate
-# takes the rate at the median connection. Whether the preloaded
-# server's somewhat deeper dips are the shim's was not settled (they come
-# and go with the load; not traced). A library that waits on
-# each silent client on the program's thread (the behaviour before the
-# fix) gives 0.00 (0.8 connections/s against 2400-3500). About 15 s.
+# (K_BASELINE=1, 12 of them at load 23-31) 0.95-1.04. The whole rates
+# (connections over all their time, printed beside) dip under load for
+# both, plain Python too (0.70-1.03 preloaded, median 0.92; 0.80-1.41
+# plain, median 0.96, in those 12 runs): a few slow connections weigh as
+# much as hundreds of fast ones, so the gate takes the rate at the median
+# connection. Whether the preloaded server's somewhat deeper dips are the
+# shim's was not settled (they come and go with the load; not traced). A
+# library that waits on each silent client on the program's thread (the
+# behaviour before the fix) gives 0.00 (0.8 connections/s against
+# 2400-3500). About 15 s.
 t_stall_rate_nostreams() {
     local s pre_ratio
     rm -f "$T/k-mpa.stats"
