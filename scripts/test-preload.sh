@@ -989,7 +989,7 @@ bgnopre() {
 # shim's was not settled (they come and go with the load; not traced). A
 # library that waits on each silent client on the program's thread (the
 # behaviour before the fix) gives 0.00 (0.8 connections/s against
-# 2400-3500). About 15 s.
+# 240-3500 for its twin). About 15 s.
 t_stall_rate_nostreams() {
     local s pre_ratio
     rm -f "$T/k-mpa.stats"
