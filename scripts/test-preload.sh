@@ -36,6 +36,8 @@
 #   ONLY='^i\)' scripts/test-preload.sh  # only the checks whose name matches
 #   PORT_BASE=27400 scripts/test-preload.sh
 #   PRELOAD_LIBDIR=DIR scripts/test-preload.sh  # the libraries in DIR, no build
+#   K_BASELINE=1 ONLY='no streams' scripts/test-preload.sh  # check k's third
+#       shape also measured without the preload (plain Python), for comparison
 #
 # Missing Debian packages (socat, iperf3, redis-server, redis-tools, nginx,
 # curl, python3, gcc) are installed with apt-get. Last line: "N passed, M
@@ -829,38 +831,25 @@ t_reuse() {
 }
 check "j) descriptors closed or replaced during stalled MPA exchanges stay the program's" t_reuse
 
-# rate_round PORT SECS [stall|silent [plain]]: one measured round of short
-# preloaded connections (connect, echo 64 bytes, close) against the server
-# on PORT; with `stall`, while clients that send only the MPA key arrive 10
-# per second and hold for 1.2 s (longer than the server's 1 s MPA timeout),
-# measured from when their number is steady; with `silent`, while clients
-# that send nothing arrive so. With `plain` the measured client is not
-# preloaded. Prints the rate.
+# rate_round PORT SECS [stall]: one measured round of short preloaded
+# connections (connect, echo 64 bytes, close) against the server on PORT;
+# with `stall`, while clients that send only the MPA key arrive 10 per
+# second and hold for 1.2 s (longer than the server's 1 s MPA timeout),
+# measured from when their number is steady. Prints the rate.
 rate_round() {
-    local port=$1 secs=$2 st _i run=pre
-    [ "${4:-}" = plain ] && run=nopre
-    case "${3:-}" in
-    stall | silent)
+    local port=$1 secs=$2 st _i
+    if [ "${3:-}" = stall ]; then
         rm -f "$T/k-stall.out"
-        local how=()
-        [ "$3" = silent ] && how=(silent)
-        bg timeout 30 "$PY" "$HELPER" stall-rate "$port" 10 $((secs + 3)) 1.2 \
-            "${how[@]}" >"$T/k-stall.out"
+        bg timeout 30 "$PY" "$HELPER" stall-rate "$port" 10 $((secs + 3)) 1.2 >"$T/k-stall.out"
         st=$BGPID
         for _i in $(seq 100); do grep -q steady "$T/k-stall.out" && break; sleep 0.1; done
         grep -q steady "$T/k-stall.out" || { echo "stallers did not start" >&2; return 1; }
-        ;;
-    esac
-    $run "$T/k-cli.stats" timeout 30 "$PY" "$HELPER" conn-rate "$port" "$secs" | sed -n 's/^rate //p'
+    fi
+    pre "$T/k-cli.stats" timeout 30 "$PY" "$HELPER" conn-rate "$port" "$secs" | sed -n 's/^rate //p'
     # The stallers outlive the measured round by design (SECS + 3 s);
     # once it is over they are only waited for: end them (their held
     # sockets close with them).
     [ -z "${st:-}" ] || stop "$st"
-}
-# nopre STATS CMD...: CMD not preloaded (the signature of `pre`).
-nopre() {
-    shift
-    "$@"
 }
 # t_stall_rate MODE: a preloaded echo server (helper.py echo-server MODE:
 # `blocking`, a thread per connection, or `select`, one thread with
@@ -903,48 +892,134 @@ check "k) an event-loop (selectors/epoll) server keeps >= 0.9x its rate while MP
 # audit gap 11): its accept must not wait for a silent client's first
 # bytes either (before the fix it peeked up to IWARP_PRELOAD_PEEK_MS, 1 s,
 # on the program's thread per client, so 10 silent clients a second held
-# the accepting thread all the time). Plain measured clients (this
-# process's MPA clients fall back to TCP), silent stallers; then one
-# preloaded client, whose MPA Request is refused (closed) here, must be
-# served after falling back.
-t_stall_rate_nostreams() {
-    local s _round base=() with=() ratio
+# the accepting thread all the time).
+#
+# silent_pair_rate RUN ROUNDS: two identical no-streams echo servers (RUN
+# `bgpre`: preloaded; `bgnopre`: plain Python), and one plain client that
+# connects to each in turn (connect, echo 64 bytes, close; helper.py
+# conn-rate-pair), ROUNDS rounds of 1 s while silent clients arrive at one
+# of them (10 a second, each held 1.2 s), then ROUNDS more with them moved
+# to the other. The other server is the baseline measured in the same
+# milliseconds, so the machine's load and the silent clients' generator
+# (a process of its own on the same 2 cores) weigh on both alike. Sets
+# K_RATIOS (each round's rate at the median connection of the server
+# with silent clients over the other's), K_RATIO (their median), K_MEANS
+# (the same for each round's whole rate: connections over the time they
+# took) and K_MEAN, K_SRV_PIDS and K_SRV_STATS (the servers, left
+# running).
+silent_pair_rate() {
+    local run=$1 rounds=$2 pa pb tgt ctl st _r _i ma mb ra rb
+    K_RATIOS=()
+    K_MEANS=()
     next_port
-    rm -f "$T/k-srv.stats" "$T/k-cli.stats" "$T/k-mpa.stats"
-    bgpre "$T/k-srv.stats" timeout 120 "$PY" "$HELPER" echo-server "$PORT" nostreams
-    s=$BGPID
-    wait_listen "$PORT" || return 1
-    rate_round "$PORT" 1 "" plain >/dev/null || return 1 # warm-up
-    has "$T/k-srv.stats" "connect iwarp" || { echo "the server's parent made no stream"; return 1; }
-    # Five short pairs rather than three long ones: plain TCP echoes run
-    # at ~1000/s, and a loaded shared machine swings a round 3x either
-    # way; more pairs in the same time steady the medians.
-    for _round in 1 2 3 4 5; do
-        base+=("$(rate_round "$PORT" 1 "" plain)") || return 1
-        with+=("$(rate_round "$PORT" 1 silent plain)") || return 1
+    pa=$PORT
+    next_port
+    pb=$PORT
+    rm -f "$T/k-srv-$pa.stats" "$T/k-srv-$pb.stats" "$T/k-srv-$pa.out" "$T/k-srv-$pb.out"
+    # CONNECT_MS: the server's stream to itself (its parent's, before the
+    # fork) must not fall back on a loaded machine; PEEK_MS is its
+    # default then (1 s) as in the other checks.
+    $run "$T/k-srv-$pa.stats" env IWARP_PRELOAD_CONNECT_MS=5000 IWARP_PRELOAD_PEEK_MS=1000 \
+        timeout 120 "$PY" "$HELPER" echo-server "$pa" nostreams >"$T/k-srv-$pa.out"
+    K_SRV_PIDS=("$BGPID")
+    $run "$T/k-srv-$pb.stats" env IWARP_PRELOAD_CONNECT_MS=5000 IWARP_PRELOAD_PEEK_MS=1000 \
+        timeout 120 "$PY" "$HELPER" echo-server "$pb" nostreams >"$T/k-srv-$pb.out"
+    K_SRV_PIDS+=("$BGPID")
+    K_SRV_STATS=("$T/k-srv-$pa.stats" "$T/k-srv-$pb.stats")
+    # Not before "serving": until then the server's own first stream (its
+    # parent's) takes the next connection.
+    for _i in $(seq 200); do
+        grep -q serving "$T/k-srv-$pa.out" && grep -q serving "$T/k-srv-$pb.out" && break
+        sleep 0.1
+    done
+    if ! grep -q serving "$T/k-srv-$pa.out" || ! grep -q serving "$T/k-srv-$pb.out"; then
+        echo "the servers did not start within 20 s"
+        return 1
+    fi
+    timeout 30 "$PY" "$HELPER" conn-rate-pair "$pa" "$pb" 0.3 >/dev/null || return 1 # warm-up
+    for tgt in "$pb" "$pa"; do
+        ctl=$pa
+        [ "$tgt" = "$pa" ] && ctl=$pb
+        rm -f "$T/k-stall.out"
+        bg timeout 30 "$PY" "$HELPER" stall-rate "$tgt" 10 $((2 * rounds + 4)) 1.2 silent >"$T/k-stall.out"
+        st=$BGPID
+        for _i in $(seq 100); do grep -q steady "$T/k-stall.out" && break; sleep 0.1; done
+        grep -q steady "$T/k-stall.out" || { echo "silent clients did not start"; return 1; }
+        for _r in $(seq "$rounds"); do
+            read -r ma mb ra rb < <(timeout 30 "$PY" "$HELPER" conn-rate-pair "$tgt" "$ctl" 1 | sed -n 's/^rates //p')
+            [ -n "$rb" ] || return 1
+            echo "round: connections/s at the median $ma with silent clients, $mb without; all $ra, $rb (ports $tgt, $ctl)"
+            K_RATIOS+=("$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$ma" "$mb")")
+            K_MEANS+=("$("$PY" -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.2f}")' "$ra" "$rb")")
+        done
+        stop "$st"
+    done
+    K_RATIO=$("$PY" -c 'import statistics as s, sys; print(f"{s.median(float(x) for x in sys.argv[1:]):.2f}")' "${K_RATIOS[@]}")
+    K_MEAN=$("$PY" -c 'import statistics as s, sys; print(f"{s.median(float(x) for x in sys.argv[1:]):.2f}")' "${K_MEANS[@]}")
+}
+# bgnopre STATS CMD...: `bgpre` without the preload.
+bgnopre() {
+    shift
+    bg "$@"
+}
+# The issue's gate, on the right ratio: a preloaded server's rate with
+# silent clients over an identical preloaded server's in the same
+# milliseconds (above), >= 0.9; the median of 6 rounds. Then one preloaded
+# client, whose MPA Request is refused (closed) in such a process, must be
+# served after falling back.
+#
+# Why a twin server and the median connection. Sessions 9-10 measured this
+# server against itself in turns (a round without, a round with) and got
+# 0.88-0.93x on a quiet machine, without finding where the 7-12 % went.
+# Session 11: not in the shim. In turns, plain Python without the preload
+# loses as much or more (0.49x in one run at load 11, 0.99-1.38x in
+# others: single rounds swing 500-3000 connections/s on a shared machine,
+# and the silent clients' generator is one more process on the 2 cores);
+# the silent clients cost the server about 3 % more CPU per connection
+# served, plain or preloaded alike (their own accepts and threads); the
+# accepting thread makes the same system calls per client with them as
+# without (strace -c, session 9). Against a twin, one connection to each
+# in turn, over 18 runs at load 23-51: preloaded 0.97-1.00; plain Python
+# (K_BASELINE=1, 12 of them at load 23-31) 0.95-1.04. The whole rates
+# (connections over all their time, printed beside) dip under load for
+# both, plain Python too (0.70-1.03 preloaded, median 0.92; 0.80-1.41
+# plain, median 0.96, in those 12 runs): a few slow connections weigh as
+# much as hundreds of fast ones, so the gate takes the rate at the median
+# connection. Whether the preloaded server's somewhat deeper dips are the
+# shim's was not settled (they come and go with the load; not traced). A
+# library that waits on each silent client on the program's thread (the
+# behaviour before the fix) gives 0.00 (0.8 connections/s against
+# 240-3500 for its twin). About 15 s.
+t_stall_rate_nostreams() {
+    local s pre_ratio
+    rm -f "$T/k-mpa.stats"
+    silent_pair_rate bgpre 3 || return 1
+    for s in "${K_SRV_STATS[@]}"; do
+        has "$s" "connect iwarp" || { echo "the server's parent made no stream"; return 1; }
+        # The silent clients' accepts were decided off the program's thread.
+        grep -q "accept plain .*no first bytes within IWARP_PRELOAD_PEEK_MS" "$s" ||
+            { echo "$s: no silent client reached the server"; cat "$s"; return 1; }
     done
     pre "$T/k-mpa.stats" timeout 20 "$PY" "$HELPER" echo-client "$PORT" blocking 4096 || return 1
-    stop "$s"
-    echo "connections/s without silent clients: ${base[*]}; with: ${with[*]}"
+    for s in "${K_SRV_PIDS[@]}"; do stop "$s"; done
     has "$T/k-mpa.stats" "connect plain" || return 1
-    has "$T/k-srv.stats" "accept refused .*no new iWARP streams in a child" || return 1
-    # The silent clients' accepts were decided off the program's thread.
-    has "$T/k-srv.stats" "accept plain .*no first bytes within IWARP_PRELOAD_PEEK_MS" || return 1
-    ratio=$("$PY" -c 'import statistics as s,sys; a=[float(x) for x in sys.argv[1].split()]; b=[float(x) for x in sys.argv[2].split()]; print(f"{s.median(b)/s.median(a):.2f}")' "${base[*]}" "${with[*]}")
-    echo "info: no-streams server: median rate with silent clients / without = $ratio (${with[*]} vs ${base[*]} connections/s)"
-    # 0.8, not the 0.9 of the two checks above (issue 26 item 1's bound for
-    # MPA stallers): with the fix this server measured 0.91-0.93 on a quiet
-    # machine (session 9), too close to 0.9 for a check that must not
-    # flake, and the accepting thread made the same system calls per
-    # accepted client with and without the silent ones (strace -c: 23.1
-    # against 23.0; no poll entry or recv per held client since held.rs
-    # keeps them in an epoll set); what the other 7-9 % is was not found.
-    # The check's point is that accept never waits on a silent client:
-    # before the fix this ratio was about 0.001 (0.5-0.8 against ~1000
-    # connections/s), so 0.8 keeps all of its power.
-    "$PY" -c "import sys; sys.exit(0 if $ratio >= 0.8 else 1)" || { echo "below 0.8x"; return 1; }
+    has "$T/k-srv-$PORT.stats" "accept refused .*no new iWARP streams in a child" || return 1
+    echo "info: no-streams server: rate at the median connection with silent clients / its twin's = $K_RATIO (rounds: ${K_RATIOS[*]}); whole rates: $K_MEAN (${K_MEANS[*]})"
+    pre_ratio=$K_RATIO
+    if [ "${K_BASELINE:-0}" = 1 ]; then
+        silent_pair_rate bgnopre 3 || return 1
+        for s in "${K_SRV_PIDS[@]}"; do stop "$s"; done
+        echo "info: the same without the preload (plain Python servers): $K_RATIO (rounds: ${K_RATIOS[*]}); whole rates: $K_MEAN (${K_MEANS[*]})"
+    fi
+    if ! "$PY" -c "import sys; sys.exit(0 if $pre_ratio >= 0.9 else 1)"; then
+        # Whose loss: the same pair of servers without the preload.
+        silent_pair_rate bgnopre 3 || return 1
+        for s in "${K_SRV_PIDS[@]}"; do stop "$s"; done
+        echo "below 0.9x; plain Python servers measured so just after: $K_RATIO (rounds: ${K_RATIOS[*]}); whole rates: $K_MEAN (${K_MEANS[*]})"
+        return 1
+    fi
 }
-check "k) a blocking server in a process that makes no streams keeps >= 0.8x its rate while silent clients arrive" t_stall_rate_nostreams
+check "k) a blocking server in a process that makes no streams keeps >= 0.9x its rate while silent clients arrive" t_stall_rate_nostreams
 
 # ---- m) the bound on live streams ----------------------------------------------------------
 # IWARP_PRELOAD_MAX_STREAMS (issue 26 item 1: bounded streams and threads

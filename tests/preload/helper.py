@@ -11,7 +11,8 @@ libiwarp_preload.so.
                                          byte each way, closed), then forks
                                          and the child serves `blocking`
                                          (a process that may make no
-                                         streams); TERM ends both
+                                         streams), printing "serving";
+                                         TERM ends both
   helper.py echo-client PORT MODE BYTES  send BYTES random bytes, read the
                                          echo back, exit 0 if identical; MODE
                                          blocking|select|mixed (epoll, then
@@ -58,6 +59,13 @@ libiwarp_preload.so.
                                          (connect, 64 bytes each way, close),
                                          sequentially for SECS s: prints
                                          "rate R" (connections per second)
+  helper.py conn-rate-pair PORTA PORTB SECS
+                                         as conn-rate, one connection to
+                                         each port in turn: prints "rates
+                                         MA MB RA RB", each port's rate at
+                                         its median connection, then its
+                                         connections over the time they
+                                         took
   helper.py reuse-server PORT N WAIT LINGER FILE
                                          accept N clients and leave them
                                          alone WAIT s (the shim's settle
@@ -145,6 +153,9 @@ def echo_server(port, mode):
             _, status = os.waitpid(child, 0)
             sys.exit(os.waitstatus_to_exitcode(status))
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Only now may clients come: self_stream's thread takes the first
+        # connection on `s`.
+        print("serving", flush=True)
         mode = "blocking"
     if mode == "blocking":
         while True:
@@ -491,6 +502,26 @@ def conn_rate(port, secs):
     print(f"rate {n / (time.monotonic() - start):.1f}", flush=True)
 
 
+def conn_rate_pair(port_a, port_b, secs):
+    """conn_rate against two servers in turn, one connection to each
+    alternately, so that both meet the machine's load alike. Prints each
+    server's rate at its median connection (1 / the median time a
+    connection took), then its connections over the time they all took."""
+    msg = b"r" * 64
+    took = {port_a: [], port_b: []}
+    start = time.monotonic()
+    while time.monotonic() - start < secs:
+        for port in (port_a, port_b):
+            t0 = time.monotonic()
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            echo_once(c, msg)
+            c.close()
+            took[port].append(time.monotonic() - t0)
+    a, b = sorted(took[port_a]), sorted(took[port_b])
+    print(f"rates {1 / a[len(a) // 2]:.1f} {1 / b[len(b) // 2]:.1f}"
+          f" {len(a) / sum(a):.1f} {len(b) / sum(b):.1f}", flush=True)
+
+
 def reuse_server(port, n, wait, linger, path):
     s = listener(port)
     conns = [s.accept()[0] for _ in range(n)]
@@ -552,6 +583,8 @@ def main():
         hold_streams(int(args[0]), int(args[1]), args[2])
     elif cmd == "conn-rate":
         conn_rate(int(args[0]), float(args[1]))
+    elif cmd == "conn-rate-pair":
+        conn_rate_pair(int(args[0]), int(args[1]), float(args[2]))
     elif cmd == "reuse-server":
         reuse_server(int(args[0]), int(args[1]), float(args[2]), float(args[3]), args[4])
     else:
