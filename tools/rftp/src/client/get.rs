@@ -35,6 +35,9 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
     let mut slot = XferSlot::default();
     let s = get_with(&mut f, &mut slot, &url.path, out, o)?;
     f.quit();
+    if o.exit_after {
+        slot.leave_to_exit();
+    }
     Ok(s)
 }
 

@@ -218,6 +218,24 @@ impl XferSlot {
         self.plan.as_ref()
     }
 
+    /// The process is about to exit: leave the session's connections for
+    /// the kernel to close instead of closing them here. A close here
+    /// waits for the server's FIN on every connection (iwarp-soft's
+    /// graceful close, bounded by its `FIN_WAIT`), a round trip after the
+    /// last reply that tells the client nothing: the transfer is complete
+    /// and judged (the 226, and the HASH compared) before this is called.
+    /// At exit the kernel sends each connection's FIN itself (TCP goes on
+    /// for a closed socket, RFC 9293 §3.6); rftpd ends the session on that
+    /// FIN or on QUIT, whichever it reads first. Only for a process that
+    /// exits next: the session's threads and memory are not freed.
+    pub fn leave_to_exit(&mut self) {
+        if let Some(x) = self.x.take() {
+            std::mem::forget(x);
+        }
+        self.key = None;
+        self.plan = None;
+    }
+
     /// Forget the session (after a failed transfer both ends drop it).
     pub fn reset(&mut self) {
         self.x = None;
