@@ -4,9 +4,12 @@
 //! spoke, each a round trip the client waited for. Against rftpd (whose
 //! greeting names the RDMA extension) rftp pipelines its commands (RFC 959
 //! §4.2: replies come in command order), so a small `get` needs two
-//! flights up to its `RRTR` (FEAT USER PASS TYPE SIZE; OPTS HASH RADR
+//! flights up to its `RRTR` (FEAT USER PASS TYPE SIZE RADR; OPTS HASH
 //! RRTR HASH) and sends QUIT without waiting for its reply; it needed nine
 //! before (USER, PASS, TYPE, FEAT, OPTS HASH, SIZE, NOOP, RADR, RRTR).
+//! The RADR rides with the login (issue 27, session 11): the session's
+//! connections open while the transfer's batch is on its way, a round
+//! trip earlier than when it went with RRTR.
 //! A server that does not name the extension still gets one command per
 //! round trip. Every wait is bounded.
 
@@ -155,6 +158,14 @@ fn get_from_rftpd_waits_two_round_trips_before_the_data() {
             "{extra:?}: {before} round trips up to RRTR (at most 2): {}",
             shown(&f)
         );
+        // The session is asked for in the login's flight.
+        let radr = flights_until(&f, "RADR");
+        assert_eq!(
+            radr,
+            1,
+            "{extra:?}: RADR in flight {radr}, not with the login: {}",
+            shown(&f)
+        );
         // HASH rode in the same flight as RRTR, and QUIT's reply is not
         // waited for: no flight after the QUIT one.
         assert!(
@@ -202,6 +213,27 @@ fn get_from_rftpd_waits_two_round_trips_before_the_data() {
         "resume: REST not in the RRTR flight: {}",
         shown(&f)
     );
+}
+
+#[test]
+fn a_radr_refused_with_the_login_is_asked_again_sized_to_the_file() {
+    // The RADR in the login's flight is sized to the path, not to the file
+    // (its SIZE reply comes in the same flight). A server whose memory
+    // budget refuses that session (452) is asked again in the transfer's
+    // flight, sized to the file, which fits: the get succeeds.
+    let s = server("session_mem_budget_bytes = 1048576");
+    write_random(&s.root.join("small.bin"), 100_000, 5);
+    let f = counted_get(s.port, "small.bin", &[]);
+    let radrs: Vec<usize> = f
+        .iter()
+        .enumerate()
+        .filter(|(_, fl)| fl.iter().any(|l| l.starts_with("RADR")))
+        .map(|(i, _)| i)
+        .collect();
+    let shown = format!("{f:?}").replace("PASS secret", "PASS ****");
+    assert_eq!(radrs, [0, 1], "RADR flights: {shown}");
+    let rrtr = flights_until(&f, "RRTR");
+    assert_eq!(rrtr, 2, "RRTR in flight {rrtr}: {shown}");
 }
 
 #[test]

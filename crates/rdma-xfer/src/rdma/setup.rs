@@ -438,16 +438,12 @@ impl RdmaSession {
         }
     }
 
-    /// The source's staging blocks: local access only, the peer cannot
-    /// touch them.
-    pub(super) fn src_pool(&self) -> Result<Vec<MemoryRegion>, Error> {
-        (0..self.cfg.pool_depth())
-            .map(|_| {
-                self.pd
-                    .reg_mr(self.cfg.block_size as usize, Access::LOCAL_WRITE)
-                    .map_err(|e| Error::Local(std::io::Error::other(e.to_string())))
-            })
-            .collect()
+    /// One of the source's staging blocks: local access only, the peer
+    /// cannot touch it. Made as a transfer first needs it (`send_inner`).
+    pub(super) fn src_block(&self) -> Result<MemoryRegion, std::io::Error> {
+        self.pd
+            .reg_mr(self.cfg.block_size as usize, Access::LOCAL_WRITE)
+            .map_err(|e| std::io::Error::other(format!("registering a source block: {e}")))
     }
 
     /// The sink's landing blocks, unregistered until granted.

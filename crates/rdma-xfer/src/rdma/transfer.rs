@@ -76,9 +76,6 @@ impl RdmaSession {
 
     pub(super) fn send_inner(&mut self, src: &mut dyn BlockSource) -> Result<Stats, Error> {
         self.shared.check()?;
-        if self.src_pool.is_empty() {
-            self.src_pool = self.src_pool()?;
-        }
         let start = Instant::now();
         let depth = self.cfg.pool_depth();
         self.transfer += 1;
@@ -107,6 +104,14 @@ impl RdmaSession {
                     i
                 }
             };
+            // The pool grows as the transfer needs blocks (`free` hands out
+            // new indices in order): a small file registers one block, and
+            // a large one starts sending after its first block, not after
+            // the whole zeroed pool (issue 27).
+            while self.src_pool.len() <= idx as usize {
+                let mr = self.src_block().map_err(|e| self.fail_local(e))?;
+                self.src_pool.push(mr);
+            }
             let mr = &self.src_pool[idx as usize];
             // SAFETY: block `idx` is in no outstanding work request (it is
             // free: never posted, or its BlockDone Send completed, which

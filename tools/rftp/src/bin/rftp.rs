@@ -215,6 +215,9 @@ fn run(a: &Args) -> Result<u8, String> {
         Some(c @ (Cmd::Get { .. } | Cmd::Put { .. })) => c,
         other => return Ok(interactive(a, other.as_ref(), &fc, o)),
     };
+    // One transfer, then exit: the session's connections are left for the
+    // kernel to close (no round trip for the server's FINs).
+    o.exit_after = true;
     let pb = cli::progress_bar(a.quiet, o.mem);
     if let Some(pb) = &pb {
         cli::attach(&mut o, pb);

@@ -514,8 +514,17 @@ impl Ftp {
         o: &Options,
         autotune: bool,
     ) -> Result<Option<Box<dyn Transport>>, String> {
-        let line = radr_line(o);
-        let (c, t) = self.cmd(&line)?;
+        match self.radr_reply(&radr_line(o))? {
+            Some(to) => radr_connect(to, o, autotune).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The reply to `line` (a RADR, sent now or read if sent ahead): where
+    /// the session connects and its token, or `None` if the server does
+    /// not know the extension.
+    pub(super) fn radr_reply(&mut self, line: &str) -> Result<Option<RadrTarget>, String> {
+        let (c, t) = self.cmd(line)?;
         if crate::reply::FALLBACK_CODES.contains(&c) {
             return Ok(None);
         }
@@ -529,22 +538,11 @@ impl Ftp {
             self.allow_foreign_data_addr,
             "RADR reply",
         )?;
-        let (token, mode) = (reply.token, reply.mode);
-        let cfg = rdma_xfer::Config {
-            streams: o.streams,
-            block_size: o.block_size,
-            iodepth: o.effective_iodepth(),
-            timeout: o.timeout,
-            connect_timeout: o.timeout,
-            crc: o.crc,
-            device: o.device.clone(),
-            autotune,
-            congestion: o.congestion.clone(),
-            ..rdma_xfer::Config::default()
-        };
-        let mut x = rdma_xfer::connect(addr, mode, token, cfg).map_err(err)?;
-        x.set_progress(o.progress.clone());
-        Ok(Some(x))
+        Ok(Some(RadrTarget {
+            addr,
+            token: reply.token,
+            mode: reply.mode,
+        }))
     }
 
     /// A listing (`LIST` or `NLST`, optionally of `path`) over a passive
@@ -574,6 +572,38 @@ impl Ftp {
         }
         let _ = self.cmd("QUIT");
     }
+}
+
+/// Where a RADR reply says the transfer session connects.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RadrTarget {
+    addr: SocketAddr,
+    token: u64,
+    mode: rdma_xfer::Mode,
+}
+
+/// Connect the transfer session a RADR reply named, with `o`'s streams,
+/// block size and depth (what the RADR line asked for).
+pub(super) fn radr_connect(
+    to: RadrTarget,
+    o: &Options,
+    autotune: bool,
+) -> Result<Box<dyn Transport>, String> {
+    let cfg = rdma_xfer::Config {
+        streams: o.streams,
+        block_size: o.block_size,
+        iodepth: o.effective_iodepth(),
+        timeout: o.timeout,
+        connect_timeout: o.timeout,
+        crc: o.crc,
+        device: o.device.clone(),
+        autotune,
+        congestion: o.congestion.clone(),
+        ..rdma_xfer::Config::default()
+    };
+    let mut x = rdma_xfer::connect(to.addr, to.mode, to.token, cfg).map_err(err)?;
+    x.set_progress(o.progress.clone());
+    Ok(x)
 }
 
 /// What the control connection says once a transfer's data path (the

@@ -11,7 +11,7 @@ use rdma_xfer::FileWriter;
 use super::ftp::{err, final_reply, AfterLoss, Ftp};
 use super::options::{Options, Summary};
 use super::retry::retrying;
-use super::session::{session_then, via, XferSlot};
+use super::session::{session_with, via, XferSlot};
 use super::transfer::{chosen_checksum, copy_plain, mem_transfer, verify, Throttle};
 use super::url::Url;
 use crate::checksum::{self, HashSink, HashWrite, Journal, Running};
@@ -31,10 +31,15 @@ pub fn get(url: &Url, out: &Path, o: &Options) -> Result<Summary, String> {
         None => vec![format!("SIZE {}", url.path)],
         Some(_) => Vec::new(),
     };
-    let mut f = session_then(url, o, &then)?;
+    // The RADR rides with the login too (rftpd, a file download).
     let mut slot = XferSlot::default();
+    let early = (o.mem.is_none() && !o.tcp).then_some(&mut slot);
+    let mut f = session_with(url, o, &then, early)?;
     let s = get_with(&mut f, &mut slot, &url.path, out, o)?;
     f.quit();
+    if o.exit_after {
+        slot.leave_to_exit();
+    }
     Ok(s)
 }
 
@@ -95,6 +100,10 @@ pub fn get_with(
         }
         f.send_ahead(&batch)?;
     }
+    // What is left to move sizes the session (a small file, few streams).
+    // It connects before the OPTS HASH reply is read: when the RADR went
+    // with the login, that reply is a round trip behind the RADR's.
+    let x = slot.get(f, o, total.map(|t| t.saturating_sub(offset)))?;
     let algo = chosen_checksum(f, o)?;
     // The checksum runs over the part a resume keeps (from the state saved
     // beside it, FILE.part.sums, plus what the part holds past that state),
@@ -116,8 +125,6 @@ pub fn get_with(
     };
     let journal = || algo.map(|_| Journal::new(&part));
     let run_out: Option<Running>;
-    // What is left to move sizes the session (a small file, few streams).
-    let x = slot.get(f, o, total.map(|t| t.saturating_sub(offset)))?;
     let rest = |f: &mut Ftp| -> Result<(), String> {
         if offset > 0 {
             tracing::info!(offset, "resuming download");

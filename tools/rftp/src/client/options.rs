@@ -58,6 +58,12 @@ pub struct Options {
     /// TCP congestion control of the control and data connections
     /// (`TCP_CONGESTION`); `None`: the kernel's default.
     pub congestion: Option<String>,
+    /// The process exits once this `get` or `put` is done (rftp's batch
+    /// mode): the transfer session's connections are then left for the
+    /// kernel to close at exit, so rftp does not wait a round trip for
+    /// the server's FINs after the last reply (issue 27; see
+    /// [`XferSlot::leave_to_exit`](crate::client::XferSlot::leave_to_exit)).
+    pub exit_after: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -115,6 +121,7 @@ impl Default for Options {
             max_window: None,
             explain: false,
             congestion: None,
+            exit_after: false,
         }
     }
 }

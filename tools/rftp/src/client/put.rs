@@ -26,6 +26,9 @@ pub fn put(file: Option<&Path>, url: &Url, o: &Options) -> Result<Summary, Strin
     let mut slot = XferSlot::default();
     let s = put_with(&mut f, &mut slot, file, &url.path, o)?;
     f.quit();
+    if o.exit_after {
+        slot.leave_to_exit();
+    }
     Ok(s)
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rdma_xfer::Transport;
 
-use super::ftp::{radr_line, set_congestion, Ftp};
+use super::ftp::{radr_connect, radr_line, set_congestion, tcp_info_rtt, Ftp, RadrTarget};
 use super::options::Options;
 use super::url::Url;
 
@@ -19,6 +19,19 @@ pub fn session(url: &Url, o: &Options) -> Result<Ftp, String> {
 /// next, e.g. `SIZE`) sent ahead with the login when the server pipelines:
 /// against rftpd, FEAT, USER, PASS, TYPE I and `then` cost one round trip.
 pub(super) fn session_then(url: &Url, o: &Options, then: &[String]) -> Result<Ftp, String> {
+    session_with(url, o, then, None)
+}
+
+/// [`session_then`]; with `slot`, against a server that pipelines, the
+/// RADR of the slot's first transfer goes in the login batch too
+/// ([`XferSlot::radr_with_login`]): the session's connections then open
+/// a round trip earlier.
+pub(super) fn session_with(
+    url: &Url,
+    o: &Options,
+    then: &[String],
+    slot: Option<&mut XferSlot>,
+) -> Result<Ftp, String> {
     let mut f = Ftp::connect(&url.host, url.port, o.timeout)?;
     if let Some(cc) = &o.congestion {
         set_congestion(&f.out, cc)?;
@@ -26,6 +39,9 @@ pub(super) fn session_then(url: &Url, o: &Options, then: &[String]) -> Result<Ft
     f.set_allow_foreign_data_addr(o.allow_foreign_data_addr);
     let mut batch = vec!["TYPE I".to_string()];
     batch.extend(then.iter().cloned());
+    if let Some(slot) = slot {
+        batch.extend(slot.radr_with_login(&mut f, o)?);
+    }
     f.login_with(&url.user, &url.password, &batch)?;
     f.expect("TYPE I", |c| c == 200)?;
     Ok(f)
@@ -60,6 +76,12 @@ pub struct XferSlot {
     rtt: Option<Duration>,
     /// A decision made ahead ([`XferSlot::radr_ahead`]) for the next `get`.
     prepared: Option<Decision>,
+    /// The RADR line sent with the login ([`XferSlot::radr_with_login`]),
+    /// until its reply is read.
+    early_line: Option<String>,
+    /// Where that RADR's reply says the session connects: the next `get`
+    /// connects there instead of sending a RADR.
+    early_target: Option<RadrTarget>,
 }
 
 impl XferSlot {
@@ -99,7 +121,12 @@ impl XferSlot {
                     (r, None)
                 }
             };
-            match f.radr(&ro, o.iodepth == 0)? {
+            let autotune = o.iodepth == 0;
+            let made = match self.early_target.take() {
+                Some(to) => Some(radr_connect(to, &ro, autotune)?),
+                None => f.radr(&ro, autotune)?,
+            };
+            match made {
                 Some(x) => {
                     self.x = Some(x);
                     self.key = Some(key);
@@ -107,12 +134,7 @@ impl XferSlot {
                 }
                 None => {
                     self.unsupported = true;
-                    tracing::warn!("the server does not support RADR; falling back to plain FTP");
-                    if o.mem.is_none() {
-                        eprintln!(
-                            "rftp: server has no RDMA extension; using a plain FTP data connection"
-                        );
-                    }
+                    no_extension(o);
                     return Ok(None);
                 }
             }
@@ -184,6 +206,24 @@ impl XferSlot {
         o: &Options,
         size: Option<u64>,
     ) -> Result<Option<String>, String> {
+        if let Some(line) = self.early_line.take() {
+            // The RADR went with the login; its reply came with theirs.
+            match f.radr_reply(&line) {
+                Ok(Some(to)) => {
+                    self.early_target = Some(to);
+                    return Ok(None);
+                }
+                Ok(None) => {
+                    self.unsupported = true;
+                    self.prepared = None;
+                    no_extension(o);
+                    return Ok(None);
+                }
+                // E.g. 452, the server's memory budget: ask again below,
+                // sized to the file this time (the batch carries it).
+                Err(e) => tracing::info!(%e, "the RADR sent with the login failed; asking again"),
+            }
+        }
         self.prepared = None;
         if o.tcp || self.unsupported {
             return Ok(None);
@@ -198,6 +238,36 @@ impl XferSlot {
             }
         });
         self.prepared = Some(d);
+        Ok(line)
+    }
+
+    /// The RADR line of the slot's first transfer, to go in the login
+    /// batch of a server that pipelines (rftpd), or `None`. It is sized
+    /// to the path (the RTT of the TCP handshake, TCP_INFO) but not to
+    /// the file, whose SIZE reply comes in the same batch: a small file
+    /// gets the path's session, not one fitted to it. Its reply is read by
+    /// the next [`XferSlot::radr_ahead`] (before the transfer's batch;
+    /// if it failed, that one asks again, sized to the file), and the
+    /// next [`XferSlot::get`] connects to it. RFC 959 §4.2: replies come
+    /// in command order, so the RADR's reply follows the login's, and a
+    /// refused login makes it fail (530) harmlessly.
+    pub(super) fn radr_with_login(
+        &mut self,
+        f: &mut Ftp,
+        o: &Options,
+    ) -> Result<Option<String>, String> {
+        if !f.pipelining() || o.tcp || o.mem.is_some() || self.unsupported {
+            return Ok(None);
+        }
+        // Without a kernel sample the plan would cost a timed NOOP.
+        let Some(rtt) = tcp_info_rtt(&f.out) else {
+            return Ok(None);
+        };
+        if o.streams == 0 || o.iodepth == 0 {
+            self.rtt = Some(rtt);
+        }
+        let line = self.radr_ahead(f, o, None)?;
+        self.early_line.clone_from(&line);
         Ok(line)
     }
 
@@ -218,6 +288,24 @@ impl XferSlot {
         self.plan.as_ref()
     }
 
+    /// The process is about to exit: leave the session's connections for
+    /// the kernel to close instead of closing them here. A close here
+    /// waits for the server's FIN on every connection (iwarp-soft's
+    /// graceful close, bounded by its `FIN_WAIT`), a round trip after the
+    /// last reply that tells the client nothing: the transfer is complete
+    /// and judged (the 226, and the HASH compared) before this is called.
+    /// At exit the kernel sends each connection's FIN itself (TCP goes on
+    /// for a closed socket, RFC 9293 §3.6); rftpd ends the session on that
+    /// FIN or on QUIT, whichever it reads first. Only for a process that
+    /// exits next: the session's threads and memory are not freed.
+    pub fn leave_to_exit(&mut self) {
+        if let Some(x) = self.x.take() {
+            std::mem::forget(x);
+        }
+        self.key = None;
+        self.plan = None;
+    }
+
     /// Forget the session (after a failed transfer both ends drop it).
     pub fn reset(&mut self) {
         self.x = None;
@@ -228,6 +316,14 @@ impl XferSlot {
     /// "rdma x8" for the current session, if any.
     pub fn describe(&self) -> Option<String> {
         self.x.as_deref().map(via)
+    }
+}
+
+/// Say that the server has no RDMA extension and plain FTP is used.
+fn no_extension(o: &Options) {
+    tracing::warn!("the server does not support RADR; falling back to plain FTP");
+    if o.mem.is_none() {
+        eprintln!("rftp: server has no RDMA extension; using a plain FTP data connection");
     }
 }
 
