@@ -91,11 +91,17 @@ result() {
   nonzero "\$cbw" || rc=\$((rc + 100))
   [ "\$sbw" = - ] || nonzero "\$sbw" || rc=\$((rc + 200))
   said=
+  # Linux siw's accept race (iwarp-perf names it: the first control
+  # message waits unread in the passive side's TCP receive queue, see
+  # docs/TESTING.md, "Linux siw's accept race"): not judged, marked on the line.
+  if [ \$rc != 0 ] && grep -qs "unread in a TCP receive queue" /tmp/c.log /tmp/s.log; then
+    said=" siw_accept_race=1"
+  fi
   if [ \$rc != 0 ]; then
     # What each end said last, on the RESULT line itself (the host's FAIL
     # line repeats it, so a CI summary that keeps only that line still
     # names the cause), and what the guest kernel logged of siw.
-    said=" client_said=\"\$(grep -v '^ *\$' /tmp/c.log 2>/dev/null | tail -n 1 | tr -d '\"')\" server_said=\"\$(grep -v '^ *\$' /tmp/s.log 2>/dev/null | tail -n 1 | tr -d '\"')\""
+    said="\$said client_said=\"\$(grep -v '^ *\$' /tmp/c.log 2>/dev/null | tail -n 1 | tr -d '\"')\" server_said=\"\$(grep -v '^ *\$' /tmp/s.log 2>/dev/null | tail -n 1 | tr -d '\"')\""
     dmesg 2>/dev/null | grep -iE 'siw|iwcm|rdma' | tail -n 8 | sed "s/^/PTCOMPAT \$tag: dmesg: /"
   fi
   echo "PTCOMPAT RESULT \$tag rc=\$rc client=\$crc server=\$src client_value=\$cbw server_value=\$sbw\$said"
@@ -274,6 +280,7 @@ HOST_SERVER2=""
 
 FAILS=0
 PASSES=0
+RACES=0
 CLEAN="$LOGS/guest.clean.log"
 tr -d '\r' <"$GLOG" >"$CLEAN"
 nonzero() { awk -v v="$1" 'BEGIN { exit !(v + 0 > 0) }'; }
@@ -291,6 +298,14 @@ check() {
     line="$(grep -a "^PTCOMPAT RESULT $tag " "$CLEAN" || true)"
     if [[ "$line" == *" rc=0 "* ]]; then
         pass "$tag" "$desc (${line#*client_value=})"
+    elif [[ "$line" == *" siw_accept_race=1 "* ]]; then
+        # iwarp-perf found the first control message unread in the
+        # passive side's TCP receive queue, where only the kernel's siw
+        # can read it: Linux siw's accept race, not the pair's protocol.
+        # Not judged, never retried; counted and shown.
+        grep -a "^PTCOMPAT $tag: " "$CLEAN" | grep -a "unread in a TCP receive queue" | sed "s/^PTCOMPAT $tag: /    guest: /" || true
+        note "NOT JUDGED $tag: Linux siw's accept race (the first message was never read by the passive side's siw; see docs/TESTING.md, \"Linux siw's accept race\")"
+        RACES=$((RACES + 1))
     else
         # All of the guest's lines for it, not only the figures.
         grep -a "^PTCOMPAT $tag: " "$CLEAN" | sed "s/^PTCOMPAT $tag: /    guest: /" || true
@@ -351,7 +366,11 @@ if ! grep -aq "PTCOMPAT ALLDONE" "$CLEAN"; then
     FAILS=$((FAILS + 1))
 fi
 
-note "$PASSES passed, $FAILS failed"
+if ((RACES > 0)); then
+    note "$PASSES passed, $FAILS failed, $RACES not judged (Linux siw's accept race)"
+else
+    note "$PASSES passed, $FAILS failed"
+fi
 if ((FAILS > 0)); then
     note "logs kept in $LOGS"
     exit 1

@@ -161,7 +161,12 @@ fi
 netns_up
 echo "[guest-run] accel=$ACCEL kernel=$(cat "$WORK/out/.kver" 2>/dev/null || echo '?') ($(basename "$KERNEL")) netns=$NETNS guest=$GUEST_IP job=${JOB:-${SHARE:+$SHARE/guest.sh}}" >&2
 rc=0
-ip netns exec "$NETNS" timeout "$TIMEOUT" qemu-system-x86_64 \
+# --foreground: timeout stays in the caller's process group (without it,
+# it makes a group of its own), so a caller that stops this script's
+# group on its own time limit (scripts/stress.sh -t, a test step's
+# timeout) stops QEMU with it instead of leaving the guest running on
+# (seen in session 9). timeout's own bound still stops QEMU.
+ip netns exec "$NETNS" timeout --foreground "$TIMEOUT" qemu-system-x86_64 \
     -machine q35 "${ACCEL_ARGS[@]}" -smp "$SMP" -m "$MEM" \
     -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND" \
     -display none -serial mon:stdio -no-reboot \

@@ -40,6 +40,8 @@
 
 pub use iwarp_perf::perftest_wire as wire;
 
+mod unread;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -242,9 +244,16 @@ impl Ctrl {
             .wait_one(self.t)
             .map_err(|e| format!("waiting for perftest's {what}: {e}"))?
             .ok_or_else(|| {
-                format!(
-                    "waiting for perftest's {what}: nothing within {:?} (does the peer run the same test with -R?)",
-                    self.t
+                // Nothing came: say so, and whether the message is stuck
+                // in a TCP receive queue of this host (Linux siw's accept
+                // race, see `unread`).
+                unread::explain(
+                    format!(
+                        "waiting for perftest's {what}: nothing within {:?} (does the peer run the same test with -R?)",
+                        self.t
+                    ),
+                    self.qp.local_addr(),
+                    self.qp.peer_addr(),
                 )
             })?;
         check(&wc, WcOpcode::Recv, &format!("receiving perftest's {what}"))?;
