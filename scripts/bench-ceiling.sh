@@ -229,6 +229,8 @@ run() {
     case "$name" in
     splice | rw)
         rp=$((PORT_BASE + 3))
+        # The last run's "ready" must not be taken for this receiver's.
+        rm -f "$TMP/recv.out"
         in_group "$grp" "$TMP/mover" recv "$rp" "$TMP/dst/file.bin" "$name" >"$TMP/recv.out" &
         local recv=$!
         for _ in $(seq 1 500); do grep -q ready "$TMP/recv.out" 2>/dev/null && break; sleep 0.01; done
