@@ -74,6 +74,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     let fd = conn.sock.as_raw_fd();
     rx.ready();
     if rx.start < rx.end {
+        rx.hint_buffered = false;
         let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
         rx.tx_due |= tx;
         rx.start += n;
@@ -101,8 +102,10 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     if std::mem::take(&mut rx.short) {
         return Pass::Drained;
     }
-    let hint = if rx.end == 0 {
-        qp.lock_engine().rx_hint()
+    let hint = if rx.end == 0 && !rx.hint_buffered {
+        let h = qp.lock_engine().rx_hint();
+        rx.hint_buffered = matches!(h, RxHint::Buffered);
+        h
     } else {
         RxHint::Buffered
     };
@@ -176,6 +179,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                     qp.counters
                         .rx_buffered_bytes
                         .fetch_add(rx.end as u64, Ordering::Relaxed);
+                    rx.hint_buffered = false;
                     let mut eng = qp.lock_engine();
                     eng.handle_direct(direct, &*qp.mem);
                     pump(qp, &mut eng);

@@ -37,12 +37,31 @@ pub(crate) unsafe fn recv_iovecs(fd: RawFd, iov: &mut [libc::iovec]) -> io::Resu
 }
 
 /// Non-blocking `recv(2)` into `buf`; returns the bytes received.
+///
+/// Made as a raw `recvfrom` system call, not through glibc's `recv`: that
+/// wrapper is a thread-cancellation point and brackets the call with
+/// `__pthread_enable_asynccancel` / `__pthread_disable_asynccancel`, which
+/// a busy poller pays on every empty look (3 % of a busy-polled ping-pong's
+/// CPU, issue 29). Rust threads are never cancelled, and a call with
+/// `MSG_DONTWAIT` does not block, so there is nothing to cancel.
 pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         // SAFETY: `buf` is an exclusively borrowed, initialised slice, valid
         // for writes of `buf.len()` bytes for the length of the call, which
-        // does not block (MSG_DONTWAIT).
-        let rc = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        // does not block (MSG_DONTWAIT). The null address and length make
+        // `recvfrom` the same call as `recv` (recv(2)); `syscall` returns -1
+        // and sets errno on failure, as `recv` does.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                fd,
+                buf.as_mut_ptr(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            )
+        };
         if rc >= 0 {
             return Ok(rc as usize);
         }
