@@ -7,7 +7,8 @@
 # progress pool (IWARP_PROGRESS=pool), PAIRS times interleaved; prints a
 # Markdown table of the medians: aggregate Gbit/s, the ratio to TCP, the
 # process's threads (peak, from iwarp-perf), threads and peak RSS per
-# connection, and the ping-pong's median microseconds.
+# connection, CPU-seconds per GB of both transports (process CPU from
+# getrusage over the bytes moved), and the ping-pong's median microseconds.
 #
 #   scripts/bench-scale.sh                      # QPS="1 16 256 1000"
 #   QPS="1 16" PAIRS=1 DURATION=1 scripts/bench-scale.sh   # quick look
@@ -46,7 +47,7 @@ ENGINES="${ENGINES:-threads pool}"
 PERF="${IWARP_PERF:-$here/target/release/iwarp-perf}"
 
 if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-    sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 if [[ ! -x "$PERF" ]]; then
@@ -131,8 +132,16 @@ def f(x, spec):
 print(f"RDMA Write {size} B, --loopback (both ends in one process), median of {pairs} runs per cell")
 print()
 base = engines[0]
-print(f"| conns | engine | iWARP Gbit/s | TCP Gbit/s | iWARP/TCP | / {base} (range) | CPU s | threads | threads/conn | peak RSS MiB | RSS KiB/conn |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print(f"| conns | engine | iWARP Gbit/s | TCP Gbit/s | iWARP/TCP | / {base} (range) | CPU s | iWARP CPU-s/GB | TCP CPU-s/GB | threads | threads/conn | peak RSS MiB | RSS KiB/conn |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+def per_gb(r):
+    # CPU-seconds per GB moved (getrusage over the bytes counted): the
+    # figure a loaded machine disturbs least; on C busy cores a transport
+    # cannot pass C / (CPU-s per GB) GB/s.
+    if not r or not r.get("cpu_s") or not r.get("iters"):
+        return None
+    return r["cpu_s"] / (r["iters"] * r["size"] / 1e9)
 for q in qps:
     for e in engines:
         bw = load(f"{tmp}/{e}.{q}.bw")
@@ -151,6 +160,7 @@ for q in qps:
         print(f"| {q} | {e} | {f(med([r['bw_gbit_s'] for r in iw]), '.2f')} | "
               f"{f(med([r['bw_gbit_s'] for r in tc]), '.2f')} | {f(ratio, '.2f')} | {vs} | "
               f"{f(cpu, '.2f')} | "
+              f"{f(med([per_gb(r) for r in iw]), '.3f')} | {f(med([per_gb(r) for r in tc]), '.3f')} | "
               f"{f(thr, '.0f')} | {f(None if thr is None else thr / n, '.3f')} | "
               f"{f(None if rss is None else rss / 1024, '.1f')} | "
               f"{f(None if rss is None else rss / n, '.0f')} |")

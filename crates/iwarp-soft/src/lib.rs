@@ -87,7 +87,9 @@
 //!
 //! **Receive work** (`rx_pass`), by whoever holds `rx`, never blocks:
 //! lock the engine to ask [`Engine::rx_hint`](iwarp_proto::engine::Engine::rx_hint), unlock, then read with a
-//! non-blocking `recv`: large tagged payload (≥ [`DIRECT_MIN`]) goes
+//! non-blocking `recv` (a `Buffered` hint is kept until the next bytes are
+//! fed, since only input can turn it into `Direct`: a busy poller's empty
+//! looks take no engine lock): large tagged payload (≥ [`DIRECT_MIN`]) goes
 //! straight into the target region (zero-copy placement; the region is held
 //! only for that copy), everything else into a reusable 256 KiB buffer.
 //! Buffered reads from an empty buffer are kept short ([`RX_READ`], or

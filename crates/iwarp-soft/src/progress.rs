@@ -68,6 +68,7 @@ fn pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
 /// (a partial FPDU stays for the next pass).
 pub(super) fn rx_consume_buffered(qp: &SoftQp, conn: &Conn, rx: &mut RxState) {
     while rx.start < rx.end {
+        rx.hint_buffered = false;
         let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
         if tx {
             conn.kick(qp);
@@ -230,10 +231,15 @@ impl Conn {
         // drains it, so a waiting application does not depend on the
         // transmit thread being scheduled (a scheduler tick on a loaded
         // machine). Only if nobody else is writing.
+        if !self.tx_partial.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(mut tx) = self.tx.try_lock() else {
             return;
         };
         if tx.off >= tx.frame_len {
+            // Pushed on meanwhile (or dropped with the connection).
+            self.tx_partial.store(false, Ordering::Relaxed);
             drop(tx);
             // A pool thread may have found `tx` held by this look.
             self.tx_released();
@@ -507,6 +513,7 @@ impl Conn {
             pending: AtomicU8::new(0),
             rx_owner: AtomicU8::new(RX_FREE),
             tx_wanted: AtomicBool::new(false),
+            tx_partial: AtomicBool::new(false),
         });
         let qpn = qp.qpn;
         if qp.send_cq.app_driven() || qp.recv_cq.app_driven() {

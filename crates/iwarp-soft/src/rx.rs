@@ -59,11 +59,14 @@ pub(super) enum Pass {
 /// `recv` into `buf` (plain `recv`, not `recvmsg`: a busy poller calls this
 /// in a loop, and `recvmsg` costs a message header and iovec import per
 /// call on top); non-blocking unless `block`.
-pub(super) fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8], block: bool) -> io::Result<usize> {
-    if block {
-        sys::recv_blocking(fd, buf)
-    } else {
-        sys::recv_nonblocking(fd, buf)
+pub(super) fn recv_buf(fd: std::os::fd::RawFd, buf: &mut [u8], block: bool) -> sys::Recv {
+    if !block {
+        return sys::recv_nb(fd, buf);
+    }
+    match sys::recv_blocking(fd, buf) {
+        Ok(n) => sys::Recv::Data(n),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => sys::Recv::Empty,
+        Err(e) => sys::Recv::Failed(e),
     }
 }
 
@@ -74,6 +77,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     let fd = conn.sock.as_raw_fd();
     rx.ready();
     if rx.start < rx.end {
+        rx.hint_buffered = false;
         let (n, stuck, tx) = feed(qp, conn, &rx.buf[rx.start..rx.end]);
         rx.tx_due |= tx;
         rx.start += n;
@@ -101,8 +105,10 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
     if std::mem::take(&mut rx.short) {
         return Pass::Drained;
     }
-    let hint = if rx.end == 0 {
-        qp.lock_engine().rx_hint()
+    let hint = if rx.end == 0 && !rx.hint_buffered {
+        let h = qp.lock_engine().rx_hint();
+        rx.hint_buffered = matches!(h, RxHint::Buffered);
+        h
     } else {
         RxHint::Buffered
     };
@@ -119,13 +125,13 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                 // Deregistered meanwhile: let the engine see the bytes (and
                 // fail the access) through the buffered path.
                 return match recv_buf(fd, &mut rx.buf, false) {
-                    Ok(0) => Pass::Closed("EOF".into()),
-                    Ok(n) => {
+                    sys::Recv::Data(0) => Pass::Closed("EOF".into()),
+                    sys::Recv::Data(n) => {
                         rx.end = n;
                         Pass::Progress
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Pass::Idle,
-                    Err(e) => Pass::Closed(format!("read failed: {e}")),
+                    sys::Recv::Empty => Pass::Idle,
+                    sys::Recv::Failed(e) => Pass::Closed(format!("read failed: {e}")),
                 };
             };
             // The engine validated the range; check again, we are about to
@@ -176,6 +182,7 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                     qp.counters
                         .rx_buffered_bytes
                         .fetch_add(rx.end as u64, Ordering::Relaxed);
+                    rx.hint_buffered = false;
                     let mut eng = qp.lock_engine();
                     eng.handle_direct(direct, &*qp.mem);
                     pump(qp, &mut eng);
@@ -197,8 +204,8 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
             };
             let end = rx.end;
             match recv_buf(fd, &mut rx.buf[end..end + want], rx.block) {
-                Ok(0) => Pass::Closed("EOF".into()),
-                Ok(n) => {
+                sys::Recv::Data(0) => Pass::Closed("EOF".into()),
+                sys::Recv::Data(n) => {
                     rx.end += n;
                     rx.short = n < want;
                     qp.counters
@@ -206,11 +213,11 @@ pub(super) fn rx_pass(qp: &SoftQp, conn: &Conn, rx: &mut RxState) -> Pass {
                         .fetch_add(n as u64, Ordering::Relaxed);
                     Pass::Progress
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                sys::Recv::Empty => {
                     rx.peeked = false;
                     Pass::Idle
                 }
-                Err(e) => Pass::Closed(format!("read failed: {e}")),
+                sys::Recv::Failed(e) => Pass::Closed(format!("read failed: {e}")),
             }
         }
     }

@@ -311,6 +311,13 @@ pub(crate) struct Conn {
     /// lets go ([`Conn::tx_released`]): a pool thread never sleeps on one
     /// connection's lock while its other connections wait.
     pub(super) tx_wanted: AtomicBool,
+    /// `tx` holds a frame the socket did not take whole: the last `flush`
+    /// returned `WouldBlock` (written under `tx`; see `tx.rs`). Lets
+    /// [`Conn::progress`]'s transmit half skip the `tx` lock (two atomic
+    /// read-modify-writes and a fence per busy-poll round) when there is
+    /// nothing to push on. A stale `false` only defers the push to the
+    /// writer that saw `WouldBlock`, which woke the transmit side.
+    pub(super) tx_partial: AtomicBool,
 }
 
 /// Pool work bits (see [`Conn::schedule`]): read what the socket holds...
@@ -448,6 +455,14 @@ pub(crate) struct RxState {
     /// The engine has something to send after this pass (a Read Response,
     /// a Terminate): the caller transmits (`progress.rs`).
     pub(super) tx_due: bool,
+    /// The engine's receive hint was `Buffered` after the last input this
+    /// state fed it, so the next read goes into the buffer without asking
+    /// the engine again (an engine lock per busy-poll round). Only input
+    /// moves the hint from `Buffered` to `Direct`: `Direct` needs the
+    /// engine in RTS (never re-entered) inside a segment's payload, which
+    /// only a parsed header starts, and headers arrive only through this
+    /// state. Cleared whenever bytes are fed (`rx.rs`).
+    pub(super) hint_buffered: bool,
 }
 
 impl RxState {
@@ -471,6 +486,7 @@ impl RxState {
             short: false,
             block: false,
             tx_due: false,
+            hint_buffered: false,
         }
     }
 }

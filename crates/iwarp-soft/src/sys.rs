@@ -36,20 +36,66 @@ pub(crate) unsafe fn recv_iovecs(fd: RawFd, iov: &mut [libc::iovec]) -> io::Resu
     }
 }
 
-/// Non-blocking `recv(2)` into `buf`; returns the bytes received.
-pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+/// What a non-blocking receive found.
+pub(crate) enum Recv {
+    /// This many bytes (0: the peer closed).
+    Data(usize),
+    /// Nothing to read now (`EAGAIN`).
+    Empty,
+    /// Any other error.
+    Failed(io::Error),
+}
+
+/// Non-blocking `recv(2)` into `buf`.
+///
+/// Made as a raw `recvfrom` system call, not through glibc's `recv`: that
+/// wrapper is a thread-cancellation point and brackets the call with
+/// `__pthread_enable_asynccancel` / `__pthread_disable_asynccancel`, which
+/// a busy poller pays on every empty look (3 % of a busy-polled ping-pong's
+/// CPU, issue 29). Rust threads are never cancelled, and a call with
+/// `MSG_DONTWAIT` does not block, so there is nothing to cancel. An empty
+/// socket is [`Recv::Empty`], told by its errno alone: no `io::Error` is
+/// made, asked its kind and dropped on every empty look.
+pub(crate) fn recv_nb(fd: RawFd, buf: &mut [u8]) -> Recv {
     loop {
         // SAFETY: `buf` is an exclusively borrowed, initialised slice, valid
         // for writes of `buf.len()` bytes for the length of the call, which
-        // does not block (MSG_DONTWAIT).
-        let rc = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        // does not block (MSG_DONTWAIT). The null address and length make
+        // `recvfrom` the same call as `recv` (recv(2)); `syscall` returns -1
+        // and sets errno on failure, as `recv` does.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_recvfrom,
+                fd,
+                buf.as_mut_ptr(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut::<libc::sockaddr>(),
+                std::ptr::null_mut::<libc::socklen_t>(),
+            )
+        };
         if rc >= 0 {
-            return Ok(rc as usize);
+            return Recv::Data(rc as usize);
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        // SAFETY: `__errno_location` returns the calling thread's errno,
+        // valid for the thread's lifetime; read right after the failed call.
+        let errno = unsafe { *libc::__errno_location() };
+        match errno {
+            // EWOULDBLOCK is EAGAIN on Linux.
+            libc::EAGAIN => return Recv::Empty,
+            libc::EINTR => continue,
+            _ => return Recv::Failed(io::Error::from_raw_os_error(errno)),
         }
+    }
+}
+
+/// [`recv_nb`] as an `io::Result` (an empty socket is `WouldBlock`), for
+/// callers off the busy-poll path.
+pub(crate) fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    match recv_nb(fd, buf) {
+        Recv::Data(n) => Ok(n),
+        Recv::Empty => Err(io::Error::from_raw_os_error(libc::EAGAIN)),
+        Recv::Failed(e) => Err(e),
     }
 }
 

@@ -223,7 +223,10 @@ pub(super) fn flush(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> Flush {
                         fault::after_frame_written();
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Flush::WouldBlock,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    conn.tx_partial.store(true, Ordering::Relaxed);
+                    return Flush::WouldBlock;
+                }
                 Err(e) => {
                     conn.connection_lost(qp, &format!("write failed: {e}"), Some(tx));
                     return Flush::Closed;
@@ -255,6 +258,7 @@ pub(super) fn flush(qp: &SoftQp, conn: &Conn, tx: &mut TxState) -> Flush {
         if close {
             conn.shut_write();
         }
+        conn.tx_partial.store(false, Ordering::Relaxed);
         return Flush::Done;
     }
 }

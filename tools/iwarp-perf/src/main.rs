@@ -79,7 +79,12 @@ not implemented against perftest's. They run with iwarp-perf on both ends.
 The CRC32C implementation is chosen at start from the CPU; the environment
 variable IWARP_CRC=auto|avx512|avx2|sse42|soft forces one (an unknown or
 unavailable one is an error). The table header and --json (`crc_impl`)
-name the one that ran.";
+name the one that ran.
+
+The TCP baseline's bandwidth reader reads 256 KiB (or the message size,
+if larger) per call; IWARP_PERF_TCP_READ=BYTES sets it (for example
+32768: two calls per 64 KiB message, as many receive calls as the
+software provider makes per GB; docs/BENCHMARKS.md, issue 29).";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -226,6 +231,11 @@ fn main() -> ExitCode {
     }
     // A bad IWARP_CRC is refused here rather than logged and replaced.
     if let Err(e) = iwarp_proto::wire::crc::active_from_env() {
+        eprintln!("iwarp-perf: error: {e}");
+        return ExitCode::FAILURE;
+    }
+    // So is a bad IWARP_PERF_TCP_READ (else only the serving side sees it).
+    if let Err(e) = tcp::read_chunk(0) {
         eprintln!("iwarp-perf: error: {e}");
         return ExitCode::FAILURE;
     }

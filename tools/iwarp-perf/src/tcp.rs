@@ -30,8 +30,25 @@ use crate::pattern::{self, Verifier};
 use crate::rdma::{warmup, LatClock};
 use crate::report::{ClientResult, LatStats};
 
-/// Read size of the bandwidth reader.
+/// Read size of the bandwidth reader (at least the message size, unless
+/// [`ENV_READ`] sets it).
 const READ_CHUNK: usize = 256 * 1024;
+/// Environment variable: the bandwidth reader's bytes per call, to
+/// compare TCP at the receive-call count of the software provider.
+const ENV_READ: &str = "IWARP_PERF_TCP_READ";
+
+/// The bandwidth reader's buffer size for `size`-byte messages.
+pub(crate) fn read_chunk(size: usize) -> Result<usize, String> {
+    match std::env::var(ENV_READ) {
+        Err(_) => Ok(READ_CHUNK.max(size)),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=64 << 20).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{ENV_READ}={v:?}: give the TCP reader's bytes per call, 1 to 67108864 (or unset it for the default, 256 KiB)"
+            )),
+        },
+    }
+}
 
 fn io_err(what: &str, e: io::Error) -> String {
     if matches!(
@@ -134,14 +151,7 @@ fn serve_conn(mut s: TcpStream, p: &Params, idx: u32) -> Result<(), String> {
     let mut v = Verifier::new(p.corrupt);
     match p.test {
         Test::WriteBw | Test::SendBw => {
-            let mut buf = vec![
-                0u8;
-                if p.integrity {
-                    size
-                } else {
-                    READ_CHUNK.max(size)
-                }
-            ];
+            let mut buf = vec![0u8; if p.integrity { size } else { read_chunk(size)? }];
             let mut bytes = 0u64;
             if p.integrity {
                 let mut i = 0u64;
