@@ -9,7 +9,9 @@
 //! the push policy decides on any parsed state without panicking.
 #![no_main]
 
-use ccache_proto::auth::{self, AuthError, Proof, Refusal, MAC_LEN, PROOF_LEN, REFUSAL_LEN};
+use ccache_proto::auth::{
+    self, AuthError, ConnProof, Proof, Refusal, CONN_PROOF_LEN, MAC_LEN, PROOF_LEN, REFUSAL_LEN,
+};
 use ccache_proto::ipc::Repr;
 use ccache_proto::push::{Header, Registration, REGISTRATION_LEN};
 use ccache_proto::state::{Policy, Region, Snapshot};
@@ -55,15 +57,28 @@ fn auth_formats(data: &[u8]) {
         Err(AuthError::BadMagic(m)) => {
             assert!(data.len() >= PROOF_LEN && m[..] == data[..4] && m != auth::PROOF_MAGIC)
         }
+        Err(AuthError::Outdated) => panic!("Proof::parse is version 1 itself"),
     }
     if let Err(e) = Proof::parse(data) {
         let _ = e.to_string();
+    }
+    // The version-2 (connection) proof: the first CONN_PROOF_LEN bytes,
+    // re-emitted; a version-1 magic is Outdated whatever the length.
+    match ConnProof::parse(data) {
+        Ok(p) => assert_eq!(&p.emit()[..], &data[..CONN_PROOF_LEN]),
+        Err(AuthError::Outdated) => assert!(data[..4] == auth::PROOF_MAGIC),
+        Err(AuthError::Truncated { len, need }) => {
+            assert!(len == data.len() && len < CONN_PROOF_LEN && need == CONN_PROOF_LEN)
+        }
+        Err(AuthError::BadMagic(m)) => assert!(
+            data.len() >= CONN_PROOF_LEN && m[..] == data[..4] && m != auth::CONN_PROOF_MAGIC
+        ),
     }
     // The refusal: any code is kept (unknown ones too) and re-emitted.
     match Refusal::parse(data) {
         Some(r) => {
             assert_eq!(&r.emit()[..], &data[..REFUSAL_LEN]);
-            assert!(!matches!(r, Refusal::Unknown(1 | 2)));
+            assert!(!matches!(r, Refusal::Unknown(1..=4)));
             let _ = r.to_string();
         }
         None => assert!(data.len() < REFUSAL_LEN || data[..4] != auth::REFUSAL_MAGIC),
