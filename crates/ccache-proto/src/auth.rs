@@ -13,14 +13,15 @@
 //! - **MPA Request private data** (RFC 5044 §7.1: "Private Data ... may be
 //!   used by the ULP"; RFC 6581 keeps it, after the enhanced-setup word):
 //!   a proxy connecting to ccappd's version table, and ccappd connecting
-//!   to a proxy's cache state region, send a [`Proof`] as the whole
-//!   private data of their MPA Request. The listener checks it **before**
-//!   it creates a queue pair, and refuses a missing or wrong one with an
+//!   to a proxy's cache state region, send a [`ConnProof`] (bound to a
+//!   time, accepted once) as the whole private data of their MPA Request.
+//!   The listener checks it **before** it creates a queue pair, and
+//!   refuses a missing, wrong, replayed or stale one with an
 //!   MPA Reject (RFC 5044 §7.1.3: the Reply frame with the Rej bit set)
 //!   whose private data is a [`Refusal`]: the version table's
 //!   advertisement (address and STag) is only in an accepted Reply.
 //! - **Push channel `REGISTER`**: the registration is followed by a
-//!   [`Proof`] whose MAC covers the registration too; the region's address
+//!   (version-1) [`Proof`] whose MAC covers the registration too; the region's address
 //!   and STag in it are masked by a key derived from the token and the
 //!   nonce (see [`mask_registration`]), so a peer that is not ccappd (a
 //!   wrong `--push-appd`) learns neither. ccappd answers `REGISTERED` with
