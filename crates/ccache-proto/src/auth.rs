@@ -21,7 +21,13 @@
 //!   whose private data is a [`Refusal`]: the version table's
 //!   advertisement (address and STag) is only in an accepted Reply.
 //! - **Push channel `REGISTER`**: the registration is followed by a
-//!   (version-1) [`Proof`] whose MAC covers the registration too; the region's address
+//!   version-2 proof (a [`ConnProof`], label [`LABEL_REGISTER`]) whose MAC
+//!   covers the (masked) registration too:
+//!   `HMAC(token, label | nonce | time | registration)`. ccappd checks it
+//!   like a listener checks an MPA Request's (time window, nonce accepted
+//!   once), so a recorded registration is worth nothing. A replay is
+//!   refused with push status `AccessDenied`, a stale proof with `Stale`,
+//!   a version-1 proof with `Outdated`. The region's address
 //!   and STag in it are masked by a key derived from the token and the
 //!   nonce (see [`mask_registration`]), so a peer that is not ccappd (a
 //!   wrong `--push-appd`) learns neither. ccappd answers `REGISTERED` with
@@ -118,8 +124,8 @@ pub const REFUSAL_LEN: usize = 8;
 pub const LABEL_VERSION_TABLE: &[u8] = b"ccache/2 rdma version table";
 /// Label of a [`ConnProof`] for a proxy's cache state region listener.
 pub const LABEL_STATE_REGION: &[u8] = b"ccache/2 rdma state region";
-/// Label of a proxy's proof in `REGISTER`.
-pub const LABEL_REGISTER: &[u8] = b"ccache/1 push register";
+/// Label of a proxy's (version-2) proof in `REGISTER`.
+pub const LABEL_REGISTER: &[u8] = b"ccache/2 push register";
 /// Label of ccappd's MAC in `REGISTERED`.
 pub const LABEL_REGISTERED: &[u8] = b"ccache/1 push registered";
 /// Label of the key stream that masks a registration's address and STag.

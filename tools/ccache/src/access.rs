@@ -210,8 +210,20 @@ impl Token {
     /// A fresh connection proof (version 2) for `label`, made at
     /// `time_ms` (the wall clock, [`now_ms`]; a test may give another).
     pub fn conn_proof(&self, label: &[u8], time_ms: u64) -> io::Result<ConnProof> {
+        self.conn_proof_covering(label, time_ms, &[])
+    }
+
+    /// [`Token::conn_proof`] whose MAC covers `covered` too
+    /// (`HMAC(token, label | nonce | time | covered)`: a `REGISTER`'s
+    /// registration).
+    pub fn conn_proof_covering(
+        &self,
+        label: &[u8],
+        time_ms: u64,
+        covered: &[u8],
+    ) -> io::Result<ConnProof> {
         let nonce = nonce()?;
-        let mac = self.mac(label, &[&nonce, &time_ms.to_be_bytes()]);
+        let mac = self.mac(label, &[&nonce, &time_ms.to_be_bytes(), covered]);
         Ok(ConnProof {
             nonce,
             time_ms,
@@ -224,12 +236,23 @@ impl Token {
     /// independent of where they differ. Only the MAC: the caller checks
     /// the time and the nonce ([`crate::replay::ReplayGuard`]).
     pub fn verify_conn(&self, label: &[u8], presented: &[u8]) -> Result<ConnProof, ConnDenied> {
+        self.verify_conn_covering(label, presented, &[])
+    }
+
+    /// [`Token::verify_conn`] for a proof whose MAC covers `covered` too
+    /// (ccappd's check of a `REGISTER`).
+    pub fn verify_conn_covering(
+        &self,
+        label: &[u8],
+        presented: &[u8],
+        covered: &[u8],
+    ) -> Result<ConnProof, ConnDenied> {
         let p = ConnProof::parse(presented).map_err(|e| match e {
             AuthError::Outdated => ConnDenied::Outdated(e.to_string()),
             e => ConnDenied::Denied(e.to_string()),
         })?;
         if ct_eq(
-            &self.mac(label, &[&p.nonce, &p.time_ms.to_be_bytes()]),
+            &self.mac(label, &[&p.nonce, &p.time_ms.to_be_bytes(), covered]),
             &p.mac,
         ) {
             Ok(p)

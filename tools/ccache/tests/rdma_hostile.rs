@@ -18,7 +18,9 @@ use ccache::listen::{self, Endpoint, ListenCfg, ListenStats};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
 use ccache::state::CacheState;
 use ccache::table::VersionTable;
-use ccache_proto::auth::{Refusal, LABEL_STATE_REGION, LABEL_VERSION_TABLE};
+use ccache_proto::auth::{
+    Proof, Refusal, CONN_PROOF_LEN, LABEL_REGISTERED, LABEL_STATE_REGION, LABEL_VERSION_TABLE,
+};
 use ccache_proto::push::{Header, Kind, PushStatus, Registration, REGISTRATION_LEN};
 use iwarp::cm::{self, CmError, ConnParam, MpaConfig, Policy};
 use iwarp::{Access, Context, QpInitAttr};
@@ -658,4 +660,135 @@ fn the_replay_cache_stays_bounded_under_a_flood() {
     wait_until("40 accepted connections counted", T, || {
         stats.accepted.load(Ordering::Relaxed) == 5 * cap as u64
     });
+}
+
+// The push channel's REGISTER (issue 26 item 4, as for the MPA proof
+// above): its proof carries the proxy's time, and ccappd's push listener
+// admits each nonce once. The hostile client sends the exact body a proxy
+// sends (`push::register_body`), taken here rather than from a capture.
+
+/// Send one `REGISTER` with `body` to the push listener at `addr`; its
+/// answer.
+fn send_register(addr: SocketAddr, body: &[u8]) -> (Header, Vec<u8>) {
+    let mut s = TcpStream::connect_timeout(&addr, T).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    write_frame(&mut s, Header::new(Kind::Register, 0), body).unwrap();
+    read_frame(&mut s, false).expect("an answer to REGISTER")
+}
+
+/// The push status of a refused `REGISTER`; panics if it was accepted.
+fn refused_register(addr: SocketAddr, body: &[u8], what: &str) -> PushStatus {
+    let (h, _) = send_register(addr, body);
+    assert_eq!(h.kind, Kind::Error, "{what}: answered {:?}", h.kind);
+    PushStatus::from(h.status)
+}
+
+#[test]
+fn a_replayed_registration_is_refused() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let (addr, p) = pusher(Some(token.clone()));
+    let (body, nonce) = push::register_body(&reg(), Some(&token)).unwrap();
+    assert_eq!(body.len(), REGISTRATION_LEN + CONN_PROOF_LEN);
+    // The first use registers, and ccappd proves the token back.
+    let (h, b) = send_register(addr, &body);
+    assert_eq!(h.kind, Kind::Registered);
+    assert!(token.check_mac(LABEL_REGISTERED, &[&nonce.unwrap()], &b));
+    wait_until("the registration", T, || p.proxies() == 1);
+    // The same bytes again, on new connections: refused, registered nowhere.
+    for i in 0..3 {
+        let st = refused_register(addr, &body, &format!("replay {i}"));
+        assert_eq!(st, PushStatus::AccessDenied, "replay {i}");
+    }
+    assert_eq!(p.stats.replayed.load(Ordering::Relaxed), 3);
+    assert_eq!(p.stats.denied.load(Ordering::Relaxed), 3);
+    assert_eq!(p.proxies(), 1);
+    wait_until("three log lines naming the replay", T, || {
+        logged(addr, "recorded REGISTER again") == 3
+    });
+    // A proxy with the token still registers.
+    let _s = push::register_with(addr, &reg(), T, Some(&token)).unwrap();
+    wait_until("the second registration", T, || p.proxies() == 2);
+    assert_eq!(p.replay_nonces(), 2);
+}
+
+#[test]
+fn a_stale_registration_is_refused() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let before = now_ms();
+    let (addr, p) = pusher(Some(token.clone()));
+    for (what, at) in [
+        ("two minutes old", now_ms() - 120_000),
+        ("two minutes ahead", now_ms() + 120_000),
+        // Made before ccappd started (a registration recorded before a
+        // restart): below its replay guard's horizon.
+        ("made before ccappd started", before - 1),
+    ] {
+        let (body, _) = push::register_body_at(&reg(), Some(&token), at).unwrap();
+        assert_eq!(
+            refused_register(addr, &body, what),
+            PushStatus::Stale,
+            "{what}"
+        );
+    }
+    assert_eq!(p.stats.stale.load(Ordering::Relaxed), 3);
+    assert_eq!(p.proxies(), 0);
+    assert_eq!(p.replay_nonces(), 0);
+    wait_until("the log lines", T, || logged(addr, "s behind") == 1);
+    // A fresh one registers.
+    let (body, _) = push::register_body(&reg(), Some(&token)).unwrap();
+    assert_eq!(send_register(addr, &body).0.kind, Kind::Registered);
+    wait_until("the registration", T, || p.proxies() == 1);
+}
+
+#[test]
+fn an_old_proxys_registration_is_refused_naming_the_upgrade() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let (addr, p) = pusher(Some(token.clone()));
+    // A session-10 proxy's REGISTER: masked registration, then a
+    // version-1 proof (no time) under the `ccache/1` label (92 bytes).
+    let nonce = ccache::access::nonce().unwrap();
+    let mut r = reg().emit();
+    ccache_proto::auth::mask_registration(
+        &mut r,
+        &token.mac(ccache_proto::auth::LABEL_MASK, &[&nonce]),
+    );
+    let mac = token.mac(b"ccache/1 push register", &[&nonce, &r]);
+    let mut old = r.to_vec();
+    old.extend_from_slice(&Proof { nonce, mac }.emit());
+    assert_eq!(old.len(), 92);
+    let st = refused_register(addr, &old, "a version-1 proof");
+    assert_eq!(st, PushStatus::Outdated);
+    assert_eq!(u32::from(st), 6, "the code an old proxy prints");
+    assert_eq!(p.stats.outdated.load(Ordering::Relaxed), 1);
+    assert_eq!((p.proxies(), p.replay_nonces()), (0, 0));
+    wait_until("the log line naming the upgrade", T, || {
+        logged(addr, "upgrade it") == 1
+    });
+
+    // What a proxy of this release says for each refusal (from a fake
+    // ccappd): each names its fix.
+    for (st, needle) in [
+        (PushStatus::Outdated, "upgrade this proxy"),
+        (PushStatus::Stale, "synchronise the two hosts' clocks"),
+        (PushStatus::Malformed, "upgrade ccappd"),
+        (PushStatus::AccessDenied, "--token-file"),
+    ] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake = l.local_addr().unwrap();
+        let t2 = token.clone();
+        let proxy = std::thread::spawn(move || push::register_with(fake, &reg(), T, Some(&t2)));
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        assert_eq!(read_frame(&mut s, false).unwrap().0.kind, Kind::Register);
+        let h = Header {
+            status: st.into(),
+            ..Header::new(Kind::Error, 0)
+        };
+        write_frame(&mut s, h, &[]).unwrap();
+        let e = proxy.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains(needle), "{st:?}: {e}");
+    }
 }
