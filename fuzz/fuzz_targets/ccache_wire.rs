@@ -84,9 +84,14 @@ fn auth_formats(data: &[u8]) {
         None => assert!(data.len() < REFUSAL_LEN || data[..4] != auth::REFUSAL_MAGIC),
     }
     // A REGISTER body as ccappd splits it (push.rs accept_one): the
-    // registration, then the proof; the key is the next MAC_LEN bytes.
+    // registration, then the version-2 proof (a version-1 one is
+    // Outdated, an old proxy); the key is the next MAC_LEN bytes.
     let (reg, rest) = data.split_at(REGISTRATION_LEN.min(data.len()));
-    let _ = Proof::parse(rest);
+    match ConnProof::parse(rest) {
+        Ok(p) => assert_eq!(&p.emit()[..], &rest[..CONN_PROOF_LEN]),
+        Err(AuthError::Outdated) => assert!(rest[..4] == auth::PROOF_MAGIC),
+        Err(_) => {}
+    }
     if let (Ok(reg), Some(key)) = (<[u8; REGISTRATION_LEN]>::try_from(reg), rest.get(..MAC_LEN)) {
         let key: &[u8; MAC_LEN] = key.try_into().expect("MAC_LEN bytes");
         let mut masked = reg;
