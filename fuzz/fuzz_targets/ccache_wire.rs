@@ -9,7 +9,9 @@
 //! the push policy decides on any parsed state without panicking.
 #![no_main]
 
-use ccache_proto::auth::{self, AuthError, Proof, Refusal, MAC_LEN, PROOF_LEN, REFUSAL_LEN};
+use ccache_proto::auth::{
+    self, AuthError, ConnProof, Proof, Refusal, CONN_PROOF_LEN, MAC_LEN, PROOF_LEN, REFUSAL_LEN,
+};
 use ccache_proto::ipc::Repr;
 use ccache_proto::push::{Header, Registration, REGISTRATION_LEN};
 use ccache_proto::state::{Policy, Region, Snapshot};
@@ -55,23 +57,41 @@ fn auth_formats(data: &[u8]) {
         Err(AuthError::BadMagic(m)) => {
             assert!(data.len() >= PROOF_LEN && m[..] == data[..4] && m != auth::PROOF_MAGIC)
         }
+        Err(AuthError::Outdated) => panic!("Proof::parse is version 1 itself"),
     }
     if let Err(e) = Proof::parse(data) {
         let _ = e.to_string();
+    }
+    // The version-2 (connection) proof: the first CONN_PROOF_LEN bytes,
+    // re-emitted; a version-1 magic is Outdated whatever the length.
+    match ConnProof::parse(data) {
+        Ok(p) => assert_eq!(&p.emit()[..], &data[..CONN_PROOF_LEN]),
+        Err(AuthError::Outdated) => assert!(data[..4] == auth::PROOF_MAGIC),
+        Err(AuthError::Truncated { len, need }) => {
+            assert!(len == data.len() && len < CONN_PROOF_LEN && need == CONN_PROOF_LEN)
+        }
+        Err(AuthError::BadMagic(m)) => assert!(
+            data.len() >= CONN_PROOF_LEN && m[..] == data[..4] && m != auth::CONN_PROOF_MAGIC
+        ),
     }
     // The refusal: any code is kept (unknown ones too) and re-emitted.
     match Refusal::parse(data) {
         Some(r) => {
             assert_eq!(&r.emit()[..], &data[..REFUSAL_LEN]);
-            assert!(!matches!(r, Refusal::Unknown(1 | 2)));
+            assert!(!matches!(r, Refusal::Unknown(1..=4)));
             let _ = r.to_string();
         }
         None => assert!(data.len() < REFUSAL_LEN || data[..4] != auth::REFUSAL_MAGIC),
     }
     // A REGISTER body as ccappd splits it (push.rs accept_one): the
-    // registration, then the proof; the key is the next MAC_LEN bytes.
+    // registration, then the version-2 proof (a version-1 one is
+    // Outdated, an old proxy); the key is the next MAC_LEN bytes.
     let (reg, rest) = data.split_at(REGISTRATION_LEN.min(data.len()));
-    let _ = Proof::parse(rest);
+    match ConnProof::parse(rest) {
+        Ok(p) => assert_eq!(&p.emit()[..], &rest[..CONN_PROOF_LEN]),
+        Err(AuthError::Outdated) => assert!(rest[..4] == auth::PROOF_MAGIC),
+        Err(_) => {}
+    }
     if let (Ok(reg), Some(key)) = (<[u8; REGISTRATION_LEN]>::try_from(reg), rest.get(..MAC_LEN)) {
         let key: &[u8; MAC_LEN] = key.try_into().expect("MAC_LEN bytes");
         let mut masked = reg;

@@ -13,19 +13,55 @@
 //! - **MPA Request private data** (RFC 5044 §7.1: "Private Data ... may be
 //!   used by the ULP"; RFC 6581 keeps it, after the enhanced-setup word):
 //!   a proxy connecting to ccappd's version table, and ccappd connecting
-//!   to a proxy's cache state region, send a [`Proof`] as the whole
-//!   private data of their MPA Request. The listener checks it **before**
-//!   it creates a queue pair, and refuses a missing or wrong one with an
+//!   to a proxy's cache state region, send a [`ConnProof`] (bound to a
+//!   time, accepted once) as the whole private data of their MPA Request.
+//!   The listener checks it **before** it creates a queue pair, and
+//!   refuses a missing, wrong, replayed or stale one with an
 //!   MPA Reject (RFC 5044 §7.1.3: the Reply frame with the Rej bit set)
 //!   whose private data is a [`Refusal`]: the version table's
 //!   advertisement (address and STag) is only in an accepted Reply.
 //! - **Push channel `REGISTER`**: the registration is followed by a
-//!   [`Proof`] whose MAC covers the registration too; the region's address
+//!   version-2 proof (a [`ConnProof`], label [`LABEL_REGISTER`]) whose MAC
+//!   covers the (masked) registration too:
+//!   `HMAC(token, label | nonce | time | registration)`. ccappd checks it
+//!   like a listener checks an MPA Request's (time window, nonce accepted
+//!   once), so a recorded registration is worth nothing. A replay is
+//!   refused with push status `AccessDenied`, a stale proof with `Stale`,
+//!   a version-1 proof with `Outdated`. The region's address
 //!   and STag in it are masked by a key derived from the token and the
 //!   nonce (see [`mask_registration`]), so a peer that is not ccappd (a
 //!   wrong `--push-appd`) learns neither. ccappd answers `REGISTERED` with
 //!   its own 32-byte MAC over the proxy's nonce: a proxy serves pushes only
 //!   from a ccappd that proved it holds the token.
+//!
+//! ## Connection proof, version 2 (60 bytes, MPA Request private data)
+//!
+//! ```text
+//!  0       4                  20             28                      60
+//! +-------+------------------+--------------+-----------------------+
+//! | "CCA2"| nonce (16)       | time u64     | MAC (32)              |
+//! +-------+------------------+--------------+-----------------------+
+//! ```
+//!
+//! `MAC = HMAC-SHA-256(token, label | nonce | time)`, `time` the prover's
+//! wall clock in milliseconds since the Unix epoch, big-endian, and the
+//! label one of `LABEL_VERSION_TABLE`, `LABEL_STATE_REGION` (version 2
+//! labels, `ccache/2 ...`, so no version-1 MAC is ever a version-2 one).
+//! A listener accepts a [`ConnProof`] only if its MAC is right, its time
+//! is within [`PROOF_WINDOW_MS`] of the listener's clock, and its nonce was
+//! not accepted before (the I/O layer keeps the nonces of the window, in a
+//! bounded cache with a horizon below which it refuses every proof): a
+//! proof read off the wire is worth nothing on a new connection.
+//!
+//! The proof is not bound to the TCP addresses: the prover builds it
+//! before it connects (its source port is not known yet), and across a NAT
+//! neither end sees the other's pair. The nonce cache is what refuses a
+//! replay at the listener the proof was made for.
+//!
+//! Version 1 (`"CCA1" | nonce | MAC(label | nonce)`, 52 bytes, labels
+//! `ccache/1 ...`) could be replayed; a listener of this version refuses it
+//! with [`Refusal::Outdated`] (and an old listener refuses version 2 with
+//! its "access denied").
 //!
 //! ## Proof (52 bytes)
 //!
@@ -48,8 +84,10 @@
 //! +-------+----------+
 //! ```
 //!
-//! Codes: 1 access denied (no proof, or a wrong one), 2 busy (the
-//! listener's live-connection limit is reached).
+//! Codes: 1 access denied (no proof, a wrong one, or one already used),
+//! 2 busy (the listener's live-connection limit is reached), 3 outdated (a
+//! version-1 proof: upgrade the peer), 4 stale (the proof's time is
+//! outside the listener's window: the clocks differ, or it was recorded).
 //!
 //! ## Compatibility
 //!
@@ -69,17 +107,25 @@ pub const NONCE_LEN: usize = 16;
 pub const MAC_LEN: usize = 32;
 /// Bytes of a [`Proof`].
 pub const PROOF_LEN: usize = 4 + NONCE_LEN + MAC_LEN;
+/// Magic of a [`ConnProof`] (version 2 of the MPA Request's proof).
+pub const CONN_PROOF_MAGIC: [u8; 4] = *b"CCA2";
+/// Bytes of a [`ConnProof`].
+pub const CONN_PROOF_LEN: usize = 4 + NONCE_LEN + 8 + MAC_LEN;
+/// How far a [`ConnProof`]'s time may be from the listener's clock, either
+/// way (the clock skew tolerated between hosts, and the time a recorded
+/// proof could be tried at a listener that never saw it).
+pub const PROOF_WINDOW_MS: u64 = 30_000;
 /// Magic of a [`Refusal`].
 pub const REFUSAL_MAGIC: [u8; 4] = *b"CCRJ";
 /// Bytes of a [`Refusal`].
 pub const REFUSAL_LEN: usize = 8;
 
-/// Label of a proof for ccappd's version table listener.
-pub const LABEL_VERSION_TABLE: &[u8] = b"ccache/1 rdma version table";
-/// Label of a proof for a proxy's cache state region listener.
-pub const LABEL_STATE_REGION: &[u8] = b"ccache/1 rdma state region";
-/// Label of a proxy's proof in `REGISTER`.
-pub const LABEL_REGISTER: &[u8] = b"ccache/1 push register";
+/// Label of a [`ConnProof`] for ccappd's version table listener.
+pub const LABEL_VERSION_TABLE: &[u8] = b"ccache/2 rdma version table";
+/// Label of a [`ConnProof`] for a proxy's cache state region listener.
+pub const LABEL_STATE_REGION: &[u8] = b"ccache/2 rdma state region";
+/// Label of a proxy's (version-2) proof in `REGISTER`.
+pub const LABEL_REGISTER: &[u8] = b"ccache/2 push register";
 /// Label of ccappd's MAC in `REGISTERED`.
 pub const LABEL_REGISTERED: &[u8] = b"ccache/1 push registered";
 /// Label of the key stream that masks a registration's address and STag.
@@ -112,6 +158,8 @@ pub enum AuthError {
     },
     /// Not the magic.
     BadMagic([u8; 4]),
+    /// A version-1 proof ([`PROOF_MAGIC`]) where version 2 is needed.
+    Outdated,
 }
 
 impl fmt::Display for AuthError {
@@ -126,6 +174,9 @@ impl fmt::Display for AuthError {
             AuthError::BadMagic(m) => {
                 write!(f, "private data starts {m:02x?}, not a ccache access proof")
             }
+            AuthError::Outdated => f.write_str(
+                "a version-1 access proof (CCA1), which can be replayed; this listener needs version 2 (CCA2): upgrade the peer (ccproxy, ccping or ccappd) to this release",
+            ),
         }
     }
 }
@@ -162,6 +213,65 @@ impl Proof {
     }
 }
 
+/// A proof of the token for one connection (version 2): see the module
+/// documentation.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ConnProof {
+    /// Fresh random bytes of the prover.
+    pub nonce: [u8; NONCE_LEN],
+    /// The prover's wall clock, milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// `HMAC(token, label | nonce | time_ms as 8 big-endian bytes)`.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl fmt::Debug for ConnProof {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConnProof(time_ms: {}, ..)", self.time_ms)
+    }
+}
+
+impl ConnProof {
+    /// Parse the first [`CONN_PROOF_LEN`] bytes of untrusted private data.
+    /// A version-1 proof is [`AuthError::Outdated`].
+    pub fn parse(b: &[u8]) -> Result<ConnProof, AuthError> {
+        if b.len() >= 4 && b[..4] == PROOF_MAGIC {
+            return Err(AuthError::Outdated);
+        }
+        let b: &[u8; CONN_PROOF_LEN] = b
+            .get(..CONN_PROOF_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(AuthError::Truncated {
+                len: b.len(),
+                need: CONN_PROOF_LEN,
+            })?;
+        if b[..4] != CONN_PROOF_MAGIC {
+            return Err(AuthError::BadMagic([b[0], b[1], b[2], b[3]]));
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[4..20]);
+        let mut t = [0u8; 8];
+        t.copy_from_slice(&b[20..28]);
+        let mut mac = [0u8; MAC_LEN];
+        mac.copy_from_slice(&b[28..]);
+        Ok(ConnProof {
+            nonce,
+            time_ms: u64::from_be_bytes(t),
+            mac,
+        })
+    }
+
+    /// The bytes.
+    pub fn emit(&self) -> [u8; CONN_PROOF_LEN] {
+        let mut b = [0u8; CONN_PROOF_LEN];
+        b[..4].copy_from_slice(&CONN_PROOF_MAGIC);
+        b[4..20].copy_from_slice(&self.nonce);
+        b[20..28].copy_from_slice(&self.time_ms.to_be_bytes());
+        b[28..].copy_from_slice(&self.mac);
+        b
+    }
+}
+
 /// Why a listener refused a connection (MPA Reject private data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -169,6 +279,11 @@ pub enum Refusal {
     AccessDenied,
     /// The listener's live-connection limit is reached.
     Busy,
+    /// A version-1 proof: the peer must be upgraded.
+    Outdated,
+    /// The proof's time is outside the listener's window (or below what
+    /// its nonce cache still remembers).
+    Stale,
     /// A code this version does not know.
     Unknown(u32),
 }
@@ -179,6 +294,8 @@ impl Refusal {
         match self {
             Refusal::AccessDenied => 1,
             Refusal::Busy => 2,
+            Refusal::Outdated => 3,
+            Refusal::Stale => 4,
             Refusal::Unknown(c) => c,
         }
     }
@@ -199,6 +316,8 @@ impl Refusal {
         Some(match u32::from_be_bytes([b[4], b[5], b[6], b[7]]) {
             1 => Refusal::AccessDenied,
             2 => Refusal::Busy,
+            3 => Refusal::Outdated,
+            4 => Refusal::Stale,
             c => Refusal::Unknown(c),
         })
     }
@@ -207,7 +326,9 @@ impl Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::AccessDenied => f.write_str("access denied: no access proof or a wrong one (give both ends the same --token-file)"),
+            Refusal::AccessDenied => f.write_str("access denied: no access proof, a wrong one, or one already used (give both ends the same --token-file; a listener older than replay-proof tokens refuses every version-2 proof: upgrade it too)"),
+            Refusal::Outdated => f.write_str("outdated access proof: the listener needs version 2 (replay-proof tokens); upgrade this program to the listener's release"),
+            Refusal::Stale => write!(f, "stale access proof: its time is more than {} s from the listener's clock (synchronise the two hosts' clocks, e.g. with chrony or systemd-timesyncd; right after the listener restarts, a host whose clock is behind is refused until it catches up: retry)", PROOF_WINDOW_MS / 1000),
             Refusal::Busy => f.write_str("busy: the listener's live-connection limit is reached (raise --rdma-max-conns / --state-rdma-max-conns there, or use fewer --check-conns)"),
             Refusal::Unknown(c) => write!(f, "refused with code {c}"),
         }
@@ -260,13 +381,56 @@ mod tests {
     }
 
     #[test]
+    fn conn_proof_vector_and_errors() {
+        let p = ConnProof {
+            nonce: [0x11; NONCE_LEN],
+            time_ms: 0x0102_0304_0506_0708,
+            mac: [0xab; MAC_LEN],
+        };
+        let b = p.emit();
+        assert_eq!(b.len(), 60);
+        assert_eq!(&b[..4], b"CCA2");
+        assert_eq!(&b[4..20], &[0x11; 16]);
+        assert_eq!(&b[20..28], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&b[28..], &[0xab; 32]);
+        assert_eq!(ConnProof::parse(&b), Ok(p));
+        assert_eq!(
+            ConnProof::parse(&b[..59]),
+            Err(AuthError::Truncated { len: 59, need: 60 })
+        );
+        assert_eq!(
+            ConnProof::parse(&[]),
+            Err(AuthError::Truncated { len: 0, need: 60 })
+        );
+        // A version-1 proof names the upgrade, whatever its length.
+        let v1 = Proof {
+            nonce: [0x11; NONCE_LEN],
+            mac: [0xab; MAC_LEN],
+        }
+        .emit();
+        assert_eq!(ConnProof::parse(&v1), Err(AuthError::Outdated));
+        assert!(AuthError::Outdated.to_string().contains("upgrade"));
+        let mut bad = b;
+        bad[3] = b'9';
+        assert_eq!(ConnProof::parse(&bad), Err(AuthError::BadMagic(*b"CCA9")));
+        assert_ne!(LABEL_VERSION_TABLE, b"ccache/1 rdma version table");
+        assert!(format!("{p:?}").starts_with("ConnProof(time_ms"));
+    }
+
+    #[test]
     fn refusal_vector() {
         assert_eq!(
             Refusal::AccessDenied.emit(),
             [b'C', b'C', b'R', b'J', 0, 0, 0, 1]
         );
         assert_eq!(Refusal::Busy.emit(), [b'C', b'C', b'R', b'J', 0, 0, 0, 2]);
-        for r in [Refusal::AccessDenied, Refusal::Busy, Refusal::Unknown(9)] {
+        for r in [
+            Refusal::AccessDenied,
+            Refusal::Busy,
+            Refusal::Outdated,
+            Refusal::Stale,
+            Refusal::Unknown(9),
+        ] {
             assert_eq!(Refusal::parse(&r.emit()), Some(r));
         }
         assert_eq!(Refusal::parse(b"no QP"), None);

@@ -19,8 +19,10 @@
 //! ```
 //!
 //! `REGISTER`'s body is a [`Registration`] (40 bytes), followed, where the
-//! deployment has an access token, by a 52-byte proof whose MAC covers the
-//! registration (its address and STag then masked; see [`crate::auth`]);
+//! deployment has an access token, by a 60-byte version-2 proof (a
+//! [`crate::auth::ConnProof`]: nonce and the proxy's time) whose MAC covers
+//! the registration too (its address and STag then masked; see
+//! [`crate::auth`]), so 100 bytes in all;
 //! `REGISTERED`'s body is empty, or ccappd's 32-byte MAC; `PUSH`'s is the
 //! document; `STATE_REPLY`'s is the region; `PUSH_ACK`'s `status` is a
 //! [`PushStatus`]; `ERROR`'s `status` is a [`PushStatus`] too. A body is at
@@ -102,8 +104,16 @@ pub enum PushStatus {
     /// body is read or allocated; the proxy closes the channel.
     TooLarge,
     /// A `REGISTER` without the right access proof (`--token-file`), or a
-    /// `REGISTERED` without ccappd's: refused, and the channel closed.
+    /// `REGISTERED` without ccappd's: refused, and the channel closed. A
+    /// replayed `REGISTER` (its nonce was used before) gets this too.
     AccessDenied,
+    /// A `REGISTER` with a version-1 proof (a proxy older than replay-proof
+    /// registrations): upgrade the proxy.
+    Outdated,
+    /// A `REGISTER` whose proof's time is outside ccappd's window
+    /// ([`crate::auth::PROOF_WINDOW_MS`]) or below what it remembers: the
+    /// hosts' clocks differ, or the registration was recorded.
+    Stale,
     /// A code this version does not know.
     Unknown(u32),
 }
@@ -117,6 +127,8 @@ impl From<u32> for PushStatus {
             3 => PushStatus::Malformed,
             4 => PushStatus::TooLarge,
             5 => PushStatus::AccessDenied,
+            6 => PushStatus::Outdated,
+            7 => PushStatus::Stale,
             v => PushStatus::Unknown(v),
         }
     }
@@ -131,6 +143,8 @@ impl From<PushStatus> for u32 {
             PushStatus::Malformed => 3,
             PushStatus::TooLarge => 4,
             PushStatus::AccessDenied => 5,
+            PushStatus::Outdated => 6,
+            PushStatus::Stale => 7,
             PushStatus::Unknown(v) => v,
         }
     }
@@ -374,6 +388,8 @@ mod tests {
             PushStatus::Malformed,
             PushStatus::TooLarge,
             PushStatus::AccessDenied,
+            PushStatus::Outdated,
+            PushStatus::Stale,
             PushStatus::Unknown(9),
         ] {
             assert_eq!(PushStatus::from(u32::from(s)), s);

@@ -23,11 +23,15 @@
 //!   its connection to a proxy's cache state region (RFC 5044 §7.1: the
 //!   Request may carry private data for the ULP), a proxy in its push
 //!   `REGISTER`, ccappd in its `REGISTERED`. The verifier recomputes the
-//!   MAC and compares in constant time ([`Token::verify`]).
+//!   MAC and compares in constant time ([`Token::verify`]). The MPA
+//!   Request's proof also covers the prover's clock
+//!   ([`Token::conn_proof`], [`Token::verify_conn`]), and the listener
+//!   accepts each nonce once within the time window
+//!   ([`crate::replay::ReplayGuard`]): a recorded proof cannot be replayed.
 
 use std::io::{self, Read, Write};
 
-use ccache_proto::auth::{Proof, MAC_LEN, NONCE_LEN};
+use ccache_proto::auth::{AuthError, ConnProof, Proof, MAC_LEN, NONCE_LEN};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -203,6 +207,62 @@ impl Token {
         }
     }
 
+    /// A fresh connection proof (version 2) for `label`, made at
+    /// `time_ms` (the wall clock, [`now_ms`]; a test may give another).
+    pub fn conn_proof(&self, label: &[u8], time_ms: u64) -> io::Result<ConnProof> {
+        self.conn_proof_covering(label, time_ms, &[])
+    }
+
+    /// [`Token::conn_proof`] whose MAC covers `covered` too
+    /// (`HMAC(token, label | nonce | time | covered)`: a `REGISTER`'s
+    /// registration).
+    pub fn conn_proof_covering(
+        &self,
+        label: &[u8],
+        time_ms: u64,
+        covered: &[u8],
+    ) -> io::Result<ConnProof> {
+        let nonce = nonce()?;
+        let mac = self.mac(label, &[&nonce, &time_ms.to_be_bytes(), covered]);
+        Ok(ConnProof {
+            nonce,
+            time_ms,
+            mac,
+        })
+    }
+
+    /// Whether `presented` (untrusted MPA Request private data) is a
+    /// connection proof of this token for `label`, MACs compared in time
+    /// independent of where they differ. Only the MAC: the caller checks
+    /// the time and the nonce ([`crate::replay::ReplayGuard`]).
+    pub fn verify_conn(&self, label: &[u8], presented: &[u8]) -> Result<ConnProof, ConnDenied> {
+        self.verify_conn_covering(label, presented, &[])
+    }
+
+    /// [`Token::verify_conn`] for a proof whose MAC covers `covered` too
+    /// (ccappd's check of a `REGISTER`).
+    pub fn verify_conn_covering(
+        &self,
+        label: &[u8],
+        presented: &[u8],
+        covered: &[u8],
+    ) -> Result<ConnProof, ConnDenied> {
+        let p = ConnProof::parse(presented).map_err(|e| match e {
+            AuthError::Outdated => ConnDenied::Outdated(e.to_string()),
+            e => ConnDenied::Denied(e.to_string()),
+        })?;
+        if ct_eq(
+            &self.mac(label, &[&p.nonce, &p.time_ms.to_be_bytes(), covered]),
+            &p.mac,
+        ) {
+            Ok(p)
+        } else {
+            Err(ConnDenied::Denied(
+                "wrong access proof (the peer's --token-file holds another token)".into(),
+            ))
+        }
+    }
+
     /// Read the token of `path` (64 hex digits); with `create`, write a
     /// fresh one (mode 0600) if the file does not exist. A file that its
     /// group or others may read or write is refused (a secret only its
@@ -290,6 +350,30 @@ impl Token {
     }
 }
 
+/// Why [`Token::verify_conn`] refused a proof.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnDenied {
+    /// No proof, garbage, or a MAC of another token or label.
+    Denied(String),
+    /// A version-1 proof (an old peer).
+    Outdated(String),
+}
+
+impl std::fmt::Display for ConnDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnDenied::Denied(m) | ConnDenied::Outdated(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The wall clock in milliseconds since the Unix epoch (0 before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A fresh nonce from the OS random number generator.
 pub fn nonce() -> io::Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
@@ -374,6 +458,38 @@ mod tests {
         let mut bad = p.emit();
         bad[51] ^= 1;
         assert!(a.verify(b"label", &bad, b"covered").is_err());
+    }
+
+    #[test]
+    fn conn_proofs() {
+        let a = Token::generate().unwrap();
+        let b = Token::generate().unwrap();
+        let p = a.conn_proof(b"label", 1_000).unwrap();
+        let q = a.conn_proof(b"label", 1_000).unwrap();
+        assert_ne!(p.nonce, q.nonce, "every proof has a fresh nonce");
+        assert_eq!(a.verify_conn(b"label", &p.emit()), Ok(p));
+        assert!(matches!(
+            a.verify_conn(b"other", &p.emit()),
+            Err(ConnDenied::Denied(_))
+        ));
+        let e = b.verify_conn(b"label", &p.emit()).unwrap_err();
+        assert!(e.to_string().contains("--token-file"), "{e}");
+        // The time is covered by the MAC: a proof moved in time is wrong.
+        let mut moved = p;
+        moved.time_ms += 1;
+        assert!(matches!(
+            a.verify_conn(b"label", &moved.emit()),
+            Err(ConnDenied::Denied(_))
+        ));
+        let v1 = a.proof(b"label", &[]).unwrap().emit();
+        assert!(matches!(
+            a.verify_conn(b"label", &v1),
+            Err(ConnDenied::Outdated(_))
+        ));
+        assert!(matches!(
+            a.verify_conn(b"label", &[]),
+            Err(ConnDenied::Denied(_))
+        ));
     }
 
     #[test]

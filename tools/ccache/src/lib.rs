@@ -52,6 +52,7 @@ pub mod load;
 pub mod msgio;
 pub mod proxy;
 pub mod push;
+pub mod replay;
 pub mod shard;
 pub mod sockets;
 pub mod state;

@@ -18,11 +18,15 @@
 //!   bit) with [`Refusal::Busy`] and a log line naming the flag; no queue
 //!   pair is created for it.
 //! - **An access token**, when the deployment has one: the Request's
-//!   private data must be a [`Proof`](ccache_proto::auth::Proof) of it for
-//!   this listener's label, checked before any queue pair exists; a
-//!   missing or wrong one gets an MPA Reject with
-//!   [`Refusal::AccessDenied`], which carries no address and no STag (the
-//!   version table's advertisement goes only into an accepted Reply).
+//!   private data must be a [`ConnProof`](ccache_proto::auth::ConnProof)
+//!   of it for this listener's label, checked before any queue pair
+//!   exists: the MAC (in constant time), then the time and the nonce
+//!   ([`ReplayGuard`]: within the window, never accepted before). A
+//!   missing or wrong proof, or a replayed one, gets an MPA Reject with
+//!   [`Refusal::AccessDenied`], a version-1 proof [`Refusal::Outdated`], a
+//!   proof out of the time window [`Refusal::Stale`]; none carries an
+//!   address or an STag (the version table's advertisement goes only into
+//!   an accepted Reply), and each is logged with its cause.
 //!
 //! On a kernel device (`IWARP_DEVICE=siw0`, ...) the kernel runs the MPA
 //! exchange and rdma_cm hands over complete requests, so the accept thread
@@ -39,7 +43,8 @@ use ccache_proto::auth::Refusal;
 use iwarp::cm::{CmError, ConnParam, ConnRequest, Listener, MpaConfig};
 use iwarp::{CompletionQueue, Context, ProtectionDomain, QpInitAttr, QpState, QueuePair};
 
-use crate::access::Token;
+use crate::access::{now_ms, ConnDenied, Token};
+use crate::replay::{Rejected, ReplayGuard, REPLAY_CAP};
 
 /// Default of `--rdma-max-conns` (ccappd) and `--state-rdma-max-conns`
 /// (ccproxy): live RDMA connections per listener. A proxy opens
@@ -70,6 +75,14 @@ pub struct ListenCfg {
     pub max_handshakes: usize,
     /// Bound on a peer's MPA Request and on sending our Reply.
     pub handshake_timeout: Duration,
+    /// Proofs made before this time (ms since the Unix epoch) are
+    /// refused: a proof recorded before a restart. [`ListenCfg::new`] sets
+    /// it to the time it runs.
+    pub started_ms: u64,
+    /// How far a proof's time may be from ours, either way.
+    pub window_ms: u64,
+    /// Nonces remembered at most ([`ReplayGuard`]).
+    pub replay_cap: usize,
 }
 
 impl ListenCfg {
@@ -83,6 +96,9 @@ impl ListenCfg {
             max_conns: MAX_CONNS,
             max_handshakes: MAX_HANDSHAKES,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            started_ms: now_ms(),
+            window_ms: ccache_proto::auth::PROOF_WINDOW_MS,
+            replay_cap: REPLAY_CAP,
         }
     }
 }
@@ -92,8 +108,16 @@ impl ListenCfg {
 pub struct ListenStats {
     /// Connections accepted (a queue pair each).
     pub accepted: AtomicU64,
-    /// Requests refused for a missing or wrong proof.
+    /// Requests refused for a missing or wrong proof (replays included).
     pub denied: AtomicU64,
+    /// Of those, proofs of the token accepted before: replays.
+    pub replayed: AtomicU64,
+    /// Requests refused for a proof out of the time window.
+    pub stale: AtomicU64,
+    /// Requests refused for a version-1 proof (an old peer).
+    pub outdated: AtomicU64,
+    /// Nonces the listener remembers now (at most `replay_cap`).
+    pub nonces: AtomicUsize,
     /// Requests refused at the live-connection limit.
     pub full: AtomicU64,
     /// Connections closed at once: `max_handshakes` were in progress.
@@ -154,6 +178,9 @@ struct Shared {
     cfg: ListenCfg,
     stats: Arc<ListenStats>,
     live: Mutex<Live>,
+    replay: Mutex<ReplayGuard>,
+    /// The listening address, for logs.
+    local: String,
 }
 
 /// Serve `ep` for ever: accept on this thread, handshake on threads of
@@ -172,11 +199,21 @@ pub fn serve(
             cfg.what
         );
     }
+    let replay = Mutex::new(ReplayGuard::new(
+        cfg.started_ms,
+        cfg.window_ms,
+        cfg.replay_cap,
+    ));
+    let local = ep
+        .local_addr()
+        .map_or_else(|e| format!("? ({e})"), |a| a.to_string());
     let sh = Arc::new(Shared {
         pd,
         cq,
         cfg,
         stats,
+        replay,
+        local,
         live: Mutex::new(Live {
             qps: Vec::new(),
             reserved: 0,
@@ -277,10 +314,8 @@ where
         }
     };
     if let Some(t) = &cfg.token {
-        if let Err(why) = t.verify(cfg.label, req.private_data(), &[]) {
-            st.denied.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%peer, what = cfg.what, why, "RDMA connection refused: access denied (give the peer the same --token-file)");
-            let _ = req.reject(&Refusal::AccessDenied.emit());
+        if let Err(refusal) = check_proof(sh, t, peer, req.private_data()) {
+            let _ = req.reject(&refusal.emit());
             return;
         }
     }
@@ -310,6 +345,43 @@ where
         Err(e) => {
             st.failed.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, what = cfg.what, error = %e, "accepting an RDMA reader failed");
+        }
+    }
+}
+
+/// Check the Request's proof of `t`: its MAC, then its time and nonce
+/// (each refusal counted and logged with its cause); the refusal to send.
+fn check_proof(sh: &Shared, t: &Token, peer: SocketAddr, pdata: &[u8]) -> Result<(), Refusal> {
+    let (cfg, st) = (&sh.cfg, &sh.stats);
+    let p = match t.verify_conn(cfg.label, pdata) {
+        Ok(p) => p,
+        Err(ConnDenied::Outdated(why)) => {
+            st.outdated.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, listen = %sh.local, what = cfg.what, why, "RDMA connection refused: the peer is too old for this listener's replay-proof access tokens (upgrade it)");
+            return Err(Refusal::Outdated);
+        }
+        Err(ConnDenied::Denied(why)) => {
+            st.denied.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, listen = %sh.local, what = cfg.what, why, "RDMA connection refused: access denied (give the peer the same --token-file)");
+            return Err(Refusal::AccessDenied);
+        }
+    };
+    let mut g = sh.replay.lock().unwrap_or_else(|p| p.into_inner());
+    let admitted = g.admit(p.nonce, p.time_ms, now_ms());
+    st.nonces.store(g.len(), Ordering::Relaxed);
+    drop(g);
+    match admitted {
+        Ok(()) => Ok(()),
+        Err(e @ Rejected::Replayed) => {
+            st.denied.fetch_add(1, Ordering::Relaxed);
+            st.replayed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, listen = %sh.local, what = cfg.what, why = %e, "RDMA connection refused: access denied (a replayed access proof: someone who can read the traffic to this listener tried it again)");
+            Err(Refusal::AccessDenied)
+        }
+        Err(e) => {
+            st.stale.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, listen = %sh.local, what = cfg.what, why = %e, "RDMA connection refused: stale access proof");
+            Err(Refusal::Stale)
         }
     }
 }
@@ -346,12 +418,13 @@ pub fn refusal_of(e: &CmError) -> Option<Refusal> {
     }
 }
 
-/// The private data of a Request to a listener with `label`: a fresh proof
-/// of `token`, or nothing.
+/// The private data of a Request to a listener with `label`: a fresh
+/// connection proof of `token` made now, or nothing. Build it for each
+/// connection: a listener accepts a proof once.
 pub fn request_data(token: Option<&Token>, label: &[u8]) -> Result<Vec<u8>, String> {
     match token {
         Some(t) => t
-            .proof(label, &[])
+            .conn_proof(label, now_ms())
             .map(|p| p.emit().to_vec())
             .map_err(|e| format!("reading /dev/urandom for a nonce: {e}")),
         None => Ok(Vec::new()),

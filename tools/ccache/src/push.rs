@@ -21,8 +21,13 @@
 //! proof and `REGISTERED` ccappd's (see [`ccache_proto::auth`]): ccappd
 //! registers (and so pushes to, and reads the state of) only proxies that
 //! hold the token, and a proxy serves pushes only from a ccappd that
-//! proved it. No frame body is allocated before its announced length is
-//! checked against what that frame may carry (a registration's 92 bytes,
+//! proved it. The proxy's proof is version 2 (its time under the MAC) and
+//! ccappd's push listener keeps a [`ReplayGuard`] of its own: a
+//! `REGISTER` read off the wire and sent again is refused (`AccessDenied`),
+//! one outside the time window is refused (`Stale`), and an old proxy's
+//! version-1 proof is refused (`Outdated`), never accepted or left
+//! hanging. No frame body is allocated before its announced length is
+//! checked against what that frame may carry (a registration's 100 bytes,
 //! a push's `--max-doc-bytes`).
 
 use std::collections::BTreeSet;
@@ -35,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use ccache_proto::auth::{self, Proof, MAC_LEN, PROOF_LEN};
+use ccache_proto::auth::{self, CONN_PROOF_LEN, MAC_LEN, PROOF_WINDOW_MS};
 use ccache_proto::ipc::{Kind as IpcKind, Repr};
 use ccache_proto::push::{
     Header, Kind, PushError, PushStatus, Registration, HEADER_LEN, MAX_BODY, REGISTRATION_LEN,
@@ -43,10 +48,11 @@ use ccache_proto::push::{
 use ccache_proto::state::{Decision, Policy, Snapshot, StateError};
 use iwarp::{QpState, SendWr, SgList, WcStatus, WrOpcode};
 
-use crate::access::Token;
+use crate::access::{now_ms, ConnDenied, Token};
 use crate::check::{connect_reader, Reader};
 use crate::docs::doc_path;
 use crate::msgio::{read_msg, write_msg};
+use crate::replay::{Rejected, ReplayGuard, REPLAY_CAP};
 use crate::state::CacheState;
 
 /// A frame could not be read.
@@ -252,20 +258,39 @@ pub fn register(appd: SocketAddr, reg: &Registration, timeout: Duration) -> io::
 }
 
 /// The body of `REGISTER`: the registration, and with a token its address
-/// and STag masked and the proxy's proof after it; and the nonce.
+/// and STag masked and the proxy's (version-2) proof after it, made now;
+/// and the nonce.
 pub fn register_body(
     reg: &Registration,
     token: Option<&Token>,
+) -> io::Result<(Vec<u8>, Option<[u8; auth::NONCE_LEN]>)> {
+    register_body_at(reg, token, now_ms())
+}
+
+/// [`register_body`] with the proof made at `time_ms` (a test may give a
+/// time other than now). The proof is
+/// `"CCA2" | nonce | time | HMAC(token, LABEL_REGISTER | nonce | time |
+/// masked registration)`, the mask keyed by the same nonce.
+pub fn register_body_at(
+    reg: &Registration,
+    token: Option<&Token>,
+    time_ms: u64,
 ) -> io::Result<(Vec<u8>, Option<[u8; auth::NONCE_LEN]>)> {
     let mut r = reg.emit();
     let Some(t) = token else {
         return Ok((r.to_vec(), None));
     };
+    // The nonce is drawn first, so that the mask can be keyed by it.
     let nonce = crate::access::nonce()?;
     auth::mask_registration(&mut r, &t.mac(auth::LABEL_MASK, &[&nonce]));
-    let mac = t.mac(auth::LABEL_REGISTER, &[&nonce, &r]);
+    let mac = t.mac(auth::LABEL_REGISTER, &[&nonce, &time_ms.to_be_bytes(), &r]);
+    let p = auth::ConnProof {
+        nonce,
+        time_ms,
+        mac,
+    };
     let mut b = r.to_vec();
-    b.extend_from_slice(&Proof { nonce, mac }.emit());
+    b.extend_from_slice(&p.emit());
     Ok((b, Some(nonce)))
 }
 
@@ -300,11 +325,24 @@ pub fn register_with(
             }
             _ => Ok(s),
         },
-        Ok((h, _)) if h.kind == Kind::Error && PushStatus::from(h.status) == PushStatus::AccessDenied => {
-            Err(io::Error::other(format!(
-                "ccappd at {appd} refused the registration: access denied (give this proxy ccappd's --token-file)"
-            )))
-        }
+        Ok((h, _)) if h.kind == Kind::Error => Err(io::Error::other(
+            match (PushStatus::from(h.status), token) {
+                (PushStatus::AccessDenied, _) => format!(
+                    "ccappd at {appd} refused the registration: access denied (give this proxy ccappd's --token-file)"
+                ),
+                (PushStatus::Stale, _) => format!(
+                    "ccappd at {appd} refused the registration: stale access proof, its time is more than {} s from ccappd's clock (synchronise the two hosts' clocks, e.g. with chrony or systemd-timesyncd; right after ccappd restarts, a host whose clock is behind is refused until it catches up: the agent retries)",
+                    PROOF_WINDOW_MS / 1000
+                ),
+                (PushStatus::Outdated, _) => format!(
+                    "ccappd at {appd} refused the registration: outdated access proof (ccappd needs replay-proof registrations: upgrade this proxy to ccappd's release)"
+                ),
+                (PushStatus::Malformed, Some(_)) => format!(
+                    "ccappd at {appd} refused the registration as malformed: a ccappd older than replay-proof registrations refuses this proxy's 100-byte REGISTER (upgrade ccappd to this release)"
+                ),
+                (st, _) => format!("ccappd at {appd} answered ERROR ({st:?}) to REGISTER"),
+            },
+        )),
         Ok((h, _)) => Err(io::Error::other(format!(
             "ccappd answered {:?} (status {}) to REGISTER",
             h.kind, h.status
@@ -364,6 +402,16 @@ pub struct PushStats {
     pub state_tcp: AtomicU64,
     /// Proxies dropped after an error.
     pub dropped: AtomicU64,
+    /// Registrations refused for their proof: none, a wrong one, or one
+    /// replayed (all `AccessDenied`).
+    pub denied: AtomicU64,
+    /// ... of which replayed (a nonce accepted before).
+    pub replayed: AtomicU64,
+    /// Registrations refused as stale (time outside the window, or below
+    /// the replay guard's horizon).
+    pub stale: AtomicU64,
+    /// Registrations refused for a version-1 proof (an old proxy).
+    pub outdated: AtomicU64,
 }
 
 struct RdmaState {
@@ -510,6 +558,8 @@ pub struct Pusher {
     wake: Condvar,
     next_id: AtomicU64,
     registering: Arc<std::sync::atomic::AtomicUsize>,
+    /// The nonces of the registrations admitted within the window.
+    replay: Mutex<ReplayGuard>,
     /// Counters.
     pub stats: PushStats,
 }
@@ -524,9 +574,17 @@ impl std::fmt::Debug for Pusher {
 }
 
 impl Pusher {
-    /// A pusher with this configuration and no proxies.
+    /// A pusher with this configuration and no proxies. Registrations
+    /// whose proof was made before now are refused (its replay guard
+    /// starts now: a registration recorded before a restart is stale).
     pub fn new(cfg: PushCfg) -> Pusher {
+        Pusher::with_replay_cap(cfg, REPLAY_CAP)
+    }
+
+    /// [`Pusher::new`] remembering at most `cap` registration nonces.
+    pub fn with_replay_cap(cfg: PushCfg, cap: usize) -> Pusher {
         Pusher {
+            replay: Mutex::new(ReplayGuard::new(now_ms(), PROOF_WINDOW_MS, cap)),
             cfg,
             links: Mutex::new(Vec::new()),
             pending: Mutex::new(BTreeSet::new()),
@@ -559,6 +617,10 @@ impl Pusher {
                 self.0.fetch_sub(1, Ordering::AcqRel);
             }
         }
+        // The listener's address names it in the refusals' log lines.
+        let local = listener
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string());
         for conn in listener.incoming() {
             let s = match conn {
                 Ok(s) => s,
@@ -579,12 +641,13 @@ impl Pusher {
             }
             let slot = Slot(n.clone());
             let me = self.clone();
+            let local = local.clone();
             let _ = std::thread::Builder::new()
                 .name("ccappd-register".into())
                 .spawn(move || {
                     let _slot = slot;
                     if let Err(e) = me.accept_one(s) {
-                        tracing::warn!(error = %e, "refused a push registration");
+                        tracing::warn!(listen = %local, error = %e, "refused a push registration");
                     }
                 });
         }
@@ -600,7 +663,7 @@ impl Pusher {
         // larger announced body is refused before it is allocated.
         let limit = |k: Kind| {
             if k == Kind::Register {
-                (REGISTRATION_LEN + PROOF_LEN) as u32
+                (REGISTRATION_LEN + CONN_PROOF_LEN) as u32
             } else {
                 0
             }
@@ -615,13 +678,11 @@ impl Pusher {
         let mut registered_body = Vec::new();
         if let (Kind::Register, Some(tok)) = (h.kind, &self.cfg.token) {
             let (reg_bytes, proof) = body.split_at(REGISTRATION_LEN.min(body.len()));
-            let p = match tok.verify(auth::LABEL_REGISTER, proof, reg_bytes) {
+            let p = match self.check_register(tok, proof, reg_bytes) {
                 Ok(p) => p,
-                Err(why) => {
-                    let _ = write_frame(&mut s, error_frame(PushStatus::AccessDenied), &[]);
-                    return Err(format!(
-                        "{peer}: registration refused: {why} (give the proxy the same --token-file)"
-                    ));
+                Err((status, why)) => {
+                    let _ = write_frame(&mut s, error_frame(status), &[]);
+                    return Err(format!("{peer}: registration refused: {why}"));
                 }
             };
             let mut r = [0u8; REGISTRATION_LEN];
@@ -668,6 +729,60 @@ impl Pusher {
                 rdma: Mutex::new(None),
             }));
         Ok(())
+    }
+
+    /// Check a `REGISTER`'s proof of `tok`: its MAC (over the masked
+    /// registration `reg` too), then its time and nonce, as a listener
+    /// checks an MPA Request's (issue 26 item 4: a recorded registration
+    /// must be worth nothing). Each refusal is counted; the status to send
+    /// and the cause.
+    fn check_register(
+        &self,
+        tok: &Token,
+        proof: &[u8],
+        reg: &[u8],
+    ) -> Result<auth::ConnProof, (PushStatus, String)> {
+        let st = &self.stats;
+        let p = match tok.verify_conn_covering(auth::LABEL_REGISTER, proof, reg) {
+            Ok(p) => p,
+            Err(ConnDenied::Outdated(why)) => {
+                st.outdated.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    PushStatus::Outdated,
+                    format!("{why} (the proxy is too old for this ccappd's replay-proof registrations: upgrade it)"),
+                ));
+            }
+            Err(ConnDenied::Denied(why)) => {
+                st.denied.fetch_add(1, Ordering::Relaxed);
+                return Err((
+                    PushStatus::AccessDenied,
+                    format!("access denied, {why} (give the proxy the same --token-file)"),
+                ));
+            }
+        };
+        let mut g = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        let admitted = g.admit(p.nonce, p.time_ms, now_ms());
+        drop(g);
+        match admitted {
+            Ok(()) => Ok(p),
+            Err(e @ Rejected::Replayed) => {
+                st.denied.fetch_add(1, Ordering::Relaxed);
+                st.replayed.fetch_add(1, Ordering::Relaxed);
+                Err((
+                    PushStatus::AccessDenied,
+                    format!("access denied, {e} (someone who can read the traffic to this push listener sent a recorded REGISTER again)"),
+                ))
+            }
+            Err(e) => {
+                st.stale.fetch_add(1, Ordering::Relaxed);
+                Err((PushStatus::Stale, format!("stale access proof: {e}")))
+            }
+        }
+    }
+
+    /// Registration nonces remembered now.
+    pub fn replay_nonces(&self) -> usize {
+        self.replay.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     fn drop_link(&self, id: u64, why: &str) {

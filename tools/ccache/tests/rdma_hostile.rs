@@ -8,17 +8,19 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ccache::access::Token;
+use ccache::access::{now_ms, Token};
 use ccache::appd;
 use ccache::check::{CheckError, RdmaCheck, VersionCheck};
 use ccache::listen::{self, Endpoint, ListenCfg, ListenStats};
 use ccache::push::{self, read_frame, write_frame, PushCfg, Pusher, RdmaStateReader, StateRead};
 use ccache::state::CacheState;
 use ccache::table::VersionTable;
-use ccache_proto::auth::{Refusal, LABEL_STATE_REGION, LABEL_VERSION_TABLE};
+use ccache_proto::auth::{
+    Proof, Refusal, CONN_PROOF_LEN, LABEL_REGISTERED, LABEL_STATE_REGION, LABEL_VERSION_TABLE,
+};
 use ccache_proto::push::{Header, Kind, PushStatus, Registration, REGISTRATION_LEN};
 use iwarp::cm::{self, CmError, ConnParam, MpaConfig, Policy};
 use iwarp::{Access, Context, QpInitAttr};
@@ -201,10 +203,11 @@ fn a_peer_without_the_token_gets_a_refusal_and_never_the_stag() {
     let advert = table.advert();
     let secret: Vec<[u8; 4]> = vec![advert.rkey.to_be_bytes(), *b"CCV1"];
     // No proof, a proof of another token, a proof for the state region
-    // (another label), and a proof of the right token sent again (it
-    // still passes: replay is not in this threat model, see docs).
+    // (another label), and garbage. (Replays, old peers and stale proofs:
+    // the tests after the push tests, below.)
+    let now = now_ms();
     let wrong_label = token
-        .proof(LABEL_STATE_REGION, &[])
+        .conn_proof(LABEL_STATE_REGION, now)
         .unwrap()
         .emit()
         .to_vec();
@@ -213,13 +216,13 @@ fn a_peer_without_the_token_gets_a_refusal_and_never_the_stag() {
         (
             "another token",
             other
-                .proof(LABEL_VERSION_TABLE, &[])
+                .conn_proof(LABEL_VERSION_TABLE, now)
                 .unwrap()
                 .emit()
                 .to_vec(),
         ),
         ("the state region's label", wrong_label),
-        ("garbage", vec![0x41; 52]),
+        ("garbage", vec![0x41; 60]),
     ] {
         match raw_connect(addr, pdata) {
             Err(CmError::Rejected { private_data, .. }) => {
@@ -462,4 +465,330 @@ fn a_silent_peer_at_the_push_listener_does_not_delay_a_registration() {
         "a registration took {took:?} behind silent peers"
     );
     wait_until("the registration", T, || p.proxies() == 1);
+}
+
+// ---- Replayed, old and stale proofs (issue 26 item 4, session 11) ----
+//
+// A hostile client that read one proxy's MPA Request off the wire sends
+// its private data again on connections of its own. The bytes are those a
+// checker sends (`listen::request_data`, what `RdmaConn::open` puts in its
+// Request), taken here rather than from a packet capture.
+
+/// Everything the listeners log, from every thread of this test binary.
+fn log_buf() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let b = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogWriter(b.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(sub).expect("no other subscriber");
+        buf
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The log lines of the listener at `addr` that contain `needle`.
+fn logged(addr: SocketAddr, needle: &str) -> usize {
+    let at = format!("listen={addr} ");
+    let b = log_buf();
+    let text = String::from_utf8_lossy(&b.lock().unwrap()).into_owned();
+    text.lines()
+        .filter(|l| l.contains(&at) && l.contains(needle))
+        .count()
+}
+
+/// A version table with `token`; its address, counters, table.
+fn guarded_table(
+    token: &Token,
+    tune: impl FnOnce(&mut ListenCfg),
+) -> (SocketAddr, Arc<ListenStats>, Arc<VersionTable>) {
+    log_buf();
+    let mut c = cfg(Some(token.clone()), 1024, T);
+    tune(&mut c);
+    version_table(c)
+}
+
+/// The refusal of a connection with `pdata`; panics if it connected.
+fn refused(addr: SocketAddr, pdata: Vec<u8>, what: &str) -> Refusal {
+    match raw_connect(addr, pdata) {
+        Err(e) => listen::refusal_of(&e).unwrap_or_else(|| panic!("{what}: not a refusal: {e}")),
+        Ok(p) => panic!("{what}: connected, and got the advertisement {p:02x?}"),
+    }
+}
+
+#[test]
+fn a_recorded_proof_is_refused_on_a_new_connection() {
+    let token = Token::generate().unwrap();
+    let (addr, stats, table) = guarded_table(&token, |_| {});
+    let recorded = listen::request_data(Some(&token), LABEL_VERSION_TABLE).unwrap();
+    // The proxy's own connection is served...
+    let advert = raw_connect(addr, recorded.clone()).expect("the first use is served");
+    assert_eq!(&advert[..4], b"CCV1");
+    // ...and the same bytes on new connections are refused, with neither
+    // the advertisement nor the STag, and a log line naming the replay.
+    let rkey = table.advert().rkey.to_be_bytes();
+    for i in 0..3 {
+        let what = format!("replay {i}");
+        assert_eq!(
+            refused(addr, recorded.clone(), &what),
+            Refusal::AccessDenied,
+            "{what}"
+        );
+    }
+    match raw_connect(addr, recorded) {
+        Err(CmError::Rejected { private_data, .. }) => {
+            assert!(!private_data.windows(4).any(|w| w == rkey || w == b"CCV1"));
+        }
+        r => panic!("a replay was not rejected: {r:?}"),
+    }
+    assert_eq!(stats.replayed.load(Ordering::Relaxed), 4);
+    assert_eq!(stats.denied.load(Ordering::Relaxed), 4);
+    assert_eq!(logged(addr, "a replayed access proof"), 4);
+    // A checker with the token (a fresh proof per connection) is served.
+    let mut c = RdmaCheck::new(addr, T).with_token(Some(token));
+    assert_eq!(c.version(2).unwrap(), 7);
+    wait_until("2 accepted connections counted", T, || {
+        stats.accepted.load(Ordering::Relaxed) == 2
+    });
+}
+
+#[test]
+fn another_tokens_proof_and_an_old_peers_proof_are_refused() {
+    let token = Token::generate().unwrap();
+    let (addr, stats, _) = guarded_table(&token, |_| {});
+    let other = Token::generate().unwrap();
+    let p = other.conn_proof(LABEL_VERSION_TABLE, now_ms()).unwrap();
+    assert_eq!(
+        refused(addr, p.emit().to_vec(), "another token"),
+        Refusal::AccessDenied
+    );
+    assert_eq!(logged(addr, "another token"), 1);
+    // What a proxy of session 10 sends (version 1, the right token): a
+    // refusal that names the upgrade, at both ends.
+    let v1 = token.proof(b"ccache/1 rdma version table", &[]).unwrap();
+    let r = refused(addr, v1.emit().to_vec(), "a version-1 proof");
+    assert_eq!(r, Refusal::Outdated);
+    assert!(r.to_string().contains("upgrade"), "{r}");
+    assert_eq!(logged(addr, "upgrade"), 1);
+    assert_eq!(stats.outdated.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.accepted.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.nonces.load(Ordering::Relaxed), 0, "no nonce was kept");
+}
+
+#[test]
+fn a_stale_proof_is_refused() {
+    let token = Token::generate().unwrap();
+    let (addr, stats, _) = guarded_table(&token, |_| {});
+    let now = now_ms();
+    for (what, t) in [
+        ("two minutes old", now - 120_000),
+        ("two minutes ahead", now + 120_000),
+    ] {
+        let p = token.conn_proof(LABEL_VERSION_TABLE, t).unwrap();
+        let r = refused(addr, p.emit().to_vec(), what);
+        assert_eq!(r, Refusal::Stale, "{what}");
+        assert!(r.to_string().contains("clocks"), "{r}");
+    }
+    assert_eq!(logged(addr, "stale access proof"), 2);
+    assert_eq!(logged(addr, "s behind this listener's clock"), 1);
+    // A listener that (re)started after the proof was made refuses it
+    // though it is within the window: it never saw the nonce.
+    let made = token.conn_proof(LABEL_VERSION_TABLE, now_ms()).unwrap();
+    let (addr2, stats2, _) = guarded_table(&token, |c| {
+        c.started_ms = made.time_ms + 1;
+    });
+    assert_eq!(
+        refused(addr2, made.emit().to_vec(), "made before the start"),
+        Refusal::Stale
+    );
+    assert_eq!(logged(addr2, "before the oldest time"), 1);
+    assert_eq!(stats.stale.load(Ordering::Relaxed), 2);
+    assert_eq!(stats2.stale.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.accepted.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn the_replay_cache_stays_bounded_under_a_flood() {
+    let token = Token::generate().unwrap();
+    let cap = 8;
+    let (addr, stats, _) = guarded_table(&token, |c| c.replay_cap = cap);
+    // Forged proofs (a flood without the token) are refused before the
+    // cache: they leave nothing in it.
+    let other = Token::generate().unwrap();
+    for i in 0..30 {
+        let p = other.conn_proof(LABEL_VERSION_TABLE, now_ms()).unwrap();
+        assert_eq!(
+            refused(addr, p.emit().to_vec(), "forged"),
+            Refusal::AccessDenied,
+            "{i}"
+        );
+    }
+    assert_eq!(stats.nonces.load(Ordering::Relaxed), 0);
+    // Good proofs, five times the cache's size: all served, the cache
+    // never holds more than its bound...
+    let mut used = Vec::new();
+    for i in 0..5 * cap {
+        let pdata = listen::request_data(Some(&token), LABEL_VERSION_TABLE).unwrap();
+        raw_connect(addr, pdata.clone()).unwrap_or_else(|e| panic!("good proof {i}: {e}"));
+        assert!(stats.nonces.load(Ordering::Relaxed) <= cap);
+        used.push(pdata);
+    }
+    // ...and not one of them is accepted again, forgotten or not.
+    for (i, pdata) in used.into_iter().enumerate() {
+        let r = refused(addr, pdata, &format!("replay of proof {i}"));
+        assert!(
+            matches!(r, Refusal::AccessDenied | Refusal::Stale),
+            "{i}: {r:?}"
+        );
+    }
+    assert!(stats.nonces.load(Ordering::Relaxed) <= cap);
+    wait_until("40 accepted connections counted", T, || {
+        stats.accepted.load(Ordering::Relaxed) == 5 * cap as u64
+    });
+}
+
+// The push channel's REGISTER (issue 26 item 4, as for the MPA proof
+// above): its proof carries the proxy's time, and ccappd's push listener
+// admits each nonce once. The hostile client sends the exact body a proxy
+// sends (`push::register_body`), taken here rather than from a capture.
+
+/// Send one `REGISTER` with `body` to the push listener at `addr`; its
+/// answer.
+fn send_register(addr: SocketAddr, body: &[u8]) -> (Header, Vec<u8>) {
+    let mut s = TcpStream::connect_timeout(&addr, T).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    write_frame(&mut s, Header::new(Kind::Register, 0), body).unwrap();
+    read_frame(&mut s, false).expect("an answer to REGISTER")
+}
+
+/// The push status of a refused `REGISTER`; panics if it was accepted.
+fn refused_register(addr: SocketAddr, body: &[u8], what: &str) -> PushStatus {
+    let (h, _) = send_register(addr, body);
+    assert_eq!(h.kind, Kind::Error, "{what}: answered {:?}", h.kind);
+    PushStatus::from(h.status)
+}
+
+#[test]
+fn a_replayed_registration_is_refused() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let (addr, p) = pusher(Some(token.clone()));
+    let (body, nonce) = push::register_body(&reg(), Some(&token)).unwrap();
+    assert_eq!(body.len(), REGISTRATION_LEN + CONN_PROOF_LEN);
+    // The first use registers, and ccappd proves the token back.
+    let (h, b) = send_register(addr, &body);
+    assert_eq!(h.kind, Kind::Registered);
+    assert!(token.check_mac(LABEL_REGISTERED, &[&nonce.unwrap()], &b));
+    wait_until("the registration", T, || p.proxies() == 1);
+    // The same bytes again, on new connections: refused, registered nowhere.
+    for i in 0..3 {
+        let st = refused_register(addr, &body, &format!("replay {i}"));
+        assert_eq!(st, PushStatus::AccessDenied, "replay {i}");
+    }
+    assert_eq!(p.stats.replayed.load(Ordering::Relaxed), 3);
+    assert_eq!(p.stats.denied.load(Ordering::Relaxed), 3);
+    assert_eq!(p.proxies(), 1);
+    wait_until("three log lines naming the replay", T, || {
+        logged(addr, "recorded REGISTER again") == 3
+    });
+    // A proxy with the token still registers.
+    let _s = push::register_with(addr, &reg(), T, Some(&token)).unwrap();
+    wait_until("the second registration", T, || p.proxies() == 2);
+    assert_eq!(p.replay_nonces(), 2);
+}
+
+#[test]
+fn a_stale_registration_is_refused() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let before = now_ms();
+    let (addr, p) = pusher(Some(token.clone()));
+    for (what, at) in [
+        ("two minutes old", now_ms() - 120_000),
+        ("two minutes ahead", now_ms() + 120_000),
+        // Made before ccappd started (a registration recorded before a
+        // restart): below its replay guard's horizon.
+        ("made before ccappd started", before - 1),
+    ] {
+        let (body, _) = push::register_body_at(&reg(), Some(&token), at).unwrap();
+        assert_eq!(
+            refused_register(addr, &body, what),
+            PushStatus::Stale,
+            "{what}"
+        );
+    }
+    assert_eq!(p.stats.stale.load(Ordering::Relaxed), 3);
+    assert_eq!(p.proxies(), 0);
+    assert_eq!(p.replay_nonces(), 0);
+    wait_until("the log lines", T, || logged(addr, "s behind") == 1);
+    // A fresh one registers.
+    let (body, _) = push::register_body(&reg(), Some(&token)).unwrap();
+    assert_eq!(send_register(addr, &body).0.kind, Kind::Registered);
+    wait_until("the registration", T, || p.proxies() == 1);
+}
+
+#[test]
+fn an_old_proxys_registration_is_refused_naming_the_upgrade() {
+    log_buf();
+    let token = Token::generate().unwrap();
+    let (addr, p) = pusher(Some(token.clone()));
+    // A session-10 proxy's REGISTER: masked registration, then a
+    // version-1 proof (no time) under the `ccache/1` label (92 bytes).
+    let nonce = ccache::access::nonce().unwrap();
+    let mut r = reg().emit();
+    ccache_proto::auth::mask_registration(
+        &mut r,
+        &token.mac(ccache_proto::auth::LABEL_MASK, &[&nonce]),
+    );
+    let mac = token.mac(b"ccache/1 push register", &[&nonce, &r]);
+    let mut old = r.to_vec();
+    old.extend_from_slice(&Proof { nonce, mac }.emit());
+    assert_eq!(old.len(), 92);
+    let st = refused_register(addr, &old, "a version-1 proof");
+    assert_eq!(st, PushStatus::Outdated);
+    assert_eq!(u32::from(st), 6, "the code an old proxy prints");
+    assert_eq!(p.stats.outdated.load(Ordering::Relaxed), 1);
+    assert_eq!((p.proxies(), p.replay_nonces()), (0, 0));
+    wait_until("the log line naming the upgrade", T, || {
+        logged(addr, "upgrade it") == 1
+    });
+
+    // What a proxy of this release says for each refusal (from a fake
+    // ccappd): each names its fix.
+    for (st, needle) in [
+        (PushStatus::Outdated, "upgrade this proxy"),
+        (PushStatus::Stale, "synchronise the two hosts' clocks"),
+        (PushStatus::Malformed, "upgrade ccappd"),
+        (PushStatus::AccessDenied, "--token-file"),
+    ] {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let fake = l.local_addr().unwrap();
+        let t2 = token.clone();
+        let proxy = std::thread::spawn(move || push::register_with(fake, &reg(), T, Some(&t2)));
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        assert_eq!(read_frame(&mut s, false).unwrap().0.kind, Kind::Register);
+        let h = Header {
+            status: st.into(),
+            ..Header::new(Kind::Error, 0)
+        };
+        write_frame(&mut s, h, &[]).unwrap();
+        let e = proxy.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains(needle), "{st:?}: {e}");
+    }
 }
