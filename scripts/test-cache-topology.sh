@@ -157,17 +157,43 @@ check "zero stale replaying the access log (rdma, 5000 requests)" \
 
 # The checker itself, end to end: a server that answers with snapshots
 # taken a moment ago (whole documents, correctly labelled, but older than
-# the updates committed since) must be caught as stale.
+# the updates committed since) must be caught as stale. The load starts on
+# events, not after a fixed sleep (which a loaded machine outlasted: the
+# server was not listening yet): the server takes its snapshots, waits
+# (bounded) until the update logs hold a newer version of every document,
+# listens, and only then writes the ready file the script waits for
+# (bounded); it stops when the script writes the stop file.
 t_checker_catches_stale() {
-    in_ns cl timeout 60 /usr/bin/python3 - "http://$P0:8083/docs/" "$DOCS" 19099 <<'PY' &
-import http.client, http.server, sys, time, urllib.parse
+    local ready="$T/snap.ready" stop="$T/snap.stop"
+    rm -f "$ready" "$stop"
+    in_ns cl timeout 300 /usr/bin/python3 - "http://$P0:8083/docs/" "$DOCS" 19099 "$ready" "$stop" \
+        "$T/a0/updates.log" "$T/a1/updates.log" <<'PY' &
+import http.client, http.server, os, sys, time, urllib.parse
 u = urllib.parse.urlsplit(sys.argv[1])
+docs, port, ready, stop, logs = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6:]
 snap = {}
-for d in range(int(sys.argv[2])):
+for d in range(docs):
     c = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     c.request("GET", f"{u.path}{d}")
     r = c.getresponse()
     snap[d] = (r.read(), r.getheader("X-CC-Version"))
+def newest():  # the update logs: "<unix ns> <doc> <version>" lines
+    v = {}
+    for p in logs:
+        for line in open(p):
+            w = line.split()
+            if len(w) == 3 and w[1].isdigit() and w[2].isdigit():
+                v[int(w[1])] = max(v.get(int(w[1]), 0), int(w[2]))
+    return v
+end = time.time() + 120
+while True:
+    v = newest()
+    old = [d for d in range(docs) if v.get(d, 0) <= int(snap[d][1])]
+    if not old:
+        break
+    if time.time() > end:
+        sys.exit(f"no update newer than the snapshot of documents {old} within 120 s")
+    time.sleep(0.1)
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
@@ -179,18 +205,30 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-s = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[3])), H)
-s.timeout = 1
-end = time.time() + 30
-while time.time() < end:
+s = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)  # bound and listening
+with open(ready + ".tmp", "w") as f:
+    f.write(" ".join(f"{d}:{snap[d][1]}" for d in range(docs)) + "\n")
+os.rename(ready + ".tmp", ready)
+s.timeout = 0.2
+end = time.time() + 240
+while not os.path.exists(stop) and time.time() < end:
     s.handle_request()
 PY
-    local srv=$!
-    sleep 3 # the snapshots are taken, and updates are committed after them
-    local out rc
+    local srv=$! t=0 out rc
+    until [ -s "$ready" ]; do
+        if ! kill -0 "$srv" 2>/dev/null || [ "$t" -ge 1500 ]; then
+            echo "the snapshot server did not get ready (waited $((t / 10)) s)"
+            : >"$stop"
+            wait "$srv"
+            return 1
+        fi
+        sleep 0.1
+        t=$((t + 1))
+    done
+    echo "snapshots (doc:version), each older than a committed update: $(cat "$ready")"
     out="$(in_ns cl timeout 60 "$LOAD" run --url "http://127.0.0.1:19099/docs/" --docs "$DOCS" --zipf 0 --clients 2 --requests 400 "${LOGS[@]}" 2>&1)"
     rc=$?
-    kill "$srv" 2>/dev/null
+    : >"$stop"
     wait "$srv" 2>/dev/null
     echo "$out"
     [ "$rc" = 1 ] && echo "$out" | tail -n 1 | /usr/bin/python3 -c 'import json,sys; s=json.loads(sys.stdin.read()); assert s["stale"] > 0 and s["bad_body"] == 0 and not s["pass"], s'

@@ -873,19 +873,38 @@ check "an STag advertised to one connection is refused on another; the owner sti
 # (not a short body, not SIGBUS), keep the connection and serve the next
 # request by RDMA.
 t_truncated() {
-    local combo scheme mode base rp
+    local combo scheme mode base rp t gate="$T/out/trunc.gate"
     for combo in "server-writes static $U1" "client-reads static $U1" \
         "server-writes dynamic $U2" "client-reads dynamic $U2"; do
         read -r scheme mode base <<<"$combo"
         echo "== $scheme, $mode"
         cp "$DOCS/f1M.bin" "$DOCS/trunc.bin" && chmod 644 "$DOCS/trunc.bin"
         : >"$T/out/trunc.err"
-        R get --scheme "$scheme" --x-delay-accept-ms 1000 "$base/trunc.bin" "$base/f500K.bin" \
-            -o "$T/out/trunc" -o "$T/out/trunc-next" 2>"$T/out/trunc.err" &
+        rm -f "$gate" && mkfifo "$gate" || return 1
+        # The truncation goes between Apache's stat and mod_rdma's read on
+        # an event, not after a sleep: mod_rdma connects to the client from
+        # its fixups hook (after the stat, before the handler reads), and
+        # --x-hold-accept makes rhttp say when that connection waits in its
+        # listener and accept it only after a line on its standard input.
+        R get --scheme "$scheme" --x-hold-accept "$base/trunc.bin" "$base/f500K.bin" \
+            -o "$T/out/trunc" -o "$T/out/trunc-next" <"$gate" 2>"$T/out/trunc.err" &
         rp=$!
-        for _ in $(seq 1 100); do grep -q "rhttp-test: request sent" "$T/out/trunc.err" && break; sleep 0.05; done
-        sleep 0.3 # the request is parsed and the file stat'ed in well under 0.3 s
+        exec 7<>"$gate" # read-write: never blocks, and lets rhttp's open of it return
+        t=0
+        until grep -q "rhttp-test: the server's RDMA connection waits in the listener" "$T/out/trunc.err"; do
+            if ! kill -0 "$rp" 2>/dev/null || [ "$t" -ge 600 ]; then
+                echo "rhttp did not report the server's RDMA connection (waited $((t / 20)) s)"
+                exec 7>&-
+                wait "$rp"
+                cat "$T/out/trunc.err"
+                return 1
+            fi
+            sleep 0.05
+            t=$((t + 1))
+        done
         : >"$DOCS/trunc.bin"
+        echo truncated >&7
+        exec 7>&-
         wait "$rp" || { cat "$T/out/trunc.err"; return 1; }
         cat "$T/out/trunc.err"
         grep -q "server refused RDMA (500 Internal Server Error: the file ends at byte 0, before the 1048576 bytes to send: it was truncated while being served" "$T/out/trunc.err" || return 1

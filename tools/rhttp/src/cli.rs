@@ -158,11 +158,13 @@ pub(crate) enum Cmd {
         #[arg(long, hide = true, default_value_t = 0)]
         x_hold_ms: u64,
         /// Test hook: after sending a request that needs a new RDMA
-        /// connection, print a line and wait this long before accepting the
-        /// server's connection (the server waits in its connect; a test
-        /// changes the file on the server meanwhile).
-        #[arg(long, hide = true, default_value_t = 0)]
-        x_delay_accept_ms: u64,
+        /// connection, wait until the server's connection waits in the
+        /// listener (the server has stat'ed the file and waits in its
+        /// connect), print a line, and accept it only after a line on
+        /// standard input or its end (a test changes the file on the
+        /// server meanwhile).
+        #[arg(long, hide = true)]
+        x_hold_accept: bool,
         /// Test hook: after this many GETs, close the RDMA connection (the
         /// HTTP connection stays open): the server must notice and connect
         /// again for the next request.

@@ -123,7 +123,7 @@ pub(crate) fn rdma_get(
     a: &Args,
     hooks: &GetHooks,
 ) -> Res<Outcome> {
-    let (hold_ms, delay_accept_ms) = (hooks.hold, hooks.delay_accept);
+    let (hold_ms, hold_accept) = (hooks.hold, hooks.hold_accept);
     let max_len = max_len(a);
     let r = s.rdma()?;
     let mut h = r.request_header(
@@ -168,11 +168,18 @@ pub(crate) fn rdma_get(
         .send_request("GET", url, &extra, None)
         .map_err(|e| format!("sending the request: {e}"))?;
     let r = s.rdma.as_mut().expect("created above");
-    if delay_accept_ms > 0 && !r.live() {
+    if hold_accept && !r.live() {
+        // An event for the test to act on, not a guess at timing: the
+        // server has stat'ed the file and waits in its connect; it reads
+        // the file only after we accept.
+        r.wait_pending()?;
         eprintln!(
-            "rhttp-test: request sent; accepting the RDMA connection in {delay_accept_ms} ms"
+            "rhttp-test: the server's RDMA connection waits in the listener; accepting it after a line on stdin or its end"
         );
-        std::thread::sleep(Duration::from_millis(delay_accept_ms));
+        let mut line = String::new();
+        io::stdin()
+            .read_line(&mut line)
+            .map_err(|e| format!("reading stdin: {e}"))?;
     }
     r.expect_conn(&s.http)?;
     // Server-writes: the body is being placed and the server's DONE comes
@@ -353,7 +360,7 @@ pub(crate) fn rdma_get(
 /// Test hooks of `rhttp get` (hidden options).
 pub(crate) struct GetHooks {
     pub(crate) hold: u64,
-    pub(crate) delay_accept: u64,
+    pub(crate) hold_accept: bool,
     pub(crate) drop_rdma_after: Option<usize>,
     pub(crate) pause_before_request: bool,
     pub(crate) tamper_sealed: bool,
@@ -364,7 +371,7 @@ impl GetHooks {
     /// they turn pipelining off.
     pub(crate) fn any(&self) -> bool {
         self.hold > 0
-            || self.delay_accept > 0
+            || self.hold_accept
             || self.drop_rdma_after.is_some()
             || self.pause_before_request
     }

@@ -129,7 +129,7 @@ fn main() -> ExitCode {
             output,
             scheme,
             x_hold_ms,
-            x_delay_accept_ms,
+            x_hold_accept,
             x_drop_rdma_after,
             x_pause_before_request,
             x_tamper_sealed,
@@ -140,7 +140,7 @@ fn main() -> ExitCode {
             *scheme,
             GetHooks {
                 hold: *x_hold_ms,
-                delay_accept: *x_delay_accept_ms,
+                hold_accept: *x_hold_accept,
                 drop_rdma_after: *x_drop_rdma_after,
                 pause_before_request: *x_pause_before_request,
                 tamper_sealed: *x_tamper_sealed,

@@ -401,6 +401,28 @@ impl Rdma {
         }
     }
 
+    /// Test hook (`--x-hold-accept`): wait, at most the connection
+    /// timeout, until a connection waits in the listener, without taking
+    /// it. The server connects from its fixups hook, after Apache has
+    /// stat'ed the file and before the handler reads it, and then waits
+    /// in its connect for our MPA Reply.
+    pub(super) fn wait_pending(&self) -> Res<()> {
+        let mut set = WaitSet::new();
+        set.add_fd(self.listener.as_raw_fd(), Interest::READABLE, LISTENER);
+        match set
+            .wait(Instant::now() + self.timeout)
+            .map_err(wait_error)?
+        {
+            Wake::Timeout => Err(format!(
+                "--x-hold-accept: the server did not connect to {}:{} within {:?}",
+                self.ip(),
+                self.port(),
+                self.timeout
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn qp(&self) -> Res<&QueuePair> {
         self.qp.as_ref().ok_or_else(|| {
             "the server answered with RDMA but never opened an RDMA connection".to_string()
