@@ -169,7 +169,7 @@ pub use pool::{
     pool_stats, progress_engine, set_progress_engine, PoolStats, ProgressEngine, ENV_ENGINE,
     ENV_THREADS,
 };
-pub use progress::LINGER;
+pub use progress::{ENV_FIN_WAIT, FIN_WAIT, LINGER};
 pub use rx::{DIRECT_MIN, DIRECT_TAIL, HDR_PEEK, RX_READ};
 pub use state::{RX_BUF, SMALL_SEND};
 pub use tx::{fault, TX_BATCH};

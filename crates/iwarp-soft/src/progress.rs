@@ -417,8 +417,34 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
 pub const LINGER: Duration = Duration::from_secs(1);
 
 /// How long a local disconnect waits for the peer's FIN after sending its
-/// own (see [`Conn::close_gracefully`]).
+/// own (see [`Conn::close_gracefully`]), unless [`ENV_FIN_WAIT`] says.
 pub const FIN_WAIT: Duration = Duration::from_millis(500);
+/// Environment variable overriding [`FIN_WAIT`], in milliseconds (0: do
+/// not wait for the peer's FIN). Read once, through `iwarp_proto::env`
+/// (unset in a privileged process). For tests that must tell a close that
+/// waits for the peer's FIN from one that does not at any load, and for a
+/// path whose round trip exceeds 500 ms.
+pub const ENV_FIN_WAIT: &str = "IWARP_FIN_WAIT_MS";
+/// The longest value [`ENV_FIN_WAIT`] may set: a minute.
+const MAX_FIN_WAIT_MS: u64 = 60_000;
+
+/// [`FIN_WAIT`], or [`ENV_FIN_WAIT`]'s value (read once).
+fn fin_wait() -> Duration {
+    static V: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *V.get_or_init(|| match iwarp_proto::env::var(ENV_FIN_WAIT) {
+        Ok(s) => match s.trim().parse::<u64>() {
+            Ok(ms) if ms <= MAX_FIN_WAIT_MS => Duration::from_millis(ms),
+            _ => {
+                tracing::warn!(
+                    value = %s,
+                    "{ENV_FIN_WAIT} must be milliseconds from 0 to {MAX_FIN_WAIT_MS}; using {FIN_WAIT:?}"
+                );
+                FIN_WAIT
+            }
+        },
+        Err(_) => FIN_WAIT,
+    })
+}
 /// How long `disconnect` waits for the driver threads to exit.
 pub(super) const JOIN_WAIT: Duration = Duration::from_secs(2);
 
@@ -571,7 +597,7 @@ impl Conn {
     }
 
     /// Half-close, then read (and discard: the engine is closed) until the
-    /// peer's FIN, at most [`FIN_WAIT`]. Closing a TCP socket that still
+    /// peer's FIN, at most [`fin_wait`] ([`FIN_WAIT`]). Closing a TCP socket that still
     /// holds unread input makes the kernel send a reset instead of a FIN
     /// (RFC 2525 §2.17; Linux `tcp_close`), and a reset makes the *peer's*
     /// kernel drop what it has received and not yet read, such as our last
@@ -585,7 +611,7 @@ impl Conn {
         }
         self.shut_write();
         let fd = self.sock.as_raw_fd();
-        let deadline = Instant::now() + FIN_WAIT;
+        let deadline = Instant::now() + fin_wait();
         let mut sink = [0u8; 4096];
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -674,5 +700,29 @@ impl Conn {
                 "driver threads did not exit in time; detaching them"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod fin_wait_doc {
+    use super::{ENV_FIN_WAIT, FIN_WAIT};
+
+    /// docs/C_API.md names the variable and states the code's default.
+    #[test]
+    fn the_c_api_doc_states_the_fin_wait_and_its_variable() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/C_API.md"))
+                .expect("docs/C_API.md")
+                .replace('\n', " ");
+        let said = format!("at most {} ms", FIN_WAIT.as_millis());
+        assert!(doc.contains(&said), "docs/C_API.md does not say: {said}");
+        assert!(
+            doc.contains(&format!("`{ENV_FIN_WAIT}`")),
+            "docs/C_API.md does not name {ENV_FIN_WAIT}"
+        );
+        assert!(
+            doc.contains(&format!("0 to {}", super::MAX_FIN_WAIT_MS)),
+            "docs/C_API.md does not state {ENV_FIN_WAIT}'s range"
+        );
     }
 }

@@ -398,6 +398,7 @@ impl RdmaSession {
             fail: Mutex::new(None),
             failed: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            awaiting_fin: AtomicBool::new(false),
             handoff: s.handoff,
         });
         let mut threads = Vec::new();

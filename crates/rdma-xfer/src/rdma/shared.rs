@@ -44,6 +44,10 @@ pub(super) struct Shared {
     pub(super) fail: Mutex<Option<Fail>>,
     pub(super) failed: AtomicBool,
     pub(super) stop: AtomicBool,
+    /// The source sent a transfer's `End` and awaits the sink's `Fin`: a
+    /// flushed data-stream receive is then the sink closing its streams
+    /// after its `Fin` (see `threads::dispatch`).
+    pub(super) awaiting_fin: AtomicBool,
     /// Who takes the completions, and the threads' bells (`handoff`).
     pub(super) handoff: Arc<Handoff>,
 }

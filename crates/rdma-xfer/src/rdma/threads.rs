@@ -59,6 +59,21 @@ pub(super) fn dispatch(sh: &Shared, d: &mut Dispatch, wc: &WorkCompletion, on_di
             if sh.failed.load(Ordering::Acquire) {
                 return;
             }
+            if kind == K_DATA_RECV && sh.awaiting_fin.load(Ordering::Acquire) {
+                // The source has sent everything and awaits the sink's Fin,
+                // which comes on the control connection; a sink closes its
+                // data streams right after sending it, and their closes can
+                // be seen here before the Fin (another connection, another
+                // receive thread). The control connection decides: its Fin
+                // comes before its own close (TCP's order), and a sink that
+                // fails closes it without one (its flush fails the session,
+                // with a Terminate's reason from any QP, `why_flushed`).
+                tracing::debug!(
+                    stream = qp,
+                    "rdma-xfer: a data stream closed while the sink's Fin is awaited"
+                );
+                return;
+            }
             sh.why_flushed()
         } else {
             format!("work request failed: {}", wc.status.as_str())
