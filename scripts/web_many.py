@@ -101,8 +101,11 @@ def cmd_runstats(docs, rundir):
             nbytes += n
             if via.startswith("RDMA"):
                 rdma += 1
-            elif "fallback" in via:
-                inline += 1  # the server answered without RDMA (RDMA-Inline)
+            elif "RDMA-Inline" in via or "fallback" in via:
+                # The server answered in the HTTP response: rhttp says "plain
+                # HTTP (RDMA-Inline)" since session 11, "plain HTTP
+                # (fallback)" before.
+                inline += 1
         c += 1
     times.sort()
     res = {

@@ -12,7 +12,7 @@
 //! epoll set, an eventfd (its queue's doorbell) and a table of its
 //! connections; a new connection goes to the thread that serves the
 //! fewest, except that the second end of a connection whose both ends are
-//! in this process joins the thread of the first (see [`register`]). Its
+//! in this process joins the thread of the first (see `register`). Its
 //! socket is non-blocking.
 //!
 //! # Readiness: edge-triggered
@@ -198,7 +198,7 @@ pub struct PoolStats {
 }
 
 /// For tests: each pooled connection end as (local, peer, pool thread
-/// index), of the thread-placement rule in [`register`].
+/// index), of the thread-placement rule in `register`.
 #[doc(hidden)]
 pub fn placement() -> Vec<(SocketAddr, SocketAddr, usize)> {
     let Some(Ok(p)) = POOL_INSTANCE.get() else {

@@ -417,7 +417,7 @@ pub(super) fn rx_loop(qp: &SoftQp, conn: &Conn) {
 pub const LINGER: Duration = Duration::from_secs(1);
 
 /// How long a local disconnect waits for the peer's FIN after sending its
-/// own (see [`Conn::close_gracefully`]), unless [`ENV_FIN_WAIT`] says.
+/// own (see `Conn::close_gracefully`), unless [`ENV_FIN_WAIT`] says.
 pub const FIN_WAIT: Duration = Duration::from_millis(500);
 /// Environment variable overriding [`FIN_WAIT`], in milliseconds (0: do
 /// not wait for the peer's FIN). Read once, through `iwarp_proto::env`
