@@ -36,13 +36,9 @@ if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PRIO="${PRIO--15}"
-if [[ -n "$PRIO" && -z "${BENCH_VERIFY_BOOSTED:-}" ]]; then
-    export BENCH_VERIFY_BOOSTED=1
-    # shellcheck disable=SC2016 # $0 and $@ expand in the inner bash
-    exec setsid bash -c 'echo "$0" >/proc/self/autogroup 2>/dev/null && exec nice -n "$0" "$@"
-        echo "bench-verify: cannot set the autogroup nice ($0); running unboosted" >&2
-        exec "$@"' "$PRIO" "$0" "$@"
-fi
+# shellcheck source=scripts/lib/boost.sh
+source "$ROOT/scripts/lib/boost.sh"
+boost_self bench-verify "$@"
 ROWS="${ROWS:-all}"
 BIN_B="${BENCH_BIN_B:-}"
 BIN="${BENCH_BIN:-$ROOT/target/release}"
